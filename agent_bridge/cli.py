@@ -1,0 +1,153 @@
+"""The `agent-bridge` command (SPEC §2).
+
+Light on purpose: only argparse at import time. Each command imports what it needs when it
+runs, so `agent-bridge hook …` never loads trio, mcp, quart or hypercorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+AGENTS_HELP = "the agent host: claude, codex, or another short name"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agent-bridge",
+        description="A local broker for AI coding-agent sessions: find each other, exchange durable "
+        "messages, share pinned owner decisions.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    up = sub.add_parser("up", help="run the broker (foreground unless --detach)")
+    up.add_argument("--detach", action="store_true", help="start in the background; return once it accepts connections")
+    up.set_defaults(func=_up)
+
+    down = sub.add_parser("down", help="stop the running broker")
+    down.set_defaults(func=_down)
+
+    status = sub.add_parser("status", help="is a broker running, and what does it serve")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=_status)
+
+    mcp = sub.add_parser("mcp", help="the stdio MCP server for one agent session (started by the agent host)")
+    mcp.add_argument("--agent", help=AGENTS_HELP + " (default: detected from the host, else claude)")
+    mcp.add_argument("--name", help="session name (default: <agent>-<basename of the project folder>)")
+    mcp.add_argument("--project", help="project folder (default: the current working directory)")
+    mcp.add_argument("--job", action="store_true", help="a headless job runner (claude -p, codex exec)")
+    mcp.add_argument("--host-session-id", help="the host's session id, when the launcher knows it")
+    mcp.set_defaults(func=_mcp)
+
+    hook = sub.add_parser("hook", help="hook commands for Claude Code and Codex (JSON on stdin)")
+    hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
+    for event, text in (("session-start", "SessionStart: add the session's identity and decisions"),
+                        ("stop", "Stop: continue the session while active messages wait")):
+        h = hook_sub.add_parser(event, help=text)
+        h.add_argument("--agent", choices=("claude", "codex"), default="claude", help="the host (default: claude)")
+        h.set_defaults(func=_hook)
+
+    dash = sub.add_parser("dashboard", help="print the authenticated dashboard URL (serve it if no broker runs)")
+    dash.add_argument("--open", action="store_true", help="open it in a browser")
+    dash.set_defaults(func=_dashboard)
+
+    dec = sub.add_parser("decisions", help="list pinned owner decisions (read-only; works with the broker down)")
+    dec.add_argument("query", nargs="?", help="case-insensitive substring of topic or text")
+    dec.add_argument("--scope", help='"all", or JSON: {"project": "/abs/dir"} or {"sessions": ["name", ...]}')
+    dec.add_argument("--history", action="store_true", help="include superseded revisions")
+    dec.add_argument("--json", action="store_true", help="print JSON")
+    dec.set_defaults(func=_decisions)
+
+    inst = sub.add_parser("install", help="register the MCP server and hooks with Claude Code and/or Codex")
+    inst.add_argument("--claude", action="store_true", help="configure Claude Code")
+    inst.add_argument("--codex", action="store_true", help="configure Codex")
+    inst.add_argument("--scope", choices=("user", "project"), default="user", help="where to register (default: user)")
+    inst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
+    inst.set_defaults(func=_install)
+
+    doc = sub.add_parser("doctor", help="check the setup and say what to fix")
+    doc.set_defaults(func=_doctor)
+
+    demo = sub.add_parser("demo", help="a guided run with simulated sessions")
+    demo.add_argument("--home", help="use this state folder (and its running broker) instead of a temporary one")
+    demo.add_argument("--no-wait", action="store_true", help="exit at the end instead of waiting for Ctrl-C")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def _up(ns: argparse.Namespace) -> int:
+    from agent_bridge.daemon import control
+
+    return control.up(detach=ns.detach)
+
+
+def _down(ns: argparse.Namespace) -> int:
+    from agent_bridge.daemon import control
+
+    return control.down()
+
+
+def _status(ns: argparse.Namespace) -> int:
+    from agent_bridge.daemon import control
+
+    return control.status(as_json=ns.json)
+
+
+def _mcp(ns: argparse.Namespace) -> int:
+    from agent_bridge import mcp_server
+
+    return mcp_server.main(ns)
+
+
+def _hook(ns: argparse.Namespace) -> int:
+    if ns.event == "session-start":
+        from agent_bridge.hooks import session_start
+
+        return session_start.main(ns.agent)
+    from agent_bridge.hooks import stop
+
+    return stop.main(ns.agent)
+
+
+def _dashboard(ns: argparse.Namespace) -> int:
+    from agent_bridge.web import standalone
+
+    return standalone.main(open_browser=ns.open)
+
+
+def _decisions(ns: argparse.Namespace) -> int:
+    from agent_bridge import reads
+
+    return reads.decisions_command(ns.query, ns.scope, ns.history, ns.json)
+
+
+def _install(ns: argparse.Namespace) -> int:
+    from agent_bridge import install
+
+    return install.main(ns)
+
+
+def _doctor(ns: argparse.Namespace) -> int:
+    from agent_bridge import doctor
+
+    return doctor.main()
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from agent_bridge import demo
+
+    return demo.main(ns)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return int(ns.func(ns) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

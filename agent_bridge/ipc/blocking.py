@@ -1,0 +1,61 @@
+"""A blocking, standard-library client for one-shot control requests (hooks, CLI).
+
+No Trio: the hooks use this at every session start and stop.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from agent_bridge import paths
+from agent_bridge.ipc import protocol
+
+
+class BrokerUnavailable(OSError):
+    """No broker answers on this home's socket."""
+
+
+def broker_socket(home_dir: Path) -> str | None:
+    """The socket of the running broker, or None when no broker record or process exists."""
+    record = paths.read_broker_json(home_dir)
+    if not record:
+        return None
+    pid = record.get("pid")
+    sock = record.get("socket")
+    if not isinstance(pid, int) or not isinstance(sock, str) or not paths.pid_alive(pid):
+        return None
+    return sock
+
+
+def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
+    """Send one control request and return its result. Raises BrokerUnavailable or RemoteError."""
+    sock_path = broker_socket(home_dir)
+    if sock_path is None:
+        raise BrokerUnavailable("no broker is running")
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(sock_path)
+            sock.sendall(protocol.encode(protocol.request(1, op, **args)))
+            decoder = protocol.FrameDecoder()
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BrokerUnavailable("the broker did not answer in time")
+                sock.settimeout(remaining)
+                data = sock.recv(65536)
+                if not data:
+                    raise BrokerUnavailable("the broker closed the connection")
+                for frame in decoder.feed(data):
+                    if frame.get("id") != 1:
+                        continue
+                    if frame.get("ok"):
+                        return frame.get("result")
+                    err = frame.get("error") or {}
+                    raise protocol.RemoteError(str(err.get("code")), str(err.get("message")))
+    except (ConnectionError, FileNotFoundError, socket.timeout) as exc:
+        raise BrokerUnavailable(str(exc) or type(exc).__name__) from None

@@ -1,0 +1,123 @@
+"""The bridge wire protocol (version 1). Pure data: no Trio, no I/O; the hooks import it.
+
+A frame is a 4-byte big-endian unsigned length N (1 <= N <= MAX_FRAME) followed by N bytes of
+UTF-8 JSON holding one object. Every object carries `"v": 1`.
+
+Client -> broker requests:   {"v":1, "id": <int>, "op": "<name>", ...arguments}
+Broker -> client responses:  {"v":1, "id": <same int>, "ok": true, "result": <any>}
+                             {"v":1, "id": <same int or null>, "ok": false,
+                              "error": {"code": "<code>", "message": "<for people>"}}
+Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a delivery)
+                             {"v":1, "push": "acked", "ids": [...]}         (acked elsewhere)
+                             {"v":1, "push": "identity", "session": {...}}  (who this is now)
+
+The first request on a connection is either `hello` (it becomes a session's connection) or a
+control request (`identify`, `stop_check`, `status`, `shutdown`, `ping`) from a hook or the CLI.
+A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
+HEADER = struct.Struct(">I")
+
+SESSION_OPS = frozenset(
+    {"whoami", "peers", "decide", "decisions", "send", "ack", "learn_identity", "ping", "status"}
+)
+CONTROL_OPS = frozenset({"identify", "stop_check", "status", "shutdown", "ping"})
+ALL_OPS = SESSION_OPS | CONTROL_OPS | {"hello"}
+
+
+class ProtocolError(ValueError):
+    """A frame that does not follow the protocol. Closes the connection that sent it."""
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    payload = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(payload)} bytes exceeds the limit of {MAX_FRAME}")
+    return HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(payload.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ProtocolError("frame is not valid UTF-8") from None
+    except ValueError as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"frame must hold a JSON object, got {type(obj).__name__}")
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise ProtocolError(f"unsupported protocol version {version!r}; this broker speaks v{PROTOCOL_VERSION}")
+    return obj
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, get whole frames. Holds at most one frame's bytes."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buffer = bytearray()
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        frames = []
+        while len(self._buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buffer)
+            if length == 0 or length > self._max:
+                raise ProtocolError(f"frame length {length} outside 1..{self._max}")
+            if len(self._buffer) < HEADER.size + length:
+                break
+            payload = bytes(self._buffer[HEADER.size : HEADER.size + length])
+            del self._buffer[: HEADER.size + length]
+            frames.append(decode_payload(payload))
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame waiting for the rest."""
+        return len(self._buffer)
+
+
+def parse_request(obj: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
+    """Split a request into (id, op, arguments). Raises ProtocolError."""
+    request_id = obj.get("id")
+    if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**53:
+        raise ProtocolError("request: `id` must be a non-negative integer")
+    op = obj.get("op")
+    if not isinstance(op, str) or op not in ALL_OPS:
+        raise ProtocolError(f"request: unknown op {op!r}")
+    args = {k: v for k, v in obj.items() if k not in ("v", "id", "op")}
+    return request_id, op, args
+
+
+def request(request_id: int, op: str, **args: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "id": request_id, "op": op, **args}
+
+
+def ok(request_id: int, result: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result}
+
+
+def error(request_id: int | None, code: str, message: str) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
+
+
+def push(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "push": kind, **fields}
+
+
+class RemoteError(Exception):
+    """An error response from the broker."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

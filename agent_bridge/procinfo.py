@@ -1,0 +1,129 @@
+"""Process ancestry, to pair a hook with the MCP server of the same host (SPEC §3).
+
+Each side computes its ancestor chain (pid, start time, executable name) before anything
+detaches, and names its *host*: the nearest ancestor that is an agent host (`claude`, `codex`,
+or the pid in AGENT_BRIDGE_HOST_PID). Two processes belong to the same host when their hosts
+match on pid **and** start time (pids are reused). Light: standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+MAX_HOPS = 12
+HOST_NAMES = frozenset({"claude", "codex"})
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    start: int  # clock ticks since boot (Linux) or seconds since the epoch (elsewhere)
+    exe: str  # basename of the program, e.g. "claude", "node", "sh"
+    argv0: str = ""
+
+    def to_json(self) -> list[object]:
+        return [self.pid, self.start, self.exe]
+
+    @property
+    def is_agent_host(self) -> bool:
+        names = {self.exe.lower(), os.path.basename(self.argv0).lower()}
+        return not HOST_NAMES.isdisjoint(names) or any(n.startswith(("claude", "codex")) for n in names if n)
+
+
+def _linux_proc(pid: int) -> tuple[Proc, int] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    # comm is in parentheses and may contain spaces or parentheses: split on the last ')'.
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ppid, start = int(fields[1]), int(fields[19])
+    argv0 = ""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        pass
+    return Proc(pid, start, comm, argv0), ppid
+
+
+def _ps_proc(pid: int) -> tuple[Proc, int] | None:
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "ppid=,lstart=,comm=", "-p", str(pid)], capture_output=True, text=True, timeout=2
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not out:
+        return None
+    parts = out.split()
+    ppid = int(parts[0])
+    start = abs(hash(" ".join(parts[1:6]))) % (1 << 62)
+    comm = os.path.basename(" ".join(parts[6:]))
+    return Proc(pid, start, comm, comm), ppid
+
+
+def describe(pid: int) -> tuple[Proc, int] | None:
+    """(the process, its parent pid), or None if it is gone."""
+    if sys.platform.startswith("linux"):
+        return _linux_proc(pid)
+    if sys.platform == "win32":
+        return None
+    return _ps_proc(pid)
+
+
+def ancestry(pid: int | None = None, max_hops: int = MAX_HOPS) -> list[Proc]:
+    """The chain from `pid` (default: this process's parent) up, nearest first."""
+    chain: list[Proc] = []
+    current = os.getppid() if pid is None else pid
+    seen: set[int] = set()
+    while current > 0 and current not in seen and len(chain) < max_hops:
+        seen.add(current)
+        found = describe(current)
+        if found is None:
+            break
+        proc, parent = found
+        chain.append(proc)
+        current = parent
+    return chain
+
+
+def find_host(chain: list[Proc], host_pid: int | None = None) -> Proc | None:
+    """The nearest agent host in `chain` (or the process AGENT_BRIDGE_HOST_PID names)."""
+    if host_pid is not None:
+        for proc in chain:
+            if proc.pid == host_pid:
+                return proc
+        found = describe(host_pid)
+        return found[0] if found else None
+    for proc in chain:
+        if proc.is_agent_host:
+            return proc
+    return None
+
+
+def host_override(env: dict[str, str] | os._Environ[str] | None = None) -> int | None:
+    env = os.environ if env is None else env
+    raw = env.get("AGENT_BRIDGE_HOST_PID", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def current_host(env: dict[str, str] | os._Environ[str] | None = None) -> tuple[Proc | None, list[Proc]]:
+    """(this process's agent host, its ancestor chain). Call early, before anything detaches."""
+    chain = ancestry()
+    return find_host(chain, host_override(env)), chain
+
+
+def host_json(proc: Proc | None) -> dict[str, object] | None:
+    return None if proc is None else {"pid": proc.pid, "start": proc.start, "exe": proc.exe}

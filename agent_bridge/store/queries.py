@@ -1,0 +1,230 @@
+"""Read queries over bridge.db, shared by the writer (broker), the read-only readers
+(dashboard, hooks, CLI) and the tests. One implementation of each lookup.
+
+Light: apsw and the domain rules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import apsw
+
+from agent_bridge import domain
+from agent_bridge.domain import Scope
+
+DECISION_COLUMNS = (
+    "seq",
+    "id",
+    "topic",
+    "text",
+    "scope",
+    "author_id",
+    "author_name",
+    "author_agent",
+    "created_at",
+    "source_message_id",
+    "supersedes",
+    "current",
+)
+_SELECT_DECISION = (
+    "SELECT d.seq, d.id, d.topic, d.text, d.scope, d.author_id, d.author_name, d.author_agent, "
+    "d.created_at, d.source_message_id, d.supersedes, h.seq = d.seq AS current "
+)
+
+
+def has_table(conn: apsw.Connection, name: str) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+    return row is not None
+
+
+def expand_addresses(conn: apsw.Connection, addresses: Iterable[str]) -> set[str]:
+    """Every address (id, name, host session id) of every session any of `addresses` names."""
+    given = set(addresses)
+    if not given or not has_table(conn, "peers"):
+        return given
+    found = set(given)
+    marks = ",".join("?" * len(given))
+    values = list(given)
+    host_col = "host_session_id" if _has_host_column(conn) else "NULL"
+    sql = (
+        f"SELECT id, name, {host_col} FROM peers "
+        f"WHERE id IN ({marks}) OR name IN ({marks})"
+        + (f" OR host_session_id IN ({marks})" if host_col != "NULL" else "")
+    )
+    args = values * (3 if host_col != "NULL" else 2)
+    for peer_id, name, host in conn.execute(sql, args):
+        found.update(a for a in (peer_id, name, host) if a)
+    return found
+
+
+def _has_host_column(conn: apsw.Connection) -> bool:
+    return any(row[1] == "host_session_id" for row in conn.execute("PRAGMA table_info(peers)"))
+
+
+def query_decisions(
+    conn: apsw.Connection,
+    *,
+    needle: str | None = None,
+    lookup: Scope | None = None,
+    caller_addresses: Iterable[str] = (),
+    history: bool = False,
+    topic: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Decision objects, newest revision first (SPEC §4.2, §6).
+
+    `needle` is an already-normalized query (domain.normalize_query); `lookup` a parsed scope or
+    None for every scope; `caller_addresses` the calling session's addresses (a project lookup
+    through MCP also includes decisions addressed to the caller).
+    """
+    if not has_table(conn, "decisions"):
+        return []
+    where: list[str] = []
+    args: dict[str, Any] = {}
+    if history:
+        sql = _SELECT_DECISION + "FROM decisions d JOIN decision_heads h ON h.topic = d.topic"
+    else:
+        sql = _SELECT_DECISION + "FROM decision_heads h JOIN decisions d ON d.seq = h.seq"
+    if topic is not None:
+        where.append("d.topic = :topic")
+        args["topic"] = topic
+    if needle:
+        where.append("(instr(d.topic, :q) > 0 OR instr(d.text_key, :q) > 0)")
+        args["q"] = needle
+    addresses: set[str] = set(caller_addresses)
+    if lookup is not None:
+        kind = domain.scope_kind(lookup)
+        if kind == "all":
+            where.append("d.scope_kind = 'all'")
+        elif kind == "project":
+            assert isinstance(lookup, dict)
+            args["project"] = lookup["project"]
+            clause = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
+            if addresses:
+                clause += " OR d.scope_kind = 'sessions'"
+            where.append(f"({clause})")
+        else:
+            assert isinstance(lookup, dict)
+            addresses = expand_addresses(conn, [*lookup["sessions"], *addresses])
+            where.append("d.scope_kind IN ('all', 'sessions')")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY d.seq DESC"
+    out: list[dict[str, Any]] = []
+    for values in conn.execute(sql, args):
+        row = dict(zip(DECISION_COLUMNS, values, strict=True))
+        scope = domain.scope_from_json(row["scope"])
+        if lookup is not None and not domain.lookup_matches(scope, lookup, addresses=addresses):
+            continue
+        out.append(domain.render_decision(row, scope))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def count_current_decisions(conn: apsw.Connection, lookup: Scope, caller_addresses: Iterable[str] = ()) -> int:
+    return len(query_decisions(conn, lookup=lookup, caller_addresses=caller_addresses))
+
+
+MESSAGE_SELECT = """
+SELECT m.rowid, m.id, m.from_peer, fp.name, fp.agent, r.peer_id, tp.name, m.body, m.hop, m.reply_to,
+       m.created_at, dd.decision_id, r.acked_at
+FROM receipts r
+JOIN messages m ON m.id = r.message_id
+LEFT JOIN peers fp ON fp.id = m.from_peer
+LEFT JOIN peers tp ON tp.id = r.peer_id
+LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
+"""
+
+
+def _message_from_row(conn: apsw.Connection, values: tuple[Any, ...]) -> dict[str, Any]:
+    (rowid, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id, acked) = (
+        values
+    )
+    message: dict[str, Any] = {
+        "id": mid,
+        "from": {"id": from_id, "name": from_name, "agent": from_agent},
+        "to": {"id": to_id, "name": to_name},
+        "text": body,
+        "hop": hop,
+        "replyTo": reply_to,
+        "kind": "decision" if decision_id else "message",
+        "createdAt": created,
+    }
+    if decision_id:
+        found = decision_by_id(conn, decision_id)
+        if found is not None:
+            message["decision"] = found
+    message["_seq"] = rowid
+    message["_acked"] = acked is not None
+    return message
+
+
+def decision_by_id(conn: apsw.Connection, decision_id: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        _SELECT_DECISION + "FROM decisions d JOIN decision_heads h ON h.topic = d.topic WHERE d.id = ?",
+        (decision_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    data = dict(zip(DECISION_COLUMNS, row, strict=True))
+    return domain.render_decision(data)
+
+
+def unacked_messages(
+    conn: apsw.Connection, peer_id: str, *, after_seq: int = 0, limit: int = 200
+) -> list[dict[str, Any]]:
+    """A session's unacknowledged messages, oldest first (receipt order = message insert order)."""
+    if not has_table(conn, "receipts"):
+        return []
+    dd = has_table(conn, "decision_deliveries")
+    sql = MESSAGE_SELECT if dd else MESSAGE_SELECT.replace(
+        "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
+    ).replace("dd.decision_id", "NULL")
+    sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND m.rowid > ? ORDER BY m.rowid LIMIT ?"
+    return [_message_from_row(conn, v) for v in conn.execute(sql, (peer_id, after_seq, limit))]
+
+
+def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest messages (one entry per recipient), newest first."""
+    if not has_table(conn, "receipts"):
+        return []
+    dd = has_table(conn, "decision_deliveries")
+    sql = MESSAGE_SELECT if dd else MESSAGE_SELECT.replace(
+        "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
+    ).replace("dd.decision_id", "NULL")
+    sql += " ORDER BY m.rowid DESC LIMIT ?"
+    out = []
+    for values in conn.execute(sql, (limit,)):
+        message = _message_from_row(conn, values)
+        message["acked"] = message.pop("_acked")
+        message.pop("_seq")
+        out.append(message)
+    return out
+
+
+PEER_COLUMNS = ("id", "name", "agent", "project", "hostSessionId", "kind", "createdAt", "lastSeenAt")
+
+
+def list_peers(conn: apsw.Connection) -> list[dict[str, Any]]:
+    if not has_table(conn, "peers"):
+        return []
+    host_col = "host_session_id" if _has_host_column(conn) else "NULL"
+    sql = (
+        f"SELECT id, name, agent, project, {host_col}, kind, created_at, last_seen_at FROM peers "
+        "ORDER BY last_seen_at DESC, rowid DESC"
+    )
+    return [dict(zip(PEER_COLUMNS, v, strict=True)) for v in conn.execute(sql)]
+
+
+def peer_by_host_session(conn: apsw.Connection, host_session_id: str) -> dict[str, Any] | None:
+    if not has_table(conn, "peers") or not _has_host_column(conn):
+        return None
+    row = conn.execute(
+        "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers "
+        "WHERE host_session_id = ? ORDER BY last_seen_at DESC, rowid DESC LIMIT 1",
+        (host_session_id,),
+    ).fetchone()
+    return dict(zip(PEER_COLUMNS, row, strict=True)) if row else None

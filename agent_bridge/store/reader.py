@@ -1,0 +1,59 @@
+"""Read-only access to bridge.db for the dashboard, the hooks and CLI reads.
+
+Never writes, never migrates, never needs the broker. A missing database reads as empty.
+Light: apsw only (the hooks import this at every session start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import apsw
+
+from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew
+
+BUSY_TIMEOUT_MS = 2000  # a reader waits this long for the writer's checkpoint to finish
+
+
+def open_readonly(path: Path | str) -> apsw.Connection | None:
+    """A read-only connection to `path`, or None if there is no database yet.
+
+    Raises SchemaTooNew for a database newer than this code: readers must not guess at a
+    future schema's meaning.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except apsw.CantOpenError:
+        # A WAL database whose -shm file is missing and whose folder we cannot write to
+        # (the broker is down and checkpointed): read the main file as it stands.
+        uri = path.absolute().as_uri() + "?mode=ro&immutable=1"
+        conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > CURRENT_VERSION:
+        conn.close()
+        raise SchemaTooNew(version)
+    return conn
+
+
+@contextmanager
+def reading(path: Path | str) -> Iterator[apsw.Connection | None]:
+    """`with reading(db) as conn:` one consistent snapshot (a read transaction) or None."""
+    conn = open_readonly(path)
+    if conn is None:
+        yield None
+        return
+    try:
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+    finally:
+        conn.close()

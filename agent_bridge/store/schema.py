@@ -1,0 +1,134 @@
+"""Schema versions and migrations of bridge.db (SPEC §7).
+
+Versions 1 and 2 are the existing bridge, pinned verbatim; their meaning never changes.
+Version 3 adds append-only pinned decisions, their per-host-session deliveries, and the
+persisted host-to-session map of SPEC §3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import apsw
+
+V1 = """
+CREATE TABLE peers (
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, agent TEXT NOT NULL, project TEXT NOT NULL,
+  kind TEXT NOT NULL DEFAULT 'interactive' CHECK (kind IN ('interactive','job')),
+  created_at INTEGER NOT NULL, last_seen_at INTEGER NOT NULL);
+CREATE TABLE messages (
+  id TEXT PRIMARY KEY, from_peer TEXT REFERENCES peers(id), to_peer TEXT NOT NULL REFERENCES peers(id),
+  body TEXT NOT NULL, hop INTEGER NOT NULL DEFAULT 1, reply_to TEXT,
+  created_at INTEGER NOT NULL, acked_at INTEGER);
+CREATE INDEX messages_to_unacked ON messages(to_peer, acked_at);
+PRAGMA user_version = 1;
+"""
+
+V2 = """
+ALTER TABLE peers ADD COLUMN host_session_id TEXT;
+CREATE INDEX peers_host_session ON peers(host_session_id);
+CREATE TABLE receipts (
+  message_id TEXT NOT NULL REFERENCES messages(id), peer_id TEXT NOT NULL REFERENCES peers(id),
+  delivered_at INTEGER, acked_at INTEGER, PRIMARY KEY (message_id, peer_id));
+INSERT INTO receipts(message_id, peer_id, acked_at) SELECT id, to_peer, acked_at FROM messages;
+PRAGMA user_version = 2;
+"""
+
+V3 = """
+-- Every revision of every pinned owner decision, in recording order (seq).
+CREATE TABLE decisions (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  topic TEXT NOT NULL CHECK (length(topic) BETWEEN 1 AND 200),
+  text TEXT NOT NULL CHECK (length(text) BETWEEN 1 AND 4000),
+  text_key TEXT NOT NULL,            -- lowercased text, for case-insensitive substring queries
+  scope TEXT NOT NULL,               -- canonical JSON: "all" | {"project":…} | {"sessions":[…]}
+  scope_kind TEXT NOT NULL CHECK (scope_kind IN ('all','project','sessions')),
+  scope_project TEXT,                -- the normalized folder of a project scope
+  author_id TEXT NOT NULL REFERENCES peers(id),
+  author_name TEXT NOT NULL,
+  author_agent TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  source_message_id TEXT REFERENCES messages(id),
+  supersedes TEXT REFERENCES decisions(id),
+  CHECK ((scope_kind = 'project') = (scope_project IS NOT NULL)));
+CREATE INDEX decisions_topic ON decisions(topic, seq);
+CREATE INDEX decisions_project ON decisions(scope_project) WHERE scope_project IS NOT NULL;
+CREATE TRIGGER decisions_no_update BEFORE UPDATE ON decisions
+  BEGIN SELECT RAISE(ABORT, 'decisions are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER decisions_no_delete BEFORE DELETE ON decisions
+  BEGIN SELECT RAISE(ABORT, 'decisions are append-only: DELETE is not allowed'); END;
+
+-- The current revision of each topic, kept by the schema itself (derived from decisions).
+CREATE TABLE decision_heads (topic TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TRIGGER decisions_head AFTER INSERT ON decisions
+  BEGIN INSERT OR REPLACE INTO decision_heads(topic, seq) VALUES (NEW.topic, NEW.seq); END;
+
+-- One row per (revision, host session) that was sent that revision: a host session never gets
+-- the same revision twice. host_key is the host session id, or 'peer:<id>' while it is unknown.
+CREATE TABLE decision_deliveries (
+  decision_id TEXT NOT NULL REFERENCES decisions(id),
+  host_key TEXT NOT NULL,
+  peer_id TEXT NOT NULL REFERENCES peers(id),
+  message_id TEXT REFERENCES messages(id),
+  created_at INTEGER NOT NULL,
+  PRIMARY KEY (decision_id, host_key));
+CREATE INDEX decision_deliveries_message ON decision_deliveries(message_id);
+CREATE INDEX decision_deliveries_peer ON decision_deliveries(peer_id);
+CREATE TRIGGER decision_deliveries_no_update BEFORE UPDATE ON decision_deliveries
+  BEGIN SELECT RAISE(ABORT, 'decision_deliveries are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER decision_deliveries_no_delete BEFORE DELETE ON decision_deliveries
+  BEGIN SELECT RAISE(ABORT, 'decision_deliveries are append-only: DELETE is not allowed'); END;
+
+-- The persisted host-to-session map (SPEC §3): which host session ids a host process
+-- instance (pid + start time) has reported, so a reloaded MCP server or a restarted broker
+-- recovers its identity without waiting for a hook.
+CREATE TABLE host_instances (
+  pid INTEGER NOT NULL, start_time INTEGER NOT NULL, host_session_id TEXT NOT NULL,
+  agent TEXT, seen_at INTEGER NOT NULL,
+  PRIMARY KEY (pid, start_time, host_session_id));
+
+CREATE INDEX receipts_peer_unacked ON receipts(peer_id, acked_at);
+CREATE INDEX peers_name ON peers(name);
+PRAGMA user_version = 3;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3)
+CURRENT_VERSION = len(STEPS)
+
+
+class SchemaError(RuntimeError):
+    """The database cannot be used by this version of agent-bridge."""
+
+
+class SchemaTooNew(SchemaError):
+    def __init__(self, found: int) -> None:
+        super().__init__(
+            f"bridge.db has schema version {found}, newer than this agent-bridge understands "
+            f"(up to {CURRENT_VERSION}); upgrade agent-bridge, or point AGENT_BRIDGE_HOME elsewhere"
+        )
+        self.found = found
+
+
+def user_version(conn: apsw.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: apsw.Connection, *, before_upgrade: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """Bring `conn` to CURRENT_VERSION. Returns (old, new).
+
+    All steps run in one transaction, each inside its own savepoint together with its
+    `user_version` bump: a failure at any step leaves the database exactly as it was.
+    """
+    found = user_version(conn)
+    if found > CURRENT_VERSION:
+        raise SchemaTooNew(found)
+    if found == CURRENT_VERSION:
+        return found, found
+    if before_upgrade is not None:
+        before_upgrade(found)
+    with conn:
+        for version in range(found, CURRENT_VERSION):
+            with conn:
+                conn.execute(STEPS[version])
+    return found, CURRENT_VERSION

@@ -1,0 +1,406 @@
+"""The broker's store: the only writer of bridge.db (SPEC §7).
+
+Every method is synchronous and is one transaction. The broker calls them on a worker thread
+(`daemon.storage.StoreRunner`), never on the Trio event loop.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import apsw
+import apsw.bestpractice
+
+from agent_bridge import domain
+from agent_bridge.domain import Scope, SessionView
+from agent_bridge.store import queries
+from agent_bridge.store.schema import migrate, user_version
+
+_bestpractice_applied = False
+
+
+def apply_bestpractice() -> None:
+    """WAL, busy timeout, foreign keys, no double-quoted strings… on every new connection."""
+    global _bestpractice_applied
+    if not _bestpractice_applied:
+        apsw.bestpractice.apply(apsw.bestpractice.recommended)
+        _bestpractice_applied = True
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True)
+class Recipient:
+    """A connected, non-job session in scope of a decision, with the key its receipt is kept under."""
+
+    session: SessionView
+    host_key: str
+
+
+def host_key(session: SessionView) -> str:
+    return session.host_session_id or f"peer:{session.id}"
+
+
+def backup_path(db: Path, old_version: int) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    candidate = db.with_name(f"{db.name}.v{old_version}-{stamp}.bak")
+    n = 2
+    while candidate.exists():
+        candidate = db.with_name(f"{db.name}.v{old_version}-{stamp}-{n}.bak")
+        n += 1
+    return candidate
+
+
+class Store:
+    def __init__(self, conn: apsw.Connection, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path, log: Callable[[str], None] = lambda line: None) -> Store:
+        """Open (creating if needed) and migrate to the current version, backing up first."""
+        apply_bestpractice()
+        existed = path.exists() and path.stat().st_size > 0
+        conn = apsw.Connection(str(path))
+        try:
+            conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes
+
+            def before_upgrade(old: int) -> None:
+                if not existed:
+                    return
+                target = backup_path(path, old)
+                backup_database(conn, target)
+                log(f"schema upgrade from version {old}: backed up {path.name} to {target}")
+
+            old, new = migrate(conn, before_upgrade=before_upgrade)
+            if old != new:
+                log(f"schema upgraded from version {old} to {new}")
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, path)
+
+    def close(self) -> None:
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self.conn.close()
+
+    def version(self) -> int:
+        return user_version(self.conn)
+
+    # --- sessions -----------------------------------------------------------------
+
+    def create_peer(
+        self, *, agent: str, name: str, project: str, kind: str, host_session_id: str | None, now: int
+    ) -> dict[str, Any]:
+        peer_id = new_id()
+        with self.conn:
+            self.conn.execute(
+                "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, host_session_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (peer_id, name, agent, project, kind, now, now, host_session_id),
+            )
+        return self.get_peer(peer_id)  # type: ignore[return-value]
+
+    def get_peer(self, peer_id: str) -> dict[str, Any] | None:
+        row = self.conn.execute(
+            "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers WHERE id = ?",
+            (peer_id,),
+        ).fetchone()
+        return dict(zip(queries.PEER_COLUMNS, row, strict=True)) if row else None
+
+    def peer_by_host_session(self, host_session_id: str) -> dict[str, Any] | None:
+        return queries.peer_by_host_session(self.conn, host_session_id)
+
+    def update_peer(self, peer_id: str, **fields: Any) -> dict[str, Any]:
+        columns = {
+            "name": "name",
+            "project": "project",
+            "hostSessionId": "host_session_id",
+            "kind": "kind",
+            "agent": "agent",
+            "lastSeenAt": "last_seen_at",
+        }
+        sets = ", ".join(f"{columns[k]} = ?" for k in fields)
+        with self.conn:
+            if sets:
+                self.conn.execute(f"UPDATE peers SET {sets} WHERE id = ?", (*fields.values(), peer_id))
+        return self.get_peer(peer_id)  # type: ignore[return-value]
+
+    def touch_peers(self, peer_ids: Iterable[str], now: int) -> None:
+        with self.conn:
+            self.conn.executemany("UPDATE peers SET last_seen_at = ? WHERE id = ?", [(now, p) for p in peer_ids])
+
+    def list_peers(self) -> list[dict[str, Any]]:
+        return queries.list_peers(self.conn)
+
+    def find_peers_by_address(self, address: str) -> list[dict[str, Any]]:
+        """Sessions an address names (id, name or host session id), most recently seen first."""
+        rows = self.conn.execute(
+            "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers "
+            "WHERE id = ?1 OR name = ?1 OR host_session_id = ?1 ORDER BY last_seen_at DESC, rowid DESC",
+            (address,),
+        )
+        return [dict(zip(queries.PEER_COLUMNS, r, strict=True)) for r in rows]
+
+    def absorb_peer(self, old_id: str, into_id: str) -> None:
+        """A pending connection turned out to be an earlier session: move what it holds."""
+        with self.conn:
+            self.conn.execute(
+                "UPDATE receipts SET peer_id = ? WHERE peer_id = ? AND acked_at IS NULL "
+                "AND message_id NOT IN (SELECT message_id FROM receipts WHERE peer_id = ?)",
+                (into_id, old_id, into_id),
+            )
+            rows = self.conn.execute(
+                "SELECT decision_id, message_id, created_at FROM decision_deliveries WHERE host_key = ?",
+                (f"peer:{old_id}",),
+            ).fetchall()
+            target = self.get_peer(into_id)
+            key = (target or {}).get("hostSessionId") or f"peer:{into_id}"
+            self.conn.executemany(
+                "INSERT OR IGNORE INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(d, key, into_id, m, c) for d, m, c in rows],
+            )
+            referenced = self.conn.execute(
+                "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
+                "OR EXISTS(SELECT 1 FROM receipts WHERE peer_id = ?1) "
+                "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
+                "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1)",
+                (old_id,),
+            ).fetchone()[0]
+            if not referenced:
+                self.conn.execute("DELETE FROM peers WHERE id = ?", (old_id,))
+
+    def adopt_host_key(self, peer_id: str, host_session_id: str) -> None:
+        """Deliveries recorded while the session's host identity was unknown count for it now."""
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR IGNORE INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
+                "SELECT decision_id, ?, peer_id, message_id, created_at FROM decision_deliveries WHERE host_key = ?",
+                (host_session_id, f"peer:{peer_id}"),
+            )
+
+    # --- host map -----------------------------------------------------------------
+
+    def record_host_instance(
+        self, pid: int, start_time: int, host_session_id: str, agent: str | None, now: int, *, exclusive: bool
+    ) -> None:
+        """Remember that host process (pid, start_time) runs `host_session_id`.
+
+        `exclusive`: the host runs one session at a time (Claude Code), so a new id (after
+        `/clear`) replaces the old ones; Codex may run several threads in one process.
+        """
+        with self.conn:
+            if exclusive:
+                self.conn.execute(
+                    "DELETE FROM host_instances WHERE pid = ? AND start_time = ? AND host_session_id != ?",
+                    (pid, start_time, host_session_id),
+                )
+            self.conn.execute(
+                "INSERT INTO host_instances(pid, start_time, host_session_id, agent, seen_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(pid, start_time, host_session_id) DO UPDATE SET seen_at = excluded.seen_at",
+                (pid, start_time, host_session_id, agent, now),
+            )
+
+    def host_sessions_for(self, pid: int, start_time: int) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT host_session_id FROM host_instances WHERE pid = ? AND start_time = ? ORDER BY seen_at DESC",
+            (pid, start_time),
+        )
+        return [r[0] for r in rows]
+
+    # --- messages -----------------------------------------------------------------
+
+    def message_hop(self, message_id: str) -> int | None:
+        row = self.conn.execute("SELECT hop FROM messages WHERE id = ?", (message_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def message_exists(self, message_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone() is not None
+
+    def send_message(
+        self, *, from_id: str, to_id: str, text: str, hop: int, reply_to: str | None, now: int
+    ) -> dict[str, Any]:
+        message_id = new_id()
+        with self.conn:
+            self.conn.execute(
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES (?,?,?,?,?,?,?)",
+                (message_id, from_id, to_id, text, hop, reply_to, now),
+            )
+            self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, to_id))
+        found = self.message_for(to_id, message_id)
+        assert found is not None
+        return found
+
+    def message_for(self, peer_id: str, message_id: str) -> dict[str, Any] | None:
+        rows = self.conn.execute(
+            queries.MESSAGE_SELECT + " WHERE r.peer_id = ? AND m.id = ?", (peer_id, message_id)
+        ).fetchall()
+        if not rows:
+            return None
+        message = queries._message_from_row(self.conn, rows[0])
+        message.pop("_seq")
+        message.pop("_acked")
+        return message
+
+    def unacked(self, peer_id: str, *, after_seq: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        return queries.unacked_messages(self.conn, peer_id, after_seq=after_seq, limit=limit)
+
+    def mark_delivered(self, peer_id: str, message_ids: Sequence[str], now: int) -> None:
+        with self.conn:
+            self.conn.executemany(
+                "UPDATE receipts SET delivered_at = ? WHERE peer_id = ? AND message_id = ? AND delivered_at IS NULL",
+                [(now, peer_id, m) for m in message_ids],
+            )
+
+    def ack(self, peer_id: str, message_ids: Sequence[str], now: int) -> int:
+        """Acknowledge messages shown to the session's agent. Returns how many were newly acked."""
+        count = 0
+        with self.conn:
+            for message_id in message_ids:
+                self.conn.execute(
+                    "UPDATE receipts SET acked_at = ?, delivered_at = coalesce(delivered_at, ?) "
+                    "WHERE peer_id = ? AND message_id = ? AND acked_at IS NULL",
+                    (now, now, peer_id, message_id),
+                )
+                changed = self.conn.changes()
+                if changed:
+                    self.conn.execute(
+                        "UPDATE messages SET acked_at = ? WHERE id = ? AND acked_at IS NULL", (now, message_id)
+                    )
+                count += changed
+        return count
+
+    # --- decisions ----------------------------------------------------------------
+
+    def record_decision(
+        self,
+        *,
+        author: SessionView,
+        author_agent: str,
+        topic: str,
+        text: str,
+        scope: Scope,
+        source_message_id: str | None,
+        recipients: Sequence[Recipient],
+        now: int,
+        fault: Callable[[str], None] = lambda point: None,
+    ) -> tuple[dict[str, Any], list[str]]:
+        """One revision, its notifications, their receipts and deliveries: one transaction."""
+        decision_id = new_id()
+        kind = domain.scope_kind(scope)
+        project = scope["project"] if kind == "project" else None  # type: ignore[index]
+        with self.conn:
+            if source_message_id is not None and not self.message_exists(source_message_id):
+                source_message_id = None
+            head = self.conn.execute(
+                "SELECT d.id FROM decision_heads h JOIN decisions d ON d.seq = h.seq WHERE h.topic = ?", (topic,)
+            ).fetchone()
+            supersedes = head[0] if head else None
+            self.conn.execute(
+                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, author_id, "
+                "author_name, author_agent, created_at, source_message_id, supersedes) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    decision_id,
+                    topic,
+                    text,
+                    domain.search_key(text),
+                    domain.scope_to_json(scope),
+                    kind,
+                    project,
+                    author.id,
+                    author.name,
+                    author_agent,
+                    now,
+                    source_message_id,
+                    supersedes,
+                ),
+            )
+            decision = queries.decision_by_id(self.conn, decision_id)
+            assert decision is not None
+            fault("decide:after-decision")
+            self._queue_notifications(decision, author.id, recipients, now, fault)
+            fault("decide:before-commit")
+        return decision, sorted(r.session.name for r in recipients)
+
+    def _queue_notifications(
+        self,
+        decision: dict[str, Any],
+        from_id: str,
+        recipients: Sequence[Recipient],
+        now: int,
+        fault: Callable[[str], None] = lambda point: None,
+    ) -> list[str]:
+        body = notification_text(decision)
+        queued = []
+        for i, recipient in enumerate(recipients):
+            message_id = new_id()
+            self.conn.execute(
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES (?,?,?,?,?,?,?)",
+                (message_id, from_id, recipient.session.id, body, domain.DECISION_HOP, None, now),
+            )
+            self.conn.execute(
+                "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, recipient.session.id)
+            )
+            self.conn.execute(
+                "INSERT INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (decision["id"], recipient.host_key, recipient.session.id, message_id, now),
+            )
+            queued.append(message_id)
+            if i == 0:
+                fault("decide:mid-fanout")
+        return queued
+
+    def catch_up(self, session: SessionView, now: int) -> int:
+        """Queue every current decision applicable to `session` that its host session has not
+        received yet (SPEC §4.4). Only for a session whose host identity is known."""
+        if not session.host_session_id or session.kind == "job":
+            return 0
+        key = session.host_session_id
+        with self.conn:
+            current = queries.query_decisions(self.conn)
+            received = {
+                r[0]
+                for r in self.conn.execute("SELECT decision_id FROM decision_deliveries WHERE host_key = ?", (key,))
+            }
+            missing = [
+                d for d in current if d["id"] not in received and domain.scope_applies(d["scope"], session)
+            ]
+            for decision in reversed(missing):  # oldest first, so the inbox reads in recording order
+                self._queue_notifications(decision, decision["author"]["id"], [Recipient(session, key)], now)
+        return len(missing)
+
+    def decisions(self, **kwargs: Any) -> list[dict[str, Any]]:
+        return queries.query_decisions(self.conn, **kwargs)
+
+
+def notification_text(decision: dict[str, Any]) -> str:
+    scope = decision["scope"]
+    where = "all sessions" if scope == "all" else domain.scope_to_json(scope)
+    return f"Pinned owner decision for {where}: {domain.decision_line(decision)}"
+
+
+def backup_database(conn: apsw.Connection, target: Path) -> None:
+    """Copy a live database with SQLite's online backup API."""
+    dest = apsw.Connection(str(target))
+    try:
+        with dest.backup("main", conn, "main") as backup:
+            while not backup.done:
+                backup.step(1024)
+    finally:
+        dest.close()
