@@ -1,0 +1,43 @@
+"""Broker settings from the environment and `<home>/config.toml` (environment wins)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_bridge import domain, paths
+
+
+class ConfigError(ValueError):
+    """A setting with a bad value; the message names the setting and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    hop_limit: int = domain.HOP_LIMIT_DEFAULT
+
+
+def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    file_values: dict[str, object] = {}
+    config_file = home_dir / paths.CONFIG_NAME
+    if config_file.exists():
+        try:
+            file_values = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{config_file}: cannot parse: {exc}") from None
+        unknown = sorted(set(file_values) - {"hop_limit"})
+        if unknown:
+            raise ConfigError(f"{config_file}: unknown setting {unknown[0]!r}; known settings: hop_limit")
+    hop_limit = domain.HOP_LIMIT_DEFAULT
+    try:
+        if "hop_limit" in file_values:
+            hop_limit = domain.parse_hop_limit(file_values["hop_limit"], source=f"{config_file}: hop_limit")
+        raw = env.get("AGENT_BRIDGE_HOP_LIMIT")
+        if raw is not None and raw != "":
+            hop_limit = domain.parse_hop_limit(raw, source="AGENT_BRIDGE_HOP_LIMIT")
+    except domain.InputError as exc:
+        raise ConfigError(str(exc)) from None
+    return Settings(hop_limit=hop_limit)

@@ -1,0 +1,494 @@
+"""The broker's state and its request handlers: sessions, decisions, messages, identity.
+
+Everything that changes bridge.db goes through the StoreRunner (the only writer); the
+in-memory state is which sessions are connected right now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from agent_bridge import domain, paths
+from agent_bridge.config import Settings
+from agent_bridge.daemon.sessions import (
+    RANK_CLAUDE_ENV,
+    RANK_CODEX_META,
+    RANK_EXPLICIT,
+    RANK_HOOK,
+    RANK_NONE,
+    Session,
+)
+from agent_bridge.daemon.storage import StoreRunner
+from agent_bridge.domain import InputError
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.store.writer import Recipient, host_key, now_ms
+
+log = logging.getLogger("agent_bridge.broker")
+
+ADDRESS_MAX = 200
+EXCLUSIVE_HOSTS = frozenset({"claude"})  # one conversation per host process; Codex may run several
+
+
+class Broker:
+    def __init__(
+        self,
+        store: StoreRunner,
+        settings: Settings,
+        home: Path,
+        stop: trio.Event,
+        *,
+        fault: Callable[[str], None] = lambda point: None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.home = home
+        self.stop = stop
+        self.fault = fault
+        self.sessions: dict[str, Session] = {}  # peer id -> the connected session
+        self.started_at = now_ms()
+        self.socket_path = ""
+        self.web_url: str | None = None
+        self._identity_lock = trio.Lock()  # attach/learn/identify change who is who: one at a time
+
+    # --- state -----------------------------------------------------------------------
+
+    def connected_ids(self) -> set[str]:
+        return set(self.sessions)
+
+    def connected_names(self, *, excluding: Session | None = None) -> set[str]:
+        return {s.name for s in self.sessions.values() if s is not excluding}
+
+    def find_connected(self, address: str) -> Session | None:
+        for s in self.sessions.values():
+            if address in (s.id, s.name, s.host_session_id):
+                return s
+        return None
+
+    # --- attach / detach -------------------------------------------------------------
+
+    async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
+        allowed = {"agent", "project", "kind", "name", "hostSessionId", "claudeSessionId", "host", "chain", "pid"}
+        _no_unknown(args, allowed, "hello")
+        agent = domain.normalize_agent(args.get("agent", "claude"))
+        project = domain.normalize_folder(args.get("project"), what="project")
+        kind = args.get("kind", "interactive")
+        if kind not in ("interactive", "job"):
+            raise InputError(f"kind: expected \"interactive\" or \"job\", got {kind!r}")
+        name = _opt_str(args, "name", ADDRESS_MAX)
+        if name is not None and not domain.AGENT_NAME.match(name.replace(" ", "-")):
+            raise InputError("name: letters, digits, '.', '_' or '-' only, at most 40 characters")
+        explicit = _opt_str(args, "hostSessionId", ADDRESS_MAX)
+        claude_env = _opt_str(args, "claudeSessionId", ADDRESS_MAX)
+        host = _parse_host(args.get("host"))
+
+        async with self._identity_lock:
+            await self.ingest_reports()
+            hsid, rank, ambiguous = explicit, RANK_EXPLICIT if explicit else RANK_NONE, False
+            if hsid is None and host is not None:
+                candidates = await self.store.run(self.store.store.host_sessions_for, *host)
+                if len(candidates) == 1:
+                    hsid, rank = candidates[0], RANK_HOOK
+                elif len(candidates) > 1:
+                    ambiguous = True
+                    log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
+            if hsid is None and claude_env and not ambiguous:
+                hsid, rank = claude_env, RANK_CLAUDE_ENV
+            now = now_ms()
+            peer = None
+            if hsid is not None:
+                peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
+            if peer is not None:
+                held = self.sessions.get(peer["id"])
+                if held is not None:  # a reloaded MCP server whose old connection is not gone yet
+                    log.info("session %s reconnected; closing its previous connection", peer["name"])
+                    self._drop(held)
+                    await held.conn.aclose()
+                base = name or peer["name"]
+                final = domain.dedupe_name(base, self.connected_names())
+                peer = await self.store.run(
+                    self.store.store.update_peer,
+                    peer["id"],
+                    name=final,
+                    project=project,
+                    agent=agent,
+                    kind=kind,
+                    lastSeenAt=now,
+                )
+            else:
+                base = name or domain.session_name(agent, project)
+                final = domain.dedupe_name(base, self.connected_names())
+                peer = await self.store.run(
+                    self.store.store.create_peer,
+                    agent=agent,
+                    name=final,
+                    project=project,
+                    kind=kind,
+                    host_session_id=hsid,
+                    now=now,
+                )
+            session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
+            self.sessions[session.id] = session
+            if hsid is not None:
+                await self._catch_up(session)
+        log.info("session %s connected (%s, %s)", session.name, session.id, hsid or "pending identity")
+        return session
+
+    def _drop(self, session: Session) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
+    async def detach(self, session: Session) -> None:
+        if self.sessions.get(session.id) is not session:
+            return
+        self._drop(session)
+        log.info("session %s disconnected", session.name)
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await self.store.run(self.store.store.touch_peers, [session.id], now_ms())
+
+    # --- identity (SPEC §3) -----------------------------------------------------------
+
+    async def learn(self, session: Session, hsid: str, rank: int) -> bool:
+        """`session` is host session `hsid` (by a source of strength `rank`). Caller holds the lock."""
+        store = self.store.store
+        if session.host_session_id == hsid:
+            session.rank = max(session.rank, rank)
+            return True
+        if session.host_session_id and rank < session.rank:
+            return False  # a weaker source never overrides a stronger one
+        if session.host_session_id and rank == RANK_HOOK and session.rank == RANK_HOOK and session.peer["agent"] not in EXCLUSIVE_HOSTS:
+            session.ambiguous = True  # several Codex threads on one host: never guess
+            log.warning("session %s: host reports another thread %s; identity ambiguous", session.name, hsid)
+            return False
+        other = await self.store.run(store.peer_by_host_session, hsid)
+        if other is not None and other["id"] != session.id:
+            if other["id"] in self.sessions:
+                log.warning("host session %s is already connected as %s; not pairing %s", hsid, other["name"], session.name)
+                session.ambiguous = True
+                return False
+            # The connection is that earlier session: same id, same name if free, same receipts.
+            old_id = session.id
+            await self.store.run(store.absorb_peer, old_id, other["id"])
+            self._drop(session)
+            name = domain.dedupe_name(other["name"], self.connected_names(excluding=session))
+            session.peer = await self.store.run(
+                store.update_peer,
+                other["id"],
+                name=name,
+                project=session.peer["project"],
+                agent=session.peer["agent"],
+                kind=session.peer["kind"],
+                lastSeenAt=now_ms(),
+            )
+            self.sessions[session.id] = session
+            log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
+        else:
+            previous = session.host_session_id
+            session.peer = await self.store.run(store.update_peer, session.id, hostSessionId=hsid)
+            if previous is None:
+                await self.store.run(store.adopt_host_key, session.id, hsid)
+        session.rank = rank
+        session.ambiguous = False
+        await self._catch_up(session)
+        session.poke(replay=True)
+        await self._push(session, protocol.push("identity", session=session.public()))
+        return True
+
+    async def _catch_up(self, session: Session) -> None:
+        if session.is_job or not session.host_session_id:
+            return
+        queued = await self.store.run(self.store.store.catch_up, session.view(), now_ms())
+        if queued:
+            log.info("catch-up: %d decision(s) queued for %s", queued, session.name)
+            session.poke()
+
+    async def identify(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A hook reports the host session id of the host it runs under."""
+        allowed = {"hostSessionId", "agent", "host", "chain", "cwd", "source", "event", "at"}
+        _no_unknown(args, allowed, "identify")
+        hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
+        agent = domain.normalize_agent(args.get("agent", "claude"))
+        host = _parse_host(args.get("host"))
+        async with self._identity_lock:
+            return await self._identify(hsid, agent, host)
+
+    async def _identify(self, hsid: str, agent: str, host: tuple[int, int] | None) -> dict[str, Any]:
+        store = self.store.store
+        if host is not None:
+            await self.store.run(
+                store.record_host_instance, host[0], host[1], hsid, agent, now_ms(), exclusive=agent in EXCLUSIVE_HOSTS
+            )
+        bound = self.find_connected(hsid)
+        if bound is not None and bound.host_session_id == hsid:
+            bound.rank = max(bound.rank, RANK_HOOK)
+            return {"session": bound.public(), "paired": True}
+        candidates = [s for s in self.sessions.values() if host is not None and s.host == host]
+        if len(candidates) == 1:
+            paired = await self.learn(candidates[0], hsid, RANK_HOOK)
+            return {"session": candidates[0].public() if paired else None, "paired": paired}
+        if len(candidates) > 1:
+            log.warning("host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid)
+            return {"session": None, "paired": False, "ambiguous": True}
+        peer = await self.store.run(store.peer_by_host_session, hsid)
+        session = None if peer is None else {k: peer.get(k) for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
+        return {"session": session, "paired": False}
+
+    async def ingest_reports(self) -> int:
+        """Identity reports hooks left in the home folder while no broker ran."""
+        folder = self.home / paths.REPORTS_DIR
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return 0
+        count = 0
+        for entry in names:
+            if not entry.endswith(".json"):
+                continue
+            path = folder / entry
+            try:
+                report = json.loads(path.read_text(encoding="utf-8"))
+                hsid = _req_str(report, "hostSessionId", ADDRESS_MAX)
+                agent = domain.normalize_agent(report.get("agent", "claude"))
+                host = _parse_host(report.get("host"))
+                await self._identify(hsid, agent, host)
+                count += 1
+            except (OSError, ValueError, InputError) as exc:
+                log.warning("ignored identity report %s: %s", entry, exc)
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        return count
+
+    # --- requests from sessions --------------------------------------------------------
+
+    async def handle(self, session: Session | None, op: str, args: dict[str, Any]) -> Any:
+        if session is None:
+            if op == "identify":
+                return await self.identify(args)
+            if op == "stop_check":
+                return await self.stop_check(args)
+            if op == "status":
+                return self.status()
+            if op == "shutdown":
+                self.stop.set()
+                return {"stopping": True}
+            if op == "ping":
+                return "pong"
+            raise InputError(f"{op}: needs a session connection (send hello first)")
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            raise InputError(f"{op}: not available on a session connection")
+        return await handler(session, args)
+
+    async def op_ping(self, session: Session, args: dict[str, Any]) -> Any:
+        return "pong"
+
+    async def op_status(self, session: Session, args: dict[str, Any]) -> Any:
+        return self.status()
+
+    async def op_whoami(self, session: Session, args: dict[str, Any]) -> Any:
+        _no_unknown(args, set(), "whoami")
+        return session.public()
+
+    async def op_peers(self, session: Session, args: dict[str, Any]) -> Any:
+        _no_unknown(args, {"project"}, "peers")
+        project = args.get("project")
+        if project is not None:
+            project = domain.normalize_folder(project, what="project")
+        rows = await self.store.run(self.store.store.list_peers)
+        out = []
+        for row in rows:
+            if project is not None and row["project"] != project:
+                continue
+            item = {k: row[k] for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
+            item["connected"] = row["id"] in self.sessions
+            out.append(item)
+        out.sort(key=lambda p: (not p["connected"], p["name"]))
+        return out
+
+    async def op_decide(self, session: Session, args: dict[str, Any]) -> Any:
+        _no_unknown(args, {"topic", "text", "scope", "source_message_id"}, "decide")
+        topic = domain.normalize_topic(args.get("topic"))
+        text = domain.normalize_text(args.get("text"))
+        raw_scope = args.get("scope")
+        scope = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
+        source = args.get("source_message_id")
+        if not isinstance(source, str) or len(source) > ADDRESS_MAX:
+            source = None  # provenance that names no bridge message is stored as null (SPEC §4.1)
+        recipients = [
+            Recipient(s.view(), host_key(s.view()))
+            for s in self.sessions.values()
+            if not s.is_job and domain.scope_applies(scope, s.view())
+        ]
+        decision, delivered = await self.store.run(
+            self.store.store.record_decision,
+            author=session.view(),
+            author_agent=session.peer["agent"],
+            topic=topic,
+            text=text,
+            scope=scope,
+            source_message_id=source,
+            recipients=recipients,
+            now=now_ms(),
+            fault=self.fault,
+        )
+        for r in recipients:
+            target = self.sessions.get(r.session.id)
+            if target is not None:
+                target.poke()
+        return {"decision": decision, "deliveredTo": delivered}
+
+    async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
+        _no_unknown(args, {"query", "scope", "history"}, "decisions")
+        needle = domain.normalize_query(args.get("query"))
+        history = args.get("history", False)
+        if not isinstance(history, bool):
+            raise InputError(f"history: expected true or false, got {history!r}")
+        raw_scope = args.get("scope")
+        lookup = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
+        caller = session.view().addresses if domain.scope_kind(lookup) == "project" else frozenset()
+        return await self.store.run(
+            self.store.store.decisions, needle=needle, lookup=lookup, caller_addresses=caller, history=history
+        )
+
+    async def op_send(self, session: Session, args: dict[str, Any]) -> Any:
+        _no_unknown(args, {"to", "text", "reply_to"}, "send")
+        to = _req_str(args, "to", ADDRESS_MAX)
+        text = domain.normalize_message_text(args.get("text"))
+        reply_to = _opt_str(args, "reply_to", ADDRESS_MAX)
+        target = self.find_connected(to)
+        if target is not None:
+            to_id = target.id
+        else:
+            found = await self.store.run(self.store.store.find_peers_by_address, to)
+            if not found:
+                raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from peers)")
+            to_id = found[0]["id"]
+        parent_hop = None
+        if reply_to is not None:
+            parent_hop = await self.store.run(self.store.store.message_hop, reply_to)
+            if parent_hop is None:
+                raise InputError(f"reply_to: no message with id {reply_to!r}")
+        message = await self.store.run(
+            self.store.store.send_message,
+            from_id=session.id,
+            to_id=to_id,
+            text=text,
+            hop=domain.reply_hop(parent_hop),
+            reply_to=reply_to,
+            now=now_ms(),
+        )
+        recipient = self.sessions.get(to_id)
+        if recipient is not None:
+            recipient.poke()
+        return {"message": message}
+
+    async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
+        _no_unknown(args, {"ids"}, "ack")
+        ids = args.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= ADDRESS_MAX for i in ids):
+            raise InputError("ids: expected a list of message ids")
+        if len(ids) > 10_000:
+            raise InputError("ids: at most 10000 per request")
+        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms())
+        return {"acked": acked}
+
+    async def op_learn_identity(self, session: Session, args: dict[str, Any]) -> Any:
+        """The MCP server saw its host session id (Codex tool-call `_meta`)."""
+        _no_unknown(args, {"hostSessionId", "source"}, "learn_identity")
+        hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
+        rank = {"codex-meta": RANK_CODEX_META, "claude-env": RANK_CLAUDE_ENV}.get(args.get("source"), RANK_CODEX_META)
+        async with self._identity_lock:
+            learned = await self.learn(session, hsid, rank)
+        return {"session": session.public(), "learned": learned}
+
+    # --- control requests (hooks, CLI) ----------------------------------------------
+
+    async def stop_check(self, args: dict[str, Any]) -> dict[str, Any]:
+        result = await self.identify(args)
+        hsid = args["hostSessionId"]
+        connected = self.find_connected(hsid)
+        peer_id = connected.id if connected is not None and connected.host_session_id == hsid else None
+        if peer_id is None:
+            peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
+            peer_id = peer["id"] if peer else None
+        if peer_id is None:
+            return {"session": result.get("session"), "messages": []}
+        pending = await self.store.run(self.store.store.unacked, peer_id, limit=1000)
+        active = [
+            m
+            for m in pending
+            if m["kind"] != "decision" and domain.is_active(m["hop"], self.settings.hop_limit)
+        ]
+        for m in active:
+            m.pop("_seq", None)
+            m.pop("_acked", None)
+        ids = [m["id"] for m in active]
+        if ids:
+            await self.store.run(self.store.store.ack, peer_id, ids, now_ms())
+            holder = self.sessions.get(peer_id)
+            if holder is not None:
+                await self._push(holder, protocol.push("acked", ids=ids))
+        return {"session": result.get("session"), "messages": active}
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "socket": self.socket_path,
+            "web": self.web_url,
+            "startedAt": self.started_at,
+            "sessions": len(self.sessions),
+            "hopLimit": self.settings.hop_limit,
+            "home": str(self.home),
+            "schemaVersion": self.store.store.version(),
+        }
+
+    async def _push(self, session: Session, frame: dict[str, Any]) -> None:
+        try:
+            await session.conn.send(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the connection's own tasks notice and detach it
+
+
+# --- argument checks ----------------------------------------------------------------
+
+
+def _no_unknown(args: dict[str, Any], allowed: set[str], op: str) -> None:
+    extra = sorted(set(args) - allowed)
+    if extra:
+        known = ", ".join(sorted(allowed)) or "none"
+        raise InputError(f"{op}: unknown argument {extra[0]!r} (allowed: {known})")
+
+
+def _req_str(args: dict[str, Any], key: str, limit: int) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{key}: expected a non-empty string")
+    if len(value) > limit:
+        raise InputError(f"{key}: at most {limit} characters")
+    return value.strip()
+
+
+def _opt_str(args: dict[str, Any], key: str, limit: int) -> str | None:
+    if args.get(key) is None:
+        return None
+    return _req_str(args, key, limit)
+
+
+def _parse_host(raw: object) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError("host: expected {\"pid\": int, \"start\": int, \"exe\": str} or null")
+    pid, start = raw.get("pid"), raw.get("start")
+    if not isinstance(pid, int) or not isinstance(start, int) or isinstance(pid, bool) or isinstance(start, bool):
+        raise InputError("host: pid and start must be integers")
+    return pid, start

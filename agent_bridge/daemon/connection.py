@@ -1,0 +1,132 @@
+"""One task per connection; one delivery task per connected session (SPEC §3 Delivery)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from agent_bridge.daemon.broker import Broker
+from agent_bridge.daemon.sessions import Session
+from agent_bridge.domain import InputError
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.stream import FramedStream
+
+log = logging.getLogger("agent_bridge.connection")
+
+HELLO_TIMEOUT = 10.0  # a connection that says nothing this long is dropped
+IDLE_TIMEOUT = 45.0  # MCP servers ping every 15 s; silence this long means a dead peer
+DELIVERY_BATCH = 200
+
+
+async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
+    conn = FramedStream(stream)
+    try:
+        first = None
+        with trio.move_on_after(HELLO_TIMEOUT):
+            first = await conn.receive()
+        if first is None:
+            return
+        request_id, op, args = protocol.parse_request(first)
+        if op == "hello":
+            await _serve_session(broker, conn, request_id, args)
+        else:
+            await _serve_control(broker, conn, request_id, op, args)
+    except protocol.ProtocolError as exc:
+        await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
+    finally:
+        await conn.aclose()
+
+
+async def _serve_control(broker: Broker, conn: FramedStream, request_id: int, op: str, args: dict[str, Any]) -> None:
+    """Hooks and the CLI: one or a few requests, then the connection closes."""
+    while True:
+        if op not in protocol.CONTROL_OPS:
+            await conn.send(protocol.error(request_id, "bad_request", f"{op}: send hello first"))
+        else:
+            await conn.send(await _answer(broker, None, request_id, op, args))
+        frame = await conn.receive()
+        if frame is None:
+            return
+        request_id, op, args = protocol.parse_request(frame)
+
+
+async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
+    try:
+        session = await broker.attach(conn, args)
+    except InputError as exc:
+        await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))
+        return
+    try:
+        await conn.send(protocol.ok(request_id, {"session": session.public(), "hopLimit": broker.settings.hop_limit}))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deliver, broker, session)
+            await _receive_requests(broker, session)
+            nursery.cancel_scope.cancel()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        await broker.detach(session)
+
+
+async def _receive_requests(broker: Broker, session: Session) -> None:
+    conn = session.conn
+    while True:
+        with trio.move_on_after(IDLE_TIMEOUT) as idle:
+            frame = await conn.receive()
+        if idle.cancelled_caught:
+            log.info("session %s silent for %ss; closing", session.name, IDLE_TIMEOUT)
+            return
+        if frame is None:
+            return
+        request_id, op, args = protocol.parse_request(frame)
+        if op not in protocol.SESSION_OPS:
+            await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on a session connection"))
+            continue
+        await conn.send(await _answer(broker, session, request_id, op, args))
+
+
+async def _answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict:
+    try:
+        return protocol.ok(request_id, await broker.handle(session, op, args))
+    except InputError as exc:
+        return protocol.error(request_id, "bad_request", str(exc))
+    except OSError as exc:  # storage trouble (full disk, I/O error): this request fails, the broker stays
+        log.error("%s failed: %s", op, exc)
+        return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
+    except Exception as exc:
+        import apsw
+
+        if isinstance(exc, apsw.Error):
+            log.error("%s failed: %s", op, exc)
+            return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
+        raise
+
+
+async def deliver(broker: Broker, session: Session) -> None:
+    """Push the session's unacknowledged messages, oldest first, reading them from the
+    database; sleep until poked. Nothing lives only in memory: a replay is a cursor reset."""
+    store = broker.store
+    cursor = 0  # rowid of the last message pushed on this connection
+    while True:
+        session.wake = trio.Event()
+        if session.replay:
+            session.replay, cursor = False, 0
+        peer_id = session.id
+        batch = await store.run(store.store.unacked, peer_id, after_seq=cursor, limit=DELIVERY_BATCH)
+        if session.replay or peer_id != session.id:
+            continue  # the session became another record meanwhile: read again
+        for message in batch:
+            cursor = message.pop("_seq")
+            message.pop("_acked", None)
+            await session.conn.send(protocol.push("message", message=message))
+        if len(batch) < DELIVERY_BATCH:
+            await session.wake.wait()
+
+
+async def _send_quietly(conn: FramedStream, frame: dict[str, Any]) -> None:
+    try:
+        await conn.send(frame, timeout=1.0)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, protocol.ProtocolError):
+        pass

@@ -1,0 +1,204 @@
+"""`agent-bridge up | down | status`: start, stop and inspect the broker process."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from agent_bridge import config, paths
+from agent_bridge.ipc import blocking
+from agent_bridge.ipc.protocol import RemoteError
+from agent_bridge.store.schema import SchemaError
+
+LOCK_NAME = "broker.lock"
+DETACH_TIMEOUT = 20.0  # seconds `up --detach` waits for the broker to accept connections
+DOWN_TIMEOUT = 10.0
+
+
+class BrokerLock:
+    """One broker per home: an exclusive flock held for the broker's lifetime. The kernel
+    releases it when the process dies, so a killed broker never blocks the next one."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _already_running(home: Path) -> str:
+    record = paths.read_broker_json(home) or {}
+    pid = record.get("pid")
+    where = f" (pid {pid})" if pid else ""
+    return f"agent-bridge: a broker is already running for {home}{where}; use `agent-bridge status` or `agent-bridge down`"
+
+
+def setup_logging(home: Path, *, to_stderr: bool) -> None:
+    handlers: list[logging.Handler] = []
+    fd = os.open(paths.log_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    handlers.append(logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", buffering=1)))
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
+    )
+
+
+def up(*, detach: bool) -> int:
+    home = paths.ensure_home(paths.home())
+    try:
+        settings = config.load(home)
+    except config.ConfigError as exc:
+        print(f"agent-bridge up: {exc}", file=sys.stderr)
+        return 2
+    if detach:
+        return _up_detached(home)
+    lock = BrokerLock(home)
+    if not lock.acquire():
+        print(_already_running(home), file=sys.stderr)
+        return 1
+    try:
+        setup_logging(home, to_stderr=False)
+        import trio
+
+        from agent_bridge.daemon.root import run_broker
+
+        try:
+            trio.run(partial(run_broker, home, settings, on_ready=_print_ready))
+        except SchemaError as exc:
+            logging.getLogger("agent_bridge.daemon").error("%s", exc)
+            print(f"agent-bridge up: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        lock.release()
+
+
+def _print_ready(record: dict[str, Any]) -> None:
+    home = Path(record["home"])
+    url_file = home / paths.DASHBOARD_URL
+    print(f"agent-bridge broker running (pid {record['pid']})", flush=True)
+    print(f"  socket:    {record['socket']}")
+    if record.get("web"):
+        print(f"  dashboard: open the URL in {url_file} (or run `agent-bridge dashboard --open`)")
+    print("  connect Claude Code: agent-bridge install --claude   (or: claude mcp add agent-bridge -- agent-bridge mcp --agent claude)")
+    print("  connect Codex:       agent-bridge install --codex")
+    print("  stop:                agent-bridge down   (or Ctrl-C)", flush=True)
+
+
+def _up_detached(home: Path) -> int:
+    probe = BrokerLock(home)
+    if not probe.acquire():
+        print(_already_running(home), file=sys.stderr)
+        return 1
+    probe.release()
+    log_fd = os.open(paths.log_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "agent_bridge", "up"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(log_fd)
+    deadline = time.monotonic() + DETACH_TIMEOUT
+    while time.monotonic() < deadline:
+        code = child.poll()
+        if code is not None:
+            if code == 1 and not BrokerLock(home).acquire():
+                print(_already_running(home), file=sys.stderr)
+            else:
+                print(f"agent-bridge up: the broker exited with status {code}; see {paths.log_path(home)}", file=sys.stderr)
+            return 1
+        record = paths.read_broker_json(home)
+        if record and record.get("pid") == child.pid:
+            try:
+                blocking.call(home, "ping", timeout=1.0)
+            except (blocking.BrokerUnavailable, RemoteError):
+                pass
+            else:
+                _print_ready(record)
+                return 0
+        time.sleep(0.05)
+    print(f"agent-bridge up: the broker did not become ready in {DETACH_TIMEOUT:.0f}s; see {paths.log_path(home)}", file=sys.stderr)
+    return 1
+
+
+def down() -> int:
+    home = paths.home()
+    record = paths.read_broker_json(home)
+    pid = record.get("pid") if record else None
+    if not isinstance(pid, int) or not paths.pid_alive(pid):
+        print("agent-bridge: no broker is running")
+        return 0
+    try:
+        blocking.call(home, "shutdown", timeout=3.0)
+    except (blocking.BrokerUnavailable, RemoteError):
+        os.kill(pid, 15)
+    deadline = time.monotonic() + DOWN_TIMEOUT
+    while time.monotonic() < deadline and paths.pid_alive(pid):
+        if _is_zombie_or_gone(pid):
+            break
+        time.sleep(0.05)
+    if paths.pid_alive(pid) and not _is_zombie_or_gone(pid):
+        print(f"agent-bridge down: broker (pid {pid}) did not stop in {DOWN_TIMEOUT:.0f}s", file=sys.stderr)
+        return 1
+    print(f"agent-bridge: broker (pid {pid}) stopped")
+    return 0
+
+
+def _is_zombie_or_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return not paths.pid_alive(pid)
+
+
+def status(*, as_json: bool) -> int:
+    home = paths.home()
+    info: dict[str, Any] = {"running": False, "home": str(home)}
+    record = paths.read_broker_json(home)
+    if record and isinstance(record.get("pid"), int) and paths.pid_alive(record["pid"]):
+        try:
+            live = blocking.call(home, "status", timeout=2.0)
+        except (blocking.BrokerUnavailable, RemoteError) as exc:
+            info["error"] = f"broker pid {record['pid']} does not answer: {exc}"
+        else:
+            info.update(live)
+            info["running"] = True
+    if as_json:
+        print(json.dumps(info))
+        return 0
+    if not info["running"]:
+        print(f"agent-bridge: no broker running for {home}" + (f" ({info['error']})" if "error" in info else ""))
+        return 0
+    print(f"agent-bridge broker running (pid {info['pid']}) for {home}")
+    print(f"  socket: {info['socket']}")
+    print(f"  dashboard: {info.get('web') or 'not serving'} (tokenized URL in {home / paths.DASHBOARD_URL})")
+    print(f"  sessions connected: {info['sessions']}; hop limit {info['hopLimit']}; schema v{info['schemaVersion']}")
+    return 0

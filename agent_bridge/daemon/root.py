@@ -1,0 +1,101 @@
+"""The broker's supervision tree, readable top-down from `run_broker`.
+
+root nursery
+ ├─ watch_signals           SIGINT / SIGTERM set `stop`
+ ├─ serve_store             the only writer of bridge.db (migrated before it reports started)
+ ├─ serve_unix              the IPC listener; its nursery holds one task per connection,
+ │                          and each session connection holds its delivery task
+ └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
+`stop` (a signal, or a `shutdown` request from `agent-bridge down`) cancels the root.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from agent_bridge import paths
+from agent_bridge.config import Settings
+from agent_bridge.daemon.broker import Broker
+from agent_bridge.daemon.connection import handle_connection
+from agent_bridge.daemon.storage import serve_store
+from agent_bridge.ipc.listener import serve_unix
+
+log = logging.getLogger("agent_bridge.daemon")
+
+
+async def watch_signals(stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("received %s; shutting down", signal.Signals(signum).name)
+            stop.set()
+
+
+def fault_injector() -> Callable[[str], None]:
+    """Tests only: AGENT_BRIDGE_FAULT=<point> kills the broker with SIGKILL at that point."""
+    wanted = os.environ.get("AGENT_BRIDGE_FAULT", "")
+    if not wanted:
+        return lambda point: None
+
+    def fault(point: str) -> None:
+        if point == wanted:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return fault
+
+
+async def run_broker(
+    home: Path,
+    settings: Settings,
+    *,
+    web_port: int | None = None,
+    on_ready: Callable[[dict[str, Any]], None] = lambda record: None,
+) -> None:
+    stop = trio.Event()
+    record_path = home / paths.BROKER_JSON
+    try:
+        async with trio.open_nursery() as root:
+            await root.start(watch_signals, stop)
+            store = await root.start(serve_store, paths.db_path(home), lambda line: log.info("%s", line))
+            broker = Broker(store, settings, home, stop, fault=fault_injector())
+            await broker.ingest_reports()
+            broker.socket_path = await root.start(
+                serve_unix, paths.socket_path(home), partial(handle_connection, broker)
+            )
+            broker.web_url = await _start_dashboard(root, home, broker, web_port)
+            record = {
+                "pid": os.getpid(),
+                "socket": broker.socket_path,
+                "web": broker.web_url,
+                "startedAt": broker.started_at,
+                "home": str(home),
+                "hopLimit": settings.hop_limit,
+            }
+            paths.write_private(record_path, json.dumps(record))
+            log.info("broker ready: socket %s, dashboard %s", broker.socket_path, broker.web_url)
+            on_ready(record)
+            await stop.wait()
+            log.info("stopping")
+            root.cancel_scope.cancel()
+    finally:
+        current = paths.read_broker_json(home)
+        if current is not None and current.get("pid") == os.getpid():
+            record_path.unlink(missing_ok=True)
+        log.info("broker stopped")
+
+
+async def _start_dashboard(root: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str | None:
+    try:
+        from agent_bridge.web.server import serve_dashboard
+    except ImportError:  # the dashboard package is optional for the bridge itself
+        return None
+    return await root.start(partial(serve_dashboard, home, live=broker.connected_ids, port=web_port))

@@ -1,0 +1,44 @@
+"""The store inside the broker's nursery: one writing connection, driven from one worker
+thread at a time, so SQLite never blocks the Trio loop and is never shared across threads
+concurrently."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from agent_bridge.store.writer import Store
+
+T = TypeVar("T")
+
+
+class StoreRunner:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def run(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one store method (one transaction) on the worker thread.
+
+        Not abandoned on cancellation: a transaction that started runs to its end.
+        """
+        return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs), limiter=self._limiter)
+
+
+async def serve_store(
+    db: Path, log: Callable[[str], None], *, task_status: trio.TaskStatus[StoreRunner] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Open and migrate the database, report the runner as started, hold it until cancelled,
+    then checkpoint and close."""
+    store = await trio.to_thread.run_sync(Store.open, db, log)
+    runner = StoreRunner(store)
+    try:
+        task_status.started(runner)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await runner.run(store.close)

@@ -1,0 +1,135 @@
+"""The Trio client of the bridge protocol, used by the MCP server, the demo and benchmarks.
+
+`open_bridge_client(...)` owns its nursery: a reader task that routes responses to their
+requests and pushes into a bounded channel, and a keepalive task.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket as stdsocket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.protocol import RemoteError
+from agent_bridge.ipc.stream import FramedStream
+
+KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
+PUSH_BUFFER = 256  # pushes waiting for the consumer; beyond this the reader waits (backpressure)
+
+
+class BrokerGone(ConnectionError):
+    """The connection to the broker closed (or could not be opened)."""
+
+
+class _Pending:
+    __slots__ = ("event", "frame")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.frame: dict[str, Any] | None = None
+
+
+class BridgeClient:
+    def __init__(self, conn: FramedStream, pushes: trio.MemorySendChannel[dict[str, Any]]) -> None:
+        self.conn = conn
+        self._pushes = pushes
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self.closed = trio.Event()
+        self.hello: dict[str, Any] | None = None
+
+    async def request(self, op: str, **args: Any) -> Any:
+        if self.closed.is_set():
+            raise BrokerGone("not connected to the broker")
+        request_id = next(self._ids)
+        pending = self._pending[request_id] = _Pending()
+        try:
+            try:
+                await self.conn.send(protocol.request(request_id, op, **args))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise BrokerGone("the broker connection closed") from None
+            await pending.event.wait()
+        finally:
+            self._pending.pop(request_id, None)
+        frame = pending.frame
+        if frame is None:
+            raise BrokerGone("the broker connection closed before it answered")
+        if frame.get("ok"):
+            return frame.get("result")
+        err = frame.get("error") or {}
+        raise RemoteError(str(err.get("code")), str(err.get("message")))
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    frame = await self.conn.receive()
+                except protocol.ProtocolError:
+                    return
+                if frame is None:
+                    return
+                if "push" in frame:
+                    await self._pushes.send(frame)
+                    continue
+                pending = self._pending.get(frame.get("id"))  # type: ignore[arg-type]
+                if pending is not None:
+                    pending.frame = frame
+                    pending.event.set()
+                elif frame.get("ok") is False:
+                    return  # an error with no request id: the broker is closing this connection
+        finally:
+            self.closed.set()
+            for pending in self._pending.values():
+                pending.event.set()
+            await self._pushes.aclose()
+
+    async def _keepalive(self) -> None:
+        while True:
+            await trio.sleep(KEEPALIVE_INTERVAL)
+            try:
+                await self.request("ping")
+            except (BrokerGone, RemoteError):
+                return
+
+
+async def connect_unix(path: str) -> trio.SocketStream:
+    try:
+        return await trio.open_unix_socket(path)
+    except OSError as exc:
+        raise BrokerGone(f"cannot connect to {path}: {exc}") from None
+
+
+@asynccontextmanager
+async def open_bridge_client(
+    socket_path: str,
+    hello: dict[str, Any] | None = None,
+    *,
+    push_buffer: int = PUSH_BUFFER,
+    keepalive: bool = True,
+) -> AsyncIterator[tuple[BridgeClient, trio.MemoryReceiveChannel[dict[str, Any]]]]:
+    """Connect, say hello (when given), and yield (client, pushes). Closing the block closes
+    the connection; a closed connection ends the pushes channel."""
+    stream = await connect_unix(socket_path)
+    if isinstance(stream.socket, trio.socket.SocketType):
+        try:
+            stream.socket.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF, 1 << 20)
+        except OSError:
+            pass
+    send, receive = trio.open_memory_channel[dict[str, Any]](push_buffer)
+    client = BridgeClient(FramedStream(stream), send)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client._read)
+        try:
+            if hello is not None:
+                client.hello = await client.request("hello", **hello)
+            if keepalive:
+                nursery.start_soon(client._keepalive)
+            yield client, receive
+        finally:
+            nursery.cancel_scope.cancel()
+            await client.conn.aclose()

@@ -1,0 +1,51 @@
+"""Frames over a Trio byte stream: one reader, writes serialized by one lock."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import trio
+
+from agent_bridge.ipc import protocol
+
+RECEIVE_CHUNK = 65536
+SEND_TIMEOUT = 10.0  # a peer that does not read for this long is dropped, not waited on
+
+
+class FramedStream:
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self._decoder = protocol.FrameDecoder()
+        self._ready: deque[dict[str, Any]] = deque()
+        self._send_lock = trio.Lock()
+        self.closed = False
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next frame, or None at end of stream. Raises ProtocolError on a bad frame."""
+        while not self._ready:
+            try:
+                data = await self.stream.receive_some(RECEIVE_CHUNK)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return None
+            if not data:
+                if self._decoder.pending:
+                    raise protocol.ProtocolError("connection closed in the middle of a frame")
+                return None
+            self._ready.extend(self._decoder.feed(data))
+        return self._ready.popleft()
+
+    async def send(self, obj: dict[str, Any], *, timeout: float = SEND_TIMEOUT) -> None:
+        """Send one frame. Raises trio.BrokenResourceError if the peer is gone or stalled."""
+        data = protocol.encode(obj)
+        async with self._send_lock:
+            with trio.move_on_after(timeout) as scope:
+                await self.stream.send_all(data)
+            if scope.cancelled_caught:
+                self.closed = True
+                await trio.aclose_forcefully(self.stream)
+                raise trio.BrokenResourceError("peer stopped reading")
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await trio.aclose_forcefully(self.stream)
