@@ -57,5 +57,5 @@ def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
                         return frame.get("result")
                     err = frame.get("error") or {}
                     raise protocol.RemoteError(str(err.get("code")), str(err.get("message")))
-    except (ConnectionError, FileNotFoundError, socket.timeout) as exc:
+    except (TimeoutError, ConnectionError, FileNotFoundError) as exc:
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None

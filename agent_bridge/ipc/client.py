@@ -23,7 +23,14 @@ PUSH_BUFFER = 256  # pushes waiting for the consumer; beyond this the reader wai
 
 
 class BrokerGone(ConnectionError):
-    """The connection to the broker closed (or could not be opened)."""
+    """The connection to the broker closed (or could not be opened).
+
+    `maybe_processed`: the request had been sent, so the broker may have carried it out.
+    """
+
+    def __init__(self, message: str, *, maybe_processed: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_processed = maybe_processed
 
 
 class _Pending:
@@ -58,7 +65,7 @@ class BridgeClient:
             self._pending.pop(request_id, None)
         frame = pending.frame
         if frame is None:
-            raise BrokerGone("the broker connection closed before it answered")
+            raise BrokerGone("the broker connection closed before it answered", maybe_processed=True)
         if frame.get("ok"):
             return frame.get("result")
         err = frame.get("error") or {}

@@ -83,8 +83,7 @@ async def serve_unix(
             await nursery.start(trio.serve_listeners, guarded, [listener])
             task_status.started(path)
     finally:
-        with trio.CancelScope(shield=True):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -35,7 +35,7 @@ class FramedStream:
             self._ready.extend(self._decoder.feed(data))
         return self._ready.popleft()
 
-    async def send(self, obj: dict[str, Any], *, timeout: float = SEND_TIMEOUT) -> None:
+    async def send(self, obj: dict[str, Any], *, timeout: float = SEND_TIMEOUT) -> None:  # noqa: ASYNC109
         """Send one frame. Raises trio.BrokenResourceError if the peer is gone or stalled."""
         data = protocol.encode(obj)
         async with self._send_lock:

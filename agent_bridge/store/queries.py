@@ -6,6 +6,7 @@ Light: apsw and the domain rules only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -126,6 +127,49 @@ def query_decisions(
 
 def count_current_decisions(conn: apsw.Connection, lookup: Scope, caller_addresses: Iterable[str] = ()) -> int:
     return len(query_decisions(conn, lookup=lookup, caller_addresses=caller_addresses))
+
+
+def note_decisions(
+    conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """(the `limit` newest current decisions a project lookup by `project` finds, how many it finds
+    in all), for the SessionStart note (SPEC §4.5). Same matching as `query_decisions(conn,
+    lookup={"project": project}, caller_addresses=...)`, without rendering every row: the hook
+    runs at every session start, also over 10,000 decisions (SPEC §9).
+    """
+    if not has_table(conn, "decisions"):
+        return [], 0
+    lookup: Scope = {"project": project}
+    addresses = set(caller_addresses)
+    where = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
+    if addresses:
+        where += " OR d.scope_kind = 'sessions'"
+    # decisions first (CROSS JOIN keeps it the outer loop): newest rows come in rowid order, no sort.
+    sql = (
+        _SELECT_DECISION + "FROM decisions d CROSS JOIN decision_heads h ON h.topic = d.topic "
+        f"WHERE h.seq = d.seq AND ({where}) ORDER BY d.seq DESC"
+    )
+    shown: list[dict[str, Any]] = []
+    for values in conn.execute(sql, {"project": project}):
+        row = dict(zip(DECISION_COLUMNS, values, strict=True))
+        scope = domain.scope_from_json(row["scope"])
+        if domain.lookup_matches(scope, lookup, addresses=addresses):
+            shown.append(domain.render_decision(row, scope))
+            if len(shown) >= limit:
+                break
+    # One pass over the current revisions: count project and global ones, collect the
+    # (usually few) session-addressed scopes, which are matched against the addresses here.
+    total, session_scopes = conn.execute(
+        "SELECT count(*) FILTER (WHERE d.scope_kind = 'all' "
+        "OR (d.scope_kind = 'project' AND d.scope_project = :project)), "
+        "json_group_array(d.scope) FILTER (WHERE d.scope_kind = 'sessions' AND :sessions) "
+        "FROM decision_heads h JOIN decisions d ON d.seq = h.seq",
+        {"project": project, "sessions": bool(addresses)},
+    ).fetchone()
+    for scope_json in json.loads(session_scopes or "[]"):
+        if domain.lookup_matches(domain.scope_from_json(scope_json), lookup, addresses=addresses):
+            total += 1
+    return shown, int(total)
 
 
 MESSAGE_SELECT = """

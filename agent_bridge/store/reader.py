@@ -17,7 +17,7 @@ from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew
 BUSY_TIMEOUT_MS = 2000  # a reader waits this long for the writer's checkpoint to finish
 
 
-def open_readonly(path: Path | str) -> apsw.Connection | None:
+def open_readonly(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> apsw.Connection | None:
     """A read-only connection to `path`, or None if there is no database yet.
 
     Raises SchemaTooNew for a database newer than this code: readers must not guess at a
@@ -28,7 +28,7 @@ def open_readonly(path: Path | str) -> apsw.Connection | None:
         return None
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
-        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        conn.set_busy_timeout(busy_timeout_ms)
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     except apsw.CantOpenError:
         # A WAL database whose -shm file is missing and whose folder we cannot write to
@@ -43,9 +43,12 @@ def open_readonly(path: Path | str) -> apsw.Connection | None:
 
 
 @contextmanager
-def reading(path: Path | str) -> Iterator[apsw.Connection | None]:
-    """`with reading(db) as conn:` one consistent snapshot (a read transaction) or None."""
-    conn = open_readonly(path)
+def reading(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Iterator[apsw.Connection | None]:
+    """`with reading(db) as conn:` one consistent snapshot (a read transaction) or None.
+
+    `busy_timeout_ms`: how long to wait for a lock (a hook waits less than the dashboard).
+    """
+    conn = open_readonly(path, busy_timeout_ms=busy_timeout_ms)
     if conn is None:
         yield None
         return

@@ -71,7 +71,7 @@ class Store:
     def open(cls, path: Path, log: Callable[[str], None] = lambda line: None) -> Store:
         """Open (creating if needed) and migrate to the current version, backing up first."""
         apply_bestpractice()
-        existed = path.exists() and path.stat().st_size > 0
+        existed = path.exists()
         conn = apsw.Connection(str(path))
         try:
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes

@@ -1,0 +1,134 @@
+"""The wire protocol, fed bytes written by hand from its description (not by its encoder)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.protocol import FrameDecoder, ProtocolError
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+def test_decodes_a_hand_written_request():
+    raw = frame(b'{"v":1,"id":7,"op":"whoami"}')
+    [obj] = FrameDecoder().feed(raw)
+    assert protocol.parse_request(obj) == (7, "whoami", {})
+
+
+def test_frames_split_anywhere_and_glued_together():
+    data = frame(b'{"v":1,"id":1,"op":"ping"}') + frame('{"v":1,"id":2,"op":"decisions","query":"caf\u00e9"}'.encode())
+    decoder = FrameDecoder()
+    got = []
+    for i in range(len(data)):
+        got.extend(decoder.feed(data[i : i + 1]))
+    assert [protocol.parse_request(o)[:2] for o in got] == [(1, "ping"), (2, "decisions")]
+    assert got[1]["query"] == "café"
+    assert decoder.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (struct.pack(">I", 0), "outside"),
+        (struct.pack(">I", protocol.MAX_FRAME + 1), "outside"),
+        (struct.pack(">I", 0xFFFFFFFF), "outside"),
+        (frame(b"\xff\xfe"), "UTF-8"),
+        (frame(b"{nope"), "JSON"),
+        (frame(b"[1,2]"), "object"),
+        (frame(b'{"id":1,"op":"ping"}'), "version"),
+        (frame(b'{"v":2,"id":1,"op":"ping"}'), "version"),
+        (frame(b'{"v":true,"id":1,"op":"ping"}'), "version"),
+    ],
+)
+def test_bad_frames_are_protocol_errors(raw, fragment):
+    with pytest.raises(ProtocolError, match=fragment):
+        FrameDecoder().feed(raw)
+
+
+@pytest.mark.parametrize(
+    ("obj", "fragment"),
+    [
+        ({"v": 1, "op": "ping"}, "id"),
+        ({"v": 1, "id": -1, "op": "ping"}, "id"),
+        ({"v": 1, "id": True, "op": "ping"}, "id"),
+        ({"v": 1, "id": "1", "op": "ping"}, "id"),
+        ({"v": 1, "id": 1, "op": "drop_tables"}, "unknown op"),
+        ({"v": 1, "id": 1}, "unknown op"),
+    ],
+)
+def test_bad_requests(obj, fragment):
+    with pytest.raises(ProtocolError, match=fragment):
+        protocol.parse_request(obj)
+
+
+def test_encoder_agrees_with_the_description():
+    assert protocol.encode({"v": 1, "id": 3, "op": "ping"}) == frame(b'{"v":1,"id":3,"op":"ping"}')
+    with pytest.raises(ProtocolError):
+        protocol.encode({"v": 1, "blob": "x" * protocol.MAX_FRAME})
+
+
+# --- against a live broker --------------------------------------------------------------
+
+
+def _raw_exchange(sock_path: str, data: bytes, timeout: float = 10.0) -> list[dict]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        decoder = FrameDecoder()
+        frames = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return frames
+            frames.extend(decoder.feed(chunk))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("data", "code", "fragment"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", "protocol", "outside"),
+        (frame(b"not json"), "protocol", "JSON"),
+        (frame(b'{"v":9,"id":1,"op":"ping"}'), "protocol", "version"),
+        (frame(b'{"v":1,"id":1,"op":"nope"}'), "protocol", "unknown op"),
+        (frame(b'{"v":1,"id":1,"op":"whoami"}'), "bad_request", "hello first"),
+        (frame(b'{"v":1,"id":1,"op":"hello","agent":"claude","project":"relative"}'), "bad_request", "relative"),
+        (frame(b'{"v":1,"id":1,"op":"hello","agent":"claude","project":"/x","kind":"robot"}'), "bad_request", "kind"),
+        (frame(b'{"v":1,"id":1,"op":"identify","hostSessionId":""}'), "bad_request", "hostSessionId"),
+        (frame(b'{"v":1,"id":1,"op":"identify","hostSessionId":"h","host":{"pid":"x"}}'), "bad_request", "host"),
+        (frame(b'{"v":1,"id":1,"op":"ping"}')[:7], "protocol", "middle of a frame"),
+    ],
+)
+def test_broker_answers_bad_frames_and_survives(broker, data, code, fragment):
+    sock_path = broker.status()["socket"]
+    frames = _raw_exchange(sock_path, data)
+    assert frames, "the broker closed without saying why"
+    err = frames[-1]["error"]
+    assert err["code"] == code and fragment in err["message"]
+    assert broker.status()["pid"] == broker.pid  # still up and answering
+
+
+@pytest.mark.slow
+def test_hello_then_requests_over_raw_bytes(broker):
+    sock_path = broker.status()["socket"]
+    data = frame(b'{"v":1,"id":1,"op":"hello","agent":"codex","project":"/tmp/raw-proj","kind":"job"}')
+    data += frame(b'{"v":1,"id":2,"op":"whoami"}')
+    data += frame(b'{"v":1,"id":3,"op":"decide","topic":" Raw ","text":"bytes","scope":"all"}')
+    data += frame(b'{"v":1,"id":4,"op":"decide","topic":"x","text":"y","scope":{"folder":"/x"}}')
+    data += frame(b'{"v":1,"id":5,"op":"whoami","extra":1}')
+    frames = [f for f in _raw_exchange(sock_path, data) if "push" not in f]
+    by_id = {f["id"]: f for f in frames}
+    assert by_id[1]["ok"] and by_id[1]["result"]["session"]["name"] == "codex-raw-proj"
+    assert by_id[2]["result"]["kind"] == "job"
+    assert by_id[3]["result"]["decision"]["topic"] == "raw"
+    assert by_id[3]["result"]["deliveredTo"] == []  # a job runner is never notified
+    assert not by_id[4]["ok"] and 'unknown key "folder"' in by_id[4]["error"]["message"]
+    assert not by_id[5]["ok"] and "unknown argument 'extra'" in by_id[5]["error"]["message"]
