@@ -278,8 +278,7 @@ class Broker:
             if op == "status":
                 return self.status()
             if op == "shutdown":
-                self.stop.set()
-                return {"stopping": True}
+                return {"stopping": True}  # the connection sets `stop` once this answer is sent
             if op == "ping":
                 return "pong"
             raise InputError(f"{op}: needs a session connection (send hello first)")

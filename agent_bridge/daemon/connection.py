@@ -46,6 +46,9 @@ async def _serve_control(broker: Broker, conn: FramedStream, request_id: int, op
             await conn.send(protocol.error(request_id, "bad_request", f"{op}: send hello first"))
         else:
             await conn.send(await _answer(broker, None, request_id, op, args))
+            if op == "shutdown":
+                broker.stop.set()
+                return
         frame = await conn.receive()
         if frame is None:
             return

@@ -6,6 +6,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from agent_bridge.store.schema import SchemaError
 LOCK_NAME = "broker.lock"
 DETACH_TIMEOUT = 20.0  # seconds `up --detach` waits for the broker to accept connections
 DOWN_TIMEOUT = 10.0
+DETACHED_MARK = "AGENT_BRIDGE_DETACHED_CHILD"  # set by `up --detach` for the broker it spawns
 
 
 class BrokerLock:
@@ -66,6 +68,7 @@ def setup_logging(home: Path, *, to_stderr: bool) -> None:
 
 
 def up(*, detach: bool) -> int:
+    os.umask(0o077)  # bridge.db, its WAL files and the log: this user only
     home = paths.ensure_home(paths.home())
     try:
         settings = config.load(home)
@@ -85,7 +88,8 @@ def up(*, detach: bool) -> int:
         from agent_bridge.daemon.root import run_broker
 
         try:
-            trio.run(partial(run_broker, home, settings, on_ready=_print_ready))
+            detached_child = os.environ.pop(DETACHED_MARK, None) is not None  # its stdout is broker.log
+            trio.run(partial(run_broker, home, settings, on_ready=(lambda r: None) if detached_child else _print_ready))
         except SchemaError as exc:
             logging.getLogger("agent_bridge.daemon").error("%s", exc)
             print(f"agent-bridge up: {exc}", file=sys.stderr)
@@ -96,12 +100,17 @@ def up(*, detach: bool) -> int:
 
 
 def _print_ready(record: dict[str, Any]) -> None:
+    """What a person starting the broker needs: where the dashboard is, how to connect hosts.
+    Printed to the terminal only, never to broker.log (the URL carries the dashboard token)."""
     home = Path(record["home"])
-    url_file = home / paths.DASHBOARD_URL
     print(f"agent-bridge broker running (pid {record['pid']})", flush=True)
     print(f"  socket:    {record['socket']}")
     if record.get("web"):
-        print(f"  dashboard: open the URL in {url_file} (or run `agent-bridge dashboard --open`)")
+        try:
+            url = (home / paths.DASHBOARD_URL).read_text(encoding="utf-8").strip()
+        except OSError:
+            url = f"{record['web']} (tokenized URL in {home / paths.DASHBOARD_URL})"
+        print(f"  dashboard: {url}")
     print("  connect Claude Code: agent-bridge install --claude   (or: claude mcp add agent-bridge -- agent-bridge mcp --agent claude)")
     print("  connect Codex:       agent-bridge install --codex")
     print("  stop:                agent-bridge down   (or Ctrl-C)", flush=True)
@@ -117,6 +126,7 @@ def _up_detached(home: Path) -> int:
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "agent_bridge", "up"],
+            env={**os.environ, DETACHED_MARK: "1"},
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
@@ -156,19 +166,25 @@ def down() -> int:
         print("agent-bridge: no broker is running")
         return 0
     try:
-        blocking.call(home, "shutdown", timeout=3.0)
+        blocking.call(home, "shutdown", timeout=5.0)
     except (blocking.BrokerUnavailable, RemoteError):
-        os.kill(pid, 15)
+        os.kill(pid, signal.SIGTERM)  # it does not answer on its socket: ask the process
     deadline = time.monotonic() + DOWN_TIMEOUT
-    while time.monotonic() < deadline and paths.pid_alive(pid):
-        if _is_zombie_or_gone(pid):
-            break
+    while time.monotonic() < deadline and not _stopped(home, pid):
         time.sleep(0.05)
-    if paths.pid_alive(pid) and not _is_zombie_or_gone(pid):
+    if not _stopped(home, pid):
         print(f"agent-bridge down: broker (pid {pid}) did not stop in {DOWN_TIMEOUT:.0f}s", file=sys.stderr)
         return 1
     print(f"agent-bridge: broker (pid {pid}) stopped")
     return 0
+
+
+def _stopped(home: Path, pid: int) -> bool:
+    """The broker removed its record (after its last checkpoint) and its process is gone."""
+    record = paths.read_broker_json(home)
+    if record is not None and record.get("pid") == pid:
+        return not paths.pid_alive(pid)  # killed before it could clean up
+    return _is_zombie_or_gone(pid)
 
 
 def _is_zombie_or_gone(pid: int) -> bool:

@@ -1,0 +1,52 @@
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s typecheck`, `nox -s bench`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def ensure_chromium(session: nox.Session) -> None:
+    """The browser test drives Debian's Chromium (never a tool's own browser download)."""
+    if os.path.exists(CHROMIUM):
+        return
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "chromium", external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
+    else:
+        session.error(f"the browser test needs Debian's chromium at {CHROMIUM}: sudo apt-get install chromium")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    ensure_chromium(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "agent_bridge", "tests", "bench", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".", "mypy")
+    session.run("mypy", "agent_bridge")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.install("-e", ".")
+    for script in sorted(os.listdir("bench")):
+        if script.startswith("bench_") and script.endswith(".py"):
+            session.run("python", f"bench/{script}")

@@ -1,0 +1,112 @@
+"""`agent-bridge up | down | status` as a user runs them (SPEC §2, §8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+
+import pytest
+
+from agent_bridge import paths
+from tests.conftest import CLI, BrokerProcess, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_up_detach_status_down(env, home):
+    started = run_cli(env, "up", "--detach")
+    assert started.returncode == 0, started.stderr
+    record = json.loads((home / "broker.json").read_text())
+    assert set(record) >= {"pid", "socket", "web", "startedAt"}
+    assert isinstance(record["pid"], int) and isinstance(record["startedAt"], int)
+    assert record["socket"] == str(home / "broker.sock")
+    assert "agent-bridge install --claude" in started.stdout and "Codex" in started.stdout
+    try:
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(record["socket"]).st_mode) == 0o600
+        status = json.loads(run_cli(env, "status", "--json").stdout)
+        assert status["running"] is True and status["pid"] == record["pid"] and status["schemaVersion"] == 3
+        second = run_cli(env, "up", "--detach")
+        assert second.returncode == 1 and "already running" in second.stderr
+        foreground = run_cli(env, "up")
+        assert foreground.returncode == 1 and "already running" in foreground.stderr
+    finally:
+        stopped = run_cli(env, "down")
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (home / "broker.json").exists()  # removed on clean exit
+    assert not os.path.exists(record["socket"])
+    assert json.loads(run_cli(env, "status", "--json").stdout)["running"] is False
+    assert "no broker" in run_cli(env, "down").stdout
+
+
+def test_a_killed_broker_does_not_block_the_next(env, home):
+    first = BrokerProcess(env, home).start()
+    first.kill()  # SIGKILL: broker.json and the socket are left behind
+    assert (home / "broker.json").exists()
+    assert json.loads(run_cli(env, "status", "--json").stdout)["running"] is False
+    second = BrokerProcess(env, home).start()
+    try:
+        assert paths.read_broker_json(home)["pid"] == second.pid
+    finally:
+        assert second.stop() == 0
+    assert not (home / "broker.json").exists()
+
+
+def test_sigterm_and_sigint_shut_down_gracefully(env, home):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        b = BrokerProcess(env, home).start()
+        b.proc.send_signal(sig)
+        assert b.proc.wait(timeout=30) == 0
+        assert not (home / "broker.json").exists()
+    log = (home / "broker.log").read_text()
+    assert "SIGTERM" in log and "SIGINT" in log
+
+
+def test_bad_hop_limit_is_refused_with_a_clear_error(env, home):
+    out = run_cli({**env, "AGENT_BRIDGE_HOP_LIMIT": "0"}, "up")
+    assert out.returncode == 2 and "AGENT_BRIDGE_HOP_LIMIT" in out.stderr and "1..100" in out.stderr
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text("hop_limit = 'lots'\n")
+    out = run_cli(env, "up")
+    assert out.returncode == 2 and "hop_limit" in out.stderr
+    (home / "config.toml").write_text("hop_limt = 3\n")
+    out = run_cli(env, "up")
+    assert out.returncode == 2 and "unknown setting 'hop_limt'" in out.stderr
+
+
+def test_newer_database_is_refused_at_start(env, home):
+    import apsw
+
+    home.mkdir(parents=True)
+    conn = apsw.Connection(str(home / "bridge.db"))
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    proc = subprocess.run([*CLI, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "version 99" in proc.stderr and "newer" in proc.stderr
+    assert not (home / "broker.json").exists()
+
+
+def test_long_home_path_puts_the_socket_in_the_runtime_dir(env, tmp_path):
+    long_home = tmp_path / ("h" * 60) / ("o" * 60)
+    e = {**env, "AGENT_BRIDGE_HOME": str(long_home)}
+    b = BrokerProcess(e, long_home).start()
+    try:
+        sock = paths.read_broker_json(long_home)["socket"]
+        assert len(os.fsencode(sock)) <= paths.SOCKET_PATH_MAX
+        assert not sock.startswith(str(long_home))
+        assert stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode) == 0o700
+    finally:
+        b.stop()
+    wait_until(lambda: not os.path.exists(sock), what="socket removed")
+
+
+def test_help_for_every_command():
+    for command in ("up", "down", "status", "mcp", "dashboard", "decisions", "install", "doctor", "demo"):
+        out = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "usage:" in out.stdout
+    bad = subprocess.run([*CLI, "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
