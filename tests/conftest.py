@@ -145,7 +145,7 @@ def _claude_style_session_class() -> Any:
 @asynccontextmanager
 async def mcp_session(
     env: dict[str, str], *args: str, cwd: str | None = None, extra_env: dict[str, str] | None = None,
-    channel: bool = False, message_handler: Any = None,
+    channel: bool = False, message_handler: Any = None, bindings: Any = None,
 ) -> AsyncIterator[Any]:
     """A real `agent-bridge mcp` process driven by the official MCP client over stdio."""
     from mcp import ClientSession, StdioServerParameters
@@ -159,9 +159,27 @@ async def mcp_session(
         kwargs: dict[str, Any] = {}
         if message_handler is not None:
             kwargs["message_handler"] = message_handler
+        if bindings is not None:
+            kwargs["notification_bindings"] = bindings
         async with session_class(read, write, **kwargs) as session:
             await session.initialize()
             yield session
+
+
+def mcp_server_pids(marker: str) -> list[int]:
+    """Pids of `agent-bridge mcp` processes whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"agent_bridge" in argv and b"mcp" in argv and marker.encode() in argv:
+            found.append(int(entry))
+    return found
 
 
 async def call(session: Any, tool: str, **args: Any) -> Any:
@@ -172,7 +190,7 @@ async def call_error(session: Any, tool: str, **args: Any) -> str:
     return tool_error(await session.call_tool(tool, args))
 
 
-async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02, what: str = "condition"):
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02, what: str = "condition"):  # noqa: ASYNC109
     """Async polling with a fail_after guard."""
     with trio.fail_after(timeout):
         while True:
