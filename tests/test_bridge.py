@@ -375,13 +375,13 @@ async def test_sigkill_the_broker_repeatedly_loses_nothing_and_duplicates_nothin
                         nonlocal kills
                         for _ in range(4):
                             await trio.sleep(1.5)
-                            record = paths.read_broker_json(home)
-                            os.kill(record["pid"], signal.SIGKILL)
+                            old_pid = paths.read_broker_json(home)["pid"]
+                            os.kill(old_pid, signal.SIGKILL)
                             kills += 1
 
-                            async def replaced():
+                            async def replaced(old_pid=old_pid):
                                 now = paths.read_broker_json(home)
-                                return now and now["pid"] != record["pid"] and paths.pid_alive(now["pid"])
+                                return now and now["pid"] != old_pid and paths.pid_alive(now["pid"])
 
                             await wait_for(replaced, timeout=30, what="a new broker")
                         await trio.sleep(1)
