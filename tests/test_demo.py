@@ -1,0 +1,40 @@
+"""`agent-bridge demo` runs to completion and shows who received the decision."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agent_bridge import paths
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_in_a_temporary_home_cleans_up(env, tmp_path):
+    e = {k: v for k, v in env.items() if k != "AGENT_BRIDGE_HOME"}
+    e["HOME"] = str(tmp_path)
+    out = run_cli(e, "demo", "--no-wait", timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "deliveredTo: claude-demo-project, codex-demo-project" in text
+    assert re.search(r"claude-demo-project\s+received the decision notice", text)
+    assert re.search(r"codex-demo-project\s+received the decision notice", text)
+    assert re.search(r"codex-demo-project-2\s+received nothing", text)  # the job runner
+    assert "hop  3  active" in text and "hop  4  passive" in text  # the demo broker's hop limit is 4
+    assert "decisions(scope='all') -> ['database']" in text
+    assert "Stopped the demo broker." in text
+    home = Path(re.search(r"Starting a broker in (\S+) …", text).group(1))
+    assert not home.exists()  # the temporary home is removed
+    assert not (tmp_path / ".local" / "state" / "agent-bridge").exists()  # the user's home untouched
+
+
+def test_demo_with_home_uses_the_running_broker_and_leaves_it(broker, env, home):
+    out = run_cli(env, "demo", "--no-wait", "--home", str(home), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Starting a broker" not in out.stdout
+    assert "hop 10  passive" in out.stdout  # the running broker's default hop limit
+    assert paths.read_broker_json(home)["pid"] == broker.pid  # still running
+    assert broker.status()["pid"] == broker.pid
