@@ -72,7 +72,7 @@ async def _run(home: Path, record: dict[str, Any], wait: bool) -> None:
             clients.append((client, pushes, client.hello["session"]))
         hop_limit = clients[0][0].hello["hopLimit"]
         say("\n1. Three simulated sessions connected through the real bridge protocol:")
-        for (agent, kind, what), (_, _, s) in zip(sessions, clients, strict=True):
+        for (_agent, kind, what), (_, _, s) in zip(sessions, clients, strict=True):
             say(f"   {s['name']:<22} {kind:<12} ({what})")
 
         claude, codex, job = clients
