@@ -145,7 +145,7 @@ def _claude_style_session_class() -> Any:
 @asynccontextmanager
 async def mcp_session(
     env: dict[str, str], *args: str, cwd: str | None = None, extra_env: dict[str, str] | None = None,
-    channel: bool = False, message_handler: Any = None, bindings: Any = None,
+    channel: bool = False, message_handler: Any = None, bindings: Any = None, logging_callback: Any = None,
 ) -> AsyncIterator[Any]:
     """A real `agent-bridge mcp` process driven by the official MCP client over stdio."""
     from mcp import ClientSession, StdioServerParameters
@@ -161,6 +161,8 @@ async def mcp_session(
             kwargs["message_handler"] = message_handler
         if bindings is not None:
             kwargs["notification_bindings"] = bindings
+        if logging_callback is not None:
+            kwargs["logging_callback"] = logging_callback
         async with session_class(read, write, **kwargs) as session:
             await session.initialize()
             yield session
