@@ -11,8 +11,7 @@ import ntpath
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 TOPIC_MAX = 200
 TEXT_MAX = 4000
@@ -200,9 +199,12 @@ def scope_from_json(text: str) -> Scope:
     return value if value == ALL else dict(value)
 
 
-@dataclass(frozen=True)
-class SessionView:
-    """What scope matching needs to know about one session."""
+class SessionView(NamedTuple):
+    """What scope matching needs to know about one session.
+
+    A NamedTuple, not a dataclass: importing `dataclasses` (and with it `inspect`) costs the
+    SessionStart hook several milliseconds at every session start (SPEC §9).
+    """
 
     id: str
     name: str

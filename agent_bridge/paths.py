@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 DB_NAME = "bridge.db"
@@ -54,6 +52,9 @@ def log_path(home_dir: Path) -> Path:
 
 def socket_path(home_dir: Path) -> str:
     """`<home>/broker.sock` when it fits the OS limit, else a short path in the runtime dir."""
+    import hashlib  # here, not at the top: the hooks import this module at every session start
+    import tempfile
+
     if sys.platform == "win32":
         user = os.environ.get("USERNAME", "user")
         digest = hashlib.sha256(str(home_dir).encode()).hexdigest()[:12]

@@ -9,16 +9,14 @@ match on pid **and** start time (pids are reused). Light: standard library only.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAX_HOPS = 12
 HOST_NAMES = frozenset({"claude", "codex"})
 
 
-@dataclass(frozen=True)
-class Proc:
+class Proc(NamedTuple):  # not a dataclass: the hooks must not pay for importing `dataclasses`
     pid: int
     start: int  # clock ticks since boot (Linux) or seconds since the epoch (elsewhere)
     exe: str  # basename of the program, e.g. "claude", "node", "sh"
@@ -53,6 +51,8 @@ def _linux_proc(pid: int) -> tuple[Proc, int] | None:
 
 
 def _ps_proc(pid: int) -> tuple[Proc, int] | None:
+    import subprocess  # here, not at the top: on Linux the hooks never need it
+
     try:
         out = subprocess.run(
             ["ps", "-o", "ppid=,lstart=,comm=", "-p", str(pid)], capture_output=True, text=True, timeout=2

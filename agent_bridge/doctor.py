@@ -1,0 +1,367 @@
+"""`agent-bridge doctor` (SPEC §2, issue 5 point 6): checks the state folder, the broker, its
+socket, the schema version, the dashboard URL, and whether Claude Code and Codex have the MCP
+server and both hooks registered; prints each check with what to do about it, and exits 1 when
+any check fails. Standard library, the read path and the blocking client only: no trio.
+
+Where the hosts keep their configuration: see agent_bridge/install.py (the same documented
+files: Claude Code `~/.claude.json`, `.mcp.json`, `.claude/settings.json`,
+`.claude/settings.local.json`; Codex `config.toml` and `hooks.json` under `~/.codex` or the
+project's `.codex`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent_bridge import install, paths
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
+PROBE_TIMEOUT = 1.0  # seconds for the broker ping and the dashboard request
+SERVER = install.SERVER_NAME
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def check_home(home: Path) -> Check:
+    if not home.exists():
+        return Check("home folder", FAIL, f"{home} does not exist", "agent-bridge up --detach (creates it, 0700)")
+    if not home.is_dir():
+        return Check("home folder", FAIL, f"{home} is not a folder", f"move {home} aside, or set AGENT_BRIDGE_HOME")
+    if sys.platform == "win32":
+        return Check("home folder", OK, str(home))
+    st = home.stat()
+    if st.st_uid != os.getuid():
+        return Check("home folder", FAIL, f"{home} belongs to uid {st.st_uid}, not you", "use a folder of your own (AGENT_BRIDGE_HOME)")
+    mode = st.st_mode & 0o777
+    if mode & 0o077:
+        return Check("home folder", FAIL, f"{home} has mode {mode:04o}; others can reach the socket and database",
+                     f"chmod 700 {shlex.quote(str(home))}")
+    return Check("home folder", OK, f"{home} (mode {mode:04o})")
+
+
+def check_broker(home: Path) -> tuple[Check, dict[str, Any] | None]:
+    record = paths.read_broker_json(home)
+    if record is None:
+        return Check("broker", FAIL, "not running (no broker.json)",
+                     "agent-bridge up --detach (an MCP server also starts one when it connects)"), None
+    pid = record.get("pid")
+    if not isinstance(pid, int) or not paths.pid_alive(pid):
+        return Check("broker", FAIL, f"not running: broker.json names pid {pid}, which is gone (stale record)",
+                     "agent-bridge up --detach (replaces the stale record)"), None
+    return Check("broker", OK, f"running, pid {pid}"), record
+
+
+def check_socket(home: Path, record: dict[str, Any] | None) -> Check:
+    if record is None:
+        return Check("socket", SKIP, "no broker to reach")
+    from agent_bridge.ipc import blocking, protocol
+
+    sock = str(record.get("socket"))
+    try:
+        blocking.call(home, "ping", timeout=PROBE_TIMEOUT)
+    except (blocking.BrokerUnavailable, OSError, protocol.ProtocolError) as exc:
+        return Check("socket", FAIL, f"{sock} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach")
+    except protocol.RemoteError as exc:
+        return Check("socket", FAIL, f"{sock} answered with an error: {exc.message}", "agent-bridge down; agent-bridge up --detach")
+    if sys.platform != "win32" and os.path.exists(sock):
+        mode = os.stat(sock).st_mode & 0o777
+        if mode & 0o077:
+            return Check("socket", FAIL, f"{sock} answers but has mode {mode:04o}", "agent-bridge down; agent-bridge up --detach")
+    return Check("socket", OK, f"{sock} answers")
+
+
+def check_schema(home: Path) -> Check:
+    from agent_bridge.store import reader
+    from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew
+
+    db = paths.db_path(home)
+    try:
+        conn = reader.open_readonly(db)
+    except SchemaTooNew as exc:
+        return Check("schema", FAIL, str(exc), "upgrade agent-bridge (pip install -U agent-bridge)")
+    except Exception as exc:  # noqa: BLE001 - any database error is a finding here
+        return Check("schema", FAIL, f"cannot read {db}: {exc}", f"move {db} aside; the broker creates a new one")
+    if conn is None:
+        return Check("schema", WARN, f"no database yet at {db}", "agent-bridge up --detach (creates it)")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+    if version < CURRENT_VERSION:
+        return Check("schema", WARN, f"version {version}; the next broker start upgrades it to {CURRENT_VERSION} (with a backup)",
+                     "agent-bridge down; agent-bridge up --detach")
+    return Check("schema", OK, f"version {version}")
+
+
+def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
+    if record is None:
+        return Check("dashboard", SKIP, "no broker serves it", "agent-bridge dashboard (serves it read-only)")
+    url_file = home / paths.DASHBOARD_URL
+    try:
+        url = url_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        return Check("dashboard", FAIL, f"{url_file} is missing", "agent-bridge down; agent-bridge up --detach")
+    if sys.platform != "win32" and url_file.stat().st_mode & 0o077:
+        return Check("dashboard", FAIL, f"{url_file} is readable by others (it holds the login token)",
+                     f"chmod 600 {shlex.quote(str(url_file))}")
+    base = str(record.get("web") or "").rstrip("/")
+    if not base or not url.startswith(base + "/"):
+        return Check("dashboard", FAIL, f"{url_file} does not match the broker's web address {base or '(none)'}",
+                     "agent-bridge down; agent-bridge up --detach")
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base + "/", timeout=PROBE_TIMEOUT) as response:  # noqa: S310 - loopback URL
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code  # 403 without the cookie: it answers, which is what we check
+    except (urllib.error.URLError, OSError) as exc:
+        return Check("dashboard", FAIL, f"{base} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach")
+    return Check("dashboard", OK, f"{base} answers (HTTP {status}); open it with: agent-bridge dashboard --open")
+
+
+# --- host registrations ---------------------------------------------------------------
+
+
+def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read {path}: {exc}"
+    if not text.strip():
+        return {}, None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return None, f"{path} is not valid JSON: {exc}"
+    return (data, None) if isinstance(data, dict) else (None, f"{path} does not hold a JSON object")
+
+
+def _load_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read {path}: {exc}"
+    try:
+        return tomllib.loads(text), None
+    except tomllib.TOMLDecodeError as exc:
+        return None, f"{path} is not valid TOML: {exc}"
+
+
+def _program_problem(command: object) -> str | None:
+    """Why the registered program cannot run, or None."""
+    if not isinstance(command, str) or not command:
+        return "it names no program"
+    if os.sep in command or (os.altsep and os.altsep in command):
+        if not os.path.isfile(command) or not os.access(command, os.X_OK):
+            return f"{command} does not exist or is not executable"
+        return None
+    import shutil
+
+    return None if shutil.which(command) else f"{command} is not on PATH"
+
+
+def _hook_program(command: str) -> str:
+    """The program of a hook command line (after any VAR=value prefixes)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return ""
+    for word in words:
+        if "=" in word.split("/", 1)[0]:
+            continue
+        return word
+    return ""
+
+
+def _hook_home(command: str) -> str | None:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for word in words:
+        if word.startswith("AGENT_BRIDGE_HOME="):
+            return word.split("=", 1)[1]
+        if "=" not in word.split("/", 1)[0]:
+            return None
+    return None
+
+
+def _home_problem(registered: str | None, home: Path, what: str) -> str | None:
+    """A registration pinned to another state folder than the one doctor checks."""
+    if registered is None:
+        return None
+    if Path(registered).expanduser().absolute() != home:
+        return f"{what} uses AGENT_BRIDGE_HOME={registered}, but this home is {home}"
+    return None
+
+
+def _find_hooks(files: list[Path], errors: list[str]) -> dict[str, tuple[Path, str]]:
+    """Event -> (file, command) of our hooks found in `files` (hooks objects of those files)."""
+    found: dict[str, tuple[Path, str]] = {}
+    for path in files:
+        data, error = _load_json(path)
+        if error:
+            errors.append(error)
+        if not data or not isinstance(data.get("hooks"), dict):
+            continue
+        for event, event_arg in install.EVENTS:
+            for group in data["hooks"].get(event) or ():
+                if not isinstance(group, dict):
+                    continue
+                for handler in group.get("hooks") or ():
+                    if isinstance(handler, dict) and install.is_our_hook(handler.get("command"), event_arg):
+                        found.setdefault(event, (path, handler["command"]))
+    return found
+
+
+def _hooks_check(name: str, files: list[Path], home: Path, fix: str) -> Check:
+    errors: list[str] = []
+    found = _find_hooks(files, errors)
+    if errors:
+        return Check(name, FAIL, "; ".join(errors), "fix the file by hand, then: " + fix)
+    missing = [event for event, _ in install.EVENTS if event not in found]
+    if missing:
+        return Check(name, FAIL, f"{' and '.join(missing)} hook not registered (looked in {', '.join(map(str, files))})", fix)
+    for event, (path, command) in found.items():
+        problem = _program_problem(_hook_program(command)) or _home_problem(_hook_home(command), home, f"the {event} hook")
+        if problem:
+            return Check(name, FAIL, f"{event} hook in {path}: {problem}", fix)
+    where = sorted({str(p) for p, _ in found.values()})
+    return Check(name, OK, f"SessionStart and Stop registered in {', '.join(where)}")
+
+
+def claude_checks(home: Path, cwd: Path) -> list[Check]:
+    user_json = Path.home() / ".claude.json"
+    project_mcp = cwd / ".mcp.json"
+    settings = [Path.home() / ".claude" / "settings.json", cwd / ".claude" / "settings.json",
+                cwd / ".claude" / "settings.local.json"]
+    installed = (Path.home() / ".claude").is_dir() or user_json.exists() or project_mcp.exists()
+    if not installed:
+        return [Check("Claude Code", SKIP, "no ~/.claude folder: Claude Code not set up for this user")]
+    fix = "agent-bridge install --claude"
+    candidates: list[tuple[str, Any, str | None]] = []  # (where, entry, parse error)
+    data, error = _load_json(user_json)
+    if error:
+        candidates.append((str(user_json), None, error))
+    if data:
+        servers = data.get("mcpServers")
+        if isinstance(servers, dict) and SERVER in servers:
+            candidates.append((f"{user_json} (user scope)", servers[SERVER], None))
+        projects = data.get("projects")
+        local = projects.get(str(cwd)) if isinstance(projects, dict) else None
+        if isinstance(local, dict) and isinstance(local.get("mcpServers"), dict) and SERVER in local["mcpServers"]:
+            candidates.append((f"{user_json} (local scope of {cwd})", local["mcpServers"][SERVER], None))
+    data, error = _load_json(project_mcp)
+    if error:
+        candidates.append((str(project_mcp), None, error))
+    if data and isinstance(data.get("mcpServers"), dict) and SERVER in data["mcpServers"]:
+        candidates.append((f"{project_mcp} (project scope)", data["mcpServers"][SERVER], None))
+    return [_server_check("Claude Code MCP server", candidates, home, fix, env_required=False),
+            _hooks_check("Claude Code hooks", settings, home, fix)]
+
+
+def codex_checks(home: Path, cwd: Path) -> list[Check]:
+    user_dir = install.codex_home()
+    project_dir = cwd / ".codex"
+    if not user_dir.is_dir() and not project_dir.is_dir():
+        return [Check("Codex", SKIP, f"no {user_dir} folder: Codex not set up for this user")]
+    fix = "agent-bridge install --codex"
+    candidates: list[tuple[str, Any, str | None]] = []
+    features: list[tuple[Path, dict[str, Any]]] = []
+    for config in (user_dir / "config.toml", project_dir / "config.toml"):
+        data, error = _load_toml(config)
+        if error:
+            candidates.append((str(config), None, error))
+        if not data:
+            continue
+        servers = data.get("mcp_servers")
+        if isinstance(servers, dict) and SERVER in servers:
+            candidates.append((str(config), servers[SERVER], None))
+        if isinstance(data.get("features"), dict):
+            features.append((config, data["features"]))
+    checks = [_server_check("Codex MCP server", candidates, home, fix, env_required=True),
+              _hooks_check("Codex hooks", [user_dir / "hooks.json", project_dir / "hooks.json"], home, fix)]
+    off = [f"{path}: [features] {key} = false" for path, table in features for key in ("hooks", "codex_hooks")
+           if table.get(key) is False]
+    on = any(table.get(key) is True for _, table in features for key in ("hooks", "codex_hooks"))
+    if off:
+        checks.append(Check("Codex hooks feature", FAIL, "hooks are switched off: " + "; ".join(off), fix))
+    elif on:
+        checks.append(Check("Codex hooks feature", OK, "hooks are on ([features])"))
+    else:
+        checks.append(Check("Codex hooks feature", WARN, "no [features] codex_hooks = true: Codex versions that "
+                            "still gate hooks behind the flag will not run them", fix))
+    return checks
+
+
+def _server_check(
+    name: str, candidates: list[tuple[str, Any, str | None]], home: Path, fix: str, *, env_required: bool
+) -> Check:
+    errors = [error for _, _, error in candidates if error]
+    entries = [(where, entry) for where, entry, error in candidates if not error]
+    if errors and not entries:
+        return Check(name, FAIL, "; ".join(errors), "fix the file by hand, then: " + fix)
+    if not entries:
+        return Check(name, FAIL, f'no "{SERVER}" MCP server registered', fix)
+    where, entry = entries[0]
+    if not isinstance(entry, dict):
+        return Check(name, FAIL, f'{where}: the "{SERVER}" entry is not an object/table', fix)
+    args = entry.get("args") or []
+    if not isinstance(args, list) or "mcp" not in args:
+        return Check(name, FAIL, f"{where}: it does not run `agent-bridge mcp` (args {args!r})", fix)
+    problem = _program_problem(entry.get("command"))
+    if problem:
+        return Check(name, FAIL, f"{where}: {problem}", fix)
+    env = entry.get("env") if isinstance(entry.get("env"), dict) else {}
+    registered = env.get("AGENT_BRIDGE_HOME")
+    problem = _home_problem(registered, home, "the MCP server")
+    if problem is None and env_required and registered is None and install.bridge_env():
+        # Codex starts MCP servers with a cleared environment: without `env` it uses the default home.
+        problem = f"the MCP server gets no AGENT_BRIDGE_HOME (Codex clears the environment), but this home is {home}"
+    if problem:
+        return Check(name, FAIL, f"{where}: {problem}", fix)
+    return Check(name, OK, f"registered in {where}")
+
+
+def run_checks(home: Path, cwd: Path) -> list[Check]:
+    broker, record = check_broker(home)
+    checks = [check_home(home), broker, check_socket(home, record), check_schema(home), check_dashboard(home, record)]
+    checks += claude_checks(home, cwd)
+    checks += codex_checks(home, cwd)
+    return checks
+
+
+def main() -> int:
+    home = paths.home()
+    checks = run_checks(home, Path.cwd())
+    print(f"agent-bridge doctor: home {home}")
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"  {c.status:<4}  {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status in (FAIL, WARN):
+            print(f"        {'':<{width}}  fix: {c.fix}")
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        print(f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {', '.join(c.name for c in failed)}.")
+        return 1
+    print("All checks passed.")
+    return 0

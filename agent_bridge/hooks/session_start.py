@@ -1,0 +1,94 @@
+"""`agent-bridge hook session-start --agent claude|codex` (SPEC §4.5, issue 5 point 1).
+
+Adds a short note to the new session's context: its bridge identity in one line, then the
+current pinned owner decisions that apply to its folder. Reads bridge.db directly, read-only, so
+the note is there before any broker runs; reports the host identity to the broker when one runs,
+else leaves it in `<home>/reports/` for the next one.
+
+Output: the documented SessionStart answer of both hosts,
+`{"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": "..."}}`
+(Claude Code "Hooks reference", https://code.claude.com/docs/en/hooks#sessionstart; Codex "Hooks",
+https://developers.openai.com/codex/hooks, session-start.command.output.schema.json).
+
+Any failure (malformed stdin, no database, a locked or newer database, anything else): no note,
+exit 0, one line in broker.log. A hook never breaks a session start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agent_bridge import domain, paths, procinfo
+from agent_bridge.hooks import common
+
+EVENT = "SessionStart"
+READ_BUSY_MS = 300  # a locked database costs the session start at most this long, then no note
+
+
+def main(agent: str) -> int:
+    home = paths.home()
+    try:
+        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        hook = common.read_input()
+        args = common.identify_args(agent, hook, EVENT, host, chain)
+        answer = common.broker_request(home, "identify", args)
+        session = answer.get("session") if answer else None
+        note = build_note(home, agent, hook, session if isinstance(session, dict) else None)
+        if note is None:
+            return 0
+        common.emit({"hookSpecificOutput": {"hookEventName": EVENT, "additionalContext": note}})
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the session must start
+        common.log(home, f"session-start ({agent})", f"no note: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str, Any] | None) -> str | None:
+    """The note, or None (after logging why) when there is no database to read."""
+    from agent_bridge.store import queries, reader
+
+    db = paths.db_path(home)
+    with reader.reading(db, busy_timeout_ms=READ_BUSY_MS) as conn:
+        if conn is None:
+            common.log(home, f"session-start ({agent})", f"no note: no database at {db} yet")
+            return None
+        if session is None:
+            session = queries.peer_by_host_session(conn, hook.session_id)
+        addresses = {hook.session_id}
+        if session is not None:
+            addresses.update(a for a in (session.get("id"), session.get("name"), session.get("hostSessionId")) if a)
+        shown, total = queries.note_decisions(conn, hook.cwd, caller_addresses=addresses, limit=domain.NOTE_TOPICS)
+    return render_note(agent, hook.cwd, session, shown, total)
+
+
+def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
+    if session is not None:
+        return (
+            f"agent-bridge: this session is {session.get('name')} on the local agent bridge "
+            f"(session id {session.get('id')}, agent {session.get('agent')}, project {session.get('project')}); "
+            "other agent sessions can reach it at that name."
+        )
+    return (
+        f"agent-bridge: this session joins the local agent bridge as {domain.session_name(agent, cwd)} "
+        f"(agent {agent}, project {cwd}) when its agent-bridge MCP server connects."
+    )
+
+
+def render_note(
+    agent: str, cwd: str, session: dict[str, Any] | None, shown: list[dict[str, Any]], total: int
+) -> str:
+    lines = [identity_line(agent, cwd, session)]
+    if not shown:
+        return lines[0]
+    lines.append(
+        f"Pinned owner decisions that apply to {cwd}, newest first. They are the human owner's "
+        "standing answers: follow them, and do not re-ask what they settle."
+    )
+    lines.extend(f"- {domain.decision_line(d, domain.NOTE_TEXT_MAX)}" for d in shown)
+    rest = total - len(shown)
+    if rest > 0:
+        more = "1 more decision applies" if rest == 1 else f"{rest} more decisions apply"
+        lines.append(f"{more} here; the agent-bridge `decisions` tool lists them.")
+    else:
+        lines.append("No more decisions apply here; the agent-bridge `decisions` tool lists them with their history.")
+    return "\n".join(lines)

@@ -1,0 +1,328 @@
+"""`agent-bridge install` on fixture configuration files, run as a user runs it, with HOME
+pointed at a temporary folder (issue 5 point 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).with_name("agent-bridge")
+CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent_bridge"]
+RUN = CLI[0] if SCRIPT.exists() else sys.executable  # what the registrations must name
+
+CLAUDE_JSON = {
+    "numStartups": 12,
+    "mcpServers": {"github": {"type": "stdio", "command": "npx", "args": ["-y", "gh-mcp"], "env": {"TOKEN": "x"}}},
+    "projects": {"/work/app": {"allowedTools": [], "mcpServers": {}}},
+}
+CLAUDE_SETTINGS = {
+    "permissions": {"allow": ["Bash(ls:*)"]},
+    "hooks": {
+        "SessionStart": [{"matcher": "startup", "hooks": [{"type": "command", "command": "echo hello"}]}],
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "check.sh", "timeout": 5}]}],
+    },
+}
+CODEX_TOML = """\
+# My Codex setup
+model = "o3"  # the default model
+
+[mcp_servers.docs]
+# documentation lookups
+command = "npx"
+args = [
+  "-y",
+  "docs-mcp",  # pinned below
+]
+
+[mcp_servers.docs.env]
+DOCS_TOKEN = "abc"
+
+[features]
+# things I try
+web_search_request = true
+"""
+CODEX_HOOKS = {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done", "timeout": 3}]}]}}
+
+
+@pytest.fixture
+def user_home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    return home
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    folder = tmp_path / "work" / "app"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def install_env(user_home: Path, bridge_home: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AGENT_BRIDGE_HOME", "XDG_STATE_HOME", "CODEX_HOME", "CLAUDE_CONFIG_DIR")}
+    env["HOME"] = str(user_home)
+    if bridge_home is not None:
+        env["AGENT_BRIDGE_HOME"] = str(bridge_home)
+    return env
+
+
+def install(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "install", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def backups_of(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(path.name + ".agent-bridge-backup-*"))
+
+
+def hook_commands(data: dict, event: str) -> list[str]:
+    return [h["command"] for g in data["hooks"].get(event, []) for h in g["hooks"]]
+
+
+def claude_fixture(user_home: Path) -> None:
+    write_json(user_home / ".claude.json", CLAUDE_JSON)
+    write_json(user_home / ".claude" / "settings.json", CLAUDE_SETTINGS)
+
+
+def codex_fixture(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.toml").write_text(CODEX_TOML)
+    write_json(folder / "hooks.json", CODEX_HOOKS)
+
+
+def assert_subsequence(original: str, updated: str) -> None:
+    """Every line of the original file is still there, in order (comments included)."""
+    remaining = iter(updated.splitlines())
+    for line in original.splitlines():
+        assert any(line == candidate for candidate in remaining), f"lost or reordered: {line!r}"
+
+
+def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir):
+    claude_fixture(user_home)
+    originals = {p: p.read_text() for p in (user_home / ".claude.json", user_home / ".claude" / "settings.json")}
+    env = install_env(user_home)
+    first = install(env, workdir, "--claude")
+    assert first.returncode == 0, first.stderr
+
+    data = json.loads((user_home / ".claude.json").read_text())
+    assert data["numStartups"] == 12 and data["projects"] == CLAUDE_JSON["projects"]
+    assert data["mcpServers"]["github"] == CLAUDE_JSON["mcpServers"]["github"]
+    assert data["mcpServers"]["agent-bridge"] == {
+        "type": "stdio", "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "claude"]
+    }
+    settings = json.loads((user_home / ".claude" / "settings.json").read_text())
+    assert settings["permissions"] == CLAUDE_SETTINGS["permissions"]
+    assert settings["hooks"]["PreToolUse"] == CLAUDE_SETTINGS["hooks"]["PreToolUse"]
+    assert settings["hooks"]["SessionStart"][0] == CLAUDE_SETTINGS["hooks"]["SessionStart"][0]
+    assert hook_commands(settings, "SessionStart") == ["echo hello", f"{RUN} hook session-start --agent claude"]
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]
+    assert settings["hooks"]["Stop"][0]["hooks"][0]["type"] == "command"
+    assert isinstance(settings["hooks"]["Stop"][0]["hooks"][0]["timeout"], int)
+
+    for path, text in originals.items():
+        [backup] = backups_of(path)
+        assert backup.read_text() == text
+    assert not (user_home / ".codex").exists()  # --claude only
+
+    before = snapshot(user_home)
+    second = install(env, workdir, "--claude")
+    assert second.returncode == 0 and "nothing to change" in second.stdout
+    assert snapshot(user_home) == before  # no write, no new backup
+
+
+def test_claude_project_scope_writes_the_project_files_only(user_home, workdir):
+    claude_fixture(user_home)
+    write_json(workdir / ".mcp.json", {"mcpServers": {"db": {"command": "db-mcp", "args": []}}})
+    user_before = snapshot(user_home)
+    result = install(install_env(user_home), workdir, "--claude", "--scope", "project")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(user_home) == user_before
+
+    mcp = json.loads((workdir / ".mcp.json").read_text())
+    assert mcp["mcpServers"]["db"] == {"command": "db-mcp", "args": []}
+    assert mcp["mcpServers"]["agent-bridge"]["command"] == RUN
+    settings = json.loads((workdir / ".claude" / "settings.json").read_text())
+    assert hook_commands(settings, "SessionStart") == [f"{RUN} hook session-start --agent claude"]
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]
+    assert len(backups_of(workdir / ".mcp.json")) == 1
+    assert backups_of(workdir / ".claude" / "settings.json") == []  # a new file has nothing to back up
+    assert "nothing to change" in install(install_env(user_home), workdir, "--claude", "--scope", "project").stdout
+
+
+def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_path):
+    codex_fixture(user_home / ".codex")
+    bridge_home = tmp_path / "bridge-state"  # not the default: Codex must be told (it clears the env)
+    env = install_env(user_home, bridge_home)
+    result = install(env, workdir, "--codex")
+    assert result.returncode == 0, result.stderr
+
+    text = (user_home / ".codex" / "config.toml").read_text()
+    assert_subsequence(CODEX_TOML, text)
+    config = tomllib.loads(text)
+    assert config["model"] == "o3"
+    assert config["mcp_servers"]["docs"] == {"command": "npx", "args": ["-y", "docs-mcp"], "env": {"DOCS_TOKEN": "abc"}}
+    assert config["mcp_servers"]["agent-bridge"] == {
+        "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"], "env": {"AGENT_BRIDGE_HOME": str(bridge_home)}
+    }
+    assert config["features"] == {"web_search_request": True, "codex_hooks": True}
+
+    hooks = json.loads((user_home / ".codex" / "hooks.json").read_text())
+    assert hook_commands(hooks, "Stop") == [
+        "notify-send done", f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook stop --agent codex"
+    ]
+    assert hook_commands(hooks, "SessionStart") == [f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook session-start --agent codex"]
+    assert [b.read_text() for b in backups_of(user_home / ".codex" / "config.toml")] == [CODEX_TOML]
+    assert len(backups_of(user_home / ".codex" / "hooks.json")) == 1
+    assert not (user_home / ".claude.json").exists()
+
+    before = snapshot(user_home)
+    again = install(env, workdir, "--codex")
+    assert again.returncode == 0 and "nothing to change" in again.stdout
+    assert snapshot(user_home) == before
+
+
+def test_codex_project_scope_creates_the_project_config(user_home, workdir):
+    (user_home / ".codex").mkdir()
+    result = install(install_env(user_home), workdir, "--codex", "--scope", "project")
+    assert result.returncode == 0, result.stderr
+    config = tomllib.loads((workdir / ".codex" / "config.toml").read_text())
+    assert config["mcp_servers"]["agent-bridge"] == {"command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"]}
+    assert config["features"]["codex_hooks"] is True
+    hooks = json.loads((workdir / ".codex" / "hooks.json").read_text())
+    assert hook_commands(hooks, "SessionStart") == [f"{RUN} hook session-start --agent codex"]
+    assert list((user_home / ".codex").iterdir()) == []
+    assert "nothing to change" in install(install_env(user_home), workdir, "--codex", "--scope", "project").stdout
+
+
+def test_dry_run_prints_a_diff_and_writes_nothing(user_home, workdir):
+    claude_fixture(user_home)
+    codex_fixture(user_home / ".codex")
+    before = snapshot(user_home)
+    result = install(install_env(user_home), workdir, "--claude", "--codex", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(user_home) == before
+    out = result.stdout
+    for path in (".claude.json", ".claude/settings.json", ".codex/config.toml", ".codex/hooks.json"):
+        assert f"+++ {user_home / path}" in out
+    assert f"--- {user_home / '.codex' / 'config.toml'}" in out
+    assert "+[mcp_servers.agent-bridge]" in out and "+codex_hooks = true" in out
+    assert f'+            "command": "{RUN} hook stop --agent claude",' in out
+
+
+@pytest.mark.parametrize("broken", ["config.toml", "settings.json", ".claude.json", "hooks.json"])
+def test_an_unparsable_file_is_refused_and_nothing_is_written(broken, user_home, workdir):
+    claude_fixture(user_home)
+    codex_fixture(user_home / ".codex")
+    target = {
+        "config.toml": user_home / ".codex" / "config.toml",
+        "settings.json": user_home / ".claude" / "settings.json",
+        ".claude.json": user_home / ".claude.json",
+        "hooks.json": user_home / ".codex" / "hooks.json",
+    }[broken]
+    target.write_text(target.read_text()[:-8] + "]] oops\n")
+    before = snapshot(user_home)
+    result = install(install_env(user_home), workdir, "--claude", "--codex")
+    assert result.returncode == 1
+    assert str(target) in result.stderr and "Nothing was changed" in result.stderr
+    assert snapshot(user_home) == before
+
+
+def test_a_stale_registration_is_updated_in_place(user_home, workdir):
+    claude_fixture(user_home)
+    settings = json.loads((user_home / ".claude" / "settings.json").read_text())
+    settings["hooks"]["Stop"] = [
+        {"hooks": [{"type": "command", "command": "/old/venv/bin/agent-bridge hook stop --agent claude", "timeout": 30}]},
+        {"hooks": [{"type": "command", "command": "/older/bin/agent-bridge hook stop --agent claude"}]},
+    ]
+    write_json(user_home / ".claude" / "settings.json", settings)
+    (user_home / ".codex").mkdir()
+    stale = CODEX_TOML + (
+        "\n[mcp_servers.agent-bridge]  # the bridge\ncommand = \"/old/venv/bin/agent-bridge\"\n"
+        "args = [\n  \"mcp\",\n  \"--agent\", \"codex\",\n]\nenv = { AGENT_BRIDGE_HOME = \"/old/home\", LANG = \"C\" }\n"
+        "startup_timeout_sec = 20\n"
+    )
+    (user_home / ".codex" / "config.toml").write_text(stale)
+    result = install(install_env(user_home), workdir, "--claude", "--codex")
+    assert result.returncode == 0, result.stderr
+
+    settings = json.loads((user_home / ".claude" / "settings.json").read_text())
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]  # one left, updated
+    assert settings["hooks"]["Stop"][0]["hooks"][0]["timeout"] == 30  # the user's own setting stays
+    text = (user_home / ".codex" / "config.toml").read_text()
+    assert "[mcp_servers.agent-bridge]  # the bridge" in text and "# My Codex setup" in text
+    config = tomllib.loads(text)
+    assert config["mcp_servers"]["agent-bridge"] == {
+        "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"], "env": {"LANG": "C"}, "startup_timeout_sec": 20
+    }
+    assert text.count("[mcp_servers.agent-bridge]") == 1
+
+
+def test_codex_hooks_switched_off_are_switched_on_in_place(user_home, workdir):
+    (user_home / ".codex").mkdir()
+    original = "[features]\ncodex_hooks = false  # was noisy\nother = 1\n"
+    (user_home / ".codex" / "config.toml").write_text(original)
+    assert install(install_env(user_home), workdir, "--codex").returncode == 0
+    text = (user_home / ".codex" / "config.toml").read_text()
+    assert text.startswith("[features]\ncodex_hooks = true\nother = 1\n")
+    assert tomllib.loads(text)["features"] == {"codex_hooks": True, "other": 1}
+
+
+def test_an_inline_server_table_is_refused_with_instructions(user_home, workdir):
+    (user_home / ".codex").mkdir()
+    original = 'mcp_servers = { agent-bridge = { command = "/old/agent-bridge", args = ["mcp"] } }\n'
+    (user_home / ".codex" / "config.toml").write_text(original)
+    result = install(install_env(user_home), workdir, "--codex")
+    assert result.returncode == 1
+    assert "[mcp_servers.agent-bridge]" in result.stderr and "by hand" in result.stderr
+    assert (user_home / ".codex" / "config.toml").read_text() == original
+    assert not (user_home / ".codex" / "hooks.json").exists()
+
+
+def test_without_flags_only_the_hosts_that_are_set_up_are_configured(user_home, workdir):
+    (user_home / ".codex").mkdir()
+    result = install(install_env(user_home), workdir)
+    assert result.returncode == 0, result.stderr
+    assert (user_home / ".codex" / "config.toml").exists() and (user_home / ".codex" / "hooks.json").exists()
+    assert not (user_home / ".claude.json").exists() and not (user_home / ".claude").exists()
+
+
+def test_without_flags_and_no_host_folders_both_are_configured(user_home, workdir):
+    result = install(install_env(user_home), workdir, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert ".claude.json" in result.stdout and ".codex/config.toml" in result.stdout
+    assert list(user_home.iterdir()) == []
+
+
+def test_an_env_subtable_gets_the_new_home(user_home, workdir, tmp_path):
+    (user_home / ".codex").mkdir()
+    original = (
+        "[mcp_servers.agent-bridge]\ncommand = \"/old/agent-bridge\"\nargs = [\"mcp\", \"--agent\", \"codex\"]\n\n"
+        "[mcp_servers.agent-bridge.env]\n# where the state lives\nAGENT_BRIDGE_HOME = \"/old/state\"\nLANG = \"C\"\n"
+    )
+    (user_home / ".codex" / "config.toml").write_text(original)
+    bridge_home = tmp_path / "new-state"
+    result = install(install_env(user_home, bridge_home), workdir, "--codex")
+    assert result.returncode == 0, result.stderr
+    text = (user_home / ".codex" / "config.toml").read_text()
+    assert "# where the state lives" in text and "[mcp_servers.agent-bridge.env]" in text
+    server = tomllib.loads(text)["mcp_servers"]["agent-bridge"]
+    assert server == {
+        "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"],
+        "env": {"AGENT_BRIDGE_HOME": str(bridge_home), "LANG": "C"},
+    }
+    assert "nothing to change" in install(install_env(user_home, bridge_home), workdir, "--codex").stdout
