@@ -129,14 +129,24 @@ async def open_bridge_client(
             pass
     send, receive = trio.open_memory_channel[dict[str, Any]](push_buffer)
     client = BridgeClient(FramedStream(stream), send)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(client._read)
-        try:
-            if hello is not None:
-                client.hello = await client.request("hello", **hello)
-            if keepalive:
-                nursery.start_soon(client._keepalive)
-            yield client, receive
-        finally:
-            nursery.cancel_scope.cancel()
-            await client.conn.aclose()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._read)
+            try:
+                if hello is not None:
+                    client.hello = await client.request("hello", **hello)
+                if keepalive:
+                    nursery.start_soon(client._keepalive)
+                yield client, receive
+            finally:
+                # Close before cancelling: a checkpoint after the cancel would replace the
+                # block's exception (say BrokerGone during hello) with a Cancelled the nursery
+                # then swallows ("generator didn't yield").
+                await client.conn.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The nursery's own tasks never raise: a group holds the block's one exception.
+        # Raise it as itself, so callers can catch BrokerGone and RemoteError.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
