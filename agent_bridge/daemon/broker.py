@@ -384,6 +384,7 @@ class Broker:
             hop=domain.reply_hop(parent_hop),
             reply_to=reply_to,
             now=now_ms(),
+            fault=self.fault,
         )
         recipient = self.sessions.get(to_id)
         if recipient is not None:
@@ -397,7 +398,7 @@ class Broker:
             raise InputError("ids: expected a list of message ids")
         if len(ids) > 10_000:
             raise InputError("ids: at most 10000 per request")
-        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms())
+        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms(), fault=self.fault)
         return {"acked": acked}
 
     async def op_learn_identity(self, session: Session, args: dict[str, Any]) -> Any:

@@ -124,6 +124,7 @@ async def deliver(broker: Broker, session: Session) -> None:
             cursor = message.pop("_seq")
             message.pop("_acked", None)
             await session.conn.send(protocol.push("message", message=message))
+            broker.fault("deliver:after-push")
         if len(batch) < DELIVERY_BATCH:
             await session.wake.wait()
 

@@ -26,6 +26,7 @@ from agent_bridge import paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.connection import handle_connection
+from agent_bridge.daemon.faults import fault_injector
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc.listener import serve_unix
 
@@ -40,19 +41,6 @@ async def watch_signals(stop: trio.Event, *, task_status: trio.TaskStatus[None] 
             stop.set()
 
 
-def fault_injector() -> Callable[[str], None]:
-    """Tests only: AGENT_BRIDGE_FAULT=<point> kills the broker with SIGKILL at that point."""
-    wanted = os.environ.get("AGENT_BRIDGE_FAULT", "")
-    if not wanted:
-        return lambda point: None
-
-    def fault(point: str) -> None:
-        if point == wanted:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return fault
-
-
 async def run_broker(
     home: Path,
     settings: Settings,
@@ -65,8 +53,11 @@ async def run_broker(
     try:
         async with trio.open_nursery() as root:
             await root.start(watch_signals, stop)
-            store = await root.start(serve_store, paths.db_path(home), lambda line: log.info("%s", line))
-            broker = Broker(store, settings, home, stop, fault=fault_injector())
+            fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (daemon/faults.py)
+            store = await root.start(
+                partial(serve_store, paths.db_path(home), lambda line: log.info("%s", line), fault=fault)
+            )
+            broker = Broker(store, settings, home, stop, fault=fault)
             await broker.ingest_reports()
             broker.socket_path = await root.start(
                 serve_unix, paths.socket_path(home), partial(handle_connection, broker)

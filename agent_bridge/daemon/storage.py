@@ -30,11 +30,15 @@ class StoreRunner:
 
 
 async def serve_store(
-    db: Path, log: Callable[[str], None], *, task_status: trio.TaskStatus[StoreRunner] = trio.TASK_STATUS_IGNORED
+    db: Path,
+    log: Callable[[str], None],
+    *,
+    fault: Callable[[str], None] = lambda point: None,
+    task_status: trio.TaskStatus[StoreRunner] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Open and migrate the database, report the runner as started, hold it until cancelled,
-    then checkpoint and close."""
-    store = await trio.to_thread.run_sync(Store.open, db, log)
+    then checkpoint and close. `fault`: test-only crash points (daemon.faults)."""
+    store = await trio.to_thread.run_sync(functools.partial(Store.open, db, log, fault=fault))
     runner = StoreRunner(store)
     try:
         task_status.started(runner)

@@ -114,11 +114,17 @@ def user_version(conn: apsw.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def migrate(conn: apsw.Connection, *, before_upgrade: Callable[[int], None] | None = None) -> tuple[int, int]:
+def migrate(
+    conn: apsw.Connection,
+    *,
+    before_upgrade: Callable[[int], None] | None = None,
+    fault: Callable[[str], None] = lambda point: None,
+) -> tuple[int, int]:
     """Bring `conn` to CURRENT_VERSION. Returns (old, new).
 
     All steps run in one transaction, each inside its own savepoint together with its
     `user_version` bump: a failure at any step leaves the database exactly as it was.
+    `fault`: the broker's test-only crash points (daemon.faults).
     """
     found = user_version(conn)
     if found > CURRENT_VERSION:
@@ -131,4 +137,6 @@ def migrate(conn: apsw.Connection, *, before_upgrade: Callable[[int], None] | No
         for version in range(found, CURRENT_VERSION):
             with conn:
                 conn.execute(STEPS[version])
+            fault("upgrade:after-step")
+        fault("upgrade:before-commit")
     return found, CURRENT_VERSION

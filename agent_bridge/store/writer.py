@@ -6,6 +6,7 @@ Every method is synchronous and is one transaction. The broker calls them on a w
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -68,8 +69,16 @@ class Store:
         self.path = path
 
     @classmethod
-    def open(cls, path: Path, log: Callable[[str], None] = lambda line: None) -> Store:
-        """Open (creating if needed) and migrate to the current version, backing up first."""
+    def open(
+        cls,
+        path: Path,
+        log: Callable[[str], None] = lambda line: None,
+        *,
+        fault: Callable[[str], None] = lambda point: None,
+    ) -> Store:
+        """Open (creating if needed) and migrate to the current version, backing up first.
+
+        `fault`: the broker's test-only crash points (daemon.faults); a no-op otherwise."""
         apply_bestpractice()
         existed = path.exists()
         conn = apsw.Connection(str(path))
@@ -80,10 +89,11 @@ class Store:
                 if not existed:
                     return
                 target = backup_path(path, old)
-                backup_database(conn, target)
+                backup_database(conn, target, fault=fault)
                 log(f"schema upgrade from version {old}: backed up {path.name} to {target}")
+                fault("upgrade:after-backup")
 
-            old, new = migrate(conn, before_upgrade=before_upgrade)
+            old, new = migrate(conn, before_upgrade=before_upgrade, fault=fault)
             if old != new:
                 log(f"schema upgraded from version {old} to {new}")
         except BaseException:
@@ -232,7 +242,15 @@ class Store:
         return self.conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone() is not None
 
     def send_message(
-        self, *, from_id: str, to_id: str, text: str, hop: int, reply_to: str | None, now: int
+        self,
+        *,
+        from_id: str,
+        to_id: str,
+        text: str,
+        hop: int,
+        reply_to: str | None,
+        now: int,
+        fault: Callable[[str], None] = lambda point: None,
     ) -> dict[str, Any]:
         message_id = new_id()
         with self.conn:
@@ -241,6 +259,8 @@ class Store:
                 (message_id, from_id, to_id, text, hop, reply_to, now),
             )
             self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, to_id))
+            fault("send:before-commit")
+        fault("send:after-commit")
         found = self.message_for(to_id, message_id)
         assert found is not None
         return found
@@ -266,7 +286,9 @@ class Store:
                 [(now, peer_id, m) for m in message_ids],
             )
 
-    def ack(self, peer_id: str, message_ids: Sequence[str], now: int) -> int:
+    def ack(
+        self, peer_id: str, message_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
+    ) -> int:
         """Acknowledge messages shown to the session's agent. Returns how many were newly acked."""
         count = 0
         with self.conn:
@@ -282,6 +304,8 @@ class Store:
                         "UPDATE messages SET acked_at = ? WHERE id = ? AND acked_at IS NULL", (now, message_id)
                     )
                 count += changed
+            fault("ack:before-commit")
+        fault("ack:after-commit")
         return count
 
     # --- decisions ----------------------------------------------------------------
@@ -395,12 +419,19 @@ def notification_text(decision: dict[str, Any]) -> str:
     return f"Pinned owner decision for {where}: {domain.decision_line(decision)}"
 
 
-def backup_database(conn: apsw.Connection, target: Path) -> None:
-    """Copy a live database with SQLite's online backup API."""
-    dest = apsw.Connection(str(target))
+def backup_database(conn: apsw.Connection, target: Path, *, fault: Callable[[str], None] = lambda point: None) -> None:
+    """Copy a live database with SQLite's online backup API.
+
+    Written under a temporary name and renamed into place once complete, so a `.bak` file that
+    exists is always a whole database (a crash mid-copy leaves only a `.partial` file)."""
+    partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)
+    dest = apsw.Connection(str(partial))
     try:
         with dest.backup("main", conn, "main") as backup:
             while not backup.done:
                 backup.step(1024)
     finally:
         dest.close()
+    fault("upgrade:backup-copied")
+    os.replace(partial, target)
