@@ -11,6 +11,7 @@ it is for every user) the injector is a no-op. The points, each named where it i
   decide:after-decision    the revision row is written, no notification yet (uncommitted)
   decide:mid-fanout        the first notification is written, the others not (uncommitted)
   decide:before-commit     everything is written; the transaction is about to commit
+  decide:after-commit      the decision and its notifications are committed; no answer yet
   send:before-commit       a message and its receipt are written, not committed
   send:after-commit        the message is committed; the sender has no answer yet
   ack:before-commit        receipts are marked acknowledged, not committed

@@ -359,6 +359,7 @@ class Store:
             fault("decide:after-decision")
             self._queue_notifications(decision, author.id, recipients, now, fault)
             fault("decide:before-commit")
+        fault("decide:after-commit")
         return decision, sorted(r.session.name for r in recipients)
 
     def _queue_notifications(
