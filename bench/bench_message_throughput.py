@@ -1,0 +1,171 @@
+"""message_throughput: one sender, one receiver, durable, end to end through the broker (SPEC §9).
+
+A real broker process (`agent-bridge up`) and two sessions connected through the IPC client
+library. The sender sends one message at a time (each `send` answered, so committed, before the
+next); the receiver takes each push as it arrives and acknowledges what it holds in one `ack`
+request. A message counts once its acknowledgement is answered: send → delivered → acknowledged.
+Rate = messages / (first send → last acknowledgement), per round.
+
+Baseline, in alternating rounds of the same size: a raw Unix-socket echo loop in Python
+(blocking sockets, one round trip per message of the same frame size, server in its own
+process). Target: ≥ 3,000 messages/s (median of the rounds); the ratio to the echo loop is
+reported. p50/p99: per-message latency from send to acknowledged, in ms.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as c  # noqa: E402
+
+TARGET_RATE = 3000.0
+TEXT = "status: build green on main, 42 tests added; next I take the migration review. " * 2
+
+ECHO_SERVER = r"""
+import os, socket, sys
+path = sys.argv[1]
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(path)
+srv.listen(1)
+print("ready", flush=True)
+conn, _ = srv.accept()
+while True:
+    data = conn.recv(65536)
+    if not data:
+        break
+    conn.sendall(data)
+"""
+
+
+class EchoLoop:
+    """A raw Unix-socket echo server in its own process, and a blocking client loop."""
+
+    def __init__(self, folder: Path, frame: bytes) -> None:
+        path = str(folder / "echo.sock")
+        self.proc = subprocess.Popen([c.PYTHON, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == b"ready"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.frame = frame
+
+    def round(self, count: int) -> float:
+        """`count` round trips; returns messages per second."""
+        sock, frame, size = self.sock, self.frame, len(self.frame)
+        start = time.perf_counter()
+        for _ in range(count):
+            sock.sendall(frame)
+            got = 0
+            while got < size:
+                got += len(sock.recv(65536))
+        return count / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.wait(timeout=10)
+
+
+async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo: EchoLoop) -> dict:
+    import trio
+
+    from agent_bridge.ipc.client import open_bridge_client
+
+    acked_at: dict[str, int] = {}
+    progress = trio.Event()
+
+    async def receiver(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal progress
+        async with open_bridge_client(socket_path, c.hello("/bench/receiver", 1)) as (client, pushes):
+            task_status.started(client)
+            async for frame in pushes:
+                ids = [frame["message"]["id"]] if frame.get("push") == "message" else []
+                while True:  # everything already here goes into the same ack
+                    try:
+                        more = pushes.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    if more.get("push") == "message":
+                        ids.append(more["message"]["id"])
+                if ids:
+                    await client.request("ack", ids=ids)
+                    now = time.perf_counter_ns()
+                    for i in ids:
+                        acked_at[i] = now
+                    progress.set()
+                    progress = trio.Event()
+
+    rates: list[float] = []
+    echo_rates: list[float] = []
+    latencies: list[int] = []
+    async with trio.open_nursery() as nursery:
+        receiving = await nursery.start(receiver)
+        to = receiving.hello["session"]["name"]
+        async with open_bridge_client(socket_path, c.hello("/bench/sender", 2)) as (sender, _pushes):
+            for r in range(warmup + rounds):
+                sent_at: dict[str, int] = {}
+                start = time.perf_counter_ns()
+                for _ in range(per_round):
+                    t = time.perf_counter_ns()
+                    answer = await sender.request("send", to=to, text=TEXT)
+                    sent_at[answer["message"]["id"]] = t
+                with trio.fail_after(60):
+                    while not all(m in acked_at for m in sent_at):
+                        await progress.wait()
+                elapsed = max(acked_at[m] for m in sent_at) - start
+                echo_rate = echo.round(per_round)  # interleaved: an echo round after every bridge round
+                if r >= warmup:
+                    rates.append(per_round / (elapsed / 1e9))
+                    echo_rates.append(echo_rate)
+                    latencies.extend(acked_at[m] - t for m, t in sent_at.items())
+        nursery.cancel_scope.cancel()
+    return {"rates": rates, "echo": echo_rates, "latencies": latencies}
+
+
+def main() -> None:
+    args = c.parse_args(__doc__ or "")
+    rounds, per_round, warmup = (2, 50, 1) if args.quick else (10, 1000, 1)
+    import trio
+
+    from agent_bridge.ipc import protocol
+
+    frame = protocol.encode(protocol.request(1, "send", to="claude-receiver", text=TEXT))
+    with c.temp_home() as home:
+        env = c.bench_env(home)
+        echo = EchoLoop(home.parent, frame)
+        try:
+            with c.BrokerProcess(home, env) as broker:
+                record = broker.wait_ready()
+                c.log(f"message_throughput: {rounds} rounds of {per_round} messages")
+                out = trio.run(drive, record["socket"], rounds, per_round, warmup, echo)
+        finally:
+            echo.close()
+    value = c.median(out["rates"])
+    base = c.median(out["echo"])
+    c.report(
+        "message_throughput",
+        value=value,
+        unit="messages/s (send → delivered → acknowledged)",
+        baseline=base,
+        target=f"value >= {TARGET_RATE:g} messages/s (ratio to a raw Unix-socket echo loop reported)",
+        ok=value >= TARGET_RATE,
+        n=len(out["latencies"]),
+        p50=c.ms(c.percentile(out["latencies"], 50)),
+        p99=c.ms(c.percentile(out["latencies"], 99)),
+        quick=args.quick,
+        details={
+            "rounds": rounds,
+            "per_round": per_round,
+            "rate_min": min(out["rates"]),
+            "rate_max": max(out["rates"]),
+            "latency_unit": "ms",
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
