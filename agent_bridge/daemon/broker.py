@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import apsw
 import trio
 
 from agent_bridge import domain, paths
@@ -137,7 +138,11 @@ class Broker:
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
             self.sessions[session.id] = session
             if hsid is not None:
-                await self._catch_up(session)
+                try:
+                    await self._catch_up(session)
+                except BaseException:
+                    self._drop(session)  # the hello fails: no session without a connection task
+                    raise
         log.info("session %s connected (%s, %s)", session.name, session.id, hsid or "pending identity")
         return session
 
@@ -151,7 +156,10 @@ class Broker:
         self._drop(session)
         log.info("session %s disconnected", session.name)
         with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await self.store.run(self.store.store.touch_peers, [session.id], now_ms())
+            try:
+                await self.store.run(self.store.store.touch_peers, [session.id], now_ms())
+            except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
+                log.warning("could not record when %s was last seen: %s", session.name, exc)
 
     # --- identity (SPEC §3) -----------------------------------------------------------
 
@@ -176,9 +184,8 @@ class Broker:
             # The connection is that earlier session: same id, same name if free, same receipts.
             old_id = session.id
             await self.store.run(store.absorb_peer, old_id, other["id"])
-            self._drop(session)
             name = domain.dedupe_name(other["name"], self.connected_names(excluding=session))
-            session.peer = await self.store.run(
+            peer = await self.store.run(
                 store.update_peer,
                 other["id"],
                 name=name,
@@ -187,6 +194,8 @@ class Broker:
                 kind=session.peer["kind"],
                 lastSeenAt=now_ms(),
             )
+            self._drop(session)  # registered under its old id until here: never unregistered while connected
+            session.peer = peer
             self.sessions[session.id] = session
             log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
         else:

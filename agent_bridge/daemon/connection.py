@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import apsw
 import trio
 
 from agent_bridge.daemon.broker import Broker
@@ -18,6 +19,7 @@ log = logging.getLogger("agent_bridge.connection")
 HELLO_TIMEOUT = 10.0  # a connection that says nothing this long is dropped
 IDLE_TIMEOUT = 45.0  # MCP servers ping every 15 s; silence this long means a dead peer
 DELIVERY_BATCH = 200
+STORAGE_ERRORS = (OSError, apsw.Error)  # a full disk, an I/O error: the request fails, the broker stays
 
 
 async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
@@ -61,6 +63,9 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
     except InputError as exc:
         await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))
         return
+    except STORAGE_ERRORS as exc:
+        await conn.send(_unavailable(request_id, "hello", exc))
+        return
     try:
         await conn.send(protocol.ok(request_id, {"session": session.public(), "hopLimit": broker.settings.hop_limit}))
         async with trio.open_nursery() as nursery:
@@ -95,16 +100,13 @@ async def _answer(broker: Broker, session: Session | None, request_id: int, op: 
         return protocol.ok(request_id, await broker.handle(session, op, args))
     except InputError as exc:
         return protocol.error(request_id, "bad_request", str(exc))
-    except OSError as exc:  # storage trouble (full disk, I/O error): this request fails, the broker stays
-        log.error("%s failed: %s", op, exc)
-        return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
-    except Exception as exc:
-        import apsw
+    except STORAGE_ERRORS as exc:
+        return _unavailable(request_id, op, exc)
 
-        if isinstance(exc, apsw.Error):
-            log.error("%s failed: %s", op, exc)
-            return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
-        raise
+
+def _unavailable(request_id: int, op: str, exc: BaseException) -> dict[str, Any]:
+    log.error("%s failed: storage error: %s", op, exc)
+    return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
 
 
 async def deliver(broker: Broker, session: Session) -> None:
