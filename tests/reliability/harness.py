@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import apsw
 import trio
 
 from agent_bridge import paths
@@ -26,9 +27,15 @@ KILLED = -9  # Popen.returncode of a process that died of SIGKILL
 
 
 def rows(home: Path, sql: str, args: tuple = ()) -> list[tuple]:
-    with reader.reading(home / "bridge.db") as conn:
-        assert conn is not None, "no database"
-        return [tuple(r) for r in conn.execute(sql, args)]
+    """Read bridge.db as the hooks and the dashboard do (read-only), through the platform's own
+    VFS even while a test has made a fault-injecting one the default."""
+    conn = apsw.Connection(str(home / "bridge.db"), flags=apsw.SQLITE_OPEN_READONLY, vfs="unix")
+    try:
+        conn.set_busy_timeout(reader.BUSY_TIMEOUT_MS)
+        with conn:
+            return [tuple(r) for r in conn.execute(sql, args)]
+    finally:
+        conn.close()
 
 
 def count(home: Path, sql: str, args: tuple = ()) -> int:
