@@ -1,19 +1,25 @@
 """The `agent-bridge` command (SPEC §2).
 
-Light on purpose: only argparse at import time. Each command imports what it needs when it
+Light on purpose: nothing heavy at import time, and `hook` skips argparse altogether. Each command imports what it needs when it
 runs, so `agent-bridge hook …` never loads trio, mcp, quart or hypercorn.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 AGENTS_HELP = "the agent host: claude, codex, or another short name"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="agent-bridge",
         description="A local broker for AI coding-agent sessions: find each other, exchange durable "
@@ -140,9 +146,27 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
+def _hook_fast_path(args: Sequence[str]) -> int | None:
+    """`agent-bridge hook EVENT [--agent claude|codex]` runs at every session start and stop:
+    dispatch it without building the parser (argparse's setup costs several milliseconds).
+    Anything else (help, a typo) goes through argparse for its usual messages."""
+    if len(args) < 2 or args[0] != "hook" or args[1] not in ("session-start", "stop"):
+        return None
+    rest = list(args[2:])
+    if len(rest) == 1 and rest[0].startswith("--agent="):
+        rest = ["--agent", rest[0].split("=", 1)[1]]
+    if rest and (len(rest) != 2 or rest[0] != "--agent" or rest[1] not in ("claude", "codex")):
+        return None
+    return _hook(SimpleNamespace(event=args[1], agent=rest[1] if rest else "claude"))  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    fast = _hook_fast_path(args)
+    if fast is not None:
+        return fast
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(args)
     try:
         return int(ns.func(ns) or 0)
     except KeyboardInterrupt:
