@@ -1,0 +1,188 @@
+"""serve_dashboard: ports, token rotation, dashboard.url, shutdown (SPEC §2, §6)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from webfixtures import TIMEOUT, build_database, start_dashboard
+
+from agent_bridge.web import server
+from agent_bridge.web.server import DEFAULT_PORT, PORT_ENV, DashboardError, requested_port, serve_dashboard
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) in (errno.ECONNREFUSED, errno.ECONNRESET)
+
+
+async def test_token_rotates_on_restart_and_the_old_one_is_refused(web_home: Path) -> None:
+    build_database(web_home)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            first = await start_dashboard(nursery, web_home)
+            async with first.client() as client:
+                assert (await client.get("/api/decisions")).status_code == 200
+            nursery.cancel_scope.cancel()
+        assert not (web_home / "dashboard.url").exists()  # removed with the dashboard that wrote it
+        assert refused(first.port)
+
+        async with trio.open_nursery() as nursery:
+            second = await start_dashboard(nursery, web_home, port=first.port)  # same port, new token
+            assert second.base == first.base and second.token != first.token
+            assert (web_home / "dashboard.url").read_text() == second.url
+            async with httpx.AsyncClient(base_url=second.base) as client:
+                old_cookie = {"Cookie": f"ab_ui={first.token}"}
+                assert (await client.get("/api/decisions", headers=old_cookie)).json() == {"error": "forbidden"}
+                assert (await client.get("/", headers=old_cookie)).status_code == 403
+                old_link = await client.get(first.url.removeprefix(first.base))
+                assert old_link.status_code == 403 and "set-cookie" not in old_link.headers
+                new_link = await client.get(second.url.removeprefix(second.base))
+                assert new_link.status_code == 303
+                assert (await client.get("/api/decisions", headers={"Cookie": f"ab_ui={second.token}"})).status_code == 200
+            nursery.cancel_scope.cancel()
+
+
+async def test_started_reports_the_base_url_after_listening(nursery: trio.Nursery, web_home: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        base = await nursery.start(serve_dashboard, web_home)  # AGENT_BRIDGE_WEB_PORT or the default
+        url = (web_home / "dashboard.url").read_text()
+        assert url.startswith(base + "/?t=") and "\n" not in url
+        assert stat.S_IMODE((web_home / "dashboard.url").stat().st_mode) == 0o600
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(url)).status_code == 303  # listening as soon as started() returned
+
+
+async def test_connections_close_after_each_response_so_shutdown_is_prompt(web_home: Path) -> None:
+    """A browser keeps connections open; every response says `Connection: close` (see the note in
+    app.py), so a shutdown never waits out the graceful timeout for idle connections."""
+    with trio.fail_after(TIMEOUT) as guard:
+        async with httpx.AsyncClient() as client:  # a pooling client, like a browser
+            async with trio.open_nursery() as nursery:
+                running = await start_dashboard(nursery, web_home)
+                for path in (running.url, running.base + "/api/nothing"):
+                    response = await client.get(path)
+                    assert response.headers["connection"] == "close"
+                response = await client.get(running.base + "/", headers={"Cookie": f"ab_ui={running.token}"})
+                assert response.status_code == 200 and response.headers["connection"] == "close"
+                guard.deadline = trio.current_time() + server.GRACEFUL_TIMEOUT  # a ceiling, not a measurement
+                nursery.cancel_scope.cancel()
+        assert refused(running.port)
+
+
+def test_requested_port_rules() -> None:
+    assert requested_port(None, {}) == (DEFAULT_PORT, False)
+    assert requested_port(None, {PORT_ENV: ""}) == (DEFAULT_PORT, False)
+    assert requested_port(None, {PORT_ENV: "0"}) == (0, True)
+    assert requested_port(None, {PORT_ENV: " 8123 "}) == (8123, True)
+    assert requested_port(5000, {PORT_ENV: "8123"}) == (5000, True)
+    assert requested_port(0, {}) == (0, True)
+    for bad in ("abc", "-1", "65536", "80.5", "0x50", "8080 8081"):
+        with pytest.raises(DashboardError, match=PORT_ENV + r": expected a port number 0\.\.65535"):
+            requested_port(None, {PORT_ENV: bad})
+    for bad_arg in (-1, 65536, True):
+        with pytest.raises(DashboardError, match="port: expected 0..65535"):
+            requested_port(bad_arg, {})
+
+
+async def test_invalid_port_setting_refuses_to_start(web_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_ENV, "web")
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(DashboardError, match="AGENT_BRIDGE_WEB_PORT: expected a port number"):
+                await nursery.start(serve_dashboard, web_home)
+    assert not (web_home / "dashboard.url").exists()
+
+
+def occupy(port: int) -> socket.socket | None:
+    """Listen on `port` ourselves; None when something else already does (it is taken either way)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+async def test_default_port_falls_back_to_a_free_one_when_taken(
+    nursery: trio.Nursery, web_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PORT_ENV, raising=False)
+    holder = occupy(DEFAULT_PORT)
+    try:
+        with trio.fail_after(TIMEOUT):
+            base = await nursery.start(serve_dashboard, web_home)
+            port = int(base.rsplit(":", 1)[1])
+            assert port != DEFAULT_PORT
+            async with httpx.AsyncClient() as client:
+                assert (await client.get((web_home / "dashboard.url").read_text())).status_code == 303
+    finally:
+        if holder is not None:
+            holder.close()
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+async def test_an_explicit_port_in_use_is_an_error(web_home: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        kwargs = {"port": taken} if how == "argument" else {}
+        monkeypatch.setenv(PORT_ENV, str(taken))
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                with pytest.raises(DashboardError, match=f"cannot listen on 127.0.0.1:{taken}"):
+                    await nursery.start(lambda task_status: serve_dashboard(web_home, task_status=task_status, **kwargs))
+    finally:
+        holder.close()
+
+
+async def test_a_home_that_cannot_take_dashboard_url_is_an_error(web_home: Path) -> None:
+    (web_home / "dashboard.url").mkdir()  # not a file: writing it fails for root too
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(DashboardError, match="cannot write .*dashboard.url"):
+                await nursery.start(serve_dashboard, web_home)
+
+
+async def test_cancelled_while_starting_returns_promptly(web_home: Path) -> None:
+    """The broker may be told to stop while the dashboard is still starting: no hang, no leftovers."""
+    with trio.fail_after(TIMEOUT):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await serve_dashboard(web_home, port=0)
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(0):  # cancelled at the first checkpoint inside start()
+                await nursery.start(serve_dashboard, web_home)
+    assert not (web_home / "dashboard.url").exists()
+
+
+async def test_the_token_is_never_logged(web_home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    build_database(web_home)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            running = await start_dashboard(nursery, web_home)
+            async with running.client(cookie=False) as client:
+                await client.get(running.url)
+                await client.get(running.url, headers={"Host": "evil.example"})
+                await client.get("/?t=" + running.token[::-1])
+            async with running.client() as client:
+                await client.get("/api/decisions?scope=bad")
+                await client.get("/api/nothing")
+            nursery.cancel_scope.cancel()
+    # Everything the server side logged (the test's own HTTP client logs its request URLs).
+    server_side = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
+    assert any(r.name == server.LOGGER for r in server_side), "Hypercorn logs through agent_bridge.web"
+    text = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in server_side)
+    assert running.token not in text
+    assert running.token[::-1] not in text
