@@ -26,11 +26,14 @@ def open_readonly(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -
     path = Path(path)
     if not path.exists():
         return None
+    conn = None
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
         conn.set_busy_timeout(busy_timeout_ms)
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    except apsw.CantOpenError:
+    except (apsw.CantOpenError, apsw.ReadOnlyError):
+        if conn is not None:
+            conn.close()
         # A WAL database whose -shm file is missing and whose folder we cannot write to
         # (the broker is down and checkpointed): read the main file as it stands.
         uri = path.absolute().as_uri() + "?mode=ro&immutable=1"
