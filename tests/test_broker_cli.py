@@ -87,6 +87,14 @@ def test_newer_database_is_refused_at_start(env, home):
     proc = subprocess.run([*CLI, "up"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "version 99" in proc.stderr and "newer" in proc.stderr
+    assert "Traceback" not in proc.stderr  # a refusal, said plainly
+    assert not (home / "broker.json").exists()
+
+
+def test_bad_dashboard_port_is_refused_plainly(env, home):
+    out = run_cli({**env, "AGENT_BRIDGE_WEB_PORT": "web"}, "up")
+    assert out.returncode == 1
+    assert "AGENT_BRIDGE_WEB_PORT" in out.stderr and "Traceback" not in out.stderr
     assert not (home / "broker.json").exists()
 
 

@@ -86,15 +86,20 @@ def up(*, detach: bool) -> int:
         import trio
 
         from agent_bridge.daemon.root import run_broker
+        from agent_bridge.web.server import DashboardError
 
         try:
             detached_child = os.environ.pop(DETACHED_MARK, None) is not None  # its stdout is broker.log
             trio.run(partial(run_broker, home, settings, on_ready=(lambda r: None) if detached_child else _print_ready))
-        except SchemaError as exc:
+        except* (SchemaError, DashboardError) as group:
+            # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
+            refused = list(group.exceptions)
+        else:
+            refused = []
+        for exc in refused:
             logging.getLogger("agent_bridge.daemon").error("%s", exc)
             print(f"agent-bridge up: {exc}", file=sys.stderr)
-            return 1
-        return 0
+        return 1 if refused else 0
     finally:
         lock.release()
 

@@ -84,9 +84,7 @@ async def run_broker(
         log.info("broker stopped")
 
 
-async def _start_dashboard(root: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str | None:
-    try:
-        from agent_bridge.web.server import serve_dashboard
-    except ImportError:  # the dashboard package is optional for the bridge itself
-        return None
+async def _start_dashboard(root: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
+    from agent_bridge.web.server import serve_dashboard  # quart and hypercorn: the broker only
+
     return await root.start(partial(serve_dashboard, home, live=broker.connected_ids, port=web_port))
