@@ -207,7 +207,7 @@ class Broker:
         session.ambiguous = False
         await self._catch_up(session)
         session.poke(replay=True)
-        await self._push(session, protocol.push("identity", session=session.public()))
+        session.notify(protocol.push("identity", session=session.public()))
         return True
 
     async def _catch_up(self, session: Session) -> None:
@@ -445,7 +445,7 @@ class Broker:
             await self.store.run(self.store.store.ack, peer_id, ids, now_ms())
             holder = self.sessions.get(peer_id)
             if holder is not None:
-                await self._push(holder, protocol.push("acked", ids=ids))
+                holder.notify(protocol.push("acked", ids=ids))
         return {"session": result.get("session"), "messages": active}
 
     def status(self) -> dict[str, Any]:
@@ -459,12 +459,6 @@ class Broker:
             "home": str(self.home),
             "schemaVersion": self.store.store.version(),
         }
-
-    async def _push(self, session: Session, frame: dict[str, Any]) -> None:
-        try:
-            await session.conn.send(frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the connection's own tasks notice and detach it
 
 
 # --- argument checks ----------------------------------------------------------------

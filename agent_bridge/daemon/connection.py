@@ -116,6 +116,7 @@ async def deliver(broker: Broker, session: Session) -> None:
     cursor = 0  # rowid of the last message pushed on this connection
     while True:
         session.wake = trio.Event()
+        await _send_notices(session)
         if session.replay:
             session.replay, cursor = False, 0
         peer_id = session.id
@@ -125,10 +126,18 @@ async def deliver(broker: Broker, session: Session) -> None:
         for message in batch:
             cursor = message.pop("_seq")
             message.pop("_acked", None)
+            await _send_notices(session)  # an "acked" goes out before the messages it covers
             await session.conn.send(protocol.push("message", message=message))
             broker.fault("deliver:after-push")
         if len(batch) < DELIVERY_BATCH:
             await session.wake.wait()
+
+
+async def _send_notices(session: Session) -> None:
+    """The identity and "acked" pushes other requests queued (Session.notify): sent here, by
+    the session's own delivery task, so no request ever waits on this session's socket."""
+    while session.notices:
+        await session.conn.send(session.notices.popleft())
 
 
 async def _send_quietly(conn: FramedStream, frame: dict[str, Any]) -> None:

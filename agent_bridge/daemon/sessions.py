@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,10 @@ class Session:
     wake: trio.Event = field(default_factory=trio.Event)
     replay: bool = False  # push every unacknowledged message again (identity changed)
     ambiguous: bool = False
+    # Pushes other than messages ("identity", "acked"), sent by the delivery task: a request
+    # that produces one never waits on this session's socket. Bounded: one identity (the
+    # latest) and one "acked" holding the ids acknowledged elsewhere since the last send.
+    notices: deque[dict[str, Any]] = field(default_factory=deque)
 
     @property
     def id(self) -> str:
@@ -57,6 +62,20 @@ class Session:
 
     def public(self) -> dict[str, Any]:
         return {k: self.peer.get(k) for k in PUBLIC_FIELDS}
+
+    def notify(self, frame: dict[str, Any]) -> None:
+        """Queue a push for the delivery task (coalesced per kind) and wake it."""
+        kind = frame.get("push")
+        for queued in self.notices:
+            if queued.get("push") == kind == "identity":
+                queued.update(frame)
+                break
+            if queued.get("push") == kind == "acked":
+                queued["ids"] = [*queued["ids"], *(i for i in frame.get("ids", ()) if i not in queued["ids"])]
+                break
+        else:
+            self.notices.append(frame)
+        self.wake.set()
 
     def poke(self, *, replay: bool = False) -> None:
         """Wake the delivery task; with `replay`, push every unacknowledged message again."""
