@@ -60,24 +60,38 @@ def decode_payload(payload: bytes) -> dict[str, Any]:
 
 
 class FrameDecoder:
-    """Incremental decoder: feed bytes, get whole frames. Holds at most one frame's bytes."""
+    """Incremental decoder: feed bytes, get whole frames. Holds at most one frame's bytes.
+
+    A bad frame raises ProtocolError. Good frames that arrived before it in the same bytes are
+    returned first, and the error is raised by the next call (`feed(b"")` raises it without
+    new bytes): every request before the bad frame is still answered.
+    """
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
         self._max = max_frame
+        self._error: ProtocolError | None = None
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
+        if self._error is not None:
+            raise self._error
         self._buffer += data
-        frames = []
+        frames: list[dict[str, Any]] = []
         while len(self._buffer) >= HEADER.size:
             (length,) = HEADER.unpack_from(self._buffer)
-            if length == 0 or length > self._max:
-                raise ProtocolError(f"frame length {length} outside 1..{self._max}")
-            if len(self._buffer) < HEADER.size + length:
+            try:
+                if length == 0 or length > self._max:
+                    raise ProtocolError(f"frame length {length} outside 1..{self._max}")
+                if len(self._buffer) < HEADER.size + length:
+                    break
+                payload = bytes(self._buffer[HEADER.size : HEADER.size + length])
+                del self._buffer[: HEADER.size + length]
+                frames.append(decode_payload(payload))
+            except ProtocolError as exc:
+                if not frames:
+                    raise
+                self._error = exc
                 break
-            payload = bytes(self._buffer[HEADER.size : HEADER.size + length])
-            del self._buffer[: HEADER.size + length]
-            frames.append(decode_payload(payload))
         return frames
 
     @property

@@ -24,6 +24,7 @@ class FramedStream:
     async def receive(self) -> dict[str, Any] | None:
         """The next frame, or None at end of stream. Raises ProtocolError on a bad frame."""
         while not self._ready:
+            self._decoder.feed(b"")  # a bad frame that followed good ones: raised now
             try:
                 data = await self.stream.receive_some(RECEIVE_CHUNK)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
