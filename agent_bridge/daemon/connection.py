@@ -81,14 +81,18 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
 async def _receive_requests(broker: Broker, session: Session) -> None:
     conn = session.conn
     while True:
-        with trio.move_on_after(IDLE_TIMEOUT) as idle:
-            frame = await conn.receive()
-        if idle.cancelled_caught:
-            log.info("session %s silent for %ss; closing", session.name, IDLE_TIMEOUT)
+        try:
+            with trio.move_on_after(IDLE_TIMEOUT) as idle:
+                frame = await conn.receive()
+            if idle.cancelled_caught:
+                log.info("session %s silent for %ss; closing", session.name, IDLE_TIMEOUT)
+                return
+            if frame is None:
+                return
+            request_id, op, args = protocol.parse_request(frame)
+        except protocol.ProtocolError as exc:  # answered here: raised, it would leave the nursery as a group
+            await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
             return
-        if frame is None:
-            return
-        request_id, op, args = protocol.parse_request(frame)
         if op not in protocol.SESSION_OPS:
             await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on a session connection"))
             continue
