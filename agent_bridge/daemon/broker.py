@@ -457,7 +457,7 @@ class Broker:
             "sessions": len(self.sessions),
             "hopLimit": self.settings.hop_limit,
             "home": str(self.home),
-            "schemaVersion": self.store.store.version(),
+            "schemaVersion": self.store.store.schema_version,  # never the connection: the worker thread owns it
         }
 
 

@@ -67,6 +67,9 @@ class Store:
     def __init__(self, conn: apsw.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
+        # Known once migrated; read without touching the connection, which belongs to the
+        # store's worker thread (the event loop asking it directly raced with that thread).
+        self.schema_version = user_version(conn)
 
     @classmethod
     def open(
