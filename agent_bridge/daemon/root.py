@@ -3,8 +3,9 @@
 root nursery
  ├─ watch_signals           SIGINT / SIGTERM set `stop`
  ├─ serve_store             the only writer of bridge.db (migrated before it reports started)
- ├─ serve_unix              the IPC listener; its nursery holds one task per connection,
- │                          and each session connection holds its delivery task
+ ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
+ │                          holds one task per connection, and each session connection holds
+ │                          its delivery task
  └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
 `stop` (a signal, or a `shutdown` request from `agent-bridge down`) cancels the root.
 """
@@ -15,7 +16,8 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable
+import sys
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from agent_bridge.daemon.connection import handle_connection
 from agent_bridge.daemon.faults import fault_injector
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc.listener import serve_unix
+from agent_bridge.ipc.pipe import serve_pipe
 
 log = logging.getLogger("agent_bridge.daemon")
 
@@ -39,6 +42,11 @@ async def watch_signals(stop: trio.Event, *, task_status: trio.TaskStatus[None] 
         async for signum in signals:
             log.info("received %s; shutting down", signal.Signals(signum).name)
             stop.set()
+
+
+def ipc_listener(platform: str = sys.platform) -> Callable[..., Awaitable[None]]:
+    """The listener for this platform; both are `serve_x(address, handler, *, task_status)`."""
+    return serve_pipe if platform == "win32" else serve_unix
 
 
 async def run_broker(
@@ -60,7 +68,7 @@ async def run_broker(
             broker = Broker(store, settings, home, stop, fault=fault)
             await broker.ingest_reports()
             broker.socket_path = await root.start(
-                serve_unix, paths.socket_path(home), partial(handle_connection, broker)
+                ipc_listener(), paths.socket_path(home), partial(handle_connection, broker)
             )
             broker.web_url = await _start_dashboard(root, home, broker, web_port)
             record = {

@@ -6,6 +6,7 @@ No Trio: the hooks use this at every session start and stop.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,22 @@ def broker_socket(home_dir: Path) -> str | None:
     return sock
 
 
+def _connect(address: str, timeout: float) -> Any:
+    """The broker's Unix socket, or its named pipe on Windows (the same sendall/recv/settimeout)."""
+    if sys.platform == "win32":
+        from agent_bridge.ipc.pipe import BlockingPipe
+
+        return BlockingPipe(address, timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
     """Send one control request and return its result. Raises BrokerUnavailable or RemoteError."""
     sock_path = broker_socket(home_dir)
@@ -37,9 +54,7 @@ def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
         raise BrokerUnavailable("no broker is running")
     deadline = time.monotonic() + timeout
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(sock_path)
+        with _connect(sock_path, timeout) as sock:
             sock.sendall(protocol.encode(protocol.request(1, op, **args)))
             decoder = protocol.FrameDecoder()
             while True:

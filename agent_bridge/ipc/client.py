@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 import socket as stdsocket
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -111,6 +112,18 @@ async def connect_unix(path: str) -> trio.SocketStream:
         raise BrokerGone(f"cannot connect to {path}: {exc}") from None
 
 
+async def connect(address: str) -> trio.abc.Stream:
+    """The broker's Unix socket, or on Windows its named pipe (`address` from broker.json)."""
+    if sys.platform == "win32":
+        from agent_bridge.ipc.pipe import connect_pipe
+
+        try:
+            return await connect_pipe(address)
+        except (OSError, trio.TooSlowError) as exc:
+            raise BrokerGone(f"cannot connect to {address}: {exc}") from None
+    return await connect_unix(address)
+
+
 @asynccontextmanager
 async def open_bridge_client(
     socket_path: str,
@@ -118,13 +131,16 @@ async def open_bridge_client(
     *,
     push_buffer: int = PUSH_BUFFER,
     keepalive: bool = True,
+    connector: Callable[[str], Awaitable[trio.abc.Stream]] = connect,
 ) -> AsyncIterator[tuple[BridgeClient, trio.MemoryReceiveChannel[dict[str, Any]]]]:
     """Connect, say hello (when given), and yield (client, pushes). Closing the block closes
-    the connection; a closed connection ends the pushes channel."""
-    stream = await connect_unix(socket_path)
-    if isinstance(stream.socket, trio.socket.SocketType):
+    the connection; a closed connection ends the pushes channel. `connector`: how to reach
+    `socket_path` (tests pass a fake pipe)."""
+    stream = await connector(socket_path)
+    sock = getattr(stream, "socket", None)
+    if isinstance(sock, trio.socket.SocketType):
         try:
-            stream.socket.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF, 1 << 20)
+            sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF, 1 << 20)
         except OSError:
             pass
     send, receive = trio.open_memory_channel[dict[str, Any]](push_buffer)
