@@ -87,6 +87,8 @@ def assert_exactly_once(home: Path, receivers: list[Agent], sends: Sends) -> set
     committed: set[str] = set()
     for r in receivers:
         assert len(r.ids) == len(set(r.ids)), f"{r.name}: a message reached the agent twice"
+        texts = [m["text"] for m in r.shown if m["text"] != "barrier"]
+        assert len(texts) == len(set(texts)), f"{r.name}: one send reached the agent as two messages"
         ids = [m["id"] for m in r.shown if m["text"] != "barrier"]
         in_db = {mid for mid, body in rows(home, MESSAGES_TO, (r.name,)) if body != "barrier"}
         assert set(ids) == in_db, f"{r.name}: committed {len(in_db)}, shown {len(set(ids))}"
