@@ -37,6 +37,8 @@ async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
             await _serve_control(broker, conn, request_id, op, args)
     except protocol.ProtocolError as exc:
         await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client left before its answer (a refused hello, a hook that timed out): not a failure
     finally:
         await conn.aclose()
 
@@ -72,8 +74,8 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
             nursery.start_soon(deliver, broker, session)
             await _receive_requests(broker, session)
             nursery.cancel_scope.cancel()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+    except* (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client went away, maybe while its delivery task was pushing: a group, hence except*
     finally:
         await broker.detach(session)
 
