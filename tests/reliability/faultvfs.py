@@ -18,6 +18,7 @@ class FaultyVFS(apsw.VFS):
         self._mode: str | None = None
         self._grace = 0
         self.failed = 0  # writes refused so far
+        self.writes = 0  # writes let through so far
         super().__init__(name, BASE, makedefault=makedefault)
 
     def arm(self, mode: str, *, after_writes: int = 0) -> None:
@@ -33,9 +34,11 @@ class FaultyVFS(apsw.VFS):
     def check_write(self) -> None:
         with self._lock:
             if self._mode is None:
+                self.writes += 1
                 return
             if self._grace > 0:
                 self._grace -= 1
+                self.writes += 1
                 return
             self.failed += 1
             mode = self._mode

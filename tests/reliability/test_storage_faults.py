@@ -91,8 +91,10 @@ class Inbox:
 
 
 @pytest.mark.parametrize("mode", ["ioerr", "full"])
-@pytest.mark.parametrize("after_writes", [0, 2], ids=["first-write", "mid-transaction"])
-async def test_storage_faults_fail_the_request_and_the_broker_keeps_serving(home, faulty_vfs, caplog, mode, after_writes):
+# The fault strikes after this share of the writes one send takes (measured in the test): at its
+# first write, and at several points inside its transaction.
+@pytest.mark.parametrize("stage", [0.0, 0.2, 0.4, 0.6, 0.8, 0.95], ids=lambda f: f"at-{int(f * 100)}pct")
+async def test_storage_faults_fail_the_request_and_the_broker_keeps_serving(home, faulty_vfs, caplog, mode, stage):
     caplog.set_level(logging.INFO)
     with trio.fail_after(60):
         async with broker_in_process(home) as record, trio.open_nursery() as nursery:
@@ -105,9 +107,13 @@ async def test_storage_faults_fail_the_request_and_the_broker_keeps_serving(home
                 await inbox.until(lambda: pending["id"] in inbox.ids)
                 await b.request("ack", ids=[first["id"]])
                 await a.request("decide", topic="disk", text="healthy", scope="all")
+                writes = faulty_vfs.writes
+                await a.request("send", to="disk-a", text="measuring")  # to itself: nothing pushed to b
+                per_send = faulty_vfs.writes - writes
+                assert per_send >= 2
                 before = snapshot(home)
 
-                faulty_vfs.arm(mode, after_writes=after_writes)
+                faulty_vfs.arm(mode, after_writes=int(per_send * stage))
                 errors = [
                     await expect_unavailable(a.request("send", to="disk-b", text="during the fault")),
                     await expect_unavailable(a.request("decide", topic="disk", text="full", scope="all")),
