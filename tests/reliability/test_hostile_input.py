@@ -74,13 +74,17 @@ class Witness:
 
     async def serve(self, thread: TrioThread, stop: trio.Event, sock_path: str) -> None:
         hello = {"agent": "codex", "project": "/w/witness", "hostSessionId": f"witness-{uuid.uuid4()}"}
-        async with open_bridge_client(sock_path, {**hello, "name": "witness-a"}) as (a, _), \
+        async with open_bridge_client(sock_path, {**hello, "name": "witness-a"}) as (a, a_pushes), \
                 open_bridge_client(sock_path, {**hello, "name": "witness-b", "hostSessionId": f"w-{uuid.uuid4()}"}) as (b, pushes):
             a_id = a.hello["session"]["id"]
             b_id = b.hello["session"]["id"]
             arrived = trio.Event()
             thread.value = self
             thread.ready()
+
+            async def drain_a() -> None:  # a is sent to as well (by the fuzzers): never let its pushes block it
+                async for _ in a_pushes:
+                    pass
 
             async def receive() -> None:
                 nonlocal arrived
@@ -97,6 +101,7 @@ class Witness:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(receive)
+                nursery.start_soon(drain_a)
                 while not stop.is_set():
                     waiting = arrived
                     try:
@@ -342,12 +347,30 @@ tool_values = json_values | st.text(min_size=3000, max_size=20000) | st.sampled_
 ) | st.fixed_dictionaries({"project": json_values}) | st.fixed_dictionaries({"sessions": json_values})
 
 
+# Values a tool would accept, so that most calls are valid but for one or two arguments: the
+# interesting failures are the ones deep in a call that passed the first checks.
+PLAUSIBLE = {
+    "topic": st.text(min_size=1, max_size=30),
+    "text": st.text(min_size=1, max_size=60),
+    "scope": st.sampled_from(["all", {"project": "/w/fuzz"}, {"sessions": ["fuzzer"]}, '{"project": "/w/fuzz"}']),
+    "source_message_id": st.text(max_size=40),
+    "query": st.text(max_size=20),
+    "history": st.booleans(),
+    "project": st.sampled_from(["/w/fuzz", "/w/witness"]),
+    "to": st.sampled_from(["fuzzer", "witness-a", "witness-b"]),
+    "reply_to": st.text(max_size=40),
+    "wait_seconds": st.sampled_from([0, 0.05]),
+    "peek": st.booleans(),
+}
+
+
 @st.composite
 def tool_calls(draw) -> tuple[str, dict[str, Any]]:
     name = draw(st.sampled_from(sorted(TOOLS)) | st.text(max_size=10))
-    known = TOOLS.get(name, [])
-    keys = draw(st.lists(st.sampled_from(known) if known else st.text(max_size=8), max_size=4, unique=True))
-    args = {k: draw(tool_values) for k in keys}
+    args: dict[str, Any] = {}
+    for key in TOOLS.get(name, []):
+        if draw(st.integers(0, 3)):  # most arguments present, most of them plausible
+            args[key] = draw(PLAUSIBLE[key] if draw(st.integers(0, 2)) else tool_values)
     if draw(st.integers(0, 4)) == 0:
         args[draw(st.text(min_size=1, max_size=8))] = draw(json_values)
     return name, args
