@@ -121,7 +121,8 @@ async def test_kill_during_a_burst_of_sends(env, home, point):
                 await barrier(senders["tx1"], list(receivers.values()))
                 committed = assert_exactly_once(home, list(receivers.values()), sends)
         # the send in flight at the kill: rolled back before the commit, kept after it
-        assert sends.failed, "the kill interrupted no send"
+        if point.startswith("send:"):
+            assert sends.failed, "the kill interrupted no send"
         for error in sends.failed.values():
             assert LOST_DURING in error or UNREACHABLE in error, error
         failed_in_db = [t for t, in rows(home, "SELECT body FROM messages") if t in sends.failed]

@@ -203,7 +203,7 @@ async def test_a_failing_handler_does_not_stop_the_fake_pipe_listener(tmp_path, 
     assert any("connection handler failed" in r.getMessage() for r in caplog.records)
 
 
-async def test_the_mcp_client_connects_through_the_pipe_on_windows(tmp_path, monkeypatch):
+async def test_the_mcp_client_connects_through_a_fake_pipe_on_windows(tmp_path, monkeypatch):
     """`open_bridge_client` with its default connector picks `pipe.connect_pipe` on win32."""
     fake = FakePipe(PIPE)
     monkeypatch.setattr(client, "sys", SimpleNamespace(platform="win32"))
@@ -249,7 +249,7 @@ class FakeBlockingPipe:
         self._sock.close()
 
 
-async def test_the_hooks_blocking_client_uses_the_pipe_on_windows(tmp_path, monkeypatch):
+async def test_the_hooks_blocking_client_uses_a_fake_pipe_on_windows(tmp_path, monkeypatch):
     home = tmp_path / "home"
     fake = FakePipe(PIPE)
     monkeypatch.setattr(blocking, "sys", SimpleNamespace(platform="win32"))
