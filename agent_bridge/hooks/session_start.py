@@ -62,33 +62,23 @@ def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str
 
 
 def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
+    """The session's bridge identity: its name, the address other sessions use. Short on
+    purpose: the note is paid for in context at every session start (bench/bench_context_cost)."""
     if session is not None:
-        return (
-            f"agent-bridge: this session is {session.get('name')} on the local agent bridge "
-            f"(session id {session.get('id')}, agent {session.get('agent')}, project {session.get('project')}); "
-            "other agent sessions can reach it at that name."
-        )
-    return (
-        f"agent-bridge: this session joins the local agent bridge as {domain.session_name(agent, cwd)} "
-        f"(agent {agent}, project {cwd}) when its agent-bridge MCP server connects."
-    )
+        return f"agent-bridge: you are {session.get('name')}."
+    return f"agent-bridge: you join as {domain.session_name(agent, cwd)} once the agent-bridge MCP server connects."
 
 
 def render_note(
     agent: str, cwd: str, session: dict[str, Any] | None, shown: list[dict[str, Any]], total: int
 ) -> str:
-    lines = [identity_line(agent, cwd, session)]
+    """Identity, then one `topic: text` line per decision (newest first, texts cut at 160
+    characters with …), then how many more there are and where to find them."""
+    identity = identity_line(agent, cwd, session)
     if not shown:
-        return lines[0]
-    lines.append(
-        f"Pinned owner decisions that apply to {cwd}, newest first. They are the human owner's "
-        "standing answers: follow them, and do not re-ask what they settle."
-    )
-    lines.extend(f"- {domain.decision_line(d, domain.NOTE_TEXT_MAX)}" for d in shown)
+        return identity
+    lines = [f"{identity} Owner decisions, newest first:"]
+    lines.extend(domain.decision_line(d, domain.NOTE_TEXT_MAX) for d in shown)
     rest = total - len(shown)
-    if rest > 0:
-        more = "1 more decision applies" if rest == 1 else f"{rest} more decisions apply"
-        lines.append(f"{more} here; the agent-bridge `decisions` tool lists them.")
-    else:
-        lines.append("No more decisions apply here; the agent-bridge `decisions` tool lists them with their history.")
+    lines.append(f"{rest} more; the `decisions` tool lists them." if rest else "No more; the `decisions` tool lists all.")
     return "\n".join(lines)

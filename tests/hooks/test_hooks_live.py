@@ -51,7 +51,7 @@ async def test_stop_blocks_once_for_an_active_message(broker, env, home, project
             note = note_of(await hook("session-start", "claude", start_input("hs-a", project), hook_env(home, **host)))
             me = await call(a, "whoami")
             assert me["hostSessionId"] == "hs-a"
-            assert f"this session is {me['name']}" in note and me["id"] in note
+            assert note.startswith(f"agent-bridge: you are {me['name']}.")  # the paired session's address
 
             assert (await hook("stop", "claude", stop_input("hs-a", project), hook_env(home, **host))).stdout == b""
 
@@ -169,8 +169,6 @@ async def test_note_with_the_broker_up_names_the_paired_session_and_its_decision
             note = note_of(await hook("session-start", "claude", start_input("hs-note", project), hook_env(home, **host)))
             me = await call(a, "whoami")
             lines = note.splitlines()
-            assert f"this session is {me['name']}" in lines[0] and me["id"] in lines[0]
-            assert [line for line in lines if line.startswith("- ")] == [
-                "- global: everyone", "- t6: answer 6", "- t5: answer 5", "- t4: answer 4", "- t3: answer 3"
-            ]
-            assert lines[-1].startswith("3 more decisions apply here")
+            assert lines[0].startswith(f"agent-bridge: you are {me['name']}.")
+            assert lines[1:-1] == ["global: everyone", "t6: answer 6", "t5: answer 5", "t4: answer 4", "t3: answer 3"]
+            assert lines[-1].startswith("3 more;") and "`decisions` tool" in lines[-1]

@@ -49,16 +49,16 @@ def test_note_shows_the_five_newest_applicable_topics_and_counts_the_rest(agent,
     lines = note_of(result).splitlines()
 
     assert lines[0].startswith("agent-bridge:") and f"{agent}-app" in lines[0]
-    assert "MCP server connects" in lines[0] and p in lines[0]
-    shown = [line for line in lines if line.startswith("- ")]
-    assert [s.split(":", 1)[0] for s in shown] == ["- p4", "- camera", "- p3", "- p2", "- p1"]  # newest first
-    assert shown[0] == "- p4: four with spaces"
-    assert shown[1] == "- camera: Hold to look"
-    cut = shown[3].removeprefix("- p2: ")
+    assert "MCP server connects" in lines[0] and lines[0].endswith("newest first:")
+    shown = lines[1:-1]
+    assert [s.split(":", 1)[0] for s in shown] == ["p4", "camera", "p3", "p2", "p1"]  # newest first
+    assert shown[0] == "p4: four with spaces"
+    assert shown[1] == "camera: Hold to look"
+    cut = shown[3].removeprefix("p2: ")
     assert len(cut) == domain.NOTE_TEXT_MAX and cut.endswith("…") and long_text.startswith(cut[:-1])
     # The rest: review (addressed to this host session) and license (global); not deploy, lint,
     # secret, db, nor the superseded camera revision.
-    assert lines[-1].startswith("2 more decisions apply here") and "`decisions` tool" in lines[-1]
+    assert lines[-1].startswith("2 more;") and "`decisions` tool" in lines[-1]
     assert not any(word in note_of(result) for word in ("Fly", "ruff", "Not for you", "SQLite", "Tap to look"))
     assert result.stderr == b""
 
@@ -82,14 +82,15 @@ def test_global_and_session_addressed_decisions_are_in_the_note(agent, hook_home
     conn = apsw.Connection(str(paths.db_path(hook_home)), flags=apsw.SQLITE_OPEN_READONLY)
     peer_id = conn.execute("SELECT id FROM peers WHERE host_session_id = ?", (SID,)).fetchone()[0]
     conn.close()
-    assert "this session is claude-app" in lines[0] and peer_id in lines[0] and agent in lines[0]
-    assert [line for line in lines if line.startswith("- ")] == [
-        "- camera: Hold to look",
-        "- review: Ask before merging",
-        "- license: MIT for everything",
+    assert lines[0].startswith("agent-bridge: you are claude-app.")  # the known session's address
+    assert peer_id  # the session the note names is the one bridge.db holds for this host session
+    assert lines[1:-1] == [
+        "camera: Hold to look",
+        "review: Ask before merging",
+        "license: MIT for everything",
     ]
     assert "Fly" not in note
-    assert lines[-1].startswith("No more decisions apply here")
+    assert lines[-1].startswith("No more;") and "`decisions` tool" in lines[-1]
 
 
 def test_no_decisions_gives_the_identity_line_only(hook_home, project):
@@ -102,10 +103,10 @@ def test_ten_thousand_decisions_count_exactly(hook_home, project):
     p = str(project)
     build_db(hook_home, [(f"topic {i}", f"text {i}", {"project": p} if i % 2 else "all") for i in range(10_000)])
     lines = note_of(run_hook("session-start", "claude", payload(project), hook_env(hook_home))).splitlines()
-    assert [line.split(":")[0] for line in lines if line.startswith("- ")] == [
-        "- topic 9999", "- topic 9998", "- topic 9997", "- topic 9996", "- topic 9995"
+    assert [line.split(":")[0] for line in lines[1:-1]] == [
+        "topic 9999", "topic 9998", "topic 9997", "topic 9996", "topic 9995"
     ]
-    assert lines[-1].startswith("9995 more decisions apply here")
+    assert lines[-1].startswith("9995 more;")
 
 
 def _newer_db(home: Path) -> None:
