@@ -95,6 +95,18 @@ def read_broker_json(home_dir: Path) -> dict | None:
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
+    if sys.platform == "win32":  # os.kill(pid, 0) would terminate the process there
+        import ctypes
+
+        kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        try:
+            code = ctypes.c_ulong()
+            return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
