@@ -69,8 +69,9 @@ async def _run(home: Path, record: dict[str, Any], wait: bool) -> None:
         clients: list[tuple[BridgeClient, Any, dict[str, Any]]] = []
         for agent, kind, _ in sessions:
             client, pushes = await nursery.start(_connect, record["socket"], agent, kind, project)
+            assert client.hello is not None
             clients.append((client, pushes, client.hello["session"]))
-        hop_limit = clients[0][0].hello["hopLimit"]
+        hop_limit = int(clients[0][0].hello["hopLimit"]) if clients[0][0].hello else 10
         say("\n1. Three simulated sessions connected through the real bridge protocol:")
         for (_agent, kind, what), (_, _, s) in zip(sessions, clients, strict=True):
             say(f"   {s['name']:<22} {kind:<12} ({what})")

@@ -85,7 +85,7 @@ def check_socket(home: Path, record: dict[str, Any] | None) -> Check:
 
 def check_schema(home: Path) -> Check:
     from agent_bridge.store import reader
-    from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew
+    from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew, user_version
 
     db = paths.db_path(home)
     try:
@@ -97,7 +97,7 @@ def check_schema(home: Path) -> Check:
     if conn is None:
         return Check("schema", WARN, f"no database yet at {db}", "agent-bridge up --detach (creates it)")
     try:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        version = user_version(conn)
     finally:
         conn.close()
     if version < CURRENT_VERSION:
@@ -331,7 +331,8 @@ def _server_check(
     problem = _program_problem(entry.get("command"))
     if problem:
         return Check(name, FAIL, f"{where}: {problem}", fix)
-    env = entry.get("env") if isinstance(entry.get("env"), dict) else {}
+    raw_env = entry.get("env")
+    env = raw_env if isinstance(raw_env, dict) else {}
     registered = env.get("AGENT_BRIDGE_HOME")
     problem = _home_problem(registered, home, "the MCP server")
     if problem is None and env_required and registered is None and install.bridge_env():

@@ -414,7 +414,8 @@ class Broker:
         """The MCP server saw its host session id (Codex tool-call `_meta`)."""
         _no_unknown(args, {"hostSessionId", "source"}, "learn_identity")
         hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
-        rank = {"codex-meta": RANK_CODEX_META, "claude-env": RANK_CLAUDE_ENV}.get(args.get("source"), RANK_CODEX_META)
+        source = str(args.get("source") or "codex-meta")
+        rank = {"codex-meta": RANK_CODEX_META, "claude-env": RANK_CLAUDE_ENV}.get(source, RANK_CODEX_META)
         async with self._identity_lock:
             learned = await self.learn(session, hsid, rank)
         return {"session": session.public(), "learned": learned}

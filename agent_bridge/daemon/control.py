@@ -102,9 +102,9 @@ def up(*, detach: bool) -> int:
             refused = list(group.exceptions)
         else:
             refused = []
-        for exc in refused:
-            logging.getLogger("agent_bridge.daemon").error("%s", exc)
-            print(f"agent-bridge up: {exc}", file=sys.stderr)
+        for refusal in refused:
+            logging.getLogger("agent_bridge.daemon").error("%s", refusal)
+            print(f"agent-bridge up: {refusal}", file=sys.stderr)
         return 1 if refused else 0
     finally:
         lock.release()

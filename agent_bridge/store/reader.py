@@ -12,7 +12,7 @@ from pathlib import Path
 
 import apsw
 
-from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew
+from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew, user_version
 
 BUSY_TIMEOUT_MS = 2000  # a reader waits this long for the writer's checkpoint to finish
 
@@ -30,7 +30,7 @@ def open_readonly(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
         conn.set_busy_timeout(busy_timeout_ms)
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        version = user_version(conn)
     except (apsw.CantOpenError, apsw.ReadOnlyError):
         if conn is not None:
             conn.close()
@@ -38,7 +38,7 @@ def open_readonly(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -
         # (the broker is down and checkpointed): read the main file as it stands.
         uri = path.absolute().as_uri() + "?mode=ro&immutable=1"
         conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        version = user_version(conn)
     if version > CURRENT_VERSION:
         conn.close()
         raise SchemaTooNew(version)

@@ -111,7 +111,9 @@ class SchemaTooNew(SchemaError):
 
 
 def user_version(conn: apsw.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    row = conn.execute("PRAGMA user_version").fetchone()
+    assert row is not None  # a pragma always answers
+    return int(row[0])
 
 
 def migrate(
