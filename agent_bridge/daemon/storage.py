@@ -1,15 +1,18 @@
-"""The store inside the broker's nursery: one writing connection, driven from one worker
-thread at a time, so SQLite never blocks the Trio loop and is never shared across threads
+"""The store inside the broker's nursery: one writing connection, driven from one dedicated
+worker thread, so SQLite never blocks the Trio loop and is never shared across threads
 concurrently."""
 
 from __future__ import annotations
 
 import functools
+import queue
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import apsw
+import outcome  # trio's own dependency: trio.lowlevel.reschedule takes an outcome
 import trio
 
 from agent_bridge.store.writer import Store
@@ -17,17 +20,92 @@ from agent_bridge.store.writer import Store
 T = TypeVar("T")
 
 
+# Store methods that only read. The worker may start one while the answer of an earlier write
+# is still on its way to its request; anything not listed here is treated as a write.
+READS = frozenset({
+    "decisions", "find_peers_by_address", "get_peer", "host_sessions_for", "list_peers", "message_exists",
+    "message_for", "message_hop", "peer_by_host_session", "unacked", "version",
+})
+ANSWER_WAIT = 1.0  # seconds a write waits at most for the previous write's request to resume
+
+
+class _Job:
+    __slots__ = ("fn", "task", "token", "writes", "started", "cancelled", "resumed")
+
+    def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        self.fn = functools.partial(method, *args, **kwargs)
+        self.task = trio.lowlevel.current_task()
+        self.token = trio.lowlevel.current_trio_token()
+        self.writes = getattr(method, "__name__", "") not in READS
+        self.started = False
+        self.cancelled = False
+        self.resumed = threading.Event()  # its request has its answer (or gave up waiting)
+
+
 class StoreRunner:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._limiter = trio.CapacityLimiter(1)
+    """Runs store methods (each one transaction) one at a time, in order, on its own thread.
+
+    Jobs wait in a queue that the worker drains back to back: a delivery read queued behind a
+    send runs as soon as the send is done, without a round trip through the event loop per job
+    as `trio.to_thread.run_sync` with a `CapacityLimiter(1)` made (that round trip was most of
+    the broker's time per message: bench/bench_message_throughput.py).
+
+    One ordering rule is kept from the one-job-at-a-time runner: a write starts only once the
+    request of the previous write has its answer back, so a crash between a commit and its
+    answer leaves at most one request in doubt (tests/reliability/test_crash.py).
+    """
+
+    def __init__(self, store: Store | None = None) -> None:
+        self.store: Store = store  # type: ignore[assignment]  # set by serve_store once opened
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards a job's started/cancelled flags
+        self._thread = threading.Thread(target=self._work, name="agent-bridge store", daemon=True)
+        self._thread.start()
 
     async def run(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one store method (one transaction) on the worker thread.
+        """Run one store method (one transaction) on the worker thread and return its result.
 
-        Not abandoned on cancellation: a transaction that started runs to its end.
+        Cancellation is honoured while the job waits in the queue; a transaction that started
+        runs to its end (the caller sees the cancellation at its next checkpoint).
         """
-        return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs), limiter=self._limiter)
+        job = _Job(method, args, kwargs)
+
+        def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+            with self._lock:
+                if job.started:
+                    return trio.lowlevel.Abort.FAILED
+                job.cancelled = True
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        self._jobs.put(job)
+        try:
+            return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+        finally:
+            job.resumed.set()
+
+    def stop(self) -> None:
+        """Let the worker thread end once the jobs queued before this one are done."""
+        self._jobs.put(None)
+
+    def _work(self) -> None:
+        last_write: _Job | None = None
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.writes and last_write is not None:
+                last_write.resumed.wait(ANSWER_WAIT)
+            with self._lock:
+                if job.cancelled:
+                    continue
+                job.started = True
+            result = outcome.capture(job.fn)
+            if job.writes:
+                last_write = job
+            try:
+                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+            except trio.RunFinishedError:
+                job.resumed.set()  # the event loop is gone; nobody waits for this answer
 
 
 async def serve_store(
@@ -39,14 +117,16 @@ async def serve_store(
 ) -> None:
     """Open and migrate the database, report the runner as started, hold it until cancelled,
     then checkpoint and close. `fault`: test-only crash points (daemon.faults)."""
-    store = await trio.to_thread.run_sync(functools.partial(Store.open, db, log, fault=fault))
-    runner = StoreRunner(store)
+    runner = StoreRunner()
     try:
+        runner.store = await runner.run(Store.open, db, log, fault=fault)
         task_status.started(runner)
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             try:
-                await runner.run(store.close)
+                if runner.store is not None:
+                    await runner.run(runner.store.close)
             except (OSError, apsw.Error) as exc:  # committed data is in the WAL: the next open recovers it
                 log(f"could not checkpoint {db.name} on shutdown ({exc}); the next start recovers it from the WAL")
+        runner.stop()

@@ -38,14 +38,26 @@ class FramedStream:
 
     async def send(self, obj: dict[str, Any], *, timeout: float = SEND_TIMEOUT) -> None:  # noqa: ASYNC109
         """Send one frame. Raises trio.BrokenResourceError if the peer is gone or stalled."""
-        data = protocol.encode(obj)
-        async with self._send_lock:
+        await self._send_bytes(protocol.encode(obj), timeout)
+
+    async def _send_bytes(self, data: bytes, timeout: float) -> None:  # noqa: ASYNC109
+        # Uncontended, the lock is taken without yielding: the frame goes on the wire in the same
+        # scheduling step that produced it, so an answer leaves right after its commit
+        # (daemon.storage.StoreRunner relies on it) and a send costs one trip through the
+        # scheduler, not two. Contended, wait in line.
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
             with trio.move_on_after(timeout) as scope:
                 await self.stream.send_all(data)
             if scope.cancelled_caught:
                 self.closed = True
                 await trio.aclose_forcefully(self.stream)
                 raise trio.BrokenResourceError("peer stopped reading")
+        finally:
+            self._send_lock.release()
 
     async def aclose(self) -> None:
         self.closed = True
