@@ -37,8 +37,12 @@ class ProtocolError(ValueError):
     """A frame that does not follow the protocol. Closes the connection that sent it."""
 
 
+# One encoder for every frame: `json.dumps` with options builds a new JSONEncoder per call.
+_encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def encode(obj: dict[str, Any]) -> bytes:
-    payload = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = _encode_json(obj).encode("utf-8")
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds the limit of {MAX_FRAME}")
     return HEADER.pack(len(payload)) + payload

@@ -218,12 +218,16 @@ def decision_by_id(conn: apsw.Connection, decision_id: str) -> dict[str, Any] | 
 
 
 def unacked_messages(
-    conn: apsw.Connection, peer_id: str, *, after_seq: int = 0, limit: int = 200
+    conn: apsw.Connection, peer_id: str, *, after_seq: int = 0, limit: int = 200, current_schema: bool = False
 ) -> list[dict[str, Any]]:
-    """A session's unacknowledged messages, oldest first (receipt order = message insert order)."""
-    if not has_table(conn, "receipts"):
+    """A session's unacknowledged messages, oldest first (receipt order = message insert order).
+
+    `current_schema`: the caller knows the database is at the current version (the broker's
+    migrated writer), so the two table checks are skipped: this runs at every delivery.
+    """
+    if not current_schema and not has_table(conn, "receipts"):
         return []
-    dd = has_table(conn, "decision_deliveries")
+    dd = current_schema or has_table(conn, "decision_deliveries")
     sql = MESSAGE_SELECT if dd else MESSAGE_SELECT.replace(
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")

@@ -280,7 +280,7 @@ class Store:
         return message
 
     def unacked(self, peer_id: str, *, after_seq: int = 0, limit: int = 200) -> list[dict[str, Any]]:
-        return queries.unacked_messages(self.conn, peer_id, after_seq=after_seq, limit=limit)
+        return queries.unacked_messages(self.conn, peer_id, after_seq=after_seq, limit=limit, current_schema=True)
 
     def mark_delivered(self, peer_id: str, message_ids: Sequence[str], now: int) -> None:
         with self.conn:
