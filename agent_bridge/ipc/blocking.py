@@ -5,7 +5,6 @@ No Trio: the hooks use this at every session start and stop.
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,13 @@ from typing import Any
 
 from agent_bridge import paths
 from agent_bridge.ipc import protocol
+
+try:  # the C module: `socket` builds its enums at import, ~2 ms of every hook run (SPEC §9)
+    from _socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined]
+    from _socket import socket as _socket_type
+except ImportError:  # interpreters without it
+    from socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined]
+    from socket import socket as _socket_type
 
 
 class BrokerUnavailable(OSError):
@@ -37,7 +43,7 @@ def _connect(address: str, timeout: float) -> Any:
         from agent_bridge.ipc.pipe import BlockingPipe
 
         return BlockingPipe(address, timeout)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket_type(AF_UNIX, SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect(address)
@@ -54,7 +60,8 @@ def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
         raise BrokerUnavailable("no broker is running")
     deadline = time.monotonic() + timeout
     try:
-        with _connect(sock_path, timeout) as sock:
+        sock = _connect(sock_path, timeout)
+        try:
             sock.sendall(protocol.encode(protocol.request(1, op, **args)))
             decoder = protocol.FrameDecoder()
             while True:
@@ -72,5 +79,7 @@ def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
                         return frame.get("result")
                     err = frame.get("error") or {}
                     raise protocol.RemoteError(str(err.get("code")), str(err.get("message")))
+        finally:
+            sock.close()
     except (TimeoutError, ConnectionError, FileNotFoundError) as exc:
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None
