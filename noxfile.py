@@ -46,7 +46,22 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
+    """Every bench/bench_*.py (one JSON line each, appended to bench/results.jsonl), then a table.
+    Fails when a line says "ok": false. `nox -s bench -- --quick` for tiny sizes."""
+    import json
+
     session.install("-e", ".")
+    lines = []
     for script in sorted(os.listdir("bench")):
         if script.startswith("bench_") and script.endswith(".py"):
-            session.run("python", f"bench/{script}")
+            out = session.run("python", f"bench/{script}", *session.posargs, silent=True)
+            line = json.loads(str(out).strip().splitlines()[-1])
+            print(json.dumps(line, ensure_ascii=False))
+            lines.append(line)
+    print(f"\n{'bench':<20} {'value':>10} {'baseline':>10} {'ratio':>8}  {'ok':<5} target")
+    for line in lines:
+        print(f"{line['bench']:<20} {line['value']:>10} {line['baseline']:>10} {line['ratio']:>8}  "
+              f"{str(line['ok']).lower():<5} {line['target']}")
+    missed = [line["bench"] for line in lines if not line["ok"]]
+    if missed:
+        session.error(f"targets missed: {', '.join(missed)}")

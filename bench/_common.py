@@ -40,7 +40,26 @@ READY_TIMEOUT = 30.0
 def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs, not its numbers")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    ensure_bytecode()
+    return args
+
+
+def ensure_bytecode() -> None:
+    """Compile agent_bridge's bytecode, as an installed package has it.
+
+    With PYTHONDONTWRITEBYTECODE set (it is, on some machines) or an editable install, a module
+    edited since its .pyc was written is compiled again at every import of every process: the
+    hook would be timed compiling its own source (~10 ms), which no installed copy does.
+    """
+    import compileall
+    import importlib.util
+
+    spec = importlib.util.find_spec("agent_bridge")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for folder in spec.submodule_search_locations:
+        compileall.compile_dir(folder, quiet=2)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -14,7 +14,6 @@ one. The hook must not import trio, mcp, quart or hypercorn (checked with -X imp
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
