@@ -36,6 +36,7 @@ log = logging.getLogger("agent_bridge.mcp")
 CALL_TIMEOUT = 15.0  # a tool call waits this long for the broker to be reachable
 BACKOFF_START, BACKOFF_MAX = 0.05, 2.0
 RESTART_AFTER = 2.0  # broker unreachable this long: start one ourselves
+JOIN_BEFORE_SERVING = 10.0  # seconds the server waits for the broker before serving the host anyway
 INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
@@ -483,6 +484,11 @@ async def serve(options: Options) -> None:
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.run)
+        # Join the bridge before answering the host, so a session whose MCP server is ready is
+        # also connected (a decide recorded right after sees it); a broker that cannot be
+        # reached in time does not hold the host back: tools say so until it is.
+        with trio.move_on_after(JOIN_BEFORE_SERVING):
+            await bridge.connected.wait()
         async with stdio_server() as (read_stream, write_stream):
             await lowlevel.run(read_stream, write_stream, init)
         nursery.cancel_scope.cancel()  # the host closed stdin: this session is over

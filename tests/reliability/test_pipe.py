@@ -242,6 +242,9 @@ class FakeBlockingPipe:
     def recv(self, size: int) -> bytes:
         return self._sock.recv(size)
 
+    def close(self) -> None:  # the blocking client closes what it opened, as BlockingPipe.close does
+        self._sock.close()
+
     def __enter__(self) -> FakeBlockingPipe:
         return self
 
