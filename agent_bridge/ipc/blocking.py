@@ -50,7 +50,20 @@ def _connect(address: str, timeout: float) -> Any:
     except BaseException:
         sock.close()
         raise
-    return sock
+    return _Closing(sock)
+
+
+class _Closing:
+    """`with` for the C-level socket, which has no context manager of its own."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+
+    def __enter__(self) -> Any:
+        return self.sock
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
 
 
 def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
@@ -60,8 +73,7 @@ def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
         raise BrokerUnavailable("no broker is running")
     deadline = time.monotonic() + timeout
     try:
-        sock = _connect(sock_path, timeout)
-        try:
+        with _connect(sock_path, timeout) as sock:
             sock.sendall(protocol.encode(protocol.request(1, op, **args)))
             decoder = protocol.FrameDecoder()
             while True:
@@ -79,7 +91,5 @@ def call(home_dir: Path, op: str, *, timeout: float = 2.0, **args: Any) -> Any:
                         return frame.get("result")
                     err = frame.get("error") or {}
                     raise protocol.RemoteError(str(err.get("code")), str(err.get("message")))
-        finally:
-            sock.close()
     except (TimeoutError, ConnectionError, FileNotFoundError) as exc:
         raise BrokerUnavailable(str(exc) or type(exc).__name__) from None
