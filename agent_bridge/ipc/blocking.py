@@ -18,7 +18,7 @@ try:  # the C module: `socket` builds its enums at import, ~2 ms of every hook r
     from _socket import socket as _socket_type
 except ImportError:  # interpreters without it
     from socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined]
-    from socket import socket as _socket_type
+    from socket import socket as _socket_type  # type: ignore[assignment]
 
 
 class BrokerUnavailable(OSError):
