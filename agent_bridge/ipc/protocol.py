@@ -76,7 +76,7 @@ class FrameDecoder:
         self._max = max_frame
         self._error: ProtocolError | None = None
 
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
+    def feed(self, data: bytes | bytearray) -> list[dict[str, Any]]:
         if self._error is not None:
             raise self._error
         self._buffer += data

@@ -159,13 +159,15 @@ def note_decisions(
                 break
     # One pass over the current revisions: count project and global ones, collect the
     # (usually few) session-addressed scopes, which are matched against the addresses here.
-    total, session_scopes = conn.execute(
+    counts = conn.execute(
         "SELECT count(*) FILTER (WHERE d.scope_kind = 'all' "
         "OR (d.scope_kind = 'project' AND d.scope_project = :project)), "
         "json_group_array(d.scope) FILTER (WHERE d.scope_kind = 'sessions' AND :sessions) "
         "FROM decision_heads h JOIN decisions d ON d.seq = h.seq",
         {"project": project, "sessions": bool(addresses)},
     ).fetchone()
+    assert counts is not None  # an aggregate always answers one row
+    total, session_scopes = int(counts[0]), counts[1]
     for scope_json in json.loads(session_scopes or "[]"):
         if domain.lookup_matches(domain.scope_from_json(scope_json), lookup, addresses=addresses):
             total += 1

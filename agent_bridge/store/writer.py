@@ -193,8 +193,8 @@ class Store:
                 "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
                 "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1)",
                 (old_id,),
-            ).fetchone()[0]
-            if not referenced:
+            ).fetchone()
+            if referenced is not None and not referenced[0]:
                 self.conn.execute("DELETE FROM peers WHERE id = ?", (old_id,))
 
     def adopt_host_key(self, peer_id: str, host_session_id: str) -> None:
@@ -363,6 +363,7 @@ class Store:
             self._queue_notifications(decision, author.id, recipients, now, fault)
             fault("decide:before-commit")
         fault("decide:after-commit")
+        assert decision is not None
         return decision, sorted(r.session.name for r in recipients)
 
     def _queue_notifications(
