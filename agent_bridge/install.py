@@ -557,12 +557,7 @@ def plan(hosts: list[str], scope: str, run: list[str], env: dict[str, str], cwd:
 
 def backup_path(path: Path) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime())
-    candidate = path.with_name(f"{path.name}.agent-bridge-backup-{stamp}")
-    n = 2
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}.agent-bridge-backup-{stamp}-{n}")
-        n += 1
-    return candidate
+    return paths.free_path(path.parent, f"{path.name}.agent-bridge-backup-{stamp}")
 
 
 def apply(edit: FileEdit) -> Path | None:

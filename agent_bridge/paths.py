@@ -68,6 +68,16 @@ def socket_path(home_dir: Path) -> str:
     return str(folder / f"{digest}.sock")
 
 
+def free_path(folder: Path, stem: str, suffix: str = "") -> Path:
+    """`folder/<stem><suffix>`, or `<stem>-2<suffix>`, `-3`… while that name is taken (backups)."""
+    candidate = folder / f"{stem}{suffix}"
+    n = 2
+    while candidate.exists():
+        candidate = folder / f"{stem}-{n}{suffix}"
+        n += 1
+    return candidate
+
+
 def write_private(path: Path, text: str) -> None:
     """Write a file atomically with mode 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

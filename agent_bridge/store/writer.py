@@ -17,7 +17,7 @@ from typing import Any
 import apsw
 import apsw.bestpractice
 
-from agent_bridge import domain
+from agent_bridge import domain, paths
 from agent_bridge.domain import Scope, SessionView
 from agent_bridge.store import queries
 from agent_bridge.store.schema import migrate, user_version
@@ -55,12 +55,7 @@ def host_key(session: SessionView) -> str:
 
 def backup_path(db: Path, old_version: int) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    candidate = db.with_name(f"{db.name}.v{old_version}-{stamp}.bak")
-    n = 2
-    while candidate.exists():
-        candidate = db.with_name(f"{db.name}.v{old_version}-{stamp}-{n}.bak")
-        n += 1
-    return candidate
+    return paths.free_path(db.parent, f"{db.name}.v{old_version}-{stamp}", ".bak")
 
 
 class Store:
