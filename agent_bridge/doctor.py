@@ -137,13 +137,20 @@ def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
 # --- host registrations ---------------------------------------------------------------
 
 
-def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read_config(path: Path) -> tuple[str | None, str | None]:
+    """(text, None); (None, None) when the file does not exist; (None, why) when unreadable."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8"), None
     except FileNotFoundError:
         return None, None
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"cannot read {path}: {exc}"
+
+
+def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    text, problem = _read_config(path)
+    if text is None:
+        return None, problem
     if not text.strip():
         return {}, None
     try:
@@ -154,12 +161,9 @@ def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _load_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None, None
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"cannot read {path}: {exc}"
+    text, problem = _read_config(path)
+    if text is None:
+        return None, problem
     try:
         return tomllib.loads(text), None
     except tomllib.TOMLDecodeError as exc:
