@@ -120,16 +120,20 @@ async def test_kill_during_a_burst_of_sends(env, home, point):
                     stop.set()
                 await barrier(senders["tx1"], list(receivers.values()))
                 committed = assert_exactly_once(home, list(receivers.values()), sends)
-        # the send in flight at the kill: rolled back before the commit, kept after it
+        # The send in the killed transaction: rolled back before the commit, kept after it.
+        # Three senders share the store, so another send may have committed just before the
+        # kill with its answer still unsent: that one failed "may or may not" and is kept.
         if point.startswith("send:"):
             assert sends.failed, "the kill interrupted no send"
         for error in sends.failed.values():
             assert LOST_DURING in error or UNREACHABLE in error, error
-        failed_in_db = [t for t, in rows(home, "SELECT body FROM messages") if t in sends.failed]
+        interrupted = {t for t, error in sends.failed.items() if LOST_DURING in error}
+        failed_in_db = {t for t, in rows(home, "SELECT body FROM messages") if t in sends.failed}
+        assert failed_in_db <= interrupted, "a send that never reached the broker was stored"
         if point.startswith("send:before-commit"):
-            assert failed_in_db == []
+            assert interrupted - failed_in_db, "the send killed before its commit was kept"
         elif point.startswith("send:after-commit"):
-            assert len(failed_in_db) == 1, "the committed send whose answer was lost"
+            assert failed_in_db, "the send killed after its commit was lost"
         assert len(committed) >= 50
         assert count(home, "SELECT count(*) FROM receipts r JOIN peers p ON p.id = r.peer_id "
                            "WHERE p.host_session_id IN ('rx1', 'rx2') AND r.acked_at IS NULL") == 0
