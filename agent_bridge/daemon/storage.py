@@ -20,26 +20,15 @@ from agent_bridge.store.writer import Store
 T = TypeVar("T")
 
 
-# Store methods that only read. The worker may start one while the answer of an earlier write
-# is still on its way to its request; anything not listed here is treated as a write.
-READS = frozenset({
-    "decisions", "find_peers_by_address", "get_peer", "host_sessions_for", "list_peers", "message_exists",
-    "message_for", "message_hop", "peer_by_host_session", "unacked", "version",
-})
-ANSWER_WAIT = 1.0  # seconds a write waits at most for the previous write's request to resume
-
-
 class _Job:
-    __slots__ = ("fn", "task", "token", "writes", "started", "cancelled", "resumed")
+    __slots__ = ("fn", "task", "token", "started", "cancelled")
 
     def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any) -> None:
         self.fn = functools.partial(method, *args, **kwargs)
         self.task = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
-        self.writes = getattr(method, "__name__", "") not in READS
         self.started = False
         self.cancelled = False
-        self.resumed = threading.Event()  # its request has its answer (or gave up waiting)
 
 
 class StoreRunner:
@@ -50,9 +39,11 @@ class StoreRunner:
     as `trio.to_thread.run_sync` with a `CapacityLimiter(1)` made (that round trip was most of
     the broker's time per message: bench/bench_message_throughput.py).
 
-    One ordering rule is kept from the one-job-at-a-time runner: a write starts only once the
-    request of the previous write has its answer back, so a crash between a commit and its
-    answer leaves at most one request in doubt (tests/reliability/test_crash.py).
+    A job's caller gets its answer only after the job's transaction committed, so an answer
+    never claims more than the database holds. The reverse is not promised: a crash can fall
+    between a commit and its answer (for a job, and for others committed just before it); the
+    MCP server reports such a request as one that may or may not have been recorded
+    (tests/reliability/test_crash.py).
     """
 
     def __init__(self, store: Store | None = None) -> None:
@@ -78,34 +69,26 @@ class StoreRunner:
             return trio.lowlevel.Abort.SUCCEEDED
 
         self._jobs.put(job)
-        try:
-            return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
-        finally:
-            job.resumed.set()
+        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
     def stop(self) -> None:
         """Let the worker thread end once the jobs queued before this one are done."""
         self._jobs.put(None)
 
     def _work(self) -> None:
-        last_write: _Job | None = None
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            if job.writes and last_write is not None:
-                last_write.resumed.wait(ANSWER_WAIT)
             with self._lock:
                 if job.cancelled:
                     continue
                 job.started = True
             result = outcome.capture(job.fn)
-            if job.writes:
-                last_write = job
             try:
                 job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
             except trio.RunFinishedError:
-                job.resumed.set()  # the event loop is gone; nobody waits for this answer
+                pass  # the event loop is gone; nobody waits for this answer
 
 
 async def serve_store(
