@@ -132,3 +132,57 @@ def test_hello_then_requests_over_raw_bytes(broker):
     assert by_id[3]["result"]["deliveredTo"] == []  # a job runner is never notified
     assert not by_id[4]["ok"] and 'unknown key "folder"' in by_id[4]["error"]["message"]
     assert not by_id[5]["ok"] and "unknown argument 'extra'" in by_id[5]["error"]["message"]
+
+
+# --- FramedStream over a real socket pair ------------------------------------------------
+
+
+def _stream_pair(sndbuf: int | None = None):
+    import trio
+
+    from agent_bridge.ipc.stream import FramedStream
+
+    left, right = trio.socket.socketpair()
+    if sndbuf:
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    return FramedStream(trio.SocketStream(left)), FramedStream(trio.SocketStream(right))
+
+
+async def test_frames_larger_than_the_socket_buffer_arrive_whole_and_in_order():
+    """The socket takes part of a frame at once; the rest waits for the reader."""
+    import trio
+
+    writer, reader = _stream_pair(sndbuf=4096)
+    big = {"v": 1, "push": "message", "text": "x" * 600_000}
+    small = [{"v": 1, "id": i, "ok": True, "result": i} for i in range(50)]
+    got = []
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+
+            async def write() -> None:
+                await writer.send(small[0])
+                await writer.send(big)
+                await writer.send_many(small[1:])
+                await writer.send(big)
+
+            nursery.start_soon(write)
+            while len(got) < 52:
+                frame_ = await reader.receive()
+                assert frame_ is not None
+                got.append(frame_)
+    assert got == [small[0], big, *small[1:], big]
+    await writer.aclose()
+    await reader.aclose()
+
+
+async def test_sending_to_a_closed_peer_is_a_broken_stream():
+    import trio
+
+    writer, reader = _stream_pair()
+    await reader.aclose()
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(3):  # the first write may still be taken by the kernel
+            await writer.send({"v": 1, "id": 1, "ok": True, "result": None})
+    await writer.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await writer.send({"v": 1, "id": 2, "ok": True, "result": None})
