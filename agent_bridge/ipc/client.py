@@ -1,12 +1,13 @@
 """The Trio client of the bridge protocol, used by the MCP server, the demo and benchmarks.
 
 `open_bridge_client(...)` owns its nursery: a reader task that routes responses to their
-requests and pushes into a bounded channel, and a keepalive task.
+requests and pushes into a channel (unbounded, see below), and a keepalive task.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import socket as stdsocket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +21,6 @@ from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 
 KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
-PUSH_BUFFER = 256  # pushes waiting for the consumer; beyond this the reader waits (backpressure)
 
 
 class BrokerGone(ConnectionError):
@@ -129,7 +129,6 @@ async def open_bridge_client(
     socket_path: str,
     hello: dict[str, Any] | None = None,
     *,
-    push_buffer: int = PUSH_BUFFER,
     keepalive: bool = True,
     connector: Callable[[str], Awaitable[trio.abc.Stream]] = connect,
 ) -> AsyncIterator[tuple[BridgeClient, trio.MemoryReceiveChannel[dict[str, Any]]]]:
@@ -143,7 +142,11 @@ async def open_bridge_client(
             sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF, 1 << 20)
         except OSError:
             pass
-    send, receive = trio.open_memory_channel[dict[str, Any]](push_buffer)
+    # Unbounded: the one reader also carries the answers, and a consumer that awaits a request
+    # (an ack) while handling a push must get that answer even when a burst of pushes is ahead
+    # of it. A bounded channel made that a deadlock. What waits here is what the broker pushed
+    # and the session has not acknowledged: the MCP server's inbox holds the same anyway.
+    send, receive = trio.open_memory_channel[dict[str, Any]](math.inf)
     client = BridgeClient(FramedStream(stream), send)
     try:
         async with trio.open_nursery() as nursery:
