@@ -30,7 +30,7 @@ from agent_bridge.daemon.storage import StoreRunner
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.store.writer import Recipient, host_key, now_ms
+from agent_bridge.store.writer import Outgoing, Recipient, host_key, now_ms
 
 log = logging.getLogger("agent_bridge.broker")
 
@@ -368,6 +368,34 @@ class Broker:
         )
 
     async def op_send(self, session: Session, args: dict[str, Any]) -> Any:
+        (result,) = await self.send_batch(session, [args])
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    async def send_batch(self, session: Session, batch: list[dict[str, Any]]) -> list[dict[str, Any] | InputError]:
+        """Sends of one session that arrived together, answered in order: each is checked on
+        its own (a bad one gets its error, the others go on); the good ones are committed in
+        one transaction. A client that pipelines its sends gets a group commit."""
+        results: list[Any] = []
+        for args in batch:
+            try:
+                results.append(await self._plan_send(args))
+            except InputError as exc:
+                results.append(exc)
+        planned = [r for r in results if isinstance(r, Outgoing)]
+        if not planned:
+            return results
+        messages = iter(
+            await self.store.run(self.store.store.send_messages, session.id, planned, now_ms(), fault=self.fault)
+        )
+        for to_id in {o.to_id for o in planned}:
+            recipient = self.sessions.get(to_id)
+            if recipient is not None:
+                recipient.poke()
+        return [{"message": next(messages)} if isinstance(r, Outgoing) else r for r in results]
+
+    async def _plan_send(self, args: dict[str, Any]) -> Outgoing:
         _no_unknown(args, {"to", "text", "reply_to"}, "send")
         to = _req_str(args, "to", ADDRESS_MAX)
         text = domain.normalize_message_text(args.get("text"))
@@ -385,20 +413,7 @@ class Broker:
             parent_hop = await self.store.run(self.store.store.message_hop, reply_to)
             if parent_hop is None:
                 raise InputError(f"reply_to: no message with id {reply_to!r}")
-        message = await self.store.run(
-            self.store.store.send_message,
-            from_id=session.id,
-            to_id=to_id,
-            text=text,
-            hop=domain.reply_hop(parent_hop),
-            reply_to=reply_to,
-            now=now_ms(),
-            fault=self.fault,
-        )
-        recipient = self.sessions.get(to_id)
-        if recipient is not None:
-            recipient.poke()
-        return {"message": message}
+        return Outgoing(to_id, text, domain.reply_hop(parent_hop), reply_to)
 
     async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"ids"}, "ack")

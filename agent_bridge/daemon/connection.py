@@ -13,12 +13,14 @@ from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.store.writer import DeliveryTap
 
 log = logging.getLogger("agent_bridge.connection")
 
 HELLO_TIMEOUT = 10.0  # a connection that says nothing this long is dropped
 IDLE_TIMEOUT = 45.0  # MCP servers ping every 15 s; silence this long means a dead peer
 DELIVERY_BATCH = 200
+SEND_BATCH = 64  # sends of one session committed together at most
 STORAGE_ERRORS = (OSError, apsw.Error)  # a full disk, an I/O error: the request fails, the broker stays
 
 
@@ -98,7 +100,39 @@ async def _receive_requests(broker: Broker, session: Session) -> None:
         if op not in protocol.SESSION_OPS:
             await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on a session connection"))
             continue
+        if op == "send":
+            await _answer_sends(broker, session, [(request_id, args), *_more_sends(conn)])
+            continue
         await conn.send(await _answer(broker, session, request_id, op, args))
+
+
+def _more_sends(conn: FramedStream) -> list[tuple[int, dict[str, Any]]]:
+    """The sends that arrived right behind one (a pipelining client): taken while the next
+    ready frame is a well-formed send, up to SEND_BATCH; anything else waits its turn."""
+    more: list[tuple[int, dict[str, Any]]] = []
+    while len(more) < SEND_BATCH - 1 and (frame := conn.peek()) is not None:
+        try:
+            request_id, op, args = protocol.parse_request(frame)
+        except protocol.ProtocolError:
+            break  # answered in turn by the receive loop
+        if op != "send":
+            break
+        conn.receive_nowait()
+        more.append((request_id, args))
+    return more
+
+
+async def _answer_sends(broker: Broker, session: Session, sends: list[tuple[int, dict[str, Any]]]) -> None:
+    try:
+        results = await broker.send_batch(session, [args for _, args in sends])
+    except STORAGE_ERRORS as exc:
+        answers = [_unavailable(request_id, "send", exc) for request_id, _ in sends]
+    else:
+        answers = [
+            protocol.error(request_id, "bad_request", str(r)) if isinstance(r, InputError) else protocol.ok(request_id, r)
+            for (request_id, _), r in zip(sends, results, strict=True)
+        ]
+    await session.conn.send_many(answers)
 
 
 async def _answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict:
@@ -116,27 +150,43 @@ def _unavailable(request_id: int, op: str, exc: BaseException) -> dict[str, Any]
 
 
 async def deliver(broker: Broker, session: Session) -> None:
-    """Push the session's unacknowledged messages, oldest first, reading them from the
-    database; sleep until poked. Nothing lives only in memory: a replay is a cursor reset."""
+    """Push the session's unacknowledged messages, oldest first; sleep until poked.
+
+    Messages come from the database, read from a cursor (the last receipt pushed on this
+    connection), or, once a read has reached the end, from the store's tap: what the store
+    committed for this session since (store.writer.DeliveryTap). Nothing lives only in memory:
+    a replay is a cursor reset, and a closed tap means reading from the cursor again."""
     store = broker.store
-    cursor = 0  # rowid of the last message pushed on this connection
-    while True:
-        session.wake = trio.Event()
-        await _send_notices(session)
-        if session.replay:
-            session.replay, cursor = False, 0
-        peer_id = session.id
-        batch = await store.run(store.store.unacked, peer_id, after_seq=cursor, limit=DELIVERY_BATCH)
-        if session.replay or peer_id != session.id:
-            continue  # the session became another record meanwhile: read again
-        for message in batch:
-            cursor = message.pop("_seq")
-            message.pop("_acked", None)
+    tap = DeliveryTap()
+    cursor = 0  # seq of the last receipt pushed on this connection
+    try:
+        while True:
+            session.wake = trio.Event()
+            await _send_notices(session)
+            if session.replay:
+                session.replay, cursor, tap.open = False, 0, False
+            peer_id = session.id
+            if tap.open and tap.peer_id == peer_id:
+                batch, at_end = tap.take(), True
+            else:
+                rows = await store.run(store.store.unacked, peer_id, after_seq=cursor, limit=DELIVERY_BATCH, tap=tap)
+                if session.replay or peer_id != session.id:
+                    continue  # the session became another record meanwhile: read again
+                batch, at_end = [(m.pop("_seq"), m) for m in rows], len(rows) < DELIVERY_BATCH
+            pushes = []
+            for seq, message in batch:
+                if seq > cursor:
+                    cursor = seq
+                    message.pop("_acked", None)
+                    pushes.append(protocol.push("message", message=message))
             await _send_notices(session)  # an "acked" goes out before the messages it covers
-            await session.conn.send(protocol.push("message", message=message))
-            broker.fault("deliver:after-push")
-        if len(batch) < DELIVERY_BATCH:
-            await session.wake.wait()
+            await session.conn.send_many(pushes)
+            for _ in pushes:
+                broker.fault("deliver:after-push")
+            if at_end:
+                await session.wake.wait()
+    finally:
+        tap.open = False
 
 
 async def _send_notices(session: Session) -> None:

@@ -174,8 +174,11 @@ def note_decisions(
     return shown, int(total)
 
 
+# The first column is the receipt's rowid: a session's delivery cursor. Receipts are written
+# with their messages, so receipt order is message order, and the receipts_peer_unacked index
+# serves "this session's unacknowledged receipts after the cursor" as one range, in order.
 MESSAGE_SELECT = """
-SELECT m.rowid, m.id, m.from_peer, fp.name, fp.agent, r.peer_id, tp.name, m.body, m.hop, m.reply_to,
+SELECT r.rowid, m.id, m.from_peer, fp.name, fp.agent, r.peer_id, tp.name, m.body, m.hop, m.reply_to,
        m.created_at, dd.decision_id, r.acked_at
 FROM receipts r
 JOIN messages m ON m.id = r.message_id
@@ -185,8 +188,8 @@ LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
 """
 
 
-def _message_from_row(conn: apsw.Connection, values: tuple[Any, ...]) -> dict[str, Any]:
-    (rowid, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id, acked) = (
+def _message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> dict[str, Any]:
+    (seq, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id, acked) = (
         values
     )
     message: dict[str, Any] = {
@@ -199,11 +202,11 @@ def _message_from_row(conn: apsw.Connection, values: tuple[Any, ...]) -> dict[st
         "kind": "decision" if decision_id else "message",
         "createdAt": created,
     }
-    if decision_id:
+    if decision_id and conn is not None:
         found = decision_by_id(conn, decision_id)
         if found is not None:
             message["decision"] = found
-    message["_seq"] = rowid
+    message["_seq"] = seq
     message["_acked"] = acked is not None
     return message
 
@@ -222,7 +225,7 @@ def decision_by_id(conn: apsw.Connection, decision_id: str) -> dict[str, Any] | 
 def unacked_messages(
     conn: apsw.Connection, peer_id: str, *, after_seq: int = 0, limit: int = 200, current_schema: bool = False
 ) -> list[dict[str, Any]]:
-    """A session's unacknowledged messages, oldest first (receipt order = message insert order).
+    """A session's unacknowledged messages after the receipt `after_seq`, oldest first.
 
     `current_schema`: the caller knows the database is at the current version (the broker's
     migrated writer), so the two table checks are skipped: this runs at every delivery.
@@ -233,7 +236,7 @@ def unacked_messages(
     sql = MESSAGE_SELECT if dd else MESSAGE_SELECT.replace(
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")
-    sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND m.rowid > ? ORDER BY m.rowid LIMIT ?"
+    sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND r.rowid > ? ORDER BY r.rowid LIMIT ?"
     return [_message_from_row(conn, v) for v in conn.execute(sql, (peer_id, after_seq, limit))]
 
 

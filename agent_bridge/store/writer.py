@@ -6,13 +6,15 @@ Every method is synchronous and is one transaction. The broker calls them on a w
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 import apsw.bestpractice
@@ -41,6 +43,15 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
+class Outgoing(NamedTuple):
+    """One message a session sends, validated by the broker (domain rules)."""
+
+    to_id: str
+    text: str
+    hop: int
+    reply_to: str | None
+
+
 @dataclass(frozen=True)
 class Recipient:
     """A connected, non-job session in scope of a decision, with the key its receipt is kept under."""
@@ -58,10 +69,40 @@ def backup_path(db: Path, old_version: int) -> Path:
     return paths.free_path(db.parent, f"{db.name}.v{old_version}-{stamp}", ".bak")
 
 
+TAP_LIMIT = 1000  # messages a tap holds before it closes and its session reads the database
+
+
+class DeliveryTap:
+    """The messages `send_message` committed for one connected session since its delivery task
+    last read its unacknowledged messages, in commit order, as (receipt seq, message) pairs.
+
+    It spares that task reading back a row the store has just written. Only a shortcut: the
+    database stays the truth. The store's thread opens it (at a read that reached the end of
+    the session's messages) and appends to it; the delivery task drains it and closes it when
+    it needs to read again. Anything else that changes the session's receipts (a decision's
+    fan-out, a catch-up, absorbing another record) closes it, as does overflow: the delivery
+    task then reads the database from its cursor, so nothing is skipped.
+    """
+
+    __slots__ = ("messages", "open", "peer_id")
+
+    def __init__(self) -> None:
+        self.messages: deque[tuple[int, dict[str, Any]]] = deque()
+        self.open = False
+        self.peer_id: str | None = None
+
+    def take(self) -> list[tuple[int, dict[str, Any]]]:
+        out = []
+        while self.messages:
+            out.append(self.messages.popleft())
+        return out
+
+
 class Store:
     def __init__(self, conn: apsw.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
+        self.taps: dict[str, DeliveryTap] = {}  # peer id -> its delivery task's tap
         # Known once migrated; read without touching the connection, which belongs to the
         # store's worker thread (the event loop asking it directly raced with that thread).
         self.schema_version = user_version(conn)
@@ -165,6 +206,8 @@ class Store:
 
     def absorb_peer(self, old_id: str, into_id: str) -> None:
         """A pending connection turned out to be an earlier session: move what it holds."""
+        self._close_tap(old_id)
+        self._close_tap(into_id)
         with self.conn:
             self.conn.execute(
                 "UPDATE receipts SET peer_id = ? WHERE peer_id = ? AND acked_at IS NULL "
@@ -250,32 +293,75 @@ class Store:
         now: int,
         fault: Callable[[str], None] = lambda point: None,
     ) -> dict[str, Any]:
-        message_id = new_id()
+        return self.send_messages(from_id, [Outgoing(to_id, text, hop, reply_to)], now, fault=fault)[0]
+
+    def send_messages(
+        self, from_id: str, outgoing: Sequence[Outgoing], now: int, *, fault: Callable[[str], None] = lambda point: None
+    ) -> list[dict[str, Any]]:
+        """Messages from one session, in order, in one transaction (a pipelining sender's
+        sends that arrived together share a commit). Returns them as they are pushed."""
+        written = []
         with self.conn:
-            self.conn.execute(
-                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES (?,?,?,?,?,?,?)",
-                (message_id, from_id, to_id, text, hop, reply_to, now),
-            )
-            self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, to_id))
-            fault("send:before-commit")
-        fault("send:after-commit")
-        found = self.message_for(to_id, message_id)
-        assert found is not None
-        return found
+            names = {
+                r[0]: (r[1], r[2])
+                for r in self.conn.execute(
+                    "SELECT id, name, agent FROM peers WHERE id = ? OR id IN (SELECT value FROM json_each(?))",
+                    (from_id, json.dumps(sorted({o.to_id for o in outgoing}))),
+                )
+            }
+            from_name, from_agent = names.get(from_id, (None, None))
+            for o in outgoing:
+                message_id = new_id()
+                self.conn.execute(
+                    "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (message_id, from_id, o.to_id, o.text, o.hop, o.reply_to, now),
+                )
+                self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, o.to_id))
+                seq = self.conn.last_insert_rowid()
+                row = (seq, message_id, from_id, from_name, from_agent, o.to_id, names.get(o.to_id, (None,))[0],
+                       o.text, o.hop, o.reply_to, now, None, None)
+                written.append((o.to_id, seq, queries._message_from_row(None, row)))
+                fault("send:before-commit")
+        out = []
+        for to_id, seq, message in written:
+            fault("send:after-commit")
+            del message["_seq"], message["_acked"]
+            tap = self.taps.get(to_id)
+            if tap is not None and tap.open:
+                if len(tap.messages) < TAP_LIMIT:
+                    tap.messages.append((seq, message))
+                else:
+                    self._close_tap(to_id)
+            out.append(message)
+        return out
 
-    def message_for(self, peer_id: str, message_id: str) -> dict[str, Any] | None:
-        rows = self.conn.execute(
-            queries.MESSAGE_SELECT + " WHERE r.peer_id = ? AND m.id = ?", (peer_id, message_id)
-        ).fetchall()
-        if not rows:
-            return None
-        message = queries._message_from_row(self.conn, rows[0])
-        message.pop("_seq")
-        message.pop("_acked")
-        return message
+    def unacked(
+        self, peer_id: str, *, after_seq: int = 0, limit: int = 200, tap: DeliveryTap | None = None
+    ) -> list[dict[str, Any]]:
+        """The session's unacknowledged messages after the receipt `after_seq`, oldest first.
 
-    def unacked(self, peer_id: str, *, after_seq: int = 0, limit: int = 200) -> list[dict[str, Any]]:
-        return queries.unacked_messages(self.conn, peer_id, after_seq=after_seq, limit=limit, current_schema=True)
+        With `tap`, the delivery task's: closed, then reopened for `peer_id` when this read
+        reached the end, so it collects exactly the messages committed after this read."""
+        rows = queries.unacked_messages(self.conn, peer_id, after_seq=after_seq, limit=limit, current_schema=True)
+        if tap is not None:
+            if tap.peer_id is not None:
+                self._close_tap(tap.peer_id, only=tap)
+            tap.open = False
+            tap.messages.clear()
+            if len(rows) < limit:
+                tap.peer_id, tap.open = peer_id, True
+                previous = self.taps.get(peer_id)
+                if previous is not None:
+                    previous.open = False
+                self.taps[peer_id] = tap
+        return rows
+
+    def _close_tap(self, peer_id: str, only: DeliveryTap | None = None) -> None:
+        tap = self.taps.get(peer_id)
+        if tap is not None and (only is None or tap is only):
+            del self.taps[peer_id]
+            tap.open = False
 
     def mark_delivered(self, peer_id: str, message_ids: Sequence[str], now: int) -> None:
         with self.conn:
@@ -372,6 +458,7 @@ class Store:
         body = notification_text(decision)
         queued = []
         for i, recipient in enumerate(recipients):
+            self._close_tap(recipient.session.id)  # its delivery task reads these from the database
             message_id = new_id()
             self.conn.execute(
                 "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES (?,?,?,?,?,?,?)",
