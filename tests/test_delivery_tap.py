@@ -199,3 +199,15 @@ def test_the_delivery_read_is_one_index_range_in_order(store):
     plan = " | ".join(row[3] for row in store.conn.execute("EXPLAIN QUERY PLAN " + sql, bindings))
     assert "receipts_peer_unacked (peer_id=? AND acked_at=? AND rowid>?)" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+def test_a_tap_whose_connection_ended_holds_nothing_and_is_dropped(store):
+    a, b = _peer(store, "a"), _peer(store, "b")
+    d = Delivery(store, b)
+    d.step()
+    _send(store, a, b, "pushed before the end")
+    d.tap.open = False  # what the delivery task does when its connection ends
+    d.tap.messages.clear()
+    _send(store, a, b, "after the end")
+    assert b.id not in store.taps and not d.tap.messages
+    assert _texts_in_db(store, b) == ["pushed before the end", "after the end"]

@@ -186,7 +186,8 @@ async def deliver(broker: Broker, session: Session) -> None:
             if at_end:
                 await session.wake.wait()
     finally:
-        tap.open = False
+        tap.open = False  # the store drops it at the next send to this session
+        tap.messages.clear()
 
 
 async def _send_notices(session: Session) -> None:

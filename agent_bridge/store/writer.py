@@ -328,11 +328,11 @@ class Store:
             fault("send:after-commit")
             del message["_seq"], message["_acked"]
             tap = self.taps.get(to_id)
-            if tap is not None and tap.open:
-                if len(tap.messages) < TAP_LIMIT:
+            if tap is not None:
+                if tap.open and len(tap.messages) < TAP_LIMIT:
                     tap.messages.append((seq, message))
                 else:
-                    self._close_tap(to_id)
+                    self._close_tap(to_id)  # full, or its connection ended: drop it
             out.append(message)
         return out
 
@@ -362,6 +362,7 @@ class Store:
         if tap is not None and (only is None or tap is only):
             del self.taps[peer_id]
             tap.open = False
+            tap.messages.clear()
 
     def mark_delivered(self, peer_id: str, message_ids: Sequence[str], now: int) -> None:
         with self.conn:
