@@ -171,3 +171,34 @@ def test_the_shim_really_fails_sqlite_writes(tmp_path):
         conn.close()
     finally:
         vfs.unregister()
+
+
+@pytest.mark.parametrize("after_writes", [0, 3, 12])
+async def test_pipelined_sends_hit_by_a_storage_fault_store_exactly_what_was_answered(home, faulty_vfs, after_writes):
+    """Sends in flight together share a transaction: a fault fails every send of the batch it
+    hits, and what the database holds is exactly the sends answered with success."""
+    with trio.fail_after(60):
+        async with broker_in_process(home) as record:
+            sock = record["socket"]
+            async with open_bridge_client(sock, hello("pipe-a")) as (a, _), open_bridge_client(sock, hello("pipe-b")):
+                await a.request("send", to="pipe-b", text="warm-up")
+                answered: dict[str, str] = {}
+                failed: list[str] = []
+
+                async def send(text: str) -> None:
+                    try:
+                        answered[text] = (await a.request("send", to="pipe-b", text=text))["message"]["id"]
+                    except RemoteError as exc:
+                        assert exc.code == "unavailable" and "storage error" in exc.message, exc
+                        failed.append(text)
+
+                faulty_vfs.arm("ioerr", after_writes=after_writes)
+                async with trio.open_nursery() as nursery:
+                    for i in range(40):
+                        nursery.start_soon(send, f"p{i}")
+                faulty_vfs.clear()
+                assert failed, "the fault failed no send"
+                stored = dict(rows(home, "SELECT body, id FROM messages WHERE body LIKE 'p%'"))
+                assert stored == answered
+                assert (await a.request("send", to="pipe-b", text="after"))["message"]["text"] == "after"
+    assert rows(home, "PRAGMA integrity_check") == [("ok",)]
