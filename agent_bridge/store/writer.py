@@ -73,7 +73,7 @@ TAP_LIMIT = 1000  # messages a tap holds before it closes and its session reads 
 
 
 class DeliveryTap:
-    """The messages `send_message` committed for one connected session since its delivery task
+    """The messages `send_messages` committed for one connected session since its delivery task
     last read its unacknowledged messages, in commit order, as (receipt seq, message) pairs.
 
     It spares that task reading back a row the store has just written. Only a shortcut: the
@@ -281,19 +281,6 @@ class Store:
 
     def message_exists(self, message_id: str) -> bool:
         return self.conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone() is not None
-
-    def send_message(
-        self,
-        *,
-        from_id: str,
-        to_id: str,
-        text: str,
-        hop: int,
-        reply_to: str | None,
-        now: int,
-        fault: Callable[[str], None] = lambda point: None,
-    ) -> dict[str, Any]:
-        return self.send_messages(from_id, [Outgoing(to_id, text, hop, reply_to)], now, fault=fault)[0]
 
     def send_messages(
         self, from_id: str, outgoing: Sequence[Outgoing], now: int, *, fault: Callable[[str], None] = lambda point: None

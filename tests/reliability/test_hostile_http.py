@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_bridge import domain
-from agent_bridge.store.writer import Recipient, Store, now_ms
+from agent_bridge.store.writer import Outgoing, Recipient, Store, now_ms
 from agent_bridge.web import auth
 from agent_bridge.web.server import serve_dashboard
 from tests.reliability.harness import TrioThread
@@ -47,7 +47,7 @@ def build_home(home: Path) -> None:
             store.record_decision(author=view, author_agent="claude", topic=domain.normalize_topic(topic), text=text,
                                   scope=domain.parse_scope(scope), source_message_id=None,
                                   recipients=[Recipient(view, "h-web")], now=now)
-        store.send_message(from_id=a["id"], to_id=a["id"], text="note to self", hop=1, reply_to=None, now=now)
+        store.send_messages(a["id"], [Outgoing(a["id"], "note to self", 1, None)], now)
     finally:
         store.close()
 

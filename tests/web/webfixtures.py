@@ -19,7 +19,7 @@ import trio
 
 from agent_bridge import domain
 from agent_bridge.store import schema
-from agent_bridge.store.writer import Recipient, Store, now_ms
+from agent_bridge.store.writer import Outgoing, Recipient, Store, now_ms
 from agent_bridge.web import auth
 from agent_bridge.web.server import serve_dashboard
 
@@ -87,8 +87,7 @@ def build_database(home: Path) -> Facts:
             )
             facts.decisions.append(decision)
 
-        hello = store.send_message(from_id=claude.id, to_id=codex.id, text="Can you take the CI job?", hop=1,
-                                   reply_to=None, now=next(clock))
+        (hello,) = store.send_messages(claude.id, [Outgoing(codex.id, "Can you take the CI job?", 1, None)], next(clock))
         facts.messages.append(hello)
         decide(claude, "Build / CI", "Use nox for CI.", "all")
         decide(claude, "database", "PostgreSQL 16, one database per service.", {"project": PROJECT})
@@ -98,8 +97,9 @@ def build_database(home: Path) -> Facts:
         decide(claude, "docs/history", "Keep a CHANGELOG.md per release.", {"project": PROJECT + "/"})
         decide(claude, "/leading//slashes", "A topic may hold any characters.", {"sessions": [claude.id]})
         decide(claude, "Database", "PostgreSQL 17 everywhere.", "all")
-        reply = store.send_message(from_id=codex.id, to_id=claude.id, text="On it: nox sessions, no tox.", hop=2,
-                                   reply_to=hello["id"], now=next(clock))
+        (reply,) = store.send_messages(
+            codex.id, [Outgoing(claude.id, "On it: nox sessions, no tox.", 2, hello["id"])], next(clock)
+        )
         facts.messages.append(reply)
     finally:
         store.close()
