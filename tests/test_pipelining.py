@@ -1,7 +1,8 @@
-"""A client may send requests without waiting for answers (SPEC §3: answers carry the
-request's id). Sends that arrive together are committed together; every request still gets
-its own answer, in order, and a bad one fails alone. Deliveries keep commit order whether
-they come from the database or straight from the send that wrote them."""
+"""A client may send requests without waiting for answers (ipc/protocol.py: answers carry
+the request's id and come in request order). Sends that arrive together are committed
+together; every request still gets its own answer, in order, and a bad one fails alone.
+Deliveries keep commit order whether they come from the database or straight from the send
+that wrote them."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def frame(obj: dict[str, Any]) -> bytes:
-    """SPEC §3 framing written out by hand: 4-byte big-endian length, then UTF-8 JSON."""
+    """The framing written out by hand from its description: 4-byte big-endian length, then UTF-8 JSON."""
     payload = json.dumps(obj).encode()
     return struct.pack(">I", len(payload)) + payload
 

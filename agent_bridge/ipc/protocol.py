@@ -14,6 +14,9 @@ Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a d
 The first request on a connection is either `hello` (it becomes a session's connection) or a
 control request (`identify`, `stop_check`, `status`, `shutdown`, `ping`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
+
+A client need not wait for an answer before its next request: requests on one connection are
+carried out and answered in the order they were sent (consecutive sends may share a commit).
 """
 
 from __future__ import annotations
