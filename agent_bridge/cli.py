@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="A local broker for AI coding-agent sessions: find each other, exchange durable "
         "messages, share pinned owner decisions.",
     )
+    from agent_bridge import __version__
+
+    parser.add_argument("--version", action="version", version=f"agent-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     up = sub.add_parser("up", help="run the broker (foreground unless --detach)")
@@ -75,11 +78,49 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check the setup and say what to fix")
     doc.set_defaults(func=_doctor)
 
+    add_owner_commands(sub)
+
     demo = sub.add_parser("demo", help="a guided run with simulated sessions")
     demo.add_argument("--home", help="use this state folder (and its running broker) instead of a temporary one")
     demo.add_argument("--no-wait", action="store_true", help="exit at the end instead of waiting for Ctrl-C")
     demo.set_defaults(func=_demo)
     return parser
+
+
+def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """decide, send, retract, sessions, forget: the owner's controls (agent_bridge.commands)."""
+    dcd = sub.add_parser("decide", help="record a pinned owner decision (author: cli), as the decide tool does")
+    dcd.add_argument("topic", help="what it is about (case-insensitive identity, at most 200 characters)")
+    dcd.add_argument("text", help="the decision, at most 4000 characters")
+    dcd.add_argument("--scope", help='"all", or JSON: {"project": "/abs/dir"} or {"sessions": ["name", ...]} '
+                     "(default: the current folder as a project)")
+    dcd.set_defaults(func=lambda ns: _commands().decide(ns.topic, ns.text, ns.scope))
+
+    snd = sub.add_parser("send", help="send a durable message to a session (sender: cli), as the send tool does")
+    snd.add_argument("to", help="the session's name, id or host session id (see `agent-bridge sessions`)")
+    snd.add_argument("text", help="the message")
+    snd.set_defaults(func=lambda ns: _commands().send(ns.to, ns.text))
+
+    ret = sub.add_parser("retract", help="withdraw a topic's pinned decision (history keeps every revision)")
+    ret.add_argument("topic", help="the decision's topic")
+    ret.add_argument("--reason", help="why, shown in history and in the notice sessions get")
+    ret.set_defaults(func=lambda ns: _commands().retract(ns.topic, ns.reason))
+
+    ses = sub.add_parser("sessions", help="every known session, connected or gone (read-only; works with the broker down)")
+    ses.add_argument("--json", action="store_true", help="print JSON")
+    ses.set_defaults(func=lambda ns: _commands().sessions(ns.json))
+
+    fgt = sub.add_parser("forget", help="forget sessions that are not connected, dropping what was queued to them")
+    fgt.add_argument("sessions", nargs="*", metavar="SESSION", help="a session's name, id or host session id")
+    fgt.add_argument("--gone-for", metavar="DURATION", help="every session gone this long: 90s, 30m, 12h, 7d, 2w")
+    fgt.add_argument("--json", action="store_true", help="print JSON")
+    fgt.set_defaults(func=lambda ns: _commands().forget(ns.sessions, ns.gone_for, ns.json))
+
+
+def _commands() -> ModuleType:
+    from agent_bridge import commands
+
+    return commands
 
 
 def _up(ns: argparse.Namespace) -> int:

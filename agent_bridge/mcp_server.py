@@ -27,7 +27,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.stdio import stdio_server
 from pydantic import Field
 
-from agent_bridge import domain, paths, procinfo
+from agent_bridge import __version__, domain, paths, procinfo
 from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
 from agent_bridge.ipc.protocol import RemoteError
 
@@ -299,6 +299,7 @@ def compact_schema(schema: Any) -> Any:
 def build_server(bridge: Bridge) -> MCPServer:
     server = MCPServer(
         "agent-bridge",
+        version=__version__,
         instructions=(
             "agent-bridge connects this session with other agent sessions on this machine. "
             "Check `decisions` before choosing something the owner may have decided; use `inbox` to read "

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from agent_bridge import paths
+from agent_bridge.store.schema import CURRENT_VERSION
 from tests.conftest import CLI, BrokerProcess, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ def test_up_detach_status_down(env, home):
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         assert stat.S_IMODE(os.stat(record["socket"]).st_mode) == 0o600
         status = json.loads(run_cli(env, "status", "--json").stdout)
-        assert status["running"] is True and status["pid"] == record["pid"] and status["schemaVersion"] == 3
+        assert status["running"] is True and status["pid"] == record["pid"] and status["schemaVersion"] == CURRENT_VERSION
         second = run_cli(env, "up", "--detach")
         assert second.returncode == 1 and "already running" in second.stderr
         foreground = run_cli(env, "up")

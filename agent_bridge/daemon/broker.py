@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 import trio
@@ -27,10 +27,10 @@ from agent_bridge.daemon.sessions import (
     Session,
 )
 from agent_bridge.daemon.storage import StoreRunner
-from agent_bridge.domain import InputError
+from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.store.writer import Outgoing, Recipient, host_key, now_ms
+from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key, now_ms
 
 log = logging.getLogger("agent_bridge.broker")
 
@@ -290,6 +290,9 @@ class Broker:
                 return {"stopping": True}  # the connection sets `stop` once this answer is sent
             if op == "ping":
                 return "pong"
+            command = self.COMMAND_OPS.get(op)
+            if command is not None:
+                return await command(self, args)
             raise InputError(f"{op}: needs a session connection (send hello first)")
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
@@ -324,10 +327,14 @@ class Broker:
 
     async def op_decide(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"topic", "text", "scope", "source_message_id"}, "decide")
+        return await self._decide(session.view(), session.peer["agent"], session.peer["project"], args)
+
+    async def _decide(self, author: SessionView, author_agent: str, project: str, args: dict[str, Any]) -> Any:
+        """One revision by `author`; an omitted scope is `project` (the author's folder)."""
         topic = domain.normalize_topic(args.get("topic"))
         text = domain.normalize_text(args.get("text"))
         raw_scope = args.get("scope")
-        scope = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
+        scope = {"project": project} if raw_scope is None else domain.parse_scope(raw_scope)
         source = args.get("source_message_id")
         if not isinstance(source, str) or len(source) > ADDRESS_MAX:
             source = None  # provenance that names no bridge message is stored as null (SPEC §4.1)
@@ -338,8 +345,8 @@ class Broker:
         ]
         decision, delivered = await self.store.run(
             self.store.store.record_decision,
-            author=session.view(),
-            author_agent=session.peer["agent"],
+            author=author,
+            author_agent=author_agent,
             topic=topic,
             text=text,
             scope=scope,
@@ -435,6 +442,97 @@ class Broker:
             learned = await self.learn(session, hsid, rank)
         return {"session": session.public(), "learned": learned}
 
+    # --- the command line: `agent-bridge decide | send | retract | forget | sessions` ----
+
+    async def cmd_decide(self, args: dict[str, Any]) -> Any:
+        """`agent-bridge decide`: the rules of the MCP tool, the author `cli`; an omitted scope
+        is the folder the command ran in (`project`)."""
+        _no_unknown(args, {"topic", "text", "scope", "project"}, "decide")
+        project = domain.normalize_folder(args.get("project"), what="project")
+        rest = {k: v for k, v in args.items() if k != "project"}
+        return await self._decide(CLI_AUTHOR, CLI_AGENT, project, rest)
+
+    async def cmd_send(self, args: dict[str, Any]) -> Any:
+        """`agent-bridge send`: the rules of the MCP tool, the sender `cli`."""
+        _no_unknown(args, {"to", "text"}, "send")
+        (result,) = await self.send_batch(_CLI_SENDER, [args])  # type: ignore[arg-type]
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    async def cmd_retract(self, args: dict[str, Any]) -> Any:
+        _no_unknown(args, {"topic", "reason"}, "retract")
+        topic = domain.normalize_topic(args.get("topic"))
+        reason = args.get("reason")
+        if reason is not None:
+            if not isinstance(reason, str):
+                raise InputError("reason: expected a string")
+            reason = reason.strip() or None
+            if reason is not None and len(reason) > domain.TEXT_MAX:
+                raise InputError(f"reason: at most {domain.TEXT_MAX} characters, got {len(reason)}")
+        retraction, notified = await self.store.run(
+            self.store.store.retract,
+            topic=topic,
+            reason=reason,
+            author=CLI_AUTHOR,
+            author_agent=CLI_AGENT,
+            connected=[s.view() for s in self.sessions.values()],
+            now=now_ms(),
+        )
+        for peer_id, _ in notified:
+            target = self.sessions.get(peer_id)
+            if target is not None:
+                target.poke()
+        return {"retraction": retraction, "notified": [name for _, name in notified]}
+
+    async def cmd_connected(self, args: dict[str, Any]) -> Any:
+        """The ids of the connected sessions (`agent-bridge sessions` reads the rest itself)."""
+        _no_unknown(args, set(), "connected")
+        return sorted(self.sessions)
+
+    async def cmd_forget(self, args: dict[str, Any]) -> Any:
+        """Forget sessions that are not connected: by address, or every one last seen more than
+        `goneForMs` ago. A connected or unknown address refuses the whole request."""
+        _no_unknown(args, {"sessions", "goneForMs"}, "forget")
+        addresses, gone_for = args.get("sessions"), args.get("goneForMs")
+        if (addresses is None) == (gone_for is None):
+            raise InputError("forget: give session addresses or goneForMs, not both and not neither")
+        store = self.store.store
+        async with self._identity_lock:  # nobody connects as one of them while they are forgotten
+            if addresses is not None:
+                if not isinstance(addresses, list) or not addresses or not all(
+                    isinstance(a, str) and a.strip() and len(a) <= ADDRESS_MAX for a in addresses
+                ):
+                    raise InputError("sessions: expected a non-empty list of session names, ids or host session ids")
+                ids: list[str] = []
+                for address in addresses:
+                    address = address.strip()
+                    held = self.find_connected(address)
+                    if held is not None:
+                        raise InputError(f"{address!r} is connected ({held.name}); only gone sessions can be forgotten")
+                    found = await self.store.run(store.find_peers_by_address, address)
+                    if not found:
+                        raise InputError(f"no session is addressed by {address!r} (see `agent-bridge sessions`)")
+                    ids.extend(p["id"] for p in found if p["id"] not in ids)
+            else:
+                if isinstance(gone_for, bool) or not isinstance(gone_for, int) or gone_for < 0:
+                    raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
+                candidates = await self.store.run(store.sessions_last_seen_before, now_ms() - gone_for)
+                ids = [i for i in candidates if i not in self.sessions]
+            forgotten = await self.store.run(store.forget_peers, ids, now_ms())
+        for item in forgotten:
+            log.info("forgot session %s (%s); dropped %d queued message(s)",
+                     item["session"]["name"], item["session"]["id"], len(item["dropped"]))
+        return {"forgotten": forgotten}
+
+    COMMAND_OPS: dict[str, Callable[[Broker, dict[str, Any]], Any]] = {
+        "decide": cmd_decide,
+        "send": cmd_send,
+        "retract": cmd_retract,
+        "forget": cmd_forget,
+        "connected": cmd_connected,
+    }
+
     # --- control requests (hooks, CLI) ----------------------------------------------
 
     async def stop_check(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -475,6 +573,15 @@ class Broker:
             "home": str(self.home),
             "schemaVersion": self.store.store.schema_version,  # never the connection: the worker thread owns it
         }
+
+
+class _CliSender(NamedTuple):
+    """What `send_batch` needs of its sender, for a send from the command line."""
+
+    id: str
+
+
+_CLI_SENDER = _CliSender(CLI_AUTHOR.id)
 
 
 # --- argument checks ----------------------------------------------------------------

@@ -84,8 +84,8 @@ def query_decisions(
         return []
     where: list[str] = []
     args: dict[str, Any] = {}
-    if history:
-        sql = _SELECT_DECISION + "FROM decisions d JOIN decision_heads h ON h.topic = d.topic"
+    if history:  # LEFT: a retracted topic has no head, and its revisions are all history
+        sql = _SELECT_DECISION + "FROM decisions d LEFT JOIN decision_heads h ON h.topic = d.topic"
     else:
         sql = _SELECT_DECISION + "FROM decision_heads h JOIN decisions d ON d.seq = h.seq"
     if topic is not None:
@@ -206,6 +206,13 @@ def _message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> 
         found = decision_by_id(conn, decision_id)
         if found is not None:
             message["decision"] = found
+    if decision_id is None and hop == domain.DECISION_HOP and conn is not None:
+        # Only notices carry the maximum hop (an ordinary reply chain rarely gets there), so
+        # this lookup stays off the delivery path of ordinary messages.
+        retraction = retraction_for_message(conn, mid)
+        if retraction is not None:
+            message["kind"] = "retraction"
+            message["retraction"] = retraction
     message["_seq"] = seq
     message["_acked"] = acked is not None
     return message
@@ -213,7 +220,7 @@ def _message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> 
 
 def decision_by_id(conn: apsw.Connection, decision_id: str) -> dict[str, Any] | None:
     row = conn.execute(
-        _SELECT_DECISION + "FROM decisions d JOIN decision_heads h ON h.topic = d.topic WHERE d.id = ?",
+        _SELECT_DECISION + "FROM decisions d LEFT JOIN decision_heads h ON h.topic = d.topic WHERE d.id = ?",
         (decision_id,),
     ).fetchone()
     if row is None:
@@ -267,9 +274,82 @@ def list_peers(conn: apsw.Connection) -> list[dict[str, Any]]:
     host_col = "host_session_id" if _has_host_column(conn) else "NULL"
     sql = (
         f"SELECT id, name, agent, project, {host_col}, kind, created_at, last_seen_at FROM peers "
-        "ORDER BY last_seen_at DESC, rowid DESC"
+        f"WHERE {LISTED_PEERS} ORDER BY last_seen_at DESC, rowid DESC"
     )
+    if not has_column(conn, "peers", "forgotten_at"):
+        sql = sql.replace(" AND forgotten_at IS NULL", "")
     return [dict(zip(PEER_COLUMNS, v, strict=True)) for v in conn.execute(sql)]
+
+
+# The sessions a person or an agent sees: not the command line's author record, not a forgotten one.
+CLI_ID = "cli"
+
+
+def listed_peers(alias: str = "") -> str:
+    """SQL condition on peers (`alias.`-qualified): rows listed and addressable."""
+    p = f"{alias}." if alias else ""
+    return f"{p}id != '{CLI_ID}' AND {p}forgotten_at IS NULL"
+
+
+LISTED_PEERS = listed_peers()
+
+
+def has_column(conn: apsw.Connection, table: str, column: str) -> bool:
+    return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def unacked_counts(conn: apsw.Connection) -> dict[str, int]:
+    """Unacknowledged receipts per session id."""
+    if not has_table(conn, "receipts"):
+        return {}
+    rows = conn.execute("SELECT peer_id, count(*) FROM receipts WHERE acked_at IS NULL GROUP BY peer_id")
+    return {peer_id: int(n) for peer_id, n in rows}
+
+
+RETRACTION_COLUMNS = ("id", "topic", "retracts", "reason", "author_id", "author_name", "author_agent", "created_at")
+_SELECT_RETRACTION = (
+    "SELECT id, topic, retracts, reason, author_id, author_name, author_agent, created_at FROM decision_retractions "
+)
+
+
+def render_retraction(values: tuple[Any, ...]) -> dict[str, Any]:
+    row = dict(zip(RETRACTION_COLUMNS, values, strict=True))
+    return {
+        "id": row["id"],
+        "topic": row["topic"],
+        "retracts": row["retracts"],
+        "reason": row["reason"],
+        "author": {"id": row["author_id"], "name": row["author_name"], "agent": row["author_agent"]},
+        "createdAt": row["created_at"],
+    }
+
+
+def retractions(conn: apsw.Connection, *, topic: str | None = None) -> list[dict[str, Any]]:
+    """Retraction records, newest first (of one topic, or all)."""
+    if not has_table(conn, "decision_retractions"):
+        return []
+    if topic is None:
+        rows = conn.execute(_SELECT_RETRACTION + "ORDER BY seq DESC")
+    else:
+        rows = conn.execute(_SELECT_RETRACTION + "WHERE topic = ? ORDER BY seq DESC", (topic,))
+    return [render_retraction(v) for v in rows]
+
+
+def retraction_for_message(conn: apsw.Connection, message_id: str) -> dict[str, Any] | None:
+    """The retraction a notice message announces, if it is one."""
+    if not has_table(conn, "retraction_notices"):
+        return None
+    row = conn.execute(
+        _SELECT_RETRACTION.replace("FROM decision_retractions ", "FROM retraction_notices n JOIN decision_retractions r ")
+        + "ON r.id = n.retraction_id WHERE n.message_id = ?",
+        (message_id,),
+    ).fetchone()
+    return None if row is None else render_retraction(row)
+
+
+def retraction_by_id(conn: apsw.Connection, retraction_id: str) -> dict[str, Any] | None:
+    row = conn.execute(_SELECT_RETRACTION + "WHERE id = ?", (retraction_id,)).fetchone()
+    return None if row is None else render_retraction(row)
 
 
 def peer_by_host_session(conn: apsw.Connection, host_session_id: str) -> dict[str, Any] | None:

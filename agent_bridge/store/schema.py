@@ -3,6 +3,8 @@
 Versions 1 and 2 are the existing bridge, pinned verbatim; their meaning never changes.
 Version 3 adds append-only pinned decisions, their per-host-session deliveries, and the
 persisted host-to-session map of SPEC §3.
+Version 4 adds the owner's controls: append-only retractions of a topic's decision (with the
+notices they queued) and forgotten sessions (a tombstone where history still names them).
 """
 
 from __future__ import annotations
@@ -93,7 +95,41 @@ CREATE INDEX peers_name ON peers(name);
 PRAGMA user_version = 3;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3)
+V4 = """
+-- A topic's decision withdrawn by the owner: appended, never updated or deleted. The topic
+-- has no current revision until a later decide starts it again (decision_heads loses it).
+CREATE TABLE decision_retractions (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  topic TEXT NOT NULL,
+  retracts TEXT NOT NULL REFERENCES decisions(id),   -- the revision that was current
+  reason TEXT CHECK (reason IS NULL OR length(reason) BETWEEN 1 AND 4000),
+  author_id TEXT NOT NULL REFERENCES peers(id),
+  author_name TEXT NOT NULL,
+  author_agent TEXT NOT NULL,
+  created_at INTEGER NOT NULL);
+CREATE INDEX decision_retractions_topic ON decision_retractions(topic, seq);
+CREATE TRIGGER decision_retractions_no_update BEFORE UPDATE ON decision_retractions
+  BEGIN SELECT RAISE(ABORT, 'decision_retractions are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER decision_retractions_no_delete BEFORE DELETE ON decision_retractions
+  BEGIN SELECT RAISE(ABORT, 'decision_retractions are append-only: DELETE is not allowed'); END;
+CREATE TRIGGER decision_retractions_head AFTER INSERT ON decision_retractions
+  BEGIN DELETE FROM decision_heads WHERE topic = NEW.topic; END;
+
+-- The passive notice a retraction queued for one session (its message and receipt).
+CREATE TABLE retraction_notices (
+  message_id TEXT PRIMARY KEY REFERENCES messages(id),
+  retraction_id TEXT NOT NULL REFERENCES decision_retractions(id),
+  peer_id TEXT NOT NULL REFERENCES peers(id));
+CREATE INDEX retraction_notices_peer ON retraction_notices(peer_id);
+
+-- A forgotten session whose row history still references (messages it sent, decisions it
+-- recorded, deliveries it got) stays as a tombstone: never listed, never addressed.
+ALTER TABLE peers ADD COLUMN forgotten_at INTEGER;
+PRAGMA user_version = 4;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4)
 CURRENT_VERSION = len(STEPS)
 
 

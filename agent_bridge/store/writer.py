@@ -199,7 +199,8 @@ class Store:
         """Sessions an address names (id, name or host session id), most recently seen first."""
         rows = self.conn.execute(
             "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers "
-            "WHERE id = ?1 OR name = ?1 OR host_session_id = ?1 ORDER BY last_seen_at DESC, rowid DESC",
+            f"WHERE (id = ?1 OR name = ?1 OR host_session_id = ?1) AND {queries.LISTED_PEERS} "
+            "ORDER BY last_seen_at DESC, rowid DESC",
             (address,),
         )
         return [dict(zip(queries.PEER_COLUMNS, r, strict=True)) for r in rows]
@@ -289,6 +290,8 @@ class Store:
         sends that arrived together share a commit). Returns them as they are pushed."""
         written = []
         with self.conn:
+            if from_id == CLI_AUTHOR.id:
+                self._ensure_cli_peer(now)
             names = {
                 r[0]: (r[1], r[2])
                 for r in self.conn.execute(
@@ -400,12 +403,15 @@ class Store:
         kind = domain.scope_kind(scope)
         project = scope["project"] if kind == "project" else None  # type: ignore[index]
         with self.conn:
+            if author.id == CLI_AUTHOR.id:
+                self._ensure_cli_peer(now)
             if source_message_id is not None and not self.message_exists(source_message_id):
                 source_message_id = None
-            head = self.conn.execute(
-                "SELECT d.id FROM decision_heads h JOIN decisions d ON d.seq = h.seq WHERE h.topic = ?", (topic,)
+            # The topic's last revision: the current one, or the retracted one a new decide restarts.
+            last = self.conn.execute(
+                "SELECT id FROM decisions WHERE topic = ? ORDER BY seq DESC LIMIT 1", (topic,)
             ).fetchone()
-            supersedes = head[0] if head else None
+            supersedes = last[0] if last else None
             self.conn.execute(
                 "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, author_id, "
                 "author_name, author_agent, created_at, source_message_id, supersedes) "
@@ -486,6 +492,139 @@ class Store:
 
     def decisions(self, **kwargs: Any) -> list[dict[str, Any]]:
         return queries.query_decisions(self.conn, **kwargs)
+
+    # --- the owner's controls: the command line, retract, forget ----------------------
+
+    def _ensure_cli_peer(self, now: int) -> None:
+        """The author record of `agent-bridge decide/send/retract` (messages and decisions
+        reference their author's row). A job, never listed, never addressed."""
+        self.conn.execute(
+            "INSERT OR IGNORE INTO peers(id, name, agent, project, kind, created_at, last_seen_at) "
+            "VALUES (?, ?, ?, '', 'job', ?, ?)",
+            (CLI_AUTHOR.id, CLI_AUTHOR.name, domain.CLI_AGENT, now, now),
+        )
+
+    def retract(
+        self, *, topic: str, reason: str | None, author: SessionView, author_agent: str,
+        connected: Sequence[SessionView], now: int,
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """Withdraw the topic's current decision: one appended retraction record, and one
+        passive notice for each session in the retracted revision's scope (connected,
+        non-job) or that was sent that revision. One transaction.
+
+        Returns (the retraction, [(session id, name) notified]). InputError when the topic has
+        no current decision."""
+        with self.conn:
+            if author.id == CLI_AUTHOR.id:
+                self._ensure_cli_peer(now)
+            current = queries.query_decisions(self.conn, topic=topic)
+            if not current:
+                retracted = queries.retractions(self.conn, topic=topic)
+                if retracted:
+                    raise domain.InputError(f"topic: {topic!r} has no current decision (already retracted)")
+                raise domain.InputError(f"topic: no decision has been recorded for {topic!r}")
+            decision = current[0]
+            retraction_id = new_id()
+            self.conn.execute(
+                "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, author_agent, "
+                "created_at) VALUES (?,?,?,?,?,?,?,?)",
+                (retraction_id, topic, decision["id"], reason, author.id, author.name, author_agent, now),
+            )
+            targets: dict[str, str] = {}
+            for session in connected:
+                if session.kind != "job" and domain.scope_applies(decision["scope"], session):
+                    targets[session.id] = session.name
+            for peer_id, name in self.conn.execute(
+                "SELECT p.id, p.name FROM decision_deliveries dd JOIN peers p ON p.id = dd.peer_id "
+                f"WHERE dd.decision_id = ? AND p.kind != 'job' AND {queries.listed_peers('p')}",
+                (decision["id"],),
+            ):
+                targets.setdefault(peer_id, name)
+            body = retraction_text(decision, reason)
+            for peer_id in targets:
+                self._close_tap(peer_id)  # its delivery task reads this from the database
+                message_id = new_id()
+                self.conn.execute(
+                    "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (message_id, author.id, peer_id, body, domain.DECISION_HOP, None, now),
+                )
+                self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id))
+                self.conn.execute(
+                    "INSERT INTO retraction_notices(message_id, retraction_id, peer_id) VALUES (?, ?, ?)",
+                    (message_id, retraction_id, peer_id),
+                )
+            retraction = queries.retraction_by_id(self.conn, retraction_id)
+        assert retraction is not None
+        return retraction, sorted(targets.items(), key=lambda item: item[1])
+
+    def forget_peers(self, peer_ids: Sequence[str], now: int) -> list[dict[str, Any]]:
+        """Forget sessions (the caller checked none is connected): what was queued to each is
+        returned, then dropped with it. One transaction.
+
+        Pinned decisions and their deliveries are append-only history: a session they (or
+        messages it sent) still reference stays as a tombstone, unlisted, unaddressable, its host
+        session id cleared; any other session's row is deleted."""
+        out = []
+        with self.conn:
+            for peer_id in peer_ids:
+                peer = self.get_peer(peer_id)
+                if peer is None or peer_id == CLI_AUTHOR.id:
+                    continue
+                queued = queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)
+                for m in queued:
+                    del m["_seq"], m["_acked"]
+                self._close_tap(peer_id)
+                self.conn.execute("DELETE FROM receipts WHERE peer_id = ?", (peer_id,))
+                # Messages to it that nothing else holds: no receipt left, no notice or decision naming them.
+                self.conn.execute(
+                    "DELETE FROM messages WHERE to_peer = ?1 "
+                    "AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM retraction_notices rn WHERE rn.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.source_message_id = messages.id)",
+                    (peer_id,),
+                )
+                if peer.get("hostSessionId"):
+                    self.conn.execute(
+                        "DELETE FROM host_instances WHERE host_session_id = ?", (peer["hostSessionId"],)
+                    )
+                referenced = self.conn.execute(
+                    "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
+                    "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
+                    "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1) "
+                    "OR EXISTS(SELECT 1 FROM decision_retractions WHERE author_id = ?1) "
+                    "OR EXISTS(SELECT 1 FROM retraction_notices WHERE peer_id = ?1)",
+                    (peer_id,),
+                ).fetchone()
+                if referenced is not None and referenced[0]:
+                    self.conn.execute(
+                        "UPDATE peers SET host_session_id = NULL, forgotten_at = ? WHERE id = ?", (now, peer_id)
+                    )
+                else:
+                    self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))
+                out.append({"session": _public_peer(peer), "lastSeen": peer["lastSeenAt"], "dropped": queued})
+        return out
+
+    def sessions_last_seen_before(self, cutoff: int) -> list[str]:
+        """Listed sessions last seen before `cutoff` (epoch ms), oldest first."""
+        rows = self.conn.execute(
+            f"SELECT id FROM peers WHERE last_seen_at < ? AND {queries.LISTED_PEERS} ORDER BY last_seen_at, rowid",
+            (cutoff,),
+        )
+        return [r[0] for r in rows]
+
+
+CLI_AUTHOR = SessionView(id=queries.CLI_ID, name=domain.CLI_AGENT, project="", kind="job")
+
+
+def _public_peer(peer: dict[str, Any]) -> dict[str, Any]:
+    return {k: peer[k] for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
+
+
+def retraction_text(decision: dict[str, Any], reason: str | None) -> str:
+    line = f"Pinned owner decision retracted: {domain.decision_line(decision)} no longer applies"
+    return line + (f". Reason: {reason}" if reason else ".")
 
 
 def notification_text(decision: dict[str, Any]) -> str:

@@ -214,7 +214,9 @@ def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -
         found = await read(
             partial(queries.query_decisions, needle=needle, lookup=lookup, history=True, topic=normalized), []
         )
-        return json_response({"topic": normalized, "decisions": found})
+        # Beside the decision objects, never inside them: the topic's retractions, newest first.
+        retracted = await read(partial(queries.retractions, topic=normalized), [])
+        return json_response({"topic": normalized, "decisions": found, "retractions": retracted})
 
     @app.get("/api/sessions")
     async def sessions() -> Response:

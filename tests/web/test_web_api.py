@@ -341,7 +341,7 @@ async def test_history_of_a_topic_newest_first(dashboard: Running, facts: Facts,
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, history_path(sent))
-    assert body == {"topic": topic, "decisions": facts.history(topic)}
+    assert body == {"topic": topic, "decisions": facts.history(topic), "retractions": []}
     revisions = body["decisions"]
     assert revisions and [d["current"] for d in revisions] == [True] + [False] * (len(revisions) - 1)
     assert all(d["topic"] == topic for d in revisions)
@@ -382,11 +382,11 @@ async def test_history_with_query_and_scope(dashboard: Running, facts: Facts) ->
                 client, history_path("database") + "?scope=" + quote(json.dumps({"project": OTHER}))
             )
     old, new = facts.history("database")[1], facts.history("database")[0]
-    assert by_text == {"topic": "database", "decisions": [old]}
+    assert by_text == {"topic": "database", "decisions": [old], "retractions": []}
     assert old["current"] is False
-    assert in_project == {"topic": "database", "decisions": [new, old]}
-    assert global_only == {"topic": "database", "decisions": [new]}
-    assert elsewhere == {"topic": "database", "decisions": [new]}
+    assert in_project == {"topic": "database", "decisions": [new, old], "retractions": []}
+    assert global_only == {"topic": "database", "decisions": [new], "retractions": []}
+    assert elsewhere == {"topic": "database", "decisions": [new], "retractions": []}
 
 
 async def test_history_of_an_unknown_topic_is_empty(dashboard: Running) -> None:
@@ -394,8 +394,8 @@ async def test_history_of_an_unknown_topic_is_empty(dashboard: Running) -> None:
         async with dashboard.client() as client:
             body = await get_json(client, history_path("No Such Topic"))
             long_ok = await get_json(client, history_path("t" * 200))
-    assert body == {"topic": "no such topic", "decisions": []}
-    assert long_ok == {"topic": "t" * 200, "decisions": []}
+    assert body == {"topic": "no such topic", "decisions": [], "retractions": []}
+    assert long_ok == {"topic": "t" * 200, "decisions": [], "retractions": []}
 
 
 @pytest.mark.parametrize(

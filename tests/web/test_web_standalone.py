@@ -55,7 +55,7 @@ async def test_serves_itself_when_no_broker_runs(nursery: trio.Nursery, web_home
         assert status["mode"] == "standalone" and status["home"] == str(web_home)
         for path, body in {
             "/api/decisions": {"decisions": []},
-            "/api/decisions/build%20%2F%20ci/history": {"topic": "build / ci", "decisions": []},
+            "/api/decisions/build%20%2F%20ci/history": {"topic": "build / ci", "decisions": [], "retractions": []},
             "/api/sessions": {"sessions": []},
             "/api/messages": {"messages": []},
         }.items():
@@ -75,7 +75,7 @@ async def test_serves_the_data_with_percent_encoded_topics(nursery: trio.Nursery
         decisions = (await get(dash.base, dash.token, "/api/decisions")).json()["decisions"]
         assert decisions == facts.current()
         history = (await get(dash.base, dash.token, "/api/decisions/BUILD%20%2F%20CI/history")).json()
-        assert history == {"topic": "build / ci", "decisions": facts.history("build / ci")}
+        assert history == {"topic": "build / ci", "decisions": facts.history("build / ci"), "retractions": []}
         history = (await get(dash.base, dash.token, "/api/decisions/caf%C3%A9/history")).json()
         assert history["topic"] == "café" and len(history["decisions"]) == 1
         sessions = (await get(dash.base, dash.token, "/api/sessions")).json()["sessions"]
@@ -91,7 +91,7 @@ async def test_old_schema_database(nursery: trio.Nursery, web_home: Path, versio
         dash = await start_standalone(nursery, standalone_env(web_home))
         assert (await get(dash.base, dash.token, "/api/decisions")).json() == {"decisions": []}
         history = await get(dash.base, dash.token, "/api/decisions/x%2Fy/history")
-        assert history.json() == {"topic": "x/y", "decisions": []}
+        assert history.json() == {"topic": "x/y", "decisions": [], "retractions": []}
         sessions = (await get(dash.base, dash.token, "/api/sessions")).json()["sessions"]
         assert [s["name"] for s in sessions] == ["claude-old", "codex-old"]
         assert await dash.stop() == 0

@@ -14,8 +14,8 @@ from webfixtures import TIMEOUT, Running, build_database, build_old_database, st
 EMPTY = {
     "/api/decisions": {"decisions": []},
     "/api/decisions?q=x&scope=all": {"decisions": []},
-    "/api/decisions/camera/history": {"topic": "camera", "decisions": []},
-    "/api/decisions/build%20%2F%20ci/history": {"topic": "build / ci", "decisions": []},
+    "/api/decisions/camera/history": {"topic": "camera", "decisions": [], "retractions": []},
+    "/api/decisions/build%20%2F%20ci/history": {"topic": "build / ci", "decisions": [], "retractions": []},
     "/api/sessions": {"sessions": []},
     "/api/messages": {"messages": []},
 }
