@@ -18,6 +18,7 @@ from agent_bridge import domain, paths
 from agent_bridge.ipc.client import BridgeClient, open_bridge_client
 
 DEMO_HOP_LIMIT = "4"  # a temporary broker uses a short limit so the reply chain goes passive quickly
+DEMO_TOPIC = "database"
 PUSH_WAIT = 1.5  # how long a simulated session waits for a push it may not get (the job runner)
 
 
@@ -26,8 +27,17 @@ def say(text: str = "") -> None:
 
 
 def main(ns: argparse.Namespace) -> int:
-    own_home = ns.home is None
+    own_home = ns.home is None  # never the real state folder unless asked for by name
     home = Path(tempfile.mkdtemp(prefix="agent-bridge-demo-")) if own_home else Path(ns.home).expanduser().absolute()
+    if not own_home:
+        print(
+            f"agent-bridge demo: warning: --home {home}: the demo writes to this state folder: three simulated "
+            f"sessions, their messages and a pinned decision on topic {DEMO_TOPIC!r} for the folder "
+            f"{demo_project(home)} (no real session's folder). Undo with `agent-bridge retract {DEMO_TOPIC}` and "
+            "`agent-bridge forget` (see `agent-bridge sessions`).",
+            file=sys.stderr,
+            flush=True,
+        )
     env = {**os.environ, "AGENT_BRIDGE_HOME": str(home)}
     if own_home:
         env.setdefault("AGENT_BRIDGE_HOP_LIMIT", DEMO_HOP_LIMIT)
@@ -46,7 +56,7 @@ def main(ns: argparse.Namespace) -> int:
             record = paths.read_broker_json(home)
         assert record is not None
         try:
-            trio.run(_run, home, record, not ns.no_wait)
+            trio.run(_run, home, record, not ns.no_wait, started, own_home)
         except KeyboardInterrupt:
             say("\nInterrupted.")
         return 0
@@ -58,8 +68,14 @@ def main(ns: argparse.Namespace) -> int:
             shutil.rmtree(home, ignore_errors=True)
 
 
-async def _run(home: Path, record: dict[str, Any], wait: bool) -> None:
-    project = str(home / "demo-project") if os.name != "nt" else "c:/demo-project"
+def demo_project(home: Path) -> str:
+    """The simulated sessions' folder: inside the demo's state folder, so a decision scoped to it
+    concerns no real session even when the demo runs on a real home (--home)."""
+    return domain.normalize_folder(str(home / "demo-project"))
+
+
+async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, own_home: bool) -> None:
+    project = demo_project(home)
     sessions = [
         ("claude", "interactive", "the Claude Code session"),
         ("codex", "interactive", "the Codex session"),
@@ -77,10 +93,11 @@ async def _run(home: Path, record: dict[str, Any], wait: bool) -> None:
             say(f"   {s['name']:<22} {kind:<12} ({what})")
 
         claude, codex, job = clients
-        say("\n2. The owner answers a question; the Claude session records it as a pinned decision:")
-        result = await claude[0].request("decide", topic="database", text="PostgreSQL 16, no ORM", scope="all")
+        say("\n2. The owner answers a question; the Claude session records it as a pinned decision")
+        say("   for the demo's project folder (every session working there):")
+        result = await claude[0].request("decide", topic=DEMO_TOPIC, text="PostgreSQL 16, no ORM")
         decision = result["decision"]
-        say(f"   decide(topic='database', scope='all') -> {domain.decision_line(decision)}")
+        say(f"   decide(topic={DEMO_TOPIC!r}) -> {domain.decision_line(decision)}")
         say(f"   deliveredTo: {', '.join(result['deliveredTo'])}   (the job runner is never notified)")
         for client, pushes, s in clients:
             got = await _drain(client, pushes)
@@ -104,17 +121,25 @@ async def _run(home: Path, record: dict[str, Any], wait: bool) -> None:
             sender, receiver = receiver, sender
 
         say("\n4. The job runner can look decisions up too:")
-        found = await job[0].request("decisions", scope="all")
-        say(f"   decisions(scope='all') -> {[d['topic'] for d in found]}")
+        found = await job[0].request("decisions")
+        say(f"   decisions() -> {[d['topic'] for d in found]}")
 
         web = record.get("web")
         url_file = home / paths.DASHBOARD_URL
-        say("\n5. The dashboard shows the sessions, the messages and the decision:")
-        say(f"   {_read(url_file) or web or 'not serving'}")
-        say("   Look at: Sessions (three connected), Messages (the reply chain), Decisions (database).")
         if wait:
+            say("\n5. The dashboard shows the sessions, the messages and the decision:")
+            say(f"   {_read(url_file) or web or 'not serving'}")
+            say(f"   Look at: Sessions (three connected), Messages (the reply chain), Decisions ({DEMO_TOPIC}).")
             say("\nPress Ctrl-C to end the demo.")
             await trio.sleep_forever()
+        else:
+            ends = ["the three sessions disconnect"]
+            if started:
+                ends.append("the demo's broker stops")
+            if own_home:
+                ends.append("its temporary folder is removed")
+            say(f"\n5. With --no-wait the demo ends here: {', '.join(ends)}.")
+            say("   Run `agent-bridge demo` without --no-wait to look at them on the dashboard.")
         nursery.cancel_scope.cancel()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,19 +14,31 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.slow
 
 
-def test_demo_in_a_temporary_home_cleans_up(env, tmp_path):
+@pytest.mark.parametrize("env_home", [False, True])
+def test_demo_in_a_temporary_home_cleans_up(env, home, tmp_path, env_home):
+    """Without --home the demo writes to no real state folder: neither the default one nor the
+    one AGENT_BRIDGE_HOME names."""
     e = {k: v for k, v in env.items() if k != "AGENT_BRIDGE_HOME"}
     e["HOME"] = str(tmp_path)
+    e.pop("XDG_STATE_HOME", None)
+    if env_home:
+        e["AGENT_BRIDGE_HOME"] = str(paths.ensure_home(home))
     out = run_cli(e, "demo", "--no-wait", timeout=120)
     assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+    if env_home:
+        assert list(home.iterdir()) == []
     text = out.stdout
     assert "deliveredTo: claude-demo-project, codex-demo-project" in text
     assert re.search(r"claude-demo-project\s+received the decision notice", text)
     assert re.search(r"codex-demo-project\s+received the decision notice", text)
     assert re.search(r"codex-demo-project-2\s+received nothing", text)  # the job runner
     assert "hop  3  active" in text and "hop  4  passive" in text  # the demo broker's hop limit is 4
-    assert "decisions(scope='all') -> ['database']" in text
+    assert "decisions() -> ['database']" in text
     assert "Stopped the demo broker." in text
+    # --no-wait: nothing to look at afterwards, and the text says so instead of pointing there
+    assert "Look at:" not in text and "http://" not in text
+    assert "the demo ends here: the three sessions disconnect, the demo's broker stops" in text
     home = Path(re.search(r"Starting a broker in (\S+) …", text).group(1))
     assert not home.exists()  # the temporary home is removed
     assert not (tmp_path / ".local" / "state" / "agent-bridge").exists()  # the user's home untouched
@@ -34,7 +47,13 @@ def test_demo_in_a_temporary_home_cleans_up(env, tmp_path):
 def test_demo_with_home_uses_the_running_broker_and_leaves_it(broker, env, home):
     out = run_cli(env, "demo", "--no-wait", "--home", str(home), timeout=120)
     assert out.returncode == 0, out.stderr
+    assert f"warning: --home {home}: the demo writes to this state folder" in out.stderr
+    assert "agent-bridge retract database" in out.stderr
     assert "Starting a broker" not in out.stdout
+    assert "the demo ends here: the three sessions disconnect." in out.stdout  # this broker keeps running
+    # the decision concerns the demo's own folder, never every real session
+    (decision,) = json.loads(run_cli(env, "decisions", "--json").stdout)
+    assert decision["scope"] == {"project": str(home / "demo-project")}
     assert "hop 10  passive" in out.stdout  # the running broker's default hop limit
     assert paths.read_broker_json(home)["pid"] == broker.pid  # still running
     assert broker.status()["pid"] == broker.pid
