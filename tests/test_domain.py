@@ -263,3 +263,20 @@ def test_decision_line_cuts_with_ellipsis():
     line = domain.decision_line({"topic": "t", "text": "x" * 300}, limit=160)
     assert line == "t: " + "x" * 159 + "…"
     assert domain.decision_line({"topic": "t", "text": "short"}, limit=160) == "t: short"
+
+
+def test_messages_from_the_command_line_are_framed_as_a_local_command():
+    for kind, what in (("message", "a message"), ("decision", "a pinned owner decision notice"),
+                       ("retraction", "a notice that a pinned owner decision was retracted")):
+        framed = domain.frame_message("cli", "cli", "please rebase", kind=kind)
+        assert framed.startswith(f"[agent-bridge] {what}")
+        assert "from a local command" in framed and "not from the user" in framed
+        assert "another agent session" not in framed and framed.endswith("\nplease rebase")
+    agent = domain.frame_message("codex-app", "codex", "hi", kind="retraction")
+    assert "another agent session, codex-app (codex)" in agent and "retracted" in agent
+
+
+@pytest.mark.parametrize("agent", ["cli", "CLI", "Cli"])
+def test_no_session_can_call_its_agent_cli(agent):
+    with pytest.raises(InputError, match="reserved"):
+        domain.normalize_agent(agent)

@@ -163,8 +163,10 @@ async def test_cli_decide_and_send_follow_the_tools_rules(broker, env, home, tmp
 
             sent = cli_json(env, "send", "claude-proj", "please rebase")
             assert sent["message"]["from"] == CLI_AUTHOR and sent["message"]["hop"] == 1
-            got = await call(a, "inbox", wait_seconds=10)
+            result = await a.call_tool("inbox", {"wait_seconds": 10})
+            got = json.loads(result.content[0].text)
             assert [(m["text"], m["from"]["id"]) for m in got] == [("please rebase", "cli")]
+            assert "sender `cli`: a local `agent-bridge` command" in result.content[1].text
             await wait_for(lambda: _async(any("please rebase" in line for line in logged)), what="framed log line")
             framed = next(line for line in logged if "please rebase" in line)
             assert "local command" in framed and "not from the user" in framed
