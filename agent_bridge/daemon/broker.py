@@ -509,7 +509,10 @@ class Broker:
                     address = address.strip()
                     held = self.find_connected(address)
                     if held is not None:
-                        raise InputError(f"{address!r} is connected ({held.name}); only gone sessions can be forgotten")
+                        raise InputError(
+                            f"{address!r} is connected ({held.name}); only gone sessions can be forgotten "
+                            "(a gone record that shares its name: forget it by its id, see `agent-bridge sessions`)"
+                        )
                     found = await self.store.run(store.find_peers_by_address, address)
                     if not found:
                         raise InputError(f"no session is addressed by {address!r} (see `agent-bridge sessions`)")
