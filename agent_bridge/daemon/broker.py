@@ -478,6 +478,7 @@ class Broker:
             author_agent=CLI_AGENT,
             connected=[s.view() for s in self.sessions.values()],
             now=now_ms(),
+            fault=self.fault,
         )
         for peer_id, _ in notified:
             target = self.sessions.get(peer_id)
@@ -522,7 +523,7 @@ class Broker:
                     raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
                 candidates = await self.store.run(store.sessions_last_seen_before, now_ms() - gone_for)
                 ids = [i for i in candidates if i not in self.sessions]
-            forgotten = await self.store.run(store.forget_peers, ids, now_ms())
+            forgotten = await self.store.run(store.forget_peers, ids, now_ms(), fault=self.fault)
         for item in forgotten:
             log.info("forgot session %s (%s); dropped %d queued message(s)",
                      item["session"]["name"], item["session"]["id"], len(item["dropped"]))

@@ -17,6 +17,10 @@ it is for every user) the injector is a no-op. The points, each named where it i
   ack:before-commit        receipts are marked acknowledged, not committed
   ack:after-commit         the acknowledgement is committed; the session has no answer yet
   deliver:after-push       a message was pushed to its session, which has not acked it yet
+  retract:after-record     the retraction row is written, no notice yet (uncommitted)
+  retract:mid-notices      the first notice is written, the others not (uncommitted)
+  retract:before-commit    everything is written; the transaction is about to commit
+  forget:before-commit     the sessions are forgotten and their queues dropped, not committed
 """
 
 from __future__ import annotations

@@ -506,7 +506,7 @@ class Store:
 
     def retract(
         self, *, topic: str, reason: str | None, author: SessionView, author_agent: str,
-        connected: Sequence[SessionView], now: int,
+        connected: Sequence[SessionView], now: int, fault: Callable[[str], None] = lambda point: None,
     ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """Withdraw the topic's current decision: one appended retraction record, and one
         passive notice for each session in the retracted revision's scope (connected,
@@ -540,8 +540,11 @@ class Store:
                 (decision["id"],),
             ):
                 targets.setdefault(peer_id, name)
+            fault("retract:after-record")
             body = retraction_text(decision, reason)
-            for peer_id in targets:
+            for i, peer_id in enumerate(targets):
+                if i == 1:
+                    fault("retract:mid-notices")
                 self._close_tap(peer_id)  # its delivery task reads this from the database
                 message_id = new_id()
                 self.conn.execute(
@@ -555,10 +558,13 @@ class Store:
                     (message_id, retraction_id, peer_id),
                 )
             retraction = queries.retraction_by_id(self.conn, retraction_id)
+            fault("retract:before-commit")
         assert retraction is not None
         return retraction, sorted(targets.items(), key=lambda item: item[1])
 
-    def forget_peers(self, peer_ids: Sequence[str], now: int) -> list[dict[str, Any]]:
+    def forget_peers(
+        self, peer_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
+    ) -> list[dict[str, Any]]:
         """Forget sessions (the caller checked none is connected): what was queued to each is
         returned, then dropped with it. One transaction.
 
@@ -604,6 +610,7 @@ class Store:
                 else:
                     self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))
                 out.append({"session": _public_peer(peer), "lastSeen": peer["lastSeenAt"], "dropped": queued})
+            fault("forget:before-commit")
         return out
 
     def sessions_last_seen_before(self, cutoff: int) -> list[str]:
