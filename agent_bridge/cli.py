@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
     inst.set_defaults(func=_install)
 
+    uninst = sub.add_parser("uninstall", help="remove what install added (other entries stay)")
+    uninst.add_argument("--claude", action="store_true", help="Claude Code")
+    uninst.add_argument("--codex", action="store_true", help="Codex")
+    uninst.add_argument("--scope", choices=("user", "project"), default="user", help="which files (default: user)")
+    uninst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
+    uninst.set_defaults(func=_uninstall)
+
     doc = sub.add_parser("doctor", help="check the setup and say what to fix")
     doc.set_defaults(func=_doctor)
 
@@ -173,6 +180,12 @@ def _install(ns: argparse.Namespace) -> int:
     from agent_bridge import install
 
     return install.main(ns)
+
+
+def _uninstall(ns: argparse.Namespace) -> int:
+    from agent_bridge import install
+
+    return install.uninstall_main(ns)
 
 
 def _doctor(ns: argparse.Namespace) -> int:

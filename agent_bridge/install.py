@@ -1,4 +1,4 @@
-"""`agent-bridge install [--claude] [--codex] [--scope user|project] [--dry-run]` (issue 5 point 4).
+"""`agent-bridge install` and `agent-bridge uninstall` (`[--claude] [--codex] [--scope user|project] [--dry-run]`).
 
 Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart and Stop hooks in
 each host's own configuration files, using the files and keys the hosts document:
@@ -21,17 +21,28 @@ Codex
   AGENT_BRIDGE_HOME goes into `env`.
 - Hooks: "Hooks" (https://developers.openai.com/codex/hooks): `~/.codex/hooks.json` or
   `<repo>/.codex/hooks.json`, the same event -> matcher group -> handler shape (handler keys
-  `type`, `command`, `timeout`; codex-rs/config HookHandlerConfig). Hooks sit behind
-  `[features] codex_hooks = true` in config.toml on the versions that need the flag; newer
-  versions turn hooks on by default and read `hooks` as the canonical key and `codex_hooks` as
-  its alias, so `codex_hooks = true` works on both.
+  `type`, `command`, `timeout`; codex-rs/config HookHandlerConfig). Codex before 0.130 runs
+  hooks only with `[features] codex_hooks = true`; from 0.130 hooks are on by default, the key is
+  `[features] hooks` and `codex_hooks` is a deprecated alias that Codex warns about on every run
+  (Codex hooks docs; `codex exec` 0.171 prints the warning). So install asks `codex --version`:
+  before 0.130 it adds `codex_hooks = true`; from 0.130, and when no codex is on PATH (a current
+  Codex is assumed), it adds nothing and renames a `codex_hooks` key to `hooks` in place.
+
+What is written: user scope names the absolute path of the agent-bridge being run (this user's
+machine, this user's files). Project scope writes files meant to be committed, so it names the
+command `agent-bridge` as found on PATH, and records AGENT_BRIDGE_HOME only when the user set
+one explicitly (with a warning that it is machine-specific).
+
+Uninstall removes what install adds: our server entry, our hook handlers (found by their
+command line), the feature key install added or switched on (marked by a trailing comment), and
+containers left empty by that; a file left holding nothing is deleted (after its backup).
 
 Editing rules: a file that does not parse is refused (clear error, nothing written, also not the
 other files). JSON files are rewritten from their parsed form (JSON has no comments) in their
-own indentation; only our keys change. `config.toml` is edited as text (there is no TOML writer
-in the standard library): tables are appended, keys inserted or replaced in place, so comments
-and layout stay; the result must parse to exactly the old document plus our keys, else the edit
-is refused. Every changed file is backed up to `<file>.agent-bridge-backup-<timestamp>` first.
+own indentation; only our keys change. `config.toml` is edited as text (agent_bridge.tomledit):
+tables are appended or removed, keys inserted, replaced or removed in place, so comments and
+layout stay; the result must parse to exactly the expected document, else the edit is refused.
+Every changed file is backed up to `<file>.agent-bridge-backup-<timestamp>` first.
 """
 
 from __future__ import annotations
@@ -46,21 +57,28 @@ import shlex
 import shutil
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import paths
+from agent_bridge import hostconfig, paths
+from agent_bridge.tomledit import TomlText, toml_string, toml_value
 
 SERVER_NAME = "agent-bridge"
+PATH_COMMAND = "agent-bridge"  # what project-scope files name: found on PATH on every machine
 HOOK_TIMEOUT = 10  # seconds the host gives one hook run; ours take well under one
 CLAUDE = "claude"
 CODEX = "codex"
 HOST_TITLES = {CLAUDE: "Claude Code", CODEX: "Codex"}
 EVENTS = (("SessionStart", "session-start"), ("Stop", "stop"))
+HOOKS_KEY_SINCE = (0, 130, 0)  # Codex renamed [features] codex_hooks to hooks (on by default)
+TABLE_MARK = "agent-bridge: added by `agent-bridge install`"  # comment above our [mcp_servers] table
+ADDED_MARK = "added by agent-bridge install"  # trailing comment of a feature key install added
+SWITCHED_MARK = "switched on by agent-bridge install (was false)"
+
+codex_home = hostconfig.codex_home
 
 
 class InstallError(Exception):
@@ -71,7 +89,7 @@ class InstallError(Exception):
 class FileEdit:
     path: Path
     before: str | None  # None: the file does not exist yet
-    after: str
+    after: str | None  # None: the file is to be deleted
     notes: list[str] = field(default_factory=list)
     private: bool = True  # a new file gets 0600 (user scope) or 0644 (project files, shared)
 
@@ -96,6 +114,12 @@ def launcher() -> list[str]:
     if found:
         return [str(Path(found).absolute())]
     return [str(Path(sys.executable).absolute()), "-m", "agent_bridge"]
+
+
+def run_for_scope(scope: str) -> list[str]:
+    """User scope: this machine's absolute path. Project scope: the command on PATH, because the
+    files are committed and read on teammates' machines, where this path means nothing."""
+    return [PATH_COMMAND] if scope == "project" else launcher()
 
 
 def bridge_env() -> dict[str, str]:
@@ -127,6 +151,11 @@ def is_our_hook(command: object, event_arg: str) -> bool:
     return isinstance(command, str) and bool(_HOOK_PATTERNS[event_arg].search(command))
 
 
+def hooks_feature_key(version: tuple[int, int, int] | None) -> str:
+    """The [features] key the installed Codex reads (a current Codex when none is on PATH)."""
+    return "codex_hooks" if version is not None and version < HOOKS_KEY_SINCE else "hooks"
+
+
 # --- config locations -------------------------------------------------------------
 
 
@@ -137,12 +166,6 @@ class Locations:
     codex_config: Path
     codex_hooks: Path
     project: bool
-
-
-def codex_home() -> Path:
-    """`$CODEX_HOME`, default `~/.codex` (openai/codex docs/config.md)."""
-    explicit = os.environ.get("CODEX_HOME")
-    return Path(explicit).expanduser() if explicit else Path.home() / ".codex"
 
 
 def locations(scope: str, cwd: Path | None = None) -> Locations:
@@ -171,28 +194,15 @@ def detected_hosts() -> list[str]:
 
 # --- JSON files ---------------------------------------------------------------------
 
+NOTHING_CHANGED = "fix or move it aside and run the command again. Nothing was changed."
 
-def read_text(path: Path) -> str | None:
+
+def _load(loader: Callable[[Path, str | None], dict[str, Any]], path: Path) -> tuple[str | None, dict[str, Any]]:
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InstallError(f"cannot read {path}: {exc}") from None
-
-
-def load_json_object(path: Path, text: str | None) -> dict[str, Any]:
-    if text is None or not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InstallError(
-            f"{path} is not valid JSON ({exc}); fix or move it aside and run install again. Nothing was changed."
-        ) from None
-    if not isinstance(data, dict):
-        raise InstallError(f"{path} must hold a JSON object, found {type(data).__name__}. Nothing was changed.")
-    return data
+        text = hostconfig.read_text(path)
+        return text, loader(path, text)
+    except hostconfig.ConfigError as exc:
+        raise InstallError(f"{exc}; {NOTHING_CHANGED}") from None
 
 
 def dump_json_like(data: dict[str, Any], original: str | None) -> str:
@@ -209,13 +219,14 @@ def dump_json_like(data: dict[str, Any], original: str | None) -> str:
 
 
 def edit_json(path: Path, mutate: Callable[[dict[str, Any], list[str]], None], *, private: bool) -> FileEdit:
-    before = read_text(path)
-    data = load_json_object(path, before)
+    before, data = _load(hostconfig.parse_json_object, path)
     updated = copy.deepcopy(data)
     notes: list[str] = []
     mutate(updated, notes)
-    if updated == data and before is not None:
+    if updated == data:
         return FileEdit(path, before, before, [], private)
+    if not updated and before is not None:
+        return FileEdit(path, before, None, [*notes, "deleted the file (nothing else was in it)"], private)
     return FileEdit(path, before, dump_json_like(updated, before), notes, private)
 
 
@@ -249,6 +260,16 @@ def ensure_json_server(
     notes.append(f'{"added" if current is None else "updated"} MCP server "{SERVER_NAME}"')
 
 
+def remove_json_server(data: dict[str, Any], notes: list[str], path: Path) -> None:
+    servers = data.get("mcpServers")
+    if not isinstance(servers, dict) or SERVER_NAME not in servers:
+        return
+    del servers[SERVER_NAME]
+    if not servers:
+        del data["mcpServers"]
+    notes.append(f'removed MCP server "{SERVER_NAME}"')
+
+
 def _merge_env(current: object, env: dict[str, str], path: Path) -> dict[str, str]:
     if current is None:
         current = {}
@@ -259,6 +280,26 @@ def _merge_env(current: object, env: dict[str, str], path: Path) -> dict[str, st
     return merged
 
 
+def _our_handlers(groups: list[Any], event_arg: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [
+        (group, handler)
+        for group in groups
+        if isinstance(group, dict) and isinstance(group.get("hooks"), list)
+        for handler in group["hooks"]
+        if isinstance(handler, dict) and is_our_hook(handler.get("command"), event_arg)
+    ]
+
+
+def _drop(groups: list[Any], pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Remove these handlers, and the matcher groups they leave empty."""
+    emptied = []
+    for group, handler in pairs:
+        group["hooks"].remove(handler)
+        if not group["hooks"]:
+            emptied.append(id(group))
+    groups[:] = [g for g in groups if id(g) not in emptied]
+
+
 def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, commands: dict[str, str]) -> None:
     """`commands`: event name (SessionStart, Stop) -> our command line."""
     hooks = _object_at(data, "hooks", path)
@@ -266,13 +307,7 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, comman
         groups = hooks.setdefault(event, [])
         if not isinstance(groups, list):
             raise InstallError(f'{path}: "hooks.{event}" must be a list. Nothing was changed.')
-        ours = [
-            (group, handler)
-            for group in groups
-            if isinstance(group, dict) and isinstance(group.get("hooks"), list)
-            for handler in group["hooks"]
-            if isinstance(handler, dict) and is_our_hook(handler.get("command"), event_arg)
-        ]
+        ours = _our_handlers(groups, event_arg)
         wanted = commands[event]
         if not ours:
             groups.append({"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT}]})
@@ -283,184 +318,67 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, comman
             first["type"] = "command"
             first["command"] = wanted
             notes.append(f"updated {event} hook")
-        emptied = []
-        for group, handler in ours[1:]:  # one registration is enough: extra ones would run twice
-            group["hooks"].remove(handler)
-            notes.append(f"removed a duplicate {event} hook")
-            if not group["hooks"]:
-                emptied.append(id(group))
-        groups[:] = [g for g in groups if id(g) not in emptied]
+        if ours[1:]:  # one registration is enough: extra ones would run twice
+            _drop(groups, ours[1:])
+            notes.extend(f"removed a duplicate {event} hook" for _ in ours[1:])
 
 
-# --- TOML (Codex config.toml) ---------------------------------------------------------
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_HEADER = re.compile(r"^\s*(\[\[?)\s*(?P<key>[^\]#]*?)\s*(\]\]?)\s*(#.*)?$")
-_KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*=")
-
-
-def toml_string(value: str) -> str:
-    """A TOML basic string (JSON escapes are valid TOML escapes; DEL must be escaped too)."""
-    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def toml_key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else toml_string(key)
-
-
-def toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return toml_string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
-    raise InstallError(f"cannot write a TOML value of type {type(value).__name__}")
+def remove_json_hooks(data: dict[str, Any], notes: list[str], path: Path) -> None:
+    hooks = data.get("hooks")
+    if not isinstance(hooks, dict):
+        return
+    for event, event_arg in EVENTS:
+        groups = hooks.get(event)
+        if not isinstance(groups, list):
+            continue
+        ours = _our_handlers(groups, event_arg)
+        if not ours:
+            continue
+        _drop(groups, ours)
+        notes.append(f"removed {event} hook")
+        if not groups:
+            del hooks[event]
+    if not hooks:
+        del data["hooks"]
 
 
-def parse_dotted_key(text: str) -> list[str] | None:
-    """`mcp_servers."agent-bridge"` -> ["mcp_servers", "agent-bridge"]; None if not a plain key."""
-    parts: list[str] = []
-    rest = text.strip()
-    while rest:
-        if rest[0] in "\"'":
-            end = rest.find(rest[0], 1)
-            if end < 0:
-                return None
-            raw = rest[: end + 1]
-            try:
-                parts.append(tomllib.loads(f"k = {raw}")["k"])
-            except tomllib.TOMLDecodeError:
-                return None
-            rest = rest[end + 1 :].lstrip()
-        else:
-            match = _BARE_KEY.match(rest)
-            if not match:
-                return None
-            parts.append(match.group(0))
-            rest = rest[match.end() :].lstrip()
-        if rest.startswith("."):
-            rest = rest[1:].lstrip()
-        elif rest:
-            return None
-    return parts
+# --- Codex config.toml ----------------------------------------------------------------
 
 
-class TomlText:
-    """Minimal, layout-preserving edits of a TOML document's lines."""
-
-    def __init__(self, text: str) -> None:
-        self.lines = text.splitlines(keepends=True)
-        if self.lines and not self.lines[-1].endswith("\n"):
-            self.lines[-1] += "\n"
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def _headers(self) -> list[tuple[int, list[str] | None]]:
-        """Table headers (line, key path; None for `[[array tables]]`), skipping the lines of
-        multi-line values, which may look like headers."""
-        found = []
-        i = 0
-        while i < len(self.lines):
-            if _KEY_LINE.match(self.lines[i]):
-                i = self._value_end(i, len(self.lines))
-                continue
-            m = _HEADER.match(self.lines[i])
-            if m:
-                found.append((i, parse_dotted_key(m.group("key")) if m.group(1) == "[" else None))
-            i += 1
-        return found
-
-    def section(self, key: list[str]) -> tuple[int, int] | None:
-        """(header line, end line exclusive) of the standard table `[key]`, or None."""
-        headers = self._headers()
-        for n, (i, path) in enumerate(headers):
-            if path == key:
-                end = headers[n + 1][0] if n + 1 < len(headers) else len(self.lines)
-                return i, end
-        return None
-
-    def _value_end(self, start: int, stop: int) -> int:
-        """The line after the key/value pair that starts at `start` (multi-line arrays too)."""
-        for end in range(start + 1, stop + 1):
-            try:
-                tomllib.loads("".join(self.lines[start:end]))
-                return end
-            except tomllib.TOMLDecodeError:
-                continue
-        return start + 1
-
-    def find_key(self, section: tuple[int, int], key: str) -> tuple[int, int] | None:
-        start, stop = section
-        i = start + 1
-        while i < stop:
-            m = _KEY_LINE.match(self.lines[i])
-            if m:
-                end = self._value_end(i, stop)
-                if parse_dotted_key(m.group("key")) == [key]:
-                    return i, end
-                i = end
-            else:
-                i += 1
-        return None
-
-    def set_key(self, section: tuple[int, int], key: str, value: object) -> None:
-        line = f"{toml_key(key)} = {toml_value(value)}\n"
-        found = self.find_key(section, key)
-        if found is not None:
-            indent = _KEY_LINE.match(self.lines[found[0]]).group("indent")  # type: ignore[union-attr]
-            self.lines[found[0] : found[1]] = [indent + line]
-            return
-        self.lines.insert(self._insert_at(section), line)
-
-    def remove_key(self, section: tuple[int, int], key: str) -> None:
-        found = self.find_key(section, key)
-        if found is not None:
-            del self.lines[found[0] : found[1]]
-
-    def _insert_at(self, section: tuple[int, int]) -> int:
-        """After the section's last key/value pair (trailing blank and comment lines stay below)."""
-        start, stop = section
-        at = start + 1
-        i = start + 1
-        while i < stop:
-            if _KEY_LINE.match(self.lines[i]):
-                i = self._value_end(i, stop)
-                at = i
-            else:
-                i += 1
-        return at
-
-    def append_table(self, key: list[str], values: dict[str, object], comment: str | None = None) -> None:
-        block = []
-        if self.lines and self.lines[-1].strip():
-            block.append("\n")
-        if comment:
-            block.append(f"# {comment}\n")
-        block.append("[" + ".".join(toml_key(k) for k in key) + "]\n")
-        block.extend(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in values.items())
-        self.lines.extend(block)
+def _codex_doc(path: Path) -> tuple[str | None, dict[str, Any], TomlText]:
+    before, data = _load(hostconfig.parse_toml, path)
+    return before, data, TomlText(before or "")
 
 
-def edit_codex_config(path: Path, command: str, args: list[str], env: dict[str, str], *, private: bool) -> FileEdit:
-    before = read_text(path)
-    text = before or ""
+def _finish_toml(path: Path, before: str | None, doc: TomlText, expected: dict[str, Any], notes: list[str],
+                 manual: str, private: bool) -> FileEdit:
+    """The edit, after checking that the edited text parses to exactly `expected`."""
+    if not notes:
+        return FileEdit(path, before, before, [], private)
+    after = doc.text
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InstallError(
-            f"{path} is not valid TOML ({exc}); fix or move it aside and run install again. Nothing was changed."
-        ) from None
+        result = hostconfig.parse_toml(path, after)
+    except hostconfig.ConfigError as exc:
+        raise InstallError(f"{path}: editing it would break it ({exc}); {manual}") from None
+    if result != expected:
+        raise InstallError(f"{path}: cannot edit it without changing other settings; {manual}")
+    if not after.strip() and before is not None:
+        return FileEdit(path, before, None, [*notes, "deleted the file (nothing else was in it)"], private)
+    return FileEdit(path, before, after, notes, private)
+
+
+def edit_codex_config(
+    path: Path, command: str, args: list[str], env: dict[str, str], *, private: bool,
+    version: tuple[int, int, int] | None = None,
+) -> FileEdit:
+    before, data, doc = _codex_doc(path)
     expected = copy.deepcopy(data)
-    doc = TomlText(text)
     notes: list[str] = []
+    feature = hooks_feature_key(version)
     manual = (
         f'add this to {path} by hand:\n[mcp_servers.{SERVER_NAME}]\ncommand = {toml_string(command)}\n'
-        f"args = {toml_value(args)}\n" + (f"env = {toml_value(env)}\n" if env else "") + "\n[features]\ncodex_hooks = true"
+        f"args = {toml_value(args)}\n" + (f"env = {toml_value(env)}\n" if env else "")
+        + (f"\n[features]\n{feature} = true" if feature == "codex_hooks" else "")
     )
 
     servers = expected.setdefault("mcp_servers", {})
@@ -474,7 +392,7 @@ def edit_codex_config(path: Path, command: str, args: list[str], env: dict[str, 
         values: dict[str, object] = {"command": command, "args": args}
         if merged_env:
             values["env"] = merged_env
-        doc.append_table(["mcp_servers", SERVER_NAME], values, "agent-bridge: added by `agent-bridge install`")
+        doc.append_table(["mcp_servers", SERVER_NAME], values, TABLE_MARK)
         servers[SERVER_NAME] = dict(values)
         notes.append(f'added MCP server "{SERVER_NAME}"')
     elif (current.get("command"), current.get("args"), current.get("env") or {}) != (command, args, merged_env):
@@ -503,38 +421,97 @@ def edit_codex_config(path: Path, command: str, args: list[str], env: dict[str, 
             entry.pop("env", None)
         servers[SERVER_NAME] = entry
         notes.append(f'updated MCP server "{SERVER_NAME}"')
+    if not servers and "mcp_servers" not in data:
+        del expected["mcp_servers"]
 
-    features = expected.setdefault("features", {})
+    _ensure_hooks_feature(path, data, expected, doc, notes, feature, manual)
+    return _finish_toml(path, before, doc, expected, notes, manual, private)
+
+
+def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, Any], doc: TomlText,
+                          notes: list[str], feature: str, manual: str) -> None:
+    """Make the installed Codex run hooks, in the key it reads (see the module docstring)."""
+    features = expected.get("features", {})
     if not isinstance(features, dict):
         raise InstallError(f"{path}: features must be a table. Nothing was changed.")
-    switched_off = [k for k in ("hooks", "codex_hooks") if features.get(k) is False]
-    if switched_off or not (features.get("hooks") is True or features.get("codex_hooks") is True):
+    deprecated = "codex_hooks" if feature == "hooks" else None
+    needs_edit = (
+        (deprecated is not None and deprecated in features)
+        or features.get(feature) is False
+        or (feature == "codex_hooks" and feature not in features)
+    )
+    if not needs_edit:
+        return
+    section = doc.section(["features"])
+    if section is None and "features" in data:
+        raise InstallError(f"{path}: [features] is not a table this command can edit; {manual}")
+    if section is None:
+        doc.append_table(["features"], {})
         section = doc.section(["features"])
-        if section is None and "features" in data:
-            raise InstallError(f"{path}: [features] is not a table this command can edit; {manual}")
-        if section is None:
-            doc.append_table(["features"], {"codex_hooks": True})
-        for key in switched_off or ["codex_hooks"]:
-            section = doc.section(["features"])
-            doc.set_key(section, key, True)  # type: ignore[arg-type]
-            features[key] = True
-        notes.append("turned on hooks: [features] " + ", ".join(f"{k} = true" for k in switched_off or ["codex_hooks"]))
+        assert section is not None
+    expected["features"] = features
+    if deprecated is not None and deprecated in features:
+        if feature in features:
+            doc.remove_key(section, deprecated)
+            notes.append(f"removed the deprecated [features] {deprecated} ({feature} is set)")
+        else:
+            doc.rename_key(section, deprecated, feature)
+            notes.append(f"renamed the deprecated [features] {deprecated} to {feature}")
+            features[feature] = features[deprecated]
+        del features[deprecated]
+        section = doc.section(["features"])
+        assert section is not None
+    if features.get(feature) is False:
+        doc.set_key(section, feature, True, SWITCHED_MARK)
+        notes.append(f"turned on hooks: [features] {feature} = true (was false)")
+    elif feature not in features:  # only for a Codex that gates hooks behind the flag
+        doc.set_key(section, feature, True, ADDED_MARK)
+        notes.append(f"turned on hooks: [features] {feature} = true")
+    features[feature] = True
 
-    after = doc.text if notes else (before or "")
-    if notes:
-        try:
-            result = tomllib.loads(after)
-        except tomllib.TOMLDecodeError as exc:
-            raise InstallError(f"{path}: editing it would break it ({exc}); {manual}") from None
-        if result != expected:
-            raise InstallError(f"{path}: cannot edit it without changing other settings; {manual}")
-    return FileEdit(path, before, after, notes, private)
+
+def remove_codex_config(path: Path, *, private: bool) -> FileEdit:
+    before, data, doc = _codex_doc(path)
+    expected = copy.deepcopy(data)
+    notes: list[str] = []
+    manual = f"remove [mcp_servers.{SERVER_NAME}] from {path} by hand"
+    servers = expected.get("mcp_servers")
+    if isinstance(servers, dict) and SERVER_NAME in servers:
+        tables = doc.tables_under(["mcp_servers", SERVER_NAME])
+        if doc.section(["mcp_servers", SERVER_NAME]) is None:
+            raise InstallError(f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}")
+        for table in reversed(tables):
+            doc.remove_section(table, marker=TABLE_MARK)
+        del servers[SERVER_NAME]
+        if not servers and doc.section(["mcp_servers"]) is None:
+            del expected["mcp_servers"]
+        notes.append(f'removed MCP server "{SERVER_NAME}"')
+    features = expected.get("features")
+    section = doc.section(["features"])
+    if isinstance(features, dict) and section is not None:
+        for key in ("hooks", "codex_hooks"):
+            text = doc.key_text(section, key) or ""
+            if ADDED_MARK in text:
+                doc.remove_key(section, key)
+                del features[key]
+                notes.append(f"removed [features] {key} (added by install)")
+            elif SWITCHED_MARK in text:
+                doc.set_key(section, key, False)
+                features[key] = False
+                notes.append(f"switched [features] {key} back to false")
+            section = doc.section(["features"])
+            assert section is not None
+        if not features and doc.section_is_empty(section) and notes:
+            doc.remove_section(section)
+            del expected["features"]
+    return _finish_toml(path, before, doc, expected, notes, manual, private)
 
 
 # --- the plan -----------------------------------------------------------------------
 
 
-def plan(hosts: list[str], scope: str, run: list[str], env: dict[str, str], cwd: Path | None = None) -> list[FileEdit]:
+def plan(hosts: list[str], scope: str, run: list[str], env: dict[str, str], cwd: Path | None = None,
+         codex_version: tuple[int, int, int] | None = None) -> list[FileEdit]:
     """Every file edit the installation needs (unchanged files included). Raises InstallError."""
     where = locations(scope, cwd)
     private = not where.project
@@ -550,8 +527,24 @@ def plan(hosts: list[str], scope: str, run: list[str], env: dict[str, str], cwd:
             )
         else:
             hooks_file = where.codex_hooks
-            edits.append(edit_codex_config(where.codex_config, command, args, env, private=private))
+            edits.append(edit_codex_config(where.codex_config, command, args, env, private=private, version=codex_version))
         edits.append(edit_json(hooks_file, partial(ensure_json_hooks, path=hooks_file, commands=commands), private=private))
+    return edits
+
+
+def removal_plan(hosts: list[str], scope: str, cwd: Path | None = None) -> list[FileEdit]:
+    """Every file edit that removes what install added (unchanged files included)."""
+    where = locations(scope, cwd)
+    private = not where.project
+    edits: list[FileEdit] = []
+    for host in hosts:
+        if host == CLAUDE:
+            hooks_file = where.claude_settings
+            edits.append(edit_json(where.claude_mcp, partial(remove_json_server, path=where.claude_mcp), private=private))
+        else:
+            hooks_file = where.codex_hooks
+            edits.append(remove_codex_config(where.codex_config, private=private))
+        edits.append(edit_json(hooks_file, partial(remove_json_hooks, path=hooks_file), private=private))
     return edits
 
 
@@ -561,13 +554,16 @@ def backup_path(path: Path) -> Path:
 
 
 def apply(edit: FileEdit) -> Path | None:
-    """Write one edit atomically, after backing the old file up. Returns the backup's path."""
+    """Write (or delete) one file atomically, after backing the old one up. Returns the backup's path."""
     backup = None
     mode = 0o600 if edit.private else 0o644
     if edit.path.exists():
         mode = edit.path.stat().st_mode & 0o7777
         backup = backup_path(edit.path)
         shutil.copy2(edit.path, backup)
+    if edit.after is None:
+        edit.path.unlink(missing_ok=True)
+        return backup
     edit.path.parent.mkdir(parents=True, exist_ok=True)
     tmp = edit.path.with_name(f".{edit.path.name}.agent-bridge-{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -586,21 +582,44 @@ def apply(edit: FileEdit) -> Path | None:
 
 def unified_diff(edit: FileEdit) -> str:
     old = (edit.before or "").splitlines(keepends=True)
-    new = edit.after.splitlines(keepends=True)
+    new = (edit.after or "").splitlines(keepends=True)
     fromfile = str(edit.path) if edit.before is not None else "/dev/null"
-    return "".join(difflib.unified_diff(old, new, fromfile=fromfile, tofile=str(edit.path)))
+    tofile = str(edit.path) if edit.after is not None else "/dev/null"
+    return "".join(difflib.unified_diff(old, new, fromfile=fromfile, tofile=tofile))
+
+
+def _write_all(command: str, edits: list[FileEdit]) -> int:
+    for edit in [e for e in edits if e.changed]:
+        try:
+            backup = apply(edit)
+        except OSError as exc:
+            print(f"agent-bridge {command}: cannot write {edit.path}: {exc}", file=sys.stderr)
+            return 1
+        saved = f" (backup: {backup})" if backup else " (new file)"
+        print(f"  {edit.path}: {'; '.join(edit.notes)}{saved}")
+    for edit in edits:
+        if not edit.changed:
+            print(f"  {edit.path}: {'already up to date' if command == 'install' else 'nothing of ours'}")
+    return 0
+
+
+def _hosts(ns: argparse.Namespace, default: Callable[[], list[str]]) -> list[str]:
+    return [h for h, chosen in ((CLAUDE, ns.claude), (CODEX, ns.codex)) if chosen] or default()
 
 
 def main(ns: argparse.Namespace) -> int:
-    hosts = [h for h, chosen in ((CLAUDE, ns.claude), (CODEX, ns.codex)) if chosen] or detected_hosts()
+    hosts = _hosts(ns, detected_hosts)
     titles = ", ".join(f"{HOST_TITLES[h]} ({ns.scope} scope)" for h in hosts)
-    run = launcher()
+    run = run_for_scope(ns.scope)
     env = bridge_env()
+    version = hostconfig.codex_version() if CODEX in hosts else None
     try:
-        edits = plan(hosts, ns.scope, run, env)
+        edits = plan(hosts, ns.scope, run, env, codex_version=version)
     except InstallError as exc:
         print(f"agent-bridge install: refused: {exc}", file=sys.stderr)
         return 1
+    for warning in scope_warnings(ns.scope, env):
+        print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
     changed = [e for e in edits if e.changed]
     if not changed:
         print(f"agent-bridge install: nothing to change; {titles} already set up with {shlex.join(run)}.")
@@ -611,18 +630,49 @@ def main(ns: argparse.Namespace) -> int:
             print(unified_diff(edit), end="")
         return 0
     print(f"agent-bridge install: {titles}, running {shlex.join(run)}")
-    for edit in changed:
-        try:
-            backup = apply(edit)
-        except OSError as exc:
-            print(f"agent-bridge install: cannot write {edit.path}: {exc}", file=sys.stderr)
-            return 1
-        saved = f" (backup: {backup})" if backup else " (new file)"
-        print(f"  {edit.path}: {'; '.join(edit.notes)}{saved}")
-    for edit in edits:
-        if not edit.changed:
-            print(f"  {edit.path}: already up to date")
+    if _write_all("install", edits):
+        return 1
     print(next_steps(hosts, ns.scope))
+    return 0
+
+
+def scope_warnings(scope: str, env: dict[str, str]) -> list[str]:
+    if scope != "project":
+        return []
+    found = []
+    if env:
+        found.append(
+            f"AGENT_BRIDGE_HOME={env['AGENT_BRIDGE_HOME']} is recorded in the project files; it is a path on this "
+            "machine, so teammates who commit-share these files get it too (unset it to write portable files)"
+        )
+    if shutil.which(PATH_COMMAND) is None:
+        found.append(f"`{PATH_COMMAND}` is not on PATH here; the project files name it, so the hosts will not "
+                     "find it until it is (install it with pipx, or activate its virtualenv before starting them)")
+    return found
+
+
+def uninstall_main(ns: argparse.Namespace) -> int:
+    hosts = _hosts(ns, lambda: [CLAUDE, CODEX])
+    titles = ", ".join(f"{HOST_TITLES[h]} ({ns.scope} scope)" for h in hosts)
+    try:
+        edits = removal_plan(hosts, ns.scope)
+    except InstallError as exc:
+        print(f"agent-bridge uninstall: refused: {exc}", file=sys.stderr)
+        return 1
+    changed = [e for e in edits if e.changed]
+    if not changed:
+        print(f"agent-bridge uninstall: nothing to change; no agent-bridge entries for {titles}.")
+        return 0
+    if ns.dry_run:
+        print(f"agent-bridge uninstall --dry-run: {titles}; these changes would be made (nothing was written):")
+        for edit in changed:
+            print(unified_diff(edit), end="")
+        return 0
+    print(f"agent-bridge uninstall: {titles}")
+    if _write_all("uninstall", edits):
+        return 1
+    print("Running sessions keep their MCP server until they restart. Your agent-bridge state folder "
+          "(messages, decisions) is untouched.")
     return 0
 
 

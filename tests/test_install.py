@@ -1,5 +1,6 @@
-"""`agent-bridge install` on fixture configuration files, run as a user runs it, with HOME
-pointed at a temporary folder (issue 5 point 4)."""
+"""`agent-bridge install` and `agent-bridge uninstall` on fixture configuration files, run as a
+user runs them, with HOME pointed at a temporary folder; and against the real hosts where what
+they read matters (Codex's feature key, a project-scope server started by Claude Code)."""
 
 from __future__ import annotations
 
@@ -155,10 +156,11 @@ def test_claude_project_scope_writes_the_project_files_only(user_home, workdir):
 
     mcp = json.loads((workdir / ".mcp.json").read_text())
     assert mcp["mcpServers"]["db"] == {"command": "db-mcp", "args": []}
-    assert mcp["mcpServers"]["agent-bridge"]["command"] == RUN
+    assert mcp["mcpServers"]["agent-bridge"] == {"type": "stdio", "command": "agent-bridge",
+                                                 "args": ["mcp", "--agent", "claude"]}
     settings = json.loads((workdir / ".claude" / "settings.json").read_text())
-    assert hook_commands(settings, "SessionStart") == [f"{RUN} hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]
+    assert hook_commands(settings, "SessionStart") == ["agent-bridge hook session-start --agent claude"]
+    assert hook_commands(settings, "Stop") == ["agent-bridge hook stop --agent claude"]
     assert len(backups_of(workdir / ".mcp.json")) == 1
     assert backups_of(workdir / ".claude" / "settings.json") == []  # a new file has nothing to back up
     assert "nothing to change" in install(install_env(user_home), workdir, "--claude", "--scope", "project").stdout
@@ -179,7 +181,7 @@ def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_pat
     assert config["mcp_servers"]["agent-bridge"] == {
         "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"], "env": {"AGENT_BRIDGE_HOME": str(bridge_home)}
     }
-    assert config["features"] == {"web_search_request": True, "codex_hooks": True}
+    assert config["features"] == {"web_search_request": True}  # no codex on PATH: a current one, hooks on by default
 
     hooks = json.loads((user_home / ".codex" / "hooks.json").read_text())
     assert hook_commands(hooks, "Stop") == [
@@ -201,10 +203,9 @@ def test_codex_project_scope_creates_the_project_config(user_home, workdir):
     result = install(install_env(user_home), workdir, "--codex", "--scope", "project")
     assert result.returncode == 0, result.stderr
     config = tomllib.loads((workdir / ".codex" / "config.toml").read_text())
-    assert config["mcp_servers"]["agent-bridge"] == {"command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"]}
-    assert config["features"]["codex_hooks"] is True
+    assert config == {"mcp_servers": {"agent-bridge": {"command": "agent-bridge", "args": ["mcp", "--agent", "codex"]}}}
     hooks = json.loads((workdir / ".codex" / "hooks.json").read_text())
-    assert hook_commands(hooks, "SessionStart") == [f"{RUN} hook session-start --agent codex"]
+    assert hook_commands(hooks, "SessionStart") == ["agent-bridge hook session-start --agent codex"]
     assert list((user_home / ".codex").iterdir()) == []
     assert "nothing to change" in install(install_env(user_home), workdir, "--codex", "--scope", "project").stdout
 
@@ -220,7 +221,7 @@ def test_dry_run_prints_a_diff_and_writes_nothing(user_home, workdir):
     for path in (".claude.json", ".claude/settings.json", ".codex/config.toml", ".codex/hooks.json"):
         assert f"+++ {user_home / path}" in out
     assert f"--- {user_home / '.codex' / 'config.toml'}" in out
-    assert "+[mcp_servers.agent-bridge]" in out and "+codex_hooks = true" in out
+    assert "+[mcp_servers.agent-bridge]" in out and "codex_hooks" not in out
     assert f'+            "command": "{RUN} hook stop --agent claude",' in out
 
 
@@ -278,8 +279,8 @@ def test_codex_hooks_switched_off_are_switched_on_in_place(user_home, workdir):
     (user_home / ".codex" / "config.toml").write_text(original)
     assert install(install_env(user_home), workdir, "--codex").returncode == 0
     text = (user_home / ".codex" / "config.toml").read_text()
-    assert text.startswith("[features]\ncodex_hooks = true\nother = 1\n")
-    assert tomllib.loads(text)["features"] == {"codex_hooks": True, "other": 1}
+    assert text.startswith("[features]\nhooks = true  # switched on by agent-bridge install (was false)\nother = 1\n")
+    assert tomllib.loads(text)["features"] == {"hooks": True, "other": 1}
 
 
 def test_an_inline_server_table_is_refused_with_instructions(user_home, workdir):
