@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from tests.hostbin import CLAUDE_OFFLINE_ENV, host_program
 
 SCRIPT = Path(sys.executable).with_name("agent-bridge")
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent_bridge"]
@@ -327,3 +330,223 @@ def test_an_env_subtable_gets_the_new_home(user_home, workdir, tmp_path):
         "env": {"AGENT_BRIDGE_HOME": str(bridge_home), "LANG": "C"},
     }
     assert "nothing to change" in install(install_env(user_home, bridge_home), workdir, "--codex").stdout
+
+
+# --- Codex's hooks feature key follows the installed version --------------------------------
+
+
+def stand_in_codex(folder: Path, version: str) -> Path:
+    """A `codex` that only answers `--version`, standing in for a release we cannot install here
+    (the real 0.171 is used in the tests below)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    program = folder / "codex"
+    program.write_text(f"#!/bin/sh\necho 'codex-cli {version}'\n")
+    program.chmod(0o755)
+    return folder
+
+
+def with_path(env: dict[str, str], folder: Path) -> dict[str, str]:
+    return dict(env, PATH=f"{folder}{os.pathsep}{env.get('PATH', '')}")
+
+
+EARLIER_INSTALL = (  # what `agent-bridge install --codex` wrote before it asked Codex for its version
+    "# agent-bridge: added by `agent-bridge install`\n[mcp_servers.agent-bridge]\n"
+    f'command = "{RUN}"\nargs = {json.dumps([*CLI[1:], "mcp", "--agent", "codex"])}\n\n[features]\ncodex_hooks = true\n'
+)
+
+
+def test_stand_in_old_codex_gets_codex_hooks_and_uninstall_removes_it(user_home, workdir, tmp_path):
+    (user_home / ".codex").mkdir()
+    (user_home / ".codex" / "config.toml").write_text('model = "o3"\n')
+    env = with_path(install_env(user_home), stand_in_codex(tmp_path / "bin", "0.129.0"))
+    assert install(env, workdir, "--codex").returncode == 0
+    text = (user_home / ".codex" / "config.toml").read_text()
+    assert "codex_hooks = true  # added by agent-bridge install\n" in text
+    assert tomllib.loads(text)["features"] == {"codex_hooks": True}
+    assert "nothing to change" in install(env, workdir, "--codex").stdout
+
+    removed = subprocess.run([*CLI, "uninstall", "--codex"], env=env, cwd=workdir, capture_output=True, text=True)
+    assert removed.returncode == 0, removed.stderr
+    assert (user_home / ".codex" / "config.toml").read_text() == 'model = "o3"\n'
+
+
+def test_stand_in_current_codex_gets_the_deprecated_key_renamed(user_home, workdir, tmp_path):
+    (user_home / ".codex").mkdir()
+    (user_home / ".codex" / "config.toml").write_text(EARLIER_INSTALL)
+    env = with_path(install_env(user_home), stand_in_codex(tmp_path / "bin", "0.150.2"))
+    result = install(env, workdir, "--codex")
+    assert result.returncode == 0, result.stderr
+    text = (user_home / ".codex" / "config.toml").read_text()
+    assert text == EARLIER_INSTALL.replace("codex_hooks = true", "hooks = true")
+    assert "renamed the deprecated [features] codex_hooks to hooks" in result.stdout
+
+
+def codex_warnings(codex: Path, user_home: Path, cwd: Path) -> list[str]:
+    """The messages the real `codex exec` reports before its first model request (the model is a
+    closed port on 127.0.0.1, so it stops there; config warnings come first)."""
+    config = user_home / ".codex" / "config.toml"
+    config.write_text((
+        'model = "test-model"\nmodel_provider = "fake"\ncheck_for_update_on_startup = false\n'
+        '[model_providers.fake]\nname = "fake"\nbase_url = "http://127.0.0.1:9/v1"\nwire_api = "responses"\n'
+        'env_key = "FAKE_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
+        "request_max_retries = 0\nstream_max_retries = 0\n\n"
+    ) + config.read_text())
+    env = dict(install_env(user_home), FAKE_KEY="x")
+    proc = subprocess.Popen([str(codex), "exec", "--skip-git-repo-check", "--json", "hello"], env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    found = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # ends at turn.started, or when codex exits
+            event = json.loads(line)
+            if event.get("type") == "turn.started":
+                break
+            if event.get("type") == "item.completed" and event["item"].get("type") == "error":
+                found.append(event["item"]["message"])
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    return found
+
+
+def test_real_codex_prints_no_deprecation_after_install(user_home, workdir, tmp_path):
+    codex = host_program("codex")
+    (user_home / ".codex").mkdir()
+    (user_home / ".codex" / "config.toml").write_text(EARLIER_INSTALL)
+    assert any("codex_hooks` is deprecated" in m for m in codex_warnings(codex, user_home, workdir))  # the symptom
+    (user_home / ".codex" / "config.toml").write_text(EARLIER_INSTALL)
+
+    result = install(with_path(install_env(user_home), codex.parent), workdir, "--codex")
+    assert result.returncode == 0, result.stderr
+    assert tomllib.loads((user_home / ".codex" / "config.toml").read_text())["features"] == {"hooks": True}
+    assert not [m for m in codex_warnings(codex, user_home, workdir) if "deprecated" in m]
+
+
+# --- project scope: portable files ------------------------------------------------------------
+
+
+def test_project_scope_records_an_explicit_home_with_a_warning(user_home, workdir, tmp_path):
+    bridge_home = tmp_path / "state"
+    result = install(install_env(user_home, bridge_home), workdir, "--claude", "--codex", "--scope", "project")
+    assert result.returncode == 0, result.stderr
+    assert f"AGENT_BRIDGE_HOME={bridge_home} is recorded in the project files" in result.stderr
+    assert "machine" in result.stderr
+    server = json.loads((workdir / ".mcp.json").read_text())["mcpServers"]["agent-bridge"]
+    assert server["command"] == "agent-bridge" and server["env"] == {"AGENT_BRIDGE_HOME": str(bridge_home)}
+    for path in (workdir / ".mcp.json", workdir / ".claude" / "settings.json", workdir / ".codex" / "config.toml",
+                 workdir / ".codex" / "hooks.json"):
+        assert str(Path(RUN).parent) not in path.read_text(), path  # no path of this machine's install
+
+
+def test_project_scope_without_agent_bridge_on_path_warns(user_home, workdir):
+    env = dict(install_env(user_home), PATH="/usr/bin:/bin")
+    result = install(env, workdir, "--claude", "--scope", "project")
+    assert result.returncode == 0, result.stderr
+    assert "`agent-bridge` is not on PATH here" in result.stderr
+
+
+def test_real_claude_starts_the_project_server_from_path_on_another_machine(tmp_path):
+    """The project files written on one machine, used on another: a fresh HOME, a project copied
+    elsewhere, and agent-bridge on PATH somewhere else than where install ran."""
+    claude = host_program("claude")
+    if not SCRIPT.exists():
+        pytest.skip("needs the agent-bridge console script")
+    written = tmp_path / "machine-a" / "project"
+    written.mkdir(parents=True)
+    machine_a_bin = tmp_path / "machine-a" / "venv" / "bin"
+    machine_a_bin.mkdir(parents=True)
+    (machine_a_bin / "agent-bridge").symlink_to(SCRIPT)
+    result = subprocess.run([str(machine_a_bin / "agent-bridge"), "install", "--claude", "--scope", "project"],
+                            env=install_env(tmp_path / "machine-a"), cwd=written, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "machine-b" / "checkout"
+    shutil.copytree(written, project)
+    shutil.rmtree(tmp_path / "machine-a")  # nothing of machine A exists on machine B
+    teammate_home = tmp_path / "machine-b" / "home"
+    teammate_bin = tmp_path / "machine-b" / "bin"
+    teammate_bin.mkdir(parents=True)
+    (teammate_bin / "agent-bridge").symlink_to(SCRIPT)
+    teammate_home.mkdir()
+    # The teammate approved the project's server and trusted the folder, as Claude Code records them
+    # (seen from Claude Code 2.1.197's approval dialog: settings.local.json, ~/.claude.json).
+    (project / ".claude" / "settings.local.json").write_text(json.dumps({"enabledMcpjsonServers": ["agent-bridge"]}))
+    (teammate_home / ".claude.json").write_text(json.dumps(
+        {"hasCompletedOnboarding": True, "projects": {str(project): {"hasTrustDialogAccepted": True}}}))
+    env = {"HOME": str(teammate_home), "PATH": f"{teammate_bin}{os.pathsep}/usr/bin:/bin", **CLAUDE_OFFLINE_ENV}
+    try:
+        listed = subprocess.run([str(claude), "mcp", "list"], env=env, cwd=project, capture_output=True, text=True,
+                                timeout=120)
+    finally:
+        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # the health check started a broker
+    assert "agent-bridge: agent-bridge mcp --agent claude - ✔ Connected" in listed.stdout, listed.stdout + listed.stderr
+
+
+# --- uninstall ---------------------------------------------------------------------------------
+
+
+def uninstall(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "uninstall", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_uninstall_restores_the_user_files_exactly(user_home, workdir, tmp_path):
+    claude_fixture(user_home)
+    codex_fixture(user_home / ".codex")
+    files = [user_home / ".claude.json", user_home / ".claude" / "settings.json",
+             user_home / ".codex" / "config.toml", user_home / ".codex" / "hooks.json"]
+    originals = {p: p.read_text() for p in files}
+    env = install_env(user_home, tmp_path / "state")
+    assert install(env, workdir, "--claude", "--codex").returncode == 0
+    installed = {p: p.read_text() for p in files}
+    assert all(installed[p] != originals[p] for p in files)
+
+    dry = uninstall(env, workdir, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert {p: p.read_text() for p in files} == installed
+    assert "-[mcp_servers.agent-bridge]" in dry.stdout and f"--- {user_home / '.claude.json'}" in dry.stdout
+
+    result = uninstall(env, workdir)
+    assert result.returncode == 0, result.stderr
+    assert {p: p.read_text() for p in files} == originals  # byte for byte: everything else untouched
+    for path in files:
+        assert [b.read_text() for b in backups_of(path)][-1] == installed[path]  # backed up before removal
+    before = snapshot(user_home)
+    again = uninstall(env, workdir)
+    assert again.returncode == 0 and "nothing to change" in again.stdout
+    assert snapshot(user_home) == before
+
+
+def test_uninstall_project_scope_deletes_the_files_it_emptied(user_home, workdir):
+    write_json(workdir / ".mcp.json", {"mcpServers": {"db": {"command": "db-mcp", "args": []}}})
+    env = install_env(user_home)
+    assert install(env, workdir, "--claude", "--codex", "--scope", "project").returncode == 0
+    user_before = snapshot(user_home)
+    result = uninstall(env, workdir, "--claude", "--codex", "--scope", "project")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((workdir / ".mcp.json").read_text()) == {"mcpServers": {"db": {"command": "db-mcp", "args": []}}}
+    for gone in (workdir / ".claude" / "settings.json", workdir / ".codex" / "config.toml", workdir / ".codex" / "hooks.json"):
+        assert not gone.exists() and len(backups_of(gone)) == 1
+    assert snapshot(user_home) == user_before
+
+
+def test_uninstall_keeps_a_hook_group_shared_with_other_handlers(user_home, workdir):
+    settings = {"hooks": {"Stop": [{"hooks": [
+        {"type": "command", "command": "notify-send done"},
+        {"type": "command", "command": "/opt/bin/agent-bridge hook stop --agent claude", "timeout": 10},
+    ]}]}}
+    write_json(user_home / ".claude" / "settings.json", settings)
+    result = uninstall(install_env(user_home), workdir, "--claude")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((user_home / ".claude" / "settings.json").read_text()) == {
+        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}]}
+    }
+
+
+def test_uninstall_refuses_an_unparsable_file(user_home, workdir):
+    claude_fixture(user_home)
+    (user_home / ".claude.json").write_text("{ nope")
+    before = snapshot(user_home)
+    result = uninstall(install_env(user_home), workdir, "--claude")
+    assert result.returncode == 1
+    assert f"{user_home / '.claude.json'} is not valid JSON" in result.stderr and "Nothing was changed" in result.stderr
+    assert snapshot(user_home) == before
