@@ -643,7 +643,7 @@ def scope_warnings(scope: str, env: dict[str, str]) -> list[str]:
     if env:
         found.append(
             f"AGENT_BRIDGE_HOME={env['AGENT_BRIDGE_HOME']} is recorded in the project files; it is a path on this "
-            "machine, so teammates who commit-share these files get it too (unset it to write portable files)"
+            "machine, and every teammate who uses these files gets it too (unset it to write portable files)"
         )
     if shutil.which(PATH_COMMAND) is None:
         found.append(f"`{PATH_COMMAND}` is not on PATH here; the project files name it, so the hosts will not "

@@ -1,4 +1,5 @@
-"""`agent-bridge doctor` on a healthy and on a broken setup (issue 5 point 6)."""
+"""`agent-bridge doctor` on a healthy and on a broken setup, and on setups the hosts would not
+use (checked against what the real Claude Code and Codex do where a host binary is provided)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from agent_bridge import paths
 from agent_bridge.store.writer import Store
+from tests.hostbin import CLAUDE_OFFLINE_ENV, host_program
 
 SCRIPT = Path(sys.executable).with_name("agent-bridge")
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent_bridge"]
@@ -66,6 +68,7 @@ def test_healthy_setup_passes_every_check(broker, env, home, user_home, workdir)
         "home folder": "ok", "broker": "ok", "socket": "ok", "schema": "ok", "dashboard": "ok",
         "Claude Code MCP server": "ok", "Claude Code hooks": "ok",
         "Codex MCP server": "ok", "Codex hooks": "ok", "Codex hooks feature": "ok",
+        "Codex hooks trust": "skip",  # no codex on PATH to ask
     }, result.stdout
     assert f"pid {broker.pid}" in result.stdout and "All checks passed" in result.stdout
 
@@ -99,6 +102,7 @@ def test_broken_setup_fails_and_says_what_to_fix(tmp_path, user_home, workdir):
         "home folder": "FAIL", "broker": "FAIL", "socket": "skip", "schema": "FAIL", "dashboard": "skip",
         "Claude Code MCP server": "FAIL", "Claude Code hooks": "FAIL",
         "Codex MCP server": "FAIL", "Codex hooks": "FAIL", "Codex hooks feature": "FAIL",
+        "Codex hooks trust": "skip",
     }, result.stdout
     out = result.stdout
     assert f"chmod 700 {bridge}" in out
@@ -135,3 +139,119 @@ def test_a_registration_for_another_home_fails(tmp_path, user_home, workdir):
     found = statuses(result.stdout)
     assert found["Codex MCP server"] == "FAIL" and found["Codex hooks"] == "FAIL"
     assert f"AGENT_BRIDGE_HOME={tmp_path / 'one'}" in result.stdout
+
+
+
+def plain_env(user_home: Path, bridge: Path) -> dict[str, str]:
+    env = with_user({k: v for k, v in os.environ.items() if k != "AGENT_BRIDGE_HOST_PID"}, user_home)
+    env["AGENT_BRIDGE_HOME"] = str(bridge)
+    return env
+
+
+def with_path(env: dict[str, str], folder: Path) -> dict[str, str]:
+    return dict(env, PATH=f"{folder}{os.pathsep}{env['PATH']}")
+
+
+@pytest.mark.slow
+def test_a_warning_is_never_all_checks_passed(broker, env, user_home, workdir):
+    env = with_user(env, user_home)
+    assert run(env, workdir, "install", "--claude", "--codex").returncode == 0
+    assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
+    (workdir / ".claude" / "settings.local.json").write_text(json.dumps({"enabledMcpjsonServers": ["agent-bridge"]}))
+    (user_home / ".claude.json").write_text(json.dumps({
+        **json.loads((user_home / ".claude.json").read_text()),
+        "projects": {str(workdir): {"hasTrustDialogAccepted": True}},
+    }))
+    result = run(dict(env, PATH=f"{SCRIPT.parent}{os.pathsep}{env['PATH']}"), workdir, "doctor")
+    found = statuses(result.stdout)
+    assert found["Claude Code hooks scope"] == "warn", result.stdout
+    assert found["Claude Code project server"] == "ok", result.stdout
+    assert "All checks passed" not in result.stdout
+    assert "No check failed; 1 warning: Claude Code hooks scope." in result.stdout and result.returncode == 0
+
+
+def test_codex_hooks_at_two_scopes_fail(tmp_path, user_home, workdir):
+    env = plain_env(user_home, tmp_path / "bridge")
+    assert run(env, workdir, "install", "--codex").returncode == 0
+    assert run(env, workdir, "install", "--codex", "--scope", "project").returncode == 0
+    result = run(env, workdir, "doctor")
+    assert statuses(result.stdout)["Codex hooks scope"] == "FAIL", result.stdout
+    assert "agent-bridge uninstall --codex --scope project" in result.stdout
+
+
+def approval_states(user_home: Path, workdir: Path) -> dict[str, tuple[dict, dict]]:
+    """Approval records as Claude Code 2.1.197 writes them (its approval dialog: `.claude/settings.local.json`;
+    the folder trust dialog: `~/.claude.json` projects[folder].hasTrustDialogAccepted)."""
+    trusted = {"projects": {str(workdir): {"hasTrustDialogAccepted": True}}}
+    return {
+        "pending": ({}, trusted),
+        "approved": ({"enabledMcpjsonServers": ["agent-bridge"]}, trusted),
+        "all approved": ({"enableAllProjectMcpServers": True, "enabledMcpjsonServers": ["agent-bridge"]}, trusted),
+        "rejected": ({"disabledMcpjsonServers": ["agent-bridge"]}, trusted),
+        "approved, folder not trusted": ({"enabledMcpjsonServers": ["agent-bridge"]}, {"projects": {}}),
+    }
+
+
+def set_state(user_home: Path, workdir: Path, local: dict, claude_json: dict) -> None:
+    (workdir / ".claude" / "settings.local.json").write_text(json.dumps(local))
+    (user_home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True, **claude_json}))
+
+
+EXPECTED_APPROVAL = {"pending": "FAIL", "approved": "ok", "all approved": "ok", "rejected": "FAIL",
+                     "approved, folder not trusted": "FAIL"}
+
+
+def test_claude_project_server_approval(tmp_path, user_home, workdir):
+    env = plain_env(user_home, tmp_path / "bridge")
+    assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
+    seen = {}
+    for state, (local, claude_json) in approval_states(user_home, workdir).items():
+        set_state(user_home, workdir, local, claude_json)
+        seen[state] = statuses(run(env, workdir, "doctor").stdout)["Claude Code project server"]
+    assert seen == EXPECTED_APPROVAL
+    set_state(user_home, workdir, {}, approval_states(user_home, workdir)["pending"][1])
+    out = run(env, workdir, "doctor").stdout
+    assert "pending approval" in out and 'choose "Use this MCP server"' in out
+
+
+def test_real_claude_agrees_on_project_server_approval(tmp_path, user_home, workdir):
+    """For each record, what `claude mcp list` says: "Pending approval", a connection attempt (here
+    "Failed to connect": agent-bridge is left off PATH so that no server starts), or nothing."""
+    claude = host_program("claude")
+    env = plain_env(user_home, tmp_path / "bridge")
+    assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
+    host_env = {"HOME": str(user_home), "PATH": "/usr/bin:/bin", **CLAUDE_OFFLINE_ENV}
+    for state, (local, claude_json) in approval_states(user_home, workdir).items():
+        set_state(user_home, workdir, local, claude_json)
+        listed = subprocess.run([str(claude), "mcp", "list"], env=host_env, cwd=workdir, capture_output=True,
+                                text=True, timeout=120).stdout
+        host_says_it_starts = "agent-bridge: agent-bridge mcp --agent claude - " in listed and "Pending" not in listed
+        assert host_says_it_starts == (EXPECTED_APPROVAL[state] == "ok"), (state, listed)
+
+
+def test_real_codex_hook_trust_and_project_trust(tmp_path, user_home, workdir):
+    codex = host_program("codex")
+    env = with_path(plain_env(user_home, tmp_path / "bridge"), codex.parent)
+    assert run(env, workdir, "install", "--codex").returncode == 0
+    result = run(env, workdir, "doctor")
+    found = statuses(result.stdout)
+    assert found["Codex hooks trust"] == "FAIL" and "not trusted (untrusted)" in result.stdout, result.stdout
+    assert "open /hooks" in result.stdout
+
+    # Trust them as the fix says (the values are Codex's own, from hooks/list).
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
+    snippet = "\n".join(line.strip() for line in lines[at : at + 4]) + "\n"
+    config = user_home / ".codex" / "config.toml"
+    config.write_text(config.read_text() + "\n" + snippet)
+    result = run(env, workdir, "doctor")
+    assert statuses(result.stdout)["Codex hooks trust"] == "ok", result.stdout
+
+    # A project config in an untrusted project: Codex ignores it.
+    assert run(env, workdir, "uninstall", "--codex").returncode == 0
+    assert run(env, workdir, "install", "--codex", "--scope", "project").returncode == 0
+    result = run(env, workdir, "doctor")
+    assert statuses(result.stdout)["Codex project config"] == "FAIL", result.stdout
+    assert f'[projects."{workdir}"] trust_level = "trusted"' in result.stdout
+    config.write_text(config.read_text() + f'\n[projects."{workdir}"]\ntrust_level = "trusted"\n')
+    assert statuses(run(env, workdir, "doctor").stdout)["Codex project config"] == "ok"
