@@ -501,7 +501,7 @@ def _codex_feature_check(features: list[tuple[Path, dict[str, Any]]], version: t
             return Check(name, OK, f"[features] codex_hooks = true (Codex {shown} needs it)")
         return Check(name, FAIL, f"Codex {shown} runs hooks only with [features] codex_hooks = true", fix)
     deprecated = [str(path) for path, table in features if "codex_hooks" in table]
-    if deprecated:
+    if deprecated and version:
         return Check(name, WARN, f"[features] codex_hooks is deprecated (Codex {shown} warns on every run): "
                      + ", ".join(deprecated), fix)
     return Check(name, OK, f"hooks are on (Codex {shown}: on by default)" if version else

@@ -25,8 +25,9 @@ Codex
   hooks only with `[features] codex_hooks = true`; from 0.130 hooks are on by default, the key is
   `[features] hooks` and `codex_hooks` is a deprecated alias that Codex warns about on every run
   (Codex hooks docs; `codex exec` 0.171 prints the warning). So install asks `codex --version`:
-  before 0.130 it adds `codex_hooks = true`; from 0.130, and when no codex is on PATH (a current
-  Codex is assumed), it adds nothing and renames a `codex_hooks` key to `hooks` in place.
+  before 0.130 it adds `codex_hooks = true`; from 0.130 it adds nothing and renames a
+  `codex_hooks` key (an earlier install wrote one) to `hooks` in place. With no codex on PATH a
+  current Codex is assumed: nothing is added and an existing key keeps its spelling.
 
 What is written: user scope names the absolute path of the agent-bridge being run (this user's
 machine, this user's files). Project scope writes files meant to be committed, so it names the
@@ -424,17 +425,22 @@ def edit_codex_config(
     if not servers and "mcp_servers" not in data:
         del expected["mcp_servers"]
 
-    _ensure_hooks_feature(path, data, expected, doc, notes, feature, manual)
+    _ensure_hooks_feature(path, data, expected, doc, notes, feature if version else None, manual)
     return _finish_toml(path, before, doc, expected, notes, manual, private)
 
 
 def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, Any], doc: TomlText,
-                          notes: list[str], feature: str, manual: str) -> None:
-    """Make the installed Codex run hooks, in the key it reads (see the module docstring)."""
+                          notes: list[str], feature: str | None, manual: str) -> None:
+    """Make the installed Codex run hooks, in the key it reads (see the module docstring).
+    `feature` None: the version is unknown (no codex on PATH), so the spelling the user has is
+    kept; only a key that switches hooks off is switched on."""
     features = expected.get("features", {})
     if not isinstance(features, dict):
         raise InstallError(f"{path}: features must be a table. Nothing was changed.")
     deprecated = "codex_hooks" if feature == "hooks" else None
+    if feature is None:
+        off = [key for key in ("hooks", "codex_hooks") if features.get(key) is False]
+        feature = off[0] if off else "hooks"
     needs_edit = (
         (deprecated is not None and deprecated in features)
         or features.get(feature) is False

@@ -282,8 +282,18 @@ def test_codex_hooks_switched_off_are_switched_on_in_place(user_home, workdir):
     (user_home / ".codex" / "config.toml").write_text(original)
     assert install(install_env(user_home), workdir, "--codex").returncode == 0
     text = (user_home / ".codex" / "config.toml").read_text()
-    assert text.startswith("[features]\nhooks = true  # switched on by agent-bridge install (was false)\nother = 1\n")
-    assert tomllib.loads(text)["features"] == {"hooks": True, "other": 1}
+    assert text.startswith("[features]\ncodex_hooks = true  # switched on by agent-bridge install (was false)\nother = 1\n")
+    assert tomllib.loads(text)["features"] == {"codex_hooks": True, "other": 1}  # no codex on PATH: spelling kept
+    assert uninstall(install_env(user_home), workdir, "--codex").returncode == 0
+    assert (user_home / ".codex" / "config.toml").read_text() == "[features]\ncodex_hooks = false\nother = 1\n"
+
+
+def test_without_codex_on_path_an_existing_key_keeps_its_spelling(user_home, workdir):
+    (user_home / ".codex").mkdir()
+    (user_home / ".codex" / "config.toml").write_text(EARLIER_INSTALL)
+    result = install(install_env(user_home), workdir, "--codex")
+    assert result.returncode == 0, result.stderr
+    assert (user_home / ".codex" / "config.toml").read_text() == EARLIER_INSTALL
 
 
 def test_an_inline_server_table_is_refused_with_instructions(user_home, workdir):
