@@ -361,14 +361,16 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     """(config layers, hooks) as the installed Codex sees them for `cwd`: `codex app-server`'s
     `config/read` (with `includeLayers`: a project layer Codex ignores carries `disabledReason`)
     and `hooks/list` (each hook's `key`, `sourcePath`, `command`, `currentHash`, `trustStatus`).
-    Offline and read-only: it starts no session and contacts nothing."""
+    Read-only: it starts no session, and with plugins off it contacts nothing."""
     requests = [
         {"id": 1, "method": "initialize", "params": {"clientInfo": {"name": "agent-bridge-doctor", "version": "1"}}},
         {"method": "initialized"},
         {"id": 2, "method": "config/read", "params": {"cwd": str(cwd), "includeLayers": True}},
         {"id": 3, "method": "hooks/list", "params": {"cwds": [str(cwd)]}},
     ]
-    proc = subprocess.Popen([program, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    # Plugins off for this probe: with them, Codex 0.171 looks up its plugin marketplace on the
+    # network at start (seen as a DNS query); the answers asked for here do not depend on them.
+    proc = subprocess.Popen([program, "-c", "features.plugins=false", "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, cwd=cwd)
     answers: dict[int, dict[str, Any]] = {}
     try:

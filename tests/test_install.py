@@ -402,7 +402,7 @@ def codex_warnings(codex: Path, user_home: Path, cwd: Path) -> list[str]:
         "request_max_retries = 0\nstream_max_retries = 0\n\n"
     ) + config.read_text())
     env = dict(install_env(user_home), FAKE_KEY="x")
-    proc = subprocess.Popen([str(codex), "exec", "--skip-git-repo-check", "--json", "hello"], env=env, cwd=cwd,
+    proc = subprocess.Popen([str(codex), "exec", "-c", "features.plugins=false", "--skip-git-repo-check", "--json", "hello"], env=env, cwd=cwd,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     found = []
