@@ -241,9 +241,9 @@ def _hooks_check(name: str, files: list[Path], home: Path, fix: str) -> Check:
     return Check(name, OK, f"SessionStart and Stop registered in {', '.join(where)}")
 
 
-def _our_hook_files(files: list[Path]) -> dict[str, list[Path]]:
-    """Event -> the files (of those given) that register our hook for it."""
-    found: dict[str, list[Path]] = {}
+def _our_hook_commands(files: list[Path]) -> dict[str, list[tuple[Path, str]]]:
+    """Event -> (file, command line) of each of our hooks registered in those files."""
+    found: dict[str, list[tuple[Path, str]]] = {}
     for path in files:
         data, _ = _load_json(path)
         hooks = data.get("hooks") if data else None
@@ -251,17 +251,28 @@ def _our_hook_files(files: list[Path]) -> dict[str, list[Path]]:
             continue
         for event, event_arg in install.EVENTS:
             groups = hooks.get(event)
-            if isinstance(groups, list) and install._our_handlers(groups, event_arg):
-                found.setdefault(event, []).append(path)
+            if isinstance(groups, list):
+                found.setdefault(event, []).extend((path, h["command"]) for _, h in install._our_handlers(groups, event_arg))
     return found
 
 
-def _duplicate_hooks(user_files: list[Path], project_files: list[Path]) -> list[str]:
-    """Events whose hook is registered at user scope and at project scope (as 'Event: a, b')."""
-    user = _our_hook_files(user_files)
-    project = _our_hook_files(project_files)
-    return [f"{event}: {', '.join(map(str, user[event] + project[event]))}"
-            for event, _ in install.EVENTS if event in user and event in project]
+def _duplicate_hooks(user_files: list[Path], project_files: list[Path], *, same_command_runs_once: bool) -> list[str]:
+    """Events whose hook is registered at user scope and at project scope, as 'Event: file, file'.
+    Claude Code runs a command line that several settings files register once, and each distinct
+    one separately (seen with Claude Code 2.1.197: the same `echo` at both scopes ran once, two
+    different command lines ran twice), so there only differing command lines count. Codex runs the
+    matching hooks of every file (Codex hooks documentation)."""
+    user = _our_hook_commands(user_files)
+    project = _our_hook_commands(project_files)
+    found = []
+    for event, _ in install.EVENTS:
+        both = user.get(event, []) + project.get(event, [])
+        if not user.get(event) or not project.get(event):
+            continue
+        if same_command_runs_once and len({command for _, command in both}) == 1:
+            continue
+        found.append(f"{event}: {', '.join(str(path) for path, _ in both)}")
+    return found
 
 
 def claude_checks(home: Path, cwd: Path) -> list[Check]:
@@ -296,10 +307,11 @@ def claude_checks(home: Path, cwd: Path) -> list[Check]:
               _hooks_check("Claude Code hooks", settings, home, fix)]
     if in_project:
         checks.append(claude_project_approval(cwd, user_json, user_settings + project_settings))
-    twice = _duplicate_hooks(user_settings, project_settings)
+    twice = _duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
     if twice:
-        checks.append(Check("Claude Code hooks scope", WARN, "registered at user and project scope ("
-                            + "; ".join(twice) + "): a session may run each twice",
+        checks.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
+                            "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
+                            "session runs the hook twice",
                             "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
     return checks
 
@@ -471,7 +483,7 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
         if isinstance(data.get("features"), dict):
             features.append((config, data["features"]))
     user_hooks, project_hooks = [user_dir / "hooks.json"], [project_dir / "hooks.json"]
-    in_project = in_project or bool(_our_hook_files(project_hooks))
+    in_project = in_project or bool(_our_hook_commands(project_hooks))
     checks = [_server_check("Codex MCP server", candidates, home, fix, env_required=True),
               _hooks_check("Codex hooks", user_hooks + project_hooks, home, fix)]
     program = hostconfig.codex_program()
@@ -481,7 +493,7 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
         checks.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
     else:
         checks += codex_trust_checks(program, cwd, project_dir, in_project)
-    twice = _duplicate_hooks(user_hooks, project_hooks)
+    twice = _duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
     if twice:
         checks.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
                             + "): Codex runs the matching hooks of every file, so each runs twice",

@@ -152,22 +152,40 @@ def with_path(env: dict[str, str], folder: Path) -> dict[str, str]:
     return dict(env, PATH=f"{folder}{os.pathsep}{env['PATH']}")
 
 
+def stand_in_codex(folder: Path, version: str) -> Path:
+    """A `codex` that answers only `--version` (a release we cannot install here); as an app-server
+    it answers nothing, which doctor must report rather than pass."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "codex").write_text(f"#!/bin/sh\necho 'codex-cli {version}'\n")
+    (folder / "codex").chmod(0o755)
+    return folder
+
+
 @pytest.mark.slow
-def test_a_warning_is_never_all_checks_passed(broker, env, user_home, workdir):
+def test_a_warning_is_never_all_checks_passed(broker, env, user_home, workdir, tmp_path):
     env = with_user(env, user_home)
     assert run(env, workdir, "install", "--claude", "--codex").returncode == 0
-    assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
-    (workdir / ".claude" / "settings.local.json").write_text(json.dumps({"enabledMcpjsonServers": ["agent-bridge"]}))
-    (user_home / ".claude.json").write_text(json.dumps({
-        **json.loads((user_home / ".claude.json").read_text()),
-        "projects": {str(workdir): {"hasTrustDialogAccepted": True}},
-    }))
-    result = run(dict(env, PATH=f"{SCRIPT.parent}{os.pathsep}{env['PATH']}"), workdir, "doctor")
+    config = user_home / ".codex" / "config.toml"
+    if "codex_hooks" not in config.read_text():  # what install wrote before it asked Codex's version
+        config.write_text(config.read_text() + "\n[features]\ncodex_hooks = true\n")
+    result = run(with_path(env, stand_in_codex(tmp_path / "bin", "0.150.0")), workdir, "doctor")
     found = statuses(result.stdout)
-    assert found["Claude Code hooks scope"] == "warn", result.stdout
-    assert found["Claude Code project server"] == "ok", result.stdout
+    assert found["Codex hooks feature"] == "warn" and "deprecated" in result.stdout, result.stdout
+    assert found["Codex hooks trust"] == "warn" and "could not ask Codex" in result.stdout, result.stdout
+    assert [name for name, status in found.items() if status not in ("ok", "warn")] == [], result.stdout
     assert "All checks passed" not in result.stdout
-    assert "No check failed; 1 warning: Claude Code hooks scope." in result.stdout and result.returncode == 0
+    assert "No check failed; 2 warnings: Codex hooks feature, Codex hooks trust." in result.stdout
+    assert result.returncode == 0
+
+
+def test_claude_hooks_at_two_scopes_with_different_commands_fail(tmp_path, user_home, workdir):
+    env = plain_env(user_home, tmp_path / "bridge")
+    assert run(env, workdir, "install", "--claude").returncode == 0  # the absolute path
+    assert "Claude Code hooks scope" not in statuses(run(env, workdir, "doctor").stdout)
+    assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0  # `agent-bridge`
+    result = run(env, workdir, "doctor")
+    assert statuses(result.stdout)["Claude Code hooks scope"] == "FAIL", result.stdout
+    assert "agent-bridge uninstall --claude --scope project" in result.stdout
 
 
 def test_codex_hooks_at_two_scopes_fail(tmp_path, user_home, workdir):
@@ -255,3 +273,60 @@ def test_real_codex_hook_trust_and_project_trust(tmp_path, user_home, workdir):
     assert f'[projects."{workdir}"] trust_level = "trusted"' in result.stdout
     config.write_text(config.read_text() + f'\n[projects."{workdir}"]\ntrust_level = "trusted"\n')
     assert statuses(run(env, workdir, "doctor").stdout)["Codex project config"] == "ok"
+
+
+def test_real_claude_runs_hooks_of_both_scopes(tmp_path, user_home, workdir):
+    """What doctor's scope check stands on: with the user-scope and the project-scope install both
+    present, a real `claude -p` session runs the SessionStart hook twice."""
+    claude = host_program("claude")
+    import http.server
+    import threading
+
+    class Model(http.server.BaseHTTPRequestHandler):  # the smallest Messages API stream: one "ok"
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            events = [
+                {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "model": "m",
+                                                      "content": [], "stop_reason": None, "stop_sequence": None,
+                                                      "usage": {"input_tokens": 1, "output_tokens": 1}}},
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+                {"type": "content_block_stop", "index": 0},
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                 "usage": {"output_tokens": 1}},
+                {"type": "message_stop"},
+            ]
+            body = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Model)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    bridge = tmp_path / "bridge"
+    env = with_path(plain_env(user_home, bridge), SCRIPT.parent)
+    env.pop("AGENT_BRIDGE_HOME")  # project files stay portable; both scopes then use the default home
+    try:
+        assert run(env, workdir, "install", "--claude").returncode == 0
+        assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
+        assert statuses(run(env, workdir, "doctor").stdout)["Claude Code hooks scope"] == "FAIL"
+        (user_home / ".claude.json").write_text(json.dumps({
+            **json.loads((user_home / ".claude.json").read_text()), "hasCompletedOnboarding": True,
+            "projects": {str(workdir): {"hasTrustDialogAccepted": True}},
+        }))
+        host_env = {"HOME": str(user_home), "PATH": env["PATH"], **CLAUDE_OFFLINE_ENV,
+                    "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}"}
+        session = subprocess.run(
+            [str(claude), "-p", "hi", "--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose",
+             "--include-hook-events"], env=host_env, cwd=workdir, capture_output=True, text=True, timeout=120)
+        events = [json.loads(line) for line in session.stdout.splitlines() if line.startswith("{")]
+        started = [e for e in events if e.get("subtype") == "hook_started" and e.get("hook_event") == "SessionStart"]
+        assert len(started) == 2, session.stdout[-2000:]
+    finally:
+        server.shutdown()
+        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # its MCP server started a broker
