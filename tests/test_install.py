@@ -560,3 +560,13 @@ def test_uninstall_refuses_an_unparsable_file(user_home, workdir):
     assert result.returncode == 1
     assert f"{user_home / '.claude.json'} is not valid JSON" in result.stderr and "Nothing was changed" in result.stderr
     assert snapshot(user_home) == before
+
+
+def test_uninstall_keeps_the_comment_of_the_table_that_follows(user_home, workdir):
+    (user_home / ".codex").mkdir()
+    ours = '[mcp_servers.agent-bridge]\ncommand = "/old/agent-bridge"\nargs = ["mcp"]\n\n'
+    rest = '# my docs server\n[mcp_servers.docs]\ncommand = "docs"\n'
+    (user_home / ".codex" / "config.toml").write_text('model = "o3"\n\n' + ours + rest)
+    result = uninstall(install_env(user_home), workdir, "--codex")
+    assert result.returncode == 0, result.stderr
+    assert (user_home / ".codex" / "config.toml").read_text() == 'model = "o3"\n\n' + rest
