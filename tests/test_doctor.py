@@ -197,37 +197,53 @@ def test_codex_hooks_at_two_scopes_fail(tmp_path, user_home, workdir):
     assert "agent-bridge uninstall --codex --scope project" in result.stdout
 
 
-def approval_states(user_home: Path, workdir: Path) -> dict[str, tuple[dict, dict]]:
-    """Approval records as Claude Code 2.1.197 writes them (its approval dialog: `.claude/settings.local.json`;
-    the folder trust dialog: `~/.claude.json` projects[folder].hasTrustDialogAccepted)."""
+APPROVE = {"enabledMcpjsonServers": ["agent-bridge"]}
+
+
+def approval_states(user_home: Path, workdir: Path) -> dict[str, dict[str, dict]]:
+    """Approval records as Claude Code 2.1.197 writes them (its approval dialog writes
+    `.claude/settings.local.json`; its folder trust dialog `~/.claude.json` projects[folder]), and
+    the other places it reads the same keys from."""
     trusted = {"projects": {str(workdir): {"hasTrustDialogAccepted": True}}}
     return {
-        "pending": ({}, trusted),
-        "approved": ({"enabledMcpjsonServers": ["agent-bridge"]}, trusted),
-        "all approved": ({"enableAllProjectMcpServers": True, "enabledMcpjsonServers": ["agent-bridge"]}, trusted),
-        "rejected": ({"disabledMcpjsonServers": ["agent-bridge"]}, trusted),
-        "approved, folder not trusted": ({"enabledMcpjsonServers": ["agent-bridge"]}, {"projects": {}}),
+        "pending": {"claude_json": trusted},
+        "approved": {"local": APPROVE, "claude_json": trusted},
+        "all approved": {"local": {"enableAllProjectMcpServers": True}, "claude_json": trusted},
+        "rejected": {"local": {"disabledMcpjsonServers": ["agent-bridge"]}, "claude_json": trusted},
+        "approved, folder not trusted": {"local": APPROVE, "claude_json": {"projects": {}}},
+        "approved in user settings": {"user": APPROVE, "claude_json": trusted},
+        "approved in project settings": {"project": APPROVE, "claude_json": trusted},
+        "approved in ~/.claude.json": {
+            "claude_json": {"projects": {str(workdir): {"hasTrustDialogAccepted": True, **APPROVE}}}},
+        "approved, rejected in user settings": {
+            "local": APPROVE, "user": {"disabledMcpjsonServers": ["agent-bridge"]}, "claude_json": trusted},
     }
 
 
-def set_state(user_home: Path, workdir: Path, local: dict, claude_json: dict) -> None:
-    (workdir / ".claude" / "settings.local.json").write_text(json.dumps(local))
-    (user_home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True, **claude_json}))
+def set_state(user_home: Path, workdir: Path, state: dict[str, dict], project_settings: dict) -> None:
+    """Write one approval state; the project's settings.json keeps the hooks install put there."""
+    (workdir / ".claude" / "settings.local.json").write_text(json.dumps(state.get("local", {})))
+    (user_home / ".claude" / "settings.json").write_text(json.dumps(state.get("user", {})))
+    (workdir / ".claude" / "settings.json").write_text(json.dumps({**project_settings, **state.get("project", {})}))
+    (user_home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True, **state["claude_json"]}))
 
 
 EXPECTED_APPROVAL = {"pending": "FAIL", "approved": "ok", "all approved": "ok", "rejected": "FAIL",
-                     "approved, folder not trusted": "FAIL"}
+                     "approved, folder not trusted": "FAIL", "approved in user settings": "ok",
+                     "approved in project settings": "ok", "approved in ~/.claude.json": "ok",
+                     "approved, rejected in user settings": "FAIL"}
 
 
 def test_claude_project_server_approval(tmp_path, user_home, workdir):
     env = plain_env(user_home, tmp_path / "bridge")
     assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
+    project_settings = json.loads((workdir / ".claude" / "settings.json").read_text())
     seen = {}
-    for state, (local, claude_json) in approval_states(user_home, workdir).items():
-        set_state(user_home, workdir, local, claude_json)
-        seen[state] = statuses(run(env, workdir, "doctor").stdout)["Claude Code project server"]
+    for name, state in approval_states(user_home, workdir).items():
+        set_state(user_home, workdir, state, project_settings)
+        seen[name] = statuses(run(env, workdir, "doctor").stdout)["Claude Code project server"]
     assert seen == EXPECTED_APPROVAL
-    set_state(user_home, workdir, {}, approval_states(user_home, workdir)["pending"][1])
+    set_state(user_home, workdir, approval_states(user_home, workdir)["pending"], project_settings)
     out = run(env, workdir, "doctor").stdout
     assert "pending approval" in out and 'choose "Use this MCP server"' in out
 
@@ -238,13 +254,14 @@ def test_real_claude_agrees_on_project_server_approval(tmp_path, user_home, work
     claude = host_program("claude")
     env = plain_env(user_home, tmp_path / "bridge")
     assert run(env, workdir, "install", "--claude", "--scope", "project").returncode == 0
+    project_settings = json.loads((workdir / ".claude" / "settings.json").read_text())
     host_env = {"HOME": str(user_home), "PATH": "/usr/bin:/bin", **CLAUDE_OFFLINE_ENV}
-    for state, (local, claude_json) in approval_states(user_home, workdir).items():
-        set_state(user_home, workdir, local, claude_json)
+    for name, state in approval_states(user_home, workdir).items():
+        set_state(user_home, workdir, state, project_settings)
         listed = subprocess.run([str(claude), "mcp", "list"], env=host_env, cwd=workdir, capture_output=True,
                                 text=True, timeout=120).stdout
         host_says_it_starts = "agent-bridge: agent-bridge mcp --agent claude - " in listed and "Pending" not in listed
-        assert host_says_it_starts == (EXPECTED_APPROVAL[state] == "ok"), (state, listed)
+        assert host_says_it_starts == (EXPECTED_APPROVAL[name] == "ok"), (name, listed)
 
 
 def test_real_codex_hook_trust_and_project_trust(tmp_path, user_home, workdir):
