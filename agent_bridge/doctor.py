@@ -252,7 +252,7 @@ def _our_hook_commands(files: list[Path]) -> dict[str, list[tuple[Path, str]]]:
         for event, event_arg in install.EVENTS:
             groups = hooks.get(event)
             if isinstance(groups, list):
-                found.setdefault(event, []).extend((path, h["command"]) for _, h in install._our_handlers(groups, event_arg))
+                found.setdefault(event, []).extend((path, h["command"]) for _, h in install.our_handlers(groups, event_arg))
     return found
 
 

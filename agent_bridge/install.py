@@ -281,7 +281,7 @@ def _merge_env(current: object, env: dict[str, str], path: Path) -> dict[str, st
     return merged
 
 
-def _our_handlers(groups: list[Any], event_arg: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def our_handlers(groups: list[Any], event_arg: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return [
         (group, handler)
         for group in groups
@@ -308,7 +308,7 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, comman
         groups = hooks.setdefault(event, [])
         if not isinstance(groups, list):
             raise InstallError(f'{path}: "hooks.{event}" must be a list. Nothing was changed.')
-        ours = _our_handlers(groups, event_arg)
+        ours = our_handlers(groups, event_arg)
         wanted = commands[event]
         if not ours:
             groups.append({"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT}]})
@@ -332,7 +332,7 @@ def remove_json_hooks(data: dict[str, Any], notes: list[str], path: Path) -> Non
         groups = hooks.get(event)
         if not isinstance(groups, list):
             continue
-        ours = _our_handlers(groups, event_arg)
+        ours = our_handlers(groups, event_arg)
         if not ours:
             continue
         _drop(groups, ours)

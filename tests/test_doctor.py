@@ -347,3 +347,47 @@ def test_real_claude_runs_hooks_of_both_scopes(tmp_path, user_home, workdir):
     finally:
         server.shutdown()
         subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # its MCP server started a broker
+
+
+def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tmp_path, user_home, workdir):
+    """The trust check stands for what `codex exec` does: an untrusted hook is skipped without a
+    word, a trusted one runs (seen here as the SessionStart hook's report appearing in the state
+    folder; the MCP server is switched off for these runs so that only the hook can create it)."""
+    codex = host_program("codex")
+    bridge = tmp_path / "bridge"
+    env = with_path(plain_env(user_home, bridge), codex.parent)
+    assert run(env, workdir, "install", "--codex").returncode == 0
+    config = user_home / ".codex" / "config.toml"
+    config.write_text(
+        'model = "test-model"\nmodel_provider = "fake"\ncheck_for_update_on_startup = false\n'
+        '[model_providers.fake]\nname = "fake"\nbase_url = "http://127.0.0.1:9/v1"\nwire_api = "responses"\n'
+        'env_key = "FAKE_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
+        "request_max_retries = 0\nstream_max_retries = 0\n\n" + config.read_text())
+
+    def session_start_ran() -> bool:
+        proc = subprocess.Popen(
+            [str(codex), "exec", "-c", "features.plugins=false", "-c", "mcp_servers.agent-bridge.enabled=false",
+             "--skip-git-repo-check", "--json", "hello"], env=dict(env, FAKE_KEY="x"), cwd=workdir,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            turn = False
+            for line in proc.stdout:  # SessionStart hooks run once the turn starts, before its first request
+                kind = json.loads(line).get("type")
+                turn = turn or kind == "turn.started"
+                if turn and kind in ("error", "turn.failed"):  # that request failed (the model is a closed port)
+                    break
+        finally:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        return bridge.exists()
+
+    result = run(env, workdir, "doctor")
+    assert statuses(result.stdout)["Codex hooks trust"] == "FAIL", result.stdout
+    assert not session_start_ran()
+
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
+    config.write_text(config.read_text() + "\n" + "\n".join(line.strip() for line in lines[at : at + 4]) + "\n")
+    assert statuses(run(env, workdir, "doctor").stdout)["Codex hooks trust"] == "ok"
+    assert session_start_ran()
