@@ -37,8 +37,12 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def with_user(env: dict[str, str], user_home: Path) -> dict[str, str]:
+    """This user's environment with HOME pointed at `user_home`, and without a `codex` on PATH
+    (tests that want one add it), so that what doctor asks Codex does not depend on the machine."""
     out = {k: v for k, v in env.items() if k not in ("CODEX_HOME", "XDG_STATE_HOME")}
     out["HOME"] = str(user_home)
+    folders = out.get("PATH", os.defpath).split(os.pathsep)
+    out["PATH"] = os.pathsep.join(f for f in folders if not (Path(f) / "codex").exists())
     return out
 
 
