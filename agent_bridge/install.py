@@ -24,7 +24,8 @@ Codex
   `type`, `command`, `timeout`; codex-rs/config HookHandlerConfig). Codex before 0.130 runs
   hooks only with `[features] codex_hooks = true`; from 0.130 hooks are on by default, the key is
   `[features] hooks` and `codex_hooks` is a deprecated alias that Codex warns about on every run
-  (Codex hooks docs; `codex exec` 0.171 prints the warning). So install asks `codex --version`:
+  (Codex hooks docs; openai/codex #20522 made `hooks` canonical, first reported deprecated with
+  0.130.0; `codex exec` 0.171 prints the warning). So install asks `codex --version`:
   before 0.130 it adds `codex_hooks = true`; from 0.130 it adds nothing and renames a
   `codex_hooks` key (an earlier install wrote one) to `hooks` in place. With no codex on PATH a
   current Codex is assumed: nothing is added and an existing key keeps its spelling.
