@@ -261,7 +261,8 @@ def _duplicate_hooks(user_files: list[Path], project_files: list[Path], *, same_
     Claude Code runs a command line that several settings files register once, and each distinct
     one separately (seen with Claude Code 2.1.197: the same `echo` at both scopes ran once, two
     different command lines ran twice), so there only differing command lines count. Codex runs the
-    matching hooks of every file (Codex hooks documentation)."""
+    matching hooks of every file, identical ones too (Codex hooks documentation; seen with Codex
+    0.171: the same command in both hooks.json files ran twice)."""
     user = _our_hook_commands(user_files)
     project = _our_hook_commands(project_files)
     found = []
