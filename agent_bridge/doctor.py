@@ -324,7 +324,9 @@ def claude_project_approval(cwd: Path, user_json: Path, settings: list[Path]) ->
     `.claude/settings.local.json`; the same keys in `~/.claude/settings.json`,
     `.claude/settings.json` and `~/.claude.json` `projects[<folder>]` count too; a rejection wins
     over an approval; a folder whose trust dialog was not accepted stays pending; `claude mcp
-    list` shows "Pending approval" until both hold)."""
+    list` shows "Pending approval" until both hold). Pending is a warning, not a failure: an
+    interactive session asks for the approval at its start, and a `claude -p` run starts the
+    server without it (seen with 2.1.197); only a rejection keeps every session from it."""
     name = "Claude Code project server"
     sources: list[tuple[str, dict[str, Any]]] = []
     for path in settings:
@@ -348,13 +350,13 @@ def claude_project_approval(cwd: Path, user_json: Path, settings: list[Path]) ->
     fix = (f'start `claude` in {cwd}, trust the folder and choose "Use this MCP server" '
            "(Claude Code records it in .claude/settings.local.json), or approve it with /mcp")
     if not approved:
-        return Check(name, FAIL, f'"{SERVER}" in {cwd / ".mcp.json"} is pending approval: Claude Code does not '
-                     "start it until you approve it", fix)
+        return Check(name, WARN, f'"{SERVER}" in {cwd / ".mcp.json"} is pending approval: an interactive Claude '
+                     "Code session asks for it and does not start it until you approve it", fix)
     trusted = [p for p in (cwd, *cwd.parents) if isinstance(projects, dict) and isinstance(projects.get(str(p)), dict)
                and projects[str(p)].get("hasTrustDialogAccepted") is True]
     if not trusted:
-        return Check(name, FAIL, f"approved, but {cwd} is not a trusted folder in {user_json}: Claude Code keeps "
-                     "the server pending until you trust it", fix)
+        return Check(name, WARN, f"approved, but {cwd} is not a trusted folder in {user_json}: an interactive "
+                     "Claude Code session keeps the server pending until you trust the folder", fix)
     if trusted[0] != cwd:
         return Check(name, WARN, f"approved; the folder trust is recorded for {trusted[0]}, not {cwd}, and Claude "
                      "Code may still treat the server as pending", fix)

@@ -402,7 +402,8 @@ def codex_warnings(codex: Path, user_home: Path, cwd: Path) -> list[str]:
         "request_max_retries = 0\nstream_max_retries = 0\n\n"
     ) + config.read_text())
     env = dict(install_env(user_home), FAKE_KEY="x")
-    proc = subprocess.Popen([str(codex), "exec", "-c", "features.plugins=false", "--skip-git-repo-check", "--json", "hello"], env=env, cwd=cwd,
+    proc = subprocess.Popen([str(codex), "exec", "-c", "features.plugins=false", "-c", "mcp_servers.agent-bridge.enabled=false",
+                             "--skip-git-repo-check", "--json", "hello"], env=env, cwd=cwd,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     found = []
@@ -484,11 +485,14 @@ def test_real_claude_starts_the_project_server_from_path_on_another_machine(tmp_
     (teammate_home / ".claude.json").write_text(json.dumps(
         {"hasCompletedOnboarding": True, "projects": {str(project): {"hasTrustDialogAccepted": True}}}))
     env = {"HOME": str(teammate_home), "PATH": f"{teammate_bin}{os.pathsep}/usr/bin:/bin", **CLAUDE_OFFLINE_ENV}
+    # A broker up first, so that the server Claude Code starts finds it (and `down` stops it after).
+    assert subprocess.run([*CLI, "up", "--detach"], env=dict(env, AGENT_BRIDGE_WEB_PORT="0"), capture_output=True,
+                          timeout=60).returncode == 0
     try:
         listed = subprocess.run([str(claude), "mcp", "list"], env=env, cwd=project, capture_output=True, text=True,
                                 timeout=120)
     finally:
-        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # the health check started a broker
+        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)
     assert "agent-bridge: agent-bridge mcp --agent claude - ✔ Connected" in listed.stdout, listed.stdout + listed.stderr
 
 
