@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -385,39 +386,39 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     ]
     # Plugins off for this probe: with them, Codex 0.171 looks up its plugin marketplace on the
     # network at start (seen as a DNS query); the answers asked for here do not depend on them.
-    proc = subprocess.Popen([program, "-c", "features.plugins=false", "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=cwd)
-    answers: dict[int, dict[str, Any]] = {}
     try:
-        import threading
-
-        timer = threading.Timer(APP_SERVER_TIMEOUT, proc.kill)
-        timer.start()
-        try:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
-            proc.stdin.flush()
-            for line in proc.stdout:
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(message, dict) and message.get("id") in (1, 2, 3):
-                    answers[message["id"]] = message
-                if len(answers) == 3:
-                    break
-        finally:
-            timer.cancel()
+        proc = subprocess.Popen([program, "-c", "features.plugins=false", "app-server"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd)
     except OSError as exc:
         raise ProbeError(f"cannot run {program} app-server: {exc}") from None
+    answers: dict[int, dict[str, Any]] = {}
+    timer = threading.Timer(APP_SERVER_TIMEOUT, proc.kill)  # a hung app-server cannot hang doctor
+    timer.start()
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
+        proc.stdin.flush()
+        for line in proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict) and message.get("id") in (1, 2, 3):
+                answers[message["id"]] = message
+            if len(answers) == 3:
+                break
+    except OSError:  # it exited before reading its requests: reported below as no answer
+        pass
     finally:
+        timer.cancel()
         proc.kill()
         proc.wait()
     for n in (2, 3):
         if n not in answers:
-            raise ProbeError(f"{program} app-server gave no answer within {APP_SERVER_TIMEOUT:.0f} s")
-        if "error" in answers[n]:
-            raise ProbeError(f"{program} app-server: {answers[n]['error'].get('message', answers[n]['error'])}")
+            raise ProbeError(f"{program} app-server did not answer (it exited, or took over {APP_SERVER_TIMEOUT:.0f} s)")
+        error = answers[n].get("error")
+        if error is not None:
+            raise ProbeError(f"{program} app-server: {error.get('message', error) if isinstance(error, dict) else error}")
     layers = answers[2].get("result", {}).get("layers") or []
     hooks = [h for entry in answers[3].get("result", {}).get("data") or [] for h in entry.get("hooks") or []]
     return layers, hooks
