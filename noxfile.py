@@ -25,11 +25,24 @@ def ensure_chromium(session: nox.Session) -> None:
         session.error(f"the browser test needs Debian's chromium at {CHROMIUM}: sudo apt-get install chromium")
 
 
+def ensure_host_clis(session: nox.Session) -> dict[str, str]:
+    """The real-host tests drive Claude Code and Codex from npm at pinned versions, installed
+    into .nox/hostcli when missing (tests/hosts/clis.py). Without npm they skip, except on CI."""
+    if shutil.which("npm") is None:
+        if os.environ.get("CI"):
+            session.error("CI runs the real-host tests (tests/hosts): install Node.js and npm")
+        session.warn("npm not found: the real-host tests (tests/hosts) will be skipped")
+        return {}
+    out = session.run("python", "-m", "tests.hosts.clis", silent=True)  # prints the bin folder it made sure of
+    return {"AGENT_BRIDGE_HOST_BIN": str(out).strip().splitlines()[-1]}
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     ensure_chromium(session)
-    session.run("pytest", *session.posargs)
+    env = ensure_host_clis(session)
+    session.run("pytest", *session.posargs, env=env)
 
 
 @nox.session

@@ -149,9 +149,17 @@ def _status(ns: argparse.Namespace) -> int:
 
 
 def _mcp(ns: argparse.Namespace) -> int:
-    from agent_bridge import mcp_server
+    # Hosts end their MCP servers with SIGINT, then SIGTERM; one that arrives while the server
+    # still starts ends it as quietly as one that arrives later (exit 0, no traceback).
+    import signal
 
-    return mcp_server.main(ns)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        from agent_bridge import mcp_server
+
+        return mcp_server.main(ns)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _hook(ns: argparse.Namespace) -> int:

@@ -1,0 +1,282 @@
+"""Real Claude Code and Codex CLIs driving agent-bridge, each against a scripted model server.
+
+Each test gets a throw-away world: a HOME with the hosts' configuration written by the real
+`agent-bridge install --claude --codex`, an AGENT_BRIDGE_HOME beside it, a project folder, and
+the two scripted model servers. The broker is started first with `agent-bridge up --detach`
+(as after a first session): Codex starts MCP servers with a cleared environment, so a broker
+started from one would take the default dashboard port, which parallel test runs share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_bridge.store import reader
+from tests.hosts import clis
+from tests.hosts.models import AnthropicServer, OpenAIServer
+
+AGENT_BRIDGE = str(Path(sys.executable).parent / "agent-bridge")
+RUN_TIMEOUT = 90  # seconds one host run may take; a few at most when all is well
+BRIDGE_TOOLS = ("decide", "decisions", "whoami", "peers", "send", "inbox")
+
+
+@pytest.fixture(scope="session")
+def host_bin() -> Path:
+    try:
+        return clis.ensure()
+    except clis.Missing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the real-host tests, but: {exc}")
+        if shutil.which("npm") is None:
+            pytest.skip(f"real-host tests skipped: {exc}")
+        raise
+
+
+@dataclass
+class HostRun:
+    """One finished (or running) host process and what it wrote."""
+
+    proc: subprocess.Popen[str]
+    log: Path  # Claude's --debug-file, or Codex's stderr
+    out: str = ""
+    err: str = ""
+
+    def wait(self) -> HostRun:
+        self.out, self.err = self.proc.communicate(timeout=RUN_TIMEOUT)
+        assert self.proc.returncode == 0, f"host exited {self.proc.returncode}:\n{self.err[-3000:]}\n{self.out[-3000:]}"
+        if self.log.suffix == ".err":
+            self.log.write_text(self.err, encoding="utf-8")
+        return self
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        found = []
+        for line in self.out.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    found.append(json.loads(line))
+                except ValueError:
+                    pass
+        return found
+
+    @property
+    def log_text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class World:
+    root: Path
+    host_bin: Path
+    claude_model: AnthropicServer
+    codex_model: OpenAIServer
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def bridge_home(self) -> Path:
+        return self.root / "ab"
+
+    @property
+    def project(self) -> Path:
+        return self.root / "proj"
+
+    @property
+    def codex_home(self) -> Path:
+        return self.home / ".codex"
+
+    def base_env(self) -> dict[str, str]:
+        """What a user's shell would pass: no AGENT_BRIDGE_HOME (install recorded it), nothing
+        from the environment these tests run in."""
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "TMPDIR": str(self.root / "tmp"),
+            "SHELL": "/bin/sh",
+        }
+
+    def bridge(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**self.base_env(), "AGENT_BRIDGE_HOME": str(self.bridge_home), "AGENT_BRIDGE_WEB_PORT": "0"}
+        done = subprocess.run([AGENT_BRIDGE, *args], env=env, cwd=self.project, capture_output=True, text=True,
+                              timeout=60)
+        assert not check or done.returncode == 0, f"agent-bridge {' '.join(args)}: {done.stderr}{done.stdout}"
+        return done
+
+    # --- Claude Code ---------------------------------------------------------------------
+
+    def claude(self, prompt: str, *, session_id: str | None = None, resume: str | None = None,
+               cwd: Path | None = None, tag: str = "claude") -> HostRun:
+        env = {
+            **self.base_env(),
+            "ANTHROPIC_BASE_URL": self.claude_model.url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "IS_SANDBOX": "1",
+            "MCP_CONNECTION_NONBLOCKING": "0",  # -p waits for the MCP server before the first request
+            "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"),
+        }
+        log = self.root / f"{tag}-{uuid.uuid4().hex[:8]}.debug"
+        args = [str(self.host_bin / "claude"), "-p", prompt, "--dangerously-skip-permissions",
+                "--output-format", "stream-json", "--verbose", "--include-hook-events", "--debug-file", str(log)]
+        if session_id:
+            args += ["--session-id", session_id]
+        if resume:
+            args += ["--resume", resume]
+        return self._start(args, env, cwd, log)
+
+    # --- Codex ---------------------------------------------------------------------------
+
+    def codex(self, prompt: str, *, resume: str | None = None, extra: tuple[str, ...] = (),
+              cwd: Path | None = None, tag: str = "codex") -> HostRun:
+        env = {**self.base_env(), "CODEX_HOME": str(self.codex_home), "FAKE_MODEL_KEY": "test-key"}
+        args = [str(self.host_bin / "codex"), "exec"]
+        if resume:
+            args += ["resume", resume]
+        # Hooks: `codex exec` skips untrusted hooks; trusting them for one run keeps HOME's
+        # config exactly as `agent-bridge install` wrote it.
+        args += ["--skip-git-repo-check", "--json", "--dangerously-bypass-approvals-and-sandbox",
+                 "--dangerously-bypass-hook-trust", *extra, prompt]
+        return self._start(args, env, cwd, self.root / f"{tag}-{uuid.uuid4().hex[:8]}.err")
+
+    def _start(self, args: list[str], env: dict[str, str], cwd: Path | None, log: Path) -> HostRun:
+        proc = subprocess.Popen(args, env=env, cwd=cwd or self.project, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return HostRun(proc, log)
+
+    # --- the bridge's own record -----------------------------------------------------------
+
+    def peers(self) -> list[dict[str, Any]]:
+        with reader.reading(self.bridge_home / "bridge.db") as conn:
+            assert conn is not None
+            cursor = conn.execute("SELECT id, name, agent, project, kind, host_session_id FROM peers")
+            return [dict(zip(("id", "name", "agent", "project", "kind", "hostSessionId"), row, strict=True)) for row in cursor]
+
+
+def codex_provider(url: str) -> str:
+    """The offline model provider (NOTES.md, "Driving the real hosts offline")."""
+    return (
+        'model = "gpt-test"\nmodel_provider = "scripted"\ncheck_for_update_on_startup = false\n\n'
+        "[analytics]\nenabled = false\n\n"
+        f'[model_providers.scripted]\nname = "scripted"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
+        'env_key = "FAKE_MODEL_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
+        "request_max_retries = 0\nstream_max_retries = 0\n"
+    )
+
+
+@pytest.fixture
+def world(host_bin: Path) -> Iterator[World]:
+    root = Path(tempfile.mkdtemp(prefix="abh-"))  # short: the broker socket path must fit sun_path
+    claude_model, codex_model = AnthropicServer().start(), OpenAIServer().start()
+    w = World(root, host_bin, claude_model, codex_model)
+    keep = os.environ.get("AGENT_BRIDGE_KEEP_HOST_WORLD")
+    for folder in (w.home, w.project, w.root / "tmp", w.codex_home):
+        folder.mkdir(parents=True, exist_ok=True)
+    (w.codex_home / "config.toml").write_text(codex_provider(codex_model.url), encoding="utf-8")
+    try:
+        w.bridge("install", "--claude", "--codex")
+        w.bridge("up", "--detach")
+        yield w
+    finally:
+        for proc in w.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=30)
+        w.bridge("down", check=False)
+        claude_model.close()
+        codex_model.close()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# --- what the model saw -------------------------------------------------------------------
+
+NOTE_PREFIX = "SessionStart hook additional context:"
+
+
+def claude_system_texts(body: dict[str, Any]) -> list[str]:
+    """Texts of the `role: "system"` messages Claude Code puts in `messages` (hook context)."""
+    texts = []
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        blocks = [content] if isinstance(content, str) else [
+            b.get("text", "") for b in content or () if isinstance(b, dict)]
+        for text in blocks:
+            if message.get("role") == "system" or (isinstance(text, str) and NOTE_PREFIX in text):
+                texts.append(text)
+    return texts
+
+
+def claude_note(body: dict[str, Any]) -> str:
+    """The SessionStart note as Claude Code put it before the model ("" when absent)."""
+    for text in claude_system_texts(body):
+        if NOTE_PREFIX in text:
+            return text.split(NOTE_PREFIX, 1)[1].strip().split("\n\n", 1)[0]
+    return ""
+
+
+def claude_tool_names(body: dict[str, Any]) -> set[str]:
+    return {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
+
+
+def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Claude: every `tool_result` block in the conversation, in order."""
+    found = []
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                found.append(block)
+    return found
+
+
+def result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(c.get("text", "") for c in content or () if isinstance(c, dict))
+
+
+def codex_messages(body: dict[str, Any], role: str) -> list[str]:
+    texts = []
+    for item in body.get("input") or ():
+        if isinstance(item, dict) and item.get("type") == "message" and item.get("role") == role:
+            texts.append("".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict)))
+    return texts
+
+
+def codex_outputs(body: dict[str, Any]) -> list[str]:
+    return [str(i.get("output")) for i in body.get("input") or ()
+            if isinstance(i, dict) and i.get("type") == "function_call_output"]
+
+
+def plan(*steps: tuple[str, dict[str, Any]]) -> str:
+    return "PLAN " + json.dumps([list(s) for s in steps])
+
+
+# Host log lines about the bridge that must never appear.
+CLAUDE_BAD_LOG = re.compile(
+    r"SIGINT failed|hook error|hook.*(fail|invalid|not valid)|agent-bridge.*(error|fail|deprecat|traceback)",
+    re.I,
+)

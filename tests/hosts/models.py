@@ -1,0 +1,247 @@
+"""Scripted model servers on 127.0.0.1 for the real host CLIs: the Anthropic Messages API
+(Claude Code) and the OpenAI Responses API (Codex), both streamed as server-sent events.
+
+The model is a script, not a model: the first user prompt of a conversation may carry a plan,
+`PLAN [["tool", {args}], ...]`, and each request answers with the next planned tool call (the
+number of tool results already in the conversation says which), then a short text. Every
+request is recorded with its headers, so a test asserts what the model was shown.
+
+Standard library only (a threading HTTP server): the hosts are Node and Rust programs talking
+plain HTTP/1.1; nothing here needs the bridge's own async stack.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PLAN = re.compile(r"PLAN (\[.*\])", re.S)
+DONE_TEXT = "done."
+GATE = "=wait"  # a plan step ["=wait", {"gate": NAME}]: hold the answer until the test opens NAME
+GATE_TIMEOUT = 60.0
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        """Everything the model was shown in this request, as one string (for `in` checks)."""
+        return json.dumps(self.body, ensure_ascii=False)
+
+
+@dataclass
+class ModelServer:
+    """Base: records requests, serves until closed. Subclasses answer one API."""
+
+    requests: list[Request] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    httpd: ThreadingHTTPServer | None = None
+    gates: dict[str, tuple[threading.Event, threading.Event]] = field(default_factory=dict)
+
+    def gate(self, name: str) -> tuple[threading.Event, threading.Event]:
+        """(reached, opened): a session is waiting at the gate / the test let it go on."""
+        with self.lock:
+            return self.gates.setdefault(name, (threading.Event(), threading.Event()))
+
+    def open_gate(self, name: str) -> None:
+        self.gate(name)[1].set()
+
+    def wait_reached(self, name: str, timeout: float = GATE_TIMEOUT) -> None:
+        if not self.gate(name)[0].wait(timeout):
+            raise AssertionError(f"no session reached gate {name!r} within {timeout} s")
+
+    def next_step(self, steps: list[tuple[str, dict[str, Any]]], done: int) -> tuple[str, dict[str, Any]] | None:
+        """The planned call after `done` results (None: answer with text), once every gate
+        planned before it is open."""
+        calls = [i for i, (tool, _) in enumerate(steps) if tool != GATE]
+        position = calls[done] if done < len(calls) else len(steps)
+        for tool, args in steps[:position]:
+            if tool == GATE:
+                reached, opened = self.gate(str(args["gate"]))
+                reached.set()
+                if not opened.wait(GATE_TIMEOUT):
+                    raise AssertionError(f"gate {args['gate']!r} never opened")
+        return steps[position] if position < len(steps) else None
+
+    def start(self) -> ModelServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                body = b"{}"
+                self.send_response(404)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {"unparsed": raw.decode("utf-8", "replace")}
+                request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                with server.lock:
+                    server.requests.append(request)
+                events = list(server.answer(request))
+                payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.httpd is not None
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+
+    def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
+        raise NotImplementedError
+
+    def of_session(self, session_id: str) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if self.session_of(r) == session_id]
+
+    def session_of(self, request: Request) -> str | None:
+        raise NotImplementedError
+
+
+def plan_of(prompt: str) -> list[tuple[str, dict[str, Any]]]:
+    found = PLAN.search(prompt)
+    if not found:
+        return []
+    return [(str(step[0]), dict(step[1])) for step in json.loads(found.group(1))]
+
+
+# --- Anthropic Messages API (Claude Code) -------------------------------------------------
+
+
+def _anthropic_texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    return [b.get("text", "") for b in content or () if isinstance(b, dict) and b.get("type") == "text"]
+
+
+class AnthropicServer(ModelServer):
+    """`POST /v1/messages` answered as a stream: the next planned `mcp__agent-bridge__*` call."""
+
+    def session_of(self, request: Request) -> str | None:
+        return request.headers.get("x-claude-code-session-id")
+
+    def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
+        messages = request.body.get("messages") or []
+        # The plan is the last prompt's (a resumed session or a Stop hook's feedback is a new
+        # prompt); the tool results since it say how far along it is.
+        start = 0
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if message.get("role") == "user" and not (
+                isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+            ):
+                start = i
+        steps = plan_of(" ".join(_anthropic_texts(messages[start].get("content")))) if messages else []
+        done = sum(
+            1 for m in messages[start:] for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        )
+        model = request.body.get("model", "claude")
+        yield "message_start", {"type": "message_start", "message": {
+            "id": f"msg_{len(self.requests)}", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1}}}
+        step = self.next_step(steps, done)
+        if step is not None:
+            tool, args = step
+            yield "content_block_start", {"type": "content_block_start", "index": 0, "content_block": {
+                "type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": f"mcp__agent-bridge__{tool}",
+                "input": {}}}
+            yield "content_block_delta", {"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}}
+            stop = "tool_use"
+        else:
+            yield "content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}}
+            yield "content_block_delta", {"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "text_delta", "text": DONE_TEXT}}
+            stop = "end_turn"
+        yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+        yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                                "usage": {"output_tokens": 1}}
+        yield "message_stop", {"type": "message_stop"}
+
+
+# --- OpenAI Responses API (Codex) ---------------------------------------------------------
+
+
+def _openai_texts(item: dict[str, Any]) -> list[str]:
+    content = item.get("content")
+    if isinstance(content, str):
+        return [content]
+    return [c.get("text", "") for c in content or () if isinstance(c, dict) and isinstance(c.get("text"), str)]
+
+
+class OpenAIServer(ModelServer):
+    """`POST /v1/responses` answered as a stream: the next planned call in the
+    `mcp__agent_bridge` namespace."""
+
+    namespace = "mcp__agent_bridge"
+
+    def session_of(self, request: Request) -> str | None:
+        return request.headers.get("session-id") or request.headers.get("thread-id")
+
+    def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
+        items = [i for i in request.body.get("input") or [] if isinstance(i, dict)]
+        start = 0
+        for i, item in enumerate(items):
+            if item.get("role") == "user" and not any("<environment_context>" in t for t in _openai_texts(item)):
+                start = i
+        prompt = " ".join(_openai_texts(items[start])) if items else ""
+        steps = plan_of(prompt)
+        done = sum(1 for item in items[start:] if item.get("type") == "function_call_output")
+        rid = f"resp_{len(self.requests)}"
+        yield "response.created", {"type": "response.created", "response": {"id": rid}}
+        step = self.next_step(steps, done)
+        if step is not None:
+            tool, args = step
+            item = {"type": "function_call", "id": f"fc_{len(self.requests)}", "call_id": f"call_{len(self.requests)}",
+                    "namespace": self.namespace, "name": tool, "arguments": json.dumps(args)}
+        else:
+            item = {"type": "message", "role": "assistant", "id": f"msg_{len(self.requests)}",
+                    "content": [{"type": "output_text", "text": DONE_TEXT, "annotations": []}]}
+        yield "response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}
+        yield "response.completed", {"type": "response.completed", "response": {
+            "id": rid, "usage": {"input_tokens": 1, "input_tokens_details": None, "output_tokens": 1,
+                                 "output_tokens_details": None, "total_tokens": 2}}}
