@@ -400,16 +400,20 @@ async def _capture(bridge: Bridge, session: Any) -> None:
     if session is None or bridge.mcp_session is session:
         return
     bridge.mcp_session = session
-    caps = session.client_capabilities
-    experimental = getattr(caps, "experimental", None) or {}
-    client = getattr(getattr(session, "client_params", None), "client_info", None)
-    bridge.channel = CHANNEL_CAPABILITY in experimental or (
-        bridge.options.agent == "claude" and getattr(client, "name", "") == "claude-code"
-    )
+    bridge.channel = declares_channel(session.client_capabilities)
     # Messages that arrived before the host initialized: announce them now.
     for message in list(bridge.inbox.pending.values()):
         await bridge._announce(message)
     await bridge.flush_acks()
+
+
+def declares_channel(capabilities: Any) -> bool:
+    """A channel notification counts as shown only to a host that declared, in its own
+    `initialize`, that it takes them. Claude Code 2.1 declares only `roots` and `elicitation`
+    unless channels are switched on, and then drops the notification: never infer the
+    capability from the client's name."""
+    experimental = getattr(capabilities, "experimental", None) or {}
+    return CHANNEL_CAPABILITY in experimental
 
 
 async def _observe(bridge: Bridge, ctx: Context) -> None:

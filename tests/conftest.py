@@ -132,8 +132,9 @@ def _claude_style_session_class() -> Any:
     from mcp import ClientSession
 
     class ClaudeStyleSession(ClientSession):
-        """The SDK client, declaring the experimental `claude/channel` capability as Claude Code
-        does when launched with channels (the SDK's client declares no experimental ones)."""
+        """The SDK client, declaring the experimental `claude/channel` capability: a host that
+        takes channel notifications (the SDK's client declares no experimental ones). Claude
+        Code 2.1.197 declares it only with channels switched on, which these tests never saw."""
 
         def _build_capabilities(self, version: str) -> Any:
             caps = super()._build_capabilities(version)
