@@ -66,7 +66,10 @@ def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
     purpose: the note is paid for in context at every session start (bench/bench_context_cost)."""
     if session is not None:
         return f"agent-bridge: you are {session.get('name')}."
-    return f"agent-bridge: you join as {domain.session_name(agent, cwd)} once the agent-bridge MCP server connects."
+    # Not known yet (Claude Code runs this hook before its MCP server connects): the name is
+    # the broker's to give when it does (another session may hold the folder's usual one),
+    # so the note names none rather than a guess that can be wrong.
+    return "agent-bridge: this session joins when its agent-bridge MCP server connects; `whoami` gives its name."
 
 
 def render_note(

@@ -126,7 +126,7 @@ async def test_stop_never_blocks_for_decision_notices_or_passive_messages(env, h
 async def test_identity_pairs_with_an_mcp_server_started_after_the_hook(broker, env, home, project, fake_host):
     host = {"AGENT_BRIDGE_HOST_PID": str(fake_host.pid)}
     note = note_of(await hook("session-start", "claude", start_input("hs-first", project), hook_env(home, **host)))
-    assert "claude-app" in note and "MCP server connects" in note
+    assert "MCP server connects" in note and "`whoami`" in note and "claude-app" not in note  # no guessed name
     with trio.fail_after(60):
         async with mcp_session(env, "--agent", "claude", "--project", str(project), extra_env=host) as a:
             async def learned() -> bool:

@@ -48,7 +48,7 @@ def test_note_shows_the_five_newest_applicable_topics_and_counts_the_rest(agent,
     result = run_hook("session-start", agent, payload(project), hook_env(hook_home), cwd=project)
     lines = note_of(result).splitlines()
 
-    assert lines[0].startswith("agent-bridge:") and f"{agent}-app" in lines[0]
+    assert lines[0].startswith("agent-bridge:") and f"{agent}-app" not in lines[0]  # no guessed name
     assert "MCP server connects" in lines[0] and lines[0].endswith("newest first:")
     shown = lines[1:-1]
     assert [s.split(":", 1)[0] for s in shown] == ["p4", "camera", "p3", "p2", "p1"]  # newest first
@@ -96,7 +96,7 @@ def test_global_and_session_addressed_decisions_are_in_the_note(agent, hook_home
 def test_no_decisions_gives_the_identity_line_only(hook_home, project):
     build_db(hook_home, [("deploy", "Ship with Fly", {"project": "/work/other"})])
     note = note_of(run_hook("session-start", "codex", payload(project), hook_env(hook_home), cwd=project))
-    assert note.count("\n") == 0 and "codex-app" in note
+    assert note.count("\n") == 0 and "`whoami`" in note and "codex-app" not in note  # no guessed name
 
 
 def test_ten_thousand_decisions_count_exactly(hook_home, project):
