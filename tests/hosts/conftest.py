@@ -103,10 +103,11 @@ class World:
         return self.home / ".codex"
 
     def base_env(self) -> dict[str, str]:
-        """What a user's shell would pass: no AGENT_BRIDGE_HOME (install recorded it), nothing
-        from the environment these tests run in."""
+        """What a user's shell would pass: the hosts on PATH (install asks `codex --version`),
+        no AGENT_BRIDGE_HOME (install recorded it), nothing from the environment these tests
+        run in."""
         return {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PATH": os.pathsep.join([str(self.host_bin), os.environ.get("PATH", "/usr/bin:/bin")]),
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
             "TMPDIR": str(self.root / "tmp"),
@@ -154,9 +155,11 @@ class World:
         if resume:
             args += ["resume", resume]
         # Hooks: `codex exec` skips untrusted hooks; trusting them for one run keeps HOME's
-        # config exactly as `agent-bridge install` wrote it.
+        # config exactly as `agent-bridge install` wrote it. MCP: Codex 0.171 leaves an optional
+        # MCP server that is still starting out of a step's tools ("omitting pending optional
+        # MCP server"); `required` makes `codex exec` wait for it (README, "Connect Codex").
         args += ["--skip-git-repo-check", "--json", "--dangerously-bypass-approvals-and-sandbox",
-                 "--dangerously-bypass-hook-trust", *extra, prompt]
+                 "--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true", *extra, prompt]
         return self._start(args, env, cwd, self.root / f"{tag}-{uuid.uuid4().hex[:8]}.err")
 
     def _start(self, args: list[str], env: dict[str, str], cwd: Path | None, log: Path) -> HostRun:
@@ -181,7 +184,9 @@ def codex_provider(url: str) -> str:
         "[analytics]\nenabled = false\n\n"
         f'[model_providers.scripted]\nname = "scripted"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
         'env_key = "FAKE_MODEL_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
-        "request_max_retries = 0\nstream_max_retries = 0\n"
+        "request_max_retries = 0\nstream_max_retries = 0\n\n"
+        # Plugins on (the default) make Codex sync a plugin catalogue from github.com at start.
+        "[features]\nplugins = false\n"
     )
 
 
@@ -266,9 +271,17 @@ def codex_messages(body: dict[str, Any], role: str) -> list[str]:
     return texts
 
 
-def codex_outputs(body: dict[str, Any]) -> list[str]:
-    return [str(i.get("output")) for i in body.get("input") or ()
-            if isinstance(i, dict) and i.get("type") == "function_call_output"]
+def codex_outputs(body: dict[str, Any]) -> list[list[str]]:
+    """Codex: each tool call's output as the model got it: the MCP result's text blocks
+    (after Codex's own "Wall time" line)."""
+    found = []
+    for item in body.get("input") or ():
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            output = item.get("output")
+            texts = [output] if isinstance(output, str) else [
+                str(c.get("text", "")) for c in output or () if isinstance(c, dict)]
+            found.append([t for t in texts if not t.startswith("Wall time:")])
+    return found
 
 
 def plan(*steps: tuple[str, dict[str, Any]]) -> str:
