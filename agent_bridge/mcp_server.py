@@ -2,8 +2,8 @@
 
 It speaks MCP to its host over stdio and the bridge protocol to the broker, which it starts
 when none runs and reconnects to (with backoff) when it restarts. Pushed messages wait in
-an in-memory inbox until the agent is shown them (the `inbox` tool, or a Claude Code channel
-notification for active messages); only then are they acknowledged, so a crash loses
+an in-memory inbox until the agent is shown them (the `inbox` tool, or a channel notification
+for an active message to a host that declared it takes them); only then are they acknowledged, so a crash loses
 nothing. Replays are deduplicated by message id: exactly once to the agent.
 """
 
@@ -210,8 +210,9 @@ class Bridge:
             self.session = frame["session"]
 
     async def _announce(self, message: dict[str, Any]) -> None:
-        """Tell the host a message arrived: a channel event for an active one (Claude Code),
-        which counts as showing it; a log notification as a courtesy for every arrival."""
+        """Tell the host a message arrived: a channel event for an active one to a host that
+        declared `claude/channel`, which counts as showing it; a log notification as a courtesy
+        for every arrival."""
         session = self.mcp_session
         if session is None:
             return
