@@ -3,8 +3,8 @@
 It speaks MCP to its host over stdio and the bridge protocol to the broker, which it starts
 when none runs and reconnects to (with backoff) when it restarts. Pushed messages wait in
 an in-memory inbox until the agent is shown them (the `inbox` tool, or a channel notification
-for an active message to a host that declared it takes them); only then are they acknowledged, so a crash loses
-nothing. Replays are deduplicated by message id: exactly once to the agent.
+for an active message to a host that declared it takes them); only then are they acknowledged,
+so a crash loses nothing. Replays are deduplicated by message id: exactly once to the agent.
 """
 
 from __future__ import annotations
