@@ -234,11 +234,10 @@ def claude_system_texts(body: dict[str, Any]) -> list[str]:
 
 
 def claude_note(body: dict[str, Any]) -> str:
-    """The SessionStart note as Claude Code put it before the model ("" when absent)."""
-    for text in claude_system_texts(body):
-        if NOTE_PREFIX in text:
-            return text.split(NOTE_PREFIX, 1)[1].strip().split("\n\n", 1)[0]
-    return ""
+    """The latest SessionStart note Claude Code put before the model ("" when none)."""
+    notes = [t.rsplit(NOTE_PREFIX, 1)[1].strip().split("\n\n", 1)[0]
+             for t in claude_system_texts(body) if NOTE_PREFIX in t]
+    return notes[-1] if notes else ""
 
 
 def claude_tool_names(body: dict[str, Any]) -> set[str]:

@@ -45,10 +45,14 @@ def test_messages_and_decisions_cross_between_the_hosts(world: World) -> None:
     assert "ci: Buildkite" in note and "deploy: Fly.io" in note, note
 
     # Resumed, each gets the message sent while it was gone.
-    resumed_claude = world.claude("carry on", resume=claude_id, tag="resumed")
-    resumed_codex = world.codex("carry on", resume=thread).wait()
+    resumed_claude = world.claude("resumed: go on", resume=claude_id, tag="resumed")
+    resumed_codex = world.codex("resumed: go on", resume=thread).wait()
     resumed_claude.wait()
     assert any("for claude after its run" in r.text for r in world.claude_model.of_session(claude_id)[-2:])
+    # A resumed session is known: its note names it, truly.
+    name = next(p["name"] for p in world.peers() if p["hostSessionId"] == claude_id)
+    resumed_first = next(r for r in world.claude_model.of_session(claude_id) if "resumed: go on" in r.text)
+    assert claude_note(resumed_first.body).startswith(f"agent-bridge: you are {name}."), claude_note(resumed_first.body)
     codex_seen = [r for r in world.codex_model.of_session(thread) if "for codex after its run" in r.text]
     assert codex_seen, "the message never reached the resumed Codex session's model"
     assert any("for codex after its run" in t for t in codex_messages(codex_seen[0].body, "user"))
