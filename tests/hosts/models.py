@@ -3,8 +3,10 @@
 
 The model is a script, not a model: the first user prompt of a conversation may carry a plan,
 `PLAN [["tool", {args}], ...]`, and each request answers with the next planned tool call (the
-number of tool results already in the conversation says which), then a short text. Every
-request is recorded with its headers, so a test asserts what the model was shown.
+number of tool results already in the conversation says which), then a short text. A step
+`["=wait", {"gate": NAME}]` holds the next answer until the test opens NAME, so a session can be
+kept "working" while another acts. Every request is recorded with its headers, so a test
+asserts what the model was shown.
 
 Standard library only (a threading HTTP server): the hosts are Node and Rust programs talking
 plain HTTP/1.1; nothing here needs the bridge's own async stack.
