@@ -354,7 +354,7 @@ def create_app(
         feed.listeners += 1
         try:
             if watcher is not None:
-                watcher.ensure_running(app)
+                await watcher.ensure_running(app)
             seen = feed.version
             hello = json.dumps({"version": seen, "mode": "standalone" if live is None else "broker"})
             yield f"retry: {RETRY_MS}\nevent: hello\ndata: {hello}\n\n".encode()
@@ -407,14 +407,15 @@ class _DatabaseWatcher:
         self.feed = feed
         self.running = False
 
-    def ensure_running(self, app: QuartTrio) -> None:
+    async def ensure_running(self, app: QuartTrio) -> None:
+        """Start watching unless it runs already; returns once the watcher read its first state."""
         if not self.running:
             self.running = True
-            app.nursery.start_soon(self._watch)
+            await app.nursery.start(self._watch)
 
-    async def _watch(self) -> None:
+    async def _watch(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await watch_database(self.db, self.feed)
+            await watch_database(self.db, self.feed, task_status=task_status)
         except Exception:  # a background task logs its failure instead of ending the dashboard
             log.exception("watching %s for the live stream failed; pages fall back to polling", self.db)
         finally:

@@ -70,8 +70,15 @@ class ChangeFeed:
         return self.version
 
 
-async def watch_database(db: Path, feed: ChangeFeed, *, interval: float = POLL_INTERVAL) -> None:
-    """Notify `feed` whenever bridge.db changes, until no stream listens any more.
+async def watch_database(
+    db: Path,
+    feed: ChangeFeed,
+    *,
+    interval: float = POLL_INTERVAL,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Notify `feed` whenever bridge.db changes, until no stream listens any more. Started
+    once the first state is read: a change made after `start` returns is always seen.
 
     `data_version` changes when another connection commits; one read-only connection is kept
     open between checks (a fresh one would always read the same value). A database that
@@ -80,6 +87,7 @@ async def watch_database(db: Path, feed: ChangeFeed, *, interval: float = POLL_I
     watcher = _Watcher(db)
     try:
         last = await trio.to_thread.run_sync(watcher.stamp)
+        task_status.started()
         while feed.listeners:
             await trio.sleep(interval)
             stamp = await trio.to_thread.run_sync(watcher.stamp)
@@ -111,7 +119,12 @@ class _Watcher:
         try:
             if self.conn is None:
                 self.conn = reader.open_readonly(self.db)
-            return inode, None if self.conn is None else self.conn.data_version()
+            if self.conn is None:
+                return inode, None
+            # The pragma, not Connection.data_version(): that file control reports the value of
+            # the last transaction, and no transaction runs here between checks.
+            row = self.conn.execute("PRAGMA data_version").fetchone()
+            return inode, None if row is None else int(row[0])
         except (SchemaError, apsw.Error):
             self.close()
             self.inode = inode
