@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,11 +18,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 import trio
-from webfixtures import PROJECT, TIMEOUT, Facts, Running, start_dashboard
+from webfixtures import PROJECT, TIMEOUT, BrokerInProcess, Facts, Running, start_dashboard
 
-from agent_bridge import paths
-from agent_bridge.config import Settings
-from agent_bridge.daemon.root import run_broker
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store.writer import Outgoing, Store, now_ms
 from agent_bridge.web import app as web_app
@@ -168,23 +164,6 @@ async def test_active_follows_the_configured_hop_limit(nursery: trio.Nursery, we
 # --- the live stream ------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def broker_in_process(home: Path) -> AsyncIterator[dict[str, Any]]:
-    paths.ensure_home(home)
-    record: dict[str, Any] = {}
-    ready = trio.Event()
-
-    def on_ready(r: dict[str, Any]) -> None:
-        record.update(r)
-        ready.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(run_broker, home, Settings(), web_port=0, on_ready=on_ready))
-        await ready.wait()
-        yield record
-        nursery.cancel_scope.cancel()
-
-
 def cookie_client(home: Path) -> httpx.AsyncClient:
     url = (home / "dashboard.url").read_text(encoding="utf-8").strip()
     base, token = url.split(f"/?{auth.TOKEN_PARAM}=", 1)
@@ -196,7 +175,9 @@ async def test_a_decide_through_ipc_reaches_an_open_stream(web_home: Path, facts
     the IPC socket arrives as a change event, and the receipts then name the sessions it was
     queued for."""
     with trio.fail_after(TIMEOUT):
-        async with broker_in_process(web_home) as record:
+        async with trio.open_nursery() as nursery:
+            broker = BrokerInProcess(web_home)
+            record = await broker.start(nursery)
             async with cookie_client(web_home) as client, open_events(client) as events:
                 assert await events.next() == ("hello", {"version": 0, "mode": "broker"})
                 hello = {"agent": "claude", "project": PROJECT, "hostSessionId": "live-host-1"}
@@ -206,6 +187,7 @@ async def test_a_decide_through_ipc_reaches_an_open_stream(web_home: Path, facts
                     assert name == "change" and data is not None and data["version"] >= 1
                     receipts = await get_json(client, receipts_path("deploys"))
                     sessions = await get_json(client, "/api/sessions")
+            await broker.stop()
     assert result["deliveredTo"] == [bridge.hello["session"]["name"]]
     assert [(r["session"]["name"], r["session"]["connected"], r["pending"]) for r in receipts["receipts"]] == [
         (bridge.hello["session"]["name"], True, True)
