@@ -384,7 +384,8 @@ class _EventStream:
     def __init__(self, client: str, run: Callable[[_EventStream], AsyncIterator[bytes]]) -> None:
         self.client = client
         self.closed = False
-        self._body = run(self)
+        self._run = run
+        self._body: AsyncIterator[bytes] | None = None  # made on first use: no cycle keeps an unstarted one
 
     def __aiter__(self) -> _EventStream:
         return self
@@ -392,11 +393,14 @@ class _EventStream:
     async def __anext__(self) -> bytes:
         if self.closed:
             raise StopAsyncIteration
+        if self._body is None:
+            self._body = self._run(self)
         return await self._body.__anext__()
 
     async def aclose(self) -> None:
         self.closed = True
-        await self._body.aclose()  # type: ignore[attr-defined]
+        if self._body is not None:
+            await self._body.aclose()  # type: ignore[attr-defined]
 
 
 class _DatabaseWatcher:

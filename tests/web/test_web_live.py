@@ -220,19 +220,26 @@ async def test_stream_ends_cleanly_when_the_dashboard_stops_and_the_old_cookie_i
     at the shutdown deadline); the next start has a new token, so the page's reconnect gets
     403 and the page says it is no longer authorized."""
     with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as first:
-            running = await start_dashboard(first, web_home, port=0)
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def serve_first(task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+                with first:
+                    async with trio.open_nursery() as own:
+                        task_status.started(await start_dashboard(own, web_home, port=0))
+                        await trio.sleep_forever()
+
+            running = await nursery.start(serve_first)
             async with running.client() as client, open_events(client) as events:
                 assert (await events.next())[0] == "hello"
-                first.cancel_scope.cancel()
+                first.cancel()  # the dashboard stops, as when its broker shuts down
                 assert await events.rest() == []  # the body ended: no error, nothing more
-        async with trio.open_nursery() as second:
-            again = await start_dashboard(second, web_home, port=running.port)
+            again = await start_dashboard(nursery, web_home, port=running.port)
             assert again.token != running.token
             async with running.client() as stale:
                 response = await stale.get("/api/events")
             assert response.status_code == 403 and response.json() == {"error": "forbidden"}
-            second.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
 
 
 async def test_live_streams_per_client_are_capped(dashboard: Running) -> None:
@@ -275,6 +282,9 @@ async def test_new_endpoints_are_guarded(dashboard: Running, path: str) -> None:
                                                          "Cookie": f"{auth.COOKIE}={dashboard.token}"})
             cross = await client.get(path, headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors",
                                                     "Cookie": f"{auth.COOKIE}={dashboard.token}"})
+        async with dashboard.client() as client, client.stream("GET", path) as right:
+            allowed = right.status_code
     assert wrong_host.status_code == 403
     assert cross.status_code == 403
+    assert allowed == 200  # the same request with the right Host and cookie
 
