@@ -44,7 +44,9 @@ STATIC_TYPES = {
 READ_THREADS = 4  # concurrent read-only connections; a laptop page makes about four requests at once
 MESSAGES_DEFAULT = 50
 MESSAGES_MAX = 500
-TOPIC_PREFIX = b"/api/decisions/"
+HISTORY_PREFIX = b"/api/decisions/"  # a topic's endpoints: <prefix><encodeURIComponent(topic)><suffix>
+HISTORY_SUFFIX = b"/history"
+RECEIPTS_SUFFIX = b"/receipts"
 STREAMS_PER_CLIENT = 4  # live streams one client address may hold; a browser allows 6 connections per host
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle stream (finds clients that left)
 CHANGE_GAP = 0.5  # at least this long between two change events: a busy broker commits thousands a second
@@ -264,7 +266,7 @@ def create_app(
     @app.get("/api/decisions/<anypath:topic>/history")
     async def history(topic: str) -> Response:
         try:
-            normalized = domain.normalize_topic(_raw_topic(topic, b"/history"))
+            normalized = domain.normalize_topic(_raw_topic(topic))
             needle, lookup = _filters()
         except domain.InputError as exc:
             return error(400, str(exc))
@@ -279,7 +281,7 @@ def create_app(
     async def topic_receipts(topic: str) -> Response:
         """Who every revision of a topic was queued for, and who has acknowledged it."""
         try:
-            normalized = domain.normalize_topic(_raw_topic(topic, b"/receipts"))
+            normalized = domain.normalize_topic(_raw_topic(topic, RECEIPTS_SUFFIX))
         except domain.InputError as exc:
             return error(400, str(exc))
 
@@ -460,16 +462,16 @@ def _filters() -> tuple[str | None, domain.Scope | None]:
     return needle, lookup
 
 
-def _raw_topic(routed: str, suffix: bytes) -> str:
+def _raw_topic(routed: str, suffix: bytes = HISTORY_SUFFIX) -> str:
     """The topic exactly as the client percent-encoded it.
 
     The router sees a path the server already decoded (`%2F` became `/`, invalid UTF-8 became
     U+FFFD); the raw path keeps the bytes, so a bad encoding is an error instead of a guess.
     """
     raw = request.scope.get("raw_path")
-    if not isinstance(raw, bytes) or not (raw.startswith(TOPIC_PREFIX) and raw.endswith(suffix)):
+    if not isinstance(raw, bytes) or not (raw.startswith(HISTORY_PREFIX) and raw.endswith(suffix)):
         return routed
-    encoded = raw[len(TOPIC_PREFIX) : len(raw) - len(suffix)]
+    encoded = raw[len(HISTORY_PREFIX) : len(raw) - len(suffix)]
     try:
         return unquote_to_bytes(encoded).decode("utf-8")
     except UnicodeDecodeError:

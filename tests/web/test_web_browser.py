@@ -82,7 +82,7 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(ci_row.locator(".receipt-summary")).to_have_text("1 of 1 pending")
             expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
             expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
-            expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text("no session")
+            expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text("none yet")
             # Scopes in words, not JSON.
             expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(f"sessions in {OTHER}")
             expect(ci_row.locator(".scope")).to_have_text("everyone (all sessions)")
@@ -148,7 +148,7 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(revisions.nth(1)).to_contain_text("superseded")
             expect(revisions.nth(1)).to_contain_text("Use nox for CI.")
             expect(revisions.nth(0).locator(".receipt.pending")).to_contain_text("codex-proj")
-            expect(revisions.nth(1).locator(".rev-receipts")).to_contain_text("no session")
+            expect(revisions.nth(1).locator(".rev-receipts")).to_contain_text("none yet")
             expect(page.locator("tr.selected")).to_contain_text("build / ci")
             assert page.url.endswith("#topic=build%20%2F%20ci")
 

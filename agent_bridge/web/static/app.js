@@ -6,6 +6,7 @@
   const POLL_MS = 5000; // without a live stream, the page asks again this often
   const STREAM_RETRY_MS = [2000, 5000, 15000, 30000]; // waits before trying the stream again
   const SEARCH_DELAY_MS = 250;
+  const NOTICE_TAGS = { decision: "decision notice", retraction: "retraction notice" };
 
   const $ = (id) => document.getElementById(id);
   const state = {
@@ -141,7 +142,15 @@
   }
 
   function failed(error) {
-    if (error instanceof ApiError && error.status === 403) deny();
+    if (error instanceof ApiError && error.status === 403) {
+      deny();
+    } else if (!(error instanceof ApiError)) {
+      // Nothing answers (the broker stopped, or is restarting): do not claim it runs.
+      const mode = $("mode");
+      mode.textContent = "not answering";
+      mode.className = "pill denied";
+      show(mode, true);
+    }
     banner(explain(error));
   }
 
@@ -229,7 +238,7 @@
 
   function receiptsCell(receipts) {
     if (!receipts || receipts.length === 0) {
-      return el("span", { className: "muted small", text: "no session", title: "No session in scope was connected when it was recorded" });
+      return el("span", { className: "muted small", text: "none yet", title: "Not queued for any session yet: none in scope was connected when it was recorded (sessions that connect later get it then)" });
     }
     const pending = receipts.filter((r) => r.pending).length;
     const summary = pending
@@ -369,15 +378,19 @@
       const to = m.to && m.to.name ? m.to.name : "(unknown)";
       const head = el("div", { className: "msg-head" }, [
         el("span", { className: "route", text: from + " → " + to }),
-        m.notice ? el("span", { className: "tag decision", text: m.kind === "decision" ? "decision notice" : "notice" }) : null,
+        m.notice ? el("span", { className: "tag decision", text: NOTICE_TAGS[m.kind] || "notice" }) : null,
         m.active === null || m.active === undefined ? null
           : el("span", { className: m.active ? "tag active" : "tag passive", text: m.active ? "active" : "passive" }),
         el("span", { className: "when" }, [when(m.createdAt)]),
       ]);
       // A decision notice shows the decision in words; the text the session got is one click away.
-      const about = m.decision
-        ? el("div", { className: "msg-about", text: "Decision “" + m.decision.topic + "” for " + scopeWords(m.decision.scope) })
-        : null;
+      let about = null;
+      if (m.decision) {
+        about = el("div", { className: "msg-about", text: "Decision “" + m.decision.topic + "” for " + scopeWords(m.decision.scope) });
+      } else if (m.retraction) {
+        const why = m.retraction.reason ? ": " + m.retraction.reason : "";
+        about = el("div", { className: "msg-about", text: "Decision “" + m.retraction.topic + "” retracted" + why });
+      }
       const shown = m.decision ? m.decision.text : m.text;
       const body = el("p", { className: "msg-text", text: shown, title: "Click to expand" });
       body.addEventListener("click", () => {
