@@ -318,3 +318,74 @@ async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_ho
     # the requests refused with 403 after it.
     expected = ("status of 403", "net::ERR_CONNECTION_REFUSED")
     assert [p for p in problems if not any(e in p for e in expected)] == []
+
+
+def drive_fallback(running: Running, facts: Facts, actions: dict[str, Any]) -> list[str]:
+    """The stream refused (this client already holds the most streams allowed): the page polls,
+    still shows what changes, and takes the stream once a place is free."""
+    from playwright.sync_api import expect, sync_playwright
+
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1024, "height": 800}, locale="en-US", timezone_id="UTC")
+            context.set_default_timeout(STEP_TIMEOUT_MS)
+            expect.set_options(timeout=STEP_TIMEOUT_MS)
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(running.url)
+            expect(page.locator("#decisions-body tr")).to_have_count(len(facts.current()))
+            expect(page.locator("#live")).to_have_text("polling every 5 s")
+            page.evaluate("window.sameDocument = true")
+            actions["decide"]("polling", "Still seen without a stream.")
+            expect(page.locator("#decisions-body")).to_contain_text("Still seen without a stream.")
+            actions["release"]()
+            expect(page.locator("#live")).to_have_text("live")
+            actions["decide"]("streaming", "Back on the stream.")
+            expect(page.locator("#decisions-body")).to_contain_text("Back on the stream.", timeout=LIVE_BOUND_MS)
+            assert page.evaluate("window.sameDocument") is True
+        finally:
+            browser.close()
+    return problems
+
+
+async def test_page_polls_while_the_stream_is_refused_then_goes_live(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
+
+    from agent_bridge.web.app import STREAMS_PER_CLIENT
+
+    with trio.fail_after(BROWSER_TIMEOUT):
+        running = await start_dashboard(nursery, web_home, live={facts.peers["claude-proj"]["id"]})
+        release = trio.Event()
+        held = trio.Semaphore(0)
+
+        async def hold_stream() -> None:
+            async with running.client() as client, client.stream("GET", "/api/events") as response:
+                assert response.status_code == 200
+                held.release()
+                await release.wait()
+
+        for _ in range(STREAMS_PER_CLIENT):
+            nursery.start_soon(hold_stream)
+        for _ in range(STREAMS_PER_CLIENT):
+            await held.acquire()
+
+        def decide(topic: str, text: str) -> None:
+            author = facts.peers["claude-proj"]
+            view = domain.SessionView(author["id"], author["name"], author["project"], author["hostSessionId"])
+            store = Store.open(web_home / "bridge.db")
+            try:
+                store.record_decision(author=view, author_agent="claude", topic=topic, text=text, scope="all",
+                                      source_message_id=None, recipients=[], now=now_ms())
+            finally:
+                store.close()
+
+        actions = {"decide": decide, "release": lambda: trio.from_thread.run_sync(release.set)}
+        problems = await trio.to_thread.run_sync(
+            partial(drive_fallback, running, facts, actions), abandon_on_cancel=True
+        )
+    # Expected: the refused stream (429) while the places were taken.
+    assert [p for p in problems if "status of 429" not in p] == []

@@ -4,7 +4,7 @@
 
 (function () {
   const POLL_MS = 5000; // without a live stream, the page asks again this often
-  const STREAM_RETRY_MS = [2000, 5000, 15000, 30000]; // waits before trying the stream again
+  const STREAM_RETRY_MS = [2000, 5000, 10000]; // waits before trying the stream again
   const SEARCH_DELAY_MS = 250;
   const NOTICE_TAGS = { decision: "decision notice", retraction: "retraction notice" };
 
