@@ -355,15 +355,15 @@ def create_app(
     async def stream_events(stream: _EventStream) -> AsyncIterator[bytes]:
         feed.listeners += 1
         try:
-            if watcher is not None:
-                await watcher.ensure_running(app)
+            if watcher is not None and not await watcher.ensure_running(app):
+                return  # no way to see changes: the page falls back to polling
             seen = feed.version
             hello = json.dumps({"version": seen, "mode": "standalone" if live is None else "broker"})
             yield f"retry: {RETRY_MS}\nevent: hello\ndata: {hello}\n\n".encode()
             while not stopping.is_set():
                 with trio.move_on_after(HEARTBEAT):
                     await _first_of(partial(feed.wait_beyond, seen), stopping.wait)
-                if stopping.is_set():
+                if stopping.is_set() or (watcher is not None and watcher.failed):
                     return
                 if feed.version == seen:
                     yield b": keep-alive\n\n"
@@ -412,18 +412,26 @@ class _DatabaseWatcher:
         self.db = db
         self.feed = feed
         self.running = False
+        self.failed = False  # the watcher died: streams end, so their pages poll instead
 
-    async def ensure_running(self, app: QuartTrio) -> None:
-        """Start watching unless it runs already; returns once the watcher read its first state."""
+    async def ensure_running(self, app: QuartTrio) -> bool:
+        """Start watching unless it runs already; returns once the watcher read its first state.
+        False when it cannot watch."""
         if not self.running:
-            self.running = True
-            await app.nursery.start(self._watch)
+            self.running, self.failed = True, False
+            try:
+                await app.nursery.start(self._watch)
+            except RuntimeError:  # it failed before it started (and logged why)
+                return False
+        return not self.failed
 
     async def _watch(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             await watch_database(self.db, self.feed, task_status=task_status)
         except Exception:  # a background task logs its failure instead of ending the dashboard
             log.exception("watching %s for the live stream failed; pages fall back to polling", self.db)
+            self.failed = True
+            self.feed.notify()  # wake the streams, so they see it and end
         finally:
             self.running = False
 

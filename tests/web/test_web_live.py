@@ -288,3 +288,23 @@ async def test_new_endpoints_are_guarded(dashboard: Running, path: str) -> None:
     assert cross.status_code == 403
     assert allowed == 200  # the same request with the right Host and cookie
 
+
+
+async def test_a_watcher_that_breaks_ends_the_stream_not_the_dashboard(
+    nursery: trio.Nursery, web_home: Path, facts: Facts, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Standalone, a failure watching bridge.db (here an unexpected error from the check,
+    injected) is logged; the stream ends, so the page polls, and the dashboard keeps serving."""
+    from agent_bridge.web import changes
+
+    def broken(self: object) -> tuple[int | None, int | None]:
+        raise ValueError("injected: the watcher cannot read")
+
+    monkeypatch.setattr(changes._Watcher, "stamp", broken)
+    running = await start_dashboard(nursery, web_home, standalone=True)
+    with trio.fail_after(TIMEOUT):
+        async with running.client() as client:
+            async with open_events(client) as events:
+                assert await events.rest() == []
+            assert (await client.get("/api/status")).status_code == 200
+    assert "watching" in caplog.text and "injected: the watcher cannot read" in caplog.text

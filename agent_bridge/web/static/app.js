@@ -230,6 +230,7 @@
       ? who + ": queued " + absolute(r.queuedAt) + ", not acknowledged yet" + (r.session.connected ? "" : " (not connected)")
       : who + ": acknowledged " + absolute(r.acknowledgedAt);
     return el("li", { className: r.pending ? "receipt pending" : "receipt acked", title: title }, [
+      r.session.connected ? el("span", { className: "dot mini on", title: "connected" }) : null,
       r.pending ? null : el("span", { className: "mark", text: "✓" }),
       text(who),
       r.pending ? el("span", { className: "receipt-state", text: "pending" }) : null,
