@@ -16,6 +16,7 @@ import trio
 from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts, Running, start_dashboard
 
 from agent_bridge import domain
+from agent_bridge.ipc import blocking
 from agent_bridge.store.writer import Store, now_ms
 from agent_bridge.web.standalone import write_open_page
 
@@ -266,6 +267,21 @@ def drive_live_and_narrow(url: str, actions: dict[str, Any], artifacts: Path) ->
             page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(artifacts / "dashboard-narrow-live.png"), full_page=True)
 
+            # `agent-bridge retract` (the broker's command op over IPC): gone from the table, and
+            # the open history and the notices say so, all without a reload.
+            actions["retract"]()
+            expect(new_row).to_have_count(0, timeout=LIVE_BOUND_MS)
+            revision = page.locator("#history-list > li").first
+            expect(revision.locator(".tag")).to_have_text("retracted")
+            expect(revision).to_contain_text("Retracted just now by cli: moved to the release checklist")
+            expect(page.locator("#history-retracted")).to_contain_text("No current decision")
+            expect(page.locator("#messages li").first).to_contain_text("retraction notice")
+            expect(page.locator("#messages li").first).to_contain_text(
+                "Decision “deploys” retracted: moved to the release checklist"
+            )
+            assert page.evaluate("window.sameDocument") is True
+            assert_no_horizontal_scroll(page)
+
             # The broker restarts on the same port with a new token: the stream drops, the page's
             # next request gets 403, and the header stops claiming a running broker.
             actions["restart"]()
@@ -308,7 +324,11 @@ async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_ho
                 await broker.stop()
                 await broker.start(nursery, web_port=port)
 
-            actions = {"decide": lambda: trio.from_thread.run(decide), "restart": lambda: trio.from_thread.run(restart)}
+            def retract() -> Any:
+                return blocking.call(web_home, "retract", topic="deploys", reason="moved to the release checklist")
+
+            actions = {"decide": lambda: trio.from_thread.run(decide), "retract": retract,
+                       "restart": lambda: trio.from_thread.run(restart)}
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             problems = await trio.to_thread.run_sync(
                 partial(drive_live_and_narrow, url, actions, ARTIFACTS), abandon_on_cancel=True

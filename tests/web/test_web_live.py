@@ -308,3 +308,33 @@ async def test_a_watcher_that_breaks_ends_the_stream_not_the_dashboard(
                 assert await events.rest() == []
             assert (await client.get("/api/status")).status_code == 200
     assert "watching" in caplog.text and "injected: the watcher cannot read" in caplog.text
+
+
+async def test_retraction_notices_are_notices_and_a_retracted_topic_keeps_its_receipts(
+    dashboard: Running, facts: Facts
+) -> None:
+    from agent_bridge import domain
+
+    claude = facts.peers["claude-proj"]
+    author = domain.SessionView(claude["id"], claude["name"], claude["project"], claude["hostSessionId"])
+    store = Store.open(dashboard.home / "bridge.db")
+    try:
+        retraction, notified = store.retract(topic="build / ci", reason="CI moves elsewhere", author=author,
+                                             author_agent="claude", connected=[], now=now_ms())
+    finally:
+        store.close()
+    assert [name for _, name in notified] == ["codex-proj"]  # it was sent the retracted revision
+    with trio.fail_after(TIMEOUT):
+        async with dashboard.client() as client:
+            notices = (await get_json(client, "/api/messages?kind=notice"))["messages"]
+            conversation = (await get_json(client, "/api/messages?kind=message"))["messages"]
+            current = await get_json(client, "/api/receipts")
+            topic = await get_json(client, receipts_path("build / ci"))
+    assert [(m["kind"], m["notice"], m["active"]) for m in notices] == [("retraction", True, False),
+                                                                          ("decision", True, False)]
+    assert notices[0]["retraction"]["reason"] == "CI moves elsewhere"
+    assert all(m["kind"] == "message" for m in conversation)
+    assert current == {"receipts": []}  # no current decision has a receipt any more
+    assert [(r["topic"], r["session"]["name"], r["pending"]) for r in topic["receipts"]] == [
+        ("build / ci", "codex-proj", True)
+    ]

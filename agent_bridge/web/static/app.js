@@ -289,17 +289,24 @@
     }
   }
 
+  function retractionWords(r) {
+    const by = r.author && r.author.name ? " by " + r.author.name : "";
+    return "Retracted " + relative(r.createdAt) + by + (r.reason ? ": " + r.reason : "");
+  }
+
   function renderHistory(result, receipts) {
     $("history-topic").textContent = result.topic;
     const list = $("history-list");
     list.replaceChildren();
     const byDecision = groupReceipts(receipts);
+    // Retractions come beside the revisions (newest first), each naming the revision it withdrew.
     const retractions = Array.isArray(result.retractions) ? result.retractions : [];
-    const retracted = retractions.length > 0 && !result.decisions.some((d) => d.current);
+    const byRevision = new Map(retractions.map((r) => [r.retracts, r]));
     for (const d of result.decisions) {
-      const status = d.current ? "current" : retracted && d === result.decisions[0] ? "retracted" : "superseded";
+      const withdrawn = byRevision.get(d.id);
+      const status = d.current ? "current" : withdrawn ? "retracted" : "superseded";
       const head = el("div", { className: "rev-head" }, [
-        el("span", { className: d.current ? "tag current" : "tag old", text: status }),
+        el("span", { className: d.current ? "tag current" : withdrawn ? "tag retracted" : "tag old", text: status }),
         when(d.createdAt),
         el("span", { text: "by " + d.author.name + " (" + d.author.agent + ")" }),
         el("span", { text: "for" }),
@@ -308,6 +315,7 @@
       const item = el("li", { className: d.current ? "current" : "superseded" }, [
         head,
         el("p", { className: "rev-text", text: d.text }),
+        withdrawn ? el("p", { className: "notice-line", text: retractionWords(withdrawn), title: absolute(withdrawn.createdAt) }) : null,
         el("div", { className: "rev-receipts" }, [
           el("span", { className: "muted small", text: "Delivered to: " }),
           receiptsCell(byDecision.get(d.id) || []),
@@ -316,15 +324,12 @@
       item.dataset.decision = d.id;
       list.appendChild(item);
     }
+    // The topic has no current decision because its last one was withdrawn: say so on top.
+    const latest = result.decisions[0];
+    const retractedNow = latest && !latest.current && byRevision.has(latest.id);
     const line = $("history-retracted");
-    if (retractions.length) {
-      const last = retractions[0];
-      const at = typeof last.createdAt === "number" ? " " + relative(last.createdAt) : "";
-      const why = last.reason ? ": " + last.reason : "";
-      line.textContent = (retracted ? "Retracted" : "Last retracted") + at + why;
-      line.title = typeof last.createdAt === "number" ? absolute(last.createdAt) : "";
-    }
-    show(line, retractions.length > 0);
+    line.textContent = retractedNow ? "No current decision: " + retractionWords(byRevision.get(latest.id)) : "";
+    show(line, Boolean(retractedNow));
     setCount("history-count", result.decisions.length + (result.decisions.length === 1 ? " revision" : " revisions"));
     show($("history-empty"), result.decisions.length === 0);
     show($("history"), true);
