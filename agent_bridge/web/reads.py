@@ -17,14 +17,15 @@ from agent_bridge.store import queries
 # One row per queued notification (a decision_deliveries row names its message). The receipt
 # says who holds it now: an identity merge moves receipts to the surviving session and adds a
 # delivery row for it beside the old one, so rows are grouped by message, not by delivery.
+# A forgotten session (`agent-bridge forget`) is not listed, and its receipts went with it.
 _RECEIPTS = """
 SELECT dd.decision_id, d.topic, min(dd.created_at), COALESCE(r.peer_id, dd.peer_id), p.name, p.agent,
-       r.delivered_at, r.acked_at, dd.message_id IS NULL
+       r.delivered_at, r.acked_at, r.message_id IS NULL
 FROM decision_deliveries dd
 JOIN decisions d ON d.id = dd.decision_id
 LEFT JOIN receipts r ON r.message_id = dd.message_id
 LEFT JOIN peers p ON p.id = COALESCE(r.peer_id, dd.peer_id)
-WHERE dd.decision_id IN (SELECT value FROM json_each(?))
+WHERE dd.decision_id IN (SELECT value FROM json_each(?)) AND p.forgotten_at IS NULL
 GROUP BY dd.decision_id, COALESCE(dd.message_id, dd.host_key)
 ORDER BY d.seq DESC
 """
@@ -37,13 +38,16 @@ def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> lis
     host session catches up again) is pending while either copy is."""
     if not decision_ids or not queries.has_table(conn, "decision_deliveries"):
         return []
+    sql = _RECEIPTS
+    if not queries.has_column(conn, "peers", "forgotten_at"):  # before schema v4 nothing is forgotten
+        sql = sql.replace(" AND p.forgotten_at IS NULL", "")
     merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for decision_id, topic, queued, peer_id, name, agent, offered, acked, no_message in conn.execute(
-        _RECEIPTS, (json.dumps(list(decision_ids)),)
+    for decision_id, topic, queued, peer_id, name, agent, offered, acked, no_receipt in conn.execute(
+        sql, (json.dumps(list(decision_ids)),)
     ):
         key = (decision_id, peer_id)
         entry = merged.get(key)
-        pending = acked is None and not no_message
+        pending = acked is None and not no_receipt  # no receipt: nothing is waiting to be shown
         if entry is None:
             merged[key] = {
                 "decisionId": decision_id,

@@ -338,3 +338,20 @@ async def test_retraction_notices_are_notices_and_a_retracted_topic_keeps_its_re
     assert [(r["topic"], r["session"]["name"], r["pending"]) for r in topic["receipts"]] == [
         ("build / ci", "codex-proj", True)
     ]
+
+
+async def test_a_forgotten_session_leaves_the_receipts(dashboard: Running, facts: Facts) -> None:
+    """`agent-bridge forget` drops what was queued to a gone session: it is not listed among
+    the sessions a decision is waiting for."""
+    codex = facts.peers["codex-proj"]
+    store = Store.open(dashboard.home / "bridge.db")
+    try:
+        store.forget_peers([codex["id"]], now_ms())
+    finally:
+        store.close()
+    with trio.fail_after(TIMEOUT):
+        async with dashboard.client() as client:
+            current = await get_json(client, "/api/receipts")
+            topic = await get_json(client, receipts_path("build / ci"))
+    assert current == {"receipts": []}
+    assert topic == {"topic": "build / ci", "receipts": []}
