@@ -281,6 +281,8 @@ def drive_live_and_narrow(url: str, actions: dict[str, Any], artifacts: Path) ->
             )
             assert page.evaluate("window.sameDocument") is True
             assert_no_horizontal_scroll(page)
+            page.locator("#history").scroll_into_view_if_needed()
+            page.screenshot(path=str(artifacts / "dashboard-narrow-retracted.png"))
 
             # The broker restarts on the same port with a new token: the stream drops, the page's
             # next request gets 403, and the header stops claiming a running broker.

@@ -328,7 +328,7 @@
     const latest = result.decisions[0];
     const retractedNow = latest && !latest.current && byRevision.has(latest.id);
     const line = $("history-retracted");
-    line.textContent = retractedNow ? "No current decision: " + retractionWords(byRevision.get(latest.id)) : "";
+    line.textContent = retractedNow ? "No current decision: its last revision was retracted." : "";
     show(line, Boolean(retractedNow));
     setCount("history-count", result.decisions.length + (result.decisions.length === 1 ? " revision" : " revisions"));
     show($("history-empty"), result.decisions.length === 0);
