@@ -93,6 +93,10 @@ async def run_broker(
 
 
 async def _start_dashboard(root: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
+    from agent_bridge.web.changes import ChangeFeed
     from agent_bridge.web.server import serve_dashboard  # quart and hypercorn: the broker only
 
-    return await root.start(partial(serve_dashboard, home, live=broker.connected_ids, port=web_port))
+    changes = ChangeFeed()  # the live stream learns of each commit from the store itself
+    changes.bind()
+    broker.store.on_change = changes.poke
+    return await root.start(partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port))

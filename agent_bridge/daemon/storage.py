@@ -51,6 +51,9 @@ class StoreRunner:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards a job's started/cancelled flags
         self._thread = threading.Thread(target=self._work, name="agent-bridge store", daemon=True)
+        # Called on the worker thread after a job that changed rows has committed (the
+        # dashboard's live stream: web.changes.ChangeFeed.poke). Must be cheap and thread-safe.
+        self.on_change: Callable[[], None] | None = None
         self._thread.start()
 
     async def run(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -75,6 +78,16 @@ class StoreRunner:
         """Let the worker thread end once the jobs queued before this one are done."""
         self._jobs.put(None)
 
+    def _changes(self) -> int | None:
+        """Rows changed so far by the writing connection; None before it opens or once closed."""
+        store = self.store
+        if store is None:
+            return None
+        try:
+            return int(store.conn.total_changes())
+        except apsw.Error:
+            return None
+
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
@@ -84,7 +97,10 @@ class StoreRunner:
                 if job.cancelled:
                     continue
                 job.started = True
+            before = self._changes() if self.on_change is not None else None
             result = outcome.capture(job.fn)
+            if before is not None and self.on_change is not None and self._changes() not in (before, None):
+                self.on_change()
             try:
                 job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
             except trio.RunFinishedError:

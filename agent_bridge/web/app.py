@@ -3,13 +3,21 @@
 The app never writes: every handler opens its own read-only connection through
 `store.reader.reading` (no migration, no broker needed) on a worker thread, so SQLite never
 blocks the Trio loop. Decision lookups are `domain` + `store.queries`, the same functions the
-MCP tools and the CLI use.
+MCP tools and the CLI use; what only the dashboard asks (receipts, notices) is `web.reads`.
+
+`GET /api/events` is the one long-lived response: a server-sent event stream that says
+"something changed" (`web.changes` explains what feeds it), so the page fetches again instead
+of polling. It carries no data of its own.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
-from collections.abc import Callable, Collection
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable, Collection
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,10 +29,11 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
-from agent_bridge import domain, paths
+from agent_bridge import config, domain, paths
 from agent_bridge.store import queries, reader
 from agent_bridge.store.schema import SchemaError
-from agent_bridge.web import auth
+from agent_bridge.web import auth, reads
+from agent_bridge.web.changes import ChangeFeed, watch_database
 
 STATIC = Path(__file__).with_name("static")
 STATIC_TYPES = {
@@ -35,17 +44,47 @@ STATIC_TYPES = {
 READ_THREADS = 4  # concurrent read-only connections; a laptop page makes about four requests at once
 MESSAGES_DEFAULT = 50
 MESSAGES_MAX = 500
-HISTORY_PREFIX = b"/api/decisions/"
+HISTORY_PREFIX = b"/api/decisions/"  # a topic's endpoints: <prefix><encodeURIComponent(topic)><suffix>
 HISTORY_SUFFIX = b"/history"
+RECEIPTS_SUFFIX = b"/receipts"
+STREAMS_PER_CLIENT = 4  # live streams one client address may hold; a browser allows 6 connections per host
+HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle stream (finds clients that left)
+CHANGE_GAP = 0.5  # at least this long between two change events: a busy broker commits thousands a second
+RETRY_MS = 2000  # what the stream asks EventSource to wait before reconnecting
+log = logging.getLogger("agent_bridge.web")
 
 Live = Callable[[], Collection[str]]
 
-FORBIDDEN_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>agent-bridge dashboard: forbidden</title></head>
-<body><h1>Forbidden</h1>
-<p>Open the dashboard with the URL that <code>agent-bridge dashboard</code> prints.
-It carries a token that changes every time the dashboard starts.</p></body></html>
+FORBIDDEN_STYLE = """
+body{margin:0;min-height:100vh;display:flex;align-items:center;justify-content:center;padding:1rem;
+font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans","DejaVu Sans",sans-serif;
+background:#f4f6fa;color:#1d2330}
+main{max-width:34rem;background:#fff;border:1px solid #e3e7ee;border-radius:10px;padding:1.4rem 1.6rem}
+h1{font-size:1.2rem;margin:0 0 .6rem}
+p{margin:.5rem 0}
+code{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;background:#e8eefc;color:#2f5bd3;
+padding:.05rem .35rem;border-radius:4px;overflow-wrap:anywhere}
+.muted{color:#667085;font-size:.9rem}
+@media (prefers-color-scheme:dark){body{background:#12151c;color:#e6e9ef}main{background:#1a1f29;border-color:#2b3240}
+code{background:#22304f;color:#7c9ef0}.muted{color:#98a2b3}}
 """
+FORBIDDEN_PAGE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>agent-bridge dashboard: not authorized</title><style>{FORBIDDEN_STYLE}</style></head>
+<body><main><h1>This dashboard link is not valid (any more)</h1>
+<p>The agent-bridge dashboard opens only through the URL it prints. That URL carries a token
+that changes every time the dashboard starts, so links and tabs from an earlier start stop working.</p>
+<p>To get a fresh URL, run <code>agent-bridge dashboard</code> in a terminal and open the URL it
+prints, or run <code>agent-bridge dashboard --open</code> to open it in your browser.</p>
+<p class="muted">The address must be 127.0.0.1, localhost or [::1] with the dashboard's port.</p>
+</main></body></html>
+"""
+# The forbidden page is styled inline (it cannot load /static/app.css without the cookie), so its
+# CSP allows exactly that one style block by hash; everything else stays as strict as elsewhere.
+FORBIDDEN_CSP = auth.CSP.replace(
+    "style-src 'self'",
+    "style-src 'sha256-" + base64.b64encode(hashlib.sha256(FORBIDDEN_STYLE.encode()).digest()).decode() + "'",
+)
 # Sent instead of a 303 when the token arrives through a navigation from another site (the
 # `--open` redirect file, a link): browsers would withhold a SameSite=Strict cookie on a redirect
 # that continues such a chain, while a refresh started by this page is a same-origin navigation.
@@ -78,17 +117,34 @@ class Reads:
             return empty if conn is None else read(conn)
 
 
-def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -> QuartTrio:
+def create_app(
+    home: Path,
+    *,
+    port: int,
+    token: str,
+    live: Live | None = None,
+    changes: ChangeFeed | None = None,
+    closing: trio.Event | None = None,
+) -> QuartTrio:
     """The dashboard for the state folder `home`, answering on `127.0.0.1:<port>` with `token`.
 
     `live` returns the ids of the sessions connected to the broker right now; None means the
     dashboard runs without a broker (standalone), so nothing is connected.
+    `changes`: the broker's feed of store commits; None: the app watches bridge.db itself while
+    a live stream is open. `closing`: set when the server stops taking requests; it ends the
+    live streams, which would otherwise hold the shutdown until its deadline.
     """
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = 0  # read-only: no request bodies
     app.url_map.merge_slashes = False  # `a//b` is a topic, not a redirect
     app.url_map.converters["anypath"] = _AnyPath
-    reads = Reads(paths.db_path(home))
+    db = paths.db_path(home)
+    reader_pool = Reads(db)
+    hop_limit = _hop_limit(home)
+    feed = changes if changes is not None else ChangeFeed()
+    watcher = _DatabaseWatcher(db, feed) if changes is None else None
+    stopping = closing if closing is not None else trio.Event()
+    streams: weakref.WeakSet[_EventStream] = weakref.WeakSet()
     static_files = {name: (STATIC / name).read_bytes() for name in ("index.html", *STATIC_TYPES)}
 
     def json_response(data: Any, status: int = 200) -> Response:
@@ -106,7 +162,7 @@ def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -
     async def read(fn: Callable[[apsw.Connection], Any], empty: Any) -> Any:
         """Run a read, or raise _Unreadable with a message for people."""
         try:
-            return await reads.run(fn, empty)
+            return await reader_pool.run(fn, empty)
         except SchemaError as exc:
             raise _Unreadable(str(exc)) from None
         except apsw.Error as exc:
@@ -139,6 +195,8 @@ def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -
             response.headers.pop(name, None)
         for name, value in auth.SECURITY_HEADERS.items():
             response.headers[name] = value
+        if response.status_code == 403 and response.mimetype == "text/html":
+            response.headers["Content-Security-Policy"] = FORBIDDEN_CSP
         # No keep-alive. With Quart-Trio on Hypercorn (0.18) an idle keep-alive connection never
         # gets its idle timer back after a response (the timer task is started from the request's
         # already-cancelled scope), so it would stay open until the client leaves and hold every
@@ -192,6 +250,7 @@ def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -
                 "home": str(home),
                 "database": paths.db_path(home).exists(),
                 "readOnly": True,
+                "hopLimit": hop_limit,
             }
         )
 
@@ -218,6 +277,37 @@ def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -
         retracted = await read(partial(queries.retractions, topic=normalized), [])
         return json_response({"topic": normalized, "decisions": found, "retractions": retracted})
 
+    @app.get("/api/decisions/<anypath:topic>/receipts")
+    async def topic_receipts(topic: str) -> Response:
+        """Who every revision of a topic was queued for, and who has acknowledged it."""
+        try:
+            normalized = domain.normalize_topic(_raw_topic(topic, RECEIPTS_SUFFIX))
+        except domain.InputError as exc:
+            return error(400, str(exc))
+
+        def read_receipts(conn: apsw.Connection) -> list[dict[str, Any]]:
+            revisions = queries.query_decisions(conn, history=True, topic=normalized)
+            return reads.decision_receipts(conn, [d["id"] for d in revisions])
+
+        found = await read(read_receipts, [])
+        return json_response({"topic": normalized, "receipts": with_connected(found)})
+
+    @app.get("/api/receipts")
+    async def receipts() -> Response:
+        """Receipts of every current decision (the decisions table shows them per row)."""
+
+        def read_receipts(conn: apsw.Connection) -> list[dict[str, Any]]:
+            return reads.decision_receipts(conn, [d["id"] for d in queries.query_decisions(conn)])
+
+        found = await read(read_receipts, [])
+        return json_response({"receipts": with_connected(found)})
+
+    def with_connected(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        connected = set(live()) if live is not None else set()
+        for entry in found:
+            entry["session"]["connected"] = entry["session"]["id"] in connected
+        return found
+
     @app.get("/api/sessions")
     async def sessions() -> Response:
         peers = await read(queries.list_peers, [])
@@ -238,10 +328,133 @@ def create_app(home: Path, *, port: int, token: str, live: Live | None = None) -
                 limit = 0
             if not 1 <= limit <= MESSAGES_MAX:
                 return error(400, f"limit: expected an integer 1..{MESSAGES_MAX}, got {_short(raw)}")
-        found = await read(partial(queries.recent_messages, limit=limit), [])
+        kind = request.args.get("kind", "")
+        if kind not in ("", *reads.MESSAGE_KINDS):
+            return error(400, f"kind: expected \"message\" or \"notice\" (or nothing for both), got {_short(kind)}")
+        found = await read(
+            partial(reads.recent_messages, limit=limit, kind=kind or None, hop_limit=hop_limit), []
+        )
         return json_response({"messages": found})
 
+    @app.get("/api/events")
+    async def events() -> Response:
+        """Server-sent events: `hello` once, then `change` whenever bridge.db changed (at most
+        one per CHANGE_GAP), and a keep-alive comment when idle. The stream ends when the
+        dashboard stops; a restarted one has a new token, so a reconnect gets 403."""
+        client = request.remote_addr or "?"
+        if sum(1 for s in streams if s.client == client and not s.closed) >= STREAMS_PER_CLIENT:
+            return error(
+                429, f"too many live streams from this client (at most {STREAMS_PER_CLIENT}); the page polls instead"
+            )
+        stream = _EventStream(client, lambda s: stream_events(s))
+        streams.add(stream)
+        response = Response(stream, content_type="text/event-stream; charset=utf-8")
+        response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut the stream after a minute
+        return response
+
+    async def stream_events(stream: _EventStream) -> AsyncIterator[bytes]:
+        feed.listeners += 1
+        try:
+            if watcher is not None and not await watcher.ensure_running(app):
+                return  # no way to see changes: the page falls back to polling
+            seen = feed.version
+            hello = json.dumps({"version": seen, "mode": "standalone" if live is None else "broker"})
+            yield f"retry: {RETRY_MS}\nevent: hello\ndata: {hello}\n\n".encode()
+            while not stopping.is_set():
+                with trio.move_on_after(HEARTBEAT):
+                    await _first_of(partial(feed.wait_beyond, seen), stopping.wait)
+                if stopping.is_set() or (watcher is not None and watcher.failed):
+                    return
+                if feed.version == seen:
+                    yield b": keep-alive\n\n"
+                    continue
+                seen = feed.version
+                yield f"event: change\ndata: {json.dumps({'version': seen})}\n\n".encode()
+                with trio.move_on_after(CHANGE_GAP):
+                    await stopping.wait()
+        finally:
+            feed.listeners -= 1
+            stream.closed = True
+
     return app
+
+
+class _EventStream:
+    """One live stream's body. Counted against its client's limit until it is closed, or until
+    it is dropped unstarted (a client gone before the body began: `streams` holds it weakly)."""
+
+    def __init__(self, client: str, run: Callable[[_EventStream], AsyncIterator[bytes]]) -> None:
+        self.client = client
+        self.closed = False
+        self._run = run
+        self._body: AsyncIterator[bytes] | None = None  # made on first use: no cycle keeps an unstarted one
+
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.closed:
+            raise StopAsyncIteration
+        if self._body is None:
+            self._body = self._run(self)
+        return await self._body.__anext__()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        if self._body is not None:
+            await self._body.aclose()  # type: ignore[attr-defined]
+
+
+class _DatabaseWatcher:
+    """Standalone: runs `watch_database` in the app's nursery while any stream listens."""
+
+    def __init__(self, db: Path, feed: ChangeFeed) -> None:
+        self.db = db
+        self.feed = feed
+        self.running = False
+        self.failed = False  # the watcher died: streams end, so their pages poll instead
+
+    async def ensure_running(self, app: QuartTrio) -> bool:
+        """Start watching unless it runs already; returns once the watcher read its first state.
+        False when it cannot watch."""
+        if not self.running:
+            self.running, self.failed = True, False
+            try:
+                await app.nursery.start(self._watch)
+            except RuntimeError:  # it failed before it started (and logged why)
+                return False
+        return not self.failed
+
+    async def _watch(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await watch_database(self.db, self.feed, task_status=task_status)
+        except Exception:  # a background task logs its failure instead of ending the dashboard
+            log.exception("watching %s for the live stream failed; pages fall back to polling", self.db)
+            self.failed = True
+            self.feed.notify()  # wake the streams, so they see it and end
+        finally:
+            self.running = False
+
+
+async def _first_of(*waits: Callable[[], Any]) -> None:
+    """Return as soon as any of `waits` returns."""
+    async with trio.open_nursery() as nursery:
+        for wait in waits:
+
+            async def run(wait: Callable[[], Any] = wait) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run)
+
+
+def _hop_limit(home: Path) -> int | None:
+    """The hop limit sessions of this home run with (active vs passive messages); None when
+    the configuration cannot be read (the broker would refuse to start on it too)."""
+    try:
+        return config.load(home).hop_limit
+    except config.ConfigError:
+        return None
 
 
 class _Unreadable(Exception):
@@ -257,16 +470,16 @@ def _filters() -> tuple[str | None, domain.Scope | None]:
     return needle, lookup
 
 
-def _raw_topic(routed: str) -> str:
+def _raw_topic(routed: str, suffix: bytes = HISTORY_SUFFIX) -> str:
     """The topic exactly as the client percent-encoded it.
 
     The router sees a path the server already decoded (`%2F` became `/`, invalid UTF-8 became
     U+FFFD); the raw path keeps the bytes, so a bad encoding is an error instead of a guess.
     """
     raw = request.scope.get("raw_path")
-    if not isinstance(raw, bytes) or not (raw.startswith(HISTORY_PREFIX) and raw.endswith(HISTORY_SUFFIX)):
+    if not isinstance(raw, bytes) or not (raw.startswith(HISTORY_PREFIX) and raw.endswith(suffix)):
         return routed
-    encoded = raw[len(HISTORY_PREFIX) : len(raw) - len(HISTORY_SUFFIX)]
+    encoded = raw[len(HISTORY_PREFIX) : len(raw) - len(suffix)]
     try:
         return unquote_to_bytes(encoded).decode("utf-8")
     except UnicodeDecodeError:

@@ -24,6 +24,7 @@ from hypercorn.config import Config, Sockets
 from agent_bridge import paths
 from agent_bridge.web import auth
 from agent_bridge.web.app import create_app
+from agent_bridge.web.changes import ChangeFeed
 
 HOST = "127.0.0.1"  # loopback only (SPEC §6)
 DEFAULT_PORT = 7878  # fixed so a bookmark-free URL stays the same; a free port when it is taken
@@ -51,6 +52,7 @@ async def serve_dashboard(
     home: Path,
     *,
     live: Live | None = None,
+    changes: ChangeFeed | None = None,
     port: int | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -58,11 +60,13 @@ async def serve_dashboard(
     listens and `<home>/dashboard.url` holds this start's tokenized URL.
 
     `live` returns the ids of the sessions connected right now (None: nothing is, standalone).
+    `changes`: the broker's feed of store commits for the live stream (None: the dashboard
+    watches bridge.db itself, as standalone).
     `port`: this port (0 = any free port); None = `AGENT_BRIDGE_WEB_PORT`, else 7878 falling back
     to a free port when taken. Raises DashboardError (before `started`) for a bad port setting,
     a port in use, or a home that cannot take `dashboard.url`.
     """
-    await _run(home, live=live, port=port, require_url_file=True,
+    await _run(home, live=live, changes=changes, port=port, require_url_file=True,
                started=lambda dashboard: task_status.started(dashboard.base_url))
 
 
@@ -77,13 +81,15 @@ async def run_dashboard(
     """`serve_dashboard`, reporting a `Dashboard` (with the tokenized URL). With
     `require_url_file=False` a home that cannot take `dashboard.url` (read-only) is reported
     in `Dashboard.publish_error` instead of raised."""
-    await _run(home, live=live, port=port, require_url_file=require_url_file, started=task_status.started)
+    await _run(home, live=live, changes=None, port=port, require_url_file=require_url_file,
+               started=task_status.started)
 
 
 async def _run(
     home: Path,
     *,
     live: Live | None,
+    changes: ChangeFeed | None,
     port: int | None,
     require_url_file: bool,
     started: Callable[[Dashboard], None],
@@ -92,10 +98,10 @@ async def _run(
     try:
         bound_port = sock.getsockname()[1]
         token = auth.new_token()
-        app = create_app(home, port=bound_port, token=token, live=live)
+        stop = trio.Event()  # also ends the live streams, so they never hold a shutdown
+        app = create_app(home, port=bound_port, token=token, live=live, changes=changes, closing=stop)
         base_url = f"http://{HOST}:{bound_port}"
         url = f"{base_url}/?{auth.TOKEN_PARAM}={token}"
-        stop = trio.Event()
         drain = trio.CancelScope()  # shielded once serving: see _serve_until
         refused: DashboardError | None = None
         async with trio.open_nursery() as nursery:

@@ -11,9 +11,11 @@ import trio
 from webfixtures import OTHER, PROJECT, TIMEOUT, Facts, Running
 
 from agent_bridge.web import auth
+from agent_bridge.web.app import FORBIDDEN_CSP
 
 DECISION_FIELDS = {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes", "current"}
-API_PATHS = ["/api/decisions", "/api/decisions/camera/history", "/api/sessions", "/api/messages", "/api/status"]
+API_PATHS = ["/api/decisions", "/api/decisions/camera/history", "/api/sessions", "/api/messages", "/api/status",
+             "/api/receipts", "/api/decisions/camera/receipts", "/api/events"]
 GUARDED_PATHS = ["/", "/static/app.js", "/static/app.css", "/api/nothing", "/nothing", *API_PATHS]
 
 
@@ -24,7 +26,12 @@ def history_path(topic: str) -> str:
 
 def assert_hardened(response) -> None:
     headers = response.headers
-    assert headers["content-security-policy"] == auth.CSP
+    if response.status_code == 403 and headers["content-type"].startswith("text/html"):
+        # The styled forbidden page: the same policy, with its one inline style allowed by hash.
+        assert headers["content-security-policy"] == FORBIDDEN_CSP
+        assert FORBIDDEN_CSP.replace(FORBIDDEN_CSP.split("; ")[2], "style-src 'self'") == auth.CSP
+    else:
+        assert headers["content-security-policy"] == auth.CSP
     assert "default-src 'none'" in headers["content-security-policy"]
     assert headers["x-content-type-options"] == "nosniff"
     assert headers["cache-control"] == "no-store"
@@ -468,4 +475,4 @@ async def test_status(dashboard: Running) -> None:
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, "/api/status")
-    assert body == {"mode": "broker", "home": str(dashboard.home), "database": True, "readOnly": True}
+    assert body == {"mode": "broker", "home": str(dashboard.home), "database": True, "readOnly": True, "hopLimit": 10}

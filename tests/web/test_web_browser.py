@@ -6,14 +6,17 @@ on the test's Trio loop, on a real socket.
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
-from webfixtures import OTHER, Facts, Running, start_dashboard
+from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts, Running, start_dashboard
 
 from agent_bridge import domain
+from agent_bridge.ipc import blocking
 from agent_bridge.store.writer import Store, now_ms
 from agent_bridge.web.standalone import write_open_page
 
@@ -61,11 +64,48 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(rows.first).to_contain_text("PostgreSQL 17 everywhere.")
             expect(page.locator("#decisions-body")).to_contain_text("Use nox sessions for CI, never tox.")
             expect(page.locator("#mode")).to_have_text("broker running")
-            expect(page.locator("#sessions li")).to_have_count(len(facts.peers))
+            expect(page.locator("#live")).to_have_text("live")
+
+            # Sessions: the connected one first; the gone ones folded away, with their age.
+            expect(page.locator("#sessions li")).to_have_count(1)
             expect(page.locator("#sessions li").first).to_contain_text("claude-proj")
             expect(page.locator("#sessions li").first).to_contain_text("connected")
+            expect(page.locator("#gone-summary")).to_contain_text(f"{len(facts.peers) - 1} gone sessions")
+            expect(page.locator("#gone-sessions li").first).not_to_be_visible()
+            page.click("#gone-summary")
+            expect(page.locator("#gone-sessions li")).to_have_count(len(facts.peers) - 1)
+            expect(page.locator("#gone-sessions")).to_contain_text("codex-proj")
+            expect(page.locator("#gone-sessions li").first).to_contain_text(re.compile(r"gone 3 h"))  # seen 2h46 ago
+
+            # Receipts: the one decision queued for a session is pending, and highlighted.
+            ci_row = rows.filter(has_text="Use nox sessions for CI, never tox.")
+            expect(ci_row).to_have_class("has-pending")
+            expect(ci_row.locator(".receipt-summary")).to_have_text("1 of 1 pending")
+            expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
+            expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
+            expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text("none yet")
+            # Scopes in words, not JSON.
+            expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(f"sessions in {OTHER}")
+            expect(ci_row.locator(".scope")).to_have_text("everyone (all sessions)")
+            expect(rows.filter(has_text="Espresso only").locator(".scope")).to_have_text("session codex-proj")
+            expect(page.locator("#decisions-body")).not_to_contain_text("{")
+
+            # Messages: conversation and notices apart; active vs passive against the hop limit.
             expect(page.locator("#messages li")).to_have_count(3)
             expect(page.locator("#messages")).to_contain_text("codex-proj → claude-proj")
+            page.get_by_role("button", name="Notices", exact=True).click()
+            expect(page.locator("#messages li")).to_have_count(1)
+            notice = page.locator("#messages li").first
+            expect(notice).to_contain_text("decision notice")
+            expect(notice.locator(".tag.passive")).to_have_text("passive")
+            expect(notice).to_contain_text("Decision “build / ci” for everyone (all sessions)")
+            expect(notice).to_contain_text("hop 100, at or over the limit 10")
+            page.get_by_role("button", name="Conversation", exact=True).click()
+            expect(page.locator("#messages li")).to_have_count(2)
+            expect(page.locator("#messages .tag.active")).to_have_count(2)
+            expect(page.locator("#messages")).not_to_contain_text("decision notice")
+            page.get_by_role("button", name="All", exact=True).click()
+            expect(page.locator("#messages li")).to_have_count(3)
 
             # Search (case-insensitive, topic or text), then clear it.
             page.fill("#q", "NOX")
@@ -81,6 +121,11 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             page.select_option("#scope-kind", "all")
             expect(rows).to_have_count(2)
             page.select_option("#scope-kind", "project")
+            # Before any input: no error, and the known project folders are offered.
+            expect(page.locator("#scope-value")).to_be_visible()
+            expect(page.locator("#filter-error")).to_be_hidden()
+            suggested = page.locator("#projects option")
+            assert set(suggested.evaluate_all("options => options.map(o => o.value)")) >= {PROJECT, OTHER}
             page.fill("#scope-value", OTHER)
             expect(rows).to_have_count(3)
             expect(page.locator("#decisions-body")).to_contain_text("Hold to look")
@@ -94,15 +139,17 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             page.get_by_role("button", name="/leading//slashes", exact=True).click()
             expect(page.locator("#history")).to_be_visible()
             expect(page.locator("#history-topic")).to_have_text("/leading//slashes")
-            expect(page.locator("#history-list li")).to_have_count(1)
+            expect(page.locator("#history-list > li")).to_have_count(1)
             page.get_by_role("button", name="build / ci", exact=True).click()
             expect(page.locator("#history-topic")).to_have_text("build / ci")
-            revisions = page.locator("#history-list li")
+            revisions = page.locator("#history-list > li")
             expect(revisions).to_have_count(2)
             expect(revisions.nth(0)).to_contain_text("current")
             expect(revisions.nth(0)).to_contain_text("Use nox sessions for CI, never tox.")
             expect(revisions.nth(1)).to_contain_text("superseded")
             expect(revisions.nth(1)).to_contain_text("Use nox for CI.")
+            expect(revisions.nth(0).locator(".receipt.pending")).to_contain_text("codex-proj")
+            expect(revisions.nth(1).locator(".rev-receipts")).to_contain_text("none yet")
             expect(page.locator("tr.selected")).to_contain_text("build / ci")
             assert page.url.endswith("#topic=build%20%2F%20ci")
 
@@ -123,11 +170,17 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             page.get_by_role("button", name="<b>topic</b>", exact=True).click()
             expect(page.locator("#history-topic")).to_have_text("<b>topic</b>")
 
-            # Without the cookie: the dashboard's 403 page.
-            stranger = browser.new_context().new_page()
+            # Without the cookie: the dashboard's 403 page, styled, saying how to get a fresh URL.
+            stranger = browser.new_context(viewport={"width": 400, "height": 700}).new_page()
+            stranger.on("console", lambda m: problems.append(f"403 page console {m.type}: {m.text}")
+                        if m.type == "error" and "403" not in m.text else None)
             response = stranger.goto(running.base + "/")
             assert response is not None and response.status == 403
-            expect(stranger.locator("body")).to_contain_text("agent-bridge dashboard")
+            expect(stranger.locator("h1")).to_contain_text("not valid")
+            expect(stranger.locator("body")).to_contain_text("run agent-bridge dashboard in a terminal")
+            assert stranger.locator("main").evaluate("m => getComputedStyle(m).borderRadius") == "10px"  # styled
+            assert_no_horizontal_scroll(stranger)
+            stranger.screenshot(path=str(screenshot.with_name("dashboard-403.png")), full_page=True)
 
             # `--open` goes through a file:// redirect page (the token stays off the browser's argv);
             # arriving from another origin still ends on the page, logged in.
@@ -138,6 +191,11 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
         finally:
             browser.close()
     return problems
+
+
+def assert_no_horizontal_scroll(page) -> None:
+    widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert widths[0] <= widths[1], f"the page scrolls sideways: {widths}"
 
 
 def record_hostile_decision(home: Path, facts: Facts, text: str) -> None:
@@ -162,3 +220,194 @@ async def test_dashboard_page_in_headless_chromium(nursery: trio.Nursery, web_ho
     # The one failed load expected is the 400 answering the relative folder typed in the filter.
     assert [p for p in problems if "the server responded with a status of 400" not in p] == []
     assert screenshot.stat().st_size > 10_000
+
+
+LIVE_BOUND_MS = 2_000  # a decide made through IPC shows up on an open page within this, without reload
+
+
+def drive_live_and_narrow(url: str, actions: dict[str, Any], artifacts: Path) -> list[str]:
+    """A phone-sized page (400 px) on a broker's dashboard: no sideways scrolling, a decide made
+    by a session over IPC appears by itself, and after a broker restart (a new token) the page
+    says it is no longer authorized instead of "broker running"."""
+    from playwright.sync_api import expect, sync_playwright
+
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC")
+            context.set_default_timeout(STEP_TIMEOUT_MS)
+            expect.set_options(timeout=STEP_TIMEOUT_MS)
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(url)
+            rows = page.locator("#decisions-body tr")
+            expect(page.locator("#mode")).to_have_text("broker running")
+            expect(page.locator("#live")).to_have_text("live")  # the stream is open: no polling
+            expect(page.locator("#sessions li")).to_have_count(1)  # the session holding an IPC connection
+            expect(rows.filter(has_text="Use nox sessions for CI, never tox.")).to_be_visible()
+            assert_no_horizontal_scroll(page)
+            page.screenshot(path=str(artifacts / "dashboard-narrow.png"), full_page=True)
+            page.evaluate("window.sameDocument = true")  # gone if the page reloads
+
+            decided = actions["decide"]()
+            new_row = rows.filter(has_text="Friday afternoons never.")
+            expect(new_row).to_be_visible(timeout=LIVE_BOUND_MS)
+            assert page.evaluate("window.sameDocument") is True  # no reload: the stream brought it
+            expect(new_row.locator(".receipt.pending")).to_contain_text(decided["deliveredTo"][0])
+            expect(new_row.locator(".scope")).to_have_text("everyone (all sessions)")
+            assert_no_horizontal_scroll(page)
+            page.get_by_role("button", name="deploys", exact=True).click()
+            expect(page.locator("#history-list > li")).to_have_count(1)
+            expect(page.locator("#history-list > li").first.locator(".receipt.pending")).to_be_visible()
+            page.get_by_role("button", name="Notices", exact=True).click()
+            expect(page.locator("#messages li").first).to_contain_text("Decision “deploys” for everyone")
+            assert_no_horizontal_scroll(page)
+            page.evaluate("window.scrollTo(0, 0)")
+            page.screenshot(path=str(artifacts / "dashboard-narrow-live.png"), full_page=True)
+
+            # `agent-bridge retract` (the broker's command op over IPC): gone from the table, and
+            # the open history and the notices say so, all without a reload.
+            actions["retract"]()
+            expect(new_row).to_have_count(0, timeout=LIVE_BOUND_MS)
+            revision = page.locator("#history-list > li").first
+            expect(revision.locator(".tag")).to_have_text("retracted")
+            expect(revision).to_contain_text("Retracted just now by cli: moved to the release checklist")
+            expect(page.locator("#history-retracted")).to_contain_text("No current decision")
+            expect(page.locator("#messages li").first).to_contain_text("retraction notice")
+            expect(page.locator("#messages li").first).to_contain_text(
+                "Decision “deploys” retracted: moved to the release checklist"
+            )
+            assert page.evaluate("window.sameDocument") is True
+            assert_no_horizontal_scroll(page)
+            page.locator("#history").scroll_into_view_if_needed()
+            page.screenshot(path=str(artifacts / "dashboard-narrow-retracted.png"))
+
+            # The broker restarts on the same port with a new token: the stream drops, the page's
+            # next request gets 403, and the header stops claiming a running broker.
+            actions["restart"]()
+            expect(page.locator("#mode")).to_have_text("not authorized")
+            expect(page.locator("#live")).to_be_hidden()
+            expect(page.locator("#banner")).to_contain_text("agent-bridge dashboard")
+            assert_no_horizontal_scroll(page)
+            page.evaluate("window.scrollTo(0, 0)")
+            page.screenshot(path=str(artifacts / "dashboard-narrow-denied.png"))
+            assert page.evaluate("window.sameDocument") is True
+        finally:
+            browser.close()
+    return problems
+
+
+async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_home: Path, facts: Facts) -> None:
+    from agent_bridge.ipc.client import open_bridge_client
+
+    with trio.fail_after(BROWSER_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = BrokerInProcess(web_home)
+            record = await broker.start(nursery)
+            url = broker.dashboard_url()
+            leave = trio.Event()
+
+            async def hold_session(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+                hello = {"agent": "codex", "project": PROJECT, "hostSessionId": "browser-live-1"}
+                async with open_bridge_client(record["socket"], hello) as (client, _pushes):
+                    task_status.started(client)
+                    await leave.wait()
+
+            session = await nursery.start(hold_session)
+
+            async def decide() -> Any:
+                return await session.request("decide", topic="Deploys", text="Friday afternoons never.", scope="all")
+
+            async def restart() -> None:
+                leave.set()
+                port = broker.web_port
+                await broker.stop()
+                await broker.start(nursery, web_port=port)
+
+            def retract() -> Any:
+                return blocking.call(web_home, "retract", topic="deploys", reason="moved to the release checklist")
+
+            actions = {"decide": lambda: trio.from_thread.run(decide), "retract": retract,
+                       "restart": lambda: trio.from_thread.run(restart)}
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            problems = await trio.to_thread.run_sync(
+                partial(drive_live_and_narrow, url, actions, ARTIFACTS), abandon_on_cancel=True
+            )
+            await broker.stop()
+    # Expected failed loads: requests refused or cut while the broker was restarting, and the stream and
+    # the requests refused with 403 after it.
+    expected = ("status of 403", "net::ERR_CONNECTION_REFUSED", "net::ERR_CONNECTION_RESET", "net::ERR_EMPTY_RESPONSE")
+    assert [p for p in problems if not any(e in p for e in expected)] == []
+
+
+def drive_fallback(running: Running, facts: Facts, actions: dict[str, Any]) -> list[str]:
+    """The stream refused (this client already holds the most streams allowed): the page polls,
+    still shows what changes, and takes the stream once a place is free."""
+    from playwright.sync_api import expect, sync_playwright
+
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1024, "height": 800}, locale="en-US", timezone_id="UTC")
+            context.set_default_timeout(STEP_TIMEOUT_MS)
+            expect.set_options(timeout=STEP_TIMEOUT_MS)
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(running.url)
+            expect(page.locator("#decisions-body tr")).to_have_count(len(facts.current()))
+            expect(page.locator("#live")).to_have_text("polling every 5 s")
+            page.evaluate("window.sameDocument = true")
+            actions["decide"]("polling", "Still seen without a stream.")
+            expect(page.locator("#decisions-body")).to_contain_text("Still seen without a stream.")
+            actions["release"]()
+            expect(page.locator("#live")).to_have_text("live")
+            actions["decide"]("streaming", "Back on the stream.")
+            expect(page.locator("#decisions-body")).to_contain_text("Back on the stream.", timeout=LIVE_BOUND_MS)
+            assert page.evaluate("window.sameDocument") is True
+        finally:
+            browser.close()
+    return problems
+
+
+async def test_page_polls_while_the_stream_is_refused_then_goes_live(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
+
+    from agent_bridge.web.app import STREAMS_PER_CLIENT
+
+    with trio.fail_after(BROWSER_TIMEOUT):
+        running = await start_dashboard(nursery, web_home, live={facts.peers["claude-proj"]["id"]})
+        release = trio.Event()
+        held = trio.Semaphore(0)
+
+        async def hold_stream() -> None:
+            async with running.client() as client, client.stream("GET", "/api/events") as response:
+                assert response.status_code == 200
+                held.release()
+                await release.wait()
+
+        for _ in range(STREAMS_PER_CLIENT):
+            nursery.start_soon(hold_stream)
+        for _ in range(STREAMS_PER_CLIENT):
+            await held.acquire()
+
+        def decide(topic: str, text: str) -> None:
+            author = facts.peers["claude-proj"]
+            view = domain.SessionView(author["id"], author["name"], author["project"], author["hostSessionId"])
+            store = Store.open(web_home / "bridge.db")
+            try:
+                store.record_decision(author=view, author_agent="claude", topic=topic, text=text, scope="all",
+                                      source_message_id=None, recipients=[], now=now_ms())
+            finally:
+                store.close()
+
+        actions = {"decide": decide, "release": lambda: trio.from_thread.run_sync(release.set)}
+        problems = await trio.to_thread.run_sync(
+            partial(drive_fallback, running, facts, actions), abandon_on_cancel=True
+        )
+    # Expected: the refused stream (429) while the places were taken.
+    assert [p for p in problems if "status of 429" not in p] == []

@@ -17,7 +17,8 @@ import apsw
 import httpx
 import trio
 
-from agent_bridge import domain
+from agent_bridge import domain, paths
+from agent_bridge.config import Settings
 from agent_bridge.store import schema
 from agent_bridge.store.writer import Outgoing, Recipient, Store, now_ms
 from agent_bridge.web import auth
@@ -216,3 +217,51 @@ async def start_standalone(nursery: trio.Nursery, env: dict[str, str], *args: st
         await process.wait()
         raise
     return Standalone(process, line.decode().strip(), stderr_chunks)
+
+
+# --- the broker's own root in this process ----------------------------------------------------
+
+
+class BrokerInProcess:
+    """`run_broker` (what `agent-bridge up` runs) on this Trio loop, with its IPC socket and its
+    dashboard; stoppable and restartable (on the same dashboard port, to see a token change)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.record: dict[str, Any] = {}
+        self._scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+
+    async def start(self, nursery: trio.Nursery, *, web_port: int = 0) -> dict[str, Any]:
+        from agent_bridge.daemon.root import run_broker  # the broker's imports: only where used
+
+        paths.ensure_home(self.home)
+        ready, done, scope = trio.Event(), trio.Event(), trio.CancelScope()
+        self._scope, self._done = scope, done
+
+        def on_ready(record: dict[str, Any]) -> None:
+            self.record = dict(record)
+            ready.set()
+
+        async def run() -> None:
+            try:
+                with scope:
+                    await run_broker(self.home, Settings(), web_port=web_port, on_ready=on_ready)
+            finally:
+                done.set()
+
+        nursery.start_soon(run)
+        await ready.wait()
+        return self.record
+
+    @property
+    def web_port(self) -> int:
+        return int(self.record["web"].rsplit(":", 1)[1])
+
+    def dashboard_url(self) -> str:
+        return (self.home / "dashboard.url").read_text(encoding="utf-8").strip()
+
+    async def stop(self) -> None:
+        assert self._scope is not None and self._done is not None
+        self._scope.cancel()
+        await self._done.wait()

@@ -3,11 +3,28 @@
 "use strict";
 
 (function () {
-  const REFRESH_MS = 5000;
+  const POLL_MS = 5000; // without a live stream, the page asks again this often
+  const STREAM_RETRY_MS = [2000, 5000, 10000]; // waits before trying the stream again
   const SEARCH_DELAY_MS = 250;
+  const NOTICE_TAGS = { decision: "decision notice", retraction: "retraction notice" };
 
   const $ = (id) => document.getElementById(id);
-  const state = { topic: null, timer: null, searchTimer: null, loading: false, names: new Map() };
+  const state = {
+    topic: null,
+    searchTimer: null,
+    loading: false,
+    again: false, // a change arrived while loading: load once more afterwards
+    names: new Map(),
+    projects: new Set(),
+    messageKind: "",
+    hopLimit: null,
+    denied: false, // the dashboard answered 403: this page's token is no longer valid
+    stream: null,
+    streamLive: false,
+    streamFailures: 0,
+    streamTimer: null,
+    pollTimer: null,
+  };
 
   // --- DOM helpers -------------------------------------------------------------------------
 
@@ -24,6 +41,10 @@
     return node;
   }
 
+  function text(value) {
+    return document.createTextNode(String(value));
+  }
+
   function show(node, visible) {
     node.hidden = !visible;
   }
@@ -38,37 +59,48 @@
     return new Date(ms).toLocaleString();
   }
 
-  function relative(ms) {
+  function age(ms) {
     const seconds = Math.round((Date.now() - ms) / 1000);
-    if (seconds < 45) return "just now";
+    if (seconds < 45) return "";
     const minutes = Math.round(seconds / 60);
-    if (minutes < 60) return minutes + " min ago";
+    if (minutes < 60) return minutes + " min";
     const hours = Math.round(minutes / 60);
-    if (hours < 24) return hours + " h ago";
+    if (hours < 24) return hours + " h";
     const days = Math.round(hours / 24);
-    if (days < 30) return days + " d ago";
-    return new Date(ms).toLocaleDateString();
+    return days + " d";
+  }
+
+  function relative(ms) {
+    const a = age(ms);
+    if (!a) return "just now";
+    if (Date.now() - ms > 30 * 86400000) return new Date(ms).toLocaleDateString();
+    return a + " ago";
   }
 
   function when(ms) {
     return el("time", { text: relative(ms), title: absolute(ms) });
   }
 
-  function scopeBadge(scope) {
-    if (scope === "all") return el("span", { className: "scope all", text: "all sessions" });
-    if (scope && typeof scope.project === "string") {
-      return el("span", { className: "scope", title: scope.project }, [
-        el("span", { className: "kind", text: "project" }),
-        document.createTextNode(scope.project),
-      ]);
+  function sessionName(address) {
+    return state.names.get(address) || address;
+  }
+
+  // A scope in words: who a decision is for.
+  function scopeWords(scope) {
+    if (scope === "all") return "everyone (all sessions)";
+    if (scope && typeof scope.project === "string") return "sessions in " + scope.project;
+    if (scope && Array.isArray(scope.sessions)) {
+      const names = scope.sessions.map(sessionName);
+      return (names.length === 1 ? "session " : "sessions ") + names.join(", ");
     }
-    const addresses = scope && Array.isArray(scope.sessions) ? scope.sessions : [JSON.stringify(scope)];
-    // Show a session id as the session's name when the dashboard knows it.
-    const names = addresses.map((a) => state.names.get(a) || a).join(", ");
-    return el("span", { className: "scope", title: addresses.join(", ") }, [
-      el("span", { className: "kind", text: "sessions" }),
-      document.createTextNode(names),
-    ]);
+    return "an unknown scope";
+  }
+
+  function scopeBadge(scope) {
+    const words = scopeWords(scope);
+    if (scope === "all") return el("span", { className: "scope all", text: words });
+    const title = scope && Array.isArray(scope.sessions) ? "addresses: " + scope.sessions.join(", ") : words;
+    return el("span", { className: "scope", text: words, title: title });
   }
 
   // --- API ---------------------------------------------------------------------------------
@@ -102,16 +134,42 @@
 
   function explain(error) {
     if (error instanceof ApiError && error.status === 403) {
-      return "This page is no longer authorized (the dashboard restarted, or its token changed). " +
-        "Run `agent-bridge dashboard` and open the URL it prints.";
+      return "This page is no longer authorized (the dashboard restarted, so its token changed). " +
+        "Run `agent-bridge dashboard` in a terminal and open the URL it prints.";
     }
     if (error instanceof ApiError) return error.message;
     return "The dashboard is not answering (" + error.message + "). Is it still running?";
   }
 
+  function failed(error) {
+    if (error instanceof ApiError && error.status === 403) {
+      deny();
+    } else if (!(error instanceof ApiError)) {
+      // Nothing answers (the broker stopped, or is restarting): do not claim it runs.
+      const mode = $("mode");
+      mode.textContent = "not answering";
+      mode.className = "pill denied";
+      show(mode, true);
+    }
+    banner(explain(error));
+  }
+
+  // The token is gone: say so in the header, stop asking.
+  function deny() {
+    state.denied = true;
+    closeStream();
+    clearTimeout(state.streamTimer);
+    clearInterval(state.pollTimer);
+    const mode = $("mode");
+    mode.textContent = "not authorized";
+    mode.className = "pill denied";
+    show(mode, true);
+    show($("live"), false);
+  }
+
   // --- filters -----------------------------------------------------------------------------
 
-  // The scope parameter for the current filter, "" for every scope, or null when incomplete.
+  // The scope parameter for the current filter, "" for every scope, or null while incomplete.
   function scopeParam() {
     const kind = $("scope-kind").value;
     const value = $("scope-value").value.trim();
@@ -127,32 +185,87 @@
     const kind = $("scope-kind").value;
     const input = $("scope-value");
     show(input, kind === "project" || kind === "sessions");
-    input.placeholder = kind === "project" ? "/absolute/project/folder" : "session names or ids, comma-separated";
-    input.setAttribute("list", kind === "project" ? "projects" : "");
+    input.placeholder = kind === "project" ? "pick or type a project folder" : "session names or ids, comma-separated";
+    input.setAttribute("list", kind === "project" ? "projects" : "sessions-list");
   }
 
-  function decisionsPath() {
+  function decisionsPath(scope) {
     const params = new URLSearchParams();
     const q = $("q").value;
     if (q) params.set("q", q);
-    const scope = scopeParam();
     if (scope) params.set("scope", scope);
     const query = params.toString();
     return "/api/decisions" + (query ? "?" + query : "");
   }
 
+  function fillDatalist(id, values) {
+    let list = $(id);
+    if (!list) {
+      list = el("datalist");
+      list.id = id;
+      document.body.appendChild(list);
+    }
+    list.replaceChildren();
+    for (const v of Array.from(values).sort()) {
+      const option = document.createElement("option");
+      option.value = v;
+      list.appendChild(option);
+    }
+  }
+
+  // --- receipts ----------------------------------------------------------------------------
+
+  function groupReceipts(receipts) {
+    const byDecision = new Map();
+    for (const r of receipts) {
+      if (!byDecision.has(r.decisionId)) byDecision.set(r.decisionId, []);
+      byDecision.get(r.decisionId).push(r);
+    }
+    return byDecision;
+  }
+
+  function receiptChip(r) {
+    const who = r.session.name || r.session.id;
+    const title = r.pending
+      ? who + ": queued " + absolute(r.queuedAt) + ", not acknowledged yet" + (r.session.connected ? "" : " (not connected)")
+      : who + ": acknowledged " + absolute(r.acknowledgedAt);
+    return el("li", { className: r.pending ? "receipt pending" : "receipt acked", title: title }, [
+      r.session.connected ? el("span", { className: "dot mini on", title: "connected" }) : null,
+      r.pending ? null : el("span", { className: "mark", text: "✓" }),
+      text(who),
+      r.pending ? el("span", { className: "receipt-state", text: "pending" }) : null,
+    ]);
+  }
+
+  function receiptsCell(receipts) {
+    if (!receipts || receipts.length === 0) {
+      return el("span", { className: "muted small", text: "none yet", title: "Not queued for any session yet: none in scope was connected when it was recorded (sessions that connect later get it then)" });
+    }
+    const pending = receipts.filter((r) => r.pending).length;
+    const summary = pending
+      ? pending + " of " + receipts.length + " pending"
+      : "all " + receipts.length + " acknowledged";
+    return el("div", { className: "receipts" }, [
+      el("div", { className: pending ? "receipt-summary pending" : "receipt-summary", text: summary }),
+      el("ul", { className: "receipt-list" }, receipts.map(receiptChip)),
+    ]);
+  }
+
   // --- rendering ---------------------------------------------------------------------------
 
-  function renderDecisions(decisions, filtered) {
+  function renderDecisions(decisions, receipts, filtered) {
     const body = $("decisions-body");
     body.replaceChildren();
+    const byDecision = groupReceipts(receipts);
     for (const d of decisions) {
       const link = el("button", { className: "topic-link", type: "button", text: d.topic, title: "Show the history of " + d.topic });
       link.addEventListener("click", () => openHistory(d.topic, true));
+      const mine = byDecision.get(d.id) || [];
       const row = el("tr", {}, [
         el("td", { className: "topic" }, [link]),
         el("td", { className: "text", text: d.text }),
-        el("td", {}, [scopeBadge(d.scope)]),
+        el("td", { className: "for" }, [scopeBadge(d.scope)]),
+        el("td", { className: "delivered" }, [receiptsCell(mine)]),
         el("td", { className: "by" }, [
           el("span", { text: d.author.name }),
           el("div", { className: "agent", text: d.author.agent }),
@@ -160,80 +273,107 @@
         el("td", { className: "when" }, [when(d.createdAt)]),
       ]);
       row.dataset.topic = d.topic;
-      if (d.topic === state.topic) row.className = "selected";
+      row.classList.toggle("has-pending", mine.some((r) => r.pending));
+      row.classList.toggle("selected", d.topic === state.topic);
       body.appendChild(row);
     }
     setCount("decision-count", decisions.length);
-    $("decisions-empty").textContent = filtered ? "No decisions match this search." : "No decisions have been pinned yet.";
+    $("decisions-empty").textContent = filtered ? "No decisions match this search." : "No decisions are pinned right now.";
     show($("decisions-empty"), decisions.length === 0);
     show($("decisions"), decisions.length > 0);
   }
 
   function markSelected() {
     for (const row of $("decisions-body").children) {
-      row.className = row.dataset.topic === state.topic ? "selected" : "";
+      row.classList.toggle("selected", row.dataset.topic === state.topic);
     }
   }
 
-  function renderHistory(result) {
+  function retractionWords(r) {
+    const by = r.author && r.author.name ? " by " + r.author.name : "";
+    return "Retracted " + relative(r.createdAt) + by + (r.reason ? ": " + r.reason : "");
+  }
+
+  function renderHistory(result, receipts) {
     $("history-topic").textContent = result.topic;
     const list = $("history-list");
     list.replaceChildren();
+    const byDecision = groupReceipts(receipts);
+    // Retractions come beside the revisions (newest first), each naming the revision it withdrew.
+    const retractions = Array.isArray(result.retractions) ? result.retractions : [];
+    const byRevision = new Map(retractions.map((r) => [r.retracts, r]));
     for (const d of result.decisions) {
+      const withdrawn = byRevision.get(d.id);
+      const status = d.current ? "current" : withdrawn ? "retracted" : "superseded";
       const head = el("div", { className: "rev-head" }, [
-        el("span", { className: d.current ? "tag current" : "tag old", text: d.current ? "current" : "superseded" }),
+        el("span", { className: d.current ? "tag current" : withdrawn ? "tag retracted" : "tag old", text: status }),
         when(d.createdAt),
         el("span", { text: "by " + d.author.name + " (" + d.author.agent + ")" }),
+        el("span", { text: "for" }),
         scopeBadge(d.scope),
       ]);
       const item = el("li", { className: d.current ? "current" : "superseded" }, [
         head,
         el("p", { className: "rev-text", text: d.text }),
+        withdrawn ? el("p", { className: "notice-line", text: retractionWords(withdrawn), title: absolute(withdrawn.createdAt) }) : null,
+        el("div", { className: "rev-receipts" }, [
+          el("span", { className: "muted small", text: "Delivered to: " }),
+          receiptsCell(byDecision.get(d.id) || []),
+        ]),
       ]);
+      item.dataset.decision = d.id;
       list.appendChild(item);
     }
+    // The topic has no current decision because its last one was withdrawn: say so on top.
+    const latest = result.decisions[0];
+    const retractedNow = latest && !latest.current && byRevision.has(latest.id);
+    const line = $("history-retracted");
+    line.textContent = retractedNow ? "No current decision: its last revision was retracted." : "";
+    show(line, Boolean(retractedNow));
     setCount("history-count", result.decisions.length + (result.decisions.length === 1 ? " revision" : " revisions"));
     show($("history-empty"), result.decisions.length === 0);
     show($("history"), true);
   }
 
+  function sessionItem(s) {
+    const meta = [s.agent, s.project];
+    if (s.hostSessionId) meta.push("host session " + s.hostSessionId);
+    const parts = [el("span", { className: "session-name", text: s.name })];
+    if (s.kind === "job") parts.push(text(" "), el("span", { className: "tag job", text: "job" }));
+    const gone = age(s.lastSeenAt);
+    const status = el("span", {
+      className: s.connected ? "session-state on" : "session-state",
+      text: s.connected ? "connected" : gone ? "gone " + gone : "just left",
+      title: "last seen " + absolute(s.lastSeenAt),
+    });
+    return el("li", {}, [
+      el("span", { className: s.connected ? "dot on" : "dot", title: s.connected ? "connected" : "not connected" }),
+      el("div", { className: "session-title" }, parts),
+      status,
+      el("div", { className: "session-meta", text: meta.join(" · ") }),
+    ]);
+  }
+
   function renderSessions(sessions) {
-    const list = $("sessions");
-    list.replaceChildren();
-    const ordered = sessions.slice().sort((a, b) => Number(b.connected) - Number(a.connected));
-    const projects = new Set();
     state.names = new Map(sessions.map((s) => [s.id, s.name]));
-    for (const s of ordered) {
-      projects.add(s.project);
-      const meta = [s.agent, s.project];
-      if (s.hostSessionId) meta.push("host session " + s.hostSessionId);
-      const name = el("span", { className: "session-name", text: s.name });
-      const parts = [name];
-      if (s.kind === "job") parts.push(document.createTextNode(" "), el("span", { className: "tag job", text: "job" }));
-      const status = el("span", {
-        className: s.connected ? "session-state on" : "session-state",
-        text: s.connected ? "connected" : "seen " + relative(s.lastSeenAt),
-        title: "last seen " + absolute(s.lastSeenAt),
-      });
-      list.appendChild(
-        el("li", {}, [
-          el("span", { className: s.connected ? "dot on" : "dot", title: s.connected ? "connected" : "not connected" }),
-          el("div", {}, parts),
-          status,
-          el("div", { className: "session-meta", text: meta.join(" · ") }),
-        ]),
-      );
-    }
-    const connected = sessions.filter((s) => s.connected).length;
-    setCount("session-count", connected + " connected / " + sessions.length);
+    const live = sessions.filter((s) => s.connected);
+    const gone = sessions.filter((s) => !s.connected).sort((a, b) => b.lastSeenAt - a.lastSeenAt);
+    $("sessions").replaceChildren(...live.map(sessionItem));
+    $("gone-sessions").replaceChildren(...gone.map(sessionItem));
+    $("gone-summary").textContent = gone.length + (gone.length === 1 ? " gone session" : " gone sessions") +
+      (gone.length ? " (last seen " + relative(gone[0].lastSeenAt) + ")" : "");
+    show($("gone"), gone.length > 0);
+    show($("sessions-none-live"), live.length === 0 && sessions.length > 0);
+    setCount("session-count", live.length + " connected / " + sessions.length);
     show($("sessions-empty"), sessions.length === 0);
-    const datalist = $("projects");
-    datalist.replaceChildren();
-    for (const p of projects) {
-      const option = document.createElement("option");
-      option.value = p;
-      datalist.appendChild(option);
-    }
+    for (const s of sessions) state.projects.add(s.project);
+    fillDatalist("sessions-list", new Set(sessions.map((s) => s.name)));
+  }
+
+  function hopWords(m) {
+    if (m.active === true) return "hop " + m.hop + " of " + state.hopLimit + " · active: may wake the session";
+    if (m.active === false) return "hop " + m.hop + ", at or over the limit " + state.hopLimit + " · passive: read when the session looks";
+    return "hop " + m.hop;
   }
 
   function renderMessages(messages) {
@@ -244,18 +384,34 @@
       const to = m.to && m.to.name ? m.to.name : "(unknown)";
       const head = el("div", { className: "msg-head" }, [
         el("span", { className: "route", text: from + " → " + to }),
-        m.kind === "decision" ? el("span", { className: "tag decision", text: "decision" }) : null,
+        m.notice ? el("span", { className: "tag decision", text: NOTICE_TAGS[m.kind] || "notice" }) : null,
+        m.active === null || m.active === undefined ? null
+          : el("span", { className: m.active ? "tag active" : "tag passive", text: m.active ? "active" : "passive" }),
         el("span", { className: "when" }, [when(m.createdAt)]),
       ]);
-      const text = el("p", { className: "msg-text", text: m.text, title: "Click to expand" });
-      text.addEventListener("click", () => text.classList.toggle("open"));
+      // A decision notice shows the decision in words; the text the session got is one click away.
+      let about = null;
+      if (m.decision) {
+        about = el("div", { className: "msg-about", text: "Decision “" + m.decision.topic + "” for " + scopeWords(m.decision.scope) });
+      } else if (m.retraction) {
+        const why = m.retraction.reason ? ": " + m.retraction.reason : "";
+        about = el("div", { className: "msg-about", text: "Decision “" + m.retraction.topic + "” retracted" + why });
+      }
+      const shown = m.decision ? m.decision.text : m.text;
+      const body = el("p", { className: "msg-text", text: shown, title: "Click to expand" });
+      body.addEventListener("click", () => {
+        const open = body.classList.toggle("open");
+        if (m.decision) body.textContent = open ? m.text : shown;
+      });
       const foot = el("div", {
         className: "msg-foot",
-        text: "hop " + m.hop + " · " + (m.acked ? "acknowledged" : "not yet acknowledged"),
+        text: hopWords(m) + " · " + (m.acked ? "acknowledged" : "not yet acknowledged"),
       });
-      list.appendChild(el("li", {}, [head, text, foot]));
+      list.appendChild(el("li", { className: m.notice ? "notice" : "" }, [head, about, body, foot]));
     }
     setCount("message-count", messages.length);
+    const empty = { "": "No messages yet.", message: "No conversation yet.", notice: "No notices yet." };
+    $("messages-empty").textContent = empty[state.messageKind];
     show($("messages-empty"), messages.length === 0);
   }
 
@@ -264,16 +420,18 @@
   async function loadDecisions() {
     const scope = scopeParam();
     if (scope === null) {
-      $("filter-error").textContent = $("scope-kind").value === "project"
-        ? "Enter an absolute project folder."
-        : "Enter at least one session name or id.";
-      show($("filter-error"), true);
+      // The scope value is still empty: no error before the user typed something.
+      show($("filter-error"), false);
       return;
     }
     try {
-      const result = await api(decisionsPath());
+      const [result, receipts] = await Promise.all([api(decisionsPath(scope)), api("/api/receipts")]);
       show($("filter-error"), false);
-      renderDecisions(result.decisions, Boolean($("q").value || scope));
+      renderDecisions(result.decisions, receipts.receipts, Boolean($("q").value || scope));
+      for (const d of result.decisions) {
+        if (d.scope && typeof d.scope.project === "string") state.projects.add(d.scope.project);
+      }
+      fillDatalist("projects", state.projects);
     } catch (error) {
       if (error instanceof ApiError && error.status === 400) {
         $("filter-error").textContent = error.message;
@@ -286,38 +444,101 @@
 
   async function loadHistory() {
     if (state.topic === null) return;
-    const result = await api("/api/decisions/" + encodeURIComponent(state.topic) + "/history");
-    renderHistory(result);
+    const path = "/api/decisions/" + encodeURIComponent(state.topic);
+    const [result, receipts] = await Promise.all([api(path + "/history"), api(path + "/receipts")]);
+    renderHistory(result, receipts.receipts);
+  }
+
+  async function loadMessages() {
+    const kind = state.messageKind ? "&kind=" + state.messageKind : "";
+    const result = await api("/api/messages?limit=50" + kind);
+    renderMessages(result.messages);
   }
 
   async function refresh() {
-    if (state.loading) return;
+    if (state.denied) return;
+    if (state.loading) {
+      state.again = true;
+      return;
+    }
     state.loading = true;
     try {
       // Sessions first: decision scopes name sessions by id, shown by name.
-      const sessions = await api("/api/sessions");
+      const [status, sessions] = await Promise.all([api("/api/status"), api("/api/sessions")]);
+      state.hopLimit = status.hopLimit;
       renderSessions(sessions.sessions);
-      const [status, messages] = await Promise.all([
-        api("/api/status"),
-        api("/api/messages?limit=50"),
-        loadDecisions(),
-        loadHistory(),
-      ]);
+      await Promise.all([loadMessages(), loadDecisions(), loadHistory()]);
       const mode = $("mode");
       mode.textContent = status.mode === "broker" ? "broker running" : "broker down · read-only";
       mode.className = status.mode === "broker" ? "pill" : "pill standalone";
       show(mode, true);
       $("home").textContent = status.home;
       $("home").title = "state folder: " + status.home;
-      renderMessages(messages.messages);
+      $("hop-note").textContent = status.hopLimit
+        ? "Active messages (hop below " + status.hopLimit + ") may wake a session; passive ones wait to be read."
+        : "";
+      show($("hop-note"), Boolean(status.hopLimit));
       banner("");
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
     } catch (error) {
-      banner(explain(error));
+      failed(error);
     } finally {
       state.loading = false;
+      if (state.again) {
+        state.again = false;
+        refresh();
+      }
     }
   }
+
+  // --- live updates: server-sent events, polling while the stream is down --------------------
+
+  function setLive(live) {
+    state.streamLive = live;
+    const pill = $("live");
+    pill.textContent = live ? "live" : "polling every " + POLL_MS / 1000 + " s";
+    pill.className = live ? "pill live" : "pill quiet";
+    pill.title = live ? "Updates arrive as they happen" : "The live stream is not available; the page asks again regularly";
+    show(pill, !state.denied);
+    clearInterval(state.pollTimer);
+    if (!live && !state.denied) {
+      state.pollTimer = setInterval(() => {
+        if (!document.hidden) refresh();
+      }, POLL_MS);
+    }
+  }
+
+  function closeStream() {
+    if (state.stream) {
+      state.stream.close();
+      state.stream = null;
+    }
+  }
+
+  function openStream() {
+    clearTimeout(state.streamTimer);
+    if (state.denied || state.stream || typeof EventSource !== "function") return;
+    const stream = new EventSource("/api/events");
+    state.stream = stream;
+    stream.addEventListener("hello", () => {
+      state.streamFailures = 0;
+      setLive(true);
+      refresh(); // whatever changed while the stream was down
+    });
+    stream.addEventListener("change", () => refresh());
+    stream.addEventListener("error", () => {
+      // Dropped or refused (403 after a restart, 429 with too many tabs): poll instead, and
+      // try the stream again later. A poll that gets 403 ends both.
+      closeStream();
+      setLive(false);
+      const wait = STREAM_RETRY_MS[Math.min(state.streamFailures, STREAM_RETRY_MS.length - 1)];
+      state.streamFailures += 1;
+      refresh();
+      state.streamTimer = setTimeout(openStream, wait);
+    });
+  }
+
+  // --- history -----------------------------------------------------------------------------
 
   async function openHistory(topic, scroll) {
     state.topic = topic;
@@ -328,7 +549,7 @@
       await loadHistory();
       if (scroll) $("history").scrollIntoView({ behavior: "smooth", block: "nearest" });
     } catch (error) {
-      banner(explain(error));
+      failed(error);
     }
   }
 
@@ -352,15 +573,16 @@
   function searchSoon() {
     clearTimeout(state.searchTimer);
     state.searchTimer = setTimeout(() => {
-      loadDecisions().catch((error) => banner(explain(error)));
+      loadDecisions().catch(failed);
     }, SEARCH_DELAY_MS);
   }
 
-  function schedule() {
-    clearInterval(state.timer);
-    state.timer = setInterval(() => {
-      if (!document.hidden) refresh();
-    }, REFRESH_MS);
+  function chooseMessageKind(kind) {
+    state.messageKind = kind;
+    for (const button of $("message-kinds").querySelectorAll("button")) {
+      button.setAttribute("aria-pressed", String(button.dataset.kind === kind));
+    }
+    loadMessages().catch(failed);
   }
 
   document.addEventListener("DOMContentLoaded", () => {
@@ -376,12 +598,23 @@
     $("scope-value").addEventListener("input", searchSoon);
     $("refresh").addEventListener("click", refresh);
     $("history-close").addEventListener("click", closeHistory);
+    for (const button of $("message-kinds").querySelectorAll("button")) {
+      button.addEventListener("click", () => chooseMessageKind(button.dataset.kind));
+    }
     document.addEventListener("visibilitychange", () => {
-      if (!document.hidden) refresh();
+      // A hidden tab gives its stream back (the dashboard allows a few per client).
+      if (document.hidden) {
+        closeStream();
+        clearTimeout(state.streamTimer);
+      } else if (!state.denied) {
+        refresh();
+        openStream();
+      }
     });
     syncScopeInput();
     state.topic = topicFromHash();
+    setLive(false);
     refresh();
-    schedule();
+    openStream();
   });
 })();

@@ -1,0 +1,113 @@
+"""Reads only the dashboard makes: who got which decision, and the message list split into
+conversation and notices. Plain functions of a read-only connection, like `store.queries`,
+whose message rendering they reuse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import apsw
+
+from agent_bridge import domain
+from agent_bridge.store import queries
+
+# One row per queued notification (a decision_deliveries row names its message). The receipt
+# says who holds it now: an identity merge moves receipts to the surviving session and adds a
+# delivery row for it beside the old one, so rows are grouped by message, not by delivery.
+# A forgotten session (`agent-bridge forget`) is not listed, and its receipts went with it.
+_RECEIPTS = """
+SELECT dd.decision_id, d.topic, min(dd.created_at), COALESCE(r.peer_id, dd.peer_id), p.name, p.agent,
+       r.delivered_at, r.acked_at, r.message_id IS NULL
+FROM decision_deliveries dd
+JOIN decisions d ON d.id = dd.decision_id
+LEFT JOIN receipts r ON r.message_id = dd.message_id
+LEFT JOIN peers p ON p.id = COALESCE(r.peer_id, dd.peer_id)
+WHERE dd.decision_id IN (SELECT value FROM json_each(?)) AND p.forgotten_at IS NULL
+GROUP BY dd.decision_id, COALESCE(dd.message_id, dd.host_key)
+ORDER BY d.seq DESC
+"""
+
+
+def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """For each of `decision_ids` (in the order given), the sessions it was queued for, one
+    entry per session, by name: when it was queued, offered and acknowledged, and whether it is
+    still pending (queued, not acknowledged). A session that got a revision twice (a cleared
+    host session catches up again) is pending while either copy is."""
+    if not decision_ids or not queries.has_table(conn, "decision_deliveries"):
+        return []
+    sql = _RECEIPTS
+    if not queries.has_column(conn, "peers", "forgotten_at"):  # before schema v4 nothing is forgotten
+        sql = sql.replace(" AND p.forgotten_at IS NULL", "")
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for decision_id, topic, queued, peer_id, name, agent, offered, acked, no_receipt in conn.execute(
+        sql, (json.dumps(list(decision_ids)),)
+    ):
+        key = (decision_id, peer_id)
+        entry = merged.get(key)
+        pending = acked is None and not no_receipt  # no receipt: nothing is waiting to be shown
+        if entry is None:
+            merged[key] = {
+                "decisionId": decision_id,
+                "topic": topic,
+                "session": {"id": peer_id, "name": name, "agent": agent},
+                "queuedAt": queued,
+                "deliveredAt": offered,
+                "acknowledgedAt": acked,
+                "pending": pending,
+            }
+            continue
+        entry["queuedAt"] = min(entry["queuedAt"], queued)
+        entry["deliveredAt"] = _latest(entry["deliveredAt"], offered)
+        entry["pending"] = entry["pending"] or pending
+        entry["acknowledgedAt"] = None if entry["pending"] else _latest(entry["acknowledgedAt"], acked)
+    order = {decision_id: i for i, decision_id in enumerate(decision_ids)}
+    return sorted(merged.values(), key=lambda e: (order[e["decisionId"]], e["session"]["name"] or "", e["session"]["id"]))
+
+
+def _latest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+MESSAGE_KINDS = ("message", "notice")
+
+
+def recent_messages(
+    conn: apsw.Connection, *, limit: int, kind: str | None, hop_limit: int | None
+) -> list[dict[str, Any]]:
+    """The newest messages (one entry per recipient), newest first, as `queries.recent_messages`
+    renders them plus `notice` (a decision or retraction notice rather than conversation) and
+    `active` (hop below the hop limit: may wake the session; None when the limit is unknown).
+
+    `kind`: "message" or "notice" to keep only those, None for both. A notice is a message linked
+    to a decision, or one recorded at the notice hop without being a reply (conversation starts
+    at hop 1 and reaches that hop only through replies).
+    """
+    if not queries.has_table(conn, "receipts"):
+        return []
+    has_dd = queries.has_table(conn, "decision_deliveries")
+    sql = queries.MESSAGE_SELECT
+    if not has_dd:
+        sql = sql.replace("LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", "").replace(
+            "dd.decision_id", "NULL"
+        )
+    linked = "dd.decision_id IS NOT NULL OR " if has_dd else ""
+    notice = f"({linked}(m.hop >= {domain.DECISION_HOP} AND m.reply_to IS NULL))"
+    if kind == "notice":
+        sql += f" WHERE {notice}"
+    elif kind == "message":
+        sql += f" WHERE NOT {notice}"
+    sql += " ORDER BY m.rowid DESC LIMIT ?"
+    out = []
+    for values in conn.execute(sql, (limit,)):
+        message = queries._message_from_row(conn, values)
+        message["acked"] = message.pop("_acked")
+        message.pop("_seq")
+        message["notice"] = message["kind"] != "message" or (
+            message["hop"] >= domain.DECISION_HOP and message["replyTo"] is None
+        )
+        message["active"] = None if hop_limit is None else message["hop"] < hop_limit
+        out.append(message)
+    return out
