@@ -162,7 +162,29 @@ def _mcp(ns: argparse.Namespace) -> int:
         return 0
 
 
+# Commands that use the state folder named by AGENT_BRIDGE_HOME (or the default): each refuses a
+# folder another user owns before touching anything in it (paths.check_home). `demo` checks the
+# folder it is given itself; `install` and `doctor` do not use the folder as state.
+HOME_COMMANDS = frozenset({"up", "down", "status", "mcp", "hook", "dashboard", "decisions"})
+
+
+def _refuse_foreign_home(command: str) -> int | None:
+    """None when the state folder may be used; else the exit code, after one line on stderr.
+    A hook exits 0 even then: a hook never breaks its host's session."""
+    from agent_bridge import paths
+
+    try:
+        paths.check_home(paths.home())
+    except paths.HomeError as exc:
+        print(f"agent-bridge {command}: {exc}", file=sys.stderr)
+        return 0 if command == "hook" else 1
+    return None
+
+
 def _hook(ns: argparse.Namespace) -> int:
+    refused = _refuse_foreign_home("hook")
+    if refused is not None:
+        return refused
     if ns.event == "session-start":
         from agent_bridge.hooks import session_start
 
@@ -229,8 +251,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fast
     parser = build_parser()
     ns = parser.parse_args(args)
+    if ns.command in HOME_COMMANDS and ns.command != "hook":  # `_hook` checks for itself (fast path)
+        refused = _refuse_foreign_home(ns.command)
+        if refused is not None:
+            return refused
+    from agent_bridge.paths import HomeError
+
     try:
         return int(ns.func(ns) or 0)
+    except HomeError as exc:  # the folder changed hands after the check above
+        print(f"agent-bridge {ns.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -13,6 +13,7 @@ DASHBOARD_URL = "dashboard.url"
 LOG_NAME = "broker.log"
 CONFIG_NAME = "config.toml"
 SOCKET_NAME = "broker.sock"
+LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole life
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
 
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on the BSDs and macOS (including the NUL).
@@ -32,12 +33,78 @@ def home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
     return Path(state) / "agent-bridge"
 
 
+class HomeError(PermissionError):
+    """The state folder belongs to someone else: nothing in it may be read, written or trusted."""
+
+
+def check_home(path: Path) -> Path:
+    """Refuse a state folder that exists and is not owned by the current user (SPEC §8).
+
+    The one ownership check every command goes through (`cli.main`, and `ensure_home` below):
+    another user who pre-created the folder could plant a database whose "decisions" the hooks
+    would show, or read what we write there. A folder that does not exist yet is fine (whoever
+    creates it, creates it as ours). A symlink counts by its target.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise HomeError(f"cannot use the state folder {path}: {exc.strerror}") from None
+    if sys.platform == "win32":
+        owner_ok = _windows_owned_by_me(path)
+    else:
+        owner_ok = st.st_uid == os.geteuid()
+    if not owner_ok:
+        owner = f"uid {st.st_uid}" if sys.platform != "win32" else "another account"
+        raise HomeError(
+            f"the state folder {path} belongs to {owner}, not to you; refusing to use it "
+            "(remove it, or set AGENT_BRIDGE_HOME to a folder of your own)"
+        )
+    return path
+
+
+def _windows_owned_by_me(path: Path) -> bool:
+    """Windows: the folder's owner SID equals this process token's user SID. (Not exercised by
+    the test suite, which runs on Linux.)"""
+    import ctypes
+    from ctypes import wintypes
+
+    advapi32 = ctypes.windll.advapi32  # type: ignore[attr-defined]
+    kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+    owner = ctypes.c_void_p()
+    descriptor = ctypes.c_void_p()
+    SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION = 1, 0x1
+    if advapi32.GetNamedSecurityInfoW(str(path), SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION,
+                                      ctypes.byref(owner), None, None, None, ctypes.byref(descriptor)) != 0:
+        return False
+    token = wintypes.HANDLE()
+    try:
+        TOKEN_QUERY, TOKEN_USER = 0x0008, 1
+        if not advapi32.OpenProcessToken(kernel32.GetCurrentProcess(), TOKEN_QUERY, ctypes.byref(token)):
+            return False
+        size = wintypes.DWORD()
+        advapi32.GetTokenInformation(token, TOKEN_USER, None, 0, ctypes.byref(size))
+        buffer = ctypes.create_string_buffer(size.value)
+        if not advapi32.GetTokenInformation(token, TOKEN_USER, buffer, size, ctypes.byref(size)):
+            return False
+        my_sid = ctypes.cast(buffer, ctypes.POINTER(ctypes.c_void_p))[0]  # TOKEN_USER.User.Sid
+        return bool(advapi32.EqualSid(owner, ctypes.c_void_p(my_sid)))
+    finally:
+        if token:
+            kernel32.CloseHandle(token)
+        kernel32.LocalFree(descriptor)
+
+
 def ensure_home(path: Path) -> Path:
-    """Create the state folder 0700 (and tighten it if it already exists and is ours)."""
+    """Create the state folder 0700 (and tighten it if it already exists). Raises HomeError for
+    a folder owned by another user, before anything is created in it."""
+    check_home(path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_home(path)  # created meanwhile by someone else: still refused
     if sys.platform != "win32":
         st = path.stat()
-        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        if st.st_mode & 0o077:
             path.chmod(0o700)
     return path
 
@@ -124,6 +191,75 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def lock_holder(home_dir: Path) -> int | None:
+    """The pid holding this home's broker lock (0 when held by a pid we cannot name), or None
+    when nobody holds it: then no broker runs for this home, whatever broker.json says.
+
+    Linux names the holder in /proc/locks without taking the lock. Elsewhere we try to take it
+    shared for an instant (a broker starting in that instant sees it as taken and says so).
+    """
+    try:
+        st = (home_dir / LOCK_NAME).stat()
+    except OSError:
+        return None
+    if sys.platform.startswith("linux"):
+        found = _proc_locks_holder(st)
+        if found is not False:
+            return found
+    if sys.platform == "win32":
+        return 0  # no lock to probe without taking it; callers confirm the pid otherwise
+    import fcntl
+
+    try:
+        fd = os.open(home_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)  # also releases the probe's lock
+    return None
+
+
+def _proc_locks_holder(st: os.stat_result) -> int | None | bool:
+    """From /proc/locks: the pid holding an exclusive flock on the file `st`, None if none,
+    False if /proc/locks cannot be read. Lines: `1: FLOCK ADVISORY WRITE 4242 08:01:1234 0 EOF`."""
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if "->" in fields:  # a waiter, not a holder
+            continue
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "WRITE" and fields[5] == device:
+            try:
+                return int(fields[4])
+            except ValueError:
+                return 0
+    return None
+
+
+def running_broker(home_dir: Path) -> dict | None:
+    """broker.json of the broker running for this home, confirmed by its lock: the lock is held,
+    and (where the holder can be named) held by the pid the record names. None otherwise: a
+    record left by a killed broker names a pid that may since belong to any process."""
+    record = read_broker_json(home_dir)
+    if record is None:
+        return None
+    pid = record.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not pid_alive(pid):
+        return None
+    holder = lock_holder(home_dir)
+    if holder is None or (holder != 0 and holder != pid):
+        return None
+    return record
 
 
 def append_log(home_dir: Path, line: str) -> None:

@@ -18,7 +18,7 @@ from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.store.schema import SchemaError
 
-LOCK_NAME = "broker.lock"
+LOCK_NAME = paths.LOCK_NAME
 DETACH_TIMEOUT = 20.0  # seconds `up --detach` waits for the broker to accept connections
 DOWN_TIMEOUT = 10.0
 DETACHED_MARK = "AGENT_BRIDGE_DETACHED_CHILD"  # set by `up --detach` for the broker it spawns
@@ -170,15 +170,20 @@ def _up_detached(home: Path) -> int:
 
 
 def down() -> int:
+    """Stop this home's broker: ask it on its socket; signal its process only once the lock
+    confirms the pid is that broker (a pid in a stale broker.json may be anyone's by now)."""
     home = paths.home()
-    record = paths.read_broker_json(home)
-    pid = record.get("pid") if record else None
-    if not isinstance(pid, int) or not paths.pid_alive(pid):
+    record = paths.running_broker(home)
+    if record is None:
         print("agent-bridge: no broker is running")
         return 0
+    pid = record["pid"]
     try:
         blocking.call(home, "shutdown", timeout=5.0)
     except (blocking.BrokerUnavailable, RemoteError):
+        if paths.running_broker(home) != record:  # confirmed again right before the signal
+            print("agent-bridge: no broker is running")
+            return 0
         os.kill(pid, signal.SIGTERM)  # it does not answer on its socket: ask the process
     deadline = time.monotonic() + DOWN_TIMEOUT
     while time.monotonic() < deadline and not _stopped(home, pid):
@@ -209,8 +214,8 @@ def _is_zombie_or_gone(pid: int) -> bool:
 def status(*, as_json: bool) -> int:
     home = paths.home()
     info: dict[str, Any] = {"running": False, "home": str(home)}
-    record = paths.read_broker_json(home)
-    if record and isinstance(record.get("pid"), int) and paths.pid_alive(record["pid"]):
+    record = paths.running_broker(home)
+    if record is not None:
         try:
             live = blocking.call(home, "status", timeout=2.0)
         except (blocking.BrokerUnavailable, RemoteError) as exc:

@@ -46,13 +46,8 @@ def main(open_browser: bool) -> int:
 
 
 def running_broker(home: Path) -> dict | None:
-    info = paths.read_broker_json(home)
-    if info is None:
-        return None
-    pid = info.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or not paths.pid_alive(pid):
-        return None
-    return info
+    """The running broker's record, confirmed by its lock (paths.running_broker)."""
+    return paths.running_broker(home)
 
 
 def read_url_file(home: Path) -> str | None:
