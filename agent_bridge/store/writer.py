@@ -22,7 +22,7 @@ import apsw.bestpractice
 from agent_bridge import domain, paths
 from agent_bridge.domain import Scope, SessionView
 from agent_bridge.store import queries
-from agent_bridge.store.schema import migrate, user_version
+from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, migrate, user_version
 
 _bestpractice_applied = False
 
@@ -67,6 +67,29 @@ def host_key(session: SessionView) -> str:
 def backup_path(db: Path, old_version: int) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     return paths.free_path(db.parent, f"{db.name}.v{old_version}-{stamp}", ".bak")
+
+
+def check_version(path: Path) -> int:
+    """The schema version of the database at `path`, read through a read-only connection, so
+    that a database this code must refuse is refused before anything writes to it: opening it
+    for writing switches it to WAL and runs `pragma optimize`. Raises SchemaTooNew, or
+    SchemaError for a file that is not a SQLite database."""
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    except apsw.CantOpenError as exc:
+        raise OSError(f"cannot open {path}: {exc}") from None
+    try:
+        found = user_version(conn)
+    except apsw.NotADBError:
+        raise SchemaError(
+            f"{path} is not a SQLite database; move it aside (or point AGENT_BRIDGE_HOME elsewhere) "
+            "and start again"
+        ) from None
+    finally:
+        conn.close()
+    if found > CURRENT_VERSION:
+        raise SchemaTooNew(found)
+    return found
 
 
 TAP_LIMIT = 1000  # messages a tap holds before it closes and its session reads the database
@@ -120,6 +143,8 @@ class Store:
         `fault`: the broker's test-only crash points (daemon.faults); a no-op otherwise."""
         apply_bestpractice()
         existed = path.exists()
+        if existed:
+            check_version(path)  # before the connection below writes (journal mode, optimize)
         conn = apsw.Connection(str(path))
         try:
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes
