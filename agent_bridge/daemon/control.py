@@ -13,6 +13,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 from agent_bridge import config, paths
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
@@ -75,39 +77,94 @@ def setup_logging(home: Path, *, to_stderr: bool) -> None:
 
 def up(*, detach: bool) -> int:
     os.umask(0o077)  # bridge.db, its WAL files and the log: this user only
-    home = paths.ensure_home(paths.home())
+    reasons = _reason_channel()  # `up --detach` waits on it for why its child could not start
+    home = paths.home()
     try:
+        paths.ensure_home(home)
         settings = config.load(home)
     except config.ConfigError as exc:
-        print(f"agent-bridge up: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(reasons, str(exc), code=2)
+    except OSError as exc:
+        return _refuse(reasons, f"cannot use the state folder {home}: {exc.strerror or exc}")
     if detach:
         return _up_detached(home)
     lock = BrokerLock(home)
-    if not lock.acquire():
-        print(_already_running(home), file=sys.stderr)
-        return 1
     try:
+        if not lock.acquire():
+            print(_already_running(home), file=sys.stderr)
+            return 1
         setup_logging(home, to_stderr=False)
+    except OSError as exc:
+        lock.release()
+        return _refuse(reasons, f"cannot write in the state folder {home}: {exc.strerror or exc}")
+    try:
         import trio
 
         from agent_bridge.daemon.root import run_broker
         from agent_bridge.web.server import DashboardError
 
+        log = logging.getLogger("agent_bridge.daemon")
+        refused: list[str] = []
+        channel = [reasons]
+
+        def on_ready(record: dict[str, Any]) -> None:
+            if reasons is None:
+                _print_ready(record)
+            else:  # its stdout is broker.log; the parent, now reading nothing more, prints the ready lines
+                channel[0] = None
+                os.close(reasons)
+
         try:
-            detached_child = os.environ.pop(DETACHED_MARK, None) is not None  # its stdout is broker.log
-            trio.run(partial(run_broker, home, settings, on_ready=(lambda r: None) if detached_child else _print_ready))
+            trio.run(partial(run_broker, home, settings, on_ready=on_ready))
         except* (SchemaError, DashboardError) as group:
             # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
-            refused = list(group.exceptions)
-        else:
-            refused = []
+            refused.extend(str(exc) for exc in group.exceptions)
+        except* (OSError, apsw.Error) as group:  # a locked or unreadable database, a read-only folder
+            for exc in group.exceptions:
+                log.error("start-up failed", exc_info=exc)
+                refused.append(f"could not start: {_one_line(exc)} (details in {paths.log_path(home)})")
+        except* KeyboardInterrupt:
+            pass  # Ctrl-C before the signal handler was in place: stopped, as asked
+        except* Exception as group:
+            for exc in group.exceptions:
+                log.error("unexpected failure", exc_info=exc)
+                refused.append(f"failed: {_one_line(exc)} (details in {paths.log_path(home)})")
         for refusal in refused:
-            logging.getLogger("agent_bridge.daemon").error("%s", refusal)
-            print(f"agent-bridge up: {refusal}", file=sys.stderr)
+            log.error("%s", refusal)
+            _refuse(channel[0], refusal)
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if isinstance(exc, Exception) and not isinstance(exc, OSError) else text
+
+
+def _reason_channel() -> int | None:
+    """In the broker `up --detach` spawned: the pipe its parent reads for a refusal (else None)."""
+    raw = os.environ.pop(DETACHED_MARK, None)
+    if raw is None:
+        return None
+    try:
+        fd = int(raw)
+        os.fstat(fd)
+    except (ValueError, OSError):
+        return None
+    return fd
+
+
+def _refuse(reasons: int | None, text: str, *, code: int = 1) -> int:
+    """Say why the broker cannot start: on stderr, and to the waiting `up --detach` if any."""
+    line = f"agent-bridge up: {text}"
+    print(line, file=sys.stderr, flush=True)
+    if reasons is not None:
+        try:
+            os.write(reasons, (line + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+    return code
 
 
 def _print_ready(record: dict[str, Any]) -> None:
@@ -134,23 +191,39 @@ def _up_detached(home: Path) -> int:
         return 1
     probe.release()
     log_fd = os.open(paths.log_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    read_reasons, write_reasons = os.pipe()  # the child writes why it could not start, if so
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "agent_bridge", "up"],
-            env={**os.environ, DETACHED_MARK: "1"},
+            env={**os.environ, DETACHED_MARK: str(write_reasons)},
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
             start_new_session=True,
             close_fds=True,
+            pass_fds=(write_reasons,),
         )
+    except BaseException:
+        os.close(read_reasons)
+        raise
     finally:
         os.close(log_fd)
+        os.close(write_reasons)
+    try:
+        return _wait_detached(home, child, read_reasons)
+    finally:
+        os.close(read_reasons)
+
+
+def _wait_detached(home: Path, child: subprocess.Popen, reasons: int) -> int:
     deadline = time.monotonic() + DETACH_TIMEOUT
     while time.monotonic() < deadline:
         code = child.poll()
         if code is not None:
-            if code == 1 and not BrokerLock(home).acquire():
+            said = _read_all(reasons)
+            if said:
+                sys.stderr.write(said if said.endswith("\n") else said + "\n")
+            elif code == 1 and not BrokerLock(home).acquire():
                 print(_already_running(home), file=sys.stderr)
             else:
                 print(f"agent-bridge up: the broker exited with status {code}; see {paths.log_path(home)}", file=sys.stderr)
@@ -167,6 +240,14 @@ def _up_detached(home: Path) -> int:
         time.sleep(0.05)
     print(f"agent-bridge up: the broker did not become ready in {DETACH_TIMEOUT:.0f}s; see {paths.log_path(home)}", file=sys.stderr)
     return 1
+
+
+def _read_all(fd: int) -> str:
+    """What the exited child wrote on the reasons pipe (EOF: every writer has closed it)."""
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def down() -> int:
