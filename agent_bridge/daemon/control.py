@@ -118,17 +118,17 @@ def up(*, detach: bool) -> int:
             trio.run(partial(run_broker, home, settings, on_ready=on_ready))
         except* (SchemaError, DashboardError) as group:
             # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
-            refused.extend(str(exc) for exc in group.exceptions)
+            refused.extend(str(refusal) for refusal in group.exceptions)
         except* (OSError, apsw.Error) as group:  # a locked or unreadable database, a read-only folder
-            for exc in group.exceptions:
-                log.error("start-up failed", exc_info=exc)
-                refused.append(f"could not start: {_one_line(exc)} (details in {paths.log_path(home)})")
+            for failure in group.exceptions:
+                log.error("start-up failed", exc_info=failure)
+                refused.append(f"could not start: {_one_line(failure)} (details in {paths.log_path(home)})")
         except* KeyboardInterrupt:
             pass  # Ctrl-C before the signal handler was in place: stopped, as asked
         except* Exception as group:
-            for exc in group.exceptions:
-                log.error("unexpected failure", exc_info=exc)
-                refused.append(f"failed: {_one_line(exc)} (details in {paths.log_path(home)})")
+            for failure in group.exceptions:
+                log.error("unexpected failure", exc_info=failure)
+                refused.append(f"failed: {_one_line(failure)} (details in {paths.log_path(home)})")
         for refusal in refused:
             log.error("%s", refusal)
             _refuse(channel[0], refusal)
