@@ -126,9 +126,9 @@ def up(*, detach: bool) -> int:
         except* KeyboardInterrupt:
             pass  # Ctrl-C before the signal handler was in place: stopped, as asked
         except* Exception as group:
-            for failure in group.exceptions:
-                log.error("unexpected failure", exc_info=failure)
-                refused.append(f"failed: {_one_line(failure)} (details in {paths.log_path(home)})")
+            for unexpected in group.exceptions:
+                log.error("unexpected failure", exc_info=unexpected)
+                refused.append(f"failed: {_one_line(unexpected)} (details in {paths.log_path(home)})")
         for refusal in refused:
             log.error("%s", refusal)
             _refuse(channel[0], refusal)
