@@ -10,6 +10,7 @@ so a crash loses nothing. Replays are deduplicated by message id: exactly once t
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -37,6 +38,9 @@ log = logging.getLogger("agent_bridge.mcp")
 CALL_TIMEOUT = 15.0  # a tool call waits this long for the broker to be reachable
 BACKOFF_START, BACKOFF_MAX = 0.05, 2.0
 RESTART_AFTER = 2.0  # broker unreachable this long: start one ourselves
+# A broker that cannot start (a newer or corrupt database, a read-only folder) fails the same way
+# each time: wait longer between tries, and stop after a few, so servers never respawn it forever.
+START_BACKOFF_FIRST, START_ATTEMPTS = 0.5, 5
 JOIN_BEFORE_SERVING = 10.0  # seconds the server waits for the broker before serving the host anyway
 INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
@@ -118,13 +122,18 @@ class Bridge:
         self.learned_host_session: str | None = None
         self.mcp_session: Any = None  # the MCP ServerSession, once the host initialized
         self.channel = False  # the host takes notifications/claude/channel
+        self.start_failure: str | None = None  # why the last broker we started could not start
+        self.start_attempts = 0  # consecutive failed starts
+        self.next_start = 0.0  # trio time before which no new start is tried
 
     async def call(self, op: str, **args: Any) -> Any:
         """One request to the broker, waiting for a connection; a request the broker may
         have carried out is never sent twice (it is reported instead)."""
         with trio.move_on_after(CALL_TIMEOUT):
             while True:
-                await self.connected.wait()
+                if self.start_failure is not None and not self.connected.is_set():
+                    raise ToolError(self._start_failure_message())
+                await self._wait_joined()
                 client = self.client
                 if client is None or client.closed.is_set():
                     await trio.sleep(RECHECK)  # the run loop is replacing the connection
@@ -137,7 +146,23 @@ class Bridge:
                             f"the broker connection was lost during {op}; it may or may not have been "
                             "recorded: check with decisions/peers before retrying"
                         ) from None
+        if self.start_failure is not None:
+            raise ToolError(self._start_failure_message())
         raise ToolError("the agent-bridge broker is not reachable right now; it is being restarted, try again shortly")
+
+    def _start_failure_message(self) -> str:
+        if self.start_attempts >= START_ATTEMPTS:
+            return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up after {self.start_attempts} "
+                    "attempts: fix that, then run `agent-bridge up` (this session connects once it runs)")
+        return f"the agent-bridge broker cannot start: {self.start_failure}; trying again"
+
+    async def _wait_joined(self) -> None:
+        """Until connected, or until a start of the broker failed (then `start_failure` says why)."""
+        while not self.connected.is_set():
+            if self.start_failure is not None:
+                return
+            with trio.move_on_after(RECHECK * 10):
+                await self.connected.wait()
 
     async def run(self) -> None:
         backoff = BACKOFF_START
@@ -145,12 +170,14 @@ class Bridge:
         while True:
             socket_path = self._broker_socket()
             if socket_path is None or (down_since is not None and trio.current_time() - down_since > RESTART_AFTER):
-                await self._start_broker()
+                if self.start_attempts < START_ATTEMPTS and trio.current_time() >= self.next_start:
+                    await self._start_broker()
                 socket_path = self._broker_socket()
             if socket_path is not None:
                 try:
                     async with open_bridge_client(socket_path, self.options.hello()) as (client, pushes):
                         down_since, backoff = None, BACKOFF_START
+                        self.start_failure, self.start_attempts, self.next_start = None, 0, 0.0
                         await self._connected(client)
                         async for frame in pushes:
                             await self._on_push(frame)
@@ -169,23 +196,37 @@ class Bridge:
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _broker_socket(self) -> str | None:
-        record = paths.read_broker_json(self.options.home)
-        if not record or not isinstance(record.get("pid"), int) or not paths.pid_alive(record["pid"]):
-            return None
-        sock = record.get("socket")
+        record = paths.running_broker(self.options.home)
+        sock = record.get("socket") if record else None
         return sock if isinstance(sock, str) else None
 
     async def _start_broker(self) -> None:
-        """Start a detached broker; racing MCP servers are safe: the broker lock admits one."""
+        """Start a detached broker; racing MCP servers are safe: the broker lock admits one.
+
+        A start that fails while no other broker holds the lock is a failure of this home (its
+        database, its folder): remembered with the reason `up` gave, for tool errors, and tried
+        again only after a growing delay, at most START_ATTEMPTS times in a row."""
         log.info("no broker answering; starting one")
+        done = None
         with trio.move_on_after(30):
-            await trio.run_process(
+            done = await trio.run_process(
                 [sys.executable, "-m", "agent_bridge", "up", "--detach"],
                 check=False,
                 stdin=b"",
                 capture_stdout=True,
                 capture_stderr=True,
             )
+        if done is None or done.returncode == 0 or paths.lock_holder(self.options.home) is not None:
+            return  # started, slow, or another server's broker is starting: the run loop connects
+        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        text = reason[-1] if reason else f"`agent-bridge up` exited with status {done.returncode}"
+        self.start_failure = text.removeprefix("agent-bridge up: ")
+        self.start_attempts += 1
+        self.next_start = trio.current_time() + START_BACKOFF_FIRST * 2 ** (self.start_attempts - 1)
+        if self.start_attempts == START_ATTEMPTS:
+            log.error("the broker cannot start (%s); giving up after %d attempts", self.start_failure, START_ATTEMPTS)
+        else:
+            log.warning("the broker cannot start: %s", self.start_failure)
 
     async def _connected(self, client: BridgeClient) -> None:
         hello = client.hello or {}
@@ -479,7 +520,7 @@ def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] 
         claude_session_id=claude_env if agent == "claude" else None,
         host=host,
         chain=chain,
-        home=paths.ensure_home(paths.home(env)),
+        home=usable_home(paths.home(env)),
     )
 
 
@@ -525,6 +566,22 @@ async def stop_on_signal(scope: trio.CancelScope, *, task_status: Any = trio.TAS
             return
 
 
+def usable_home(home: Path) -> Path:
+    """The state folder, created if needed, and one this user can write in: the broker this
+    server starts keeps its database, socket and log there. Raises OSError naming the folder
+    (the host shows the server's stderr; without this, tool calls only time out)."""
+    try:
+        paths.ensure_home(home)
+    except paths.HomeError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot create the state folder {home}: {exc.strerror}") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, f"cannot write in the state folder {home}: permission denied "
+                      "(fix its permissions, or set AGENT_BRIDGE_HOME to a folder you can write)")
+    return home
+
+
 async def serve(options: Options) -> None:
     bridge = Bridge(options)
     server = build_server(bridge)
@@ -539,7 +596,7 @@ async def serve(options: Options) -> None:
         # also connected (a decide recorded right after sees it); a broker that cannot be
         # reached in time does not hold the host back: tools say so until it is.
         with trio.move_on_after(JOIN_BEFORE_SERVING):
-            await bridge.connected.wait()
+            await bridge._wait_joined()
         stdin = StdinLines(0) if sys.platform != "win32" else None
         try:
             async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
@@ -557,6 +614,9 @@ def main(ns: argparse.Namespace) -> int:
     except domain.InputError as exc:
         print(f"agent-bridge mcp: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the state folder: someone else's, or one we cannot create or write
+        print(f"agent-bridge mcp: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="agent-bridge mcp: %(message)s")
     try:
         trio.run(serve, options)
