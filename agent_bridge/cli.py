@@ -149,6 +149,13 @@ def _status(ns: argparse.Namespace) -> int:
 
 
 def _mcp(ns: argparse.Namespace) -> int:
+    from agent_bridge import paths
+
+    try:  # before loading the MCP SDK: the host should hear about a bad folder at once
+        paths.writable_home(paths.home())
+    except OSError as exc:
+        print(f"agent-bridge mcp: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     # Hosts end their MCP servers with SIGINT, then SIGTERM; one that arrives while the server
     # still starts ends it as quietly as one that arrives later (exit 0, no traceback).
     import signal

@@ -10,7 +10,6 @@ so a crash loses nothing. Replays are deduplicated by message id: exactly once t
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -520,7 +519,7 @@ def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] 
         claude_session_id=claude_env if agent == "claude" else None,
         host=host,
         chain=chain,
-        home=usable_home(paths.home(env)),
+        home=paths.writable_home(paths.home(env)),
     )
 
 
@@ -564,22 +563,6 @@ async def stop_on_signal(scope: trio.CancelScope, *, task_status: Any = trio.TAS
             log.info("%s: stopping", signal.Signals(signum).name)
             scope.cancel()
             return
-
-
-def usable_home(home: Path) -> Path:
-    """The state folder, created if needed, and one this user can write in: the broker this
-    server starts keeps its database, socket and log there. Raises OSError naming the folder
-    (the host shows the server's stderr; without this, tool calls only time out)."""
-    try:
-        paths.ensure_home(home)
-    except paths.HomeError:
-        raise
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot create the state folder {home}: {exc.strerror}") from None
-    if not os.access(home, os.W_OK | os.X_OK):
-        raise OSError(errno.EACCES, f"cannot write in the state folder {home}: permission denied "
-                      "(fix its permissions, or set AGENT_BRIDGE_HOME to a folder you can write)")
-    return home
 
 
 async def serve(options: Options) -> None:

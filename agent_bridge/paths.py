@@ -100,12 +100,30 @@ def ensure_home(path: Path) -> Path:
     """Create the state folder 0700 (and tighten it if it already exists). Raises HomeError for
     a folder owned by another user, before anything is created in it."""
     check_home(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    check_home(path)  # created meanwhile by someone else: still refused
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_home(path)  # created meanwhile by someone else: still refused
     if sys.platform != "win32":
         st = path.stat()
         if st.st_mode & 0o077:
             path.chmod(0o700)
+    return path
+
+
+def writable_home(path: Path) -> Path:
+    """`ensure_home`, and a folder this user can write in (the broker keeps its database, socket
+    and log there). Raises OSError whose `strerror` names the folder and the problem."""
+    try:
+        ensure_home(path)
+    except HomeError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot create the state folder {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        import errno
+
+        raise OSError(errno.EACCES, f"cannot write in the state folder {path} (read-only or not yours to write); "
+                      "fix that, or set AGENT_BRIDGE_HOME to a folder you can write")
     return path
 
 
