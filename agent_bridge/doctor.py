@@ -60,6 +60,10 @@ def check_home(home: Path) -> Check:
 def check_broker(home: Path) -> tuple[Check, dict[str, Any] | None]:
     record = paths.read_broker_json(home)
     if record is None:
+        failed = last_start_failure(home)
+        if failed:
+            return Check("broker", FAIL, f"not running; the last start failed: {failed}",
+                         "fix that, then: agent-bridge up --detach"), None
         return Check("broker", FAIL, "not running (no broker.json)",
                      "agent-bridge up --detach (an MCP server also starts one when it connects)"), None
     pid = record.get("pid")
@@ -67,6 +71,14 @@ def check_broker(home: Path) -> tuple[Check, dict[str, Any] | None]:
         return Check("broker", FAIL, f"not running: broker.json names pid {pid}, which is gone (stale record)",
                      "agent-bridge up --detach (replaces the stale record)"), None
     return Check("broker", OK, f"running, pid {pid}"), record
+
+
+def last_start_failure(home: Path) -> str | None:
+    """Why the last `agent-bridge up` (maybe started by an MCP server) could not start."""
+    try:
+        return (home / paths.START_FAILURE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
 
 
 def check_socket(home: Path, record: dict[str, Any] | None) -> Check:

@@ -14,6 +14,7 @@ LOG_NAME = "broker.log"
 CONFIG_NAME = "config.toml"
 SOCKET_NAME = "broker.sock"
 LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole life
+START_FAILURE = "broker.failed"  # why the last `up` could not start a broker (for `doctor`); removed once one runs
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
 
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on the BSDs and macOS (including the NUL).

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from agent_bridge import mcp_server
-from tests.conftest import REPO, mcp_session, wait_for
+from tests.conftest import REPO, mcp_session, run_cli, wait_for
 from tests.test_refusals import newer_database
 
 pytestmark = pytest.mark.slow
@@ -36,6 +36,9 @@ async def test_an_unstartable_broker_is_not_respawned_forever_and_tool_errors_sa
     starts = log.count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
     assert 1 <= starts <= mcp_server.START_ATTEMPTS, log
     assert "Traceback" not in log
+    doctor = run_cli(env, "doctor")
+    broker_line = next(line for line in doctor.stdout.splitlines() if " broker " in line)
+    assert "the last start failed: bridge.db has schema version 99" in broker_line, doctor.stdout
 
 
 def read_only(home: Path, *command: str) -> list[str]:

@@ -108,6 +108,7 @@ def up(*, detach: bool) -> int:
         channel = [reasons]
 
         def on_ready(record: dict[str, Any]) -> None:
+            (home / paths.START_FAILURE).unlink(missing_ok=True)
             if reasons is None:
                 _print_ready(record)
             else:  # its stdout is broker.log; the parent, now reading nothing more, prints the ready lines
@@ -132,9 +133,19 @@ def up(*, detach: bool) -> int:
         for refusal in refused:
             log.error("%s", refusal)
             _refuse(channel[0], refusal)
+        if refused:
+            _remember_failure(home, refused[0])
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _remember_failure(home: Path, reason: str) -> None:
+    """Keep the reason where `doctor` finds it; a folder we cannot write keeps nothing."""
+    try:
+        paths.write_private(home / paths.START_FAILURE, reason + "\n")
+    except OSError:
+        pass
 
 
 def _one_line(exc: BaseException) -> str:
