@@ -32,7 +32,11 @@ def main(agent: str) -> int:
         host, chain = procinfo.current_host()  # first: before anything in the chain detaches
         hook = common.read_input()
         args = common.identify_args(agent, hook, EVENT, host, chain)
-        answer = common.broker_request(home, "identify", args)
+        try:
+            answer = common.broker_request(home, "identify", args)
+        except OSError as exc:  # no broker, and the identity report cannot be left (read-only, full disk)
+            common.log(home, f"session-start ({agent})", f"identity not reported: {exc}")
+            answer = None  # the decisions are still readable: the note goes on without it
         session = answer.get("session") if answer else None
         note = build_note(home, agent, hook, session if isinstance(session, dict) else None)
         if note is None:
