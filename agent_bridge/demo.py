@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,7 @@ def main(ns: argparse.Namespace) -> int:
         assert record is not None
         try:
             trio.run(_run, home, record, not ns.no_wait, started, own_home)
-        except KeyboardInterrupt:
+        except* KeyboardInterrupt:  # Ctrl-C before the end (trio may hand it over in a group)
             say("\nInterrupted.")
         return 0
     finally:
@@ -130,8 +131,11 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
             say("\n5. The dashboard shows the sessions, the messages and the decision:")
             say(f"   {_read(url_file) or web or 'not serving'}")
             say(f"   Look at: Sessions (three connected), Messages (the reply chain), Decisions ({DEMO_TOPIC}).")
-            say("\nPress Ctrl-C to end the demo.")
-            await trio.sleep_forever()
+            with trio.open_signal_receiver(signal.SIGINT) as interrupts:  # the asked-for Ctrl-C ends it quietly
+                say("\nPress Ctrl-C to end the demo.")
+                async for _ in interrupts:
+                    break
+            say("")
         else:
             ends = ["the three sessions disconnect"]
             if started:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
+from pathlib import Path
+
+import apsw
 
 from agent_bridge import domain, paths
 from agent_bridge.store import queries, reader
@@ -25,6 +29,8 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
     except SchemaError as exc:
         print(f"agent-bridge decisions: {exc}", file=sys.stderr)
         return 1
+    except (apsw.Error, OSError) as exc:  # busy, corrupt, not a database, a WAL gone missing
+        return _cannot_read(paths.db_path(paths.home()), exc)
     if as_json:
         print(json.dumps(found, ensure_ascii=False, indent=2))
         return 0
@@ -48,3 +54,13 @@ def _when(epoch_ms: int) -> str:
     import time
 
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms / 1000))
+
+
+def _cannot_read(db: Path, exc: BaseException) -> int:
+    """One line for the person; the traceback in broker.log for whoever debugs it."""
+    busy = isinstance(exc, (apsw.BusyError, apsw.LockedError))
+    why = "it is busy (another process holds a lock on it); try again" if busy else f"{type(exc).__name__}: {exc}"
+    print(f"agent-bridge decisions: cannot read {db}: {why} (details in {paths.log_path(db.parent)})", file=sys.stderr)
+    details = "".join(traceback.format_exception(exc)).replace("\n", " | ")
+    paths.append_log(db.parent, f"decisions: cannot read {db}: {details}")
+    return 1
