@@ -31,6 +31,7 @@ from pydantic import Field
 from agent_bridge import __version__, domain, paths, procinfo
 from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
 from agent_bridge.ipc.protocol import RemoteError
+from agent_bridge.mcp_stdin import GuardedStdin
 
 log = logging.getLogger("agent_bridge.mcp")
 
@@ -581,8 +582,10 @@ async def serve(options: Options) -> None:
         with trio.move_on_after(JOIN_BEFORE_SERVING):
             await bridge._wait_joined()
         stdin = StdinLines(0) if sys.platform != "win32" else None
+        guard = GuardedStdin()  # answers the lines the SDK would drop (lone surrogates)
         try:
-            async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+            async with stdio_server(stdin=guard.lines(stdin)) as (read_stream, write_stream):  # type: ignore[arg-type]
+                guard.answer_through(write_stream)
                 await lowlevel.run(read_stream, write_stream, init)
         finally:
             if stdin is not None:

@@ -32,7 +32,17 @@ async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
             first = await conn.receive()
         if first is None:
             return
-        request_id, op, args = protocol.parse_request(first)
+        try:
+            request_id, op, args = protocol.parse_request(first)
+        except protocol.BadArguments as exc:
+            if first.get("op") == "hello":  # no session without a valid hello
+                await _send_quietly(conn, protocol.error(exc.request_id, "bad_request", str(exc)))
+                return
+            await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
+            following = await _next_control(conn)
+            if following is None:
+                return
+            request_id, op, args = following
         if op == "hello":
             await _serve_session(broker, conn, request_id, args)
         else:
@@ -55,10 +65,23 @@ async def _serve_control(broker: Broker, conn: FramedStream, request_id: int, op
             if op == "shutdown":
                 broker.stop.set()
                 return
+        following = await _next_control(conn)
+        if following is None:
+            return
+        request_id, op, args = following
+
+
+async def _next_control(conn: FramedStream) -> tuple[int, str, dict[str, Any]] | None:
+    """The next control request; one with arguments that cannot be carried out is answered
+    here and skipped. None once the client has closed."""
+    while True:
         frame = await conn.receive()
         if frame is None:
-            return
-        request_id, op, args = protocol.parse_request(frame)
+            return None
+        try:
+            return protocol.parse_request(frame)
+        except protocol.BadArguments as exc:
+            await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
 
 
 async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
@@ -97,6 +120,9 @@ async def _receive_requests(broker: Broker, session: Session) -> None:
         except protocol.ProtocolError as exc:  # answered here: raised, it would leave the nursery as a group
             await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
             return
+        except protocol.BadArguments as exc:  # this request only: the connection goes on
+            await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
+            continue
         if op not in protocol.SESSION_OPS:
             await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on a session connection"))
             continue
@@ -113,7 +139,7 @@ def _more_sends(conn: FramedStream) -> list[tuple[int, dict[str, Any]]]:
     while len(more) < SEND_BATCH - 1 and (frame := conn.peek()) is not None:
         try:
             request_id, op, args = protocol.parse_request(frame)
-        except protocol.ProtocolError:
+        except (protocol.ProtocolError, protocol.BadArguments):
             break  # answered in turn by the receive loop
         if op != "send":
             break

@@ -110,8 +110,41 @@ class FrameDecoder:
         return len(self._buffer)
 
 
+class BadArguments(ValueError):
+    """A well-formed request whose arguments cannot be carried out as sent (text that is not
+    valid Unicode). Answered with a `bad_request` error; the connection and the requests
+    pipelined behind it go on."""
+
+    def __init__(self, request_id: int, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+def unstorable_text(value: Any, where: str = "") -> str | None:
+    """Where in `value` a string holds a lone surrogate (JSON admits `"\\ud800"`; UTF-8, and so
+    SQLite and every reader, cannot hold it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "the text"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = unstorable_text(key, where or "a key") or unstorable_text(item, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = unstorable_text(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def parse_request(obj: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
-    """Split a request into (id, op, arguments). Raises ProtocolError."""
+    """Split a request into (id, op, arguments). Raises ProtocolError, or BadArguments for
+    arguments holding text that cannot be stored."""
     request_id = obj.get("id")
     if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**53:
         raise ProtocolError("request: `id` must be a non-negative integer")
@@ -119,6 +152,11 @@ def parse_request(obj: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
     if not isinstance(op, str) or op not in ALL_OPS:
         raise ProtocolError(f"request: unknown op {op!r}")
     args = {k: v for k, v in obj.items() if k not in ("v", "id", "op")}
+    where = unstorable_text(args)
+    if where is not None:
+        raise BadArguments(
+            request_id, f"{op}: {where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); text must be valid Unicode"
+        )
     return request_id, op, args
 
 
