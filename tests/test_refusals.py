@@ -21,8 +21,10 @@ def newer_database(home: Path) -> Path:
     paths.ensure_home(home)
     db = home / "bridge.db"
     conn = apsw.Connection(str(db))
+    conn.execute("PRAGMA journal_mode = DELETE")  # whatever connection hooks this process has
     conn.execute("CREATE TABLE future(x); PRAGMA user_version = 99")
     conn.close()
+    assert not (home / "bridge.db-wal").exists()
     return db
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
@@ -19,6 +19,8 @@ from agent_bridge import config, paths
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.store.schema import SchemaError
+
+E = TypeVar("E", bound=BaseException)
 
 LOCK_NAME = paths.LOCK_NAME
 DETACH_TIMEOUT = 20.0  # seconds `up --detach` waits for the broker to accept connections
@@ -119,15 +121,15 @@ def up(*, detach: bool) -> int:
             trio.run(partial(run_broker, home, settings, on_ready=on_ready))
         except* (SchemaError, DashboardError) as group:
             # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
-            refused.extend(str(refusal) for refusal in group.exceptions)
+            refused.extend(str(refusal) for refusal in _leaves(group))
         except* (OSError, apsw.Error) as group:  # a locked or unreadable database, a read-only folder
-            for failure in group.exceptions:
+            for failure in _leaves(group):
                 log.error("start-up failed", exc_info=failure)
                 refused.append(f"could not start: {_one_line(failure)} (details in {paths.log_path(home)})")
         except* KeyboardInterrupt:
             pass  # Ctrl-C before the signal handler was in place: stopped, as asked
         except* Exception as group:
-            for unexpected in group.exceptions:
+            for unexpected in _leaves(group):
                 log.error("unexpected failure", exc_info=unexpected)
                 refused.append(f"failed: {_one_line(unexpected)} (details in {paths.log_path(home)})")
         for refusal in refused:
@@ -138,6 +140,14 @@ def up(*, detach: bool) -> int:
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _leaves(group: BaseExceptionGroup[E]) -> list[E]:
+    """The exceptions in a group, nested groups (one per nursery level) flattened."""
+    found: list[E] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 def _remember_failure(home: Path, reason: str) -> None:

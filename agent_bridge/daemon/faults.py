@@ -1,5 +1,7 @@
 """Test-only crash points: `AGENT_BRIDGE_FAULT=<point>[@<n>]` makes the broker kill itself
-with SIGKILL the n-th time (default: the first time) it reaches `<point>`.
+with SIGKILL the n-th time (default: the first time) it reaches `<point>`; with `/stop` after
+it, the broker stops itself (SIGSTOP) there instead, so a test can act while it stands still
+(send it a signal) and then let it go on (SIGCONT).
 
 Read once, when the broker starts (`daemon.root.run_broker`); nothing else reads it. Unset (as
 it is for every user) the injector is a no-op. The points, each named where it is called:
@@ -41,6 +43,9 @@ def fault_injector(env: Mapping[str, str] | None = None) -> Fault:
     spec = (os.environ if env is None else env).get(FAULT_ENV, "").strip()
     if not spec:
         return no_fault
+    spec, _, action = spec.partition("/")
+    if action not in ("", "stop"):
+        raise ValueError(f"{FAULT_ENV}: expected <point>[@<n>][/stop], got {spec!r}/{action!r}")
     wanted, _, nth = spec.partition("@")
     remaining = int(nth) if nth else 1
     if remaining < 1:
@@ -52,6 +57,6 @@ def fault_injector(env: Mapping[str, str] | None = None) -> Fault:
             return
         remaining -= 1
         if remaining == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
     return fault

@@ -1,13 +1,18 @@
 """The broker's supervision tree, readable top-down from `run_broker`.
 
-root nursery
- ├─ watch_signals           SIGINT / SIGTERM set `stop`
- ├─ serve_store             the only writer of bridge.db (migrated before it reports started)
- ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
- │                          holds one task per connection, and each session connection holds
- │                          its delivery task
- └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
-`stop` (a signal, or a `shutdown` request from `agent-bridge down`) cancels the root.
+root nursery                    lives as long as the store
+ ├─ watch_signals               SIGINT / SIGTERM set `stop`
+ ├─ serve_store                 the only writer of bridge.db (migrated before it reports started)
+ └─ serving nursery             inside the store's lifetime, as Hypercorn nests its workers
+     ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
+     │                          holds one task per connection, and each session connection holds
+     │                          its delivery task
+     └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
+`stop` (a signal, or a `shutdown` request from `agent-bridge down`) cancels the serving nursery
+first: connections close and write their last-seen times (shielded, each within its own
+timeout) and the dashboard drains within its grace period, all while the store is still open;
+only then is the root cancelled and the store checkpointed and closed. A `stop` during a slow
+start (a migration, its backup) ends the start once the step in progress is done.
 """
 
 from __future__ import annotations
@@ -61,30 +66,18 @@ async def run_broker(
     try:
         async with trio.open_nursery() as root:
             await root.start(watch_signals, stop)
-            fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (daemon/faults.py)
-            store = await root.start(
-                partial(serve_store, paths.db_path(home), lambda line: log.info("%s", line), fault=fault)
-            )
-            broker = Broker(store, settings, home, stop, fault=fault)
-            await broker.ingest_reports()
-            broker.socket_path = await root.start(
-                ipc_listener(), paths.socket_path(home), partial(handle_connection, broker)
-            )
-            broker.web_url = await _start_dashboard(root, home, broker, web_port)
-            record = {
-                "pid": os.getpid(),
-                "socket": broker.socket_path,
-                "web": broker.web_url,
-                "startedAt": broker.started_at,
-                "home": str(home),
-                "hopLimit": settings.hop_limit,
-            }
-            paths.write_private(record_path, json.dumps(record))
-            log.info("broker ready: socket %s, dashboard %s", broker.socket_path, broker.web_url)
-            on_ready(record)
-            await stop.wait()
+            with trio.CancelScope() as starting:
+                root.start_soon(_cancel_on, stop, starting)  # Ctrl-C while migrating: stop starting
+                fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (daemon/faults.py)
+                store = await root.start(
+                    partial(serve_store, paths.db_path(home), lambda line: log.info("%s", line), fault=fault)
+                )
+                broker = Broker(store, settings, home, stop, fault=fault)
+                await broker.ingest_reports()
+            if not stop.is_set():
+                await _serve(broker, home, settings, web_port, stop, on_ready)
             log.info("stopping")
-            root.cancel_scope.cancel()
+            root.cancel_scope.cancel()  # the store closes last, after everything that writes to it
     finally:
         current = paths.read_broker_json(home)
         if current is not None and current.get("pid") == os.getpid():
@@ -92,11 +85,42 @@ async def run_broker(
         log.info("broker stopped")
 
 
-async def _start_dashboard(root: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
+async def _cancel_on(stop: trio.Event, scope: trio.CancelScope) -> None:
+    await stop.wait()
+    scope.cancel()
+
+
+async def _serve(
+    broker: Broker,
+    home: Path,
+    settings: Settings,
+    web_port: int | None,
+    stop: trio.Event,
+    on_ready: Callable[[dict[str, Any]], None],
+) -> None:
+    """The IPC listener and the dashboard, until `stop`; the store outlives this."""
+    async with trio.open_nursery() as serving:
+        serving.start_soon(_cancel_on, stop, serving.cancel_scope)
+        broker.socket_path = await serving.start(ipc_listener(), paths.socket_path(home), partial(handle_connection, broker))
+        broker.web_url = await _start_dashboard(serving, home, broker, web_port)
+        record = {
+            "pid": os.getpid(),
+            "socket": broker.socket_path,
+            "web": broker.web_url,
+            "startedAt": broker.started_at,
+            "home": str(home),
+            "hopLimit": settings.hop_limit,
+        }
+        paths.write_private(home / paths.BROKER_JSON, json.dumps(record))
+        log.info("broker ready: socket %s, dashboard %s", broker.socket_path, broker.web_url)
+        on_ready(record)
+
+
+async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
     from agent_bridge.web.changes import ChangeFeed
     from agent_bridge.web.server import serve_dashboard  # quart and hypercorn: the broker only
 
     changes = ChangeFeed()  # the live stream learns of each commit from the store itself
     changes.bind()
     broker.store.on_change = changes.poke
-    return await root.start(partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port))
+    return await serving.start(partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port))
