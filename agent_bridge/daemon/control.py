@@ -117,6 +117,7 @@ def up(*, detach: bool) -> int:
                 channel[0] = None
                 os.close(reasons)
 
+        _raise_open_files_limit()
         try:
             trio.run(partial(run_broker, home, settings, on_ready=on_ready))
         except* (SchemaError, DashboardError) as group:
@@ -140,6 +141,22 @@ def up(*, detach: bool) -> int:
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one: every session, hook and dashboard
+    tab holds a descriptor, and the common soft limit (1024) is far below what is allowed."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            logging.getLogger("agent_bridge.daemon").info("could not raise the open-files limit: %s", exc)
 
 
 def _leaves(group: BaseExceptionGroup[E]) -> list[E]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hypercorn.trio
+import hypercorn.trio.tcp_server
 import trio
 from hypercorn.config import Config, Sockets
 
@@ -32,6 +33,12 @@ PORT_ENV = "AGENT_BRIDGE_WEB_PORT"
 GRACEFUL_TIMEOUT = 2.0  # seconds open requests get to finish once the dashboard is told to stop
 SHUTDOWN_MARGIN = 1.0  # on top of that, for Hypercorn's own lifespan shutdown
 LOGGER = "agent_bridge.web"  # Hypercorn's error log; no access log: request lines carry ?t=<token>
+# Open dashboard connections at once. A person needs a handful (a few tabs, each holding one
+# long-lived /api/events stream besides its short requests); past this, a new connection is
+# closed as soon as it is accepted, so that nobody, token or not, can hold the broker's file
+# descriptors (its IPC listener shares them).
+MAX_CONNECTIONS = 64
+KEEP_ALIVE_TIMEOUT = 5.0  # seconds a connection with no request in flight stays open (a silent or slow client)
 
 Live = Callable[[], Collection[str]]
 
@@ -201,17 +208,63 @@ def _bind(port: int) -> socket.socket:
 
 class _BoundConfig(Config):
     """Hypercorn config serving a socket we bound ourselves: we know the port (for the Host
-    guard and the URL) before serving, and choose the fallback."""
+    guard and the URL) before serving, and choose the fallback. Carries the connection slots
+    of this dashboard (`_PolicedTCPServer`)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self.connection_slots = trio.CapacityLimiter(MAX_CONNECTIONS)
 
     def create_sockets(self) -> Sockets:
         return Sockets(secure_sockets=[], insecure_sockets=[self._sock], quic_sockets=[])
 
 
+class _PolicedTCPServer(hypercorn.trio.tcp_server.TCPServer):
+    """Hypercorn's per-connection server with two changes, for our dashboards only:
+
+    - at most MAX_CONNECTIONS at once; one over the cap is closed right away;
+    - closing a connection sends the FIN even from a cancelled scope. Hypercorn (0.18) closes a
+      connection after a `Connection: close` response from the request's task, whose scope is
+      already cancelled by then: `send_eof` raises Cancelled before shutting the socket down and
+      `aclose` is never reached, so the connection stayed open as long as the client kept it.
+
+    Installed by `_police_connections`; tests/reliability/test_local_surface.py fails if a
+    Hypercorn upgrade moves what this relies on.
+    """
+
+    async def run(self) -> None:
+        slots = getattr(self.config, "connection_slots", None)
+        if slots is None:  # not one of ours
+            return await super().run()
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+            return None
+        try:
+            return await super().run()
+        finally:
+            slots.release()
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):  # no await in it can block: shutdown(2) and close(2)
+            await super()._close()
+
+
+def _police_connections() -> None:
+    """Make Hypercorn's trio worker build `_PolicedTCPServer`s (it names the class at call time)."""
+    import hypercorn.trio.run
+
+    if not hasattr(hypercorn.trio.run, "TCPServer") or not hasattr(hypercorn.trio.tcp_server.TCPServer, "_close"):
+        raise RuntimeError("hypercorn.trio no longer builds TCPServer as expected; see web/server.py")
+    hypercorn.trio.run.TCPServer = _PolicedTCPServer  # type: ignore[misc]
+
+
 def _config(sock: socket.socket) -> Config:
+    _police_connections()
     config = _BoundConfig(sock)
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
     config.graceful_timeout = GRACEFUL_TIMEOUT
     config.accesslog = None
     config.errorlog = logging.getLogger(LOGGER)

@@ -108,3 +108,114 @@ def test_a_folder_owned_by_another_user_is_refused_and_left_untouched(env, home,
     assert done.stdout == "", done.stdout  # no note, no block, no URL, no decisions
     assert done.returncode == (0 if argv[0] == "hook" else 1)
     assert snapshot(home) == before, "something was created or changed in the other user's folder"
+
+
+# --- the dashboard's connections ---------------------------------------------------------------
+
+FLOOD = 1100  # more than the common 1024 open-files limit
+
+
+def hold_connections(port: int, ready_w: int, done_r: int) -> dict[str, int]:
+    """In a child running as `nobody`: open FLOOD tokenless connections to the dashboard, each
+    sending one request, and keep them all until told; then count those the server closed."""
+    import socket as sk
+
+    conns = []
+    refused = 0
+    for _ in range(FLOOD):
+        s = sk.socket(sk.AF_INET, sk.SOCK_STREAM)
+        try:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /api/sessions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+        except OSError:
+            refused += 1
+        conns.append(s)
+    os.write(ready_w, b"r")
+    os.read(done_r, 1)
+    closed = 0
+    for s in conns:
+        try:
+            s.setblocking(False)
+            while True:
+                if not s.recv(65536):  # EOF: the server closed it
+                    closed += 1
+                    break
+        except BlockingIOError:
+            pass  # still open
+        except OSError:
+            closed += 1  # reset by the server
+        s.close()
+    return {"closed_by_server": closed, "refused": refused}
+
+
+def fork_as_nobody(fn, *args):
+    """Fork; the child raises its open-files limit (as root), drops to `nobody` and runs
+    fn(*args), writing its JSON result to a pipe. Returns (pid, result pipe)."""
+    import resource
+
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(read_end)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            result = {"raised": repr(exc)}
+            code = 1
+        os.write(write_end, json.dumps(result).encode())
+        os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@needs_root
+async def test_tokenless_connections_from_another_uid_cannot_exhaust_the_broker(env, home):
+    import resource
+
+    import trio
+
+    from tests.conftest import BrokerProcess, call, mcp_session
+
+    def low_limit() -> None:  # the common default soft limit; the broker may raise it to the hard one
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    broker = BrokerProcess(env, home)
+    broker.proc = subprocess.Popen([*CLI, "up"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: ASYNC220
+                                   stderr=subprocess.PIPE, preexec_fn=low_limit)
+    try:
+        from tests.conftest import wait_until
+
+        wait_until(lambda: (paths.read_broker_json(home) or {}).get("web"), what="broker ready")
+        port = int(paths.read_broker_json(home)["web"].rsplit(":", 1)[1])
+        ready_r, ready_w = os.pipe()
+        done_r, done_w = os.pipe()
+        child, result_r = fork_as_nobody(hold_connections, port, ready_w, done_r)
+        try:
+            assert os.read(ready_r, 1) == b"r"
+            held = open_fds(broker.pid)
+            with trio.fail_after(60):
+                async with mcp_session(env, "--project", "/w/flood") as s:
+                    assert (await call(s, "whoami"))["project"] == "/w/flood"
+        finally:
+            os.write(done_w, b"d")
+            result = json.loads(os.read(result_r, 65536))
+            os.waitpid(child, 0)  # noqa: ASYNC222 - it has written its result: it is exiting
+    finally:
+        broker.kill()
+    from agent_bridge.web.server import MAX_CONNECTIONS
+
+    assert "raised" not in result, result
+    assert held < 200 + MAX_CONNECTIONS, f"the broker holds {held} descriptors with {FLOOD} idle clients"
+    assert result["closed_by_server"] >= FLOOD - MAX_CONNECTIONS, result
+    log = (home / "broker.log").read_text()
+    assert "EMFILE" not in log and "Too many open files" not in log

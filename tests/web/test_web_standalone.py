@@ -33,6 +33,27 @@ def cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes() if sys.platform == "linux" else b""
 
 
+_held_locks: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_locks():
+    yield
+    while _held_locks:
+        os.close(_held_locks.pop())
+
+
+def pretend_broker(home: Path, record: dict) -> None:
+    """This test process as the home's running broker: its record, and its lock held (a record
+    alone is not trusted: it may be left by a broker killed long ago)."""
+    import fcntl
+
+    (home / "broker.json").write_text(json.dumps(record))
+    fd = os.open(home / "broker.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held_locks.append(fd)
+
+
 async def get(base: str, token: str, path: str) -> httpx.Response:
     async with httpx.AsyncClient(base_url=base, headers={"Cookie": f"ab_ui={token}"}) as client:
         return await client.get(path)
@@ -101,7 +122,7 @@ async def test_old_schema_database(nursery: trio.Nursery, web_home: Path, versio
 
 async def test_prints_the_url_of_a_running_broker(web_home: Path) -> None:
     url = "http://127.0.0.1:7878/?t=published-by-the-broker"
-    (web_home / "broker.json").write_text(json.dumps({"pid": os.getpid(), "socket": "x", "web": "http://127.0.0.1:7878"}))
+    pretend_broker(web_home, {"pid": os.getpid(), "socket": "x", "web": "http://127.0.0.1:7878"})
     (web_home / "dashboard.url").write_text(url)
     with trio.fail_after(TIMEOUT):
         result = await trio.run_process(
@@ -113,7 +134,7 @@ async def test_prints_the_url_of_a_running_broker(web_home: Path) -> None:
 
 
 async def test_running_broker_without_dashboard_url_says_so(web_home: Path) -> None:
-    (web_home / "broker.json").write_text(json.dumps({"pid": os.getpid(), "socket": "x"}))
+    pretend_broker(web_home, {"pid": os.getpid(), "socket": "x"})
     with trio.fail_after(TIMEOUT):
         result = await trio.run_process(
             [str(AGENT_BRIDGE), "dashboard"], env=standalone_env(web_home), capture_stdout=True, capture_stderr=True,
@@ -162,7 +183,7 @@ async def test_open_hands_the_browser_a_private_redirect_page_not_the_token(
     env = standalone_env(web_home, BROWSER=str(recorder))
     if broker_running:
         url = "http://127.0.0.1:7878/?t=published-by-the-broker"
-        (web_home / "broker.json").write_text(json.dumps({"pid": os.getpid(), "socket": "x"}))
+        pretend_broker(web_home, {"pid": os.getpid(), "socket": "x"})
         (web_home / "dashboard.url").write_text(url)
     with trio.fail_after(TIMEOUT):
         if broker_running:
