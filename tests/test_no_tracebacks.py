@@ -51,6 +51,8 @@ def test_decisions_on_a_corrupt_database(env, home):
 def test_decisions_on_a_busy_database(env, home):
     db = plain_database(home)
     holder = apsw.Connection(str(db))
+    holder.execute("PRAGMA journal_mode = DELETE")  # connection hooks of this process may have switched it to WAL
+    assert holder.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     holder.execute("BEGIN EXCLUSIVE")
     try:
         done = run_cli(env, "decisions")

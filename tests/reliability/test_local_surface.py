@@ -99,6 +99,8 @@ def snapshot(home: Path) -> dict[str, bytes]:
     (["dashboard"], None),
     (["status"], None),
     (["down"], None),
+    (["sessions"], None),
+    (["decide", "deploy", "run the script"], None),
 ])
 def test_a_folder_owned_by_another_user_is_refused_and_left_untouched(env, home, argv, stdin):
     before = planted_home(home)
