@@ -64,6 +64,11 @@ def ensure_broker(home: Path) -> None:
 
 
 def broker_call(op: str, **args: Any) -> Any:
+    from agent_bridge.ipc.protocol import unstorable_text
+
+    where = unstorable_text(args)
+    if where is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        raise CommandError(f"{where}: not valid text (is it UTF-8?); nothing was sent")
     home = paths.ensure_home(paths.home())
     ensure_broker(home)
     try:
