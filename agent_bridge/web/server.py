@@ -17,6 +17,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+import h11
+import hypercorn.protocol.h11
 import hypercorn.trio
 import hypercorn.trio.tcp_server
 import trio
@@ -252,13 +254,33 @@ class _PolicedTCPServer(hypercorn.trio.tcp_server.TCPServer):
             await super()._close()
 
 
+class _HardenedH11Protocol(hypercorn.protocol.h11.H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol, whose own error answers (400 for a malformed request, 431
+    for oversized headers: the app never sees those requests) carry our security headers too."""
+
+    async def _send_error_response(self, status_code: int) -> None:
+        if not isinstance(self.config, _BoundConfig):  # not one of ours
+            return await super()._send_error_response(status_code)
+        headers = [(b"content-length", b"0"), (b"connection", b"close")]
+        headers += [(name.lower().encode("ascii"), value.encode("ascii")) for name, value in auth.SECURITY_HEADERS.items()]
+        headers += self.config.response_headers("h11")
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await self._send_h11_event(h11.EndOfMessage())
+        return None
+
+
 def _police_connections() -> None:
-    """Make Hypercorn's trio worker build `_PolicedTCPServer`s (it names the class at call time)."""
+    """Make Hypercorn's trio worker build `_PolicedTCPServer`s and its connections speak
+    `_HardenedH11Protocol` (both are named at call time)."""
+    import hypercorn.protocol
     import hypercorn.trio.run
 
-    if not hasattr(hypercorn.trio.run, "TCPServer") or not hasattr(hypercorn.trio.tcp_server.TCPServer, "_close"):
-        raise RuntimeError("hypercorn.trio no longer builds TCPServer as expected; see web/server.py")
+    if (not hasattr(hypercorn.trio.run, "TCPServer") or not hasattr(hypercorn.trio.tcp_server.TCPServer, "_close")
+            or not hasattr(hypercorn.protocol, "H11Protocol")
+            or not hasattr(hypercorn.protocol.h11.H11Protocol, "_send_error_response")):
+        raise RuntimeError("hypercorn no longer builds its connections as web/server.py expects")
     hypercorn.trio.run.TCPServer = _PolicedTCPServer  # type: ignore[misc]
+    hypercorn.protocol.H11Protocol = _HardenedH11Protocol  # type: ignore[misc]
 
 
 def _config(sock: socket.socket) -> Config:

@@ -221,3 +221,27 @@ async def test_tokenless_connections_from_another_uid_cannot_exhaust_the_broker(
     assert result["closed_by_server"] >= FLOOD - MAX_CONNECTIONS, result
     log = (home / "broker.log").read_text()
     assert "EMFILE" not in log and "Too many open files" not in log
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"NOT A REQUEST LINE\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+])
+def test_the_servers_own_error_answers_carry_the_security_headers(broker, request_bytes, status):
+    import socket
+
+    from agent_bridge.web.auth import SECURITY_HEADERS
+
+    port = int(broker.status()["web"].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        try:
+            s.sendall(request_bytes)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it answered before reading everything
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := s.recv(65536)):
+            answer += chunk
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+    assert head.startswith(f"http/1.1 {status}"), head
+    for name, value in SECURITY_HEADERS.items():
+        assert f"{name.lower()}: {value.lower()}" in head, (name, head)
