@@ -122,7 +122,10 @@ def test_mcp_a_lone_surrogate_in_a_tool_call_is_a_tool_error(broker, env):
 
 def test_cli_arguments_that_are_not_utf8_are_a_clear_error(env, home):
     """Python hands undecodable argv bytes over as lone surrogates (surrogateescape)."""
-    done = subprocess.run([*CLI, "decide", "topic", b"bad \xff text"], env=env, capture_output=True, timeout=60)
+    try:
+        done = subprocess.run([*CLI, "decide", "topic", b"bad \xff text"], env=env, capture_output=True, timeout=60)
+    finally:
+        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # if it started one after all
     assert done.returncode == 1
     assert b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
     assert b"text: not valid text" in done.stderr
