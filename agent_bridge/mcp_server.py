@@ -3,8 +3,12 @@
 It speaks MCP to its host over stdio and the bridge protocol to the broker, which it starts
 when none runs and reconnects to (with backoff) when it restarts. Pushed messages wait in
 an in-memory inbox until the agent is shown them (the `inbox` tool, or a channel notification
-for an active message to a host that declared it takes them); only then are they acknowledged,
-so a crash loses nothing. Replays are deduplicated by message id: exactly once to the agent.
+for active messages to a host that declared it takes them). Shown means written to the host's
+pipe (SPEC §3): the broker is told before the write that the messages are offered, and they are
+acknowledged only after it, so a cancelled call, a broken pipe or a crash loses nothing, and a
+message offered again after an acknowledgement that never came is marked `"repeat": true`.
+Acknowledgements the broker cannot take now are kept (`agent_bridge.ledger`) until it can.
+Replays are deduplicated by message id.
 """
 
 from __future__ import annotations
@@ -25,10 +29,9 @@ import mcp_types as types
 import trio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.stdio import stdio_server
 from pydantic import Field
 
-from agent_bridge import __version__, domain, paths, procinfo
+from agent_bridge import __version__, domain, ledger, mcp_sdk, paths, procinfo
 from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.mcp_stdin import GuardedStdin
@@ -46,7 +49,10 @@ INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 RECHECK = 0.01  # seconds between looks at a connection being replaced
-IDEMPOTENT_OPS = frozenset({"whoami", "peers", "decisions", "ack", "learn_identity", "ping", "status"})
+IDEMPOTENT_OPS = frozenset({"whoami", "peers", "decisions", "offer", "ack", "learn_identity", "ping", "status"})
+OFFER_TIMEOUT = 2.0  # seconds the broker has to record an offer; after that it goes to the ledger file
+ACK_FLUSH_AT_EXIT = 2.0  # seconds to hand the last acknowledgements to the broker when the host leaves
+REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "
 
 
 @dataclass
@@ -82,6 +88,7 @@ class Inbox:
     pending: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
     shown: OrderedDict[str, None] = field(default_factory=OrderedDict)
     unsent_acks: list[str] = field(default_factory=list)
+    unsent_offers: list[str] = field(default_factory=list)  # offers the broker has not recorded yet
     arrived: trio.Event = field(default_factory=trio.Event)
 
     def add(self, message: dict[str, Any]) -> bool:
@@ -125,6 +132,10 @@ class Bridge:
         self.start_failure: str | None = None  # why the last broker we started could not start
         self.start_attempts = 0  # consecutive failed starts
         self.next_start = 0.0  # trio time before which no new start is tried
+        self.pipe: mcp_sdk.HostPipe | None = None  # the host's end of stdout, once serving
+        self.acks_due = trio.Event()
+        self._flushing = trio.Lock()
+        self._ledger_peer: str | None = None  # the session whose ledger file this process wrote
 
     async def call(self, op: str, **args: Any) -> Any:
         """One request to the broker, waiting for a connection; a request the broker may
@@ -244,7 +255,8 @@ class Bridge:
             message = frame["message"]
             if self.inbox.add(message):
                 await self._announce(message)
-            await self.flush_acks()
+            if self.inbox.unsent_acks:
+                self.acks_due.set()
         elif kind == "acked":
             self.inbox.forget([i for i in frame.get("ids", []) if isinstance(i, str)])
         elif kind == "identity" and isinstance(frame.get("session"), dict):
@@ -252,48 +264,111 @@ class Bridge:
 
     async def _announce(self, message: dict[str, Any]) -> None:
         """Tell the host a message arrived: a channel event for an active one to a host that
-        declared `claude/channel`, which counts as showing it; a log notification as a courtesy
-        for every arrival."""
+        takes them, which shows it (acknowledged once written); a log notification as a
+        courtesy for every arrival, which shows nothing."""
         session = self.mcp_session
         if session is None:
             return
         active = message.get("kind") != "decision" and domain.is_active(int(message.get("hop", 0)), self.hop_limit)
         text = render_for_agent(message)
-        if active and self.channel:
+        if active and self.channel and self.pipe is not None:
+            mid = str(message["id"])
+            repeat = bool(message.get("repeat")) or mid in await self.offer([mid])
+            meta = {
+                "source": "agent-bridge",
+                "from": str(message["from"].get("name")),
+                "message_id": mid,
+                "hop": str(message.get("hop")),
+            }
+            if repeat:
+                meta["repeat"] = "true"
             try:
-                await session._connection.outbound.notify(
-                    "notifications/claude/channel",
-                    {
-                        "content": text,
-                        "meta": {
-                            "source": "agent-bridge",
-                            "from": str(message["from"].get("name")),
-                            "message_id": str(message["id"]),
-                            "hop": str(message.get("hop")),
-                        },
-                    },
+                await self.pipe.send_message(
+                    "notifications/claude/channel", {"content": REPEAT_NOTE + text if repeat else text, "meta": meta}
                 )
-            except Exception as exc:  # the host went away; the message stays in the inbox
+            except BrokenPipeError as exc:  # the host went away; the message stays in the inbox
                 log.info("channel notification failed: %s", exc)
-            else:
-                self.inbox.mark_shown([message["id"]])
-                self.inbox.unsent_acks.append(message["id"])
+                return
+            self.shown([mid])
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 await session.send_log_message("info", text, logger="agent-bridge")
-        except Exception as exc:
+        except mcp_sdk.HOST_GONE as exc:
             log.debug("log notification not sent: %s", exc)
+        except Exception:  # noqa: BLE001 - a courtesy: never worth the session, but never silent
+            log.exception("log notification failed")
+
+    async def offer(self, ids: list[str]) -> set[str]:
+        """Record, before writing them to the host, that these messages are offered. Returns
+        the ones offered before (a repeat). With the broker out of reach the offer goes to the
+        ledger file, which outlives this process."""
+        client = self.client
+        if client is not None and not client.closed.is_set() and not self.inbox.unsent_offers:
+            try:
+                with trio.fail_after(OFFER_TIMEOUT):
+                    answer = await client.request("offer", ids=ids)
+            except (BrokerGone, RemoteError, trio.TooSlowError) as exc:
+                log.info("offer not recorded by the broker (%s); keeping it in the ledger", exc)
+            else:
+                before = answer.get("repeat") if isinstance(answer, dict) else None
+                return {i for i in before or () if isinstance(i, str)}
+        self.inbox.unsent_offers.extend(ids)
+        await self._save_ledger()
+        return set()
+
+    def shown(self, ids: list[str]) -> None:
+        """The bytes carrying these messages are in the host's pipe: acknowledge them. Called
+        by the pipe's writer, so it only queues; `ack_loop` sends."""
+        self.inbox.mark_shown(ids)
+        self.inbox.unsent_acks.extend(ids)
+        self.acks_due.set()
+
+    async def ack_loop(self) -> None:
+        while True:
+            await self.acks_due.wait()
+            self.acks_due = trio.Event()
+            await self.flush_acks()
 
     async def flush_acks(self) -> None:
-        client = self.client
-        if not self.inbox.unsent_acks or client is None:
-            return
-        ids, self.inbox.unsent_acks = self.inbox.unsent_acks, []
+        """Hand the broker the offers and acknowledgements it has not recorded; what it cannot
+        take now stays in memory and in the ledger file until the next connection."""
+        async with self._flushing:
+            offers, acks = self.inbox.unsent_offers, self.inbox.unsent_acks
+            if not offers and not acks:
+                return
+            client = self.client
+            if client is None or client.closed.is_set():
+                await self._save_ledger()
+                return
+            self.inbox.unsent_offers, self.inbox.unsent_acks = [], []
+            try:
+                for i in range(0, len(offers), ledger.IDS_MAX):
+                    await client.request("offer", ids=offers[i:i + ledger.IDS_MAX])
+                for i in range(0, len(acks), ledger.IDS_MAX):
+                    await client.request("ack", ids=acks[i:i + ledger.IDS_MAX])
+            except (BrokerGone, RemoteError) as exc:
+                log.info("acknowledgements kept until the broker is back: %s", exc)
+                self.inbox.unsent_offers[:0] = offers
+                self.inbox.unsent_acks[:0] = acks  # sent again after the reconnect
+                await self._save_ledger()
+                return
+            if self._ledger_peer is not None and not self.inbox.unsent_offers and not self.inbox.unsent_acks:
+                ledger.remove(self.options.home, self._ledger_peer)
+                self._ledger_peer = None
+
+    async def _save_ledger(self) -> None:
+        peer = (self.session or {}).get("id") or self._ledger_peer
+        if not isinstance(peer, str):
+            return  # never connected: no message can have come from a broker
+        if self._ledger_peer is not None and self._ledger_peer != peer:
+            ledger.remove(self.options.home, self._ledger_peer)
+        self._ledger_peer = peer
+        offers, acks = list(self.inbox.unsent_offers), list(self.inbox.unsent_acks)
         try:
-            await client.request("ack", ids=ids)
-        except (BrokerGone, RemoteError):
-            self.inbox.unsent_acks[:0] = ids  # sent again after the reconnect
+            await trio.to_thread.run_sync(ledger.save, self.options.home, peer, offers, acks)
+        except OSError as exc:
+            log.warning("could not keep acknowledgements in %s: %s", self.options.home / ledger.FOLDER, exc)
 
 
 def render_for_agent(message: dict[str, Any]) -> str:
@@ -415,26 +490,25 @@ def build_server(bridge: Bridge) -> MCPServer:
         if not bridge.inbox.pending and wait_seconds > 0:
             with trio.move_on_after(wait_seconds):
                 await bridge.inbox.arrived.wait()
-        messages = list(bridge.inbox.pending.values())
-        if not peek and messages:
+        messages = list(bridge.inbox.pending.values())[: ledger.IDS_MAX]
+        if not peek and messages and ctx is not None and bridge.pipe is not None:
             ids = [m["id"] for m in messages]
-            bridge.inbox.mark_shown(ids)
-            bridge.inbox.unsent_acks.extend(ids)
-            await bridge.flush_acks()
+            before = await bridge.offer(ids)
+            messages = [dict(m, repeat=True) if m["id"] in before else m for m in messages]
+            # Acknowledged once this result is in the host's pipe; a cancelled call never is.
+            bridge.pipe.watch(mcp_sdk.request_id(ctx), lambda: bridge.shown(ids))
         blocks = [types.TextContent(type="text", text=_json(messages))]
         if messages:
             blocks.append(types.TextContent(type="text", text=INBOX_FRAMING))
         return blocks
 
-    for tool in server._tool_manager.list_tools():  # the SDK has no public hook for the advertised schema
+    for tool in mcp_sdk.tool_schemas(server):
         tool.parameters = compact_schema(tool.parameters)
 
     async def on_initialized(ctx: Any, params: Any) -> None:
         await _capture(bridge, ctx.session)
 
-    server._lowlevel_server.add_notification_handler(
-        "notifications/initialized", types.NotificationParams, on_initialized
-    )
+    mcp_sdk.on_initialized(server, on_initialized)
     return server
 
 
@@ -569,13 +643,14 @@ async def stop_on_signal(scope: trio.CancelScope, *, task_status: Any = trio.TAS
 async def serve(options: Options) -> None:
     bridge = Bridge(options)
     server = build_server(bridge)
-    lowlevel = server._lowlevel_server
+    lowlevel = mcp_sdk.lowlevel(server)
     init = lowlevel.create_initialization_options(
         experimental_capabilities={CHANNEL_CAPABILITY: {}} if options.agent == "claude" else None
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal, nursery.cancel_scope)
         nursery.start_soon(bridge.run)
+        nursery.start_soon(bridge.ack_loop)
         # Join the bridge before answering the host, so a session whose MCP server is ready is
         # also connected (a decide recorded right after sees it); a broker that cannot be
         # reached in time does not hold the host back: tools say so until it is.
@@ -584,13 +659,16 @@ async def serve(options: Options) -> None:
         stdin = StdinLines(0) if sys.platform != "win32" else None
         guard = GuardedStdin()  # answers the lines the SDK would drop (lone surrogates)
         try:
-            async with stdio_server(stdin=guard.lines(stdin)) as (read_stream, write_stream):  # type: ignore[arg-type]
+            async with mcp_sdk.open_stdio(guard.lines(stdin)) as (read_stream, write_stream, pipe):
+                bridge.pipe = pipe
                 guard.answer_through(write_stream)
                 await lowlevel.run(read_stream, write_stream, init)
         finally:
             if stdin is not None:
                 with trio.CancelScope(shield=True):
                     await stdin.aclose()
+        with trio.move_on_after(ACK_FLUSH_AT_EXIT):
+            await bridge.flush_acks()  # what the host was shown last
         nursery.cancel_scope.cancel()  # the host closed stdin: this session is over
 
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import apsw
 import trio
 
-from agent_bridge import domain, paths
+from agent_bridge import domain, ledger, paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon.sessions import (
     RANK_CLAUDE_ENV,
@@ -284,6 +284,8 @@ class Broker:
                 return await self.identify(args)
             if op == "stop_check":
                 return await self.stop_check(args)
+            if op == "stop_ack":
+                return await self.stop_ack(args)
             if op == "status":
                 return self.status()
             if op == "shutdown":
@@ -384,53 +386,90 @@ class Broker:
         """Sends of one session that arrived together, answered in order: each is checked on
         its own (a bad one gets its error, the others go on); the good ones are committed in
         one transaction. A client that pipelines its sends gets a group commit."""
-        results: list[Any] = []
+        results: list[tuple[Outgoing | InputError, int | None]] = []
         for args in batch:
             try:
                 results.append(await self._plan_send(args))
             except InputError as exc:
-                results.append(exc)
-        planned = [r for r in results if isinstance(r, Outgoing)]
+                results.append((exc, None))
+        planned = [r for r, _ in results if isinstance(r, Outgoing)]
         if not planned:
-            return results
-        messages = iter(
-            await self.store.run(self.store.store.send_messages, session.id, planned, now_ms(), fault=self.fault)
-        )
+            return [r for r, _ in results if isinstance(r, InputError)]
+        now = now_ms()
+        messages = iter(await self.store.run(self.store.store.send_messages, session.id, planned, now, fault=self.fault))
         for to_id in {o.to_id for o in planned}:
             recipient = self.sessions.get(to_id)
             if recipient is not None:
                 recipient.poke()
-        return [{"message": next(messages)} if isinstance(r, Outgoing) else r for r in results]
+        out: list[dict[str, Any] | InputError] = []
+        for r, last_seen in results:
+            if isinstance(r, Outgoing):
+                connected = r.to_id in self.sessions
+                out.append({
+                    "message": next(messages),
+                    "recipientConnected": connected,
+                    "recipientLastSeen": now if connected else last_seen,
+                })
+            else:
+                out.append(r)
+        return out
 
-    async def _plan_send(self, args: dict[str, Any]) -> Outgoing:
+    async def _plan_send(self, args: dict[str, Any]) -> tuple[Outgoing, int | None]:
+        """The message to store, and when its recipient was last seen (for one not connected)."""
         _no_unknown(args, {"to", "text", "reply_to"}, "send")
         to = _req_str(args, "to", ADDRESS_MAX)
         text = domain.normalize_message_text(args.get("text"))
         reply_to = _opt_str(args, "reply_to", ADDRESS_MAX)
         target = self.find_connected(to)
+        last_seen = None
         if target is not None:
             to_id = target.id
         else:
             found = await self.store.run(self.store.store.find_peers_by_address, to)
             if not found:
                 raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from peers)")
-            to_id = found[0]["id"]
+            to_id, last_seen = found[0]["id"], found[0].get("lastSeenAt")
         parent_hop = None
         if reply_to is not None:
             parent_hop = await self.store.run(self.store.store.message_hop, reply_to)
             if parent_hop is None:
                 raise InputError(f"reply_to: no message with id {reply_to!r}")
-        return Outgoing(to_id, text, domain.reply_hop(parent_hop), reply_to)
+        return Outgoing(to_id, text, domain.reply_hop(parent_hop), reply_to), last_seen
+
+    async def op_offer(self, session: Session, args: dict[str, Any]) -> Any:
+        """The MCP server is about to show these messages to its host (SPEC §3): remember it,
+        so that shown again after an acknowledgement that never came, they are marked."""
+        _no_unknown(args, {"ids"}, "offer")
+        before = await self.store.run(self.store.store.offer, session.id, _message_ids(args), now_ms())
+        return {"repeat": before}
 
     async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"ids"}, "ack")
-        ids = args.get("ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= ADDRESS_MAX for i in ids):
-            raise InputError("ids: expected a list of message ids")
-        if len(ids) > 10_000:
-            raise InputError("ids: at most 10000 per request")
-        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms(), fault=self.fault)
+        acked = await self.store.run(self.store.store.ack, session.id, _message_ids(args), now_ms(), fault=self.fault)
         return {"acked": acked}
+
+    async def ingest_ledgers(self) -> int:
+        """Offers and acknowledgements that processes now gone (an MCP server killed while the
+        broker was down, a Stop hook) left in the home folder: applied, then removed."""
+        count = 0
+        for path, record in await trio.to_thread.run_sync(ledger.orphans, self.home):
+            if record is not None:
+                peer_id, now = record["peerId"], now_ms()
+                if record["offered"]:
+                    await self.store.run(self.store.store.offer, peer_id, record["offered"], now)
+                if record["acked"]:
+                    acked = record["acked"]
+                    await self.store.run(self.store.store.ack, peer_id, acked, now)
+                    holder = self.sessions.get(peer_id)
+                    if holder is not None:
+                        holder.notify(protocol.push("acked", ids=acked))
+                log.info("applied %d offer(s) and %d acknowledgement(s) left for %s in %s",
+                         len(record["offered"]), len(record["acked"]), peer_id, path.name)
+                count += 1
+            else:
+                log.warning("ignored unreadable acknowledgement file %s", path.name)
+            path.unlink(missing_ok=True)
+        return count
 
     async def op_learn_identity(self, session: Session, args: dict[str, Any]) -> Any:
         """The MCP server saw its host session id (Codex tool-call `_meta`)."""
@@ -540,13 +579,12 @@ class Broker:
     # --- control requests (hooks, CLI) ----------------------------------------------
 
     async def stop_check(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The Stop hook fetches the session's active messages. They are recorded as offered,
+        not acknowledged: the hook acknowledges them (`stop_ack`) once it has written them to
+        its host, so a hook that times out or is killed first loses nothing (SPEC §3)."""
         result = await self.identify(args)
-        hsid = args["hostSessionId"]
-        connected = self.find_connected(hsid)
-        peer_id = connected.id if connected is not None and connected.host_session_id == hsid else None
-        if peer_id is None:
-            peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
-            peer_id = peer["id"] if peer else None
+        await self.ingest_ledgers()
+        peer_id = await self._stop_peer(args["hostSessionId"])
         if peer_id is None:
             return {"session": result.get("session"), "messages": []}
         pending = await self.store.run(self.store.store.unacked, peer_id, limit=1000)
@@ -558,13 +596,34 @@ class Broker:
         for m in active:
             m.pop("_seq", None)
             m.pop("_acked", None)
-        ids = [m["id"] for m in active]
-        if ids:
-            await self.store.run(self.store.store.ack, peer_id, ids, now_ms())
-            holder = self.sessions.get(peer_id)
-            if holder is not None:
-                holder.notify(protocol.push("acked", ids=ids))
-        return {"session": result.get("session"), "messages": active}
+        if active:
+            before = set(await self.store.run(self.store.store.offer, peer_id, [m["id"] for m in active], now_ms()))
+            for m in active:
+                if m["id"] in before:
+                    m["repeat"] = True
+        return {"session": result.get("session"), "sessionId": peer_id, "messages": active}
+
+    async def stop_ack(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The Stop hook wrote these messages to its host: acknowledge them, and tell the
+        session's MCP server not to show them again."""
+        _no_unknown(args, {"hostSessionId", "ids"}, "stop_ack")
+        hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
+        ids = _message_ids(args)
+        peer_id = await self._stop_peer(hsid)
+        if peer_id is None:
+            raise InputError(f"hostSessionId: no session has host session id {hsid!r}")
+        acked = await self.store.run(self.store.store.ack, peer_id, ids, now_ms(), fault=self.fault)
+        holder = self.sessions.get(peer_id)
+        if holder is not None and ids:
+            holder.notify(protocol.push("acked", ids=ids))
+        return {"acked": acked}
+
+    async def _stop_peer(self, hsid: str) -> str | None:
+        connected = self.find_connected(hsid)
+        if connected is not None and connected.host_session_id == hsid:
+            return connected.id
+        peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
+        return peer["id"] if peer else None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -605,6 +664,15 @@ def _req_str(args: dict[str, Any], key: str, limit: int) -> str:
     if len(value) > limit:
         raise InputError(f"{key}: at most {limit} characters")
     return value.strip()
+
+
+def _message_ids(args: dict[str, Any]) -> list[str]:
+    ids = args.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= ADDRESS_MAX for i in ids):
+        raise InputError("ids: expected a list of message ids")
+    if len(ids) > ledger.IDS_MAX:
+        raise InputError(f"ids: at most {ledger.IDS_MAX} per request")
+    return ids
 
 
 def _opt_str(args: dict[str, Any], key: str, limit: int) -> str | None:

@@ -86,6 +86,7 @@ async def _next_control(conn: FramedStream) -> tuple[int, str, dict[str, Any]] |
 
 async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
     try:
+        await broker.ingest_ledgers()  # an earlier server's acknowledgements first: never replay those
         session = await broker.attach(conn, args)
     except InputError as exc:
         await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))

@@ -12,8 +12,8 @@ Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a d
                              {"v":1, "push": "identity", "session": {...}}  (who this is now)
 
 The first request on a connection is either `hello` (it becomes a session's connection) or a
-control request (`identify`, `stop_check`, `status`, `shutdown`, `ping`; from the command line also
-`decide`, `send`, `retract`, `forget`, `connected`) from a hook or the CLI.
+control request (`identify`, `stop_check`, `stop_ack`, `status`, `shutdown`, `ping`; from the command
+line also `decide`, `send`, `retract`, `forget`, `connected`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
 
 A client need not wait for an answer before its next request: requests on one connection are
@@ -31,9 +31,9 @@ MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at m
 HEADER = struct.Struct(">I")
 
 SESSION_OPS = frozenset(
-    {"whoami", "peers", "decide", "decisions", "send", "ack", "learn_identity", "ping", "status"}
+    {"whoami", "peers", "decide", "decisions", "send", "offer", "ack", "learn_identity", "ping", "status"}
 )
-CONTROL_OPS = frozenset({"identify", "stop_check", "status", "shutdown", "ping"}) | frozenset(
+CONTROL_OPS = frozenset({"identify", "stop_check", "stop_ack", "status", "shutdown", "ping"}) | frozenset(
     {"decide", "send", "retract", "forget", "connected"}  # the command line (`agent-bridge decide` ...)
 )
 ALL_OPS = SESSION_OPS | CONTROL_OPS | {"hello"}

@@ -179,7 +179,7 @@ def note_decisions(
 # serves "this session's unacknowledged receipts after the cursor" as one range, in order.
 MESSAGE_SELECT = """
 SELECT r.rowid, m.id, m.from_peer, fp.name, fp.agent, r.peer_id, tp.name, m.body, m.hop, m.reply_to,
-       m.created_at, dd.decision_id, r.acked_at
+       m.created_at, dd.decision_id, r.acked_at, r.delivered_at
 FROM receipts r
 JOIN messages m ON m.id = r.message_id
 LEFT JOIN peers fp ON fp.id = m.from_peer
@@ -190,7 +190,7 @@ LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
 
 def _message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> dict[str, Any]:
     (seq, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id, acked) = (
-        values
+        values[:13]
     )
     message: dict[str, Any] = {
         "id": mid,
@@ -244,7 +244,13 @@ def unacked_messages(
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")
     sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND r.rowid > ? ORDER BY r.rowid LIMIT ?"
-    return [_message_from_row(conn, v) for v in conn.execute(sql, (peer_id, after_seq, limit))]
+    out = []
+    for values in conn.execute(sql, (peer_id, after_seq, limit)):
+        message = _message_from_row(conn, values)
+        if values[13] is not None:
+            message["repeat"] = True  # offered to the host before, never acknowledged (SPEC §3)
+        out.append(message)
+    return out
 
 
 def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[dict[str, Any]]:

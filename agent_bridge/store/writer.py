@@ -335,7 +335,7 @@ class Store:
                 self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, o.to_id))
                 seq = self.conn.last_insert_rowid()
                 row = (seq, message_id, from_id, from_name, from_agent, o.to_id, names.get(o.to_id, (None,))[0],
-                       o.text, o.hop, o.reply_to, now, None, None)
+                       o.text, o.hop, o.reply_to, now, None, None, None)
                 written.append((o.to_id, seq, queries._message_from_row(None, row)))
                 fault("send:before-commit")
         out = []
@@ -379,12 +379,26 @@ class Store:
             tap.open = False
             tap.messages.clear()
 
-    def mark_delivered(self, peer_id: str, message_ids: Sequence[str], now: int) -> None:
+    def offer(self, peer_id: str, message_ids: Sequence[str], now: int) -> list[str]:
+        """Record that these messages are about to be shown to the session's host (SPEC §3:
+        written before the bytes that carry them). Returns the ones offered before and not
+        acknowledged since: shown again, they are repeats."""
+        ids = json.dumps(list(message_ids))
         with self.conn:
-            self.conn.executemany(
-                "UPDATE receipts SET delivered_at = ? WHERE peer_id = ? AND message_id = ? AND delivered_at IS NULL",
-                [(now, peer_id, m) for m in message_ids],
+            before = [
+                r[0]
+                for r in self.conn.execute(
+                    "SELECT message_id FROM receipts WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
+                    "AND delivered_at IS NOT NULL AND acked_at IS NULL",
+                    (peer_id, ids),
+                )
+            ]
+            self.conn.execute(
+                "UPDATE receipts SET delivered_at = ? WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
+                "AND delivered_at IS NULL",
+                (now, peer_id, ids),
             )
+        return before
 
     def ack(
         self, peer_id: str, message_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
