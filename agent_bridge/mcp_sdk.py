@@ -64,19 +64,18 @@ def request_id(ctx: Context) -> types.RequestId | None:
 
 
 def check() -> None:
-    """Raise SDKDrift naming the first assumption the installed SDK breaks."""
+    """Raise SDKDrift naming every assumption the installed SDK breaks."""
     server = MCPServer("drift-check")
-
-    @server.tool()
-    def probe(x: int) -> str:
-        return str(x)
-
     problems = []
     if not isinstance(getattr(server, "_lowlevel_server", None), Server):
         problems.append("MCPServer._lowlevel_server is no longer the low-level Server")
-    tools = getattr(getattr(server, "_tool_manager", None), "list_tools", None)
-    if tools is None or not all(isinstance(getattr(t, "parameters", None), dict) for t in tools()):
-        problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `parameters` dict")
+    list_tools = getattr(getattr(server, "_tool_manager", None), "list_tools", None)
+    if list_tools is None:
+        problems.append("MCPServer._tool_manager.list_tools is gone")
+    else:
+        server.add_tool(lambda x: str(x), name="probe", structured_output=False)
+        if not all(isinstance(getattr(t, "parameters", None), dict) for t in list_tools()):
+            problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `parameters` dict")
     if not callable(getattr(Server, "add_notification_handler", None)):
         problems.append("Server.add_notification_handler is gone")
     if not isinstance(inspect.getattr_static(Context, "request_context", None), property):
