@@ -58,6 +58,18 @@ def on_initialized(server: MCPServer, handler: Callable[[Any, Any], Any]) -> Non
     lowlevel(server).add_notification_handler("notifications/initialized", types.NotificationParams, handler)
 
 
+def on_cancelled(server: MCPServer, handler: Callable[[types.RequestId], Any]) -> None:
+    """Call `await handler(request_id)` when the host sends `notifications/cancelled`. The SDK
+    itself stops the request's handler and never answers it; this is for a request whose
+    answer was already written when the cancel came (the host then ignores that answer)."""
+
+    async def cancelled(ctx: Any, params: types.CancelledNotificationParams) -> None:
+        if params.request_id is not None:
+            await handler(params.request_id)
+
+    lowlevel(server).add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, cancelled)
+
+
 def request_id(ctx: Context) -> types.RequestId | None:
     """The JSON-RPC id of the request a tool call is answering, as the host sent it."""
     return ctx.request_context.request_id
@@ -78,6 +90,8 @@ def check() -> None:
             problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `parameters` dict")
     if not callable(getattr(Server, "add_notification_handler", None)):
         problems.append("Server.add_notification_handler is gone")
+    if "request_id" not in getattr(types.CancelledNotificationParams, "model_fields", {}):
+        problems.append("CancelledNotificationParams.request_id is gone")
     if not isinstance(inspect.getattr_static(Context, "request_context", None), property):
         problems.append("Context.request_context is no longer a property")
     if "stdout" not in inspect.signature(stdio_server).parameters:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -50,7 +51,7 @@ CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 RECHECK = 0.01  # seconds between looks at a connection being replaced
 IDEMPOTENT_OPS = frozenset({"whoami", "peers", "decisions", "offer", "ack", "learn_identity", "ping", "status"})
-OFFER_TIMEOUT = 2.0  # seconds the broker has to record an offer; after that it goes to the ledger file
+CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to hand the last acknowledgements to the broker when the host leaves
 REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "
 
@@ -89,6 +90,7 @@ class Inbox:
     shown: OrderedDict[str, None] = field(default_factory=OrderedDict)
     unsent_acks: list[str] = field(default_factory=list)
     unsent_offers: list[str] = field(default_factory=list)  # offers the broker has not recorded yet
+    offered: OrderedDict[str, None] = field(default_factory=OrderedDict)  # offered before: repeats
     arrived: trio.Event = field(default_factory=trio.Event)
 
     def add(self, message: dict[str, Any]) -> bool:
@@ -110,6 +112,15 @@ class Inbox:
             self.shown[mid] = None
         while len(self.shown) > SHOWN_MEMORY:
             self.shown.popitem(last=False)
+
+    def mark_offered(self, ids: list[str]) -> set[str]:
+        """Remember that these messages are being offered; returns the ones offered before."""
+        before = {mid for mid in ids if mid in self.offered}
+        for mid in ids:
+            self.offered[mid] = None
+        while len(self.offered) > SHOWN_MEMORY:
+            self.offered.popitem(last=False)
+        return before
 
     def forget(self, ids: list[str]) -> None:
         """Acknowledged elsewhere (the Stop hook showed them): drop without acking."""
@@ -134,6 +145,10 @@ class Bridge:
         self.next_start = 0.0  # trio time before which no new start is tried
         self.pipe: mcp_sdk.HostPipe | None = None  # the host's end of stdout, once serving
         self.acks_due = trio.Event()
+        # Inbox results written to the host, acknowledged once CANCEL_GRACE has passed without a
+        # cancel for them: request key -> (when due, the messages it carried).
+        self.settling: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self.in_flight: dict[str, list[dict[str, Any]]] = {}  # inbox results offered, not yet written
         self._flushing = trio.Lock()
         self._ledger_peer: str | None = None  # the session whose ledger file this process wrote
 
@@ -259,6 +274,8 @@ class Bridge:
                 self.acks_due.set()
         elif kind == "acked":
             self.inbox.forget([i for i in frame.get("ids", []) if isinstance(i, str)])
+        elif kind == "offered":  # the Stop hook is showing these: shown again here, they are repeats
+            self.inbox.mark_offered([i for i in frame.get("ids", []) if isinstance(i, str)])
         elif kind == "identity" and isinstance(frame.get("session"), dict):
             self.session = frame["session"]
 
@@ -300,22 +317,22 @@ class Bridge:
             log.exception("log notification failed")
 
     async def offer(self, ids: list[str]) -> set[str]:
-        """Record, before writing them to the host, that these messages are offered. Returns
-        the ones offered before (a repeat). With the broker out of reach the offer goes to the
-        ledger file, which outlives this process."""
+        """Record, before writing them to the host, that these messages are offered; returns
+        the ones offered before (repeats). The offer is posted to the broker without waiting
+        for its answer: once the frame is in the socket the broker reads it, also if this
+        process dies right after. With the broker out of reach it goes to the ledger file,
+        which outlives this process."""
+        before = self.inbox.mark_offered(ids)
         client = self.client
         if client is not None and not client.closed.is_set() and not self.inbox.unsent_offers:
             try:
-                with trio.fail_after(OFFER_TIMEOUT):
-                    answer = await client.request("offer", ids=ids)
-            except (BrokerGone, RemoteError, trio.TooSlowError) as exc:
-                log.info("offer not recorded by the broker (%s); keeping it in the ledger", exc)
-            else:
-                before = answer.get("repeat") if isinstance(answer, dict) else None
-                return {i for i in before or () if isinstance(i, str)}
+                await client.post("offer", ids=ids)
+                return before
+            except BrokerGone as exc:
+                log.info("offer not sent to the broker (%s); keeping it in the ledger", exc)
         self.inbox.unsent_offers.extend(ids)
         await self._save_ledger()
-        return set()
+        return before
 
     def shown(self, ids: list[str]) -> None:
         """The bytes carrying these messages are in the host's pipe: acknowledge them. Called
@@ -324,11 +341,55 @@ class Bridge:
         self.inbox.unsent_acks.extend(ids)
         self.acks_due.set()
 
+    def result_written(self, rid: Any, messages: list[dict[str, Any]]) -> None:
+        """An inbox result is in the host's pipe: shown, and acknowledged unless a cancel the
+        host sent before it read the result turns up within CANCEL_GRACE."""
+        self.in_flight.pop(json.dumps(rid), None)
+        self.inbox.mark_shown([m["id"] for m in messages])
+        self.settling[json.dumps(rid)] = (trio.current_time() + CANCEL_GRACE, messages)
+        self.acks_due.set()
+
+    async def request_cancelled(self, rid: Any) -> None:
+        """The host cancelled request `rid`. Not written yet: it never will be (the SDK drops
+        it), so it must not count as shown. Written already: the host ignores that answer, so
+        its messages are offered again (as repeats) and not acknowledged."""
+        if self.pipe is not None:
+            self.pipe.forget(rid)
+        unwritten = self.in_flight.pop(json.dumps(rid), None)
+        entry = self.settling.pop(json.dumps(rid), None)
+        messages = entry[1] if entry is not None else unwritten
+        if not messages:
+            return
+        client = self.client
+        if client is not None and not client.closed.is_set():
+            try:  # the broker's Stop check may show them now
+                await client.post("withdraw", ids=[m["id"] for m in messages])
+            except BrokerGone:
+                pass
+        if entry is None:
+            return
+        for message in reversed(messages):
+            self.inbox.shown.pop(message["id"], None)
+            self.inbox.pending[message["id"]] = dict(message, repeat=True)  # written once: maybe seen
+            self.inbox.pending.move_to_end(message["id"], last=False)
+        self.inbox.arrived.set()
+        self.inbox.arrived = trio.Event()
+
+    def settle(self, now: float) -> None:
+        """Written inbox results whose grace has passed by `now`: acknowledge them."""
+        for key, (due, messages) in list(self.settling.items()):
+            if due <= now:
+                del self.settling[key]
+                self.inbox.unsent_acks.extend(m["id"] for m in messages)
+
     async def ack_loop(self) -> None:
         while True:
-            await self.acks_due.wait()
-            self.acks_due = trio.Event()
+            self.settle(trio.current_time())
             await self.flush_acks()
+            next_due = min((due for due, _ in self.settling.values()), default=math.inf)
+            with trio.move_on_at(next_due):
+                await self.acks_due.wait()
+            self.acks_due = trio.Event()
 
     async def flush_acks(self) -> None:
         """Hand the broker the offers and acknowledgements it has not recorded; what it cannot
@@ -496,7 +557,9 @@ def build_server(bridge: Bridge) -> MCPServer:
             before = await bridge.offer(ids)
             messages = [dict(m, repeat=True) if m["id"] in before else m for m in messages]
             # Acknowledged once this result is in the host's pipe; a cancelled call never is.
-            bridge.pipe.watch(mcp_sdk.request_id(ctx), lambda: bridge.shown(ids))
+            rid = mcp_sdk.request_id(ctx)
+            offered = bridge.in_flight[json.dumps(rid)] = messages
+            bridge.pipe.watch(rid, lambda: bridge.result_written(rid, offered))
         blocks = [types.TextContent(type="text", text=_json(messages))]
         if messages:
             blocks.append(types.TextContent(type="text", text=INBOX_FRAMING))
@@ -509,6 +572,7 @@ def build_server(bridge: Bridge) -> MCPServer:
         await _capture(bridge, ctx.session)
 
     mcp_sdk.on_initialized(server, on_initialized)
+    mcp_sdk.on_cancelled(server, bridge.request_cancelled)
     return server
 
 
@@ -667,6 +731,7 @@ async def serve(options: Options) -> None:
             if stdin is not None:
                 with trio.CancelScope(shield=True):
                     await stdin.aclose()
+        bridge.settle(math.inf)  # stdin is closed: no cancel can follow
         with trio.move_on_after(ACK_FLUSH_AT_EXIT):
             await bridge.flush_acks()  # what the host was shown last
         nursery.cancel_scope.cancel()  # the host closed stdin: this session is over

@@ -16,6 +16,12 @@ Each round also runs one send at a time (each `send` answered, so committed, bef
 next), against a one-at-a-time echo loop: `details.one_at_a_time_rate` and its latencies. That
 reading is bound by latency, one round trip through three processes and two commits per
 message, not by what the broker can carry.
+
+And one send at a time again with the receiver acknowledging as the MCP server does since the
+acknowledgement rule (SPEC §3): `offer` (posted without waiting: the broker notes that the
+messages are about to be shown), then `ack` once they are written: `details.one_at_a_time_offer_ack_rate`, and its cost
+against the plain one-at-a-time reading of the same rounds, `details.offer_ack_cost` (target:
+at most 0.10, i.e. 10 %).
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
 
     acked_at: dict[str, int] = {}
     progress = trio.Event()
+    offer_first = False  # the receiver records an offer before it acknowledges (the MCP server's way)
 
     async def receiver(task_status=trio.TASK_STATUS_IGNORED) -> None:
         nonlocal progress
@@ -106,6 +113,8 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
                     if more.get("push") == "message":
                         ids.append(more["message"]["id"])
                 if ids:
+                    if offer_first:  # posted, not awaited: as the MCP server does before it writes
+                        await client.post("offer", ids=ids)
                     await client.request("ack", ids=ids)
                     now = time.perf_counter_ns()
                     for i in ids:
@@ -149,6 +158,8 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
     echo_one: list[float] = []
     latencies: list[int] = []
     latencies_one: list[int] = []
+    offer_one: list[float] = []
+    latencies_offer: list[int] = []
     async with trio.open_nursery() as nursery:
         receiving = await nursery.start(receiver)
         to = receiving.hello["session"]["name"]
@@ -158,6 +169,9 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
                 echo_rate = echo.round(per_round, WINDOW)
                 one_rate, sent_one = await bridge_round(sender, to, 1)
                 echo_one_rate = echo.round(per_round, 1)
+                offer_first = True
+                offer_rate, sent_offer = await bridge_round(sender, to, 1)
+                offer_first = False
                 if r >= warmup:
                     rates.append(rate)
                     echo_rates.append(echo_rate)
@@ -165,10 +179,13 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
                     echo_one.append(echo_one_rate)
                     latencies.extend(acked_at[m] - t for m, t in sent_at.items())
                     latencies_one.extend(acked_at[m] - t for m, t in sent_one.items())
+                    offer_one.append(offer_rate)
+                    latencies_offer.extend(acked_at[m] - t for m, t in sent_offer.items())
         nursery.cancel_scope.cancel()
     return {
         "rates": rates, "echo": echo_rates, "latencies": latencies,
         "one": one_at_a_time, "echo_one": echo_one, "latencies_one": latencies_one,
+        "offer_one": offer_one, "latencies_offer": latencies_offer,
     }
 
 
@@ -213,6 +230,9 @@ def main() -> None:
             "one_at_a_time_echo_rate": c.median(out["echo_one"]),
             "one_at_a_time_p50": c.ms(c.percentile(out["latencies_one"], 50)),
             "one_at_a_time_p99": c.ms(c.percentile(out["latencies_one"], 99)),
+            "one_at_a_time_offer_ack_rate": c.median(out["offer_one"]),
+            "one_at_a_time_offer_ack_p50": c.ms(c.percentile(out["latencies_offer"], 50)),
+            "offer_ack_cost": 1 - c.median(out["offer_one"]) / c.median(out["one"]),
             "latency_unit": "ms",
         },
     )

@@ -58,6 +58,11 @@ class Broker:
         self.socket_path = ""
         self.web_url: str | None = None
         self._identity_lock = trio.Lock()  # attach/learn/identify change who is who: one at a time
+        # Messages a session's MCP server is showing its host and has not acknowledged yet
+        # (peer id -> message ids): kept here, so an offer costs no commit; an acknowledgement
+        # writes receipts.delivered_at with acked_at, and what is left when a connection ends
+        # is written then (persist_offers). Pushes of these are marked as repeats.
+        self.offered: dict[str, set[str]] = {}
 
     # --- state -----------------------------------------------------------------------
 
@@ -438,15 +443,46 @@ class Broker:
 
     async def op_offer(self, session: Session, args: dict[str, Any]) -> Any:
         """The MCP server is about to show these messages to its host (SPEC §3): remember it,
-        so that shown again after an acknowledgement that never came, they are marked."""
+        so that shown again after an acknowledgement that never came, they are marked. The MCP
+        server does not wait for this answer: the frame is in the socket before it writes."""
         _no_unknown(args, {"ids"}, "offer")
-        before = await self.store.run(self.store.store.offer, session.id, _message_ids(args), now_ms())
+        ids = _message_ids(args)
+        offered = self.offered.setdefault(session.id, set())
+        before = [i for i in ids if i in offered]
+        offered.update(ids)
         return {"repeat": before}
+
+    async def op_withdraw(self, session: Session, args: dict[str, Any]) -> Any:
+        """The host cancelled the call that offered these: they are not being shown after all."""
+        _no_unknown(args, {"ids"}, "withdraw")
+        ids = _message_ids(args)
+        offered = self.offered.get(session.id)
+        if offered is not None:
+            offered.difference_update(ids)
+        return {"withdrawn": len(ids)}
 
     async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"ids"}, "ack")
-        acked = await self.store.run(self.store.store.ack, session.id, _message_ids(args), now_ms(), fault=self.fault)
+        ids = _message_ids(args)
+        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms(), fault=self.fault)
+        offered = self.offered.get(session.id)
+        if offered is not None:
+            offered.difference_update(ids)
+            if not offered:
+                del self.offered[session.id]
         return {"acked": acked}
+
+    async def persist_offers(self, peer_id: str) -> None:
+        """Write the session's offers that no acknowledgement followed (its MCP server died
+        between showing and acknowledging) to receipts.delivered_at, for a later broker."""
+        offered = self.offered.get(peer_id)
+        if not offered:
+            return
+        persisted = sorted(offered)
+        await self.store.run(self.store.store.offer, peer_id, persisted, now_ms())
+        offered.difference_update(persisted)  # receipts.delivered_at marks them from now on
+        if not offered and self.offered.get(peer_id) is offered:
+            del self.offered[peer_id]
 
     async def ingest_ledgers(self) -> int:
         """Offers and acknowledgements that processes now gone (an MCP server killed while the
@@ -588,19 +624,26 @@ class Broker:
         if peer_id is None:
             return {"session": result.get("session"), "messages": []}
         pending = await self.store.run(self.store.store.unacked, peer_id, limit=1000)
+        # What the connected MCP server is showing right now is acknowledged by it: not again here.
+        showing = self.offered.get(peer_id, set()) if peer_id in self.sessions else set()
         active = [
             m
             for m in pending
             if m["kind"] != "decision" and domain.is_active(m["hop"], self.settings.hop_limit)
+            and m["id"] not in showing
         ]
         for m in active:
             m.pop("_seq", None)
             m.pop("_acked", None)
         if active:
-            before = set(await self.store.run(self.store.store.offer, peer_id, [m["id"] for m in active], now_ms()))
+            ids = [m["id"] for m in active]
+            before = set(await self.store.run(self.store.store.offer, peer_id, ids, now_ms()))
             for m in active:
                 if m["id"] in before:
                     m["repeat"] = True
+            holder = self.sessions.get(peer_id)
+            if holder is not None:  # its MCP server marks its copies: shown again, they are repeats
+                holder.notify(protocol.push("offered", ids=ids))
         return {"session": result.get("session"), "sessionId": peer_id, "messages": active}
 
     async def stop_ack(self, args: dict[str, Any]) -> dict[str, Any]:

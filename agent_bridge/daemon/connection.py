@@ -103,6 +103,11 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
     except* (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client went away, maybe while its delivery task was pushing: a group, hence except*
     finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await broker.persist_offers(session.id)
+            except STORAGE_ERRORS as exc:  # kept in memory; the next connection's pushes are still marked
+                log.warning("could not record the offers of %s: %s", session.name, exc)
         await broker.detach(session)
 
 
@@ -201,10 +206,13 @@ async def deliver(broker: Broker, session: Session) -> None:
                     continue  # the session became another record meanwhile: read again
                 batch, at_end = [(m.pop("_seq"), m) for m in rows], len(rows) < DELIVERY_BATCH
             pushes = []
+            offered = broker.offered.get(peer_id, ())
             for seq, message in batch:
                 if seq > cursor:
                     cursor = seq
                     message.pop("_acked", None)
+                    if message["id"] in offered:
+                        message = dict(message, repeat=True)  # an earlier connection offered it; no ack came
                     pushes.append(protocol.push("message", message=message))
             await _send_notices(session)  # an "acked" goes out before the messages it covers
             await session.conn.send_many(pushes)

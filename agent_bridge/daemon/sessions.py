@@ -70,7 +70,7 @@ class Session:
             if queued.get("push") == kind == "identity":
                 queued.update(frame)
                 break
-            if queued.get("push") == kind == "acked":
+            if queued.get("push") == kind and kind in ("acked", "offered"):
                 queued["ids"] = [*queued["ids"], *(i for i in frame.get("ids", ()) if i not in queued["ids"])]
                 break
         else:

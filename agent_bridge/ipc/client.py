@@ -48,6 +48,7 @@ class BridgeClient:
         self._pushes = pushes
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        self._posted: set[int] = set()  # requests whose answers nobody waits for
         self.closed = trio.Event()
         self.hello: dict[str, Any] | None = None
 
@@ -72,6 +73,19 @@ class BridgeClient:
         err = frame.get("error") or {}
         raise RemoteError(str(err.get("code")), str(err.get("message")))
 
+    async def post(self, op: str, **args: Any) -> None:
+        """Send a request without waiting for its answer, which is dropped. Returns once the
+        frame is in the socket: the broker reads it even if this process dies right after."""
+        if self.closed.is_set():
+            raise BrokerGone("not connected to the broker")
+        request_id = next(self._ids)
+        self._posted.add(request_id)
+        try:
+            await self.conn.send(protocol.request(request_id, op, **args))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._posted.discard(request_id)
+            raise BrokerGone("the broker connection closed") from None
+
     async def _read(self) -> None:
         try:
             while True:
@@ -83,6 +97,9 @@ class BridgeClient:
                     return
                 if "push" in frame:
                     await self._pushes.send(frame)
+                    continue
+                if frame.get("id") in self._posted:
+                    self._posted.discard(frame["id"])  # type: ignore[arg-type]
                     continue
                 pending = self._pending.get(frame.get("id"))  # type: ignore[arg-type]
                 if pending is not None:

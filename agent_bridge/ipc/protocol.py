@@ -9,6 +9,7 @@ Broker -> client responses:  {"v":1, "id": <same int>, "ok": true, "result": <an
                               "error": {"code": "<code>", "message": "<for people>"}}
 Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a delivery)
                              {"v":1, "push": "acked", "ids": [...]}         (acked elsewhere)
+                             {"v":1, "push": "offered", "ids": [...]}       (offered elsewhere)
                              {"v":1, "push": "identity", "session": {...}}  (who this is now)
 
 The first request on a connection is either `hello` (it becomes a session's connection) or a
@@ -31,7 +32,7 @@ MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at m
 HEADER = struct.Struct(">I")
 
 SESSION_OPS = frozenset(
-    {"whoami", "peers", "decide", "decisions", "send", "offer", "ack", "learn_identity", "ping", "status"}
+    {"whoami", "peers", "decide", "decisions", "send", "offer", "withdraw", "ack", "learn_identity", "ping", "status"}
 )
 CONTROL_OPS = frozenset({"identify", "stop_check", "stop_ack", "status", "shutdown", "ping"}) | frozenset(
     {"decide", "send", "retract", "forget", "connected"}  # the command line (`agent-bridge decide` ...)
