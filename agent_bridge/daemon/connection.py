@@ -105,10 +105,32 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
+                await _take_last_offers(broker, session)
                 await broker.persist_offers(session.id)
             except STORAGE_ERRORS as exc:  # kept in memory; the next connection's pushes are still marked
                 log.warning("could not record the offers of %s: %s", session.name, exc)
         await broker.detach(session)
+
+
+LAST_FRAMES_TIMEOUT = 1.0  # seconds spent reading what a client sent just before its connection failed
+
+
+async def _take_last_offers(broker: Broker, session: Session) -> None:
+    """An MCP server posts an offer before it writes messages to its host. If it died right
+    after, its connection may fail (a push to it) before the offer was read: read what it
+    sent and apply the offers, so those messages are marked as repeats when shown again.
+    The rest is dropped: nobody waits for those answers."""
+    with trio.move_on_after(LAST_FRAMES_TIMEOUT):
+        while True:
+            try:
+                frame = await session.conn.receive()
+                if frame is None:
+                    return
+                _, op, args = protocol.parse_request(frame)
+                if op == "offer":
+                    await broker.op_offer(session, args)
+            except (protocol.ProtocolError, InputError, trio.BrokenResourceError, trio.ClosedResourceError):
+                return
 
 
 async def _receive_requests(broker: Broker, session: Session) -> None:
