@@ -135,7 +135,11 @@ async def _take_last_offers(broker: Broker, session: Session) -> None:
 
 async def _receive_requests(broker: Broker, session: Session) -> None:
     conn = session.conn
+    held: list[dict[str, Any]] = []  # answers to offers, sent with the next answer
     while True:
+        if held and conn.peek() is None:
+            await conn.send_many(held)
+            held.clear()
         try:
             with trio.move_on_after(IDLE_TIMEOUT) as idle:
                 frame = await conn.receive()
@@ -149,8 +153,17 @@ async def _receive_requests(broker: Broker, session: Session) -> None:
             await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
             return
         except protocol.BadArguments as exc:  # this request only: the connection goes on
-            await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
+            await conn.send_many([*held, protocol.error(exc.request_id, "bad_request", str(exc))])
+            held.clear()
             continue
+        if op == "offer" and conn.peek() is not None:
+            # Answered from memory; an MCP server's next request (its ack) is right behind:
+            # both answers leave in one write. Answers stay in request order.
+            held.append(await _answer(broker, session, request_id, op, args))
+            continue
+        if held:
+            await conn.send_many(held)
+            held.clear()
         if op not in protocol.SESSION_OPS:
             await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on a session connection"))
             continue
