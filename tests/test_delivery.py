@@ -44,12 +44,17 @@ class RawHost:
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
         host = cls(proc)
-        rid = await host.request("initialize", {
-            "protocolVersion": PROTOCOL, "capabilities": capabilities or {},
-            "clientInfo": {"name": "raw-test-host", "version": "1"},
-        })
-        await host.response(rid)
-        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        try:
+            rid = await host.request("initialize", {
+                "protocolVersion": PROTOCOL, "capabilities": capabilities or {},
+                "clientInfo": {"name": "raw-test-host", "version": "1"},
+            })
+            await host.response(rid)
+            await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await host.kill()
+            raise
         return host
 
     async def send(self, *messages: dict[str, Any]) -> None:
@@ -303,11 +308,14 @@ async def test_kill_9_of_the_receiving_server_loses_nothing(broker, env, home, k
         async with trio.open_nursery() as nursery:
             for k in range(kills):
                 rx = await RawHost.start(env, *args)
-                if k == 0:
-                    nursery.start_soon(sender)  # the receiver's session exists now
-                with trio.move_on_after(rng.uniform(0.05, 0.4)):
-                    await reader_loop(rx)
-                await rx.kill()
+                try:
+                    if k == 0:
+                        nursery.start_soon(sender)  # the receiver's session exists now
+                    with trio.move_on_after(rng.uniform(0.05, 0.4)):
+                        await reader_loop(rx)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await rx.kill()  # also when the test fails: no orphan starting a broker
                 await rx.drain()  # what it wrote before dying was shown to the host
                 shown.extend(dict(m, incarnation=k) for m in rx.inbox_items())
             stop_sending.set()
