@@ -18,7 +18,7 @@ HOST_NAMES = frozenset({"claude", "codex"})
 
 class Proc(NamedTuple):  # not a dataclass: the hooks must not pay for importing `dataclasses`
     pid: int
-    start: int  # clock ticks since boot (Linux) or seconds since the epoch (elsewhere)
+    start: int  # clock ticks since boot (Linux /proc) or epoch seconds (`ps -o lstart=` elsewhere)
     exe: str  # basename of the program, e.g. "claude", "node", "sh"
     argv0: str = ""
 
@@ -55,17 +55,34 @@ def _ps_proc(pid: int) -> tuple[Proc, int] | None:
 
     try:
         out = subprocess.run(
-            ["ps", "-o", "ppid=,lstart=,comm=", "-p", str(pid)], capture_output=True, text=True, timeout=2
+            ["ps", "-o", "ppid=,lstart=,comm=", "-p", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            env={**os.environ, "LC_ALL": "C"},  # lstart in the C locale's words, whatever the user's
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     if not out:
         return None
     parts = out.split()
-    ppid = int(parts[0])
-    start = abs(hash(" ".join(parts[1:6]))) % (1 << 62)
+    try:
+        ppid = int(parts[0])
+        start = lstart_epoch(" ".join(parts[1:6]))
+    except (ValueError, IndexError):
+        return None
     comm = os.path.basename(" ".join(parts[6:]))
     return Proc(pid, start, comm, comm), ppid
+
+
+def lstart_epoch(lstart: str) -> int:
+    """`ps -o lstart=` ("Mon Nov 30 21:46:35 2026", local time, C locale) as epoch seconds.
+
+    A value every process computes alike: the start time must match across the hook and the
+    MCP server, so nothing per-process (such as Python's randomized `hash()`) may enter it."""
+    import time
+
+    return int(time.mktime(time.strptime(" ".join(lstart.split()), "%a %b %d %H:%M:%S %Y")))
 
 
 def describe(pid: int) -> tuple[Proc, int] | None:
