@@ -298,6 +298,19 @@ def dedupe_name(base: str, taken: Iterable[str]) -> str:
     return f"{base}-{n}"
 
 
+UUID_SHAPED = re.compile(r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$", re.IGNORECASE)
+
+
+def check_session_name(name: str, *, what: str = "name") -> str:
+    """A name chosen for a session (`--name`): an address that can never be mistaken for a
+    session id (SPEC §3: a name is never a uuid)."""
+    if not AGENT_NAME.match(name.replace(" ", "-")):
+        raise InputError(f"{what}: letters, digits, '.', '_' or '-' only, at most 40 characters; got {name!r}")
+    if UUID_SHAPED.match(name):
+        raise InputError(f"{what}: {name!r} looks like a session id (a uuid); choose a name that does not")
+    return name
+
+
 def reply_hop(parent_hop: int | None) -> int:
     return 1 if parent_hop is None else min(parent_hop + 1, HOP_MAX)
 

@@ -45,6 +45,7 @@ RESTART_AFTER = 2.0  # broker unreachable this long: start one ourselves
 # A broker that cannot start (a newer or corrupt database, a read-only folder) fails the same way
 # each time: wait longer between tries, and stop after a few, so servers never respawn it forever.
 START_BACKOFF_FIRST, START_ATTEMPTS = 0.5, 5
+REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX = 0.5, 30.0  # another connection holds our host session id
 JOIN_BEFORE_SERVING = 10.0  # seconds the server waits for the broker before serving the host anyway
 INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
@@ -68,7 +69,9 @@ class Options:
     chain: list[procinfo.Proc]
     home: Path
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self, resume: dict[str, str] | None = None) -> dict[str, Any]:
+        """The hello frame; `resume`: the session id and secret this process was given, so a
+        reconnect gets exactly that session back (SPEC §3, identity without a host session id)."""
         return {
             "agent": self.agent,
             "project": self.project,
@@ -79,6 +82,7 @@ class Options:
             "host": procinfo.host_json(self.host),
             "chain": [p.to_json() for p in self.chain],
             "pid": os.getpid(),
+            "resume": resume,
         }
 
 
@@ -139,6 +143,10 @@ class Bridge:
         self.inbox = Inbox()
         self.learned_host_session: str | None = None
         self.mcp_session: Any = None  # the MCP ServerSession, once the host initialized
+        self.secret: str | None = None  # this session's resume secret: never logged, never shown
+        self.refused: str | None = None  # why the broker will not take this session now
+        self.used = False  # the host called a tool: a real session, not a health check
+        self.use_reported = False
         self.channel = False  # the host takes notifications/claude/channel
         self.start_failure: str | None = None  # why the last broker we started could not start
         self.start_attempts = 0  # consecutive failed starts
@@ -157,6 +165,8 @@ class Bridge:
         have carried out is never sent twice (it is reported instead)."""
         with trio.move_on_after(CALL_TIMEOUT):
             while True:
+                if self.refused is not None and not self.connected.is_set():
+                    raise ToolError(f"agent-bridge: this session is not connected: {self.refused}")
                 if self.start_failure is not None and not self.connected.is_set():
                     raise ToolError(self._start_failure_message())
                 await self._wait_joined()
@@ -185,13 +195,14 @@ class Bridge:
     async def _wait_joined(self) -> None:
         """Until connected, or until a start of the broker failed (then `start_failure` says why)."""
         while not self.connected.is_set():
-            if self.start_failure is not None:
+            if self.start_failure is not None or self.refused is not None:
                 return
             with trio.move_on_after(RECHECK * 10):
                 await self.connected.wait()
 
     async def run(self) -> None:
         backoff = BACKOFF_START
+        refused_wait = REFUSED_BACKOFF_START
         down_since: float | None = None
         while True:
             socket_path = self._broker_socket()
@@ -201,8 +212,8 @@ class Bridge:
                 socket_path = self._broker_socket()
             if socket_path is not None:
                 try:
-                    async with open_bridge_client(socket_path, self.options.hello()) as (client, pushes):
-                        down_since, backoff = None, BACKOFF_START
+                    async with open_bridge_client(socket_path, self.hello()) as (client, pushes):
+                        down_since, backoff, refused_wait = None, BACKOFF_START, REFUSED_BACKOFF_START
                         self.start_failure, self.start_attempts, self.next_start = None, 0, 0.0
                         await self._connected(client)
                         async for frame in pushes:
@@ -211,6 +222,10 @@ class Bridge:
                     if isinstance(exc, RemoteError) and exc.code == "bad_request":
                         log.error("the broker refused this session: %s", exc)
                         raise
+                    if isinstance(exc, RemoteError) and exc.code == "refused":
+                        refused_wait = await self._wait_refused(exc.message, refused_wait)
+                        down_since = None  # the broker is up: nothing to restart
+                        continue
                     log.info("broker connection lost: %s", exc)
                 finally:
                     if self.connected.is_set():
@@ -220,6 +235,20 @@ class Bridge:
                 down_since = trio.current_time()
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def hello(self) -> dict[str, Any]:
+        session_id = (self.session or {}).get("id")
+        resume = {"id": session_id, "secret": self.secret} if session_id and self.secret else None
+        return self.options.hello(resume)
+
+    async def _wait_refused(self, reason: str, wait: float) -> float:
+        """Another connection holds this session's host session id with an equal or stronger
+        claim: say why once (stderr here, tool errors while it lasts), retry slowly."""
+        if self.refused is None:
+            log.warning("the broker will not connect this session yet: %s", reason)
+        self.refused = reason
+        await trio.sleep(wait)
+        return min(wait * 2, REFUSED_BACKOFF_MAX)
 
     def _broker_socket(self) -> str | None:
         record = paths.running_broker(self.options.home)
@@ -257,12 +286,30 @@ class Bridge:
     async def _connected(self, client: BridgeClient) -> None:
         hello = client.hello or {}
         self.session = hello.get("session")
+        if isinstance(hello.get("secret"), str):
+            self.secret = hello["secret"]
+        self.refused = None
         self.hop_limit = int(hello.get("hopLimit", domain.HOP_LIMIT_DEFAULT))
         self.client = client
         self.connected.set()
+        self.use_reported = False
+        await self.report_use()
         if self.learned_host_session:
             await client.request("learn_identity", hostSessionId=self.learned_host_session, source="codex-meta")
         await self.flush_acks()
+
+    async def report_use(self) -> None:
+        """Tell the broker, once per connection, that the host called a tool (any tool, `inbox`
+        too, which never reaches the broker): a connection that never does is a health check
+        and leaves no session behind (daemon.identity)."""
+        client = self.client
+        if not self.used or self.use_reported or client is None:
+            return
+        self.use_reported = True
+        try:
+            await client.request("whoami")
+        except (BrokerGone, RemoteError):
+            self.use_reported = False  # said again after the reconnect
 
     async def _on_push(self, frame: dict[str, Any]) -> None:
         kind = frame.get("push")
@@ -598,6 +645,8 @@ def declares_channel(capabilities: Any) -> bool:
 
 async def _observe(bridge: Bridge, ctx: Context) -> None:
     """Per tool call: remember the MCP session; learn a Codex thread id from `_meta`."""
+    bridge.used = True
+    await bridge.report_use()
     try:
         await _capture(bridge, ctx.session)
         meta = ctx.request_context.meta
@@ -646,6 +695,8 @@ def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] 
         exe = (host.exe if host else "").lower()
         agent = "codex" if exe.startswith("codex") else "claude"
     agent = domain.normalize_agent(agent)
+    if ns.name is not None:
+        domain.check_session_name(ns.name, what="--name")
     project = domain.normalize_folder(os.path.abspath(ns.project or os.getcwd()), what="--project")
     explicit = ns.host_session_id or env.get("AGENT_BRIDGE_HOST_SESSION_ID") or None
     claude_env = env.get("CLAUDE_CODE_SESSION_ID") or None

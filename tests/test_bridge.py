@@ -321,7 +321,8 @@ def _async(predicate):
 async def test_killed_mcp_server_is_marked_disconnected(broker, env):
     with trio.fail_after(90):
         async with mcp_session(env, "--project", "/w/alive") as a:
-            async with mcp_session(env, "--agent", "codex", "--project", "/w/doomed"):
+            async with mcp_session(env, "--agent", "codex", "--project", "/w/doomed") as doomed:
+                await call(doomed, "whoami")  # a real session (a health check would leave no trace)
                 pids = mcp_server_pids("/w/doomed")
                 assert len(pids) == 1
                 assert any(p["name"] == "codex-doomed" and p["connected"] for p in await call(a, "peers"))

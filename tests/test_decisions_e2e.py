@@ -56,6 +56,9 @@ async def test_decide_notifies_exactly_the_connected_non_job_sessions_in_scope(b
             assert me["name"] == "claude-app" and me["project"] == proj and me["kind"] == "interactive"
             assert set(me) == {"id", "name", "agent", "project", "hostSessionId", "kind"}
             assert (await call(job, "whoami"))["kind"] == "job"
+            # b has made a tool call: a real session (one that has not is a possible health
+            # check and gets no notice until it does: tests/test_identity.py)
+            await call(b, "whoami")
 
             before = int(time.time() * 1000)
             result = await call(a, "decide", topic=" Camera ", text="  Hold to look ")

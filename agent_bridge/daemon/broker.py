@@ -6,26 +6,22 @@ in-memory state is which sessions are connected right now.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import apsw
 import trio
 
-from agent_bridge import domain, ledger, paths
+from agent_bridge import domain, ledger
 from agent_bridge.config import Settings
-from agent_bridge.daemon.sessions import (
-    RANK_CLAUDE_ENV,
-    RANK_CODEX_META,
-    RANK_EXPLICIT,
-    RANK_HOOK,
-    RANK_NONE,
-    Session,
-)
+from agent_bridge.daemon.args import ADDRESS_MAX
+from agent_bridge.daemon.args import no_unknown as _no_unknown
+from agent_bridge.daemon.args import opt_str as _opt_str
+from agent_bridge.daemon.args import req_str as _req_str
+from agent_bridge.daemon.identity import Identity
+from agent_bridge.daemon.sessions import Session
 from agent_bridge.daemon.storage import StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
@@ -34,8 +30,9 @@ from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key,
 
 log = logging.getLogger("agent_bridge.broker")
 
-ADDRESS_MAX = 200
-EXCLUSIVE_HOSTS = frozenset({"claude"})  # one conversation per host process; Codex may run several
+
+async def no_pause(point: str) -> None:
+    return None
 
 
 class Broker:
@@ -47,6 +44,7 @@ class Broker:
         stop: trio.Event,
         *,
         fault: Callable[[str], None] = lambda point: None,
+        pause: Callable[[str], Awaitable[None]] = no_pause,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -57,12 +55,16 @@ class Broker:
         self.started_at = now_ms()
         self.socket_path = ""
         self.web_url: str | None = None
-        self._identity_lock = trio.Lock()  # attach/learn/identify change who is who: one at a time
         # Messages a session's MCP server is showing its host and has not acknowledged yet
         # (peer id -> message ids): kept here, so an offer costs no commit; an acknowledgement
         # writes receipts.delivered_at with acked_at, and what is left when a connection ends
         # is written then (persist_offers). Pushes of these are marked as repeats.
         self.offered: dict[str, set[str]] = {}
+        # Tests only: awaited at points where a request has resolved its addresses and not
+        # yet stored anything ("send:resolved", "decide:resolved"), to run a concurrent
+        # identity merge there deterministically. A no-op otherwise.
+        self.pause = pause
+        self.identity = Identity(self)
 
     # --- state -----------------------------------------------------------------------
 
@@ -73,213 +75,32 @@ class Broker:
         return {s.name for s in self.sessions.values() if s is not excluding}
 
     def find_connected(self, address: str) -> Session | None:
+        """The connected session `address` names; a tentative one only if no other matches."""
+        found = None
         for s in self.sessions.values():
             if address in (s.id, s.name, s.host_session_id):
-                return s
-        return None
+                if not s.tentative:
+                    return s
+                found = found or s
+        return found
 
-    # --- attach / detach -------------------------------------------------------------
+    # --- identity (SPEC §3): daemon.identity has the rules --------------------------------
 
     async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
-        allowed = {"agent", "project", "kind", "name", "hostSessionId", "claudeSessionId", "host", "chain", "pid"}
-        _no_unknown(args, allowed, "hello")
-        agent = domain.normalize_agent(args.get("agent", "claude"))
-        project = domain.normalize_folder(args.get("project"), what="project")
-        kind = args.get("kind", "interactive")
-        if kind not in ("interactive", "job"):
-            raise InputError(f"kind: expected \"interactive\" or \"job\", got {kind!r}")
-        name = _opt_str(args, "name", ADDRESS_MAX)
-        if name is not None and not domain.AGENT_NAME.match(name.replace(" ", "-")):
-            raise InputError("name: letters, digits, '.', '_' or '-' only, at most 40 characters")
-        explicit = _opt_str(args, "hostSessionId", ADDRESS_MAX)
-        claude_env = _opt_str(args, "claudeSessionId", ADDRESS_MAX)
-        host = _parse_host(args.get("host"))
-
-        async with self._identity_lock:
-            await self.ingest_reports()
-            hsid, rank, ambiguous = explicit, RANK_EXPLICIT if explicit else RANK_NONE, False
-            if hsid is None and host is not None:
-                candidates = await self.store.run(self.store.store.host_sessions_for, *host)
-                if len(candidates) == 1:
-                    hsid, rank = candidates[0], RANK_HOOK
-                elif len(candidates) > 1:
-                    ambiguous = True
-                    log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
-            if hsid is None and claude_env and not ambiguous:
-                hsid, rank = claude_env, RANK_CLAUDE_ENV
-            now = now_ms()
-            peer = None
-            if hsid is not None:
-                peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
-            if peer is not None:
-                held = self.sessions.get(peer["id"])
-                if held is not None:  # a reloaded MCP server whose old connection is not gone yet
-                    log.info("session %s reconnected; closing its previous connection", peer["name"])
-                    self._drop(held)
-                    await held.conn.aclose()
-                base = name or peer["name"]
-                final = domain.dedupe_name(base, self.connected_names())
-                peer = await self.store.run(
-                    self.store.store.update_peer,
-                    peer["id"],
-                    name=final,
-                    project=project,
-                    agent=agent,
-                    kind=kind,
-                    lastSeenAt=now,
-                )
-            else:
-                base = name or domain.session_name(agent, project)
-                final = domain.dedupe_name(base, self.connected_names())
-                peer = await self.store.run(
-                    self.store.store.create_peer,
-                    agent=agent,
-                    name=final,
-                    project=project,
-                    kind=kind,
-                    host_session_id=hsid,
-                    now=now,
-                )
-            session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
-            self.sessions[session.id] = session
-            if hsid is not None:
-                try:
-                    await self._catch_up(session)
-                except BaseException:
-                    self._drop(session)  # the hello fails: no session without a connection task
-                    raise
-        log.info("session %s connected (%s, %s)", session.name, session.id, hsid or "pending identity")
-        return session
+        return await self.identity.attach(conn, args)
 
     def _drop(self, session: Session) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
 
     async def detach(self, session: Session) -> None:
-        if self.sessions.get(session.id) is not session:
-            return
-        self._drop(session)
-        log.info("session %s disconnected", session.name)
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            try:
-                await self.store.run(self.store.store.touch_peers, [session.id], now_ms())
-            except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
-                log.warning("could not record when %s was last seen: %s", session.name, exc)
-
-    # --- identity (SPEC §3) -----------------------------------------------------------
-
-    async def learn(self, session: Session, hsid: str, rank: int) -> bool:
-        """`session` is host session `hsid` (by a source of strength `rank`). Caller holds the lock."""
-        store = self.store.store
-        if session.host_session_id == hsid:
-            session.rank = max(session.rank, rank)
-            return True
-        if session.host_session_id and rank < session.rank:
-            return False  # a weaker source never overrides a stronger one
-        if session.host_session_id and rank == RANK_HOOK and session.rank == RANK_HOOK and session.peer["agent"] not in EXCLUSIVE_HOSTS:
-            session.ambiguous = True  # several Codex threads on one host: never guess
-            log.warning("session %s: host reports another thread %s; identity ambiguous", session.name, hsid)
-            return False
-        other = await self.store.run(store.peer_by_host_session, hsid)
-        if other is not None and other["id"] != session.id:
-            if other["id"] in self.sessions:
-                log.warning("host session %s is already connected as %s; not pairing %s", hsid, other["name"], session.name)
-                session.ambiguous = True
-                return False
-            # The connection is that earlier session: same id, same name if free, same receipts.
-            old_id = session.id
-            await self.store.run(store.absorb_peer, old_id, other["id"])
-            name = domain.dedupe_name(other["name"], self.connected_names(excluding=session))
-            peer = await self.store.run(
-                store.update_peer,
-                other["id"],
-                name=name,
-                project=session.peer["project"],
-                agent=session.peer["agent"],
-                kind=session.peer["kind"],
-                lastSeenAt=now_ms(),
-            )
-            self._drop(session)  # registered under its old id until here: never unregistered while connected
-            session.peer = peer
-            self.sessions[session.id] = session
-            log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
-        else:
-            previous = session.host_session_id
-            session.peer = await self.store.run(store.update_peer, session.id, hostSessionId=hsid)
-            if previous is None:
-                await self.store.run(store.adopt_host_key, session.id, hsid)
-        session.rank = rank
-        session.ambiguous = False
-        await self._catch_up(session)
-        session.poke(replay=True)
-        session.notify(protocol.push("identity", session=session.public()))
-        return True
-
-    async def _catch_up(self, session: Session) -> None:
-        if session.is_job or not session.host_session_id:
-            return
-        queued = await self.store.run(self.store.store.catch_up, session.view(), now_ms())
-        if queued:
-            log.info("catch-up: %d decision(s) queued for %s", queued, session.name)
-            session.poke()
+        await self.identity.detach(session)
 
     async def identify(self, args: dict[str, Any]) -> dict[str, Any]:
-        """A hook reports the host session id of the host it runs under."""
-        allowed = {"hostSessionId", "agent", "host", "chain", "cwd", "source", "event", "at"}
-        _no_unknown(args, allowed, "identify")
-        hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
-        agent = domain.normalize_agent(args.get("agent", "claude"))
-        host = _parse_host(args.get("host"))
-        async with self._identity_lock:
-            return await self._identify(hsid, agent, host)
-
-    async def _identify(self, hsid: str, agent: str, host: tuple[int, int] | None) -> dict[str, Any]:
-        store = self.store.store
-        if host is not None:
-            await self.store.run(
-                store.record_host_instance, host[0], host[1], hsid, agent, now_ms(), exclusive=agent in EXCLUSIVE_HOSTS
-            )
-        bound = self.find_connected(hsid)
-        if bound is not None and bound.host_session_id == hsid:
-            bound.rank = max(bound.rank, RANK_HOOK)
-            return {"session": bound.public(), "paired": True}
-        candidates = [s for s in self.sessions.values() if host is not None and s.host == host]
-        if len(candidates) == 1:
-            paired = await self.learn(candidates[0], hsid, RANK_HOOK)
-            return {"session": candidates[0].public() if paired else None, "paired": paired}
-        if len(candidates) > 1:
-            log.warning("host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid)
-            return {"session": None, "paired": False, "ambiguous": True}
-        peer = await self.store.run(store.peer_by_host_session, hsid)
-        session = None if peer is None else {k: peer.get(k) for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
-        return {"session": session, "paired": False}
+        return await self.identity.identify(args)
 
     async def ingest_reports(self) -> int:
-        """Identity reports hooks left in the home folder while no broker ran."""
-        folder = self.home / paths.REPORTS_DIR
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError:
-            return 0
-        count = 0
-        for entry in names:
-            if not entry.endswith(".json"):
-                continue
-            path = folder / entry
-            try:
-                report = json.loads(path.read_text(encoding="utf-8"))
-                hsid = _req_str(report, "hostSessionId", ADDRESS_MAX)
-                agent = domain.normalize_agent(report.get("agent", "claude"))
-                host = _parse_host(report.get("host"))
-                await self._identify(hsid, agent, host)
-                count += 1
-            except (OSError, ValueError, InputError) as exc:
-                log.warning("ignored identity report %s: %s", entry, exc)
-            try:
-                path.unlink()
-            except OSError:
-                pass
-        return count
+        return await self.identity.ingest_reports()
 
     # --- requests from sessions --------------------------------------------------------
 
@@ -304,6 +125,8 @@ class Broker:
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise InputError(f"{op}: not available on a session connection")
+        if op not in ("ping", "status"):
+            await self.identity.on_request(session)
         return await handler(session, args)
 
     async def op_ping(self, session: Session, args: dict[str, Any]) -> Any:
@@ -345,11 +168,11 @@ class Broker:
         source = args.get("source_message_id")
         if not isinstance(source, str) or len(source) > ADDRESS_MAX:
             source = None  # provenance that names no bridge message is stored as null (SPEC §4.1)
-        recipients = [
-            Recipient(s.view(), host_key(s.view()))
-            for s in self.sessions.values()
-            if not s.is_job and domain.scope_applies(scope, s.view())
-        ]
+        in_scope = [s for s in self.sessions.values() if not s.is_job and domain.scope_applies(scope, s.view())]
+        notified = [s for s in in_scope if not s.tentative]
+        held_back = [s for s in in_scope if s.tentative]
+        recipients = [Recipient(s.view(), host_key(s.view())) for s in notified]
+        await self.pause("decide:resolved")
         decision, delivered = await self.store.run(
             self.store.store.record_decision,
             author=author,
@@ -362,10 +185,11 @@ class Broker:
             now=now_ms(),
             fault=self.fault,
         )
-        for r in recipients:
-            target = self.sessions.get(r.session.id)
-            if target is not None:
-                target.poke()
+        for s in notified:  # the session objects: one may have been merged into another record meanwhile
+            s.poke()
+        for s in held_back:  # no notice while tentative: queued if it becomes a real session
+            s.missed.append(decision["id"])
+            await self.identity.queue_missed(s)
         return {"decision": decision, "deliveredTo": delivered}
 
     async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
@@ -400,18 +224,23 @@ class Broker:
         planned = [r for r, _ in results if isinstance(r, Outgoing)]
         if not planned:
             return [r for r, _ in results if isinstance(r, InputError)]
+        if isinstance(session, Session):  # not the command line's sender
+            await self.identity.on_request(session)
+        await self.pause("send:resolved")
         now = now_ms()
-        messages = iter(await self.store.run(self.store.store.send_messages, session.id, planned, now, fault=self.fault))
-        for to_id in {o.to_id for o in planned}:
+        sent = await self.store.run(self.store.store.send_messages, session.id, planned, now, fault=self.fault)
+        messages = iter(sent)
+        for to_id in {m["to"]["id"] for m in sent}:  # as stored: an address may have followed a merge
             recipient = self.sessions.get(to_id)
             if recipient is not None:
                 recipient.poke()
         out: list[dict[str, Any] | InputError] = []
         for r, last_seen in results:
             if isinstance(r, Outgoing):
-                connected = r.to_id in self.sessions
+                message = next(messages)
+                connected = message["to"]["id"] in self.sessions  # the record it reached
                 out.append({
-                    "message": next(messages),
+                    "message": message,
                     "recipientConnected": connected,
                     "recipientLastSeen": now if connected else last_seen,
                 })
@@ -427,13 +256,17 @@ class Broker:
         reply_to = _opt_str(args, "reply_to", ADDRESS_MAX)
         target = self.find_connected(to)
         last_seen = None
-        if target is not None:
+        if target is not None and not target.tentative:
             to_id = target.id
-        else:
-            found = await self.store.run(self.store.store.find_peers_by_address, to)
-            if not found:
+        else:  # a session that may still vanish (daemon.identity) gets a message only if nobody else is addressed
+            tentative = {s.id for s in self.sessions.values() if s.tentative}
+            found = [p for p in await self.store.run(self.store.store.find_peers_by_address, to) if p["id"] not in tentative]
+            if found:
+                to_id, last_seen = found[0]["id"], found[0].get("lastSeenAt")
+            elif target is not None:
+                to_id = target.id
+            else:
                 raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from peers)")
-            to_id, last_seen = found[0]["id"], found[0].get("lastSeenAt")
         parent_hop = None
         if reply_to is not None:
             parent_hop = await self.store.run(self.store.store.message_hop, reply_to)
@@ -512,9 +345,7 @@ class Broker:
         _no_unknown(args, {"hostSessionId", "source"}, "learn_identity")
         hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
         source = str(args.get("source") or "codex-meta")
-        rank = {"codex-meta": RANK_CODEX_META, "claude-env": RANK_CLAUDE_ENV}.get(source, RANK_CODEX_META)
-        async with self._identity_lock:
-            learned = await self.learn(session, hsid, rank)
+        learned = await self.identity.learn_from_session(session, hsid, source)
         return {"session": session.public(), "learned": learned}
 
     # --- the command line: `agent-bridge decide | send | retract | forget | sessions` ----
@@ -551,7 +382,7 @@ class Broker:
             reason=reason,
             author=CLI_AUTHOR,
             author_agent=CLI_AGENT,
-            connected=[s.view() for s in self.sessions.values()],
+            connected=[s.view() for s in self.sessions.values() if not s.tentative],  # never a health check
             now=now_ms(),
             fault=self.fault,
         )
@@ -574,7 +405,7 @@ class Broker:
         if (addresses is None) == (gone_for is None):
             raise InputError("forget: give session addresses or goneForMs, not both and not neither")
         store = self.store.store
-        async with self._identity_lock:  # nobody connects as one of them while they are forgotten
+        async with self.identity.lock:  # nobody connects as one of them while they are forgotten
             if addresses is not None:
                 if not isinstance(addresses, list) or not addresses or not all(
                     isinstance(a, str) and a.strip() and len(a) <= ADDRESS_MAX for a in addresses
@@ -690,25 +521,6 @@ class _CliSender(NamedTuple):
 _CLI_SENDER = _CliSender(CLI_AUTHOR.id)
 
 
-# --- argument checks ----------------------------------------------------------------
-
-
-def _no_unknown(args: dict[str, Any], allowed: set[str], op: str) -> None:
-    extra = sorted(set(args) - allowed)
-    if extra:
-        known = ", ".join(sorted(allowed)) or "none"
-        raise InputError(f"{op}: unknown argument {extra[0]!r} (allowed: {known})")
-
-
-def _req_str(args: dict[str, Any], key: str, limit: int) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{key}: expected a non-empty string")
-    if len(value) > limit:
-        raise InputError(f"{key}: at most {limit} characters")
-    return value.strip()
-
-
 def _message_ids(args: dict[str, Any]) -> list[str]:
     ids = args.get("ids")
     if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= ADDRESS_MAX for i in ids):
@@ -716,20 +528,3 @@ def _message_ids(args: dict[str, Any]) -> list[str]:
     if len(ids) > ledger.IDS_MAX:
         raise InputError(f"ids: at most {ledger.IDS_MAX} per request")
     return ids
-
-
-def _opt_str(args: dict[str, Any], key: str, limit: int) -> str | None:
-    if args.get(key) is None:
-        return None
-    return _req_str(args, key, limit)
-
-
-def _parse_host(raw: object) -> tuple[int, int] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise InputError("host: expected {\"pid\": int, \"start\": int, \"exe\": str} or null")
-    pid, start = raw.get("pid"), raw.get("start")
-    if not isinstance(pid, int) or not isinstance(start, int) or isinstance(pid, bool) or isinstance(start, bool):
-        raise InputError("host: pid and start must be integers")
-    return pid, start

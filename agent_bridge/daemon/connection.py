@@ -9,6 +9,7 @@ import apsw
 import trio
 
 from agent_bridge.daemon.broker import Broker
+from agent_bridge.daemon.identity import Refused
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
@@ -91,11 +92,16 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
     except InputError as exc:
         await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))
         return
+    except Refused as exc:  # another connection holds this host session id: the client backs off
+        await conn.send(protocol.error(request_id, "refused", f"hello: {exc}"))
+        return
     except STORAGE_ERRORS as exc:
         await conn.send(_unavailable(request_id, "hello", exc))
         return
     try:
-        await conn.send(protocol.ok(request_id, {"session": session.public(), "hopLimit": broker.settings.hop_limit}))
+        # The secret lets this MCP server resume exactly this session later (daemon.identity).
+        hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
+        await conn.send(protocol.ok(request_id, hello))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(deliver, broker, session)
             await _receive_requests(broker, session)

@@ -34,6 +34,15 @@ class Session:
     # that produces one never waits on this session's socket. Bounded: one identity (the
     # latest) and one "acked" holding the ids acknowledged elsewhere since the last send.
     notices: deque[dict[str, Any]] = field(default_factory=deque)
+    # Identity without a host session id (daemon.identity): the resume secret handed out at
+    # hello (kept only for that answer), the host instance (pid, start time) the connection
+    # runs under, and whether it is still tentative: a new record with no host identity and
+    # no tool call yet, which gets no decision notices (the ones it missed are listed, to be
+    # queued if it turns into a real session) and leaves nothing behind.
+    secret: str | None = None
+    instance: tuple[int, int] | None = None
+    tentative: bool = False
+    missed: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:

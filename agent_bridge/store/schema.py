@@ -5,6 +5,8 @@ Version 3 adds append-only pinned decisions, their per-host-session deliveries, 
 persisted host-to-session map of SPEC §3.
 Version 4 adds the owner's controls: append-only retractions of a topic's decision (with the
 notices they queued) and forgotten sessions (a tombstone where history still names them).
+Version 5 adds identity without a host session id (SPEC §3): each session's resume secret
+(hashed), the sessions each host instance ran, and where a merged record's address now leads.
 """
 
 from __future__ import annotations
@@ -129,7 +131,34 @@ ALTER TABLE peers ADD COLUMN forgotten_at INTEGER;
 PRAGMA user_version = 4;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4)
+
+V5 = """
+-- A session's resume secret (SPEC §3): only its hash is kept, so nobody who can read the
+-- database can claim the session; the MCP server that was given the secret presents it.
+CREATE TABLE session_secrets (
+  peer_id TEXT PRIMARY KEY REFERENCES peers(id),
+  secret_hash TEXT NOT NULL);
+
+-- For hosts that never give a host session id: the sessions a host instance (pid + start
+-- time of the nearest agent host, else of the MCP server's parent) ran, so an MCP server it
+-- restarts resumes the same session.
+CREATE TABLE instance_sessions (
+  pid INTEGER NOT NULL, start_time INTEGER NOT NULL,
+  peer_id TEXT NOT NULL REFERENCES peers(id),
+  seen_at INTEGER NOT NULL,
+  PRIMARY KEY (pid, start_time, peer_id));
+CREATE INDEX instance_sessions_peer ON instance_sessions(peer_id);
+
+-- A record merged into another when a connection learned it was an earlier session: an
+-- address resolved to the old id before the merge still reaches the session.
+CREATE TABLE peer_merges (
+  old_id TEXT PRIMARY KEY,
+  into_id TEXT NOT NULL REFERENCES peers(id),
+  merged_at INTEGER NOT NULL);
+PRAGMA user_version = 5;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5)
 CURRENT_VERSION = len(STEPS)
 
 

@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -251,15 +251,106 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?)",
                 [(d, key, into_id, m, c) for d, m, c in rows],
             )
-            referenced = self.conn.execute(
-                "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
-                "OR EXISTS(SELECT 1 FROM receipts WHERE peer_id = ?1) "
-                "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
-                "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1)",
-                (old_id,),
-            ).fetchone()
-            if referenced is not None and not referenced[0]:
-                self.conn.execute("DELETE FROM peers WHERE id = ?", (old_id,))
+            # Whatever resolved an address to the old record before this commit reaches the
+            # session through the merge map (resolve_peer), not a dead record.
+            self.conn.execute(
+                "INSERT OR REPLACE INTO peer_merges(old_id, into_id, merged_at) VALUES (?, ?, ?)",
+                (old_id, into_id, now_ms()),
+            )
+            self.conn.execute("UPDATE peer_merges SET into_id = ? WHERE into_id = ?", (into_id, old_id))
+            self.conn.execute("DELETE FROM peer_merges WHERE old_id = into_id")
+            # The connection keeps its resume secret and its host instance: they now name this record.
+            self.conn.execute(
+                "INSERT OR REPLACE INTO session_secrets(peer_id, secret_hash) "
+                "SELECT ?, secret_hash FROM session_secrets WHERE peer_id = ?",
+                (into_id, old_id),
+            )
+            self.conn.execute(
+                "INSERT OR IGNORE INTO instance_sessions(pid, start_time, peer_id, seen_at) "
+                "SELECT pid, start_time, ?, seen_at FROM instance_sessions WHERE peer_id = ?",
+                (into_id, old_id),
+            )
+            self._delete_if_unreferenced(old_id)
+
+    def _delete_if_unreferenced(self, peer_id: str) -> bool:
+        """Delete a session record that nothing else names (inside the caller's transaction)."""
+        referenced = self.conn.execute(
+            "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
+            "OR EXISTS(SELECT 1 FROM receipts WHERE peer_id = ?1) "
+            "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
+            "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1) "
+            "OR EXISTS(SELECT 1 FROM decision_retractions WHERE author_id = ?1) "
+            "OR EXISTS(SELECT 1 FROM retraction_notices WHERE peer_id = ?1)",
+            (peer_id,),
+        ).fetchone()
+        if referenced is None or referenced[0]:
+            return False
+        self._drop_identity(peer_id)
+        self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))
+        return True
+
+    def _drop_identity(self, peer_id: str) -> None:
+        """What lets a connection become this session again: its resume secret, the host
+        instances that ran it, merged records leading to it (inside the caller's transaction)."""
+        self.conn.execute("DELETE FROM session_secrets WHERE peer_id = ?", (peer_id,))
+        self.conn.execute("DELETE FROM instance_sessions WHERE peer_id = ?", (peer_id,))
+        self.conn.execute("DELETE FROM peer_merges WHERE into_id = ?", (peer_id,))
+
+    def forget_unused_peer(self, peer_id: str) -> bool:
+        """A session that never became anyone (a health check: no host identity, no tool
+        call) leaves nothing behind, unless something was already sent to it."""
+        with self.conn:
+            forgotten = self._delete_if_unreferenced(peer_id)
+        return forgotten
+
+    def resolve_peer(self, peer_id: str) -> str:
+        """The record a session id leads to now: itself, or the record it was merged into."""
+        row = self.conn.execute("SELECT into_id FROM peer_merges WHERE old_id = ?", (peer_id,)).fetchone()
+        return peer_id if row is None else str(row[0])
+
+    # --- resume -------------------------------------------------------------------
+
+    def set_secret(self, peer_id: str, secret_hash: str) -> None:
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO session_secrets(peer_id, secret_hash) VALUES (?, ?)", (peer_id, secret_hash)
+            )
+
+    def secret_hash(self, peer_id: str) -> str | None:
+        """The hash of the session's resume secret (following a merge), or None."""
+        row = self.conn.execute(
+            "SELECT secret_hash FROM session_secrets WHERE peer_id = ?", (self.resolve_peer(peer_id),)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def record_instance_session(self, pid: int, start_time: int, peer_id: str, now: int) -> None:
+        with self.conn:
+            self.conn.execute(
+                "INSERT INTO instance_sessions(pid, start_time, peer_id, seen_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(pid, start_time, peer_id) DO UPDATE SET seen_at = excluded.seen_at",
+                (pid, start_time, peer_id, now),
+            )
+
+    def instance_sessions(self, pid: int, start_time: int, *, agent: str, project: str, kind: str) -> list[str]:
+        """The sessions without a host session id that host instance (pid, start_time) ran for
+        this agent, project and kind, most recently seen first. (One with a host session id
+        is found by that id; another project is another session.)"""
+        rows = self.conn.execute(
+            "SELECT i.peer_id FROM instance_sessions i JOIN peers p ON p.id = i.peer_id "
+            f"WHERE i.pid = ? AND i.start_time = ? AND p.host_session_id IS NULL AND {queries.listed_peers('p')} "
+            "AND p.agent = ? AND p.project = ? AND p.kind = ? ORDER BY i.seen_at DESC",
+            (pid, start_time, agent, project, kind),
+        )
+        return [r[0] for r in rows]
+
+    def session_addresses_taken(self, name: str, *, excluding: str | None = None) -> bool:
+        """Whether `name` is another session's id or host session id."""
+        row = self.conn.execute(
+            f"SELECT 1 FROM peers WHERE (id = ?1 OR host_session_id = ?1) AND id IS NOT ?2 AND {queries.LISTED_PEERS} "
+            "LIMIT 1",
+            (name, excluding),
+        ).fetchone()
+        return row is not None
 
     def adopt_host_key(self, peer_id: str, host_session_id: str) -> None:
         """Deliveries recorded while the session's host identity was unknown count for it now."""
@@ -317,6 +408,9 @@ class Store:
         with self.conn:
             if from_id == CLI_AUTHOR.id:
                 self._ensure_cli_peer(now)
+            # Addresses resolved before this transaction may name a record merged meanwhile.
+            from_id = self.resolve_peer(from_id)
+            outgoing = [o._replace(to_id=self.resolve_peer(o.to_id)) for o in outgoing]
             names = {
                 r[0]: (r[1], r[2])
                 for r in self.conn.execute(
@@ -444,6 +538,8 @@ class Store:
         with self.conn:
             if author.id == CLI_AUTHOR.id:
                 self._ensure_cli_peer(now)
+            author_id = self.resolve_peer(author.id)
+            recipients = self._resolve_recipients(recipients)
             if source_message_id is not None and not self.message_exists(source_message_id):
                 source_message_id = None
             # The topic's last revision: the current one, or the retracted one a new decide restarts.
@@ -463,7 +559,7 @@ class Store:
                     domain.scope_to_json(scope),
                     kind,
                     project,
-                    author.id,
+                    author_id,
                     author.name,
                     author_agent,
                     now,
@@ -474,11 +570,32 @@ class Store:
             decision = queries.decision_by_id(self.conn, decision_id)
             assert decision is not None
             fault("decide:after-decision")
-            self._queue_notifications(decision, author.id, recipients, now, fault)
+            self._queue_notifications(decision, author_id, recipients, now, fault)
             fault("decide:before-commit")
         fault("decide:after-commit")
         assert decision is not None
         return decision, sorted(r.session.name for r in recipients)
+
+    def _resolve_recipients(self, recipients: Sequence[Recipient]) -> list[Recipient]:
+        """Recipients chosen before the transaction, each as the record it is now: one that was
+        merged into an earlier session counts under that session's id and host key."""
+        out: dict[str, Recipient] = {}
+        for r in recipients:
+            current = self.resolve_peer(r.session.id)
+            if current != r.session.id:
+                peer = self.get_peer(current)
+                if peer is None:
+                    continue
+                view = SessionView(
+                    id=current,
+                    name=peer["name"],
+                    project=peer["project"],
+                    host_session_id=peer["hostSessionId"],
+                    kind=peer["kind"],
+                )
+                r = Recipient(view, host_key(view))
+            out.setdefault(r.session.id, r)
+        return list(out.values())
 
     def _queue_notifications(
         self,
@@ -510,12 +627,13 @@ class Store:
                 fault("decide:mid-fanout")
         return queued
 
-    def catch_up(self, session: SessionView, now: int) -> int:
+    def catch_up(self, session: SessionView, now: int, *, only: Collection[str] | None = None) -> int:
         """Queue every current decision applicable to `session` that its host session has not
-        received yet (SPEC §4.4). Only for a session whose host identity is known."""
-        if not session.host_session_id or session.kind == "job":
+        received yet (SPEC §4.4). Only for a session whose host identity is known, except with
+        `only`: those decisions (recorded while the session was tentative), under its key."""
+        if session.kind == "job" or (only is None and not session.host_session_id):
             return 0
-        key = session.host_session_id
+        key = host_key(session)
         with self.conn:
             current = queries.query_decisions(self.conn)
             received = {
@@ -523,7 +641,11 @@ class Store:
                 for r in self.conn.execute("SELECT decision_id FROM decision_deliveries WHERE host_key = ?", (key,))
             }
             missing = [
-                d for d in current if d["id"] not in received and domain.scope_applies(d["scope"], session)
+                d
+                for d in current
+                if d["id"] not in received
+                and (only is None or d["id"] in only)
+                and domain.scope_applies(d["scope"], session)
             ]
             for decision in reversed(missing):  # oldest first, so the inbox reads in recording order
                 self._queue_notifications(decision, decision["author"]["id"], [Recipient(session, key)], now)
@@ -634,6 +756,7 @@ class Store:
                     self.conn.execute(
                         "DELETE FROM host_instances WHERE host_session_id = ?", (peer["hostSessionId"],)
                     )
+                self._drop_identity(peer_id)
                 referenced = self.conn.execute(
                     "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
                     "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "

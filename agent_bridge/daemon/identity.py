@@ -1,0 +1,424 @@
+"""Who is who (SPEC §3): which session record a connection is, and when two records are one.
+
+The broker's dispatch calls in here at hello (`attach`), at the end of a connection
+(`detach`), for a hook's report (`identify`, `ingest_reports`) and for an identity an MCP
+server saw itself (`learn`). The pairing rules live here and nowhere else:
+
+1. Resume. A connection that presents a session id with that session's secret (handed out at
+   its hello) is that session, whatever else it says: an MCP server keeps its session across
+   broker restarts. Only the secret's hash is stored.
+2. Host session id. Strongest source first (`RANK_*`): `--host-session-id`, a hook's report
+   for the host instance, `CLAUDE_CODE_SESSION_ID`, Codex `_meta`. One connection holds a host
+   session id at a time: a stronger source takes it from a weaker one, a tie keeps the
+   incumbent, and the refused connection is told why (`Refused`) and backs off.
+3. Host instance. Without a host session id, the host instance (nearest agent host, else the
+   MCP server's parent, on pid and start time) names the session it ran before, when exactly
+   one of its sessions is not connected: a host restarting its MCP server gets it back.
+4. Tentative. A new record that has no host identity and has made no tool call gets no
+   decision notices (the ones it missed are queued if it becomes real) and, if it leaves that
+   way (a health check), leaves nothing behind.
+5. Names are never uuid-shaped and never another session's id or host session id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import apsw
+import trio
+
+from agent_bridge import domain, paths
+from agent_bridge.daemon.args import (
+    ADDRESS_MAX,
+    no_unknown,
+    opt_str,
+    parse_host,
+    parse_parent,
+    parse_resume,
+    req_str,
+)
+from agent_bridge.daemon.sessions import (
+    RANK_CLAUDE_ENV,
+    RANK_CODEX_META,
+    RANK_EXPLICIT,
+    RANK_HOOK,
+    RANK_NONE,
+    Session,
+)
+from agent_bridge.domain import InputError
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.store.writer import now_ms
+
+if TYPE_CHECKING:
+    from agent_bridge.daemon.broker import Broker
+
+log = logging.getLogger("agent_bridge.identity")
+
+EXCLUSIVE_HOSTS = frozenset({"claude"})  # one conversation per host process; Codex may run several
+SECRET_BYTES = 32
+SAID_MEMORY = 1000  # refusals already logged (per host session id and process): each once
+SOURCE_NAMES = {
+    RANK_NONE: "no host identity",
+    RANK_CODEX_META: "Codex tool-call _meta",
+    RANK_CLAUDE_ENV: "CLAUDE_CODE_SESSION_ID",
+    RANK_HOOK: "a hook's report",
+    RANK_EXPLICIT: "--host-session-id",
+}
+HELLO_ARGS = {"agent", "project", "kind", "name", "hostSessionId", "claudeSessionId", "host", "chain", "pid", "resume"}
+
+
+class Refused(Exception):
+    """A hello this broker will not serve now: another connection holds the host session id
+    with an equal or stronger claim. Not bad input: the MCP server backs off and tries later."""
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def choose_host_session(
+    explicit: str | None, host_candidates: list[str], claude_env: str | None
+) -> tuple[str | None, int, bool]:
+    """(host session id, the rank of its source, ambiguous) from what a hello carries."""
+    if explicit is not None:
+        return explicit, RANK_EXPLICIT, False
+    if len(host_candidates) == 1:
+        return host_candidates[0], RANK_HOOK, False
+    if len(host_candidates) > 1:
+        return None, RANK_NONE, True  # several threads on one host: never guess
+    if claude_env is not None:
+        return claude_env, RANK_CLAUDE_ENV, False
+    return None, RANK_NONE, False
+
+
+def takes_over(rank: int, incumbent_rank: int) -> bool:
+    """A second connection for one host session id wins only with a stronger source."""
+    return rank > incumbent_rank
+
+
+class Identity:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.lock = trio.Lock()  # attach/learn/identify change who is who: one at a time
+        self._said: set[str] = set()
+
+    @property
+    def _store(self) -> Any:
+        return self.broker.store
+
+    # --- hello ---------------------------------------------------------------------
+
+    async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
+        no_unknown(args, HELLO_ARGS, "hello")
+        agent = domain.normalize_agent(args.get("agent", "claude"))
+        project = domain.normalize_folder(args.get("project"), what="project")
+        kind = args.get("kind", "interactive")
+        if kind not in ("interactive", "job"):
+            raise InputError(f"kind: expected \"interactive\" or \"job\", got {kind!r}")
+        name = opt_str(args, "name", ADDRESS_MAX)
+        if name is not None:
+            domain.check_session_name(name)
+        explicit = opt_str(args, "hostSessionId", ADDRESS_MAX)
+        claude_env = opt_str(args, "claudeSessionId", ADDRESS_MAX)
+        host = parse_host(args.get("host"))
+        instance = host or parse_parent(args.get("chain"))
+        resume = parse_resume(args.get("resume"))
+        pid = args.get("pid") if isinstance(args.get("pid"), int) else None
+        runner, store, broker = self._store, self._store.store, self.broker
+
+        async with self.lock:
+            await self.ingest_reports()
+            peer, how = None, "new"
+            hsid, rank, ambiguous = None, RANK_NONE, False
+            if resume is not None:
+                peer = await self._resumable(*resume, pid)
+                if peer is not None:
+                    how, hsid = "resumed", peer["hostSessionId"]
+                    rank = _resumed_rank(hsid, explicit, claude_env)
+            if peer is None:
+                candidates = [] if host is None else await runner.run(store.host_sessions_for, *host)
+                hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
+                if ambiguous:
+                    log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
+                if hsid is not None:
+                    peer = await runner.run(store.peer_by_host_session, hsid)
+                    how = "host session" if peer is not None else how
+                elif instance is not None and not ambiguous:
+                    ran = [p for p in await runner.run(
+                        store.instance_sessions, *instance, agent=agent, project=project, kind=kind
+                    ) if p not in broker.sessions]
+                    if len(ran) == 1:
+                        peer, how = await runner.run(store.get_peer, ran[0]), "host instance"
+            if peer is not None:
+                held = broker.sessions.get(peer["id"])
+                if held is not None:
+                    if how != "resumed" and not takes_over(rank, held.rank):
+                        raise self._refusal(hsid, held, rank, pid)
+                    log.info("session %s: a new connection (%s) replaces its previous one", held.name, how)
+                    broker._drop(held)
+                    await held.conn.aclose()
+            if name is not None and await runner.run(
+                store.session_addresses_taken, name, excluding=None if peer is None else peer["id"]
+            ):
+                raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
+            now = now_ms()
+            if peer is not None:
+                base = peer["name"] if how == "resumed" else name or peer["name"]
+                fields: dict[str, Any] = {"name": await self._free_name(base, peer["id"]), "lastSeenAt": now}
+                if how != "resumed":  # a resumed session is exactly what it was
+                    fields.update(project=project, agent=agent, kind=kind)
+                peer = await runner.run(store.update_peer, peer["id"], **fields)
+            else:
+                base = name or domain.session_name(agent, project)
+                peer = await runner.run(
+                    store.create_peer,
+                    agent=agent,
+                    name=await self._free_name(base, None),
+                    project=project,
+                    kind=kind,
+                    host_session_id=hsid,
+                    now=now,
+                )
+            if how == "resumed":
+                secret = resume[1]  # type: ignore[index]
+            else:  # a new holder: an earlier secret for this record stops working
+                secret = secrets.token_urlsafe(SECRET_BYTES)
+                await runner.run(store.set_secret, peer["id"], hash_secret(secret))
+            if instance is not None:
+                await runner.run(store.record_instance_session, *instance, peer["id"], now)
+            session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
+            session.secret, session.instance = secret, instance
+            session.tentative = how == "new" and hsid is None
+            broker.sessions[session.id] = session
+            if hsid is not None:
+                try:
+                    await self.catch_up(session)
+                except BaseException:
+                    broker._drop(session)  # the hello fails: no session without a connection task
+                    raise
+        log.info("session %s connected (%s, %s)", session.name, session.id, hsid or f"no host session id, {how}")
+        return session
+
+    async def _resumable(self, peer_id: str, secret: str, pid: int | None) -> dict[str, Any] | None:
+        """The session `peer_id` names (after any merge), when `secret` is its secret."""
+        runner, store = self._store, self._store.store
+        stored = await runner.run(store.secret_hash, peer_id)
+        if stored is not None and hmac.compare_digest(stored, hash_secret(secret)):
+            return await runner.run(store.get_peer, await runner.run(store.resolve_peer, peer_id))
+        self._say_once(f"resume:{peer_id}:{pid}", "a connection presented session %s with a secret that is not its own; not resumed", peer_id)
+        return None
+
+    async def _free_name(self, base: str, own_id: str | None) -> str:
+        """`base` deduplicated against connected sessions' names and every session's id and
+        host session id (a name must never capture another session's address)."""
+        runner, store = self._store, self._store.store
+        taken = self.broker.connected_names()
+        while True:
+            name = domain.dedupe_name(base, taken)
+            if not await runner.run(store.session_addresses_taken, name, excluding=own_id):
+                return name
+            taken.add(name)
+
+    def _refusal(self, hsid: str | None, held: Session, rank: int, pid: int | None) -> Refused:
+        reason = (
+            f"host session {hsid} is already connected as {held.name} (identified by "
+            f"{SOURCE_NAMES.get(held.rank, held.rank)}); this connection's claim "
+            f"({SOURCE_NAMES.get(rank, rank)}) does not outrank it, so it waits and retries"
+        )
+        self._say_once(f"refused:{hsid}:{pid}", "refused a second connection (pid %s): %s", pid, reason)
+        return Refused(reason)
+
+    def _say_once(self, key: str, message: str, *args: Any) -> None:
+        if key in self._said:
+            return
+        if len(self._said) >= SAID_MEMORY:
+            self._said.clear()
+        self._said.add(key)
+        log.warning(message, *args)
+
+    # --- the end of a connection, and its first tool call ----------------------------
+
+    async def detach(self, session: Session) -> None:
+        broker = self.broker
+        if broker.sessions.get(session.id) is not session:
+            return
+        broker._drop(session)
+        runner, store = self._store, self._store.store
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                if session.tentative and await runner.run(store.forget_unused_peer, session.id):
+                    log.info("session %s left without a host identity or a tool call; nothing kept", session.name)
+                    return
+                log.info("session %s disconnected", session.name)
+                await runner.run(store.touch_peers, [session.id], now_ms())
+            except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
+                log.warning("could not record when %s was last seen: %s", session.name, exc)
+
+    async def on_request(self, session: Session) -> None:
+        """The session made a tool call: it is a real session from now on."""
+        if session.tentative:
+            session.tentative = False
+            await self.queue_missed(session)
+
+    async def queue_missed(self, session: Session) -> None:
+        """Decisions recorded while the session was tentative, now that it is not."""
+        if session.tentative or not session.missed:
+            return
+        ids, session.missed = session.missed, []
+        queued = await self._store.run(self._store.store.catch_up, session.view(), now_ms(), only=ids)
+        if queued:
+            session.poke()
+
+    # --- learning a host session id ------------------------------------------------------
+
+    async def learn_from_session(self, session: Session, hsid: str, source: str) -> bool:
+        rank = {"codex-meta": RANK_CODEX_META, "claude-env": RANK_CLAUDE_ENV}.get(source, RANK_CODEX_META)
+        async with self.lock:
+            return await self.learn(session, hsid, rank)
+
+    async def learn(self, session: Session, hsid: str, rank: int) -> bool:
+        """`session` is host session `hsid` (by a source of strength `rank`). Caller holds the lock."""
+        broker, runner, store = self.broker, self._store, self._store.store
+        if session.host_session_id == hsid:
+            session.rank = max(session.rank, rank)
+            return True
+        if session.host_session_id and rank < session.rank:
+            return False  # a weaker source never overrides a stronger one
+        if (
+            session.host_session_id
+            and rank == RANK_HOOK
+            and session.rank == RANK_HOOK
+            and session.peer["agent"] not in EXCLUSIVE_HOSTS
+        ):
+            session.ambiguous = True  # several Codex threads on one host: never guess
+            log.warning("session %s: host reports another thread %s; identity ambiguous", session.name, hsid)
+            return False
+        other = await runner.run(store.peer_by_host_session, hsid)
+        if other is not None and other["id"] != session.id:
+            if other["id"] in broker.sessions:
+                self._say_once(
+                    f"held:{hsid}:{session.id}",
+                    "host session %s is already connected as %s; not pairing %s",
+                    hsid,
+                    other["name"],
+                    session.name,
+                )
+                session.ambiguous = True
+                return False
+            # The connection is that earlier session: same id, same name if free, same receipts.
+            old_id = session.id
+            await runner.run(store.absorb_peer, old_id, other["id"])
+            name = domain.dedupe_name(other["name"], broker.connected_names(excluding=session))
+            peer = await runner.run(
+                store.update_peer,
+                other["id"],
+                name=name,
+                project=session.peer["project"],
+                agent=session.peer["agent"],
+                kind=session.peer["kind"],
+                lastSeenAt=now_ms(),
+            )
+            broker._drop(session)  # registered under its old id until here: never unregistered while connected
+            session.peer = peer
+            broker.sessions[session.id] = session
+            log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
+        else:
+            previous = session.host_session_id
+            session.peer = await runner.run(store.update_peer, session.id, hostSessionId=hsid)
+            if previous is None:
+                await runner.run(store.adopt_host_key, session.id, hsid)
+        session.rank = rank
+        session.ambiguous = False
+        session.tentative = False
+        session.missed.clear()  # the catch-up below queues every current decision it has not had
+        await self.catch_up(session)
+        session.poke(replay=True)
+        session.notify(protocol.push("identity", session=session.public()))
+        return True
+
+    async def catch_up(self, session: Session) -> None:
+        if session.is_job or not session.host_session_id:
+            return
+        queued = await self._store.run(self._store.store.catch_up, session.view(), now_ms())
+        if queued:
+            log.info("catch-up: %d decision(s) queued for %s", queued, session.name)
+            session.poke()
+
+    # --- hooks ---------------------------------------------------------------------------
+
+    async def identify(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A hook reports the host session id of the host it runs under."""
+        allowed = {"hostSessionId", "agent", "host", "chain", "cwd", "source", "event", "at"}
+        no_unknown(args, allowed, "identify")
+        hsid = req_str(args, "hostSessionId", ADDRESS_MAX)
+        agent = domain.normalize_agent(args.get("agent", "claude"))
+        host = parse_host(args.get("host"))
+        async with self.lock:
+            return await self._identify(hsid, agent, host)
+
+    async def _identify(self, hsid: str, agent: str, host: tuple[int, int] | None) -> dict[str, Any]:
+        broker, runner, store = self.broker, self._store, self._store.store
+        if host is not None:
+            await runner.run(
+                store.record_host_instance, host[0], host[1], hsid, agent, now_ms(), exclusive=agent in EXCLUSIVE_HOSTS
+            )
+        bound = broker.find_connected(hsid)
+        if bound is not None and bound.host_session_id == hsid:
+            bound.rank = max(bound.rank, RANK_HOOK)
+            return {"session": bound.public(), "paired": True}
+        candidates = [s for s in broker.sessions.values() if host is not None and s.host == host]
+        if len(candidates) == 1:
+            paired = await self.learn(candidates[0], hsid, RANK_HOOK)
+            return {"session": candidates[0].public() if paired else None, "paired": paired}
+        if len(candidates) > 1:
+            log.warning("host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid)
+            return {"session": None, "paired": False, "ambiguous": True}
+        peer = await runner.run(store.peer_by_host_session, hsid)
+        session = None if peer is None else {k: peer.get(k) for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
+        return {"session": session, "paired": False}
+
+    async def ingest_reports(self) -> int:
+        """Identity reports hooks left in the home folder while no broker ran."""
+        folder = self.broker.home / paths.REPORTS_DIR
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return 0
+        count = 0
+        for entry in names:
+            if not entry.endswith(".json"):
+                continue
+            path = folder / entry
+            try:
+                report = json.loads(path.read_text(encoding="utf-8"))
+                hsid = req_str(report, "hostSessionId", ADDRESS_MAX)
+                agent = domain.normalize_agent(report.get("agent", "claude"))
+                host = parse_host(report.get("host"))
+                await self._identify(hsid, agent, host)
+                count += 1
+            except (OSError, ValueError, InputError) as exc:
+                log.warning("ignored identity report %s: %s", entry, exc)
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        return count
+
+
+def _resumed_rank(hsid: str | None, explicit: str | None, claude_env: str | None) -> int:
+    """How strongly a resumed session's host session id is known: what this hello supplies
+    for it, else a hook's strength (it was learned before, by a source no longer at hand)."""
+    if hsid is None:
+        return RANK_NONE
+    if explicit == hsid:
+        return RANK_EXPLICIT
+    if claude_env == hsid:
+        return max(RANK_CLAUDE_ENV, RANK_HOOK)
+    return RANK_HOOK
