@@ -798,12 +798,18 @@ def main(ns: argparse.Namespace) -> int:
         print(f"agent-bridge mcp: {exc.strerror or exc}", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="agent-bridge mcp: %(message)s")
+    refused: list[BaseException] = []
     try:
         trio.run(serve, options)
     except* (BrokenPipeError, ConnectionResetError):
         pass  # the host went away while we were writing: the session is over either way
     except* KeyboardInterrupt:
         pass  # a signal before the server listened for it: ending is what the host asked
+    except* RemoteError as group:  # the broker refused this session's hello as bad input (say, --name)
+        refused.extend(group.exceptions)
+    if refused:
+        print(f"agent-bridge mcp: {refused[0]}", file=sys.stderr)
+        exit_now(2)
     exit_now(0)
 
 
