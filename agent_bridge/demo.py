@@ -150,6 +150,7 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
 async def _connect(socket: str, agent: str, kind: str, project: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     hello = {"agent": agent, "project": project, "kind": kind}
     async with open_bridge_client(socket, hello) as (client, pushes):
+        await client.request("whoami")  # a session in use, as an agent's first tool call makes it
         task_status.started((client, pushes))
         await trio.sleep_forever()
 
