@@ -141,7 +141,7 @@ class Identity:
                 peer = await self._resumable(*resume, pid)
                 if peer is not None:
                     how, hsid = "resumed", peer["hostSessionId"]
-                    rank = _resumed_rank(hsid, explicit, claude_env)
+                    rank = _resumed_rank(hsid, explicit)
             if peer is None:
                 candidates = [] if host is None else await runner.run(store.host_sessions_for, *host)
                 hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
@@ -412,13 +412,9 @@ class Identity:
         return count
 
 
-def _resumed_rank(hsid: str | None, explicit: str | None, claude_env: str | None) -> int:
-    """How strongly a resumed session's host session id is known: what this hello supplies
-    for it, else a hook's strength (it was learned before, by a source no longer at hand)."""
+def _resumed_rank(hsid: str | None, explicit: str | None) -> int:
+    """How strongly a resumed session's host session id is known: explicit when this hello
+    names it so, else a hook's strength (it was learned before, by a source no longer at hand)."""
     if hsid is None:
         return RANK_NONE
-    if explicit == hsid:
-        return RANK_EXPLICIT
-    if claude_env == hsid:
-        return max(RANK_CLAUDE_ENV, RANK_HOOK)
-    return RANK_HOOK
+    return RANK_EXPLICIT if explicit == hsid else RANK_HOOK

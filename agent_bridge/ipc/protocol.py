@@ -16,6 +16,10 @@ The first request on a connection is either `hello` (it becomes a session's conn
 control request (`identify`, `stop_check`, `stop_ack`, `status`, `shutdown`, `ping`; from the command
 line also `decide`, `send`, `retract`, `forget`, `connected`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
+`hello` answers {"session": {...}, "hopLimit": n, "secret": "..."}: presenting
+"resume": {"id": <session id>, "secret": <that secret>} in a later hello gets that session back.
+A hello for a host session id another connection holds with an equal or stronger claim gets
+the error code "refused" (try again later), not "bad_request" (fix the request).
 
 A client need not wait for an answer before its next request: requests on one connection are
 carried out and answered in the order they were sent (consecutive sends may share a commit).
