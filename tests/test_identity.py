@@ -298,6 +298,8 @@ async def test_two_servers_for_one_host_session_do_not_evict_each_other(broker, 
                 cpu_used, lines_added = broker_cpu_seconds(broker.pid) - cpu_start, log_lines(home) - lines_start
                 assert lines_added <= 3, (home / paths.LOG_NAME).read_text()[-2000:]
                 assert cpu_used < 0.5  # an eviction loop burns about a quarter of a core
+                said = (home / paths.LOG_NAME).read_text(errors="replace").count("refused a second connection")
+                assert said == 1  # why, once
                 assert "already connected" in await call_error(loser, "whoami")
                 holding = await call(holder, "whoami")
                 live = [p for p in await call(holder, "peers") if p["hostSessionId"] == "dup-session"]
