@@ -195,7 +195,9 @@ class Identity:
                 await runner.run(store.record_instance_session, *instance, peer["id"], now)
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
             session.secret, session.instance = secret, instance
-            session.tentative = how == "new" and hsid is None
+            # A resumed one too: it may be a health check whose broker restarted; an MCP server
+            # whose host has called a tool says so right after this hello.
+            session.tentative = how in ("new", "resumed") and hsid is None
             broker.sessions[session.id] = session
             if hsid is not None:
                 try:
