@@ -58,6 +58,7 @@ from agent_bridge.store.writer import now_ms
 
 if TYPE_CHECKING:
     from agent_bridge.daemon.broker import Broker
+    from agent_bridge.daemon.storage import StoreRunner
 
 log = logging.getLogger("agent_bridge.identity")
 
@@ -110,7 +111,7 @@ class Identity:
         self._said: set[str] = set()
 
     @property
-    def _store(self) -> Any:
+    def _store(self) -> StoreRunner:
         return self.broker.store
 
     # --- hello ---------------------------------------------------------------------
@@ -135,27 +136,13 @@ class Identity:
 
         async with self.lock:
             await self.ingest_reports()
-            peer, how = None, "new"
-            hsid, rank, ambiguous = None, RANK_NONE, False
-            if resume is not None:
-                peer = await self._resumable(*resume, pid)
-                if peer is not None:
-                    how, hsid = "resumed", peer["hostSessionId"]
-                    rank = _resumed_rank(hsid, explicit)
-            if peer is None:
-                candidates = [] if host is None else await runner.run(store.host_sessions_for, *host)
-                hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
-                if ambiguous:
-                    log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
-                if hsid is not None:
-                    peer = await runner.run(store.peer_by_host_session, hsid)
-                    how = "host session" if peer is not None else how
-                elif instance is not None and not ambiguous:
-                    ran = [p for p in await runner.run(
-                        store.instance_sessions, *instance, agent=agent, project=project, kind=kind
-                    ) if p not in broker.sessions]
-                    if len(ran) == 1:
-                        peer, how = await runner.run(store.get_peer, ran[0]), "host instance"
+            peer, how, hsid, rank, ambiguous = await self._find_record(
+                resume, explicit, claude_env, host, instance, pid, agent=agent, project=project, kind=kind
+            )
+            if name is not None and await runner.run(
+                store.session_addresses_taken, name, excluding=None if peer is None else peer["id"]
+            ):
+                raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
             if peer is not None:
                 held = broker.sessions.get(peer["id"])
                 if held is not None:
@@ -164,10 +151,6 @@ class Identity:
                     log.info("session %s: a new connection (%s) replaces its previous one", held.name, how)
                     broker._drop(held)
                     await held.conn.aclose()
-            if name is not None and await runner.run(
-                store.session_addresses_taken, name, excluding=None if peer is None else peer["id"]
-            ):
-                raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
             now = now_ms()
             if peer is not None:
                 base = peer["name"] if how == "resumed" else name or peer["name"]
@@ -207,6 +190,41 @@ class Identity:
                     raise
         log.info("session %s connected (%s, %s)", session.name, session.id, hsid or f"no host session id, {how}")
         return session
+
+    async def _find_record(
+        self,
+        resume: tuple[str, str] | None,
+        explicit: str | None,
+        claude_env: str | None,
+        host: tuple[int, int] | None,
+        instance: tuple[int, int] | None,
+        pid: int | None,
+        *,
+        agent: str,
+        project: str,
+        kind: str,
+    ) -> tuple[dict[str, Any] | None, str, str | None, int, bool]:
+        """The existing record a hello names, by rules 1 to 3 of this module, as (record or
+        None, how it was found, host session id, the rank of its source, ambiguous)."""
+        runner, store = self._store, self._store.store
+        if resume is not None:
+            peer = await self._resumable(*resume, pid)
+            if peer is not None:
+                hsid = peer["hostSessionId"]
+                return peer, "resumed", hsid, _resumed_rank(hsid, explicit), False
+        candidates = [] if host is None else await runner.run(store.host_sessions_for, *host)
+        hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
+        if ambiguous:
+            log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
+        if hsid is not None:
+            peer = await runner.run(store.peer_by_host_session, hsid)
+            return peer, "host session" if peer is not None else "new", hsid, rank, False
+        if instance is not None and not ambiguous:
+            ran = await runner.run(store.instance_sessions, *instance, agent=agent, project=project, kind=kind)
+            free = [p for p in ran if p not in self.broker.sessions]
+            if len(free) == 1:
+                return await runner.run(store.get_peer, free[0]), "host instance", None, RANK_NONE, False
+        return None, "new", None, RANK_NONE, ambiguous
 
     async def _resumable(self, peer_id: str, secret: str, pid: int | None) -> dict[str, Any] | None:
         """The session `peer_id` names (after any merge), when `secret` is its secret."""
