@@ -72,6 +72,8 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
         async with AsyncExitStack() as stack:
             a = await stack.enter_async_context(mcp_session(env, "--agent", "claude", "--project", proj))
             b = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", other))
+            for session in (a, b):  # sessions in use (one never used is a health check: tests/test_identity.py)
+                await call(session, "whoami")
             first = cli_json(env, "decide", "Database", "PostgreSQL 16, no ORM", "--scope", json.dumps({"project": proj}))
             assert first["decision"]["author"] == CLI_AUTHOR and first["deliveredTo"] == ["claude-app"]
             assert [d["topic"] for d in await call(a, "decisions")] == ["database"]
@@ -136,6 +138,7 @@ async def test_cli_decide_and_send_follow_the_tools_rules(broker, env, home, tmp
                 mcp_session(env, "--agent", "claude", "--project", proj, logging_callback=on_log)
             )
             job = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", proj, "--job"))
+            await call(a, "whoami")  # a session in use (one never used is a health check: tests/test_identity.py)
             before = counts(home)
             for args, error in [
                 (("decide", "   ", "text"), "topic: must not be empty"),
