@@ -222,7 +222,12 @@ def dashboard_sessions(home: Path) -> list[dict[str, Any]]:
     return response.json()["sessions"]
 
 
-async def test_a_health_check_leaves_nothing_behind(broker, env, home):
+@pytest.mark.parametrize(
+    "check_env",
+    [{}, {"CLAUDE_CODE_SESSION_ID": str(uuid.uuid4())}],  # `claude mcp list` 2.1.197 sets a fresh one per probe
+    ids=["no-host-id", "claude-env-id"],
+)
+async def test_a_health_check_leaves_nothing_behind(broker, env, home, check_env):
     with trio.fail_after(120):
         async with mcp_session(env, "--agent", "codex", "--project", "/w/real") as s:
             me = await call(s, "whoami")
@@ -231,7 +236,7 @@ async def test_a_health_check_leaves_nothing_behind(broker, env, home):
             others = "SELECT message_id, peer_id, delivered_at, acked_at FROM receipts WHERE peer_id != ? ORDER BY 1"
             receipts_before = rows(home, others, me["id"])
 
-            async with raw_mcp(env, "--project", "/w/real") as check:  # `claude mcp list` and the like
+            async with raw_mcp({**env, **check_env}, "--project", "/w/real") as check:  # `claude mcp list` and the like
                 await check.request("tools/list", {})
 
                 async def listed():

@@ -14,9 +14,9 @@ server saw itself (`learn`). The pairing rules live here and nowhere else:
 3. Host instance. Without a host session id, the host instance (nearest agent host, else the
    MCP server's parent, on pid and start time) names the session it ran before, when exactly
    one of its sessions is not connected: a host restarting its MCP server gets it back.
-4. Tentative. A new record that has no host identity and has made no tool call gets no
-   decision notices (the ones it missed are queued if it becomes real) and, if it leaves that
-   way (a health check), leaves nothing behind.
+4. Tentative. A new record with no host identity (or only one from the environment) that has
+   made no tool call gets no decision notices (the ones it missed are queued if it becomes
+   real) and, if it leaves that way (a health check), leaves nothing behind.
 5. Names are never uuid-shaped and never another session's id or host session id.
 """
 
@@ -99,6 +99,16 @@ def choose_host_session(
     return None, RANK_NONE, False
 
 
+def is_tentative(how: str, hsid: str | None, rank: int) -> bool:
+    """A connection that may be a health check: a record made by this hello, unless its host
+    session id came from the command line or a hook's report for its host (one from the
+    environment is no proof: `claude mcp list` hands every server it probes a fresh
+    CLAUDE_CODE_SESSION_ID), or a resumed record that never had a host identity."""
+    if how == "new":
+        return rank < RANK_HOOK or hsid is None
+    return how == "resumed" and hsid is None
+
+
 def takes_over(rank: int, incumbent_rank: int) -> bool:
     """A second connection for one host session id wins only with a stronger source."""
     return rank > incumbent_rank
@@ -178,11 +188,9 @@ class Identity:
                 await runner.run(store.record_instance_session, *instance, peer["id"], now)
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
             session.secret, session.instance = secret, instance
-            # A resumed one too: it may be a health check whose broker restarted; an MCP server
-            # whose host has called a tool says so right after this hello.
-            session.tentative = how in ("new", "resumed") and hsid is None
+            session.tentative = is_tentative(how, hsid, rank)
             broker.sessions[session.id] = session
-            if hsid is not None:
+            if hsid is not None and not session.tentative:
                 try:
                     await self.catch_up(session)
                 except BaseException:
@@ -289,7 +297,13 @@ class Identity:
 
     async def queue_missed(self, session: Session) -> None:
         """Decisions recorded while the session was tentative, now that it is not."""
-        if session.tentative or not session.missed:
+        if session.tentative:
+            return
+        if session.host_session_id:  # the catch-up its hello did not queue covers them (SPEC §4.4)
+            session.missed.clear()
+            await self.catch_up(session)
+            return
+        if not session.missed:
             return
         ids, session.missed = session.missed, []
         queued = await self._store.run(self._store.store.catch_up, session.view(), now_ms(), only=ids)
