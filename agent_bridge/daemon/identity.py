@@ -295,6 +295,12 @@ class Identity:
             session.tentative = False
             await self.queue_missed(session)
 
+    async def _confirm(self, session: Session) -> None:
+        """A source as strong as a hook vouches for the session's host session id: it is real."""
+        if session.tentative and session.rank >= RANK_HOOK:
+            session.tentative = False
+            await self.queue_missed(session)
+
     async def queue_missed(self, session: Session) -> None:
         """Decisions recorded while the session was tentative, now that it is not."""
         if session.tentative:
@@ -322,6 +328,7 @@ class Identity:
         broker, runner, store = self.broker, self._store, self._store.store
         if session.host_session_id == hsid:
             session.rank = max(session.rank, rank)
+            await self._confirm(session)
             return True
         if session.host_session_id and rank < session.rank:
             return False  # a weaker source never overrides a stronger one
@@ -406,6 +413,7 @@ class Identity:
         bound = broker.find_connected(hsid)
         if bound is not None and bound.host_session_id == hsid:
             bound.rank = max(bound.rank, RANK_HOOK)
+            await self._confirm(bound)
             return {"session": bound.public(), "paired": True}
         candidates = [s for s in broker.sessions.values() if host is not None and s.host == host]
         if len(candidates) == 1:
