@@ -346,3 +346,33 @@ def test_names_never_look_like_session_ids():
         with pytest.raises(domain.InputError, match="uuid"):
             domain.check_session_name(bad)
     assert domain.check_session_name("reviewer-2") == "reviewer-2"
+
+
+async def test_only_the_secret_resumes_a_session_and_it_is_never_shown(broker, env, home):
+    from agent_bridge.ipc.client import open_bridge_client
+
+    socket_path = paths.read_broker_json(home)["socket"]  # type: ignore[index]
+    hello = {"agent": "codex", "project": "/w/secret"}
+    with trio.fail_after(60):
+        async with open_bridge_client(socket_path, hello, keepalive=False) as (first, _):
+            me, secret = first.hello["session"], first.hello["secret"]  # type: ignore[index]
+            await first.request("whoami")  # in use: kept when it leaves
+            shown = json.dumps(await first.request("peers"))
+        thief = {**hello, "resume": {"id": me["id"], "secret": secret[:-1] + ("A" if secret[-1] != "A" else "B")}}
+        async with open_bridge_client(socket_path, thief, keepalive=False) as (other, _):
+            assert other.hello["session"]["id"] != me["id"]  # type: ignore[index]
+        async with open_bridge_client(socket_path, {**hello, "resume": {"id": me["id"], "secret": secret}}) as (
+            again,
+            _,
+        ):
+            assert again.hello["session"] == me  # type: ignore[index]
+    assert secret not in shown
+    assert secret not in (home / paths.LOG_NAME).read_text(errors="replace")
+    for name in ("bridge.db", "bridge.db-wal"):
+        if (home / name).exists():
+            assert secret.encode() not in (home / name).read_bytes()
+    async with httpx.AsyncClient() as client:
+        url = (home / "dashboard.url").read_text().strip()
+        base, _, token = url.partition("/?t=")
+        body = (await client.get(f"{base}/api/sessions", headers={"Cookie": f"ab_ui={token}"})).text
+    assert me["id"] in body and secret not in body

@@ -23,7 +23,6 @@ server saw itself (`learn`). The pairing rules live here and nowhere else:
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -99,14 +98,13 @@ def choose_host_session(
     return None, RANK_NONE, False
 
 
-def is_tentative(how: str, hsid: str | None, rank: int) -> bool:
+def is_tentative(how: str, rank: int) -> bool:
     """A connection that may be a health check: a record made by this hello, unless its host
     session id came from the command line or a hook's report for its host (one from the
     environment is no proof: `claude mcp list` hands every server it probes a fresh
-    CLAUDE_CODE_SESSION_ID), or a resumed record that never had a host identity."""
-    if how == "new":
-        return rank < RANK_HOOK or hsid is None
-    return how == "resumed" and hsid is None
+    CLAUDE_CODE_SESSION_ID). A record found again (resumed, by host session id or host
+    instance) was a session before: it stays one."""
+    return how == "new" and rank < RANK_HOOK
 
 
 def takes_over(rank: int, incumbent_rank: int) -> bool:
@@ -188,7 +186,7 @@ class Identity:
                 await runner.run(store.record_instance_session, *instance, peer["id"], now)
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
             session.secret, session.instance = secret, instance
-            session.tentative = is_tentative(how, hsid, rank)
+            session.tentative = is_tentative(how, rank)
             broker.sessions[session.id] = session
             if hsid is not None and not session.tentative:
                 try:
@@ -236,10 +234,9 @@ class Identity:
 
     async def _resumable(self, peer_id: str, secret: str, pid: int | None) -> dict[str, Any] | None:
         """The session `peer_id` names (after any merge), when `secret` is its secret."""
-        runner, store = self._store, self._store.store
-        stored = await runner.run(store.secret_hash, peer_id)
-        if stored is not None and hmac.compare_digest(stored, hash_secret(secret)):
-            return await runner.run(store.get_peer, await runner.run(store.resolve_peer, peer_id))
+        peer = await self._store.run(self._store.store.peer_with_secret, peer_id, hash_secret(secret))
+        if peer is not None:
+            return peer
         self._say_once(f"resume:{peer_id}:{pid}", "a connection presented session %s with a secret that is not its own; not resumed", peer_id)
         return None
 

@@ -6,6 +6,7 @@ Every method is synchronous and is one transaction. The broker calls them on a w
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import time
@@ -316,12 +317,13 @@ class Store:
                 "INSERT OR REPLACE INTO session_secrets(peer_id, secret_hash) VALUES (?, ?)", (peer_id, secret_hash)
             )
 
-    def secret_hash(self, peer_id: str) -> str | None:
-        """The hash of the session's resume secret (following a merge), or None."""
-        row = self.conn.execute(
-            "SELECT secret_hash FROM session_secrets WHERE peer_id = ?", (self.resolve_peer(peer_id),)
-        ).fetchone()
-        return None if row is None else str(row[0])
+    def peer_with_secret(self, peer_id: str, secret_hash: str) -> dict[str, Any] | None:
+        """The session `peer_id` leads to (following a merge), if `secret_hash` is its secret's."""
+        current = self.resolve_peer(peer_id)
+        row = self.conn.execute("SELECT secret_hash FROM session_secrets WHERE peer_id = ?", (current,)).fetchone()
+        if row is None or not hmac.compare_digest(str(row[0]), secret_hash):
+            return None
+        return self.get_peer(current)
 
     def record_instance_session(self, pid: int, start_time: int, peer_id: str, now: int) -> None:
         with self.conn:
