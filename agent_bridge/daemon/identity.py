@@ -278,7 +278,9 @@ class Identity:
         runner, store = self._store, self._store.store
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
-                if session.tentative and await runner.run(store.forget_unused_peer, session.id):
+                # Only a connection that left: at a broker shutdown its MCP server will resume it.
+                leaving = session.tentative and not broker.stop.is_set()
+                if leaving and await runner.run(store.forget_unused_peer, session.id):
                     log.info("session %s left without a host identity or a tool call; nothing kept", session.name)
                     return
                 log.info("session %s disconnected", session.name)
