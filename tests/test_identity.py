@@ -243,9 +243,10 @@ async def test_a_health_check_leaves_nothing_behind(broker, env, home, check_env
                     return any(p["name"] == "claude-real" and p["connected"] for p in await call(s, "peers"))
 
                 await wait_for(listed, what="the health check connected")
-                # a decision while it is connected: it gets no notice, and is not told it did
+                # a decision while it is connected: it is a connected session in scope, so it is named,
+                # but its notice waits for a first tool call that never comes (checked below: nothing kept)
                 decided = await call(s, "decide", topic="probe", text="anything", scope="all")
-                assert decided["deliveredTo"] == ["codex-real"]
+                assert decided["deliveredTo"] == ["claude-real", "codex-real"]
 
             async def gone():
                 return not any(p["name"] == "claude-real" for p in await call(s, "peers"))
@@ -376,3 +377,22 @@ async def test_only_the_secret_resumes_a_session_and_it_is_never_shown(broker, e
         base, _, token = url.partition("/?t=")
         body = (await client.get(f"{base}/api/sessions", headers={"Cookie": f"ab_ui={token}"})).text
     assert me["id"] in body and secret not in body
+
+
+async def test_a_session_that_has_not_called_a_tool_yet_is_named_and_gets_its_notice(broker, env, home):
+    """A bare MCP host (no host session id) that has only initialized is a connected session in
+    scope: `deliveredTo` names it, and its first tool call shows it the notice, once."""
+    with trio.fail_after(120):
+        async with mcp_session(env, "--agent", "codex", "--project", "/w/quiet") as author:
+            await call(author, "whoami")
+            async with raw_mcp(env, "--agent", "claude", "--project", "/w/quiet") as quiet:
+
+                async def listed():
+                    return any(p["name"] == "claude-quiet" and p["connected"] for p in await call(author, "peers"))
+
+                await wait_for(listed, what="the quiet session connected")
+                decided = await call(author, "decide", topic="cache", text="Redis", scope="all")
+                assert decided["deliveredTo"] == ["claude-quiet", "codex-quiet"]
+                first = await quiet.inbox_until(1)
+                assert [m["decision"]["id"] for m in first] == [decided["decision"]["id"]]
+                assert await quiet.tool("inbox", wait_seconds=1) == []

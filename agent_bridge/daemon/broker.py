@@ -190,6 +190,9 @@ class Broker:
         for s in held_back:  # no notice while tentative: queued if it becomes a real session
             s.missed.append(decision["id"])
             await self.identity.queue_missed(s)
+        # A tentative session is a connected session in scope (SPEC §4.1): it is named, and its one
+        # notice is queued at its first tool call; a health check that leaves first keeps nothing.
+        delivered = sorted({*delivered, *(s.name for s in held_back)})
         return {"decision": decision, "deliveredTo": delivered}
 
     async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
