@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING
 
+from agent_bridge import hosts
+
 if TYPE_CHECKING:
     import argparse
 
-AGENTS_HELP = "the agent host: claude, codex, or another short name"
+AGENTS_HELP = f"the agent host: {', '.join(hosts.NAMES)}, or another short name"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,19 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_status)
 
     mcp = sub.add_parser("mcp", help="the stdio MCP server for one agent session (started by the agent host)")
-    mcp.add_argument("--agent", help=AGENTS_HELP + " (default: detected from the host, else claude)")
+    mcp.add_argument("--agent", help=AGENTS_HELP + f" (default: detected from the host, else {hosts.DEFAULT.name})")
     mcp.add_argument("--name", help="session name (default: <agent>-<basename of the project folder>)")
     mcp.add_argument("--project", help="project folder (default: the current working directory)")
     mcp.add_argument("--job", action="store_true", help="a headless job runner (claude -p, codex exec)")
     mcp.add_argument("--host-session-id", help="the host's session id, when the launcher knows it")
     mcp.set_defaults(func=_mcp)
 
-    hook = sub.add_parser("hook", help="hook commands for Claude Code and Codex (JSON on stdin)")
+    titles = " and ".join(h.title for h in hosts.ALL)
+    hook = sub.add_parser("hook", help=f"hook commands for {titles} (JSON on stdin)")
     hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
     for event, text in (("session-start", "SessionStart: add the session's identity and decisions"),
                         ("stop", "Stop: continue the session while active messages wait")):
         h = hook_sub.add_parser(event, help=text)
-        h.add_argument("--agent", choices=("claude", "codex"), default="claude", help="the host (default: claude)")
+        h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
+                       help=f"the host (default: {hosts.DEFAULT.name})")
         h.set_defaults(func=_hook)
 
     dash = sub.add_parser("dashboard", help="print the authenticated dashboard URL (serve it if no broker runs)")
@@ -68,16 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--json", action="store_true", help="print JSON")
     dec.set_defaults(func=_decisions)
 
-    inst = sub.add_parser("install", help="register the MCP server and hooks with Claude Code and/or Codex")
-    inst.add_argument("--claude", action="store_true", help="configure Claude Code")
-    inst.add_argument("--codex", action="store_true", help="configure Codex")
+    inst = sub.add_parser("install", help=f"register the MCP server and hooks with {titles.replace(' and ', ' and/or ')}")
+    for host in hosts.ALL:
+        inst.add_argument(f"--{host.name}", action="store_true", help=f"configure {host.title}")
     inst.add_argument("--scope", choices=("user", "project"), default="user", help="where to register (default: user)")
     inst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
     inst.set_defaults(func=_install)
 
     uninst = sub.add_parser("uninstall", help="remove what install added (other entries stay)")
-    uninst.add_argument("--claude", action="store_true", help="Claude Code")
-    uninst.add_argument("--codex", action="store_true", help="Codex")
+    for host in hosts.ALL:
+        uninst.add_argument(f"--{host.name}", action="store_true", help=host.title)
     uninst.add_argument("--scope", choices=("user", "project"), default="user", help="which files (default: user)")
     uninst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
     uninst.set_defaults(func=_uninstall)
@@ -240,7 +244,7 @@ def _demo(ns: argparse.Namespace) -> int:
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:
-    """`agent-bridge hook EVENT [--agent claude|codex]` runs at every session start and stop:
+    """`agent-bridge hook EVENT [--agent HOST]` runs at every session start and stop:
     dispatch it without building the parser (argparse's setup costs several milliseconds).
     Anything else (help, a typo) goes through argparse for its usual messages."""
     if len(args) < 2 or args[0] != "hook" or args[1] not in ("session-start", "stop"):
@@ -248,9 +252,9 @@ def _hook_fast_path(args: Sequence[str]) -> int | None:
     rest = list(args[2:])
     if len(rest) == 1 and rest[0].startswith("--agent="):
         rest = ["--agent", rest[0].split("=", 1)[1]]
-    if rest and (len(rest) != 2 or rest[0] != "--agent" or rest[1] not in ("claude", "codex")):
+    if rest and (len(rest) != 2 or rest[0] != "--agent" or rest[1] not in hosts.NAMES):
         return None
-    return _hook(SimpleNamespace(event=args[1], agent=rest[1] if rest else "claude"))  # type: ignore[arg-type]
+    return _hook(SimpleNamespace(event=args[1], agent=rest[1] if rest else hosts.DEFAULT.name))  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

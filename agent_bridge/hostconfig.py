@@ -1,4 +1,5 @@
-"""Reading the hosts' own configuration files, shared by `install`, `uninstall` and `doctor`.
+"""Reading the hosts' own configuration files, shared by `install`, `uninstall`, `doctor` and the
+host modules (agent_bridge/hosts).
 
 One loader, so that the commands that change these files and the one that checks them agree on
 what a file holds: a missing file is empty, a file that does not parse is an error naming the
@@ -8,15 +9,9 @@ file (never silently treated as empty, which would let `install` overwrite it).
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
-
-VERSION_TIMEOUT = 10.0  # seconds for `codex --version`; it answers in well under one
 
 
 class ConfigError(Exception):
@@ -58,37 +53,3 @@ def load_json_object(path: Path) -> dict[str, Any]:
 
 def load_toml(path: Path) -> dict[str, Any]:
     return parse_toml(path, read_text(path))
-
-
-# --- Codex --------------------------------------------------------------------------------
-
-def codex_home() -> Path:
-    """`$CODEX_HOME`, default `~/.codex` (openai/codex docs/config.md)."""
-    explicit = os.environ.get("CODEX_HOME")
-    return Path(explicit).expanduser() if explicit else Path.home() / ".codex"
-
-
-def codex_program() -> str | None:
-    """The `codex` the user would run (the one on PATH), or None."""
-    return shutil.which("codex")
-
-
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
-
-
-def codex_version(program: str | None = None) -> tuple[int, int, int] | None:
-    """The installed Codex's version from `codex --version` ("codex-cli 0.171.0"), or None when
-    there is no codex on PATH or it does not answer with a version."""
-    program = program or codex_program()
-    if program is None:
-        return None
-    try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = _VERSION.search(out.stdout)
-    if out.returncode != 0 or match is None:
-        return None
-    major, minor, patch = (int(g) for g in match.groups())
-    return major, minor, patch

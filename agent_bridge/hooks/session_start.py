@@ -5,10 +5,9 @@ current pinned owner decisions that apply to its folder. Reads bridge.db directl
 the note is there before any broker runs; reports the host identity to the broker when one runs,
 else leaves it in `<home>/reports/` for the next one.
 
-Output: the documented SessionStart answer of both hosts,
-`{"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": "..."}}`
-(Claude Code "Hooks reference", https://code.claude.com/docs/en/hooks#sessionstart; Codex "Hooks",
-https://developers.openai.com/codex/hooks, session-start.command.output.schema.json).
+Output: the host's documented SessionStart answer (`Host.session_start_output` in
+agent_bridge/hosts; for Claude Code and Codex alike
+`{"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": "..."}}`).
 
 Any failure (malformed stdin, no database, a locked or newer database, anything else): no note,
 exit 0, one line in broker.log. A hook never breaks a session start.
@@ -19,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import domain, paths, procinfo
+from agent_bridge import domain, hosts, paths, procinfo
 from agent_bridge.hooks import common
 
 EVENT = "SessionStart"
@@ -41,7 +40,7 @@ def main(agent: str) -> int:
         note = build_note(home, agent, hook, session if isinstance(session, dict) else None)
         if note is None:
             return 0
-        common.emit({"hookSpecificOutput": {"hookEventName": EVENT, "additionalContext": note}})
+        common.emit((hosts.by_name(agent) or hosts.DEFAULT).session_start_output(note))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must start
         common.log(home, f"session-start ({agent})", f"no note: {type(exc).__name__}: {exc}")
     return 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import domain, ledger, paths, procinfo
+from agent_bridge import domain, hosts, ledger, paths, procinfo
 from agent_bridge.hooks import common
 
 EVENT = "Stop"
@@ -42,7 +42,7 @@ def main(agent: str) -> int:
         messages = [m for m in answer.get("messages") or () if isinstance(m, dict) and m.get("kind") != "decision"]
         if not messages:
             return 0
-        common.emit({"decision": "block", "reason": render_reason(messages)})
+        common.emit((hosts.by_name(agent) or hosts.DEFAULT).stop_output(render_reason(messages)))
         acknowledge(home, hook.session_id, answer.get("sessionId"), [str(m.get("id")) for m in messages])
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop
         common.log(home, f"stop ({agent})", f"no block: {type(exc).__name__}: {exc}")

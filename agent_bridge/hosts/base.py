@@ -1,0 +1,69 @@
+"""What every host module provides (`Host`), and the doctor's check record they return.
+
+Light: the hooks import the host modules, so nothing here may import more than the standard
+library's cheapest parts (no `dataclasses`: it loads `inspect`, several milliseconds at every
+session start). The install and doctor helpers a host needs are imported inside its methods.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from agent_bridge.install import FileEdit
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
+
+
+class Check(NamedTuple):
+    """One line of `agent-bridge doctor`: what was checked, how it went, what to do about it."""
+
+    name: str
+    status: str  # OK, WARN, FAIL or SKIP
+    detail: str
+    fix: str = ""
+
+
+class Host:
+    """One agent host. A module per host defines a subclass and one instance of it, `HOST`, and
+    `agent_bridge.hosts` lists it; nothing else names a host."""
+
+    name: str  # the `--agent` value and the `--<name>` flag of install/uninstall, e.g. "claude"
+    title: str  # for people, e.g. "Claude Code"
+    process_prefixes: tuple[str, ...]  # an ancestor process whose name starts so is this host
+    exclusive: bool  # one conversation per host process: a new host session id replaces the old
+    session_env: str | None = None  # an environment variable in which the host passes its session id
+
+    def is_set_up(self) -> bool:
+        """Whether this user has the host's configuration folder (install's default hosts)."""
+        raise NotImplementedError
+
+    def hooks_file(self, scope: str, cwd: Path) -> Path:
+        """The JSON file whose `hooks` object registers SessionStart and Stop at this scope."""
+        raise NotImplementedError
+
+    def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],
+                      *, private: bool) -> list[FileEdit]:
+        """Every file edit that registers the MCP server and both hooks (unchanged files included)."""
+        raise NotImplementedError
+
+    def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
+        """Every file edit that removes what `install_edits` added."""
+        raise NotImplementedError
+
+    def next_step(self, scope: str) -> str:
+        """What the user does after install for the host to pick it up."""
+        raise NotImplementedError
+
+    def session_start_output(self, note: str) -> dict[str, Any]:
+        """The SessionStart hook's answer that adds `note` to the session's context."""
+        raise NotImplementedError
+
+    def stop_output(self, reason: str) -> dict[str, Any]:
+        """The Stop hook's answer that keeps the session going with `reason` as its next input."""
+        raise NotImplementedError
+
+    def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
+        """Whether this host will use the MCP server and both hooks for `home`."""
+        raise NotImplementedError

@@ -1,0 +1,178 @@
+"""Claude Code: where it keeps its MCP servers and hooks, what its hooks print, what doctor checks.
+
+Configuration (the files and keys Claude Code documents):
+- MCP servers: "Connect Claude Code to tools via MCP", MCP installation scopes
+  (https://code.claude.com/docs/en/mcp#mcp-installation-scopes): user scope is the top-level
+  `mcpServers` object of `~/.claude.json`; project scope is `.mcp.json` at the project root.
+  Entry shape as `claude mcp add` writes it: `{"type": "stdio", "command", "args", "env"}`.
+- Hooks: "Hooks reference" (https://code.claude.com/docs/en/hooks#configuration) and "Settings"
+  (https://code.claude.com/docs/en/settings): the `hooks` object of `~/.claude/settings.json`
+  (user) or `.claude/settings.json` (project): event -> [matcher group {"matcher"?, "hooks":
+  [{"type": "command", "command", "timeout"}]}]. SessionStart and Stop need no matcher.
+- Hook answers ("Hooks reference", #sessionstart and #stop): SessionStart adds
+  `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block", "reason"}`, which
+  Claude reads as its next instruction.
+
+Process: the `claude` program (its process name, seen with Claude Code 2.1.197). One conversation
+per process: `/clear` gives the same process a new session id, which replaces the old one.
+It passes its session id to MCP servers in CLAUDE_CODE_SESSION_ID.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, Host
+
+if TYPE_CHECKING:
+    from agent_bridge.install import FileEdit
+
+
+class Claude(Host):
+    name = "claude"
+    title = "Claude Code"
+    process_prefixes = ("claude",)
+    exclusive = True
+    session_env = "CLAUDE_CODE_SESSION_ID"
+
+    def is_set_up(self) -> bool:
+        return (Path.home() / ".claude").is_dir() or (Path.home() / ".claude.json").is_file()
+
+    def mcp_file(self, scope: str, cwd: Path) -> Path:
+        return cwd / ".mcp.json" if scope == "project" else Path.home() / ".claude.json"
+
+    def hooks_file(self, scope: str, cwd: Path) -> Path:
+        return (cwd if scope == "project" else Path.home()) / ".claude" / "settings.json"
+
+    def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],
+                      *, private: bool) -> list[FileEdit]:
+        from agent_bridge import install
+
+        server_file, hooks_file = self.mcp_file(scope, cwd), self.hooks_file(scope, cwd)
+        command, args = install.mcp_args(run, self.name)
+        commands = install.hook_commands(run, self.name, env)
+        return [
+            install.edit_json(server_file, partial(install.ensure_json_server, path=server_file, command=command,
+                                                   args=args, env=env), private=private),
+            install.edit_json(hooks_file, partial(install.ensure_json_hooks, path=hooks_file, commands=commands),
+                              private=private),
+        ]
+
+    def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
+        from agent_bridge import install
+
+        server_file, hooks_file = self.mcp_file(scope, cwd), self.hooks_file(scope, cwd)
+        return [
+            install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
+            install.edit_json(hooks_file, partial(install.remove_json_hooks, path=hooks_file), private=private),
+        ]
+
+    def next_step(self, scope: str) -> str:
+        return (
+            "Claude Code: start a new session (or run /mcp to reconnect); "
+            + ("approve the project's .mcp.json server when asked; " if scope == "project" else "")
+            + "/hooks lists the SessionStart and Stop hooks."
+        )
+
+    def session_start_output(self, note: str) -> dict[str, Any]:
+        return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}
+
+    def stop_output(self, reason: str) -> dict[str, Any]:
+        return {"decision": "block", "reason": reason}
+
+    def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
+        from agent_bridge import doctor
+
+        user_json = Path.home() / ".claude.json"
+        project_mcp = cwd / ".mcp.json"
+        user_settings = [Path.home() / ".claude" / "settings.json"]
+        project_settings = [cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"]
+        settings = user_settings + project_settings
+        installed = (Path.home() / ".claude").is_dir() or user_json.exists() or project_mcp.exists()
+        if not installed:
+            return [Check("Claude Code", SKIP, "no ~/.claude folder: Claude Code not set up for this user")]
+        server = doctor.SERVER
+        fix = "agent-bridge install --claude"
+        candidates: list[tuple[str, Any, str | None]] = []  # (where, entry, parse error)
+        data, error = doctor.load_json(user_json)
+        if error:
+            candidates.append((str(user_json), None, error))
+        if data:
+            servers = data.get("mcpServers")
+            if isinstance(servers, dict) and server in servers:
+                candidates.append((f"{user_json} (user scope)", servers[server], None))
+            projects = data.get("projects")
+            local = projects.get(str(cwd)) if isinstance(projects, dict) else None
+            if isinstance(local, dict) and isinstance(local.get("mcpServers"), dict) and server in local["mcpServers"]:
+                candidates.append((f"{user_json} (local scope of {cwd})", local["mcpServers"][server], None))
+        data, error = doctor.load_json(project_mcp)
+        if error:
+            candidates.append((str(project_mcp), None, error))
+        in_project = bool(data and isinstance(data.get("mcpServers"), dict) and server in data["mcpServers"])
+        if in_project:
+            candidates.append((f"{project_mcp} (project scope)", data["mcpServers"][server], None))  # type: ignore[index]
+        checks = [doctor.server_check("Claude Code MCP server", candidates, home, fix, env_required=False),
+                  doctor.hooks_check("Claude Code hooks", settings, home, fix)]
+        if in_project:
+            checks.append(project_approval(cwd, user_json, user_settings + project_settings))
+        twice = doctor.duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
+        if twice:
+            checks.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
+                                "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
+                                "session runs the hook twice",
+                                "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
+        return checks
+
+
+def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:
+    """Whether Claude Code will start the `.mcp.json` server here, from the records Claude Code
+    2.1.197 writes and reads (seen with the real CLI: its approval dialog writes
+    `enabledMcpjsonServers`, `enableAllProjectMcpServers` or `disabledMcpjsonServers` to
+    `.claude/settings.local.json`; the same keys in `~/.claude/settings.json`,
+    `.claude/settings.json` and `~/.claude.json` `projects[<folder>]` count too; a rejection wins
+    over an approval; a folder whose trust dialog was not accepted stays pending; `claude mcp
+    list` shows "Pending approval" until both hold). Pending is a warning, not a failure: an
+    interactive session asks for the approval at its start, and a `claude -p` run starts the
+    server without it (seen with 2.1.197); only a rejection keeps every session from it."""
+    from agent_bridge import doctor
+
+    server = doctor.SERVER
+    name = "Claude Code project server"
+    sources: list[tuple[str, dict[str, Any]]] = []
+    for path in settings:
+        data, _ = doctor.load_json(path)
+        if data:
+            sources.append((str(path), data))
+    data, _ = doctor.load_json(user_json)
+    projects = data.get("projects") if data else None
+    entry = projects.get(str(cwd)) if isinstance(projects, dict) else None
+    if isinstance(entry, dict):
+        sources.append((f"{user_json} (projects[{cwd}])", entry))
+
+    def listed(key: str) -> list[str]:
+        return [where for where, d in sources if isinstance(d.get(key), list) and server in d[key]]
+
+    rejected = listed("disabledMcpjsonServers")
+    if rejected:
+        return Check(name, FAIL, f'the .mcp.json server "{server}" was rejected ({", ".join(rejected)})',
+                     f'enable it with /mcp in Claude Code, or remove "{server}" from disabledMcpjsonServers there')
+    approved = listed("enabledMcpjsonServers") + [w for w, d in sources if d.get("enableAllProjectMcpServers") is True]
+    fix = (f'start `claude` in {cwd}, trust the folder and choose "Use this MCP server" '
+           "(Claude Code records it in .claude/settings.local.json), or approve it with /mcp")
+    if not approved:
+        return Check(name, WARN, f'"{server}" in {cwd / ".mcp.json"} is pending approval: an interactive Claude '
+                     "Code session asks for it and does not start it until you approve it", fix)
+    trusted = [p for p in (cwd, *cwd.parents) if isinstance(projects, dict) and isinstance(projects.get(str(p)), dict)
+               and projects[str(p)].get("hasTrustDialogAccepted") is True]
+    if not trusted:
+        return Check(name, WARN, f"approved, but {cwd} is not a trusted folder in {user_json}: an interactive "
+                     "Claude Code session keeps the server pending until you trust the folder", fix)
+    if trusted[0] != cwd:
+        return Check(name, WARN, f"approved; the folder trust is recorded for {trusted[0]}, not {cwd}, and Claude "
+                     "Code may still treat the server as pending", fix)
+    return Check(name, OK, f"approved in {approved[0]}")
+
+
+HOST = Claude()
