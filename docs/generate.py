@@ -1,0 +1,242 @@
+"""Regenerate the parts of docs/ that are read from the code, or check that they are current.
+
+    python docs/generate.py           # rewrite the generated parts in place
+    python docs/generate.py --check   # exit 1 naming every stale part (tests/test_docs.py runs this)
+
+A generated part sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->` in a docs/*.md
+file; only the text between the two markers is replaced, everything around it is written by hand.
+The parts come from the objects the program itself uses: the CLI's argparse parser, the MCP
+server's advertised tools, the dashboard's URL map, the schema's migration steps, the host modules'
+hook answers, and the state folder's file names in `agent_bridge.paths`. (The CLI part is built
+from the parser's actions rather than from `--help`, whose layout differs between Python versions
+and terminal widths.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+REPO = DOCS.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+MARKED = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
+
+
+# --- the parts --------------------------------------------------------------------------
+
+
+def _usage(prog: str, parser: argparse.ArgumentParser) -> str:
+    words = [prog]
+    for action in parser._actions:  # argparse keeps its actions here; there is no public list
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+            if isinstance(action, argparse._SubParsersAction):
+                words.append("EVENT" if prog.endswith(" hook") else "COMMAND")
+            continue
+        words.append(_usage_word(action))
+    return " ".join(words)
+
+
+def _usage_word(action: argparse.Action) -> str:
+    if not action.option_strings:
+        name = action.metavar or action.dest.upper()
+        return {"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}.get(str(action.nargs), str(name))
+    flag = action.option_strings[-1]
+    if action.nargs == 0:
+        word = flag
+    elif action.choices:
+        word = f"{flag} {'|'.join(map(str, action.choices))}"
+    else:
+        word = f"{flag} {action.metavar or action.dest.upper()}"
+    return word if action.required else f"[{word}]"
+
+
+def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        word = _usage_word(action).strip("[]")
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += f" (default: {action.default})"
+        rows.append(f"| `{word}` | {text.replace('|', chr(92) + '|')} |")
+    return rows
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            return [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
+    return []
+
+
+def cli_reference() -> str:
+    from agent_bridge import cli
+
+    parser = cli.build_parser()
+    out = [f"`{_usage('agent-bridge', parser)}`", "", *_table(_argument_rows(parser))]
+    for name, text, sub in _subcommands(parser):
+        prog = f"agent-bridge {name}"
+        out += ["", f"### `{prog}`", "", text[:1].upper() + text[1:] + ".", "", f"`{_usage(prog, sub)}`"]
+        out += ["", *_table(_argument_rows(sub))] if _argument_rows(sub) else []
+        for event, event_text, event_parser in _subcommands(sub):
+            event_prog = f"{prog} {event}"
+            out += ["", f"#### `{event_prog}`", "", event_text + ".", "", f"`{_usage(event_prog, event_parser)}`", ""]
+            out += _table(_argument_rows(event_parser))
+    return "\n".join(out) + "\n"
+
+
+def _table(rows: list[str]) -> list[str]:
+    return ["| argument | meaning |", "| --- | --- |", *rows] if rows else []
+
+
+def mcp_tools() -> str:
+    """The tools exactly as `tools/list` advertises them (name, description, input schema)."""
+    import trio
+
+    from agent_bridge import mcp_server
+    from agent_bridge.mcp_server import Bridge, Options
+
+    options = Options(agent="claude", project="/", kind="interactive", name=None, host_session_id=None,
+                      claude_session_id=None, host=None, chain=[], home=Path("/nonexistent"))
+    server = mcp_server.build_server(Bridge(options))
+    tools = trio.run(server.list_tools)
+    out = []
+    for tool in tools:
+        out += [f"### `{tool.name}`", "", tool.description or "", "", "```json",
+                json.dumps(tool.input_schema, indent=2, ensure_ascii=False, sort_keys=True), "```", ""]
+    return "\n".join(out)
+
+
+def http_routes() -> str:
+    from agent_bridge.web.app import create_app
+
+    app = create_app(Path("/nonexistent"), port=0, token="x")
+    rows = []
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        methods = ", ".join(sorted(m for m in rule.methods or () if m not in ("HEAD", "OPTIONS")))
+        rows.append(f"| {methods} | `{rule.rule}` |")
+    return "\n".join(["| method | path |", "| --- | --- |", *rows]) + "\n"
+
+
+def schema_versions() -> str:
+    from agent_bridge.store import schema
+
+    out = [f"Current version: **{schema.CURRENT_VERSION}** (`PRAGMA user_version`).", ""]
+    for number, step in enumerate(schema.STEPS, start=1):
+        out += [f"### Version {number} (from {number - 1})", "", "```sql", step.strip(), "```", ""]
+    return "\n".join(out)
+
+
+def hook_answers() -> str:
+    from agent_bridge import hosts
+
+    out = []
+    for host in hosts.ALL:
+        out += [f"- {host.title} (`--agent {host.name}`):",
+                f"  - SessionStart: `{json.dumps(host.session_start_output('<the note>'), ensure_ascii=False)}`",
+                f"  - Stop: `{json.dumps(host.stop_output('<the messages, framed>'), ensure_ascii=False)}`"]
+    return "\n".join(out) + "\n"
+
+
+def home_files() -> str:
+    from agent_bridge import paths
+
+    names = [(name, value) for name, value in vars(paths).items()
+             if name.isupper() and isinstance(value, str) and name != "APP_NAME"]
+    rows = [f"| `{value}` | `paths.{name}` |" for name, value in names]
+    return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
+
+
+def limits() -> str:
+    from agent_bridge import domain
+    from agent_bridge.ipc import protocol
+
+    rows = [
+        ("decision topic", f"{domain.TOPIC_MAX} characters (compared trimmed and lowercased)"),
+        ("decision text", f"{domain.TEXT_MAX} characters"),
+        ("message text", f"{domain.MESSAGE_TEXT_MAX} characters"),
+        ("search query", f"{domain.QUERY_MAX} characters"),
+        ("hop limit", f"default {domain.HOP_LIMIT_DEFAULT}, at most {domain.HOP_MAX}"),
+        ("SessionStart note", f"{domain.NOTE_TOPICS} decisions, {domain.NOTE_TEXT_MAX} characters of each"),
+        ("wire frame", f"{protocol.MAX_FRAME} bytes"),
+    ]
+    return "\n".join(["| what | limit |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
+
+
+def ipc_summary() -> str:
+    from agent_bridge.ipc import protocol
+
+    return "```text\n" + (protocol.__doc__ or "").strip() + "\n```\n"
+
+
+PARTS: dict[str, Callable[[], str]] = {
+    "limits": limits,
+    "ipc": ipc_summary,
+    "cli": cli_reference,
+    "mcp-tools": mcp_tools,
+    "http-routes": http_routes,
+    "schema": schema_versions,
+    "hook-answers": hook_answers,
+    "home-files": home_files,
+}
+
+
+# --- rewriting ---------------------------------------------------------------------------
+
+
+def render(text: str, parts: dict[str, str]) -> str:
+    """`text` with every generated part replaced by its current content."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in parts:
+            raise KeyError(f"unknown generated part {name!r}")
+        return match.group(1) + parts[name] + match.group(4)
+
+    return MARKED.sub(replace, text)
+
+
+def stale(docs: Path = DOCS) -> list[str]:
+    """The docs files whose generated parts differ from what the code gives now (and why)."""
+    parts = {name: make() for name, make in PARTS.items()}
+    found = []
+    seen: set[str] = set()
+    for path in sorted(docs.glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        seen.update(m["name"] for m in MARKED.finditer(text))
+        if render(text, parts) != text:
+            found.append(f"{path.name}: generated parts are stale")
+    found += [f"no docs file has the generated part {name!r}" for name in PARTS if name not in seen]
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--check"]:
+        problems = stale()
+        for problem in problems:
+            print(f"docs/generate.py: {problem}; run python docs/generate.py", file=sys.stderr)
+        return 1 if problems else 0
+    if argv:
+        print("usage: python docs/generate.py [--check]", file=sys.stderr)
+        return 2
+    parts = {name: make() for name, make in PARTS.items()}
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        updated = render(text, parts)
+        if updated != text:
+            path.write_text(updated, encoding="utf-8")
+            print(f"updated {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
