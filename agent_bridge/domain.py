@@ -73,10 +73,6 @@ def search_key(text: str) -> str:
     return text.lower()
 
 
-def matches_query(topic: str, text: str, needle: str | None) -> bool:
-    return needle is None or needle in topic or needle in search_key(text)
-
-
 def normalize_message_text(text: object) -> str:
     if not isinstance(text, str):
         raise InputError(f"text: expected a string, got {_type_name(text)}")

@@ -63,13 +63,6 @@ def test_topic_normalization_is_idempotent(raw):
     assert once == once.strip() and once == once.lower() and 1 <= len(once) <= 200
 
 
-@given(st.text(max_size=40), st.text(max_size=40), st.text(max_size=10))
-def test_query_matching_is_case_insensitive_substring(topic, text, needle):
-    norm = domain.normalize_query(needle)
-    expected = needle == "" or needle.lower() in topic or needle.lower() in text.lower()
-    assert domain.matches_query(topic, text, norm) == expected
-
-
 # --- folders --------------------------------------------------------------------------
 
 

@@ -125,10 +125,6 @@ def query_decisions(
     return out
 
 
-def count_current_decisions(conn: apsw.Connection, lookup: Scope, caller_addresses: Iterable[str] = ()) -> int:
-    return len(query_decisions(conn, lookup=lookup, caller_addresses=caller_addresses))
-
-
 def note_decisions(
     conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int
 ) -> tuple[list[dict[str, Any]], int]:
