@@ -1,7 +1,7 @@
 """What every benchmark shares: `--quick`, percentiles, the one JSON line, a throw-away home
 and a real broker process.
 
-Each benchmark prints exactly one JSON line (SPEC §9, issue 6):
+Each benchmark prints exactly one JSON line (SPEC §9):
 
     {"bench": name, "value": number, "unit": "...", "baseline": number, "ratio": value/baseline,
      "target": "<the rule>", "ok": bool, "n": samples, "p50": ..., "p99": ..., "details": {...}}

@@ -1,4 +1,4 @@
-"""context_cost: what an agent pays in context for agent-bridge (SPEC §9, issue 6).
+"""context_cost: what an agent pays in context for agent-bridge (SPEC §9).
 
 1. The `tools/list` result of a real `agent-bridge mcp` process (all tools, their descriptions
    and input schemas), read as raw JSON-RPC from its stdout and measured as compact UTF-8 JSON

@@ -1,4 +1,4 @@
-"""`agent-bridge hook session-start --agent claude|codex` (SPEC §4.5, issue 5 point 1).
+"""`agent-bridge hook session-start --agent HOST` (SPEC §4.5).
 
 Adds a short note to the new session's context: its bridge identity in one line, then the
 current pinned owner decisions that apply to its folder. Reads bridge.db directly, read-only, so

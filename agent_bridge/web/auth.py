@@ -1,4 +1,7 @@
-"""Who may talk to the dashboard (SPEC §6; seed 004 entry 15, its threat model).
+"""Who may talk to the dashboard (SPEC §6). A loopback port is reachable by every local user, by
+any page open in the user's browser (a page on another local port even counts as the same site),
+and through any DNS name that resolves to 127.0.0.1 (DNS rebinding); the rules below are against
+those.
 
 Pure request checks, no I/O, so each rule reads (and is tested) on its own:
 

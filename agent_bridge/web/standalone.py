@@ -4,7 +4,7 @@ With a broker running: print the URL it published in `dashboard.url`. Without on
 same app in the foreground, read-only, until Ctrl-C (or SIGTERM).
 
 The token never goes on a command line: `--open` hands the browser a 0600 redirect page in the
-state folder (seed 004 entry 15), not the tokenized URL itself.
+state folder, not the tokenized URL itself: any local user can read a command line (`ps`).
 """
 
 from __future__ import annotations

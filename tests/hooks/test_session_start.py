@@ -1,4 +1,4 @@
-"""`agent-bridge hook session-start` with no broker running (SPEC §4.5, issue 5 points 1 and 3):
+"""`agent-bridge hook session-start` with no broker running (SPEC §4.5):
 the note comes straight from bridge.db; every failure exits 0 with no note and one log line."""
 
 from __future__ import annotations

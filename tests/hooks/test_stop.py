@@ -1,4 +1,4 @@
-"""`agent-bridge hook stop` with no broker running (issue 5 point 2): nothing can be
+"""`agent-bridge hook stop` with no broker running: nothing can be
 acknowledged, so nothing blocks; the identity is still left for the next broker."""
 
 from __future__ import annotations
