@@ -1,5 +1,6 @@
-"""The hooks against a real broker and real `agent-bridge mcp` sessions (SPEC §3 "Host session identity", §4.5): identity reports pair a hook with the MCP server of the
-same host, whichever starts first, also through a report left while no broker ran; the Stop hook
+"""The hooks against a real broker and real `agent-bridge mcp` sessions (SPEC §3 "Host session
+identity", §4.5): identity reports pair a hook with the MCP server of the same host, whichever
+starts first, also through a report left while no broker ran; the Stop hook
 blocks once for an active message and never for decision notices or passive messages."""
 
 from __future__ import annotations
