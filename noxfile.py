@@ -48,7 +48,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "agent_bridge", "tests", "bench", "noxfile.py")
+    session.run("ruff", "check", "agent_bridge", "tests", "bench", "docs", "noxfile.py")
 
 
 @nox.session
