@@ -148,11 +148,12 @@ def hook_answers() -> str:
 
 
 def home_files() -> str:
-    from agent_bridge import paths
+    from agent_bridge import ledger, paths
 
-    names = [(name, value) for name, value in vars(paths).items()
+    names = [(f"paths.{name}", value) for name, value in vars(paths).items()
              if name.isupper() and isinstance(value, str) and name != "APP_NAME"]
-    rows = [f"| `{value}` | `paths.{name}` |" for name, value in names]
+    names.append(("ledger.FOLDER", ledger.FOLDER))
+    rows = [f"| `{value}` | `{name}` |" for name, value in names]
     return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
 
 
