@@ -1,4 +1,4 @@
-"""`agent-bridge hook stop --agent claude|codex` (SPEC §4.5, issue 5 point 2).
+"""`agent-bridge hook stop --agent HOST` (SPEC §4.5).
 
 When the session has unacknowledged **active** messages and the broker is up, answers with the
 host's block decision, `{"decision": "block", "reason": "..."}`, the messages framed as coming
