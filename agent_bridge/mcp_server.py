@@ -32,7 +32,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from agent_bridge import __version__, domain, ledger, mcp_sdk, paths, procinfo
+from agent_bridge import __version__, domain, hosts, ledger, mcp_sdk, paths, procinfo
 from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.mcp_stdin import GuardedStdin
@@ -692,21 +692,22 @@ def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] 
     host, chain = procinfo.current_host(env)
     agent = ns.agent
     if not agent:
-        exe = (host.exe if host else "").lower()
-        agent = "codex" if exe.startswith("codex") else "claude"
+        agent = (hosts.for_process(host.exe if host else "") or hosts.DEFAULT).name
     agent = domain.normalize_agent(agent)
     if ns.name is not None:
         domain.check_session_name(ns.name, what="--name")
     project = domain.normalize_folder(os.path.abspath(ns.project or os.getcwd()), what="--project")
     explicit = ns.host_session_id or env.get("AGENT_BRIDGE_HOST_SESSION_ID") or None
-    claude_env = env.get("CLAUDE_CODE_SESSION_ID") or None
+    chosen = hosts.by_name(agent)
+    session_env = chosen.session_env if chosen else None  # where the host passes its own session id
+    claude_env = (env.get(session_env) or None) if session_env else None
     return Options(
         agent=agent,
         project=project,
         kind="job" if ns.job else "interactive",
         name=ns.name,
         host_session_id=explicit,
-        claude_session_id=claude_env if agent == "claude" else None,
+        claude_session_id=claude_env,
         host=host,
         chain=chain,
         home=paths.writable_home(paths.home(env)),

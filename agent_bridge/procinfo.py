@@ -1,9 +1,10 @@
 """Process ancestry, to pair a hook with the MCP server of the same host (SPEC §3).
 
 Each side computes its ancestor chain (pid, start time, executable name) before anything
-detaches, and names its *host*: the nearest ancestor that is an agent host (`claude`, `codex`,
-or the pid in AGENT_BRIDGE_HOST_PID). Two processes belong to the same host when their hosts
-match on pid **and** start time (pids are reused). Light: standard library only.
+detaches, and names its *host*: the nearest ancestor that is an agent host (a program of one of
+the hosts in agent_bridge.hosts, such as `claude` or `codex`, or the pid in AGENT_BRIDGE_HOST_PID).
+Two processes belong to the same host when their hosts match on pid **and** start time (pids are
+reused). Light: the standard library and the hosts registry only.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import os
 import sys
 from typing import NamedTuple
 
+from agent_bridge import hosts
+
 MAX_HOPS = 12
-HOST_NAMES = frozenset({"claude", "codex"})
 
 
 class Proc(NamedTuple):  # not a dataclass: the hooks must not pay for importing `dataclasses`
@@ -27,8 +29,7 @@ class Proc(NamedTuple):  # not a dataclass: the hooks must not pay for importing
 
     @property
     def is_agent_host(self) -> bool:
-        names = {self.exe.lower(), os.path.basename(self.argv0).lower()}
-        return not HOST_NAMES.isdisjoint(names) or any(n.startswith(("claude", "codex")) for n in names if n)
+        return hosts.for_process(self.exe, os.path.basename(self.argv0)) is not None
 
 
 def _linux_proc(pid: int) -> tuple[Proc, int] | None:
