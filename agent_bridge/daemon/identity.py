@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import apsw
 import trio
 
-from agent_bridge import domain, paths
+from agent_bridge import domain, hosts, paths
 from agent_bridge.daemon.args import (
     ADDRESS_MAX,
     no_unknown,
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_bridge.identity")
 
-EXCLUSIVE_HOSTS = frozenset({"claude"})  # one conversation per host process; Codex may run several
 SECRET_BYTES = 32
 SAID_MEMORY = 1000  # refusals already logged (per host session id and process): each once
 SOURCE_NAMES = {
@@ -126,7 +125,7 @@ class Identity:
 
     async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
         no_unknown(args, HELLO_ARGS, "hello")
-        agent = domain.normalize_agent(args.get("agent", "claude"))
+        agent = domain.normalize_agent(args.get("agent", hosts.DEFAULT.name))
         project = domain.normalize_folder(args.get("project"), what="project")
         kind = args.get("kind", "interactive")
         if kind not in ("interactive", "job"):
@@ -144,7 +143,7 @@ class Identity:
 
         async with self.lock:
             await self.ingest_reports()
-            peer, how, hsid, rank, ambiguous = await self._find_record(
+            peer, how, hsid, rank, _ambiguous = await self._find_record(
                 resume, explicit, claude_env, host, instance, pid, agent=agent, project=project, kind=kind
             )
             if name is not None and await runner.run(
@@ -184,7 +183,7 @@ class Identity:
                 await runner.run(store.set_secret, peer["id"], hash_secret(secret))
             if instance is not None:
                 await runner.run(store.record_instance_session, *instance, peer["id"], now)
-            session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE, ambiguous=ambiguous)
+            session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE)
             session.secret, session.instance = secret, instance
             session.tentative = is_tentative(how, rank)
             broker.sessions[session.id] = session
@@ -335,9 +334,9 @@ class Identity:
             session.host_session_id
             and rank == RANK_HOOK
             and session.rank == RANK_HOOK
-            and session.peer["agent"] not in EXCLUSIVE_HOSTS
+            and session.peer["agent"] not in hosts.EXCLUSIVE
         ):
-            session.ambiguous = True  # several Codex threads on one host: never guess
+            # Several Codex threads on one host: never guess which one this connection is.
             log.warning("session %s: host reports another thread %s; identity ambiguous", session.name, hsid)
             return False
         other = await runner.run(store.peer_by_host_session, hsid)
@@ -350,7 +349,6 @@ class Identity:
                     other["name"],
                     session.name,
                 )
-                session.ambiguous = True
                 return False
             # The connection is that earlier session: same id, same name if free, same receipts.
             old_id = session.id
@@ -375,7 +373,6 @@ class Identity:
             if previous is None:
                 await runner.run(store.adopt_host_key, session.id, hsid)
         session.rank = rank
-        session.ambiguous = False
         session.tentative = False
         session.missed.clear()  # the catch-up below queues every current decision it has not had
         await self.catch_up(session)
@@ -398,7 +395,7 @@ class Identity:
         allowed = {"hostSessionId", "agent", "host", "chain", "cwd", "source", "event", "at"}
         no_unknown(args, allowed, "identify")
         hsid = req_str(args, "hostSessionId", ADDRESS_MAX)
-        agent = domain.normalize_agent(args.get("agent", "claude"))
+        agent = domain.normalize_agent(args.get("agent", hosts.DEFAULT.name))
         host = parse_host(args.get("host"))
         async with self.lock:
             return await self._identify(hsid, agent, host)
@@ -407,7 +404,7 @@ class Identity:
         broker, runner, store = self.broker, self._store, self._store.store
         if host is not None:
             await runner.run(
-                store.record_host_instance, host[0], host[1], hsid, agent, now_ms(), exclusive=agent in EXCLUSIVE_HOSTS
+                store.record_host_instance, host[0], host[1], hsid, agent, now_ms(), exclusive=agent in hosts.EXCLUSIVE
             )
         bound = broker.find_connected(hsid)
         if bound is not None and bound.host_session_id == hsid:
@@ -440,7 +437,7 @@ class Identity:
             try:
                 report = json.loads(path.read_text(encoding="utf-8"))
                 hsid = req_str(report, "hostSessionId", ADDRESS_MAX)
-                agent = domain.normalize_agent(report.get("agent", "claude"))
+                agent = domain.normalize_agent(report.get("agent", hosts.DEFAULT.name))
                 host = parse_host(report.get("host"))
                 await self._identify(hsid, agent, host)
                 count += 1

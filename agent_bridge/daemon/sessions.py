@@ -29,7 +29,6 @@ class Session:
     rank: int = RANK_NONE
     wake: trio.Event = field(default_factory=trio.Event)
     replay: bool = False  # push every unacknowledged message again (identity changed)
-    ambiguous: bool = False
     # Pushes other than messages ("identity", "acked"), sent by the delivery task: a request
     # that produces one never waits on this session's socket. Bounded: one identity (the
     # latest) and one "acked" holding the ids acknowledged elsewhere since the last send.
