@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,16 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, comman
         if ours[1:]:  # one registration is enough: extra ones would run twice
             _drop(groups, ours[1:])
             notes.extend(f"removed a duplicate {event} hook" for _ in ours[1:])
+
+
+def hooks_edit(path: Path, run: list[str], agent: str, env: dict[str, str], *, private: bool) -> FileEdit:
+    """Register our SessionStart and Stop hooks for `agent` in the JSON hooks file `path` (the
+    event -> matcher group -> handler form Claude Code and Codex share)."""
+    return edit_json(path, partial(ensure_json_hooks, path=path, commands=hook_commands(run, agent, env)), private=private)
+
+
+def hooks_removal(path: Path, *, private: bool) -> FileEdit:
+    return edit_json(path, partial(remove_json_hooks, path=path), private=private)
 
 
 def remove_json_hooks(data: dict[str, Any], notes: list[str], path: Path) -> None:

@@ -10,9 +10,12 @@ import pytest
 from agent_bridge import cli, hosts
 from agent_bridge.hosts.base import Host
 
+HOOK_ANSWERS = {"session_start_output", "stop_output"}  # Host's defaults: the form both hosts document
 HOST_METHODS = sorted(
-    name for name, value in vars(Host).items() if inspect.isfunction(value) and not name.startswith("_")
+    name for name, value in vars(Host).items()
+    if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS
 )
+DOCUMENTED_HOOK_ANSWERS = {"claude", "codex"}  # hosts whose hook answers were checked against their docs
 
 
 @pytest.mark.parametrize("host", hosts.ALL, ids=hosts.NAMES)
@@ -41,6 +44,10 @@ def test_process_names_map_to_their_host():
     assert hosts.for_process("node", "codex") is hosts.by_name("codex")
     assert hosts.for_process("node", "sh", "") is None
     assert hosts.by_name("gemini") is None
+
+
+def test_every_host_had_its_hook_answers_checked():
+    assert set(hosts.NAMES) == DOCUMENTED_HOOK_ANSWERS, "check the new host's hook answers against its docs"
 
 
 @pytest.mark.parametrize("host", hosts.ALL, ids=hosts.NAMES)

@@ -56,13 +56,17 @@ class Host:
         """What the user does after install for the host to pick it up."""
         raise NotImplementedError
 
+    # The two hook answers below are the forms Claude Code and Codex both document; a host whose
+    # documentation gives other forms overrides them (`tests/test_hosts.py` lists which hosts
+    # were checked against their documentation).
+
     def session_start_output(self, note: str) -> dict[str, Any]:
         """The SessionStart hook's answer that adds `note` to the session's context."""
-        raise NotImplementedError
+        return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}
 
     def stop_output(self, reason: str) -> dict[str, Any]:
         """The Stop hook's answer that keeps the session going with `reason` as its next input."""
-        raise NotImplementedError
+        return {"decision": "block", "reason": reason}
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         """Whether this host will use the MCP server and both hooks for `home`."""

@@ -50,24 +50,18 @@ class Claude(Host):
                       *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
 
-        server_file, hooks_file = self.mcp_file(scope, cwd), self.hooks_file(scope, cwd)
+        server_file = self.mcp_file(scope, cwd)
         command, args = install.mcp_args(run, self.name)
-        commands = install.hook_commands(run, self.name, env)
-        return [
-            install.edit_json(server_file, partial(install.ensure_json_server, path=server_file, command=command,
-                                                   args=args, env=env), private=private),
-            install.edit_json(hooks_file, partial(install.ensure_json_hooks, path=hooks_file, commands=commands),
-                              private=private),
-        ]
+        ensure = partial(install.ensure_json_server, path=server_file, command=command, args=args, env=env)
+        return [install.edit_json(server_file, ensure, private=private),
+                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private)]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
 
-        server_file, hooks_file = self.mcp_file(scope, cwd), self.hooks_file(scope, cwd)
-        return [
-            install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
-            install.edit_json(hooks_file, partial(install.remove_json_hooks, path=hooks_file), private=private),
-        ]
+        server_file = self.mcp_file(scope, cwd)
+        return [install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
+                install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
     def next_step(self, scope: str) -> str:
         return (
@@ -75,12 +69,6 @@ class Claude(Host):
             + ("approve the project's .mcp.json server when asked; " if scope == "project" else "")
             + "/hooks lists the SessionStart and Stop hooks."
         )
-
-    def session_start_output(self, note: str) -> dict[str, Any]:
-        return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}
-
-    def stop_output(self, reason: str) -> dict[str, Any]:
-        return {"decision": "block", "reason": reason}
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         from agent_bridge import doctor

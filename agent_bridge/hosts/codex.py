@@ -33,7 +33,6 @@ imported inside the functions that use them.
 from __future__ import annotations
 
 import os
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,22 +71,14 @@ class Codex(Host):
 
         version = codex_version() if version is None else version
         command, args = install.mcp_args(run, self.name)
-        hooks_file = self.hooks_file(scope, cwd)
-        commands = install.hook_commands(run, self.name, env)
-        return [
-            edit_codex_config(self.config_file(scope, cwd), command, args, env, private=private, version=version),
-            install.edit_json(hooks_file, partial(install.ensure_json_hooks, path=hooks_file, commands=commands),
-                              private=private),
-        ]
+        return [edit_codex_config(self.config_file(scope, cwd), command, args, env, private=private, version=version),
+                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private)]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
 
-        hooks_file = self.hooks_file(scope, cwd)
-        return [
-            remove_codex_config(self.config_file(scope, cwd), private=private),
-            install.edit_json(hooks_file, partial(install.remove_json_hooks, path=hooks_file), private=private),
-        ]
+        return [remove_codex_config(self.config_file(scope, cwd), private=private),
+                install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
     def next_step(self, scope: str) -> str:
         return (
@@ -95,12 +86,6 @@ class Codex(Host):
             + ("; project config is read only in a trusted project" if scope == "project" else "")
             + "."
         )
-
-    def session_start_output(self, note: str) -> dict[str, Any]:
-        return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}
-
-    def stop_output(self, reason: str) -> dict[str, Any]:
-        return {"decision": "block", "reason": reason}
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         return codex_checks(home, cwd)
