@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import apsw
 import trio
 
 from agent_bridge import domain, ledger
@@ -27,6 +28,8 @@ from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key, now_ms
+
+LAST_SEEN_GRACE = 5.0  # seconds a stopping broker gives the last-seen write of its sessions
 
 log = logging.getLogger("agent_bridge.broker")
 
@@ -70,6 +73,14 @@ class Broker:
 
     def connected_ids(self) -> set[str]:
         return set(self.sessions)
+
+    async def record_last_seen(self) -> None:
+        """Every connected session's last-seen time, in one transaction (the broker is stopping)."""
+        with trio.CancelScope(shield=True), trio.move_on_after(LAST_SEEN_GRACE):
+            try:
+                await self.store.run(self.store.store.touch_peers, list(self.sessions), now_ms())
+            except (OSError, apsw.Error) as exc:  # a courtesy: a failing disk must not stop the shutdown
+                log.warning("could not record when the connected sessions were last seen: %s", exc)
 
     def connected_names(self, *, excluding: Session | None = None) -> set[str]:
         return {s.name for s in self.sessions.values() if s is not excluding}

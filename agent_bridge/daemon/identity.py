@@ -283,7 +283,8 @@ class Identity:
                     log.info("session %s left without a host identity or a tool call; nothing kept", session.name)
                     return
                 log.info("session %s disconnected", session.name)
-                await runner.run(store.touch_peers, [session.id], now_ms())
+                if not broker.stop.is_set():  # at a shutdown, written for every session at once
+                    await runner.run(store.touch_peers, [session.id], now_ms())
             except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
                 log.warning("could not record when %s was last seen: %s", session.name, exc)
 

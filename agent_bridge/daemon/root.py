@@ -9,8 +9,8 @@ root nursery                    lives as long as the store
      │                          its delivery task
      └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
 `stop` (a signal, or a `shutdown` request from `agent-bridge down`) cancels the serving nursery
-first: connections close and write their last-seen times (shielded, each within its own
-timeout) and the dashboard drains within its grace period, all while the store is still open;
+first: the connected sessions' last-seen times are written (one transaction), connections
+close and the dashboard drains within its grace period, all while the store is still open;
 only then is the root cancelled and the store checkpointed and closed. A `stop` during a slow
 start (a migration, its backup) ends the start once the step in progress is done.
 """
@@ -90,6 +90,16 @@ async def _cancel_on(stop: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
+async def _close_sessions_on(stop: trio.Event, broker: Broker, scope: trio.CancelScope) -> None:
+    """At `stop`: every connected session's last-seen time in one transaction (a write per
+    connection would keep 200 sessions' broker busy for most of a second), then close them."""
+    await stop.wait()
+    try:
+        await broker.record_last_seen()
+    finally:
+        scope.cancel()
+
+
 async def _serve(
     broker: Broker,
     home: Path,
@@ -100,7 +110,7 @@ async def _serve(
 ) -> None:
     """The IPC listener and the dashboard, until `stop`; the store outlives this."""
     async with trio.open_nursery() as serving:
-        serving.start_soon(_cancel_on, stop, serving.cancel_scope)
+        serving.start_soon(_close_sessions_on, stop, broker, serving.cancel_scope)
         broker.socket_path = await serving.start(ipc_listener(), paths.socket_path(home), partial(handle_connection, broker))
         broker.web_url = await _start_dashboard(serving, home, broker, web_port)
         record = {
