@@ -337,7 +337,9 @@ class Broker:
         count = 0
         for path, record in await trio.to_thread.run_sync(ledger.orphans, self.home):
             if record is not None:
-                peer_id, now = record["peerId"], now_ms()
+                # The file names the record its writer knew; that record may have been merged since.
+                peer_id = await self.store.run(self.store.store.resolve_peer, record["peerId"])
+                now = now_ms()
                 if record["offered"]:
                     await self.store.run(self.store.store.offer, peer_id, record["offered"], now)
                 if record["acked"]:

@@ -367,6 +367,11 @@ class Identity:
             broker._drop(session)  # registered under its old id until here: never unregistered while connected
             session.peer = peer
             broker.sessions[session.id] = session
+            # What the connection is showing now is the merged record's: its ack, a Stop check
+            # and a crash before the ack (persist_offers) all look under the new id.
+            offered = broker.offered.pop(old_id, None)
+            if offered:
+                broker.offered.setdefault(session.id, set()).update(offered)
             log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
         else:
             previous = session.host_session_id
