@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from agent_bridge import ledger, paths
@@ -98,18 +99,24 @@ async def test_an_offer_made_before_the_merge_marks_the_repeat_after_a_crash(hom
     assert rows(home, "SELECT peer_id, delivered_at IS NOT NULL FROM receipts") == [(earlier, 1)]
 
 
-async def test_an_acknowledgement_left_for_a_merged_record_still_applies(home):
-    """A process that acknowledged for a record later merged away (its file names the old id)
-    and died: the broker applies the acknowledgement to the record the old id leads to."""
+@pytest.fixture
+def gone_pid() -> int:
+    """The pid of a process that has ended."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
+    return gone.pid
+
+
+async def test_an_acknowledgement_left_for_a_merged_record_still_applies(home, gone_pid):
+    """A process that acknowledged for a record later merged away (its file names the old id)
+    and died: the broker applies the acknowledgement to the record the old id leads to."""
     with trio.fail_after(30):
         async with broker_in_process(home) as (broker, sock):
             earlier = await earlier_session(sock)
             async with open_bridge_client(sock, PENDING, keepalive=False) as (pending, pushes):
                 old_id = pending.hello["session"]["id"]  # type: ignore[index]
                 mid, _ = await offered_then_merged(broker, sock, pending, pushes)
-                ledger.save(home, old_id, [], [mid], pid=gone.pid)
+                ledger.save(home, old_id, [], [mid], pid=gone_pid)
                 await broker.ingest_ledgers()
     assert rows(home, "SELECT peer_id, acked_at IS NOT NULL FROM receipts") == [(earlier, 1)]
     assert not list((home / ledger.FOLDER).iterdir())
