@@ -355,3 +355,34 @@ async def test_send_says_whether_the_recipient_is_connected(broker, env, home):
                 (last_seen,) = rows(home, "SELECT last_seen_at FROM peers WHERE host_session_id = 'hs-away'")[0]
                 assert offline["recipientLastSeen"] == last_seen
             assert here.closed.is_set() is False
+
+
+async def test_a_host_that_closes_the_pipe_before_the_result_acknowledges_nothing(broker, env, home):
+    """The host sends `tools/call inbox` and closes its end of the server's stdout before the
+    result is written (it went away mid-call): the result never reached it, so nothing is
+    acknowledged and the next server for the same host session shows the message."""
+    args = ("--project", "/w/closed", "--host-session-id", "hs-closed")
+    with trio.fail_after(90):
+        rx = await RawHost.start(env, *args)
+        try:
+            async with open_bridge_client(socket_of(home), hello("hs-closed-tx")) as (tx, _):
+                sent = (await tx.request("send", to="hs-closed", text="the pipe will close"))["message"]
+
+            async def pending() -> bool:
+                return [m["id"] for m in await rx.tool("inbox", peek=True, wait_seconds=1)] == [sent["id"]]
+
+            await wait_for(pending, what="the message in the receiver's inbox")
+            assert rx.proc.stdout is not None
+            await rx.proc.stdout.aclose()  # nothing the server writes from now on reaches the host
+            await rx.request("tools/call", rx.call_tool("inbox"))
+            await rx.proc.wait()  # its write to the host failed: it ends (stdin still open)
+        finally:
+            await rx.kill()
+        assert receipts(home, [sent["id"]])[sent["id"]][1] is None  # never acknowledged
+
+        again = await RawHost.start(env, *args)
+        try:
+            shown = await again.tool("inbox", wait_seconds=5)
+            assert [m["id"] for m in shown] == [sent["id"]]
+        finally:
+            await again.close()
