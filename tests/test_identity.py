@@ -201,13 +201,15 @@ async def test_a_host_restarting_its_mcp_server_gets_the_same_session(broker, en
     try:
         with trio.fail_after(120):
             first = json.loads((await trio.to_thread.run_sync(ask, "start"))["content"][0]["text"])
-            assert (await trio.to_thread.run_sync(ask, "stop"))["exit"] == 0
             async with mcp_session(env, "--agent", "codex", "--project", "/w/sender") as s:
-                sent = (await call(s, "send", to=first["id"], text="while your server restarted"))["message"]
+                unread = (await call(s, "send", to=first["name"], text="before the restart, unread"))["message"]
+                assert (await trio.to_thread.run_sync(ask, "stop"))["exit"] == 0
+                by_id = (await call(s, "send", to=first["id"], text="while your server restarted"))["message"]
+                by_name = (await call(s, "send", to=first["name"], text="by name while it was down"))["message"]
             second = json.loads((await trio.to_thread.run_sync(ask, "start"))["content"][0]["text"])
             assert second == first
             shown = json.loads((await trio.to_thread.run_sync(ask, "inbox"))["content"][0]["text"])
-            assert [m["id"] for m in shown] == [sent["id"]]
+            assert [m["id"] for m in shown] == [unread["id"], by_id["id"], by_name["id"]]
             await trio.to_thread.run_sync(ask, "stop")
     finally:
         host.kill()
