@@ -258,7 +258,20 @@ def _hook_fast_path(args: Sequence[str]) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            code = _main(sys.argv[1:] if argv is None else list(argv))
+        finally:
+            sys.stdout.flush()  # so that a reader gone early (`| head -1`) shows here, not at interpreter exit
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 1
+    return code
+
+
+def _main(args: list[str]) -> int:
     fast = _hook_fast_path(args)
     if fast is not None:
         return fast

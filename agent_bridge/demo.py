@@ -31,6 +31,11 @@ def main(ns: argparse.Namespace) -> int:
     own_home = ns.home is None  # never the real state folder unless asked for by name
     home = Path(tempfile.mkdtemp(prefix="agent-bridge-demo-")) if own_home else Path(ns.home).expanduser().absolute()
     if not own_home:
+        try:
+            paths.check_home(home)  # never another user's folder: neither its broker nor its database
+        except paths.HomeError as exc:
+            print(f"agent-bridge demo: {exc}", file=sys.stderr)
+            return 1
         print(
             f"agent-bridge demo: warning: --home {home}: the demo writes to this state folder: three simulated "
             f"sessions, their messages and a pinned decision on topic {DEMO_TOPIC!r} for the folder "

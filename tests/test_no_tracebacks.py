@@ -109,3 +109,21 @@ def test_demo_ctrl_c_through_a_real_terminal(env, tmp_path):
     assert "Traceback" not in text, text
     assert "Stopped the demo broker." in text, text
     assert os.waitstatus_to_exitcode(status) in (0, 130), text
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+@pytest.mark.parametrize("argv", [["decisions"], ["decisions", "--history", "--json"], ["--version"], ["status", "--json"]])
+def test_a_reader_that_has_gone_is_not_a_traceback(env, home, argv, buffered):
+    """`agent-bridge decisions --json | head -1`: the reader leaves before the output is written."""
+    import subprocess
+
+    from tests.conftest import CLI
+
+    e = {k: v for k, v in env.items() if not (buffered and k == "PYTHONUNBUFFERED")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone: every write to the pipe fails with EPIPE
+    try:
+        done = subprocess.run([*CLI, *argv], env=e, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.stderr == "", done.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import logging.handlers
 import os
 import signal
 import subprocess
@@ -25,6 +27,7 @@ E = TypeVar("E", bound=BaseException)
 LOCK_NAME = paths.LOCK_NAME
 DETACH_TIMEOUT = 20.0  # seconds `up --detach` waits for the broker to accept connections
 DOWN_TIMEOUT = 10.0
+LOG_MAX_BYTES = 5_000_000  # broker.log, then one older broker.log.1: whatever clients make it log
 DETACHED_MARK = "AGENT_BRIDGE_DETACHED_CHILD"  # set by `up --detach` for the broker it spawns
 
 
@@ -66,10 +69,19 @@ def _already_running(home: Path) -> str:
     return f"agent-bridge: a broker is already running for {home}{where}; use `agent-bridge status` or `agent-bridge down`"
 
 
+class _PrivateRotatingLog(logging.handlers.RotatingFileHandler):
+    """broker.log with a size cap: any client of this user can make the broker log (each
+    connection that says hello and leaves writes two lines), so only a cap bounds the file.
+    Each file it opens is this user's only (0600), whatever the umask."""
+
+    def _open(self) -> io.TextIOWrapper:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.fdopen(fd, "a", encoding=self.encoding)
+
+
 def setup_logging(home: Path, *, to_stderr: bool) -> None:
     handlers: list[logging.Handler] = []
-    fd = os.open(paths.log_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    handlers.append(logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", buffering=1)))
+    handlers.append(_PrivateRotatingLog(paths.log_path(home), maxBytes=LOG_MAX_BYTES, backupCount=1, encoding="utf-8"))
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(

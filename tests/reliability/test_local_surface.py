@@ -112,6 +112,18 @@ def test_a_folder_owned_by_another_user_is_refused_and_left_untouched(env, home,
     assert snapshot(home) == before, "something was created or changed in the other user's folder"
 
 
+@needs_root
+def test_demo_with_another_users_folder_as_home_is_refused_before_anything(env, home):
+    before = planted_home(home)
+    done = run_cli(env, "demo", "--no-wait", "--home", str(home), timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(home) in lines[0] and "belongs to uid" in lines[0], done.stderr
+    assert done.stdout == "", done.stdout  # no "Starting a broker", no warning that it will write there
+    assert snapshot(home) == before
+
+
 # --- the dashboard's connections ---------------------------------------------------------------
 
 FLOOD = 1100  # more than the common 1024 open-files limit
