@@ -34,7 +34,7 @@ from pydantic import Field
 
 from agent_bridge import __version__, domain, hosts, ledger, mcp_sdk, paths, procinfo
 from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
-from agent_bridge.ipc.protocol import RemoteError
+from agent_bridge.ipc.protocol import IDEMPOTENT_OPS, RemoteError
 from agent_bridge.mcp_stdin import GuardedStdin
 
 log = logging.getLogger("agent_bridge.mcp")
@@ -51,7 +51,6 @@ INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 RECHECK = 0.01  # seconds between looks at a connection being replaced
-IDEMPOTENT_OPS = frozenset({"whoami", "peers", "decisions", "offer", "ack", "learn_identity", "ping", "status"})
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to hand the last acknowledgements to the broker when the host leaves
 REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "

@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import apsw
 import trio
@@ -36,6 +36,35 @@ log = logging.getLogger("agent_bridge.broker")
 
 async def no_pause(point: str) -> None:
     return None
+
+
+# The handler of each op of the protocol (ipc.protocol.OPS), registered by the decorators below:
+# one for a session's connection, one for a control request (hooks, the command line).
+SessionHandler = Callable[["Broker", Session, dict[str, Any]], Awaitable[Any]]
+ControlHandler = Callable[["Broker", dict[str, Any]], Awaitable[Any]]
+SESSION_HANDLERS: dict[str, SessionHandler] = {}
+CONTROL_HANDLERS: dict[str, ControlHandler] = {}
+_H = TypeVar("_H", bound=Callable[..., Awaitable[Any]])
+
+
+def session_op(name: str) -> Callable[[_H], _H]:
+    """Register a Broker method as the handler of op `name` on a session's connection."""
+
+    def register(handler: _H) -> _H:
+        SESSION_HANDLERS[name] = handler
+        return handler
+
+    return register
+
+
+def control_op(name: str) -> Callable[[_H], _H]:
+    """Register a Broker method as the handler of op `name` as a control request."""
+
+    def register(handler: _H) -> _H:
+        CONTROL_HANDLERS[name] = handler
+        return handler
+
+    return register
 
 
 class Broker:
@@ -117,39 +146,31 @@ class Broker:
 
     async def handle(self, session: Session | None, op: str, args: dict[str, Any]) -> Any:
         if session is None:
-            if op == "identify":
-                return await self.identify(args)
-            if op == "stop_check":
-                return await self.stop_check(args)
-            if op == "stop_ack":
-                return await self.stop_ack(args)
-            if op == "status":
-                return self.status()
-            if op == "shutdown":
-                return {"stopping": True}  # the connection sets `stop` once this answer is sent
-            if op == "ping":
-                return "pong"
-            command = self.COMMAND_OPS.get(op)
-            if command is not None:
-                return await command(self, args)
-            raise InputError(f"{op}: needs a session connection (send hello first)")
-        handler = getattr(self, f"op_{op}", None)
+            control = CONTROL_HANDLERS.get(op)
+            if control is None:
+                raise InputError(f"{op}: needs a session connection (send hello first)")
+            return await control(self, args)
+        handler = SESSION_HANDLERS.get(op)
         if handler is None:
             raise InputError(f"{op}: not available on a session connection")
         if op not in ("ping", "status"):
             await self.identity.on_request(session)
-        return await handler(session, args)
+        return await handler(self, session, args)
 
+    @session_op("ping")
     async def op_ping(self, session: Session, args: dict[str, Any]) -> Any:
         return "pong"
 
+    @session_op("status")
     async def op_status(self, session: Session, args: dict[str, Any]) -> Any:
         return self.status()
 
+    @session_op("whoami")
     async def op_whoami(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, set(), "whoami")
         return session.public()
 
+    @session_op("peers")
     async def op_peers(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"project"}, "peers")
         project = args.get("project")
@@ -166,6 +187,7 @@ class Broker:
         out.sort(key=lambda p: (not p["connected"], p["name"]))
         return out
 
+    @session_op("decide")
     async def op_decide(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"topic", "text", "scope", "source_message_id"}, "decide")
         return await self._decide(session.view(), session.peer["agent"], session.peer["project"], args)
@@ -206,6 +228,7 @@ class Broker:
         delivered = sorted({*delivered, *(s.name for s in held_back)})
         return {"decision": decision, "deliveredTo": delivered}
 
+    @session_op("decisions")
     async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"query", "scope", "history"}, "decisions")
         needle = domain.normalize_query(args.get("query"))
@@ -219,6 +242,7 @@ class Broker:
             self.store.store.decisions, needle=needle, lookup=lookup, caller_addresses=caller, history=history
         )
 
+    @session_op("send")
     async def op_send(self, session: Session, args: dict[str, Any]) -> Any:
         (result,) = await self.send_batch(session, [args])
         if isinstance(result, InputError):
@@ -288,6 +312,7 @@ class Broker:
                 raise InputError(f"reply_to: no message with id {reply_to!r}")
         return Outgoing(to_id, text, domain.reply_hop(parent_hop), reply_to), last_seen
 
+    @session_op("offer")
     async def op_offer(self, session: Session, args: dict[str, Any]) -> Any:
         """The MCP server is about to show these messages to its host (SPEC §3): remember it,
         so that shown again after an acknowledgement that never came, they are marked. The MCP
@@ -299,6 +324,7 @@ class Broker:
         offered.update(ids)
         return {"repeat": before}
 
+    @session_op("withdraw")
     async def op_withdraw(self, session: Session, args: dict[str, Any]) -> Any:
         """The host cancelled the call that offered these: they are not being shown after all."""
         _no_unknown(args, {"ids"}, "withdraw")
@@ -308,6 +334,7 @@ class Broker:
             offered.difference_update(ids)
         return {"withdrawn": len(ids)}
 
+    @session_op("ack")
     async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"ids"}, "ack")
         ids = _message_ids(args)
@@ -354,6 +381,7 @@ class Broker:
             path.unlink(missing_ok=True)
         return count
 
+    @session_op("learn_identity")
     async def op_learn_identity(self, session: Session, args: dict[str, Any]) -> Any:
         """The MCP server saw its host session id (Codex tool-call `_meta`)."""
         _no_unknown(args, {"hostSessionId", "source"}, "learn_identity")
@@ -364,6 +392,7 @@ class Broker:
 
     # --- the command line: `agent-bridge decide | send | retract | forget | sessions` ----
 
+    @control_op("decide")
     async def cmd_decide(self, args: dict[str, Any]) -> Any:
         """`agent-bridge decide`: the rules of the MCP tool, the author `cli`; an omitted scope
         is the folder the command ran in (`project`)."""
@@ -372,6 +401,7 @@ class Broker:
         rest = {k: v for k, v in args.items() if k != "project"}
         return await self._decide(CLI_AUTHOR, CLI_AGENT, project, rest)
 
+    @control_op("send")
     async def cmd_send(self, args: dict[str, Any]) -> Any:
         """`agent-bridge send`: the rules of the MCP tool, the sender `cli`."""
         _no_unknown(args, {"to", "text"}, "send")
@@ -380,6 +410,7 @@ class Broker:
             raise result
         return result
 
+    @control_op("retract")
     async def cmd_retract(self, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"topic", "reason"}, "retract")
         topic = domain.normalize_topic(args.get("topic"))
@@ -406,11 +437,13 @@ class Broker:
                 target.poke()
         return {"retraction": retraction, "notified": [name for _, name in notified]}
 
+    @control_op("connected")
     async def cmd_connected(self, args: dict[str, Any]) -> Any:
         """The ids of the connected sessions (`agent-bridge sessions` reads the rest itself)."""
         _no_unknown(args, set(), "connected")
         return sorted(self.sessions)
 
+    @control_op("forget")
     async def cmd_forget(self, args: dict[str, Any]) -> Any:
         """Forget sessions that are not connected: by address, or every one last seen more than
         `goneForMs` ago. A connected or unknown address refuses the whole request."""
@@ -449,16 +482,25 @@ class Broker:
                      item["session"]["name"], item["session"]["id"], len(item["dropped"]))
         return {"forgotten": forgotten}
 
-    COMMAND_OPS: dict[str, Callable[[Broker, dict[str, Any]], Any]] = {
-        "decide": cmd_decide,
-        "send": cmd_send,
-        "retract": cmd_retract,
-        "forget": cmd_forget,
-        "connected": cmd_connected,
-    }
-
     # --- control requests (hooks, CLI) ----------------------------------------------
 
+    @control_op("identify")
+    async def cmd_identify(self, args: dict[str, Any]) -> Any:
+        return await self.identify(args)
+
+    @control_op("ping")
+    async def cmd_ping(self, args: dict[str, Any]) -> Any:
+        return "pong"
+
+    @control_op("status")
+    async def cmd_status(self, args: dict[str, Any]) -> Any:
+        return self.status()
+
+    @control_op("shutdown")
+    async def cmd_shutdown(self, args: dict[str, Any]) -> Any:
+        return {"stopping": True}  # the connection sets `stop` once this answer is sent
+
+    @control_op("stop_check")
     async def stop_check(self, args: dict[str, Any]) -> dict[str, Any]:
         """The Stop hook fetches the session's active messages. They are recorded as offered,
         not acknowledged: the hook acknowledges them (`stop_ack`) once it has written them to
@@ -491,6 +533,7 @@ class Broker:
                 holder.notify(protocol.push("offered", ids=ids))
         return {"session": result.get("session"), "sessionId": peer_id, "messages": active}
 
+    @control_op("stop_ack")
     async def stop_ack(self, args: dict[str, Any]) -> dict[str, Any]:
         """The Stop hook wrote these messages to its host: acknowledge them, and tell the
         session's MCP server not to show them again."""
@@ -524,6 +567,20 @@ class Broker:
             "home": str(self.home),
             "schemaVersion": self.store.store.schema_version,  # never the connection: the worker thread owns it
         }
+
+
+def check_handlers() -> None:
+    """Every op the protocol admits has exactly the handlers its table entry says."""
+    for where, handlers, names in (
+        ("session", SESSION_HANDLERS, protocol.SESSION_OPS),
+        ("control", CONTROL_HANDLERS, protocol.CONTROL_OPS),
+    ):
+        if set(handlers) != names:
+            raise RuntimeError(f"{where} ops without a handler: {sorted(names - set(handlers))}; "
+                               f"handlers of no {where} op: {sorted(set(handlers) - names)}")
+
+
+check_handlers()
 
 
 class _CliSender(NamedTuple):
