@@ -23,7 +23,7 @@ from agent_bridge.daemon.args import opt_str as _opt_str
 from agent_bridge.daemon.args import req_str as _req_str
 from agent_bridge.daemon.identity import Identity
 from agent_bridge.daemon.sessions import Session
-from agent_bridge.daemon.storage import StoreRunner
+from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
@@ -79,6 +79,7 @@ class Broker:
         pause: Callable[[str], Awaitable[None]] = no_pause,
     ) -> None:
         self.store = store
+        self.db = StoreCalls(store)  # the Store's methods, each run on the store's thread
         self.settings = settings
         self.home = home
         self.stop = stop
@@ -107,7 +108,7 @@ class Broker:
         """Every connected session's last-seen time, in one transaction (the broker is stopping)."""
         with trio.CancelScope(shield=True), trio.move_on_after(LAST_SEEN_GRACE):
             try:
-                await self.store.run(self.store.store.touch_peers, list(self.sessions), now_ms())
+                await self.db.touch_peers(list(self.sessions), now_ms())
             except (OSError, apsw.Error) as exc:  # a courtesy: a failing disk must not stop the shutdown
                 log.warning("could not record when the connected sessions were last seen: %s", exc)
 
@@ -176,7 +177,7 @@ class Broker:
         project = args.get("project")
         if project is not None:
             project = domain.normalize_folder(project, what="project")
-        rows = await self.store.run(self.store.store.list_peers)
+        rows = await self.db.list_peers()
         out = []
         for row in rows:
             if project is not None and row["project"] != project:
@@ -206,8 +207,7 @@ class Broker:
         held_back = [s for s in in_scope if s.tentative]
         recipients = [Recipient(s.view(), host_key(s.view())) for s in notified]
         await self.pause("decide:resolved")
-        decision, delivered = await self.store.run(
-            self.store.store.record_decision,
+        decision, delivered = await self.db.record_decision(
             author=author,
             author_agent=author_agent,
             topic=topic,
@@ -238,9 +238,7 @@ class Broker:
         raw_scope = args.get("scope")
         lookup = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
         caller = session.view().addresses if domain.scope_kind(lookup) == "project" else frozenset()
-        return await self.store.run(
-            self.store.store.decisions, needle=needle, lookup=lookup, caller_addresses=caller, history=history
-        )
+        return await self.db.decisions(needle=needle, lookup=lookup, caller_addresses=caller, history=history)
 
     @session_op("send")
     async def op_send(self, session: Session, args: dict[str, Any]) -> Any:
@@ -266,7 +264,7 @@ class Broker:
             await self.identity.on_request(session)
         await self.pause("send:resolved")
         now = now_ms()
-        sent = await self.store.run(self.store.store.send_messages, session.id, planned, now, fault=self.fault)
+        sent = await self.db.send_messages(session.id, planned, now, fault=self.fault)
         messages = iter(sent)
         for to_id in {m["to"]["id"] for m in sent}:  # as stored: an address may have followed a merge
             recipient = self.sessions.get(to_id)
@@ -298,7 +296,7 @@ class Broker:
             to_id = target.id
         else:  # a session that may still vanish (daemon.identity) gets a message only if nobody else is addressed
             tentative = {s.id for s in self.sessions.values() if s.tentative}
-            found = [p for p in await self.store.run(self.store.store.find_peers_by_address, to) if p["id"] not in tentative]
+            found = [p for p in await self.db.find_peers_by_address(to) if p["id"] not in tentative]
             if found:
                 to_id, last_seen = found[0]["id"], found[0].get("lastSeenAt")
             elif target is not None:
@@ -307,7 +305,7 @@ class Broker:
                 raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from peers)")
         parent_hop = None
         if reply_to is not None:
-            parent_hop = await self.store.run(self.store.store.message_hop, reply_to)
+            parent_hop = await self.db.message_hop(reply_to)
             if parent_hop is None:
                 raise InputError(f"reply_to: no message with id {reply_to!r}")
         return Outgoing(to_id, text, domain.reply_hop(parent_hop), reply_to), last_seen
@@ -338,7 +336,7 @@ class Broker:
     async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"ids"}, "ack")
         ids = _message_ids(args)
-        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms(), fault=self.fault)
+        acked = await self.db.ack(session.id, ids, now_ms(), fault=self.fault)
         offered = self.offered.get(session.id)
         if offered is not None:
             offered.difference_update(ids)
@@ -353,7 +351,7 @@ class Broker:
         if not offered:
             return
         persisted = sorted(offered)
-        await self.store.run(self.store.store.offer, peer_id, persisted, now_ms())
+        await self.db.offer(peer_id, persisted, now_ms())
         offered.difference_update(persisted)  # receipts.delivered_at marks them from now on
         if not offered and self.offered.get(peer_id) is offered:
             del self.offered[peer_id]
@@ -366,10 +364,10 @@ class Broker:
             if record is not None:
                 peer_id, now = record["peerId"], now_ms()
                 if record["offered"]:
-                    await self.store.run(self.store.store.offer, peer_id, record["offered"], now)
+                    await self.db.offer(peer_id, record["offered"], now)
                 if record["acked"]:
                     acked = record["acked"]
-                    await self.store.run(self.store.store.ack, peer_id, acked, now)
+                    await self.db.ack(peer_id, acked, now)
                     holder = self.sessions.get(peer_id)
                     if holder is not None:
                         holder.notify(protocol.push("acked", ids=acked))
@@ -421,8 +419,7 @@ class Broker:
             reason = reason.strip() or None
             if reason is not None and len(reason) > domain.TEXT_MAX:
                 raise InputError(f"reason: at most {domain.TEXT_MAX} characters, got {len(reason)}")
-        retraction, notified = await self.store.run(
-            self.store.store.retract,
+        retraction, notified = await self.db.retract(
             topic=topic,
             reason=reason,
             author=CLI_AUTHOR,
@@ -451,7 +448,6 @@ class Broker:
         addresses, gone_for = args.get("sessions"), args.get("goneForMs")
         if (addresses is None) == (gone_for is None):
             raise InputError("forget: give session addresses or goneForMs, not both and not neither")
-        store = self.store.store
         async with self.identity.lock:  # nobody connects as one of them while they are forgotten
             if addresses is not None:
                 if not isinstance(addresses, list) or not addresses or not all(
@@ -467,16 +463,16 @@ class Broker:
                             f"{address!r} is connected ({held.name}); only gone sessions can be forgotten "
                             "(a gone record that shares its name: forget it by its id, see `agent-bridge sessions`)"
                         )
-                    found = await self.store.run(store.find_peers_by_address, address)
+                    found = await self.db.find_peers_by_address(address)
                     if not found:
                         raise InputError(f"no session is addressed by {address!r} (see `agent-bridge sessions`)")
                     ids.extend(p["id"] for p in found if p["id"] not in ids)
             else:
                 if isinstance(gone_for, bool) or not isinstance(gone_for, int) or gone_for < 0:
                     raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
-                candidates = await self.store.run(store.sessions_last_seen_before, now_ms() - gone_for)
+                candidates = await self.db.sessions_last_seen_before(now_ms() - gone_for)
                 ids = [i for i in candidates if i not in self.sessions]
-            forgotten = await self.store.run(store.forget_peers, ids, now_ms(), fault=self.fault)
+            forgotten = await self.db.forget_peers(ids, now_ms(), fault=self.fault)
         for item in forgotten:
             log.info("forgot session %s (%s); dropped %d queued message(s)",
                      item["session"]["name"], item["session"]["id"], len(item["dropped"]))
@@ -510,7 +506,7 @@ class Broker:
         peer_id = await self._stop_peer(args["hostSessionId"])
         if peer_id is None:
             return {"session": result.get("session"), "messages": []}
-        pending = await self.store.run(self.store.store.unacked, peer_id, limit=1000)
+        pending = await self.db.unacked(peer_id, limit=1000)
         # What the connected MCP server is showing right now is acknowledged by it: not again here.
         showing = self.offered.get(peer_id, set()) if peer_id in self.sessions else set()
         active = [
@@ -524,7 +520,7 @@ class Broker:
             m.pop("_acked", None)
         if active:
             ids = [m["id"] for m in active]
-            before = set(await self.store.run(self.store.store.offer, peer_id, ids, now_ms()))
+            before = set(await self.db.offer(peer_id, ids, now_ms()))
             for m in active:
                 if m["id"] in before:
                     m["repeat"] = True
@@ -543,7 +539,7 @@ class Broker:
         peer_id = await self._stop_peer(hsid)
         if peer_id is None:
             raise InputError(f"hostSessionId: no session has host session id {hsid!r}")
-        acked = await self.store.run(self.store.store.ack, peer_id, ids, now_ms(), fault=self.fault)
+        acked = await self.db.ack(peer_id, ids, now_ms(), fault=self.fault)
         holder = self.sessions.get(peer_id)
         if holder is not None and ids:
             holder.notify(protocol.push("acked", ids=ids))
@@ -553,7 +549,7 @@ class Broker:
         connected = self.find_connected(hsid)
         if connected is not None and connected.host_session_id == hsid:
             return connected.id
-        peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
+        peer = await self.db.peer_by_host_session(hsid)
         return peer["id"] if peer else None
 
     def status(self) -> dict[str, Any]:
@@ -565,7 +561,7 @@ class Broker:
             "sessions": len(self.sessions),
             "hopLimit": self.settings.hop_limit,
             "home": str(self.home),
-            "schemaVersion": self.store.store.schema_version,  # never the connection: the worker thread owns it
+            "schemaVersion": self.db.schema_version,
         }
 
 

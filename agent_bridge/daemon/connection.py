@@ -232,7 +232,6 @@ async def deliver(broker: Broker, session: Session) -> None:
     connection), or, once a read has reached the end, from the store's tap: what the store
     committed for this session since (store.writer.DeliveryTap). Nothing lives only in memory:
     a replay is a cursor reset, and a closed tap means reading from the cursor again."""
-    store = broker.store
     tap = DeliveryTap()
     cursor = 0  # seq of the last receipt pushed on this connection
     try:
@@ -245,7 +244,7 @@ async def deliver(broker: Broker, session: Session) -> None:
             if tap.open and tap.peer_id == peer_id:
                 batch, at_end = tap.take(), True
             else:
-                rows = await store.run(store.store.unacked, peer_id, after_seq=cursor, limit=DELIVERY_BATCH, tap=tap)
+                rows = await broker.db.unacked(peer_id, after_seq=cursor, limit=DELIVERY_BATCH, tap=tap)
                 if session.replay or peer_id != session.id:
                     continue  # the session became another record meanwhile: read again
                 batch, at_end = [(m.pop("_seq"), m) for m in rows], len(rows) < DELIVERY_BATCH
