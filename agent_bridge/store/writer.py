@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -106,20 +107,59 @@ class DeliveryTap:
     it needs to read again. Anything else that changes the session's receipts (a decision's
     fan-out, a catch-up, absorbing another record) closes it, as does overflow: the delivery
     task then reads the database from its cursor, so nothing is skipped.
+
+    Two threads use it (the store's and the event loop's), so every look and change holds its
+    lock: `take` checks and drains in one step, never a check the other thread can overtake.
     """
 
-    __slots__ = ("messages", "open", "peer_id")
+    __slots__ = ("_lock", "_messages", "_open", "_peer_id")
 
     def __init__(self) -> None:
-        self.messages: deque[tuple[int, dict[str, Any]]] = deque()
-        self.open = False
-        self.peer_id: str | None = None
+        self._lock = threading.Lock()
+        self._messages: deque[tuple[int, dict[str, Any]]] = deque()
+        self._open = False
+        self._peer_id: str | None = None
 
-    def take(self) -> list[tuple[int, dict[str, Any]]]:
-        out = []
-        while self.messages:
-            out.append(self.messages.popleft())
-        return out
+    @property
+    def peer_id(self) -> str | None:
+        """The record this tap was last opened for (it may have closed since)."""
+        with self._lock:
+            return self._peer_id
+
+    @property
+    def open(self) -> bool:
+        with self._lock:
+            return self._open
+
+    def take(self, peer_id: str) -> list[tuple[int, dict[str, Any]]] | None:
+        """Everything collected for `peer_id`, drained; None if the tap is closed or collects
+        for another record (then the database must be read)."""
+        with self._lock:
+            if not self._open or self._peer_id != peer_id:
+                return None
+            out = list(self._messages)
+            self._messages.clear()
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._open = False
+            self._messages.clear()
+
+    def reopen(self, peer_id: str) -> None:
+        with self._lock:
+            self._peer_id, self._open = peer_id, True
+            self._messages.clear()
+
+    def append(self, seq: int, message: dict[str, Any]) -> bool:
+        """Collect one committed message; False (and closed) when closed or full."""
+        with self._lock:
+            if self._open and len(self._messages) < TAP_LIMIT:
+                self._messages.append((seq, message))
+                return True
+            self._open = False
+            self._messages.clear()
+            return False
 
 
 class Store:
@@ -439,11 +479,8 @@ class Store:
             fault("send:after-commit")
             del message["_seq"], message["_acked"]
             tap = self.taps.get(to_id)
-            if tap is not None:
-                if tap.open and len(tap.messages) < TAP_LIMIT:
-                    tap.messages.append((seq, message))
-                else:
-                    self._close_tap(to_id)  # full, or its connection ended: drop it
+            if tap is not None and not tap.append(seq, message):
+                self._close_tap(to_id)  # full, or its connection ended: drop it
             out.append(message)
         return out
 
@@ -458,13 +495,12 @@ class Store:
         if tap is not None:
             if tap.peer_id is not None:
                 self._close_tap(tap.peer_id, only=tap)
-            tap.open = False
-            tap.messages.clear()
+            tap.close()
             if len(rows) < limit:
-                tap.peer_id, tap.open = peer_id, True
+                tap.reopen(peer_id)
                 previous = self.taps.get(peer_id)
                 if previous is not None:
-                    previous.open = False
+                    previous.close()
                 self.taps[peer_id] = tap
         return rows
 
@@ -472,8 +508,7 @@ class Store:
         tap = self.taps.get(peer_id)
         if tap is not None and (only is None or tap is only):
             del self.taps[peer_id]
-            tap.open = False
-            tap.messages.clear()
+            tap.close()
 
     def offer(self, peer_id: str, message_ids: Sequence[str], now: int) -> list[str]:
         """Record that these messages are about to be shown to the session's host (SPEC §3:
