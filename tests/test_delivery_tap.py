@@ -38,6 +38,9 @@ class Calls(StoreCalls):
         return await self.send_messages(sender.id, [Outgoing(to.id, t, 1, None) for t in texts], now=5)
 
     async def rows_in_db(self, peer: SessionView) -> list[dict]:
+        return [q.message for q in await self.queued_in_db(peer)]
+
+    async def queued_in_db(self, peer: SessionView) -> list[queries.Queued]:
         return await self.runner.run(queries.unacked_messages, self.runner.store.conn, peer.id, current_schema=True)
 
     async def texts_in_db(self, peer: SessionView) -> list[str]:
@@ -79,11 +82,9 @@ async def test_a_read_that_reaches_the_end_opens_the_tap_and_sends_feed_it(store
     sent = await store.send(a, b, "one", "two")
     assert [m["text"] for _, m in held(d.tap, b)] == ["one", "two"]
     # what the tap holds is exactly what the database holds, field for field
-    from_db = {m["id"]: m for m in await store.rows_in_db(b)}
+    from_db = {q.message["id"]: q for q in await store.queued_in_db(b)}
     for seq, message in held(d.tap, b):
-        row = dict(from_db[message["id"]])
-        assert row.pop("_seq") == seq and row.pop("_acked") is False
-        assert row == message
+        assert from_db[message["id"]] == (seq, message)
     assert [m["id"] for _, m in held(d.tap, b)] == [m["id"] for m in sent]
     await d.step()
     assert d.seen == ["before", "one", "two"] == await store.texts_in_db(b)
@@ -209,7 +210,7 @@ async def test_the_delivery_read_is_one_index_range_in_order(store):
     def traced_read() -> str:
         conn = store.runner.store.conn
         conn.exec_trace = trace
-        store.runner.store.unacked(b.id, after_seq=0, limit=10)
+        store.runner.store.queued(b.id, after_seq=0, limit=10)
         conn.exec_trace = None
         (sql, bindings), = executed
         return " | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings))

@@ -515,9 +515,6 @@ class Broker:
             if m["kind"] != "decision" and domain.is_active(m["hop"], self.settings.hop_limit)
             and m["id"] not in showing
         ]
-        for m in active:
-            m.pop("_seq", None)
-            m.pop("_acked", None)
         if active:
             ids = [m["id"] for m in active]
             before = set(await self.db.offer(peer_id, ids, now_ms()))

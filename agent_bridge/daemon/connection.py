@@ -15,6 +15,7 @@ from agent_bridge.daemon.storage import StoreCalls
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.store.queries import Queued
 from agent_bridge.store.writer import DeliveryTap
 
 log = logging.getLogger("agent_bridge.connection")
@@ -244,21 +245,20 @@ class Backlog:
         self.cursor = 0
         self.tap.close()
 
-    async def read(self, peer_id: str) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
-        """(receipt seq, message) pairs for record `peer_id`, and whether they reach the end."""
+    async def read(self, peer_id: str) -> tuple[list[Queued], bool]:
+        """Unacknowledged receipts of record `peer_id`, and whether they reach the end."""
         taken = self.tap.take(peer_id)
         if taken is not None:
             return taken, True
-        rows = await self.db.unacked(peer_id, after_seq=self.cursor, limit=self.limit, tap=self.tap)
-        return [(m.pop("_seq"), m) for m in rows], len(rows) < self.limit
+        rows = await self.db.queued(peer_id, after_seq=self.cursor, limit=self.limit, tap=self.tap)
+        return rows, len(rows) < self.limit
 
-    def advance(self, batch: list[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    def advance(self, batch: list[Queued]) -> list[dict[str, Any]]:
         """The messages of `batch` past the cursor, in order; the cursor moves past them."""
         out = []
         for seq, message in batch:
             if seq > self.cursor:
                 self.cursor = seq
-                message.pop("_acked", None)
                 out.append(message)
         return out
 

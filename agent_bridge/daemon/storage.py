@@ -153,6 +153,7 @@ class StoreCalls:
     offer = _OnStoreThread(Store.offer)
     peer_by_host_session = _OnStoreThread(Store.peer_by_host_session)
     peer_with_secret = _OnStoreThread(Store.peer_with_secret)
+    queued = _OnStoreThread(Store.queued)
     record_decision = _OnStoreThread(Store.record_decision)
     record_host_instance = _OnStoreThread(Store.record_host_instance)
     record_instance_session = _OnStoreThread(Store.record_instance_session)

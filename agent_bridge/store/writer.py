@@ -24,6 +24,7 @@ import apsw.bestpractice
 from agent_bridge import domain, paths
 from agent_bridge.domain import Scope, SessionView
 from agent_bridge.store import queries
+from agent_bridge.store.queries import Queued
 from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, migrate, user_version
 
 _bestpractice_applied = False
@@ -116,7 +117,7 @@ class DeliveryTap:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._messages: deque[tuple[int, dict[str, Any]]] = deque()
+        self._messages: deque[Queued] = deque()
         self._open = False
         self._peer_id: str | None = None
 
@@ -131,7 +132,7 @@ class DeliveryTap:
         with self._lock:
             return self._open
 
-    def take(self, peer_id: str) -> list[tuple[int, dict[str, Any]]] | None:
+    def take(self, peer_id: str) -> list[Queued] | None:
         """Everything collected for `peer_id`, drained; None if the tap is closed or collects
         for another record (then the database must be read)."""
         with self._lock:
@@ -155,7 +156,7 @@ class DeliveryTap:
         """Collect one committed message; False (and closed) when closed or full."""
         with self._lock:
             if self._open and len(self._messages) < TAP_LIMIT:
-                self._messages.append((seq, message))
+                self._messages.append(Queued(seq, message))
                 return True
             self._open = False
             self._messages.clear()
@@ -472,22 +473,25 @@ class Store:
                 seq = self.conn.last_insert_rowid()
                 row = (seq, message_id, from_id, from_name, from_agent, o.to_id, names.get(o.to_id, (None,))[0],
                        o.text, o.hop, o.reply_to, now, None, None, None)
-                written.append((o.to_id, seq, queries._message_from_row(None, row)))
+                written.append((o.to_id, seq, queries.message_from_row(None, row)))
                 fault("send:before-commit")
         out = []
         for to_id, seq, message in written:
             fault("send:after-commit")
-            del message["_seq"], message["_acked"]
             tap = self.taps.get(to_id)
             if tap is not None and not tap.append(seq, message):
                 self._close_tap(to_id)  # full, or its connection ended: drop it
             out.append(message)
         return out
 
-    def unacked(
+    def unacked(self, peer_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+        """The session's unacknowledged messages, oldest first."""
+        return [q.message for q in self.queued(peer_id, limit=limit)]
+
+    def queued(
         self, peer_id: str, *, after_seq: int = 0, limit: int = 200, tap: DeliveryTap | None = None
-    ) -> list[dict[str, Any]]:
-        """The session's unacknowledged messages after the receipt `after_seq`, oldest first.
+    ) -> list[Queued]:
+        """The session's unacknowledged receipts after the receipt `after_seq`, oldest first.
 
         With `tap`, the delivery task's: closed, then reopened for `peer_id` when this read
         reached the end, so it collects exactly the messages committed after this read."""
@@ -775,9 +779,7 @@ class Store:
                 peer = self.get_peer(peer_id)
                 if peer is None or peer_id == CLI_AUTHOR.id:
                     continue
-                queued = queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)
-                for m in queued:
-                    del m["_seq"], m["_acked"]
+                queued = [q.message for q in queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)]
                 self._close_tap(peer_id)
                 self.conn.execute("DELETE FROM receipts WHERE peer_id = ?", (peer_id,))
                 # Messages to it that nothing else holds: no receipt left, no notice or decision naming them.
