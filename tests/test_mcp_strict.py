@@ -6,6 +6,9 @@ take is a tool error naming it (nothing done); an unknown tool is a JSON-RPC err
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,21 @@ pytestmark = pytest.mark.slow
 
 INITIALIZE = ('{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
               '"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}')
+
+
+
+@contextmanager
+def initialized(env: dict[str, str]) -> Iterator[tuple[RawMcp, dict[str, Any]]]:
+    """A raw server past its handshake, and its `initialize` answer."""
+    mcp = RawMcp(env)
+    try:
+        mcp.send(INITIALIZE)
+        init = mcp.answer(1)
+        mcp.send('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        yield mcp, init
+    finally:
+        mcp.close()
+
 
 # (tool, arguments as the host would write them, what the error must name)
 REFUSED = [
@@ -31,11 +49,8 @@ REFUSED = [
 
 
 def test_wrong_types_and_unknown_arguments_are_tool_errors_naming_them(broker, env):
-    mcp = RawMcp(env)
-    try:
-        mcp.send(INITIALIZE)
-        assert "result" in mcp.answer(1)
-        mcp.send('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    with initialized(env) as (mcp, init):
+        assert "result" in init
         for i, (tool, arguments, named) in enumerate(REFUSED, start=10):
             mcp.send(f'{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}}}}}')
             answer = mcp.answer(i)
@@ -48,34 +63,20 @@ def test_wrong_types_and_unknown_arguments_are_tool_errors_naming_them(broker, e
         assert not fine["result"].get("isError") and json.loads(fine["result"]["content"][0]["text"]) == [], fine
         mcp.send('{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"decisions","arguments":{"history":false}}}')
         assert not mcp.answer(3)["result"].get("isError")
-    finally:
-        mcp.close()
 
 
 def test_an_unknown_tool_is_a_json_rpc_invalid_params_error(broker, env):
-    mcp = RawMcp(env)
-    try:
-        mcp.send(INITIALIZE)
-        mcp.answer(1)
-        mcp.send('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    with initialized(env) as (mcp, _):
         mcp.send('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"launch_rockets","arguments":{}}}')
         answer = mcp.answer(2)
         assert "result" not in answer, answer
         assert answer["error"]["code"] == -32602, answer
         assert "launch_rockets" in answer["error"]["message"], answer
-    finally:
-        mcp.close()
 
 
 def test_the_logging_capability_is_declared_and_set_level_is_answered(broker, env):
-    mcp = RawMcp(env)
-    try:
-        mcp.send(INITIALIZE)
-        init = mcp.answer(1)
+    with initialized(env) as (mcp, init):
         assert "logging" in init["result"]["capabilities"], init
-        mcp.send('{"jsonrpc":"2.0","method":"notifications/initialized"}')
         mcp.send('{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"warning"}}')
         answer = mcp.answer(2)
         assert answer.get("result") == {}, answer
-    finally:
-        mcp.close()
