@@ -213,7 +213,7 @@ async def _answer_sends(broker: Broker, session: Session, sends: list[tuple[int,
     await session.conn.send_many(answers)
 
 
-async def _answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict:
+async def _answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict[str, Any]:
     try:
         return protocol.ok(request_id, await broker.handle(session, op, args))
     except InputError as exc:

@@ -240,7 +240,7 @@ class Store:
     def peer_by_host_session(self, host_session_id: str) -> dict[str, Any] | None:
         return queries.peer_by_host_session(self.conn, host_session_id)
 
-    def update_peer(self, peer_id: str, **fields: Any) -> dict[str, Any]:
+    def update_peer(self, /, peer_id: str, **fields: Any) -> dict[str, Any]:
         columns = {
             "name": "name",
             "project": "project",
@@ -692,7 +692,7 @@ class Store:
                 self._queue_notifications(decision, decision["author"]["id"], [Recipient(session, key)], now)
         return len(missing)
 
-    def decisions(self, **kwargs: Any) -> list[dict[str, Any]]:
+    def decisions(self, /, **kwargs: Any) -> list[dict[str, Any]]:
         return queries.query_decisions(self.conn, **kwargs)
 
     # --- the owner's controls: the command line, retract, forget ----------------------
