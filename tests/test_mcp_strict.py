@@ -6,12 +6,15 @@ take is a tool error naming it (nothing done); an unknown tool is a JSON-RPC err
 from __future__ import annotations
 
 import json
+import select
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
+from tests.conftest import run_cli
 from tests.reliability.test_surrogates import RawMcp
 
 pytestmark = pytest.mark.slow
@@ -80,3 +83,47 @@ def test_the_logging_capability_is_declared_and_set_level_is_answered(broker, en
         mcp.send('{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"warning"}}')
         answer = mcp.answer(2)
         assert answer.get("result") == {}, answer
+
+
+def test_a_host_that_asks_for_warnings_only_gets_no_arrival_logs(broker, env):
+    """Arrivals are logged at info: after `logging/setLevel` "warning" none is sent, after
+    "info" again one is. The quiet arrival is taken from the inbox (so handled, and its log
+    decided) before the level goes back to info."""
+    logged: list[str] = []
+
+    def answer(mcp: RawMcp, request_id: int) -> dict[str, Any]:
+        """Like RawMcp.answer, keeping the log notifications that come before the answer."""
+        deadline = time.monotonic() + 30
+        while True:
+            while b"\n" in mcp.buffer:
+                line, mcp.buffer = mcp.buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if message.get("method") == "notifications/message":
+                    logged.append(str(message["params"]["data"]))
+                elif message.get("id") == request_id:
+                    return message
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no answer to request {request_id}"
+            if select.select([mcp.proc.stdout], [], [], remaining)[0]:
+                chunk = mcp.proc.stdout.read1(65536)
+                assert chunk, "the server closed stdout"
+                mcp.buffer += chunk
+
+    def call(mcp: RawMcp, request_id: int, method: str, params: str) -> dict[str, Any]:
+        mcp.send(f'{{"jsonrpc":"2.0","id":{request_id},"method":"{method}","params":{params}}}')
+        return answer(mcp, request_id)
+
+    with initialized(env) as (mcp, _):
+        me = call(mcp, 2, "tools/call", '{"name":"whoami","arguments":{}}')
+        name = json.loads(me["result"]["content"][0]["text"])["name"]
+        assert call(mcp, 3, "logging/setLevel", '{"level":"warning"}')["result"] == {}
+        assert run_cli(env, "send", name, "quiet arrival").returncode == 0
+        seen = call(mcp, 4, "tools/call", '{"name":"inbox","arguments":{"wait_seconds":30}}')
+        assert "quiet arrival" in seen["result"]["content"][0]["text"], seen
+        assert call(mcp, 5, "logging/setLevel", '{"level":"info"}')["result"] == {}
+        assert run_cli(env, "send", name, "loud arrival").returncode == 0
+        seen = call(mcp, 6, "tools/call", '{"name":"inbox","arguments":{"wait_seconds":30}}')
+        assert "loud arrival" in seen["result"]["content"][0]["text"], seen
+        call(mcp, 7, "ping", "{}")  # the loud arrival's log went out before the inbox call saw it
+    assert any("loud arrival" in text for text in logged), logged
+    assert not any("quiet arrival" in text for text in logged), logged
