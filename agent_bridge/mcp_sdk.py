@@ -18,16 +18,18 @@ import json
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import mcp_types as types
 import trio
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
 WATCH_MAX = 256  # responses awaited at once; a cancelled request's watch is dropped eventually
 
@@ -70,6 +72,38 @@ def on_cancelled(server: MCPServer, handler: Callable[[types.RequestId], Any]) -
     lowlevel(server).add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, cancelled)
 
 
+def check_tool_calls(server: MCPServer, problem: Callable[[str, Any, Any], str | None]) -> None:
+    """Look at every `tools/call` before the SDK validates it: an unknown tool is a JSON-RPC
+    error (-32602, invalid params, as the MCP specification says); `problem(name, schema,
+    arguments)` (the tool's advertised input schema and the raw arguments) naming a problem
+    makes the call a tool error with that text. The SDK's own validation is lax (pydantic
+    turns "yes" into true and "0" into 0, and drops arguments it does not know)."""
+
+    async def check(ctx: ServerRequestContext[Any, Any], call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        params = ctx.params
+        if ctx.method == "tools/call" and ctx.request_id is not None and isinstance(params, Mapping):
+            name = params.get("name")
+            schemas = {tool.name: tool.parameters for tool in tool_schemas(server)}
+            if not isinstance(name, str) or name not in schemas:
+                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name!r}")
+            text = problem(name, schemas[name], params.get("arguments"))
+            if text is not None:
+                return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+        return await call_next(ctx)
+
+    server.middleware.append(check)
+
+
+def on_set_level(server: MCPServer, handler: Callable[[str], None]) -> None:
+    """Serve `logging/setLevel` (which declares the `logging` capability): `handler(level)`."""
+
+    async def set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        handler(params.level)
+        return types.EmptyResult()
+
+    lowlevel(server).add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+
+
 def request_id(ctx: Context) -> types.RequestId | None:
     """The JSON-RPC id of the request a tool call is answering, as the host sent it."""
     return ctx.request_context.request_id
@@ -90,6 +124,17 @@ def check() -> None:
             problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `parameters` dict")
     if not callable(getattr(Server, "add_notification_handler", None)):
         problems.append("Server.add_notification_handler is gone")
+    if not callable(getattr(Server, "add_request_handler", None)):
+        problems.append("Server.add_request_handler is gone")
+    if not isinstance(getattr(server, "middleware", None), list):
+        problems.append("MCPServer.middleware is no longer a list of middleware")
+    context_fields = getattr(ServerRequestContext, "__dataclass_fields__", {})
+    if not {"method", "params", "request_id"} <= set(context_fields):
+        problems.append("ServerRequestContext no longer has method, params and request_id")
+    if not all(getattr(t, "name", None) == "probe" for t in (list_tools() if list_tools else [])):
+        problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `name`")
+    if getattr(types, "INVALID_PARAMS", None) != -32602:
+        problems.append("mcp_types.INVALID_PARAMS is no longer -32602")
     if "request_id" not in getattr(types.CancelledNotificationParams, "model_fields", {}):
         problems.append("CancelledNotificationParams.request_id is gone")
     if not isinstance(inspect.getattr_static(Context, "request_context", None), property):

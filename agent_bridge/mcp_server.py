@@ -34,7 +34,7 @@ from pydantic import Field
 
 from agent_bridge import __version__, domain, hosts, ledger, mcp_sdk, paths, procinfo
 from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
-from agent_bridge.ipc.protocol import RemoteError
+from agent_bridge.ipc.protocol import IDEMPOTENT_OPS, RemoteError
 from agent_bridge.mcp_stdin import GuardedStdin
 
 log = logging.getLogger("agent_bridge.mcp")
@@ -51,9 +51,9 @@ INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 RECHECK = 0.01  # seconds between looks at a connection being replaced
-IDEMPOTENT_OPS = frozenset({"whoami", "peers", "decisions", "offer", "ack", "learn_identity", "ping", "status"})
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to hand the last acknowledgements to the broker when the host leaves
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")  # RFC 5424, as MCP
 REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "
 
 
@@ -159,6 +159,7 @@ class Bridge:
         self.in_flight: dict[str, list[dict[str, Any]]] = {}  # inbox results offered, not yet written
         self._flushing = trio.Lock()
         self._ledger_peer: str | None = None  # the session whose ledger file this process wrote
+        self.log_level = "info"  # the host's logging/setLevel: arrivals are logged at info
 
     async def call(self, op: str, **args: Any) -> Any:
         """One request to the broker, waiting for a connection; a request the broker may
@@ -354,6 +355,8 @@ class Bridge:
                 log.info("channel notification failed: %s", exc)
                 return
             self.shown([mid])
+        if LOG_LEVELS.index(self.log_level) > LOG_LEVELS.index("info"):
+            return  # the host asked for warnings and worse only
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -505,6 +508,34 @@ ones addressed to this session. history: include superseded revisions."""
 DECIDE_DOC, DECISIONS_DOC = (" ".join(doc.split()) for doc in (DECIDE_DOC, DECISIONS_DOC))
 
 
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "boolean": (bool,), "string": (str,), "integer": (int,), "number": (int, float),
+    "object": (dict,), "array": (list,),
+}
+
+
+def tool_argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
+    """What is wrong with a tool call's arguments, judged by the tool's advertised input
+    schema as the host reads it (SPEC §5): an argument it does not list, or a value not of
+    its JSON type (no "yes" or 1 for a boolean, no "0" for a number). None if nothing is."""
+    if arguments is None:
+        return None
+    if not isinstance(arguments, dict):
+        return f"{tool}: arguments must be an object"
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    for name, value in arguments.items():
+        if name not in properties:
+            known = ", ".join(sorted(properties)) or "none"
+            return f"{tool}: unknown argument {name!r} (it takes: {known})"
+        expected = properties[name].get("type") if isinstance(properties[name], dict) else None
+        if not isinstance(expected, str) or expected not in JSON_TYPES:
+            continue  # any value (a scope): the broker judges it
+        if not isinstance(value, JSON_TYPES[expected]) or (isinstance(value, bool) and expected != "boolean"):
+            wanted = "true or false" if expected == "boolean" else f"a JSON {expected}"
+            return f"{name}: expected {wanted}, got {json.dumps(value, ensure_ascii=False)}"
+    return None
+
+
 def compact_schema(schema: Any) -> Any:
     """What the host shows the model, without pydantic's noise: no `title`s, and an optional
     `X | None` advertised as plain X (it is optional by not being required). Validation still
@@ -614,6 +645,12 @@ def build_server(bridge: Bridge) -> MCPServer:
 
     for tool in mcp_sdk.tool_schemas(server):
         tool.parameters = compact_schema(tool.parameters)
+    mcp_sdk.check_tool_calls(server, tool_argument_problem)
+
+    def set_level(level: str) -> None:
+        bridge.log_level = level
+
+    mcp_sdk.on_set_level(server, set_level)
 
     async def on_initialized(ctx: Any, params: Any) -> None:
         await _capture(bridge, ctx.session)

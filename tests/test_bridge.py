@@ -16,7 +16,7 @@ import pytest
 import trio
 from pydantic import BaseModel, ConfigDict
 
-from agent_bridge import paths, procinfo
+from agent_bridge import mcp_server, paths, procinfo
 from agent_bridge.ipc import blocking
 from agent_bridge.store import reader
 from tests.conftest import BrokerProcess, call, call_error, mcp_server_pids, mcp_session, run_cli, wait_for
@@ -101,21 +101,41 @@ async def inbox_until_peek(session, count):
     return await wait_for(ready, what=f"{count} messages")
 
 
-async def test_long_poll_wakes_on_arrival(broker, env):
+async def test_long_poll_wakes_on_arrival(broker, env, home):
+    """An inbox call waiting for a message returns when one arrives, not when its wait runs
+    out. The receiving side runs in this process (the real Bridge and MCP tools, against the
+    real broker), so the send goes out only once the poll is provably waiting (a task waits on
+    the inbox's arrival event); the poll asks to wait far longer than the deadline it must meet."""
+    options = mcp_server.Options(
+        agent="codex", project="/w/lp", kind="interactive", name=None, host_session_id=None,
+        claude_session_id=None, host=None, chain=[], home=home,
+    )
+    bridge = mcp_server.Bridge(options)
+    server = mcp_server.build_server(bridge)
+    got: list[Any] = []
+
+    async def waiting() -> bool:
+        return bridge.inbox.arrived.statistics().tasks_waiting == 1
+
+    async def returned() -> bool:
+        return bool(got)
+
+    async def poll() -> None:
+        result = await server.call_tool("inbox", {"wait_seconds": mcp_server.INBOX_WAIT_MAX, "peek": True})
+        got.extend(json.loads(result.content[0].text))
+
     with trio.fail_after(60):
-        async with AsyncExitStack() as stack:
-            a = await stack.enter_async_context(mcp_session(env, "--project", "/w/lp"))
-            b = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", "/w/lp"))
-            got: list[Any] = []
-
-            async def wait_in_b():
-                got.extend(await inbox(b, wait_seconds=30))
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(wait_in_b)
-                await trio.sleep(0.5)  # let the long poll start (ordering only; nothing is timed)
-                await call(a, "send", to="codex-lp", text="wake up")
-            assert [m["text"] for m in got] == ["wake up"]
+        async with mcp_session(env, "--project", "/w/lp") as a, trio.open_nursery() as nursery:
+            nursery.start_soon(bridge.run)
+            await bridge._wait_joined()
+            async with trio.open_nursery() as polling:
+                polling.start_soon(poll)
+                await wait_for(waiting, what="the poll waiting")
+                await call(a, "send", to=bridge.session["name"], text="wake up")
+                # woken by the arrival, well before its own wait would end
+                await wait_for(returned, timeout=mcp_server.INBOX_WAIT_MAX / 2, what="the poll to return")
+            nursery.cancel_scope.cancel()
+    assert [m["text"] for m in got] == ["wake up"]
 
 
 async def test_offline_recipient_gets_the_message_when_it_returns(broker, env, home):

@@ -186,3 +186,22 @@ async def test_sending_to_a_closed_peer_is_a_broken_stream():
     await writer.aclose()
     with pytest.raises(trio.ClosedResourceError):
         await writer.send({"v": 1, "id": 2, "ok": True, "result": None})
+
+
+def test_every_op_of_the_protocol_table_has_its_broker_handlers_and_no_more():
+    """The protocol's op table is the one list: the broker's handlers and the MCP server's
+    resend rule derive from it (a handler for an op it lacks, or the reverse, fails loading)."""
+    from agent_bridge import mcp_server
+    from agent_bridge.daemon import broker
+
+    assert set(broker.SESSION_HANDLERS) == {n for n, op in protocol.OPS.items() if op.session}
+    assert set(broker.CONTROL_HANDLERS) == {n for n, op in protocol.OPS.items() if op.control}
+    assert mcp_server.IDEMPOTENT_OPS == {n for n, op in protocol.OPS.items() if op.idempotent}
+    assert {"send", "decide"} <= protocol.SESSION_OPS & protocol.CONTROL_OPS  # the command line's too
+    assert not protocol.OPS["send"].idempotent and not protocol.OPS["decide"].idempotent
+    broker.SESSION_HANDLERS["nonsense"] = broker.SESSION_HANDLERS["ping"]
+    try:
+        with pytest.raises(RuntimeError, match="handlers of no session op: \\['nonsense'\\]"):
+            broker.check_handlers()
+    finally:
+        del broker.SESSION_HANDLERS["nonsense"]

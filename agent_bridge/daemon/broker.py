@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import apsw
 import trio
@@ -23,7 +23,7 @@ from agent_bridge.daemon.args import opt_str as _opt_str
 from agent_bridge.daemon.args import req_str as _req_str
 from agent_bridge.daemon.identity import Identity
 from agent_bridge.daemon.sessions import Session
-from agent_bridge.daemon.storage import StoreRunner
+from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
@@ -38,6 +38,35 @@ async def no_pause(point: str) -> None:
     return None
 
 
+# The handler of each op of the protocol (ipc.protocol.OPS), registered by the decorators below:
+# one for a session's connection, one for a control request (hooks, the command line).
+SessionHandler = Callable[["Broker", Session, dict[str, Any]], Awaitable[Any]]
+ControlHandler = Callable[["Broker", dict[str, Any]], Awaitable[Any]]
+SESSION_HANDLERS: dict[str, SessionHandler] = {}
+CONTROL_HANDLERS: dict[str, ControlHandler] = {}
+_H = TypeVar("_H", bound=Callable[..., Awaitable[Any]])
+
+
+def session_op(name: str) -> Callable[[_H], _H]:
+    """Register a Broker method as the handler of op `name` on a session's connection."""
+
+    def register(handler: _H) -> _H:
+        SESSION_HANDLERS[name] = handler
+        return handler
+
+    return register
+
+
+def control_op(name: str) -> Callable[[_H], _H]:
+    """Register a Broker method as the handler of op `name` as a control request."""
+
+    def register(handler: _H) -> _H:
+        CONTROL_HANDLERS[name] = handler
+        return handler
+
+    return register
+
+
 class Broker:
     def __init__(
         self,
@@ -50,6 +79,7 @@ class Broker:
         pause: Callable[[str], Awaitable[None]] = no_pause,
     ) -> None:
         self.store = store
+        self.db = StoreCalls(store)  # the Store's methods, each run on the store's thread
         self.settings = settings
         self.home = home
         self.stop = stop
@@ -78,7 +108,7 @@ class Broker:
         """Every connected session's last-seen time, in one transaction (the broker is stopping)."""
         with trio.CancelScope(shield=True), trio.move_on_after(LAST_SEEN_GRACE):
             try:
-                await self.store.run(self.store.store.touch_peers, list(self.sessions), now_ms())
+                await self.db.touch_peers(list(self.sessions), now_ms())
             except (OSError, apsw.Error) as exc:  # a courtesy: a failing disk must not stop the shutdown
                 log.warning("could not record when the connected sessions were last seen: %s", exc)
 
@@ -117,45 +147,37 @@ class Broker:
 
     async def handle(self, session: Session | None, op: str, args: dict[str, Any]) -> Any:
         if session is None:
-            if op == "identify":
-                return await self.identify(args)
-            if op == "stop_check":
-                return await self.stop_check(args)
-            if op == "stop_ack":
-                return await self.stop_ack(args)
-            if op == "status":
-                return self.status()
-            if op == "shutdown":
-                return {"stopping": True}  # the connection sets `stop` once this answer is sent
-            if op == "ping":
-                return "pong"
-            command = self.COMMAND_OPS.get(op)
-            if command is not None:
-                return await command(self, args)
-            raise InputError(f"{op}: needs a session connection (send hello first)")
-        handler = getattr(self, f"op_{op}", None)
+            control = CONTROL_HANDLERS.get(op)
+            if control is None:
+                raise InputError(f"{op}: needs a session connection (send hello first)")
+            return await control(self, args)
+        handler = SESSION_HANDLERS.get(op)
         if handler is None:
             raise InputError(f"{op}: not available on a session connection")
         if op not in ("ping", "status"):
             await self.identity.on_request(session)
-        return await handler(session, args)
+        return await handler(self, session, args)
 
+    @session_op("ping")
     async def op_ping(self, session: Session, args: dict[str, Any]) -> Any:
         return "pong"
 
+    @session_op("status")
     async def op_status(self, session: Session, args: dict[str, Any]) -> Any:
         return self.status()
 
+    @session_op("whoami")
     async def op_whoami(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, set(), "whoami")
         return session.public()
 
+    @session_op("peers")
     async def op_peers(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"project"}, "peers")
         project = args.get("project")
         if project is not None:
             project = domain.normalize_folder(project, what="project")
-        rows = await self.store.run(self.store.store.list_peers)
+        rows = await self.db.list_peers()
         out = []
         for row in rows:
             if project is not None and row["project"] != project:
@@ -166,6 +188,7 @@ class Broker:
         out.sort(key=lambda p: (not p["connected"], p["name"]))
         return out
 
+    @session_op("decide")
     async def op_decide(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"topic", "text", "scope", "source_message_id"}, "decide")
         return await self._decide(session.view(), session.peer["agent"], session.peer["project"], args)
@@ -184,8 +207,7 @@ class Broker:
         held_back = [s for s in in_scope if s.tentative]
         recipients = [Recipient(s.view(), host_key(s.view())) for s in notified]
         await self.pause("decide:resolved")
-        decision, delivered = await self.store.run(
-            self.store.store.record_decision,
+        decision, delivered = await self.db.record_decision(
             author=author,
             author_agent=author_agent,
             topic=topic,
@@ -206,6 +228,7 @@ class Broker:
         delivered = sorted({*delivered, *(s.name for s in held_back)})
         return {"decision": decision, "deliveredTo": delivered}
 
+    @session_op("decisions")
     async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"query", "scope", "history"}, "decisions")
         needle = domain.normalize_query(args.get("query"))
@@ -215,10 +238,9 @@ class Broker:
         raw_scope = args.get("scope")
         lookup = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
         caller = session.view().addresses if domain.scope_kind(lookup) == "project" else frozenset()
-        return await self.store.run(
-            self.store.store.decisions, needle=needle, lookup=lookup, caller_addresses=caller, history=history
-        )
+        return await self.db.decisions(needle=needle, lookup=lookup, caller_addresses=caller, history=history)
 
+    @session_op("send")
     async def op_send(self, session: Session, args: dict[str, Any]) -> Any:
         (result,) = await self.send_batch(session, [args])
         if isinstance(result, InputError):
@@ -242,7 +264,7 @@ class Broker:
             await self.identity.on_request(session)
         await self.pause("send:resolved")
         now = now_ms()
-        sent = await self.store.run(self.store.store.send_messages, session.id, planned, now, fault=self.fault)
+        sent = await self.db.send_messages(session.id, planned, now, fault=self.fault)
         messages = iter(sent)
         for to_id in {m["to"]["id"] for m in sent}:  # as stored: an address may have followed a merge
             recipient = self.sessions.get(to_id)
@@ -274,7 +296,7 @@ class Broker:
             to_id = target.id
         else:  # a session that may still vanish (daemon.identity) gets a message only if nobody else is addressed
             tentative = {s.id for s in self.sessions.values() if s.tentative}
-            found = [p for p in await self.store.run(self.store.store.find_peers_by_address, to) if p["id"] not in tentative]
+            found = [p for p in await self.db.find_peers_by_address(to) if p["id"] not in tentative]
             if found:
                 to_id, last_seen = found[0]["id"], found[0].get("lastSeenAt")
             elif target is not None:
@@ -283,11 +305,12 @@ class Broker:
                 raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from peers)")
         parent_hop = None
         if reply_to is not None:
-            parent_hop = await self.store.run(self.store.store.message_hop, reply_to)
+            parent_hop = await self.db.message_hop(reply_to)
             if parent_hop is None:
                 raise InputError(f"reply_to: no message with id {reply_to!r}")
         return Outgoing(to_id, text, domain.reply_hop(parent_hop), reply_to), last_seen
 
+    @session_op("offer")
     async def op_offer(self, session: Session, args: dict[str, Any]) -> Any:
         """The MCP server is about to show these messages to its host (SPEC §3): remember it,
         so that shown again after an acknowledgement that never came, they are marked. The MCP
@@ -299,6 +322,7 @@ class Broker:
         offered.update(ids)
         return {"repeat": before}
 
+    @session_op("withdraw")
     async def op_withdraw(self, session: Session, args: dict[str, Any]) -> Any:
         """The host cancelled the call that offered these: they are not being shown after all."""
         _no_unknown(args, {"ids"}, "withdraw")
@@ -308,10 +332,11 @@ class Broker:
             offered.difference_update(ids)
         return {"withdrawn": len(ids)}
 
+    @session_op("ack")
     async def op_ack(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"ids"}, "ack")
         ids = _message_ids(args)
-        acked = await self.store.run(self.store.store.ack, session.id, ids, now_ms(), fault=self.fault)
+        acked = await self.db.ack(session.id, ids, now_ms(), fault=self.fault)
         offered = self.offered.get(session.id)
         if offered is not None:
             offered.difference_update(ids)
@@ -326,7 +351,7 @@ class Broker:
         if not offered:
             return
         persisted = sorted(offered)
-        await self.store.run(self.store.store.offer, peer_id, persisted, now_ms())
+        await self.db.offer(peer_id, persisted, now_ms())
         offered.difference_update(persisted)  # receipts.delivered_at marks them from now on
         if not offered and self.offered.get(peer_id) is offered:
             del self.offered[peer_id]
@@ -341,10 +366,10 @@ class Broker:
                 peer_id = await self.store.run(self.store.store.resolve_peer, record["peerId"])
                 now = now_ms()
                 if record["offered"]:
-                    await self.store.run(self.store.store.offer, peer_id, record["offered"], now)
+                    await self.db.offer(peer_id, record["offered"], now)
                 if record["acked"]:
                     acked = record["acked"]
-                    await self.store.run(self.store.store.ack, peer_id, acked, now)
+                    await self.db.ack(peer_id, acked, now)
                     holder = self.sessions.get(peer_id)
                     if holder is not None:
                         holder.notify(protocol.push("acked", ids=acked))
@@ -356,6 +381,7 @@ class Broker:
             path.unlink(missing_ok=True)
         return count
 
+    @session_op("learn_identity")
     async def op_learn_identity(self, session: Session, args: dict[str, Any]) -> Any:
         """The MCP server saw its host session id (Codex tool-call `_meta`)."""
         _no_unknown(args, {"hostSessionId", "source"}, "learn_identity")
@@ -366,6 +392,7 @@ class Broker:
 
     # --- the command line: `agent-bridge decide | send | retract | forget | sessions` ----
 
+    @control_op("decide")
     async def cmd_decide(self, args: dict[str, Any]) -> Any:
         """`agent-bridge decide`: the rules of the MCP tool, the author `cli`; an omitted scope
         is the folder the command ran in (`project`)."""
@@ -374,6 +401,7 @@ class Broker:
         rest = {k: v for k, v in args.items() if k != "project"}
         return await self._decide(CLI_AUTHOR, CLI_AGENT, project, rest)
 
+    @control_op("send")
     async def cmd_send(self, args: dict[str, Any]) -> Any:
         """`agent-bridge send`: the rules of the MCP tool, the sender `cli`."""
         _no_unknown(args, {"to", "text"}, "send")
@@ -382,6 +410,7 @@ class Broker:
             raise result
         return result
 
+    @control_op("retract")
     async def cmd_retract(self, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"topic", "reason"}, "retract")
         topic = domain.normalize_topic(args.get("topic"))
@@ -392,8 +421,7 @@ class Broker:
             reason = reason.strip() or None
             if reason is not None and len(reason) > domain.TEXT_MAX:
                 raise InputError(f"reason: at most {domain.TEXT_MAX} characters, got {len(reason)}")
-        retraction, notified = await self.store.run(
-            self.store.store.retract,
+        retraction, notified = await self.db.retract(
             topic=topic,
             reason=reason,
             author=CLI_AUTHOR,
@@ -408,11 +436,13 @@ class Broker:
                 target.poke()
         return {"retraction": retraction, "notified": [name for _, name in notified]}
 
+    @control_op("connected")
     async def cmd_connected(self, args: dict[str, Any]) -> Any:
         """The ids of the connected sessions (`agent-bridge sessions` reads the rest itself)."""
         _no_unknown(args, set(), "connected")
         return sorted(self.sessions)
 
+    @control_op("forget")
     async def cmd_forget(self, args: dict[str, Any]) -> Any:
         """Forget sessions that are not connected: by address, or every one last seen more than
         `goneForMs` ago. A connected or unknown address refuses the whole request."""
@@ -420,7 +450,6 @@ class Broker:
         addresses, gone_for = args.get("sessions"), args.get("goneForMs")
         if (addresses is None) == (gone_for is None):
             raise InputError("forget: give session addresses or goneForMs, not both and not neither")
-        store = self.store.store
         async with self.identity.lock:  # nobody connects as one of them while they are forgotten
             if addresses is not None:
                 if not isinstance(addresses, list) or not addresses or not all(
@@ -436,31 +465,40 @@ class Broker:
                             f"{address!r} is connected ({held.name}); only gone sessions can be forgotten "
                             "(a gone record that shares its name: forget it by its id, see `agent-bridge sessions`)"
                         )
-                    found = await self.store.run(store.find_peers_by_address, address)
+                    found = await self.db.find_peers_by_address(address)
                     if not found:
                         raise InputError(f"no session is addressed by {address!r} (see `agent-bridge sessions`)")
                     ids.extend(p["id"] for p in found if p["id"] not in ids)
             else:
                 if isinstance(gone_for, bool) or not isinstance(gone_for, int) or gone_for < 0:
                     raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
-                candidates = await self.store.run(store.sessions_last_seen_before, now_ms() - gone_for)
+                candidates = await self.db.sessions_last_seen_before(now_ms() - gone_for)
                 ids = [i for i in candidates if i not in self.sessions]
-            forgotten = await self.store.run(store.forget_peers, ids, now_ms(), fault=self.fault)
+            forgotten = await self.db.forget_peers(ids, now_ms(), fault=self.fault)
         for item in forgotten:
             log.info("forgot session %s (%s); dropped %d queued message(s)",
                      item["session"]["name"], item["session"]["id"], len(item["dropped"]))
         return {"forgotten": forgotten}
 
-    COMMAND_OPS: dict[str, Callable[[Broker, dict[str, Any]], Any]] = {
-        "decide": cmd_decide,
-        "send": cmd_send,
-        "retract": cmd_retract,
-        "forget": cmd_forget,
-        "connected": cmd_connected,
-    }
-
     # --- control requests (hooks, CLI) ----------------------------------------------
 
+    @control_op("identify")
+    async def cmd_identify(self, args: dict[str, Any]) -> Any:
+        return await self.identify(args)
+
+    @control_op("ping")
+    async def cmd_ping(self, args: dict[str, Any]) -> Any:
+        return "pong"
+
+    @control_op("status")
+    async def cmd_status(self, args: dict[str, Any]) -> Any:
+        return self.status()
+
+    @control_op("shutdown")
+    async def cmd_shutdown(self, args: dict[str, Any]) -> Any:
+        return {"stopping": True}  # the connection sets `stop` once this answer is sent
+
+    @control_op("stop_check")
     async def stop_check(self, args: dict[str, Any]) -> dict[str, Any]:
         """The Stop hook fetches the session's active messages. They are recorded as offered,
         not acknowledged: the hook acknowledges them (`stop_ack`) once it has written them to
@@ -470,7 +508,7 @@ class Broker:
         peer_id = await self._stop_peer(args["hostSessionId"])
         if peer_id is None:
             return {"session": result.get("session"), "messages": []}
-        pending = await self.store.run(self.store.store.unacked, peer_id, limit=1000)
+        pending = await self.db.unacked(peer_id, limit=1000)
         # What the connected MCP server is showing right now is acknowledged by it: not again here.
         showing = self.offered.get(peer_id, set()) if peer_id in self.sessions else set()
         active = [
@@ -479,12 +517,9 @@ class Broker:
             if m["kind"] != "decision" and domain.is_active(m["hop"], self.settings.hop_limit)
             and m["id"] not in showing
         ]
-        for m in active:
-            m.pop("_seq", None)
-            m.pop("_acked", None)
         if active:
             ids = [m["id"] for m in active]
-            before = set(await self.store.run(self.store.store.offer, peer_id, ids, now_ms()))
+            before = set(await self.db.offer(peer_id, ids, now_ms()))
             for m in active:
                 if m["id"] in before:
                     m["repeat"] = True
@@ -493,6 +528,7 @@ class Broker:
                 holder.notify(protocol.push("offered", ids=ids))
         return {"session": result.get("session"), "sessionId": peer_id, "messages": active}
 
+    @control_op("stop_ack")
     async def stop_ack(self, args: dict[str, Any]) -> dict[str, Any]:
         """The Stop hook wrote these messages to its host: acknowledge them, and tell the
         session's MCP server not to show them again."""
@@ -502,7 +538,7 @@ class Broker:
         peer_id = await self._stop_peer(hsid)
         if peer_id is None:
             raise InputError(f"hostSessionId: no session has host session id {hsid!r}")
-        acked = await self.store.run(self.store.store.ack, peer_id, ids, now_ms(), fault=self.fault)
+        acked = await self.db.ack(peer_id, ids, now_ms(), fault=self.fault)
         holder = self.sessions.get(peer_id)
         if holder is not None and ids:
             holder.notify(protocol.push("acked", ids=ids))
@@ -512,7 +548,7 @@ class Broker:
         connected = self.find_connected(hsid)
         if connected is not None and connected.host_session_id == hsid:
             return connected.id
-        peer = await self.store.run(self.store.store.peer_by_host_session, hsid)
+        peer = await self.db.peer_by_host_session(hsid)
         return peer["id"] if peer else None
 
     def status(self) -> dict[str, Any]:
@@ -524,8 +560,22 @@ class Broker:
             "sessions": len(self.sessions),
             "hopLimit": self.settings.hop_limit,
             "home": str(self.home),
-            "schemaVersion": self.store.store.schema_version,  # never the connection: the worker thread owns it
+            "schemaVersion": self.db.schema_version,
         }
+
+
+def check_handlers() -> None:
+    """Every op the protocol admits has exactly the handlers its table entry says."""
+    for where, handlers, names in (
+        ("session", SESSION_HANDLERS, protocol.SESSION_OPS),
+        ("control", CONTROL_HANDLERS, protocol.CONTROL_OPS),
+    ):
+        if set(handlers) != names:
+            raise RuntimeError(f"{where} ops without a handler: {sorted(names - set(handlers))}; "
+                               f"handlers of no {where} op: {sorted(set(handlers) - names)}")
+
+
+check_handlers()
 
 
 class _CliSender(NamedTuple):

@@ -11,9 +11,11 @@ import trio
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.identity import Refused
 from agent_bridge.daemon.sessions import Session
+from agent_bridge.daemon.storage import StoreCalls
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.store.queries import Queued
 from agent_bridge.store.writer import DeliveryTap
 
 log = logging.getLogger("agent_bridge.connection")
@@ -211,7 +213,7 @@ async def _answer_sends(broker: Broker, session: Session, sends: list[tuple[int,
     await session.conn.send_many(answers)
 
 
-async def _answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict:
+async def _answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict[str, Any]:
     try:
         return protocol.ok(request_id, await broker.handle(session, op, args))
     except InputError as exc:
@@ -225,39 +227,65 @@ def _unavailable(request_id: int, op: str, exc: BaseException) -> dict[str, Any]
     return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
 
 
-async def deliver(broker: Broker, session: Session) -> None:
-    """Push the session's unacknowledged messages, oldest first; sleep until poked.
+class Backlog:
+    """What a session's delivery task pushes next: its unacknowledged messages, read from a
+    cursor (the last receipt pushed on this connection), or, once a read has reached the end,
+    taken from the store's tap: what the store committed for this session since
+    (store.writer.DeliveryTap). Nothing lives only in memory: a replay is a cursor reset, and
+    a closed tap means reading from the cursor again."""
 
-    Messages come from the database, read from a cursor (the last receipt pushed on this
-    connection), or, once a read has reached the end, from the store's tap: what the store
-    committed for this session since (store.writer.DeliveryTap). Nothing lives only in memory:
-    a replay is a cursor reset, and a closed tap means reading from the cursor again."""
-    store = broker.store
-    tap = DeliveryTap()
-    cursor = 0  # seq of the last receipt pushed on this connection
+    def __init__(self, db: StoreCalls, limit: int = DELIVERY_BATCH) -> None:
+        self.db = db
+        self.limit = limit
+        self.tap = DeliveryTap()
+        self.cursor = 0  # seq of the last receipt pushed on this connection
+
+    def restart(self) -> None:
+        """Everything unacknowledged again, from the first receipt (a replay)."""
+        self.cursor = 0
+        self.tap.close()
+
+    async def read(self, peer_id: str) -> tuple[list[Queued], bool]:
+        """Unacknowledged receipts of record `peer_id`, and whether they reach the end."""
+        taken = self.tap.take(peer_id)
+        if taken is not None:
+            return taken, True
+        rows = await self.db.queued(peer_id, after_seq=self.cursor, limit=self.limit, tap=self.tap)
+        return rows, len(rows) < self.limit
+
+    def advance(self, batch: list[Queued]) -> list[dict[str, Any]]:
+        """The messages of `batch` past the cursor, in order; the cursor moves past them."""
+        out = []
+        for seq, message in batch:
+            if seq > self.cursor:
+                self.cursor = seq
+                out.append(message)
+        return out
+
+    def close(self) -> None:
+        self.tap.close()  # the store drops it at the next send to this session
+
+
+async def deliver(broker: Broker, session: Session) -> None:
+    """Push the session's unacknowledged messages (Backlog), oldest first; sleep until poked."""
+    backlog = Backlog(broker.db)
     try:
         while True:
             session.wake = trio.Event()
             await _send_notices(session)
             if session.replay:
-                session.replay, cursor, tap.open = False, 0, False
+                session.replay = False
+                backlog.restart()
             peer_id = session.id
-            if tap.open and tap.peer_id == peer_id:
-                batch, at_end = tap.take(), True
-            else:
-                rows = await store.run(store.store.unacked, peer_id, after_seq=cursor, limit=DELIVERY_BATCH, tap=tap)
-                if session.replay or peer_id != session.id:
-                    continue  # the session became another record meanwhile: read again
-                batch, at_end = [(m.pop("_seq"), m) for m in rows], len(rows) < DELIVERY_BATCH
+            batch, at_end = await backlog.read(peer_id)
+            if session.replay or peer_id != session.id:
+                continue  # the session became another record meanwhile: read again
             pushes = []
             offered = broker.offered.get(peer_id, ())
-            for seq, message in batch:
-                if seq > cursor:
-                    cursor = seq
-                    message.pop("_acked", None)
-                    if message["id"] in offered:
-                        message = dict(message, repeat=True)  # an earlier connection offered it; no ack came
-                    pushes.append(protocol.push("message", message=message))
+            for message in backlog.advance(batch):
+                if message["id"] in offered:
+                    message = dict(message, repeat=True)  # an earlier connection offered it; no ack came
+                pushes.append(protocol.push("message", message=message))
             await _send_notices(session)  # an "acked" goes out before the messages it covers
             await session.conn.send_many(pushes)
             for _ in pushes:
@@ -265,8 +293,7 @@ async def deliver(broker: Broker, session: Session) -> None:
             if at_end:
                 await session.wake.wait()
     finally:
-        tap.open = False  # the store drops it at the next send to this session
-        tap.messages.clear()
+        backlog.close()
 
 
 async def _send_notices(session: Session) -> None:

@@ -57,7 +57,7 @@ from agent_bridge.store.writer import now_ms
 
 if TYPE_CHECKING:
     from agent_bridge.daemon.broker import Broker
-    from agent_bridge.daemon.storage import StoreRunner
+    from agent_bridge.daemon.storage import StoreCalls
 
 log = logging.getLogger("agent_bridge.identity")
 
@@ -118,8 +118,8 @@ class Identity:
         self._said: set[str] = set()
 
     @property
-    def _store(self) -> StoreRunner:
-        return self.broker.store
+    def _db(self) -> StoreCalls:
+        return self.broker.db
 
     # --- hello ---------------------------------------------------------------------
 
@@ -139,15 +139,15 @@ class Identity:
         instance = host or parse_parent(args.get("chain"))
         resume = parse_resume(args.get("resume"))
         pid = args.get("pid") if isinstance(args.get("pid"), int) else None
-        runner, store, broker = self._store, self._store.store, self.broker
+        db, broker = self._db, self.broker
 
         async with self.lock:
             await self.ingest_reports()
             peer, how, hsid, rank, _ambiguous = await self._find_record(
                 resume, explicit, claude_env, host, instance, pid, agent=agent, project=project, kind=kind
             )
-            if name is not None and await runner.run(
-                store.session_addresses_taken, name, excluding=None if peer is None else peer["id"]
+            if name is not None and await db.session_addresses_taken(
+                name, excluding=None if peer is None else peer["id"]
             ):
                 raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
             if peer is not None:
@@ -164,11 +164,10 @@ class Identity:
                 fields: dict[str, Any] = {"name": await self._free_name(base, peer["id"]), "lastSeenAt": now}
                 if how != "resumed":  # a resumed session is exactly what it was
                     fields.update(project=project, agent=agent, kind=kind)
-                peer = await runner.run(store.update_peer, peer["id"], **fields)
+                peer = await db.update_peer(peer["id"], **fields)
             else:
                 base = name or domain.session_name(agent, project)
-                peer = await runner.run(
-                    store.create_peer,
+                peer = await db.create_peer(
                     agent=agent,
                     name=await self._free_name(base, None),
                     project=project,
@@ -180,9 +179,9 @@ class Identity:
                 secret = resume[1]  # type: ignore[index]
             else:  # a new holder: an earlier secret for this record stops working
                 secret = secrets.token_urlsafe(SECRET_BYTES)
-                await runner.run(store.set_secret, peer["id"], hash_secret(secret))
+                await db.set_secret(peer["id"], hash_secret(secret))
             if instance is not None:
-                await runner.run(store.record_instance_session, *instance, peer["id"], now)
+                await db.record_instance_session(*instance, peer["id"], now)
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE)
             session.secret, session.instance = secret, instance
             session.tentative = is_tentative(how, rank)
@@ -211,29 +210,29 @@ class Identity:
     ) -> tuple[dict[str, Any] | None, str, str | None, int, bool]:
         """The existing record a hello names, by rules 1 to 3 of this module, as (record or
         None, how it was found, host session id, the rank of its source, ambiguous)."""
-        runner, store = self._store, self._store.store
+        db = self._db
         if resume is not None:
             peer = await self._resumable(*resume, pid)
             if peer is not None:
                 hsid = peer["hostSessionId"]
                 return peer, "resumed", hsid, _resumed_rank(hsid, explicit), False
-        candidates = [] if host is None else await runner.run(store.host_sessions_for, *host)
+        candidates = [] if host is None else await db.host_sessions_for(*host)
         hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
         if ambiguous:
             log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
         if hsid is not None:
-            peer = await runner.run(store.peer_by_host_session, hsid)
+            peer = await db.peer_by_host_session(hsid)
             return peer, "host session" if peer is not None else "new", hsid, rank, False
         if instance is not None and not ambiguous:
-            ran = await runner.run(store.instance_sessions, *instance, agent=agent, project=project, kind=kind)
+            ran = await db.instance_sessions(*instance, agent=agent, project=project, kind=kind)
             free = [p for p in ran if p not in self.broker.sessions]
             if len(free) == 1:
-                return await runner.run(store.get_peer, free[0]), "host instance", None, RANK_NONE, False
+                return await db.get_peer(free[0]), "host instance", None, RANK_NONE, False
         return None, "new", None, RANK_NONE, ambiguous
 
     async def _resumable(self, peer_id: str, secret: str, pid: int | None) -> dict[str, Any] | None:
         """The session `peer_id` names (after any merge), when `secret` is its secret."""
-        peer = await self._store.run(self._store.store.peer_with_secret, peer_id, hash_secret(secret))
+        peer = await self._db.peer_with_secret(peer_id, hash_secret(secret))
         if peer is not None:
             return peer
         self._say_once(f"resume:{peer_id}:{pid}", "a connection presented session %s with a secret that is not its own; not resumed", peer_id)
@@ -242,11 +241,11 @@ class Identity:
     async def _free_name(self, base: str, own_id: str | None) -> str:
         """`base` deduplicated against connected sessions' names and every session's id and
         host session id (a name must never capture another session's address)."""
-        runner, store = self._store, self._store.store
+        db = self._db
         taken = self.broker.connected_names()
         while True:
             name = domain.dedupe_name(base, taken)
-            if not await runner.run(store.session_addresses_taken, name, excluding=own_id):
+            if not await db.session_addresses_taken(name, excluding=own_id):
                 return name
             taken.add(name)
 
@@ -274,17 +273,17 @@ class Identity:
         if broker.sessions.get(session.id) is not session:
             return
         broker._drop(session)
-        runner, store = self._store, self._store.store
+        db = self._db
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
                 # Only a connection that left: at a broker shutdown its MCP server will resume it.
                 leaving = session.tentative and not broker.stop.is_set()
-                if leaving and await runner.run(store.forget_unused_peer, session.id):
+                if leaving and await db.forget_unused_peer(session.id):
                     log.info("session %s left without a host identity or a tool call; nothing kept", session.name)
                     return
                 log.info("session %s disconnected", session.name)
                 if not broker.stop.is_set():  # at a shutdown, written for every session at once
-                    await runner.run(store.touch_peers, [session.id], now_ms())
+                    await db.touch_peers([session.id], now_ms())
             except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
                 log.warning("could not record when %s was last seen: %s", session.name, exc)
 
@@ -311,7 +310,7 @@ class Identity:
         if not session.missed:
             return
         ids, session.missed = session.missed, []
-        queued = await self._store.run(self._store.store.catch_up, session.view(), now_ms(), only=ids)
+        queued = await self._db.catch_up(session.view(), now_ms(), only=ids)
         if queued:
             session.poke()
 
@@ -324,7 +323,7 @@ class Identity:
 
     async def learn(self, session: Session, hsid: str, rank: int) -> bool:
         """`session` is host session `hsid` (by a source of strength `rank`). Caller holds the lock."""
-        broker, runner, store = self.broker, self._store, self._store.store
+        broker, db = self.broker, self._db
         if session.host_session_id == hsid:
             session.rank = max(session.rank, rank)
             await self._confirm(session)
@@ -340,7 +339,7 @@ class Identity:
             # Several Codex threads on one host: never guess which one this connection is.
             log.warning("session %s: host reports another thread %s; identity ambiguous", session.name, hsid)
             return False
-        other = await runner.run(store.peer_by_host_session, hsid)
+        other = await db.peer_by_host_session(hsid)
         if other is not None and other["id"] != session.id:
             if other["id"] in broker.sessions:
                 self._say_once(
@@ -353,10 +352,9 @@ class Identity:
                 return False
             # The connection is that earlier session: same id, same name if free, same receipts.
             old_id = session.id
-            await runner.run(store.absorb_peer, old_id, other["id"])
+            await db.absorb_peer(old_id, other["id"])
             name = domain.dedupe_name(other["name"], broker.connected_names(excluding=session))
-            peer = await runner.run(
-                store.update_peer,
+            peer = await db.update_peer(
                 other["id"],
                 name=name,
                 project=session.peer["project"],
@@ -375,9 +373,9 @@ class Identity:
             log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
         else:
             previous = session.host_session_id
-            session.peer = await runner.run(store.update_peer, session.id, hostSessionId=hsid)
+            session.peer = await db.update_peer(session.id, hostSessionId=hsid)
             if previous is None:
-                await runner.run(store.adopt_host_key, session.id, hsid)
+                await db.adopt_host_key(session.id, hsid)
         session.rank = rank
         session.tentative = False
         session.missed.clear()  # the catch-up below queues every current decision it has not had
@@ -389,7 +387,7 @@ class Identity:
     async def catch_up(self, session: Session) -> None:
         if session.is_job or not session.host_session_id:
             return
-        queued = await self._store.run(self._store.store.catch_up, session.view(), now_ms())
+        queued = await self._db.catch_up(session.view(), now_ms())
         if queued:
             log.info("catch-up: %d decision(s) queued for %s", queued, session.name)
             session.poke()
@@ -407,10 +405,10 @@ class Identity:
             return await self._identify(hsid, agent, host)
 
     async def _identify(self, hsid: str, agent: str, host: tuple[int, int] | None) -> dict[str, Any]:
-        broker, runner, store = self.broker, self._store, self._store.store
+        broker, db = self.broker, self._db
         if host is not None:
-            await runner.run(
-                store.record_host_instance, host[0], host[1], hsid, agent, now_ms(), exclusive=agent in hosts.EXCLUSIVE
+            await db.record_host_instance(
+                host[0], host[1], hsid, agent, now_ms(), exclusive=agent in hosts.EXCLUSIVE
             )
         bound = broker.find_connected(hsid)
         if bound is not None and bound.host_session_id == hsid:
@@ -424,7 +422,7 @@ class Identity:
         if len(candidates) > 1:
             log.warning("host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid)
             return {"session": None, "paired": False, "ambiguous": True}
-        peer = await runner.run(store.peer_by_host_session, hsid)
+        peer = await db.peer_by_host_session(hsid)
         session = None if peer is None else {k: peer.get(k) for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
         return {"session": session, "paired": False}
 

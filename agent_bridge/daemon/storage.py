@@ -7,9 +7,9 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import apsw
 import outcome  # trio's own dependency: trio.lowlevel.reschedule takes an outcome
@@ -18,6 +18,7 @@ import trio
 from agent_bridge.store.writer import Store
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class _Job:
@@ -105,6 +106,65 @@ class StoreRunner:
                 job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
+
+
+class _OnStoreThread(Generic[P, T]):
+    """A Store method as an async method of StoreCalls: awaited, it runs on the store's thread."""
+
+    def __init__(self, method: Callable[Concatenate[Store, P], T]) -> None:
+        self._method = method
+
+    def __get__(self, calls: StoreCalls, owner: type | None = None) -> Callable[P, Awaitable[T]]:
+        runner, method = calls.runner, self._method
+
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await runner.run(method, runner.store, *args, **kwargs)
+
+        return call
+
+
+class StoreCalls:
+    """The broker's view of the Store: `await db.send_messages(...)` runs `Store.send_messages`
+    on the runner's thread, with the Store's own signature and result type. A Store method the
+    broker starts using gets one line here."""
+
+    def __init__(self, runner: StoreRunner) -> None:
+        self.runner = runner
+
+    @property
+    def schema_version(self) -> int:
+        """Read once at open: never the connection, which the worker thread owns."""
+        return self.runner.store.schema_version
+
+    absorb_peer = _OnStoreThread(Store.absorb_peer)
+    ack = _OnStoreThread(Store.ack)
+    adopt_host_key = _OnStoreThread(Store.adopt_host_key)
+    catch_up = _OnStoreThread(Store.catch_up)
+    create_peer = _OnStoreThread(Store.create_peer)
+    decisions = _OnStoreThread(Store.decisions)
+    find_peers_by_address = _OnStoreThread(Store.find_peers_by_address)
+    forget_peers = _OnStoreThread(Store.forget_peers)
+    forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
+    get_peer = _OnStoreThread(Store.get_peer)
+    host_sessions_for = _OnStoreThread(Store.host_sessions_for)
+    instance_sessions = _OnStoreThread(Store.instance_sessions)
+    list_peers = _OnStoreThread(Store.list_peers)
+    message_hop = _OnStoreThread(Store.message_hop)
+    offer = _OnStoreThread(Store.offer)
+    peer_by_host_session = _OnStoreThread(Store.peer_by_host_session)
+    peer_with_secret = _OnStoreThread(Store.peer_with_secret)
+    queued = _OnStoreThread(Store.queued)
+    record_decision = _OnStoreThread(Store.record_decision)
+    record_host_instance = _OnStoreThread(Store.record_host_instance)
+    record_instance_session = _OnStoreThread(Store.record_instance_session)
+    retract = _OnStoreThread(Store.retract)
+    send_messages = _OnStoreThread(Store.send_messages)
+    session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)
+    sessions_last_seen_before = _OnStoreThread(Store.sessions_last_seen_before)
+    set_secret = _OnStoreThread(Store.set_secret)
+    touch_peers = _OnStoreThread(Store.touch_peers)
+    unacked = _OnStoreThread(Store.unacked)
+    update_peer = _OnStoreThread(Store.update_peer)
 
 
 async def serve_store(

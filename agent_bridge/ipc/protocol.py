@@ -29,19 +29,49 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
 HEADER = struct.Struct(">I")
 
-SESSION_OPS = frozenset(
-    {"whoami", "peers", "decide", "decisions", "send", "offer", "withdraw", "ack", "learn_identity", "ping", "status"}
-)
-CONTROL_OPS = frozenset({"identify", "stop_check", "stop_ack", "status", "shutdown", "ping"}) | frozenset(
-    {"decide", "send", "retract", "forget", "connected"}  # the command line (`agent-bridge decide` ...)
-)
-ALL_OPS = SESSION_OPS | CONTROL_OPS | {"hello"}
+
+
+class Op(NamedTuple):
+    """Where a request may come and what resending it does. The broker's handlers
+    (daemon.broker: `session_op`, `control_op`) are checked against this table when it loads."""
+
+    session: bool  # answered on a session's connection (after `hello`)
+    control: bool  # answered as a control request (hooks, the command line)
+    idempotent: bool  # carrying it out twice changes nothing: resent after a lost connection
+
+
+# Every request of the protocol: the one list to extend for a new op.
+OPS: dict[str, Op] = {
+    "hello": Op(session=False, control=False, idempotent=False),  # turns a connection into a session's
+    "whoami": Op(session=True, control=False, idempotent=True),
+    "peers": Op(session=True, control=False, idempotent=True),
+    "decide": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge decide`
+    "decisions": Op(session=True, control=False, idempotent=True),
+    "send": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge send`
+    "offer": Op(session=True, control=False, idempotent=True),
+    "withdraw": Op(session=True, control=False, idempotent=False),
+    "ack": Op(session=True, control=False, idempotent=True),
+    "learn_identity": Op(session=True, control=False, idempotent=True),
+    "ping": Op(session=True, control=True, idempotent=True),
+    "status": Op(session=True, control=True, idempotent=True),
+    "identify": Op(session=False, control=True, idempotent=False),
+    "stop_check": Op(session=False, control=True, idempotent=False),
+    "stop_ack": Op(session=False, control=True, idempotent=False),
+    "shutdown": Op(session=False, control=True, idempotent=False),
+    "retract": Op(session=False, control=True, idempotent=False),  # `agent-bridge retract`
+    "forget": Op(session=False, control=True, idempotent=False),  # `agent-bridge forget`
+    "connected": Op(session=False, control=True, idempotent=True),  # `agent-bridge sessions`
+}
+SESSION_OPS = frozenset(name for name, op in OPS.items() if op.session)
+CONTROL_OPS = frozenset(name for name, op in OPS.items() if op.control)
+IDEMPOTENT_OPS = frozenset(name for name, op in OPS.items() if op.idempotent)
+ALL_OPS = frozenset(OPS)
 
 
 class ProtocolError(ValueError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 
@@ -184,10 +184,18 @@ LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
 """
 
 
-def _message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> dict[str, Any]:
-    (seq, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id, acked) = (
-        values[:13]
-    )
+class Queued(NamedTuple):
+    """An unacknowledged receipt: its rowid (the order of delivery, a delivery task's cursor)
+    and the message as it is pushed."""
+
+    seq: int
+    message: dict[str, Any]
+
+
+def message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> dict[str, Any]:
+    """The message of a MESSAGE_SELECT row, as the JSON edge shows it (the receipt's rowid and
+    acknowledgement, the row's first and thirteenth values, are the caller's to read)."""
+    (_, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id) = values[:12]
     message: dict[str, Any] = {
         "id": mid,
         "from": {"id": from_id, "name": from_name, "agent": from_agent},
@@ -209,8 +217,6 @@ def _message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> 
         if retraction is not None:
             message["kind"] = "retraction"
             message["retraction"] = retraction
-    message["_seq"] = seq
-    message["_acked"] = acked is not None
     return message
 
 
@@ -227,7 +233,7 @@ def decision_by_id(conn: apsw.Connection, decision_id: str) -> dict[str, Any] | 
 
 def unacked_messages(
     conn: apsw.Connection, peer_id: str, *, after_seq: int = 0, limit: int = 200, current_schema: bool = False
-) -> list[dict[str, Any]]:
+) -> list[Queued]:
     """A session's unacknowledged messages after the receipt `after_seq`, oldest first.
 
     `current_schema`: the caller knows the database is at the current version (the broker's
@@ -242,10 +248,10 @@ def unacked_messages(
     sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND r.rowid > ? ORDER BY r.rowid LIMIT ?"
     out = []
     for values in conn.execute(sql, (peer_id, after_seq, limit)):
-        message = _message_from_row(conn, values)
+        message = message_from_row(conn, values)
         if values[13] is not None:
             message["repeat"] = True  # offered to the host before, never acknowledged (SPEC §3)
-        out.append(message)
+        out.append(Queued(values[0], message))
     return out
 
 
@@ -260,9 +266,8 @@ def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[dict[str, An
     sql += " ORDER BY m.rowid DESC LIMIT ?"
     out = []
     for values in conn.execute(sql, (limit,)):
-        message = _message_from_row(conn, values)
-        message["acked"] = message.pop("_acked")
-        message.pop("_seq")
+        message = message_from_row(conn, values)
+        message["acked"] = values[12] is not None
         out.append(message)
     return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -23,6 +24,7 @@ import apsw.bestpractice
 from agent_bridge import domain, paths
 from agent_bridge.domain import Scope, SessionView
 from agent_bridge.store import queries
+from agent_bridge.store.queries import Queued
 from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, migrate, user_version
 
 _bestpractice_applied = False
@@ -106,20 +108,59 @@ class DeliveryTap:
     it needs to read again. Anything else that changes the session's receipts (a decision's
     fan-out, a catch-up, absorbing another record) closes it, as does overflow: the delivery
     task then reads the database from its cursor, so nothing is skipped.
+
+    Two threads use it (the store's and the event loop's), so every look and change holds its
+    lock: `take` checks and drains in one step, never a check the other thread can overtake.
     """
 
-    __slots__ = ("messages", "open", "peer_id")
+    __slots__ = ("_lock", "_messages", "_open", "_peer_id")
 
     def __init__(self) -> None:
-        self.messages: deque[tuple[int, dict[str, Any]]] = deque()
-        self.open = False
-        self.peer_id: str | None = None
+        self._lock = threading.Lock()
+        self._messages: deque[Queued] = deque()
+        self._open = False
+        self._peer_id: str | None = None
 
-    def take(self) -> list[tuple[int, dict[str, Any]]]:
-        out = []
-        while self.messages:
-            out.append(self.messages.popleft())
-        return out
+    @property
+    def peer_id(self) -> str | None:
+        """The record this tap was last opened for (it may have closed since)."""
+        with self._lock:
+            return self._peer_id
+
+    @property
+    def open(self) -> bool:
+        with self._lock:
+            return self._open
+
+    def take(self, peer_id: str) -> list[Queued] | None:
+        """Everything collected for `peer_id`, drained; None if the tap is closed or collects
+        for another record (then the database must be read)."""
+        with self._lock:
+            if not self._open or self._peer_id != peer_id:
+                return None
+            out = list(self._messages)
+            self._messages.clear()
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._open = False
+            self._messages.clear()
+
+    def reopen(self, peer_id: str) -> None:
+        with self._lock:
+            self._peer_id, self._open = peer_id, True
+            self._messages.clear()
+
+    def append(self, seq: int, message: dict[str, Any]) -> bool:
+        """Collect one committed message; False (and closed) when closed or full."""
+        with self._lock:
+            if self._open and len(self._messages) < TAP_LIMIT:
+                self._messages.append(Queued(seq, message))
+                return True
+            self._open = False
+            self._messages.clear()
+            return False
 
 
 class Store:
@@ -199,7 +240,7 @@ class Store:
     def peer_by_host_session(self, host_session_id: str) -> dict[str, Any] | None:
         return queries.peer_by_host_session(self.conn, host_session_id)
 
-    def update_peer(self, peer_id: str, **fields: Any) -> dict[str, Any]:
+    def update_peer(self, /, peer_id: str, **fields: Any) -> dict[str, Any]:
         columns = {
             "name": "name",
             "project": "project",
@@ -432,25 +473,25 @@ class Store:
                 seq = self.conn.last_insert_rowid()
                 row = (seq, message_id, from_id, from_name, from_agent, o.to_id, names.get(o.to_id, (None,))[0],
                        o.text, o.hop, o.reply_to, now, None, None, None)
-                written.append((o.to_id, seq, queries._message_from_row(None, row)))
+                written.append((o.to_id, seq, queries.message_from_row(None, row)))
                 fault("send:before-commit")
         out = []
         for to_id, seq, message in written:
             fault("send:after-commit")
-            del message["_seq"], message["_acked"]
             tap = self.taps.get(to_id)
-            if tap is not None:
-                if tap.open and len(tap.messages) < TAP_LIMIT:
-                    tap.messages.append((seq, message))
-                else:
-                    self._close_tap(to_id)  # full, or its connection ended: drop it
+            if tap is not None and not tap.append(seq, message):
+                self._close_tap(to_id)  # full, or its connection ended: drop it
             out.append(message)
         return out
 
-    def unacked(
+    def unacked(self, peer_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+        """The session's unacknowledged messages, oldest first."""
+        return [q.message for q in self.queued(peer_id, limit=limit)]
+
+    def queued(
         self, peer_id: str, *, after_seq: int = 0, limit: int = 200, tap: DeliveryTap | None = None
-    ) -> list[dict[str, Any]]:
-        """The session's unacknowledged messages after the receipt `after_seq`, oldest first.
+    ) -> list[Queued]:
+        """The session's unacknowledged receipts after the receipt `after_seq`, oldest first.
 
         With `tap`, the delivery task's: closed, then reopened for `peer_id` when this read
         reached the end, so it collects exactly the messages committed after this read."""
@@ -458,13 +499,12 @@ class Store:
         if tap is not None:
             if tap.peer_id is not None:
                 self._close_tap(tap.peer_id, only=tap)
-            tap.open = False
-            tap.messages.clear()
+            tap.close()
             if len(rows) < limit:
-                tap.peer_id, tap.open = peer_id, True
+                tap.reopen(peer_id)
                 previous = self.taps.get(peer_id)
                 if previous is not None:
-                    previous.open = False
+                    previous.close()
                 self.taps[peer_id] = tap
         return rows
 
@@ -472,8 +512,7 @@ class Store:
         tap = self.taps.get(peer_id)
         if tap is not None and (only is None or tap is only):
             del self.taps[peer_id]
-            tap.open = False
-            tap.messages.clear()
+            tap.close()
 
     def offer(self, peer_id: str, message_ids: Sequence[str], now: int) -> list[str]:
         """Record that these messages are about to be shown to the session's host (SPEC §3:
@@ -653,7 +692,7 @@ class Store:
                 self._queue_notifications(decision, decision["author"]["id"], [Recipient(session, key)], now)
         return len(missing)
 
-    def decisions(self, **kwargs: Any) -> list[dict[str, Any]]:
+    def decisions(self, /, **kwargs: Any) -> list[dict[str, Any]]:
         return queries.query_decisions(self.conn, **kwargs)
 
     # --- the owner's controls: the command line, retract, forget ----------------------
@@ -740,9 +779,7 @@ class Store:
                 peer = self.get_peer(peer_id)
                 if peer is None or peer_id == CLI_AUTHOR.id:
                     continue
-                queued = queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)
-                for m in queued:
-                    del m["_seq"], m["_acked"]
+                queued = [q.message for q in queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)]
                 self._close_tap(peer_id)
                 self.conn.execute("DELETE FROM receipts WHERE peer_id = ?", (peer_id,))
                 # Messages to it that nothing else holds: no receipt left, no notice or decision naming them.

@@ -102,9 +102,8 @@ def recent_messages(
     sql += " ORDER BY m.rowid DESC LIMIT ?"
     out = []
     for values in conn.execute(sql, (limit,)):
-        message = queries._message_from_row(conn, values)
-        message["acked"] = message.pop("_acked")
-        message.pop("_seq")
+        message = queries.message_from_row(conn, values)
+        message["acked"] = values[12] is not None
         message["notice"] = message["kind"] != "message" or (
             message["hop"] >= domain.DECISION_HOP and message["replyTo"] is None
         )
