@@ -363,7 +363,7 @@ class Broker:
         for path, record in await trio.to_thread.run_sync(ledger.orphans, self.home):
             if record is not None:
                 # The file names the record its writer knew; that record may have been merged since.
-                peer_id = await self.store.run(self.store.store.resolve_peer, record["peerId"])
+                peer_id = await self.db.resolve_peer(record["peerId"])
                 now = now_ms()
                 if record["offered"]:
                     await self.db.offer(peer_id, record["offered"], now)

@@ -157,6 +157,7 @@ class StoreCalls:
     record_decision = _OnStoreThread(Store.record_decision)
     record_host_instance = _OnStoreThread(Store.record_host_instance)
     record_instance_session = _OnStoreThread(Store.record_instance_session)
+    resolve_peer = _OnStoreThread(Store.resolve_peer)
     retract = _OnStoreThread(Store.retract)
     send_messages = _OnStoreThread(Store.send_messages)
     session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)
