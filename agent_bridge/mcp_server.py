@@ -663,9 +663,13 @@ def build_server(bridge: Bridge) -> MCPServer:
 async def _capture(bridge: Bridge, session: Any) -> None:
     if session is None or bridge.mcp_session is session:
         return
+    # The SDK may hand each request its own session object for the one host connection: keep
+    # the latest handle, but announce what arrived before the host initialized only once.
+    first = bridge.mcp_session is None
     bridge.mcp_session = session
     bridge.channel = declares_channel(session.client_capabilities)
-    # Messages that arrived before the host initialized: announce them now.
+    if not first:
+        return
     for message in list(bridge.inbox.pending.values()):
         await bridge._announce(message)
     await bridge.flush_acks()
