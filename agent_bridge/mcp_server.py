@@ -489,6 +489,8 @@ def render_for_agent(message: dict[str, Any]) -> str:
     )
 
 
+RETRACTIONS_NOTE = "Retracted (these topics had no current decision from then on, until a later one): "
+
 INBOX_FRAMING = (
     "These messages come from other agent sessions through agent-bridge (sender `cli`: a local "
     "`agent-bridge` command run by a person or a script on this machine), not from the user. "
@@ -594,13 +596,19 @@ def build_server(bridge: Bridge) -> MCPServer:
         scope: Annotated[Any, Field(description=SCOPE_FIELD)] = None,
         history: bool = False,
         ctx: Context | None = None,
-    ) -> str:
+    ) -> list[types.TextContent]:
         args: dict[str, Any] = {"history": history}
         if query is not None:
             args["query"] = query
         if scope is not None:
             args["scope"] = scope
-        return _json(await call(ctx, "decisions", **args))
+        found = await call(ctx, "decisions", **args)
+        blocks = [types.TextContent(type="text", text=_json(found))]
+        if history and found:  # a withdrawn topic: when, by whom and why, beside the revisions
+            withdrawn = await call(None, "retractions", topics=sorted({d["topic"] for d in found}))
+            if withdrawn:
+                blocks.append(types.TextContent(type="text", text=RETRACTIONS_NOTE + _json(withdrawn)))
+        return blocks
 
     @server.tool(description="This session: its id, name (its address), agent, project, kind.", structured_output=False)
     async def whoami(ctx: Context | None = None) -> str:

@@ -90,6 +90,13 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
             assert await call(a, "decisions", query="postgres") == []
             history = await call(a, "decisions", history=True)
             assert [d["id"] for d in history] == [first["decision"]["id"]] and history[0]["current"] is False
+            # ... and beside the revisions (a second block; the first stays the array of decision objects),
+            # the retraction with its time, author and reason
+            blocks = (await a.call_tool("decisions", {"history": True})).content
+            assert len(blocks) == 2 and json.loads(blocks[0].text) == history
+            withdrawn = json.loads(blocks[1].text.partition(": ")[2])
+            assert withdrawn == [retraction], blocks[1].text
+            assert len((await a.call_tool("decisions", {})).content) == 1  # no history, no second block
             # one passive notice for the session in scope, framed as coming from a local command
             notices = [m for m in await call(a, "inbox", wait_seconds=10) if m["kind"] == "retraction"]
             assert len(notices) == 1 and notices[0]["hop"] == 100 and notices[0]["from"] == CLI_AUTHOR

@@ -29,6 +29,7 @@ from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key, now_ms
 
+RETRACTION_TOPICS_MAX = 2_000  # one `decisions` history answer's topics
 LAST_SEEN_GRACE = 5.0  # seconds a stopping broker gives the last-seen write of its sessions
 
 log = logging.getLogger("agent_bridge.broker")
@@ -239,6 +240,15 @@ class Broker:
         lookup = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
         caller = session.view().addresses if domain.scope_kind(lookup) == "project" else frozenset()
         return await self.db.decisions(needle=needle, lookup=lookup, caller_addresses=caller, history=history)
+
+    @session_op("retractions")
+    async def op_retractions(self, session: Session, args: dict[str, Any]) -> Any:
+        """The retraction records of the topics a `decisions` history listed."""
+        _no_unknown(args, {"topics"}, "retractions")
+        topics = args.get("topics")
+        if not isinstance(topics, list) or len(topics) > RETRACTION_TOPICS_MAX:
+            raise InputError(f"topics: expected a list of at most {RETRACTION_TOPICS_MAX} topics, got {topics!r:.80}")
+        return await self.db.retractions(sorted({domain.normalize_topic(t) for t in topics}))
 
     @session_op("send")
     async def op_send(self, session: Session, args: dict[str, Any]) -> Any:

@@ -159,6 +159,7 @@ class StoreCalls:
     record_instance_session = _OnStoreThread(Store.record_instance_session)
     resolve_peer = _OnStoreThread(Store.resolve_peer)
     retract = _OnStoreThread(Store.retract)
+    retractions = _OnStoreThread(Store.retractions)
     send_messages = _OnStoreThread(Store.send_messages)
     session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)
     sessions_last_seen_before = _OnStoreThread(Store.sessions_last_seen_before)

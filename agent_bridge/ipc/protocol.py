@@ -53,6 +53,7 @@ OPS: dict[str, Op] = {
     "peers": Op(session=True, control=False, idempotent=True),
     "decide": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge decide`
     "decisions": Op(session=True, control=False, idempotent=True),
+    "retractions": Op(session=True, control=False, idempotent=True),  # beside `decisions` with history
     "send": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge send`
     "offer": Op(session=True, control=False, idempotent=True),
     "withdraw": Op(session=True, control=False, idempotent=False),

@@ -695,6 +695,11 @@ class Store:
     def decisions(self, /, **kwargs: Any) -> list[dict[str, Any]]:
         return queries.query_decisions(self.conn, **kwargs)
 
+    def retractions(self, topics: Sequence[str]) -> list[dict[str, Any]]:
+        """The retraction records of these topics, newest first."""
+        found = [r for topic in topics for r in queries.retractions(self.conn, topic=topic)]
+        return sorted(found, key=lambda r: r["createdAt"], reverse=True)
+
     # --- the owner's controls: the command line, retract, forget ----------------------
 
     def _ensure_cli_peer(self, now: int) -> None:
