@@ -181,7 +181,7 @@ class Bridge:
                     if exc.maybe_processed and op not in IDEMPOTENT_OPS:
                         raise ToolError(
                             f"the broker connection was lost during {op}; it may or may not have been "
-                            "recorded: check with decisions/peers before retrying"
+                            f"recorded: {UNSURE_ADVICE.get(op, UNSURE_ADVICE['decide'])}"
                         ) from None
         if self.start_failure is not None:
             raise ToolError(self._start_failure_message())
@@ -488,6 +488,12 @@ def render_for_agent(message: dict[str, Any]) -> str:
         str(sender.get("name")), str(sender.get("agent")), str(message.get("text")), kind=str(message.get("kind"))
     )
 
+
+# What to do after a request the broker may or may not have carried out, per op.
+UNSURE_ADVICE = {
+    "decide": "check with `decisions` before retrying",
+    "send": "no tool shows what this session sent, so if you send it again say that it may arrive twice",
+}
 
 RETRACTIONS_NOTE = "Retracted (these topics had no current decision from then on, until a later one): "
 
