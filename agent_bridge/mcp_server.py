@@ -705,7 +705,8 @@ async def _observe(bridge: Bridge, ctx: Context) -> None:
     try:
         await _capture(bridge, ctx.session)
         meta = ctx.request_context.meta
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - SDK drift: the call still works, but say so loudly
+        log.error("could not read this tool call's context from the MCP SDK (%s: %s)", type(exc).__name__, exc)
         return
     thread = codex_thread_id(meta)
     if thread and thread != bridge.learned_host_session:

@@ -314,9 +314,9 @@ class Store:
             )
             self._delete_if_unreferenced(old_id)
 
-    def _delete_if_unreferenced(self, peer_id: str) -> bool:
-        """Delete a session record that nothing else names (inside the caller's transaction)."""
-        referenced = self.conn.execute(
+    def _referenced(self, peer_id: str) -> bool:
+        """Whether another row names this session record (so deleting it would break a reference)."""
+        row = self.conn.execute(
             "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
             "OR EXISTS(SELECT 1 FROM receipts WHERE peer_id = ?1) "
             "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
@@ -325,7 +325,11 @@ class Store:
             "OR EXISTS(SELECT 1 FROM retraction_notices WHERE peer_id = ?1)",
             (peer_id,),
         ).fetchone()
-        if referenced is None or referenced[0]:
+        return row is None or bool(row[0])
+
+    def _delete_if_unreferenced(self, peer_id: str) -> bool:
+        """Delete a session record that nothing else names (inside the caller's transaction)."""
+        if self._referenced(peer_id):
             return False
         self._drop_identity(peer_id)
         self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))
@@ -801,15 +805,7 @@ class Store:
                         "DELETE FROM host_instances WHERE host_session_id = ?", (peer["hostSessionId"],)
                     )
                 self._drop_identity(peer_id)
-                referenced = self.conn.execute(
-                    "SELECT EXISTS(SELECT 1 FROM messages WHERE from_peer = ?1 OR to_peer = ?1) "
-                    "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
-                    "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1) "
-                    "OR EXISTS(SELECT 1 FROM decision_retractions WHERE author_id = ?1) "
-                    "OR EXISTS(SELECT 1 FROM retraction_notices WHERE peer_id = ?1)",
-                    (peer_id,),
-                ).fetchone()
-                if referenced is not None and referenced[0]:
+                if self._referenced(peer_id):
                     self.conn.execute(
                         "UPDATE peers SET host_session_id = NULL, forgotten_at = ? WHERE id = ?", (now, peer_id)
                     )

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from agent_bridge.store import reader
+from tests.hostbin import CLAUDE_OFFLINE_ENV
 from tests.hosts import clis
 from tests.hosts.models import AnthropicServer, OpenAIServer
 
@@ -127,13 +128,8 @@ class World:
                cwd: Path | None = None, tag: str = "claude") -> HostRun:
         env = {
             **self.base_env(),
+            **CLAUDE_OFFLINE_ENV,
             "ANTHROPIC_BASE_URL": self.claude_model.url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            "IS_SANDBOX": "1",
             "MCP_CONNECTION_NONBLOCKING": "0",  # -p waits for the MCP server before the first request
             "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"),
         }
