@@ -8,10 +8,14 @@ import json
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+import trio
 
+from agent_bridge.ipc.client import open_bridge_client
 from tests.conftest import call, mcp_session, wait_until
+from tests.test_delivery import RawHost, hello, socket_of
 
 pytestmark = pytest.mark.slow
 
@@ -75,3 +79,70 @@ async def test_a_signalled_server_acknowledges_nothing_it_did_not_show(broker, e
     async with mcp_session(env, "--agent", "codex", "--project", "/w/sigack", "--host-session-id", host) as again:
         shown = await call(again, "inbox")
     assert [m["text"] for m in shown] == ["kept across the signal"]
+
+
+async def start_raw_host(env: dict[str, str], *args: str) -> RawHost:
+    """A raw JSON-RPC host (tests/test_delivery.py) whose server's stderr is kept for reading."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "agent_bridge", "mcp", *args],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    host = RawHost(proc)
+    try:
+        rid = await host.request("initialize", INITIALIZE["params"])
+        await host.response(rid)
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await host.kill()
+        raise
+    return host
+
+
+async def read_to_end(stream: Any) -> bytes:
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_a_signal_during_a_waiting_inbox_call_loses_nothing(broker, env, home, signum):
+    """The host's `inbox` call waits for a message; messages arrive; the host signals its MCP
+    server before reading the result (its session ended). The server ends cleanly, and the
+    next server for the same host session shows every message the first did not write to its
+    stdout; what it did write and is shown again is marked as a repeat."""
+    hsid = f"hs-sigwait-{signum.name}"
+    args = ("--agent", "codex", "--project", "/w/sigwait", "--host-session-id", hsid)
+    with trio.fail_after(90):
+        rx = await start_raw_host(env, *args)
+        try:
+            waiting = await rx.request("tools/call", rx.call_tool("inbox", wait_seconds=60))
+            # A later request answered while the inbox call is not: the server is waiting in it.
+            await rx.response(await rx.request("ping", {}))
+            assert waiting not in rx.responses
+            async with open_bridge_client(socket_of(home), hello(f"{hsid}-tx")) as (tx, _):
+                sent = [(await tx.request("send", to=hsid, text=f"note {i}"))["message"]["id"] for i in range(3)]
+            rx.proc.send_signal(signum)  # the result may or may not be in the pipe by now
+            code = await rx.proc.wait()  # bounded by fail_after: stdin is still open
+            await rx.drain()  # everything the first server wrote to its stdout
+            assert rx.proc.stderr is not None
+            err = (await read_to_end(rx.proc.stderr)).decode(errors="replace")
+        finally:
+            with trio.CancelScope(shield=True):
+                if rx.proc.returncode is None:
+                    await rx.kill()
+        assert code == 0, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        written = {m["id"] for m in rx.inbox_items()}
+
+        again = await start_raw_host(env, *args)
+        shown: list[dict[str, Any]] = []
+        try:
+            while not set(sent) - written <= {m["id"] for m in shown}:
+                shown.extend(await again.tool("inbox", wait_seconds=1))
+        finally:
+            await again.close()
+    assert set(sent) - written <= {m["id"] for m in shown}
+    unmarked_again = [m["id"] for m in shown if m["id"] in written and not m.get("repeat")]
+    assert unmarked_again == [], "a message written by the first server was shown again unmarked"
