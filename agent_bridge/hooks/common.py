@@ -34,6 +34,15 @@ class HookInputError(ValueError):
     """The host's hook input is not what its documentation describes."""
 
 
+class SessionIdError(HookInputError):
+    """The input is usable but its `session_id` cannot be reported (it cannot be encoded):
+    `hook` is the rest of the input, with an empty session id, for what needs no identity."""
+
+    def __init__(self, message: str, hook: HookInput) -> None:
+        super().__init__(message)
+        self.hook = hook
+
+
 class HookInput:
     """The fields of the hook input we use. (A plain class: `dataclasses` costs an import of
     `inspect`, several milliseconds at every session start.)"""
@@ -74,7 +83,14 @@ def parse_input(raw: bytes) -> HookInput:
         raise HookInputError(str(exc)) from None
     source = data.get("source")
     source = source if isinstance(source, str) and source in SOURCES else ""
-    return HookInput(session_id, folder, source, data.get("stop_hook_active") is True)
+    stop_hook_active = data.get("stop_hook_active") is True
+    lone = next((i for i, c in enumerate(session_id) if "\ud800" <= c <= "\udfff"), None)
+    if lone is not None:  # valid JSON, but no UTF-8 for the report, the socket or the log
+        raise SessionIdError(
+            f"session_id is not valid Unicode: a lone surrogate U+{ord(session_id[lone]):04X} at position {lone}",
+            HookInput("", folder, source, stop_hook_active),
+        )
+    return HookInput(session_id, folder, source, stop_hook_active)
 
 
 def read_input() -> HookInput:

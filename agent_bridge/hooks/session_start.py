@@ -29,13 +29,14 @@ def main(agent: str) -> int:
     home = paths.home()
     try:
         host, chain = procinfo.current_host()  # first: before anything in the chain detaches
-        hook = common.read_input()
-        args = common.identify_args(agent, hook, EVENT, host, chain)
+        answer: dict[str, Any] | None = None
         try:
-            answer = common.broker_request(home, "identify", args)
-        except OSError as exc:  # no broker, and the identity report cannot be left (read-only, full disk)
+            hook = common.read_input()
+        except common.SessionIdError as exc:  # the decisions are still readable: a note without identity
             common.log(home, f"session-start ({agent})", f"identity not reported: {exc}")
-            answer = None  # the decisions are still readable: the note goes on without it
+            hook = exc.hook
+        else:
+            answer = report_identity(home, agent, hook, host, chain)
         session = answer.get("session") if answer else None
         note = build_note(home, agent, hook, session if isinstance(session, dict) else None)
         if note is None:
@@ -44,6 +45,18 @@ def main(agent: str) -> int:
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must start
         common.log(home, f"session-start ({agent})", f"no note: {type(exc).__name__}: {exc}")
     return 0
+
+
+def report_identity(
+    home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc | None, chain: list[procinfo.Proc]
+) -> dict[str, Any] | None:
+    """The broker's answer to `identify`, or None (the report is left for the next broker)."""
+    args = common.identify_args(agent, hook, EVENT, host, chain)
+    try:
+        return common.broker_request(home, "identify", args)
+    except OSError as exc:  # no broker, and the identity report cannot be left (read-only, full disk)
+        common.log(home, f"session-start ({agent})", f"identity not reported: {exc}")
+        return None  # the decisions are still readable: the note goes on without it
 
 
 def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str, Any] | None) -> str | None:
@@ -55,9 +68,9 @@ def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str
         if conn is None:
             common.log(home, f"session-start ({agent})", f"no note: no database at {db} yet")
             return None
-        if session is None:
+        if session is None and hook.session_id:
             session = queries.peer_by_host_session(conn, hook.session_id)
-        addresses = {hook.session_id}
+        addresses = {hook.session_id} if hook.session_id else set()
         if session is not None:
             addresses.update(a for a in (session.get("id"), session.get("name"), session.get("hostSessionId")) if a)
         shown, total = queries.note_decisions(conn, hook.cwd, caller_addresses=addresses, limit=domain.NOTE_TOPICS)
