@@ -74,9 +74,35 @@ class _PrivateRotatingLog(logging.handlers.RotatingFileHandler):
     connection that says hello and leaves writes two lines), so only a cap bounds the file.
     Each file it opens is this user's only (0600), whatever the umask."""
 
+    def __init__(self, filename: Path, **kwargs: Any) -> None:
+        super().__init__(filename, **kwargs)
+        # A detached broker's stdout and stderr are this file too (`up --detach`): whatever it
+        # writes there (a crash traceback) must follow the rotation into the new broker.log,
+        # not land in the old one renamed broker.log.1.
+        self.std_fds = [fd for fd in (1, 2) if _same_file(fd, self.baseFilename)]
+
     def _open(self) -> io.TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         return os.fdopen(fd, "a", encoding=self.encoding)
+
+    def doRollover(self) -> None:
+        super().doRollover()
+        if self.stream is None or not self.std_fds:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # what is buffered belongs to the old file
+            except (OSError, ValueError):
+                pass
+        for fd in self.std_fds:
+            os.dup2(self.stream.fileno(), fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:  # fd closed, or the file not there
+        return False
 
 
 def setup_logging(home: Path, *, to_stderr: bool) -> None:

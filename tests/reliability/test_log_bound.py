@@ -4,12 +4,14 @@ broker log without end (each connection that says hello and leaves writes two li
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from agent_bridge import paths
 from agent_bridge.daemon import control
+from tests.conftest import run_cli, wait_until
 
 
 @pytest.fixture
@@ -37,3 +39,24 @@ def test_the_broker_log_is_capped_and_keeps_the_newest_lines(tmp_path: Path, mon
     assert total <= 2 * control.LOG_MAX_BYTES, f"{total} bytes of log for a {control.LOG_MAX_BYTES}-byte cap"
     assert "(00001999," in (home / paths.LOG_NAME).read_text()  # the newest line is in broker.log itself
     assert all((home / name).stat().st_mode & 0o777 == 0o600 for name in kept)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads a process's open files through /proc")
+def test_a_detached_brokers_stdout_and_stderr_follow_the_rotation(env, home):
+    """A detached broker's stdout and stderr are broker.log: after the log rotates, what it
+    writes there (a crash traceback) goes to the new broker.log, not to broker.log.1."""
+    log = paths.log_path(paths.ensure_home(home))
+    log.write_bytes(b"an older broker's line\n" * (control.LOG_MAX_BYTES // 23 + 1))  # full: the next line rotates it
+    log.chmod(0o600)
+    started = run_cli(env, "up", "--detach")
+    assert started.returncode == 0, started.stderr
+    record = paths.read_broker_json(home)
+    assert record is not None
+    pid = record["pid"]
+    try:
+        rotated = home / (paths.LOG_NAME + ".1")
+        # A line in the new broker.log: the rotation is over, the broker runs on.
+        wait_until(lambda: rotated.exists() and log.exists() and log.stat().st_size > 0, what="broker.log rotated")
+        assert {fd: os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (1, 2)} == {1: str(log), 2: str(log)}
+    finally:
+        run_cli(env, "down")
