@@ -307,8 +307,17 @@ def server_check(
 
 
 def run_checks(home: Path, cwd: Path) -> list[Check]:
-    broker, record = check_broker(home)
-    checks = [check_home(home), broker, check_socket(home, record), check_schema(home), check_dashboard(home, record)]
+    try:
+        paths.check_home(home)  # the one ownership check every command goes through
+    except paths.HomeError as exc:
+        # Someone else's folder: nothing in it is read (their broker.json could point the
+        # probes at their socket, their bridge.db is not ours to report on).
+        checks = [Check("home folder", FAIL, str(exc), "use a folder of your own (AGENT_BRIDGE_HOME)")]
+        checks += [Check(name, SKIP, "not read: the state folder is not yours")
+                   for name in ("broker", "socket", "schema", "dashboard")]
+    else:
+        broker, record = check_broker(home)
+        checks = [check_home(home), broker, check_socket(home, record), check_schema(home), check_dashboard(home, record)]
     for host in hosts.ALL:
         checks += host.doctor_checks(home, cwd)
     return checks

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import subprocess
 from pathlib import Path
 
@@ -101,14 +102,23 @@ def snapshot(home: Path) -> dict[str, bytes]:
     (["down"], None),
     (["sessions"], None),
     (["decide", "deploy", "run the script"], None),
+    (["send", "claude-x", "hello"], None),
+    (["retract", "deploy"], None),
+    (["forget", "claude-x"], None),
+    (["doctor"], None),
 ])
 def test_a_folder_owned_by_another_user_is_refused_and_left_untouched(env, home, argv, stdin):
     before = planted_home(home)
     done = subprocess.run([*CLI, *argv], env=env, input=stdin, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in done.stderr, done.stderr
-    assert str(home) in done.stderr and "belongs to uid" in done.stderr, done.stderr
-    assert done.stdout == "", done.stdout  # no note, no block, no URL, no decisions
     assert done.returncode == (0 if argv[0] == "hook" else 1)
+    if argv[0] == "doctor":  # a report on stdout: the folder refused, nothing in it read
+        assert str(home) in done.stdout and "belongs to uid" in done.stdout, done.stdout
+        for check in ("broker", "socket", "schema", "dashboard"):
+            assert re.search(rf"^  skip  {check} +not read: the state folder is not yours$", done.stdout, re.M), done.stdout
+    else:
+        assert str(home) in done.stderr and "belongs to uid" in done.stderr, done.stderr
+        assert done.stdout == "", done.stdout  # no note, no block, no URL, no decisions
     assert snapshot(home) == before, "something was created or changed in the other user's folder"
 
 
