@@ -403,20 +403,29 @@ def main(ns: argparse.Namespace) -> int:
         return 1
     for warning in scope_warnings(ns.scope, env):
         print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
+    done = _carry_out("install", edits, ns.dry_run, titles, f"{titles}, running {shlex.join(run)}",
+                      nothing=f"{titles} already set up with {shlex.join(run)}")
+    if done is not None:
+        return done
+    print(next_steps(chosen, ns.scope))
+    return 0
+
+
+def _carry_out(command: str, edits: list[FileEdit], dry_run: bool, titles: str, doing: str,
+               *, nothing: str) -> int | None:
+    """Print that nothing changes, or the diff (`--dry-run`), or write the edits: the exit status
+    when the command ends here, None once the edits are written."""
     changed = [e for e in edits if e.changed]
     if not changed:
-        print(f"agent-bridge install: nothing to change; {titles} already set up with {shlex.join(run)}.")
+        print(f"agent-bridge {command}: nothing to change; {nothing}.")
         return 0
-    if ns.dry_run:
-        print(f"agent-bridge install --dry-run: {titles}; these changes would be made (nothing was written):")
+    if dry_run:
+        print(f"agent-bridge {command} --dry-run: {titles}; these changes would be made (nothing was written):")
         for edit in changed:
             print(unified_diff(edit), end="")
         return 0
-    print(f"agent-bridge install: {titles}, running {shlex.join(run)}")
-    if _write_all("install", edits):
-        return 1
-    print(next_steps(chosen, ns.scope))
-    return 0
+    print(f"agent-bridge {command}: {doing}")
+    return 1 if _write_all(command, edits) else None
 
 
 def scope_warnings(scope: str, env: dict[str, str]) -> list[str]:
@@ -442,18 +451,9 @@ def uninstall_main(ns: argparse.Namespace) -> int:
     except InstallError as exc:
         print(f"agent-bridge uninstall: refused: {exc}", file=sys.stderr)
         return 1
-    changed = [e for e in edits if e.changed]
-    if not changed:
-        print(f"agent-bridge uninstall: nothing to change; no agent-bridge entries for {titles}.")
-        return 0
-    if ns.dry_run:
-        print(f"agent-bridge uninstall --dry-run: {titles}; these changes would be made (nothing was written):")
-        for edit in changed:
-            print(unified_diff(edit), end="")
-        return 0
-    print(f"agent-bridge uninstall: {titles}")
-    if _write_all("uninstall", edits):
-        return 1
+    done = _carry_out("uninstall", edits, ns.dry_run, titles, titles, nothing=f"no agent-bridge entries for {titles}")
+    if done is not None:
+        return done
     print("Running sessions keep their MCP server until they restart. Your agent-bridge state folder "
           "(messages, decisions) is untouched.")
     return 0

@@ -38,10 +38,13 @@ class RawHost:
         self.notifications: list[dict[str, Any]] = []
 
     @classmethod
-    async def start(cls, env: dict[str, str], *args: str, capabilities: dict[str, Any] | None = None) -> RawHost:
+    async def start(cls, env: dict[str, str], *args: str, capabilities: dict[str, Any] | None = None,
+                    keep_stderr: bool = False) -> RawHost:
+        """`keep_stderr`: the server's stderr is a pipe the test reads (else discarded)."""
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "agent_bridge", "mcp", *args],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if keep_stderr else subprocess.DEVNULL,
         )
         host = cls(proc)
         try:

@@ -83,20 +83,7 @@ async def test_a_signalled_server_acknowledges_nothing_it_did_not_show(broker, e
 
 async def start_raw_host(env: dict[str, str], *args: str) -> RawHost:
     """A raw JSON-RPC host (tests/test_delivery.py) whose server's stderr is kept for reading."""
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "agent_bridge", "mcp", *args],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    host = RawHost(proc)
-    try:
-        rid = await host.request("initialize", INITIALIZE["params"])
-        await host.response(rid)
-        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await host.kill()
-        raise
-    return host
+    return await RawHost.start(env, *args, keep_stderr=True)
 
 
 async def read_to_end(stream: Any) -> bytes:
