@@ -9,7 +9,8 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,13 +80,26 @@ class Agent:
     session: Any
     shown: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    calling: tuple[str, float] | None = None  # the tool call under way and when it began (trio time)
+
+    async def call_tool(self, tool: str, args: dict[str, Any]) -> Any:
+        """`session.call_tool`, remembering which call is under way for `Progress.report`."""
+        self.calling = (tool, trio.current_time())
+        try:
+            return await self.session.call_tool(tool, args)
+        finally:
+            self.calling = None
+
+    def state(self, now: float) -> str:
+        busy = f", in {self.calling[0]} for {now - self.calling[1]:.1f} s" if self.calling else ""
+        return f"{self.name}: shown {len(self.shown)}, errors {len(self.errors)}{busy}"
 
     @property
     def ids(self) -> list[str]:
         return [m["id"] for m in self.shown]
 
     async def inbox_once(self, wait: float = 1) -> list[dict[str, Any]]:
-        result = await self.session.call_tool("inbox", {"wait_seconds": wait})
+        result = await self.call_tool("inbox", {"wait_seconds": wait})
         if result.is_error:
             self.errors.append(result.content[0].text)
             return []
@@ -102,6 +116,35 @@ class Agent:
         with trio.fail_after(timeout):
             while not predicate():
                 await self.inbox_once()
+
+
+class Progress:
+    """Where a long test is: the phases it passed and what each agent is doing, so a test that
+    runs out of time says where it stopped instead of only that it did."""
+
+    def __init__(self, agents: dict[str, Agent] | None = None) -> None:
+        self.start = trio.current_time()
+        self.phases: list[tuple[float, str]] = []
+        self.agents = agents if agents is not None else {}
+
+    def reached(self, phase: str) -> None:
+        self.phases.append((trio.current_time() - self.start, phase))
+
+    def report(self) -> str:
+        now = trio.current_time()
+        passed = "; ".join(f"{at:.1f} s {phase}" for at, phase in self.phases) or "none"
+        agents = "; ".join(agent.state(now) for agent in self.agents.values())
+        return f"after {now - self.start:.1f} s. Phases passed: {passed}. Agents: {agents}"
+
+
+@contextmanager
+def within(seconds: float, progress: Progress) -> Iterator[None]:
+    """`trio.fail_after`, failing with where the test had got to."""
+    try:
+        with trio.fail_after(seconds):
+            yield
+    except trio.TooSlowError:
+        raise AssertionError(f"ran out of its {seconds:g} s {progress.report()}") from None
 
 
 class TrioThread:

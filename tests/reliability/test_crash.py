@@ -21,12 +21,14 @@ from tests.conftest import CLI, BrokerProcess, call, mcp_session, wait_for
 from tests.reliability.harness import (
     KILLED,
     Agent,
+    Progress,
     count,
     rows,
     start_faulty_broker,
     stop_any_broker,
     wait_killed,
     wait_new_broker,
+    within,
 )
 from tests.test_store import build_v1, build_v2
 
@@ -65,7 +67,7 @@ class Sends:
         while not stop.is_set():
             n += 1
             text = f"{sender.name}-{n}"
-            result = await sender.session.call_tool("send", {"to": targets[n % len(targets)], "text": text})
+            result = await sender.call_tool("send", {"to": targets[n % len(targets)], "text": text})
             if result.is_error:
                 self.failed[text] = result.content[0].text
             else:
@@ -102,11 +104,14 @@ def assert_exactly_once(home: Path, receivers: list[Agent], sends: Sends) -> set
 async def test_kill_during_a_burst_of_sends(env, home, point):
     broker = start_faulty_broker(env, home, point)
     sends = Sends()
+    progress = Progress()
     try:
-        with trio.fail_after(180):
+        with within(180, progress):
             async with AsyncExitStack() as stack:
                 senders = await open_sessions(stack, env, "/w/burst", ["tx1", "tx2", "tx3"])
                 receivers = await open_sessions(stack, env, "/w/burst", ["rx1", "rx2"])
+                progress.agents.update(senders | receivers)
+                progress.reached("sessions open")
                 stop = trio.Event()
                 async with trio.open_nursery() as nursery:
                     for r in receivers.values():
@@ -114,11 +119,16 @@ async def test_kill_during_a_burst_of_sends(env, home, point):
                     for s in senders.values():
                         nursery.start_soon(sends.loop, s, list(receivers), stop)
                     assert await wait_killed(broker) == KILLED
+                    progress.reached("broker killed")
                     await wait_new_broker(home, broker.pid)
+                    progress.reached("broker restarted")
                     sends.restarted = True
                     await wait_for(_async(lambda: sends.after_restart >= 20), timeout=60, what="sends after the restart")
+                    progress.reached("20 sends after the restart")
                     stop.set()
+                progress.reached("load stopped")
                 await barrier(senders["tx1"], list(receivers.values()))
+                progress.reached("barrier")
                 committed = assert_exactly_once(home, list(receivers.values()), sends)
         # The send in the killed transaction: rolled back before the commit, kept after it.
         # Three senders share the store, so another send may have committed just before the
@@ -160,10 +170,13 @@ async def test_kill_during_a_decide_fan_out(env, home, point):
     after its commit). Never half a decide; every session gets each committed revision once."""
     broker = start_faulty_broker(env, home, point)
     names = ["fan1", "fan2", "fan3", "fan4"]
+    progress = Progress()
     try:
-        with trio.fail_after(180):
+        with within(180, progress):
             async with AsyncExitStack() as stack:
                 agents = await open_sessions(stack, env, "/w/fan", names)
+                progress.agents.update(agents)
+                progress.reached("sessions open")
                 author = agents["fan1"].session
                 first = await call(author, "decide", topic="ui", text="dark")
                 assert first["deliveredTo"] == names
@@ -175,8 +188,11 @@ async def test_kill_during_a_decide_fan_out(env, home, point):
                     result = await author.call_tool("decide", {"topic": "db", "text": "PostgreSQL"})
                     assert result.is_error and LOST_DURING in result.content[0].text, result.content[0].text
                     assert await wait_killed(broker) == KILLED
+                    progress.reached("broker killed")
                     await wait_new_broker(home, broker.pid)
+                    progress.reached("broker restarted")
                     stop.set()
+                progress.reached("load stopped")
                 committed = count(home, "SELECT count(*) FROM decisions WHERE topic = 'db'")
                 db_id = rows(home, "SELECT id FROM decisions WHERE topic = 'db'")[0][0] if committed else None
                 # all or nothing: the revision, its messages, receipts and deliveries
@@ -228,10 +244,13 @@ async def test_kill_during_acknowledgement(env, home, point):
     """The agent was shown messages; the broker dies while recording that. They are not shown
     again, and their receipts end up acknowledged."""
     broker = start_faulty_broker(env, home, point)
+    progress = Progress()
     try:
-        with trio.fail_after(180):
+        with within(180, progress):
             async with AsyncExitStack() as stack:
                 agents = await open_sessions(stack, env, "/w/ack", ["from1", "from2", "to1"])
+                progress.agents.update(agents)
+                progress.reached("sessions open")
                 receiver = agents["to1"]
                 stop = trio.Event()
                 sends = Sends()
@@ -240,10 +259,14 @@ async def test_kill_during_acknowledgement(env, home, point):
                     nursery.start_soon(sends.loop, agents["from1"], ["to1"], stop)
                     nursery.start_soon(sends.loop, agents["from2"], ["to1"], stop)
                     assert await wait_killed(broker) == KILLED
+                    progress.reached("broker killed")
                     await wait_new_broker(home, broker.pid)
+                    progress.reached("broker restarted")
                     sends.restarted = True
                     await wait_for(_async(lambda: sends.after_restart >= 10), timeout=60, what="sends after the restart")
+                    progress.reached("10 sends after the restart")
                     stop.set()
+                progress.reached("load stopped")
                 await barrier(agents["from1"], [receiver])
                 assert_exactly_once(home, [receiver], sends)
 
