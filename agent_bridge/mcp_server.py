@@ -272,9 +272,13 @@ class Bridge:
                 capture_stdout=True,
                 capture_stderr=True,
             )
-        if done is None or done.returncode == 0 or paths.lock_holder(self.options.home) is not None:
-            return  # started, slow, or another server's broker is starting: the run loop connects
-        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        said = done.stderr.decode("utf-8", "replace") if done is not None else ""
+        if (done is None or done.returncode == 0 or paths.ALREADY_RUNNING in said
+                or paths.lock_holder(self.options.home) is not None):
+            # started, slow, or another server's broker won the lock (it may still be starting,
+            # so the lock can look free for an instant): the run loop connects
+            return
+        reason = said.strip().splitlines()
         text = reason[-1] if reason else f"`agent-bridge up` exited with status {done.returncode}"
         self.start_failure = text.removeprefix("agent-bridge up: ")
         self.start_attempts += 1

@@ -188,6 +188,11 @@ def read_broker_json(home_dir: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+# How `agent-bridge up` begins its refusal when another broker holds this home's lock. An MCP
+# server that started a broker and hears this lost a race with another one: not a failure.
+ALREADY_RUNNING = "a broker is already running for"
+
+
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False

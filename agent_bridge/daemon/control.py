@@ -66,7 +66,7 @@ def _already_running(home: Path) -> str:
     record = paths.read_broker_json(home) or {}
     pid = record.get("pid")
     where = f" (pid {pid})" if pid else ""
-    return f"agent-bridge: a broker is already running for {home}{where}; use `agent-bridge status` or `agent-bridge down`"
+    return f"agent-bridge: {paths.ALREADY_RUNNING} {home}{where}; use `agent-bridge status` or `agent-bridge down`"
 
 
 class _PrivateRotatingLog(logging.handlers.RotatingFileHandler):
@@ -131,7 +131,9 @@ def up(*, detach: bool) -> int:
     lock = BrokerLock(home)
     try:
         if not lock.acquire():
-            print(_already_running(home), file=sys.stderr)
+            # Also what a broker started by `up --detach` says when another one (started at the
+            # same moment by another MCP server) won the lock: its parent reports exactly this.
+            _tell_parent(reasons, _already_running(home))
             return 1
         setup_logging(home, to_stderr=False)
     except OSError as exc:
@@ -233,14 +235,18 @@ def _reason_channel() -> int | None:
 
 def _refuse(reasons: int | None, text: str, *, code: int = 1) -> int:
     """Say why the broker cannot start: on stderr, and to the waiting `up --detach` if any."""
-    line = f"agent-bridge up: {text}"
+    _tell_parent(reasons, f"agent-bridge up: {text}")
+    return code
+
+
+def _tell_parent(reasons: int | None, line: str) -> None:
+    """`line` on stderr, and to the waiting `up --detach` if any."""
     print(line, file=sys.stderr, flush=True)
     if reasons is not None:
         try:
             os.write(reasons, (line + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
-    return code
 
 
 def _print_ready(record: dict[str, Any]) -> None:

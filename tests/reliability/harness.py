@@ -81,17 +81,23 @@ class Agent:
     shown: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     calling: tuple[str, float] | None = None  # the tool call under way and when it began (trio time)
+    cancelled_in: tuple[str, float] | None = None  # the call a timeout cancelled, and how long it had run
 
     async def call_tool(self, tool: str, args: dict[str, Any]) -> Any:
         """`session.call_tool`, remembering which call is under way for `Progress.report`."""
         self.calling = (tool, trio.current_time())
         try:
             return await self.session.call_tool(tool, args)
+        except trio.Cancelled:
+            self.cancelled_in = (tool, trio.current_time() - self.calling[1])
+            raise
         finally:
             self.calling = None
 
     def state(self, now: float) -> str:
         busy = f", in {self.calling[0]} for {now - self.calling[1]:.1f} s" if self.calling else ""
+        if self.cancelled_in is not None:
+            busy += f", cancelled in {self.cancelled_in[0]} after {self.cancelled_in[1]:.1f} s"
         return f"{self.name}: shown {len(self.shown)}, errors {len(self.errors)}{busy}"
 
     @property
