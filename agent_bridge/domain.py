@@ -222,7 +222,8 @@ def scope_applies(scope: Scope, session: SessionView) -> bool:
         return True
     assert isinstance(scope, dict)
     if "project" in scope:
-        return scope["project"] == session.project
+        project: str = scope["project"]
+        return project == session.project
     return not session.addresses.isdisjoint(scope["sessions"])
 
 

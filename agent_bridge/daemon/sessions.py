@@ -57,7 +57,7 @@ class Session:
 
     @property
     def is_job(self) -> bool:
-        return self.peer["kind"] == "job"
+        return bool(self.peer["kind"] == "job")
 
     def view(self) -> SessionView:
         return SessionView(
