@@ -103,10 +103,27 @@ def recent_messages(
     out = []
     for values in conn.execute(sql, (limit,)):
         message = queries.message_from_row(conn, values)
-        message["acked"] = values[12] is not None
-        message["notice"] = message["kind"] != "message" or (
-            message["hop"] >= domain.DECISION_HOP and message["replyTo"] is None
-        )
-        message["active"] = None if hop_limit is None else message["hop"] < hop_limit
-        out.append(message)
+        out.append({
+            **message.to_json(),
+            "acked": values[12] is not None,
+            "notice": message.kind != "message" or (message.hop >= domain.DECISION_HOP and message.reply_to is None),
+            "active": None if hop_limit is None else message.hop < hop_limit,
+        })
     return out
+
+
+def decisions_json(
+    conn: apsw.Connection,
+    *,
+    needle: str | None = None,
+    lookup: domain.Scope | None = None,
+    history: bool = False,
+    topic: str | None = None,
+) -> list[dict[str, Any]]:
+    """`queries.query_decisions` as the API's decision objects (SPEC §6)."""
+    found = queries.query_decisions(conn, needle=needle, lookup=lookup, history=history, topic=topic)
+    return [d.to_json() for d in found]
+
+
+def retractions_json(conn: apsw.Connection, *, topic: str | None = None) -> list[dict[str, Any]]:
+    return [r.to_json() for r in queries.retractions(conn, topic=topic)]
