@@ -177,9 +177,17 @@ class Message(NamedTuple):
         return out
 
 
+class Queued(NamedTuple):
+    """An unacknowledged receipt, as a delivery task pushes it: the receipt's rowid (the order
+    of delivery, the task's cursor) and the message."""
+
+    seq: int
+    message: Message
+
+
 class Receipt(NamedTuple):
-    """One recipient's copy of a message: the receipt's rowid (the order of delivery, a
-    delivery task's cursor), the message, and whether the recipient acknowledged it."""
+    """One recipient's copy of a message as the dashboard lists it: the receipt's rowid, the
+    message, and whether the recipient acknowledged it."""
 
     seq: int
     message: Message

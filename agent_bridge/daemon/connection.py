@@ -15,8 +15,7 @@ from agent_bridge.daemon.storage import StoreCalls
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.rows import Message
-from agent_bridge.store.queries import Queued
+from agent_bridge.rows import Message, Queued
 from agent_bridge.store.writer import DeliveryTap
 
 log = logging.getLogger("agent_bridge.connection")

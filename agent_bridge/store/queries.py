@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import apsw
 
 from agent_bridge import domain
 from agent_bridge.domain import Scope
-from agent_bridge.rows import Author, Decision, Message, Peer, Receipt, Retraction
+from agent_bridge.rows import Author, Decision, Message, Peer, Queued, Receipt, Retraction
 
 DECISION_COLUMNS = (
     "seq",
@@ -181,14 +181,6 @@ LEFT JOIN peers fp ON fp.id = m.from_peer
 LEFT JOIN peers tp ON tp.id = r.peer_id
 LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
 """
-
-
-class Queued(NamedTuple):
-    """An unacknowledged receipt: its rowid (the order of delivery, a delivery task's cursor)
-    and the message as it is pushed."""
-
-    seq: int
-    message: Message
 
 
 def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: bool = False) -> Message:

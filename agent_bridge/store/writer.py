@@ -23,9 +23,8 @@ import apsw.bestpractice
 
 from agent_bridge import domain, paths
 from agent_bridge.domain import Scope, SessionView
-from agent_bridge.rows import Author, Decision, Forgotten, Message, Peer, Retraction
+from agent_bridge.rows import Author, Decision, Forgotten, Message, Peer, Queued, Retraction
 from agent_bridge.store import queries
-from agent_bridge.store.queries import Queued
 from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, migrate, user_version
 
 _bestpractice_applied = False
