@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import apsw
 import trio
@@ -253,10 +253,13 @@ class Broker:
             raise result
         return result
 
-    async def send_batch(self, session: Session, batch: list[dict[str, Any]]) -> list[dict[str, Any] | InputError]:
-        """Sends of one session that arrived together, answered in order: each is checked on
-        its own (a bad one gets its error, the others go on); the good ones are committed in
-        one transaction. A client that pipelines its sends gets a group commit."""
+    async def send_batch(
+        self, session: Session | None, batch: list[dict[str, Any]]
+    ) -> list[dict[str, Any] | InputError]:
+        """Sends of one session (None: the command line) that arrived together, answered in
+        order: each is checked on its own (a bad one gets its error, the others go on); the good
+        ones are committed in one transaction. A client that pipelines its sends gets a group
+        commit."""
         results: list[tuple[Outgoing | InputError, int | None]] = []
         for args in batch:
             try:
@@ -266,11 +269,12 @@ class Broker:
         planned = [r for r, _ in results if isinstance(r, Outgoing)]
         if not planned:
             return [r for r, _ in results if isinstance(r, InputError)]
-        if isinstance(session, Session):  # not the command line's sender
+        if session is not None:
             await self.identity.on_request(session)
         await self.pause("send:resolved")
         now = now_ms()
-        sent = await self.db.send_messages(session.id, planned, now, fault=self.fault)
+        sender_id = CLI_AUTHOR.id if session is None else session.id
+        sent = await self.db.send_messages(sender_id, planned, now, fault=self.fault)
         messages = iter(sent)
         for to_id in {m.to_id for m in sent}:  # as stored: an address may have followed a merge
             recipient = self.sessions.get(to_id)
@@ -411,7 +415,7 @@ class Broker:
     async def cmd_send(self, args: dict[str, Any]) -> Any:
         """`agent-bridge send`: the rules of the MCP tool, the sender `cli`."""
         _no_unknown(args, {"to", "text"}, "send")
-        (result,) = await self.send_batch(_CLI_SENDER, [args])  # type: ignore[arg-type]
+        (result,) = await self.send_batch(None, [args])
         if isinstance(result, InputError):
             raise result
         return result
@@ -578,15 +582,6 @@ def check_handlers() -> None:
 
 
 check_handlers()
-
-
-class _CliSender(NamedTuple):
-    """What `send_batch` needs of its sender, for a send from the command line."""
-
-    id: str
-
-
-_CLI_SENDER = _CliSender(CLI_AUTHOR.id)
 
 
 def _message_ids(args: dict[str, Any]) -> list[str]:

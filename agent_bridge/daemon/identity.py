@@ -180,7 +180,8 @@ class Identity:
                     now=now,
                 )
             if how == "resumed":
-                secret = resume[1]  # type: ignore[index]
+                assert resume is not None  # only a hello that presented one is resumed
+                secret = resume[1]
             else:  # a new holder: an earlier secret for this record stops working
                 secret = secrets.token_urlsafe(SECRET_BYTES)
                 await db.set_secret(peer.id, hash_secret(secret))

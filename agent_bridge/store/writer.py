@@ -584,7 +584,7 @@ class Store:
         """One revision, its notifications, their receipts and deliveries: one transaction."""
         decision_id = new_id()
         kind = domain.scope_kind(scope)
-        project = scope["project"] if kind == "project" else None  # type: ignore[index]
+        project = scope["project"] if isinstance(scope, dict) and kind == "project" else None
         with self.conn:
             if author.id == CLI_AUTHOR.id:
                 self._ensure_cli_peer(now)
