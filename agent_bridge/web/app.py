@@ -285,7 +285,7 @@ def create_app(
         except domain.InputError as exc:
             return error(400, str(exc))
 
-        def read_receipts(conn: apsw.Connection) -> list[dict[str, Any]]:
+        def read_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
             revisions = queries.query_decisions(conn, history=True, topic=normalized)
             return reads.decision_receipts(conn, [d.id for d in revisions])
 
@@ -296,17 +296,15 @@ def create_app(
     async def receipts() -> Response:
         """Receipts of every current decision (the decisions table shows them per row)."""
 
-        def read_receipts(conn: apsw.Connection) -> list[dict[str, Any]]:
+        def read_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
             return reads.decision_receipts(conn, [d.id for d in queries.query_decisions(conn)])
 
         found = await read(read_receipts, [])
         return json_response({"receipts": with_connected(found)})
 
-    def with_connected(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def with_connected(found: list[reads.DecisionReceipt]) -> list[dict[str, Any]]:
         connected = set(live()) if live is not None else set()
-        for entry in found:
-            entry["session"]["connected"] = entry["session"]["id"] in connected
-        return found
+        return [entry.to_json(connected=entry.session.id in connected) for entry in found]
 
     @app.get("/api/sessions")
     async def sessions() -> Response:
