@@ -19,6 +19,7 @@ RANK_CLAUDE_ENV = 2
 RANK_HOOK = 3
 RANK_EXPLICIT = 4
 
+
 @dataclass(eq=False)
 class Session:
     conn: FramedStream
