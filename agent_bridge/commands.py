@@ -135,10 +135,8 @@ def list_sessions(home: Path) -> list[dict[str, Any]]:
         unacked = queries.unacked_counts(conn)
     out = []
     for p in peers:
-        item = {k: p[k] for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
-        item["connected"] = p["id"] in connected
-        item["lastSeen"] = p["lastSeenAt"]
-        item["unacknowledged"] = unacked.get(p["id"], 0)
+        item = {**p.public(), "connected": p.id in connected, "lastSeen": p.last_seen_at}
+        item["unacknowledged"] = unacked.get(p.id, 0)
         out.append(item)
     out.sort(key=lambda s: (not s["connected"], -int(s["lastSeen"] or 0), s["name"]))
     return out

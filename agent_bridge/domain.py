@@ -222,7 +222,8 @@ def scope_applies(scope: Scope, session: SessionView) -> bool:
         return True
     assert isinstance(scope, dict)
     if "project" in scope:
-        return scope["project"] == session.project
+        project: str = scope["project"]
+        return project == session.project
     return not session.addresses.isdisjoint(scope["sessions"])
 
 
@@ -253,27 +254,17 @@ def lookup_matches(
     return not wanted.isdisjoint(decision_scope["sessions"])
 
 
-def render_decision(row: Mapping[str, Any], scope: Scope | None = None) -> dict[str, Any]:
-    """The decision object, exactly the seed's fields (SPEC §4.1). `row["scope"]` is stored JSON."""
-    return {
-        "id": row["id"],
-        "topic": row["topic"],
-        "text": row["text"],
-        "scope": scope if scope is not None else scope_from_json(row["scope"]),
-        "author": {"id": row["author_id"], "name": row["author_name"], "agent": row["author_agent"]},
-        "createdAt": row["created_at"],
-        "sourceMessageId": row["source_message_id"],
-        "supersedes": row["supersedes"],
-        "current": bool(row["current"]),
-    }
-
-
 def decision_line(decision: Mapping[str, Any], limit: int | None = None) -> str:
+    """A decision object's one-line rendering (topic_line)."""
+    return topic_line(str(decision["topic"]), str(decision["text"]), limit)
+
+
+def topic_line(topic: str, text: str, limit: int | None = None) -> str:
     """A one-line rendering: `topic: text` (text cut to `limit` characters with an ellipsis)."""
-    text = " ".join(str(decision["text"]).split())
+    text = " ".join(text.split())
     if limit is not None and len(text) > limit:
         text = text[: limit - 1].rstrip() + "…"
-    return f"{decision['topic']}: {text}"
+    return f"{topic}: {text}"
 
 
 # --- sessions and messages ----------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 DB_NAME = "bridge.db"
 BROKER_JSON = "broker.json"
@@ -179,7 +180,7 @@ def write_private(path: Path, text: str) -> None:
         raise
 
 
-def read_broker_json(home_dir: Path) -> dict | None:
+def read_broker_json(home_dir: Path) -> dict[str, Any] | None:
     """The running broker's record, or None when there is none (or it is unreadable)."""
     try:
         data = json.loads((home_dir / BROKER_JSON).read_text(encoding="utf-8"))
@@ -270,7 +271,7 @@ def _proc_locks_holder(st: os.stat_result) -> int | None | bool:
     return None
 
 
-def running_broker(home_dir: Path) -> dict | None:
+def running_broker(home_dir: Path) -> dict[str, Any] | None:
     """broker.json of the broker running for this home, confirmed by its lock: the lock is held,
     and (where the holder can be named) held by the pid the record names. None otherwise: a
     record left by a killed broker names a pid that may since belong to any process."""

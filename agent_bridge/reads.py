@@ -32,21 +32,21 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
     except (apsw.Error, OSError) as exc:  # busy, corrupt, not a database, a WAL gone missing
         return _cannot_read(paths.db_path(paths.home()), exc)
     if as_json:
-        print(json.dumps(found, ensure_ascii=False, indent=2))
+        print(json.dumps([d.to_json() for d in found], ensure_ascii=False, indent=2))
         return 0
     if not found:
         print("No decisions." if not (needle or lookup) else "No matching decisions.")
         return 0
-    retracted = {r["retracts"]: r for r in retractions}  # newest first: each just above what it withdrew
+    retracted = {r.retracts: r for r in retractions}  # newest first: each just above what it withdrew
     for d in found:
-        r = retracted.get(d["id"])
+        r = retracted.get(d.id)
         if r is not None:
-            reason = f": {r['reason']}" if r["reason"] else ""
-            print(f"{r['topic']} (retracted {_when(r['createdAt'])} by {r['author']['name']}){reason}")
-        scope_text = "all" if d["scope"] == "all" else json.dumps(d["scope"], ensure_ascii=False)
-        mark = "" if d["current"] else " (retracted)" if r is not None else " (superseded)"
-        print(f"{d['topic']}{mark}  [{scope_text}]  by {d['author']['name']}  {_when(d['createdAt'])}")
-        print(f"    {d['text']}")
+            reason = f": {r.reason}" if r.reason else ""
+            print(f"{r.topic} (retracted {_when(r.created_at)} by {r.author.name}){reason}")
+        scope_text = "all" if d.scope == "all" else json.dumps(d.scope, ensure_ascii=False)
+        mark = "" if d.current else " (retracted)" if r is not None else " (superseded)"
+        print(f"{d.topic}{mark}  [{scope_text}]  by {d.author.name}  {_when(d.created_at)}")
+        print(f"    {d.text}")
     return 0
 
 

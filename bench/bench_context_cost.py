@@ -81,7 +81,7 @@ def note(home: Path, env: dict[str, str], cwd: Path) -> str:
     try:
         peer = store.create_peer(agent="claude", name="claude-game-client", project=PROJECT, kind="interactive",
                                  host_session_id="bench-note-session", now=1)
-        view = SessionView(peer["id"], peer["name"], PROJECT, "bench-note-session")
+        view = SessionView(peer.id, peer.name, PROJECT, "bench-note-session")
         for i, (topic, text) in enumerate(LONG_DECISIONS):
             long_text = (text * (domain.TEXT_MAX // len(text) + 1))[: domain.TEXT_MAX].strip()
             store.record_decision(author=view, author_agent="claude", topic=topic, text=long_text,

@@ -15,6 +15,7 @@ import pytest
 from agent_bridge.daemon.connection import Backlog
 from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import SessionView
+from agent_bridge.rows import Author, Message
 from agent_bridge.store import queries
 from agent_bridge.store.writer import TAP_LIMIT, DeliveryTap, Outgoing, Recipient, Store
 
@@ -32,7 +33,7 @@ class Calls(StoreCalls):
 
     async def peer(self, name: str, hsid: str | None = None) -> SessionView:
         peer = await self.create_peer(agent="codex", name=name, project="/w", kind="interactive", host_session_id=hsid, now=1)
-        return SessionView(peer["id"], peer["name"], "/w", hsid)
+        return SessionView(peer.id, peer.name, "/w", hsid)
 
     async def send(self, sender: SessionView, to: SessionView, *texts: str) -> list[dict]:
         return await self.send_messages(sender.id, [Outgoing(to.id, t, 1, None) for t in texts], now=5)
@@ -44,7 +45,7 @@ class Calls(StoreCalls):
         return await self.runner.run(queries.unacked_messages, self.runner.store.conn, peer.id, current_schema=True)
 
     async def texts_in_db(self, peer: SessionView) -> list[str]:
-        return [m["text"] for m in await self.rows_in_db(peer)]
+        return [m.text for m in await self.rows_in_db(peer)]
 
     @property
     def taps(self) -> dict[str, DeliveryTap]:
@@ -62,7 +63,7 @@ class Delivery:
 
     async def step(self) -> None:
         batch, _ = await self.backlog.read(self.session.id)
-        self.seen.extend(m["text"] for m in self.backlog.advance(batch))
+        self.seen.extend(m.text for m in self.backlog.advance(batch))
 
 
 def held(tap: DeliveryTap, peer: SessionView) -> list[tuple[int, dict]]:
@@ -80,12 +81,12 @@ async def test_a_read_that_reaches_the_end_opens_the_tap_and_sends_feed_it(store
     await d.step()
     assert d.seen == ["before"] and d.tap.open
     sent = await store.send(a, b, "one", "two")
-    assert [m["text"] for _, m in held(d.tap, b)] == ["one", "two"]
+    assert [m.text for _, m in held(d.tap, b)] == ["one", "two"]
     # what the tap holds is exactly what the database holds, field for field
-    from_db = {q.message["id"]: q for q in await store.queued_in_db(b)}
+    from_db = {q.message.id: q for q in await store.queued_in_db(b)}
     for seq, message in held(d.tap, b):
-        assert from_db[message["id"]] == (seq, message)
-    assert [m["id"] for _, m in held(d.tap, b)] == [m["id"] for m in sent]
+        assert from_db[message.id] == (seq, message)
+    assert [m.id for _, m in held(d.tap, b)] == [m.id for m in sent]
     await d.step()
     assert d.seen == ["before", "one", "two"] == await store.texts_in_db(b)
 
@@ -184,7 +185,7 @@ async def test_a_tap_follows_its_session_to_another_record(store):
     assert d.tap.peer_id == c.id and store.taps.get(b.id) is None
     await store.send(a, b, "to the old record")
     await store.send(a, c, "to the new record")
-    assert [m["text"] for _, m in held(d.tap, c)] == ["to the new record"]
+    assert [m.text for _, m in held(d.tap, c)] == ["to the new record"]
 
 
 async def test_a_later_tap_for_the_same_record_replaces_the_earlier(store):
@@ -245,7 +246,7 @@ def test_a_take_racing_the_store_thread_is_all_or_nothing():
         try:
             while not stop.is_set():
                 seq += 1
-                if not tap.append(seq, {"id": str(seq)}):  # full: closed and cleared; a new read reopens it
+                if not tap.append(seq, _message(str(seq))):  # full: closed and cleared; a new read reopens it
                     tap.reopen("p")
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             failures.append(exc)
@@ -264,10 +265,14 @@ def test_a_take_racing_the_store_thread_is_all_or_nothing():
             seqs = [seq for seq, _ in batch]
             assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a torn batch"
             assert seqs[0] > last, "a message taken twice"
-            assert all(message["id"] == str(seq) for seq, message in batch)
+            assert all(message.id == str(seq) for seq, message in batch)
             last = seqs[-1]
     finally:
         stop.set()
         thread.join()
         sys.setswitchinterval(interval)
     assert not failures
+
+
+def _message(message_id: str) -> Message:
+    return Message(message_id, Author("a", "a", "claude"), "p", "p", "x", 1, None, "message", 0)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent_bridge import domain
 from agent_bridge.domain import InputError, SessionView, lookup_matches, parse_scope, scope_applies
+from agent_bridge.rows import Decision
 
 # --- topics and texts ---------------------------------------------------------------
 
@@ -241,12 +242,9 @@ def test_hop_limit_values_are_checked(bad):
 
 
 def test_render_has_exactly_the_seed_fields():
-    row = {
-        "id": "d1", "topic": "camera", "text": "Hold", "scope": '"all"', "author_id": "p",
-        "author_name": "claude-x", "author_agent": "claude", "created_at": 1, "source_message_id": None,
-        "supersedes": None, "current": 1,
-    }
-    rendered = domain.render_decision(row)
+    # A row in the order of store.queries.DECISION_COLUMNS: seq first, current as SQLite gives it (0/1).
+    row = (7, "d1", "camera", "Hold", '"all"', "p", "claude-x", "claude", 1, None, None, 1)
+    rendered = Decision.from_row(row).to_json()
     assert set(rendered) == {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes", "current"}
     assert rendered["author"] == {"id": "p", "name": "claude-x", "agent": "claude"}
     assert rendered["current"] is True and rendered["scope"] == "all"

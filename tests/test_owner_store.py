@@ -64,18 +64,18 @@ def test_v3_upgrades_to_v4_with_a_backup_and_keeps_everything(tmp_path):
         assert old.execute("SELECT count(*) FROM decisions").fetchone()[0] == 3
         old.close()
         # Nothing lost: every revision, current flags, the waiting messages (the notice still a decision).
-        assert [(d["id"], d["current"]) for d in store.decisions(history=True)] == [
+        assert [(d.id, d.current) for d in store.decisions(history=True)] == [
             ("d3", True), ("d2", True), ("d1", False)
         ]
         waiting = store.unacked("p2")
-        assert [(m["id"], m["kind"]) for m in waiting] == [("m1", "message"), ("n2", "decision")]
-        assert {p["id"] for p in store.list_peers()} == {"p1", "p2"}
+        assert [(m.id, m.kind) for m in waiting] == [("m1", "message"), ("n2", "decision")]
+        assert {p.id for p in store.list_peers()} == {"p1", "p2"}
         # ... and the new tables work on the upgraded data.
         retraction, notified = store.retract(
             topic="db", reason="moved to SQLite", author=CLI_AUTHOR, author_agent="cli", connected=[], now=200
         )
-        assert retraction["retracts"] == "d2" and notified == [("p2", "codex-app")]  # it had been sent d2
-        assert [d["id"] for d in store.decisions()] == ["d3"]
+        assert retraction.retracts == "d2" and notified == [("p2", "codex-app")]  # it had been sent d2
+        assert [d.id for d in store.decisions()] == ["d3"]
     finally:
         store.close()
 
@@ -89,7 +89,7 @@ def _setup(tmp_path: Path) -> tuple[Store, SessionView, SessionView, SessionView
         ("codex", "/w/other", "h-c", "interactive"),
     ):
         p = store.create_peer(agent=agent, name=f"{agent}-{host}", project=project, kind=kind, host_session_id=host, now=1)
-        views.append(SessionView(p["id"], p["name"], project, host, kind))
+        views.append(SessionView(p.id, p.name, project, host, kind))
     return store, views[0], views[1], views[2]
 
 
@@ -112,25 +112,25 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
         )
         # In scope and connected (a, b), or sent the revision (a): one notice each; c is elsewhere.
         assert sorted(name for _, name in notified) == sorted([a.name, b.name])
-        assert retraction["topic"] == "db" and retraction["retracts"] == second["id"]
-        assert retraction["reason"] == "wrong project" and retraction["createdAt"] == 50
-        assert retraction["author"] == {"id": "cli", "name": "cli", "agent": "cli"}
+        assert retraction.topic == "db" and retraction.retracts == second.id
+        assert retraction.reason == "wrong project" and retraction.created_at == 50
+        assert retraction.author.to_json() == {"id": "cli", "name": "cli", "agent": "cli"}
 
-        assert [d["topic"] for d in store.decisions()] == ["camera"]
+        assert [d.topic for d in store.decisions()] == ["camera"]
         history = store.decisions(history=True, topic="db")
-        assert [d["id"] for d in history] == [second["id"], first["id"]]
-        assert all(d["current"] is False for d in history)
-        assert set(history[0]) == {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId",
+        assert [d.id for d in history] == [second.id, first.id]
+        assert all(d.current is False for d in history)
+        assert set(history[0].to_json()) == {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId",
                                    "supersedes", "current"}
         shown, total = queries.note_decisions(store.conn, "/w/app", limit=5)
-        assert [d["topic"] for d in shown] == ["camera"] and total == 1
+        assert [d.topic for d in shown] == ["camera"] and total == 1
         assert queries.retractions(store.conn, topic="db") == [retraction]
 
-        notices = [m for m in store.unacked(b.id) if m["kind"] == "retraction"]
-        assert len(notices) == 1 and notices[0]["hop"] == domain.DECISION_HOP
-        assert notices[0]["retraction"] == retraction and notices[0]["from"]["id"] == "cli"
-        assert "PostgreSQL" in notices[0]["text"] and "wrong project" in notices[0]["text"]
-        assert not [m for m in store.unacked(c.id) if m["kind"] == "retraction"]
+        notices = [m for m in store.unacked(b.id) if m.kind == "retraction"]
+        assert len(notices) == 1 and notices[0].hop == domain.DECISION_HOP
+        assert notices[0].retraction == retraction and notices[0].sender.id == "cli"
+        assert "PostgreSQL" in notices[0].text and "wrong project" in notices[0].text
+        assert not [m for m in store.unacked(c.id) if m.kind == "retraction"]
 
         with pytest.raises(domain.InputError, match="already retracted"):
             store.retract(topic="db", reason=None, author=CLI_AUTHOR, author_agent="cli", connected=[], now=60)
@@ -141,8 +141,8 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
                 store.conn.execute(sql)
 
         again = _decide(store, a, "db", "SQLite", "all")
-        assert again["supersedes"] == second["id"] and again["current"] is True
-        assert [d["current"] for d in store.decisions(history=True, topic="db")] == [True, False, False]
+        assert again.supersedes == second.id and again.current is True
+        assert [d.current for d in store.decisions(history=True, topic="db")] == [True, False, False]
     finally:
         store.close()
 
@@ -154,28 +154,28 @@ def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp
         store.send_messages(c.id, [store_outgoing(a.id, "for a")], now=20)
         store.send_messages(a.id, [store_outgoing(c.id, "for c")], now=21)
         (item_a,) = store.forget_peers([a.id], now=30)
-        assert item_a["session"]["id"] == a.id
-        assert sorted(m["kind"] for m in item_a["dropped"]) == ["decision", "message"]
-        assert {m["text"] for m in item_a["dropped"] if m["kind"] == "message"} == {"for a"}
+        assert item_a.peer.id == a.id
+        assert sorted(m.kind for m in item_a.dropped) == ["decision", "message"]
+        assert {m.text for m in item_a.dropped if m.kind == "message"} == {"for a"}
         # dropped with it: no receipt left; the message only it had is gone, the notice stays with its delivery row
         assert store.conn.execute("SELECT count(*) FROM receipts WHERE peer_id = ?", (a.id,)).fetchone()[0] == 0
         assert store.conn.execute("SELECT count(*) FROM messages WHERE body = 'for a'").fetchone()[0] == 0
         assert store.conn.execute("SELECT count(*) FROM decision_deliveries").fetchone()[0] == 2
         # unlisted, unaddressable; its decision history intact; what it sent still reaches c
-        assert a.id not in {p["id"] for p in store.list_peers()}
+        assert a.id not in {p.id for p in store.list_peers()}
         assert store.find_peers_by_address(a.name) == [] and store.find_peers_by_address("h-a") == []
         assert store.peer_by_host_session("h-a") is None
-        assert [d["id"] for d in store.decisions(history=True)] == [decision["id"]]
-        assert [m["text"] for m in store.unacked(c.id)] == ["for c"]
-        assert [m["from"]["name"] for m in store.unacked(c.id)] == [a.name]  # the tombstone keeps its name
+        assert [d.id for d in store.decisions(history=True)] == [decision.id]
+        assert [m.text for m in store.unacked(c.id)] == ["for c"]
+        assert [m.sender.name for m in store.unacked(c.id)] == [a.name]  # the tombstone keeps its name
 
         # b recorded a decision: a tombstone; c's row is referenced by its own message to a (deleted), so it goes
         store.forget_peers([b.id], now=31)
         assert store.conn.execute("SELECT forgotten_at FROM peers WHERE id = ?", (b.id,)).fetchone() == (31,)
-        assert store.decisions()[0]["author"]["id"] == b.id
+        assert store.decisions()[0].author.id == b.id
         fresh = store.create_peer(agent="x", name="x-y", project="/y", kind="interactive", host_session_id=None, now=1)
-        store.forget_peers([fresh["id"]], now=32)
-        assert store.get_peer(fresh["id"]) is None  # nothing references it: deleted outright
+        store.forget_peers([fresh.id], now=32)
+        assert store.get_peer(fresh.id) is None  # nothing references it: deleted outright
         assert store.sessions_last_seen_before(10**15) == [c.id]
     finally:
         store.close()
@@ -198,8 +198,8 @@ def test_reader_of_a_v4_database_sees_retractions_and_no_cli_or_forgotten_sessio
         store.close()
     with reader.reading(tmp_path / "bridge.db") as conn:
         assert conn is not None
-        assert {p["id"] for p in queries.list_peers(conn)} == {b.id, c.id}  # not a (forgotten), not cli
+        assert {p.id for p in queries.list_peers(conn)} == {b.id, c.id}  # not a (forgotten), not cli
         assert queries.query_decisions(conn) == []
-        assert [r["reason"] for r in queries.retractions(conn)] == [None]
+        assert [r.reason for r in queries.retractions(conn)] == [None]
         assert queries.unacked_counts(conn)[b.id] == 1
-        assert [m["from"]["id"] for m in queries.recent_messages(conn)] == ["cli"]
+        assert [r.message.sender.id for r in queries.recent_messages(conn)] == ["cli"]

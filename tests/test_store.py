@@ -94,14 +94,14 @@ def test_upgrade_keeps_everything_and_leaves_a_readable_backup(tmp_path, builder
             assert backup.execute("SELECT count(*) FROM messages").fetchone()[0] == store.conn.execute(
                 "SELECT count(*) FROM messages"
             ).fetchone()[0]
-            waiting = [m["id"] for m in store.unacked("p2")]
+            waiting = [m.id for m in store.unacked("p2")]
             assert waiting == (["m1"] if old == 1 else ["m1", "m3"])
-            assert [m["text"] for m in store.unacked("p2")][0] == "hello"
+            assert [m.text for m in store.unacked("p2")][0] == "hello"
             assert store.unacked("p1") == []  # m2 was acked in v1
-            peers = {p["id"]: p for p in store.list_peers()}
+            peers = {p.id: p for p in store.list_peers()}
             assert set(peers) == {"p1", "p2"}
             if old == 2:
-                assert peers["p2"]["hostSessionId"] == "host-1"
+                assert peers["p2"].host_session_id == "host-1"
         backup.close()
         assert store.decisions() == []
     finally:
@@ -156,7 +156,7 @@ def test_reader_never_migrates(tmp_path):
     with reader.reading(db) as conn:
         assert conn is not None
         assert queries.query_decisions(conn) == []
-        assert sorted(p["id"] for p in queries.list_peers(conn)) == ["p1", "p2"]
+        assert sorted(p.id for p in queries.list_peers(conn)) == ["p1", "p2"]
         with pytest.raises(apsw.ReadOnlyError):
             conn.execute("CREATE TABLE x (y)")
     conn = apsw.Connection(str(db))
@@ -167,7 +167,7 @@ def test_reader_never_migrates(tmp_path):
 def _store_with_decision(tmp_path: Path) -> tuple[Store, SessionView]:
     store = Store.open(tmp_path / "bridge.db")
     peer = store.create_peer(agent="claude", name="claude-x", project="/x", kind="interactive", host_session_id="h", now=1)
-    author = SessionView(peer["id"], peer["name"], "/x", "h")
+    author = SessionView(peer.id, peer.name, "/x", "h")
     store.record_decision(
         author=author, author_agent="claude", topic="db", text="PostgreSQL", scope="all",
         source_message_id=None, recipients=[Recipient(author, "h")], now=2,
@@ -189,7 +189,7 @@ def test_decisions_are_append_only_in_the_schema(tmp_path, statement):
     try:
         with pytest.raises(apsw.ConstraintError, match="append-only"):
             store.conn.execute(statement)
-        assert [d["text"] for d in store.decisions(history=True)] == ["PostgreSQL"]
+        assert [d.text for d in store.decisions(history=True)] == ["PostgreSQL"]
     finally:
         store.close()
 
@@ -203,9 +203,9 @@ def test_same_millisecond_revisions_keep_recording_order(tmp_path):
                 source_message_id=None, recipients=[], now=2,
             )
         history = store.decisions(history=True)
-        assert [d["text"] for d in history] == ["three", "two", "one", "PostgreSQL"]
-        assert [d["current"] for d in history] == [True, False, False, False]
-        assert [d["supersedes"] for d in history[:-1]] == [d["id"] for d in history[1:]]
+        assert [d.text for d in history] == ["three", "two", "one", "PostgreSQL"]
+        assert [d.current for d in history] == [True, False, False, False]
+        assert [d.supersedes for d in history[:-1]] == [d.id for d in history[1:]]
     finally:
         store.close()
 
@@ -215,7 +215,7 @@ def test_a_decide_that_dies_mid_transaction_leaves_nothing(tmp_path):
     db = tmp_path / "bridge.db"
     store = Store.open(db)
     ids = [
-        store.create_peer(agent="claude", name=f"s{i}", project="/x", kind="interactive", host_session_id=f"h{i}", now=1)["id"]
+        store.create_peer(agent="claude", name=f"s{i}", project="/x", kind="interactive", host_session_id=f"h{i}", now=1).id
         for i in range(5)
     ]
     store.close()

@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import apsw
 import trio
@@ -179,20 +179,14 @@ class Broker:
         if project is not None:
             project = domain.normalize_folder(project, what="project")
         rows = await self.db.list_peers()
-        out = []
-        for row in rows:
-            if project is not None and row["project"] != project:
-                continue
-            item = {k: row[k] for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
-            item["connected"] = row["id"] in self.sessions
-            out.append(item)
-        out.sort(key=lambda p: (not p["connected"], p["name"]))
-        return out
+        listed = [p for p in rows if project is None or p.project == project]
+        listed.sort(key=lambda p: (p.id not in self.sessions, p.name))
+        return [{**p.public(), "connected": p.id in self.sessions} for p in listed]
 
     @session_op("decide")
     async def op_decide(self, session: Session, args: dict[str, Any]) -> Any:
         _no_unknown(args, {"topic", "text", "scope", "source_message_id"}, "decide")
-        return await self._decide(session.view(), session.peer["agent"], session.peer["project"], args)
+        return await self._decide(session.view(), session.peer.agent, session.peer.project, args)
 
     async def _decide(self, author: SessionView, author_agent: str, project: str, args: dict[str, Any]) -> Any:
         """One revision by `author`; an omitted scope is `project` (the author's folder)."""
@@ -222,12 +216,12 @@ class Broker:
         for s in notified:  # the session objects: one may have been merged into another record meanwhile
             s.poke()
         for s in held_back:  # no notice while tentative: queued if it becomes a real session
-            s.missed.append(decision["id"])
+            s.missed.append(decision.id)
             await self.identity.queue_missed(s)
         # A tentative session is a connected session in scope (SPEC §4.1): it is named, and its one
         # notice is queued at its first tool call; a health check that leaves first keeps nothing.
         delivered = sorted({*delivered, *(s.name for s in held_back)})
-        return {"decision": decision, "deliveredTo": delivered}
+        return {"decision": decision.to_json(), "deliveredTo": delivered}
 
     @session_op("decisions")
     async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
@@ -237,9 +231,10 @@ class Broker:
         if not isinstance(history, bool):
             raise InputError(f"history: expected true or false, got {history!r}")
         raw_scope = args.get("scope")
-        lookup = {"project": session.peer["project"]} if raw_scope is None else domain.parse_scope(raw_scope)
+        lookup = {"project": session.peer.project} if raw_scope is None else domain.parse_scope(raw_scope)
         caller = session.view().addresses if domain.scope_kind(lookup) == "project" else frozenset()
-        return await self.db.decisions(needle=needle, lookup=lookup, caller_addresses=caller, history=history)
+        found = await self.db.decisions(needle=needle, lookup=lookup, caller_addresses=caller, history=history)
+        return [d.to_json() for d in found]
 
     @session_op("retractions")
     async def op_retractions(self, session: Session, args: dict[str, Any]) -> Any:
@@ -248,7 +243,8 @@ class Broker:
         topics = args.get("topics")
         if not isinstance(topics, list) or len(topics) > RETRACTION_TOPICS_MAX:
             raise InputError(f"topics: expected a list of at most {RETRACTION_TOPICS_MAX} topics, got {topics!r:.80}")
-        return await self.db.retractions(sorted({domain.normalize_topic(t) for t in topics}))
+        found = await self.db.retractions(sorted({domain.normalize_topic(t) for t in topics}))
+        return [r.to_json() for r in found]
 
     @session_op("send")
     async def op_send(self, session: Session, args: dict[str, Any]) -> Any:
@@ -257,10 +253,13 @@ class Broker:
             raise result
         return result
 
-    async def send_batch(self, session: Session, batch: list[dict[str, Any]]) -> list[dict[str, Any] | InputError]:
-        """Sends of one session that arrived together, answered in order: each is checked on
-        its own (a bad one gets its error, the others go on); the good ones are committed in
-        one transaction. A client that pipelines its sends gets a group commit."""
+    async def send_batch(
+        self, session: Session | None, batch: list[dict[str, Any]]
+    ) -> list[dict[str, Any] | InputError]:
+        """Sends of one session (None: the command line) that arrived together, answered in
+        order: each is checked on its own (a bad one gets its error, the others go on); the good
+        ones are committed in one transaction. A client that pipelines its sends gets a group
+        commit."""
         results: list[tuple[Outgoing | InputError, int | None]] = []
         for args in batch:
             try:
@@ -270,13 +269,14 @@ class Broker:
         planned = [r for r, _ in results if isinstance(r, Outgoing)]
         if not planned:
             return [r for r, _ in results if isinstance(r, InputError)]
-        if isinstance(session, Session):  # not the command line's sender
+        if session is not None:
             await self.identity.on_request(session)
         await self.pause("send:resolved")
         now = now_ms()
-        sent = await self.db.send_messages(session.id, planned, now, fault=self.fault)
+        sender_id = CLI_AUTHOR.id if session is None else session.id
+        sent = await self.db.send_messages(sender_id, planned, now, fault=self.fault)
         messages = iter(sent)
-        for to_id in {m["to"]["id"] for m in sent}:  # as stored: an address may have followed a merge
+        for to_id in {m.to_id for m in sent}:  # as stored: an address may have followed a merge
             recipient = self.sessions.get(to_id)
             if recipient is not None:
                 recipient.poke()
@@ -284,9 +284,9 @@ class Broker:
         for r, last_seen in results:
             if isinstance(r, Outgoing):
                 message = next(messages)
-                connected = message["to"]["id"] in self.sessions  # the record it reached
+                connected = message.to_id in self.sessions  # the record it reached
                 out.append({
-                    "message": message,
+                    "message": message.to_json(),
                     "recipientConnected": connected,
                     "recipientLastSeen": now if connected else last_seen,
                 })
@@ -306,9 +306,9 @@ class Broker:
             to_id = target.id
         else:  # a session that may still vanish (daemon.identity) gets a message only if nobody else is addressed
             tentative = {s.id for s in self.sessions.values() if s.tentative}
-            found = [p for p in await self.db.find_peers_by_address(to) if p["id"] not in tentative]
+            found = [p for p in await self.db.find_peers_by_address(to) if p.id not in tentative]
             if found:
-                to_id, last_seen = found[0]["id"], found[0].get("lastSeenAt")
+                to_id, last_seen = found[0].id, found[0].last_seen_at
             elif target is not None:
                 to_id = target.id
             else:
@@ -415,7 +415,7 @@ class Broker:
     async def cmd_send(self, args: dict[str, Any]) -> Any:
         """`agent-bridge send`: the rules of the MCP tool, the sender `cli`."""
         _no_unknown(args, {"to", "text"}, "send")
-        (result,) = await self.send_batch(_CLI_SENDER, [args])  # type: ignore[arg-type]
+        (result,) = await self.send_batch(None, [args])
         if isinstance(result, InputError):
             raise result
         return result
@@ -444,7 +444,7 @@ class Broker:
             target = self.sessions.get(peer_id)
             if target is not None:
                 target.poke()
-        return {"retraction": retraction, "notified": [name for _, name in notified]}
+        return {"retraction": retraction.to_json(), "notified": [name for _, name in notified]}
 
     @control_op("connected")
     async def cmd_connected(self, args: dict[str, Any]) -> Any:
@@ -478,7 +478,7 @@ class Broker:
                     found = await self.db.find_peers_by_address(address)
                     if not found:
                         raise InputError(f"no session is addressed by {address!r} (see `agent-bridge sessions`)")
-                    ids.extend(p["id"] for p in found if p["id"] not in ids)
+                    ids.extend(p.id for p in found if p.id not in ids)
             else:
                 if isinstance(gone_for, bool) or not isinstance(gone_for, int) or gone_for < 0:
                     raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
@@ -486,9 +486,8 @@ class Broker:
                 ids = [i for i in candidates if i not in self.sessions]
             forgotten = await self.db.forget_peers(ids, now_ms(), fault=self.fault)
         for item in forgotten:
-            log.info("forgot session %s (%s); dropped %d queued message(s)",
-                     item["session"]["name"], item["session"]["id"], len(item["dropped"]))
-        return {"forgotten": forgotten}
+            log.info("forgot session %s (%s); dropped %d queued message(s)", item.peer.name, item.peer.id, len(item.dropped))
+        return {"forgotten": [item.to_json() for item in forgotten]}
 
     # --- control requests (hooks, CLI) ----------------------------------------------
 
@@ -524,19 +523,16 @@ class Broker:
         active = [
             m
             for m in pending
-            if m["kind"] != "decision" and domain.is_active(m["hop"], self.settings.hop_limit)
-            and m["id"] not in showing
+            if m.kind != "decision" and domain.is_active(m.hop, self.settings.hop_limit) and m.id not in showing
         ]
         if active:
-            ids = [m["id"] for m in active]
+            ids = [m.id for m in active]
             before = set(await self.db.offer(peer_id, ids, now_ms()))
-            for m in active:
-                if m["id"] in before:
-                    m["repeat"] = True
+            active = [m._replace(repeat=True) if m.id in before else m for m in active]
             holder = self.sessions.get(peer_id)
             if holder is not None:  # its MCP server marks its copies: shown again, they are repeats
                 holder.notify(protocol.push("offered", ids=ids))
-        return {"session": result.get("session"), "sessionId": peer_id, "messages": active}
+        return {"session": result.get("session"), "sessionId": peer_id, "messages": [m.to_json() for m in active]}
 
     @control_op("stop_ack")
     async def stop_ack(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -559,7 +555,7 @@ class Broker:
         if connected is not None and connected.host_session_id == hsid:
             return connected.id
         peer = await self.db.peer_by_host_session(hsid)
-        return peer["id"] if peer else None
+        return peer.id if peer else None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -586,15 +582,6 @@ def check_handlers() -> None:
 
 
 check_handlers()
-
-
-class _CliSender(NamedTuple):
-    """What `send_batch` needs of its sender, for a send from the command line."""
-
-    id: str
-
-
-_CLI_SENDER = _CliSender(CLI_AUTHOR.id)
 
 
 def _message_ids(args: dict[str, Any]) -> list[str]:

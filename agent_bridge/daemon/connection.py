@@ -15,7 +15,7 @@ from agent_bridge.daemon.storage import StoreCalls
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.store.queries import Queued
+from agent_bridge.rows import Message, Queued
 from agent_bridge.store.writer import DeliveryTap
 
 log = logging.getLogger("agent_bridge.connection")
@@ -253,7 +253,7 @@ class Backlog:
         rows = await self.db.queued(peer_id, after_seq=self.cursor, limit=self.limit, tap=self.tap)
         return rows, len(rows) < self.limit
 
-    def advance(self, batch: list[Queued]) -> list[dict[str, Any]]:
+    def advance(self, batch: list[Queued]) -> list[Message]:
         """The messages of `batch` past the cursor, in order; the cursor moves past them."""
         out = []
         for seq, message in batch:
@@ -283,9 +283,9 @@ async def deliver(broker: Broker, session: Session) -> None:
             pushes = []
             offered = broker.offered.get(peer_id, ())
             for message in backlog.advance(batch):
-                if message["id"] in offered:
-                    message = dict(message, repeat=True)  # an earlier connection offered it; no ack came
-                pushes.append(protocol.push("message", message=message))
+                if message.id in offered:
+                    message = message._replace(repeat=True)  # an earlier connection offered it; no ack came
+                pushes.append(protocol.push("message", message=message.to_json()))
             await _send_notices(session)  # an "acked" goes out before the messages it covers
             await session.conn.send_many(pushes)
             for _ in pushes:

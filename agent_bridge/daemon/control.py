@@ -297,7 +297,7 @@ def _up_detached(home: Path) -> int:
         os.close(read_reasons)
 
 
-def _wait_detached(home: Path, child: subprocess.Popen, reasons: int) -> int:
+def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> int:
     deadline = time.monotonic() + DETACH_TIMEOUT
     while time.monotonic() < deadline:
         code = child.poll()

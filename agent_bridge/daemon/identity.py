@@ -53,6 +53,7 @@ from agent_bridge.daemon.sessions import (
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.rows import Peer
 from agent_bridge.store.writer import now_ms
 
 if TYPE_CHECKING:
@@ -147,11 +148,11 @@ class Identity:
                 resume, explicit, claude_env, host, instance, pid, agent=agent, project=project, kind=kind
             )
             if name is not None and await db.session_addresses_taken(
-                name, excluding=None if peer is None else peer["id"]
+                name, excluding=None if peer is None else peer.id
             ):
                 raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
             if peer is not None:
-                held = broker.sessions.get(peer["id"])
+                held = broker.sessions.get(peer.id)
                 if held is not None:
                     if how != "resumed" and not takes_over(rank, held.rank):
                         raise self._refusal(hsid, held, rank, pid)
@@ -160,11 +161,14 @@ class Identity:
                     await held.conn.aclose()
             now = now_ms()
             if peer is not None:
-                base = peer["name"] if how == "resumed" else name or peer["name"]
-                fields: dict[str, Any] = {"name": await self._free_name(base, peer["id"]), "lastSeenAt": now}
-                if how != "resumed":  # a resumed session is exactly what it was
-                    fields.update(project=project, agent=agent, kind=kind)
-                peer = await db.update_peer(peer["id"], **fields)
+                base = peer.name if how == "resumed" else name or peer.name
+                free = await self._free_name(base, peer.id)
+                if how == "resumed":  # a resumed session is exactly what it was
+                    peer = await db.update_peer(peer.id, name=free, last_seen_at=now)
+                else:
+                    peer = await db.update_peer(
+                        peer.id, name=free, last_seen_at=now, project=project, agent=agent, kind=kind
+                    )
             else:
                 base = name or domain.session_name(agent, project)
                 peer = await db.create_peer(
@@ -176,12 +180,13 @@ class Identity:
                     now=now,
                 )
             if how == "resumed":
-                secret = resume[1]  # type: ignore[index]
+                assert resume is not None  # only a hello that presented one is resumed
+                secret = resume[1]
             else:  # a new holder: an earlier secret for this record stops working
                 secret = secrets.token_urlsafe(SECRET_BYTES)
-                await db.set_secret(peer["id"], hash_secret(secret))
+                await db.set_secret(peer.id, hash_secret(secret))
             if instance is not None:
-                await db.record_instance_session(*instance, peer["id"], now)
+                await db.record_instance_session(*instance, peer.id, now)
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE)
             session.secret, session.instance = secret, instance
             session.tentative = is_tentative(how, rank)
@@ -207,14 +212,14 @@ class Identity:
         agent: str,
         project: str,
         kind: str,
-    ) -> tuple[dict[str, Any] | None, str, str | None, int, bool]:
+    ) -> tuple[Peer | None, str, str | None, int, bool]:
         """The existing record a hello names, by rules 1 to 3 of this module, as (record or
         None, how it was found, host session id, the rank of its source, ambiguous)."""
         db = self._db
         if resume is not None:
             peer = await self._resumable(*resume, pid)
             if peer is not None:
-                hsid = peer["hostSessionId"]
+                hsid = peer.host_session_id
                 return peer, "resumed", hsid, _resumed_rank(hsid, explicit), False
         candidates = [] if host is None else await db.host_sessions_for(*host)
         hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
@@ -230,7 +235,7 @@ class Identity:
                 return await db.get_peer(free[0]), "host instance", None, RANK_NONE, False
         return None, "new", None, RANK_NONE, ambiguous
 
-    async def _resumable(self, peer_id: str, secret: str, pid: int | None) -> dict[str, Any] | None:
+    async def _resumable(self, peer_id: str, secret: str, pid: int | None) -> Peer | None:
         """The session `peer_id` names (after any merge), when `secret` is its secret."""
         peer = await self._db.peer_with_secret(peer_id, hash_secret(secret))
         if peer is not None:
@@ -334,33 +339,33 @@ class Identity:
             session.host_session_id
             and rank == RANK_HOOK
             and session.rank == RANK_HOOK
-            and session.peer["agent"] not in hosts.EXCLUSIVE
+            and session.peer.agent not in hosts.EXCLUSIVE
         ):
             # Several Codex threads on one host: never guess which one this connection is.
             log.warning("session %s: host reports another thread %s; identity ambiguous", session.name, hsid)
             return False
         other = await db.peer_by_host_session(hsid)
-        if other is not None and other["id"] != session.id:
-            if other["id"] in broker.sessions:
+        if other is not None and other.id != session.id:
+            if other.id in broker.sessions:
                 self._say_once(
                     f"held:{hsid}:{session.id}",
                     "host session %s is already connected as %s; not pairing %s",
                     hsid,
-                    other["name"],
+                    other.name,
                     session.name,
                 )
                 return False
             # The connection is that earlier session: same id, same name if free, same receipts.
             old_id = session.id
-            await db.absorb_peer(old_id, other["id"])
-            name = domain.dedupe_name(other["name"], broker.connected_names(excluding=session))
+            await db.absorb_peer(old_id, other.id)
+            name = domain.dedupe_name(other.name, broker.connected_names(excluding=session))
             peer = await db.update_peer(
-                other["id"],
+                other.id,
                 name=name,
-                project=session.peer["project"],
-                agent=session.peer["agent"],
-                kind=session.peer["kind"],
-                lastSeenAt=now_ms(),
+                project=session.peer.project,
+                agent=session.peer.agent,
+                kind=session.peer.kind,
+                last_seen_at=now_ms(),
             )
             broker._drop(session)  # registered under its old id until here: never unregistered while connected
             session.peer = peer
@@ -373,7 +378,7 @@ class Identity:
             log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
         else:
             previous = session.host_session_id
-            session.peer = await db.update_peer(session.id, hostSessionId=hsid)
+            session.peer = await db.update_peer(session.id, host_session_id=hsid)
             if previous is None:
                 await db.adopt_host_key(session.id, hsid)
         session.rank = rank
@@ -423,8 +428,7 @@ class Identity:
             log.warning("host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid)
             return {"session": None, "paired": False, "ambiguous": True}
         peer = await db.peer_by_host_session(hsid)
-        session = None if peer is None else {k: peer.get(k) for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
-        return {"session": session, "paired": False}
+        return {"session": None if peer is None else peer.public(), "paired": False}
 
     async def ingest_reports(self) -> int:
         """Identity reports hooks left in the home folder while no broker ran."""

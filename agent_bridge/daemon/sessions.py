@@ -10,6 +10,7 @@ import trio
 
 from agent_bridge.domain import SessionView
 from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.rows import Peer
 
 # How strongly a session's host session id is known (SPEC §3, strongest first).
 RANK_NONE = 0
@@ -18,13 +19,11 @@ RANK_CLAUDE_ENV = 2
 RANK_HOOK = 3
 RANK_EXPLICIT = 4
 
-PUBLIC_FIELDS = ("id", "name", "agent", "project", "hostSessionId", "kind")
-
 
 @dataclass(eq=False)
 class Session:
     conn: FramedStream
-    peer: dict[str, Any]
+    peer: Peer  # its record as last read or written
     host: tuple[int, int] | None = None
     rank: int = RANK_NONE
     wake: trio.Event = field(default_factory=trio.Event)
@@ -45,31 +44,26 @@ class Session:
 
     @property
     def id(self) -> str:
-        return str(self.peer["id"])
+        return self.peer.id
 
     @property
     def name(self) -> str:
-        return str(self.peer["name"])
+        return self.peer.name
 
     @property
     def host_session_id(self) -> str | None:
-        return self.peer.get("hostSessionId")
+        return self.peer.host_session_id
 
     @property
     def is_job(self) -> bool:
-        return self.peer["kind"] == "job"
+        return self.peer.is_job
 
     def view(self) -> SessionView:
-        return SessionView(
-            id=self.id,
-            name=self.name,
-            project=self.peer["project"],
-            host_session_id=self.host_session_id,
-            kind=self.peer["kind"],
-        )
+        return self.peer.view()
 
     def public(self) -> dict[str, Any]:
-        return {k: self.peer.get(k) for k in PUBLIC_FIELDS}
+        """The `whoami` object (SPEC §5)."""
+        return self.peer.public()
 
     def notify(self, frame: dict[str, Any]) -> None:
         """Queue a push for the delivery task (coalesced per kind) and wake it."""

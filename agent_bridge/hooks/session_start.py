@@ -16,10 +16,15 @@ exit 0, one line in broker.log. A hook never breaks a session start.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_bridge import domain, hosts, paths, procinfo
 from agent_bridge.hooks import common
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from agent_bridge.rows import Decision
 
 EVENT = "SessionStart"
 READ_BUSY_MS = 300  # a locked database costs the session start at most this long, then no note
@@ -69,7 +74,8 @@ def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str
             common.log(home, f"session-start ({agent})", f"no note: no database at {db} yet")
             return None
         if session is None and hook.session_id:
-            session = queries.peer_by_host_session(conn, hook.session_id)
+            found = queries.peer_by_host_session(conn, hook.session_id)
+            session = None if found is None else found.public()
         addresses = {hook.session_id} if hook.session_id else set()
         if session is not None:
             addresses.update(a for a in (session.get("id"), session.get("name"), session.get("hostSessionId")) if a)
@@ -89,7 +95,7 @@ def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
 
 
 def render_note(
-    agent: str, cwd: str, session: dict[str, Any] | None, shown: list[dict[str, Any]], total: int
+    agent: str, cwd: str, session: dict[str, Any] | None, shown: Sequence[Decision], total: int
 ) -> str:
     """Identity, then one `topic: text` line per decision (newest first, texts cut at 160
     characters with …), then how many more there are and where to find them."""
@@ -97,7 +103,7 @@ def render_note(
     if not shown:
         return identity
     lines = [f"{identity} Owner decisions, newest first:"]
-    lines.extend(domain.decision_line(d, domain.NOTE_TEXT_MAX) for d in shown)
+    lines.extend(d.line(domain.NOTE_TEXT_MAX) for d in shown)
     rest = total - len(shown)
     lines.append(f"{rest} more; the `decisions` tool lists them." if rest else "No more; the `decisions` tool lists all.")
     return "\n".join(lines)

@@ -14,10 +14,10 @@ from agent_bridge import paths
 from agent_bridge.ipc import protocol
 
 try:  # the C module: `socket` builds its enums at import, ~2 ms of every hook run (SPEC §9)
-    from _socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined]
+    from _socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined, unused-ignore]
     from _socket import socket as _socket_type
 except ImportError:  # interpreters without it
-    from socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined]
+    from socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined, unused-ignore]
     from socket import socket as _socket_type  # type: ignore[assignment]
 
 

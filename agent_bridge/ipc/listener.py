@@ -21,10 +21,12 @@ def peer_uid(sock: trio.socket.SocketType) -> int | None:
     """The uid of the process at the other end of a Unix socket, or None if unknown."""
     if hasattr(stdsocket, "SO_PEERCRED"):
         creds = sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", creds)[1]
+        uid: int = struct.unpack("3i", creds)[1]
+        return uid
     if sys.platform == "darwin":  # LOCAL_PEERCRED: struct xucred {u_int version; uid_t uid; ...}
         creds = sock.getsockopt(0, 0x001, struct.calcsize("2I"))
-        return struct.unpack("2I", creds)[1]
+        xuid: int = struct.unpack("2I", creds)[1]
+        return xuid
     return None
 
 

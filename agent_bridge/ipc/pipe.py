@@ -186,7 +186,7 @@ class _Win32:
 
     def error(self, what: str) -> OSError:
         code = self.ctypes.get_last_error()
-        exc = self.ctypes.WinError(code)
+        exc: OSError = self.ctypes.WinError(code)
         exc.strerror = f"{what}: {exc.strerror}"
         return exc
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import apsw
 
 from agent_bridge import domain
 from agent_bridge.domain import Scope
+from agent_bridge.rows import Author, Decision, Message, Peer, Queued, Receipt, Retraction
 
 DECISION_COLUMNS = (
     "seq",
@@ -73,8 +74,8 @@ def query_decisions(
     history: bool = False,
     topic: str | None = None,
     limit: int | None = None,
-) -> list[dict[str, Any]]:
-    """Decision objects, newest revision first (SPEC §4.2, §6).
+) -> list[Decision]:
+    """Decisions, newest revision first (SPEC §4.2, §6).
 
     `needle` is an already-normalized query (domain.normalize_query); `lookup` a parsed scope or
     None for every scope; `caller_addresses` the calling session's addresses (a project lookup
@@ -113,13 +114,12 @@ def query_decisions(
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY d.seq DESC"
-    out: list[dict[str, Any]] = []
+    out: list[Decision] = []
     for values in conn.execute(sql, args):
-        row = dict(zip(DECISION_COLUMNS, values, strict=True))
-        scope = domain.scope_from_json(row["scope"])
+        scope = domain.scope_from_json(values[4])
         if lookup is not None and not domain.lookup_matches(scope, lookup, addresses=addresses):
             continue
-        out.append(domain.render_decision(row, scope))
+        out.append(Decision.from_row(values, scope))
         if limit is not None and len(out) >= limit:
             break
     return out
@@ -127,7 +127,7 @@ def query_decisions(
 
 def note_decisions(
     conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[Decision], int]:
     """(the `limit` newest current decisions a project lookup by `project` finds, how many it finds
     in all), for the SessionStart note (SPEC §4.5). Same matching as `query_decisions(conn,
     lookup={"project": project}, caller_addresses=...)`, without rendering every row: the hook
@@ -145,12 +145,11 @@ def note_decisions(
         _SELECT_DECISION + "FROM decisions d CROSS JOIN decision_heads h ON h.topic = d.topic "
         f"WHERE h.seq = d.seq AND ({where}) ORDER BY d.seq DESC"
     )
-    shown: list[dict[str, Any]] = []
+    shown: list[Decision] = []
     for values in conn.execute(sql, {"project": project}):
-        row = dict(zip(DECISION_COLUMNS, values, strict=True))
-        scope = domain.scope_from_json(row["scope"])
+        scope = domain.scope_from_json(values[4])
         if domain.lookup_matches(scope, lookup, addresses=addresses):
-            shown.append(domain.render_decision(row, scope))
+            shown.append(Decision.from_row(values, scope))
             if len(shown) >= limit:
                 break
     # One pass over the current revisions: count project and global ones, collect the
@@ -184,51 +183,29 @@ LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
 """
 
 
-class Queued(NamedTuple):
-    """An unacknowledged receipt: its rowid (the order of delivery, a delivery task's cursor)
-    and the message as it is pushed."""
-
-    seq: int
-    message: dict[str, Any]
-
-
-def message_from_row(conn: apsw.Connection | None, values: tuple[Any, ...]) -> dict[str, Any]:
-    """The message of a MESSAGE_SELECT row, as the JSON edge shows it (the receipt's rowid and
-    acknowledgement, the row's first and thirteenth values, are the caller's to read)."""
+def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: bool = False) -> Message:
+    """The message of a MESSAGE_SELECT row (the receipt's rowid, acknowledgement and offer,
+    the row's first, thirteenth and fourteenth values, are the caller's to read)."""
     (_, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id) = values[:12]
-    message: dict[str, Any] = {
-        "id": mid,
-        "from": {"id": from_id, "name": from_name, "agent": from_agent},
-        "to": {"id": to_id, "name": to_name},
-        "text": body,
-        "hop": hop,
-        "replyTo": reply_to,
-        "kind": "decision" if decision_id else "message",
-        "createdAt": created,
-    }
-    if decision_id and conn is not None:
-        found = decision_by_id(conn, decision_id)
-        if found is not None:
-            message["decision"] = found
-    if decision_id is None and hop == domain.DECISION_HOP and conn is not None:
+    decision = None if not decision_id else decision_by_id(conn, decision_id)
+    retraction = None
+    if decision_id is None and hop == domain.DECISION_HOP:
         # Only notices carry the maximum hop (an ordinary reply chain rarely gets there), so
         # this lookup stays off the delivery path of ordinary messages.
         retraction = retraction_for_message(conn, mid)
-        if retraction is not None:
-            message["kind"] = "retraction"
-            message["retraction"] = retraction
-    return message
+    kind = "decision" if decision_id else "retraction" if retraction is not None else "message"
+    return Message(
+        mid, Author(from_id, from_name, from_agent), to_id, to_name, body, hop, reply_to, kind, created,
+        decision, retraction, repeat,
+    )
 
 
-def decision_by_id(conn: apsw.Connection, decision_id: str) -> dict[str, Any] | None:
+def decision_by_id(conn: apsw.Connection, decision_id: str) -> Decision | None:
     row = conn.execute(
         _SELECT_DECISION + "FROM decisions d LEFT JOIN decision_heads h ON h.topic = d.topic WHERE d.id = ?",
         (decision_id,),
     ).fetchone()
-    if row is None:
-        return None
-    data = dict(zip(DECISION_COLUMNS, row, strict=True))
-    return domain.render_decision(data)
+    return None if row is None else Decision.from_row(row)
 
 
 def unacked_messages(
@@ -246,16 +223,14 @@ def unacked_messages(
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")
     sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND r.rowid > ? ORDER BY r.rowid LIMIT ?"
-    out = []
-    for values in conn.execute(sql, (peer_id, after_seq, limit)):
-        message = message_from_row(conn, values)
-        if values[13] is not None:
-            message["repeat"] = True  # offered to the host before, never acknowledged (SPEC §3)
-        out.append(Queued(values[0], message))
-    return out
+    # A receipt offered to the host before and never acknowledged is a repeat (SPEC §3).
+    return [
+        Queued(values[0], message_from_row(conn, values, repeat=values[13] is not None))
+        for values in conn.execute(sql, (peer_id, after_seq, limit))
+    ]
 
 
-def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[dict[str, Any]]:
+def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[Receipt]:
     """The newest messages (one entry per recipient), newest first."""
     if not has_table(conn, "receipts"):
         return []
@@ -264,18 +239,10 @@ def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[dict[str, An
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")
     sql += " ORDER BY m.rowid DESC LIMIT ?"
-    out = []
-    for values in conn.execute(sql, (limit,)):
-        message = message_from_row(conn, values)
-        message["acked"] = values[12] is not None
-        out.append(message)
-    return out
+    return [Receipt(values[0], message_from_row(conn, values), values[12] is not None) for values in conn.execute(sql, (limit,))]
 
 
-PEER_COLUMNS = ("id", "name", "agent", "project", "hostSessionId", "kind", "createdAt", "lastSeenAt")
-
-
-def list_peers(conn: apsw.Connection) -> list[dict[str, Any]]:
+def list_peers(conn: apsw.Connection) -> list[Peer]:
     if not has_table(conn, "peers"):
         return []
     host_col = "host_session_id" if _has_host_column(conn) else "NULL"
@@ -285,7 +252,7 @@ def list_peers(conn: apsw.Connection) -> list[dict[str, Any]]:
     )
     if not has_column(conn, "peers", "forgotten_at"):
         sql = sql.replace(" AND forgotten_at IS NULL", "")
-    return [dict(zip(PEER_COLUMNS, v, strict=True)) for v in conn.execute(sql)]
+    return [Peer(*v) for v in conn.execute(sql)]
 
 
 # The sessions a person or an agent sees: not the command line's author record, not a forgotten one.
@@ -313,25 +280,17 @@ def unacked_counts(conn: apsw.Connection) -> dict[str, int]:
     return {peer_id: int(n) for peer_id, n in rows}
 
 
-RETRACTION_COLUMNS = ("id", "topic", "retracts", "reason", "author_id", "author_name", "author_agent", "created_at")
 _SELECT_RETRACTION = (
     "SELECT id, topic, retracts, reason, author_id, author_name, author_agent, created_at FROM decision_retractions "
 )
 
 
-def render_retraction(values: tuple[Any, ...]) -> dict[str, Any]:
-    row = dict(zip(RETRACTION_COLUMNS, values, strict=True))
-    return {
-        "id": row["id"],
-        "topic": row["topic"],
-        "retracts": row["retracts"],
-        "reason": row["reason"],
-        "author": {"id": row["author_id"], "name": row["author_name"], "agent": row["author_agent"]},
-        "createdAt": row["created_at"],
-    }
+def retraction_from_row(values: tuple[Any, ...]) -> Retraction:
+    rid, topic, retracts, reason, author_id, author_name, author_agent, created = values
+    return Retraction(rid, topic, retracts, reason, Author(author_id, author_name, author_agent), created)
 
 
-def retractions(conn: apsw.Connection, *, topic: str | None = None) -> list[dict[str, Any]]:
+def retractions(conn: apsw.Connection, *, topic: str | None = None) -> list[Retraction]:
     """Retraction records, newest first (of one topic, or all)."""
     if not has_table(conn, "decision_retractions"):
         return []
@@ -339,10 +298,10 @@ def retractions(conn: apsw.Connection, *, topic: str | None = None) -> list[dict
         rows = conn.execute(_SELECT_RETRACTION + "ORDER BY seq DESC")
     else:
         rows = conn.execute(_SELECT_RETRACTION + "WHERE topic = ? ORDER BY seq DESC", (topic,))
-    return [render_retraction(v) for v in rows]
+    return [retraction_from_row(v) for v in rows]
 
 
-def retraction_for_message(conn: apsw.Connection, message_id: str) -> dict[str, Any] | None:
+def retraction_for_message(conn: apsw.Connection, message_id: str) -> Retraction | None:
     """The retraction a notice message announces, if it is one."""
     if not has_table(conn, "retraction_notices"):
         return None
@@ -351,15 +310,15 @@ def retraction_for_message(conn: apsw.Connection, message_id: str) -> dict[str, 
         + "ON r.id = n.retraction_id WHERE n.message_id = ?",
         (message_id,),
     ).fetchone()
-    return None if row is None else render_retraction(row)
+    return None if row is None else retraction_from_row(row)
 
 
-def retraction_by_id(conn: apsw.Connection, retraction_id: str) -> dict[str, Any] | None:
+def retraction_by_id(conn: apsw.Connection, retraction_id: str) -> Retraction | None:
     row = conn.execute(_SELECT_RETRACTION + "WHERE id = ?", (retraction_id,)).fetchone()
-    return None if row is None else render_retraction(row)
+    return None if row is None else retraction_from_row(row)
 
 
-def peer_by_host_session(conn: apsw.Connection, host_session_id: str) -> dict[str, Any] | None:
+def peer_by_host_session(conn: apsw.Connection, host_session_id: str) -> Peer | None:
     if not has_table(conn, "peers") or not _has_host_column(conn):
         return None
     row = conn.execute(
@@ -367,4 +326,4 @@ def peer_by_host_session(conn: apsw.Connection, host_session_id: str) -> dict[st
         "WHERE host_session_id = ? ORDER BY last_seen_at DESC, rowid DESC LIMIT 1",
         (host_session_id,),
     ).fetchone()
-    return dict(zip(PEER_COLUMNS, row, strict=True)) if row else None
+    return Peer(*row) if row else None

@@ -16,15 +16,15 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import apsw
 import apsw.bestpractice
 
 from agent_bridge import domain, paths
 from agent_bridge.domain import Scope, SessionView
+from agent_bridge.rows import Author, Decision, Forgotten, Message, Peer, Queued, Retraction
 from agent_bridge.store import queries
-from agent_bridge.store.queries import Queued
 from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, migrate, user_version
 
 _bestpractice_applied = False
@@ -152,7 +152,7 @@ class DeliveryTap:
             self._peer_id, self._open = peer_id, True
             self._messages.clear()
 
-    def append(self, seq: int, message: dict[str, Any]) -> bool:
+    def append(self, seq: int, message: Message) -> bool:
         """Collect one committed message; False (and closed) when closed or full."""
         with self._lock:
             if self._open and len(self._messages) < TAP_LIMIT:
@@ -220,7 +220,7 @@ class Store:
 
     def create_peer(
         self, *, agent: str, name: str, project: str, kind: str, host_session_id: str | None, now: int
-    ) -> dict[str, Any]:
+    ) -> Peer:
         peer_id = new_id()
         with self.conn:
             self.conn.execute(
@@ -228,41 +228,45 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (peer_id, name, agent, project, kind, now, now, host_session_id),
             )
-        return self.get_peer(peer_id)  # type: ignore[return-value]
+        return self._peer(peer_id)
 
-    def get_peer(self, peer_id: str) -> dict[str, Any] | None:
+    def _peer(self, peer_id: str) -> Peer:
+        """A record this transaction just wrote."""
+        peer = self.get_peer(peer_id)
+        assert peer is not None
+        return peer
+
+    def get_peer(self, peer_id: str) -> Peer | None:
         row = self.conn.execute(
             "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers WHERE id = ?",
             (peer_id,),
         ).fetchone()
-        return dict(zip(queries.PEER_COLUMNS, row, strict=True)) if row else None
+        return Peer(*row) if row else None
 
-    def peer_by_host_session(self, host_session_id: str) -> dict[str, Any] | None:
+    def peer_by_host_session(self, host_session_id: str) -> Peer | None:
         return queries.peer_by_host_session(self.conn, host_session_id)
 
-    def update_peer(self, /, peer_id: str, **fields: Any) -> dict[str, Any]:
-        columns = {
-            "name": "name",
-            "project": "project",
-            "hostSessionId": "host_session_id",
-            "kind": "kind",
-            "agent": "agent",
-            "lastSeenAt": "last_seen_at",
-        }
-        sets = ", ".join(f"{columns[k]} = ?" for k in fields)
+    # The columns update_peer may set, named as Peer's fields (which are the columns' names).
+    _UPDATABLE = frozenset({"name", "project", "host_session_id", "kind", "agent", "last_seen_at"})
+
+    def update_peer(self, /, peer_id: str, **fields: str | int | None) -> Peer:
+        unknown = set(fields) - self._UPDATABLE
+        if unknown:
+            raise ValueError(f"update_peer: not an updatable column: {sorted(unknown)}")
+        sets = ", ".join(f"{k} = ?" for k in fields)
         with self.conn:
             if sets:
                 self.conn.execute(f"UPDATE peers SET {sets} WHERE id = ?", (*fields.values(), peer_id))
-        return self.get_peer(peer_id)  # type: ignore[return-value]
+        return self._peer(peer_id)
 
     def touch_peers(self, peer_ids: Iterable[str], now: int) -> None:
         with self.conn:
             self.conn.executemany("UPDATE peers SET last_seen_at = ? WHERE id = ?", [(now, p) for p in peer_ids])
 
-    def list_peers(self) -> list[dict[str, Any]]:
+    def list_peers(self) -> list[Peer]:
         return queries.list_peers(self.conn)
 
-    def find_peers_by_address(self, address: str) -> list[dict[str, Any]]:
+    def find_peers_by_address(self, address: str) -> list[Peer]:
         """Sessions an address names (id, name or host session id), most recently seen first."""
         rows = self.conn.execute(
             "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers "
@@ -270,7 +274,7 @@ class Store:
             "ORDER BY last_seen_at DESC, rowid DESC",
             (address,),
         )
-        return [dict(zip(queries.PEER_COLUMNS, r, strict=True)) for r in rows]
+        return [Peer(*r) for r in rows]
 
     def absorb_peer(self, old_id: str, into_id: str) -> None:
         """A pending connection turned out to be an earlier session: move what it holds."""
@@ -287,7 +291,7 @@ class Store:
                 (f"peer:{old_id}",),
             ).fetchall()
             target = self.get_peer(into_id)
-            key = (target or {}).get("hostSessionId") or f"peer:{into_id}"
+            key = (target.host_session_id if target is not None else None) or f"peer:{into_id}"
             self.conn.executemany(
                 "INSERT OR IGNORE INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -362,7 +366,7 @@ class Store:
                 "INSERT OR REPLACE INTO session_secrets(peer_id, secret_hash) VALUES (?, ?)", (peer_id, secret_hash)
             )
 
-    def peer_with_secret(self, peer_id: str, secret_hash: str) -> dict[str, Any] | None:
+    def peer_with_secret(self, peer_id: str, secret_hash: str) -> Peer | None:
         """The session `peer_id` leads to (following a merge), if `secret_hash` is its secret's."""
         current = self.resolve_peer(peer_id)
         row = self.conn.execute("SELECT secret_hash FROM session_secrets WHERE peer_id = ?", (current,)).fetchone()
@@ -448,7 +452,7 @@ class Store:
 
     def send_messages(
         self, from_id: str, outgoing: Sequence[Outgoing], now: int, *, fault: Callable[[str], None] = lambda point: None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Message]:
         """Messages from one session, in order, in one transaction (a pipelining sender's
         sends that arrived together share a commit). Returns them as they are pushed."""
         written = []
@@ -465,7 +469,7 @@ class Store:
                     (from_id, json.dumps(sorted({o.to_id for o in outgoing}))),
                 )
             }
-            from_name, from_agent = names.get(from_id, (None, None))
+            sender = Author(from_id, *names.get(from_id, (None, None)))
             for o in outgoing:
                 message_id = new_id()
                 self.conn.execute(
@@ -475,9 +479,10 @@ class Store:
                 )
                 self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, o.to_id))
                 seq = self.conn.last_insert_rowid()
-                row = (seq, message_id, from_id, from_name, from_agent, o.to_id, names.get(o.to_id, (None,))[0],
-                       o.text, o.hop, o.reply_to, now, None, None, None)
-                written.append((o.to_id, seq, queries.message_from_row(None, row)))
+                message = Message(
+                    message_id, sender, o.to_id, names.get(o.to_id, (None,))[0], o.text, o.hop, o.reply_to, "message", now
+                )
+                written.append((o.to_id, seq, message))
                 fault("send:before-commit")
         out = []
         for to_id, seq, message in written:
@@ -488,7 +493,7 @@ class Store:
             out.append(message)
         return out
 
-    def unacked(self, peer_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+    def unacked(self, peer_id: str, *, limit: int = 200) -> list[Message]:
         """The session's unacknowledged messages, oldest first."""
         return [q.message for q in self.queued(peer_id, limit=limit)]
 
@@ -575,11 +580,11 @@ class Store:
         recipients: Sequence[Recipient],
         now: int,
         fault: Callable[[str], None] = lambda point: None,
-    ) -> tuple[dict[str, Any], list[str]]:
+    ) -> tuple[Decision, list[str]]:
         """One revision, its notifications, their receipts and deliveries: one transaction."""
         decision_id = new_id()
         kind = domain.scope_kind(scope)
-        project = scope["project"] if kind == "project" else None  # type: ignore[index]
+        project = scope["project"] if isinstance(scope, dict) and kind == "project" else None
         with self.conn:
             if author.id == CLI_AUTHOR.id:
                 self._ensure_cli_peer(now)
@@ -631,20 +636,14 @@ class Store:
                 peer = self.get_peer(current)
                 if peer is None:
                     continue
-                view = SessionView(
-                    id=current,
-                    name=peer["name"],
-                    project=peer["project"],
-                    host_session_id=peer["hostSessionId"],
-                    kind=peer["kind"],
-                )
+                view = peer.view()
                 r = Recipient(view, host_key(view))
             out.setdefault(r.session.id, r)
         return list(out.values())
 
     def _queue_notifications(
         self,
-        decision: dict[str, Any],
+        decision: Decision,
         from_id: str,
         recipients: Sequence[Recipient],
         now: int,
@@ -665,7 +664,7 @@ class Store:
             self.conn.execute(
                 "INSERT INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (decision["id"], recipient.host_key, recipient.session.id, message_id, now),
+                (decision.id, recipient.host_key, recipient.session.id, message_id, now),
             )
             queued.append(message_id)
             if i == 0:
@@ -688,21 +687,34 @@ class Store:
             missing = [
                 d
                 for d in current
-                if d["id"] not in received
-                and (only is None or d["id"] in only)
-                and domain.scope_applies(d["scope"], session)
+                if d.id not in received
+                and (only is None or d.id in only)
+                and domain.scope_applies(d.scope, session)
             ]
             for decision in reversed(missing):  # oldest first, so the inbox reads in recording order
-                self._queue_notifications(decision, decision["author"]["id"], [Recipient(session, key)], now)
+                author_id = decision.author.id
+                assert author_id is not None  # decisions.author_id is NOT NULL
+                self._queue_notifications(decision, author_id, [Recipient(session, key)], now)
         return len(missing)
 
-    def decisions(self, /, **kwargs: Any) -> list[dict[str, Any]]:
-        return queries.query_decisions(self.conn, **kwargs)
+    def decisions(
+        self,
+        /,
+        *,
+        needle: str | None = None,
+        lookup: Scope | None = None,
+        caller_addresses: Iterable[str] = (),
+        history: bool = False,
+        topic: str | None = None,
+    ) -> list[Decision]:
+        return queries.query_decisions(
+            self.conn, needle=needle, lookup=lookup, caller_addresses=caller_addresses, history=history, topic=topic
+        )
 
-    def retractions(self, topics: Sequence[str]) -> list[dict[str, Any]]:
+    def retractions(self, topics: Sequence[str]) -> list[Retraction]:
         """The retraction records of these topics, newest first."""
         found = [r for topic in topics for r in queries.retractions(self.conn, topic=topic)]
-        return sorted(found, key=lambda r: r["createdAt"], reverse=True)
+        return sorted(found, key=lambda r: r.created_at, reverse=True)
 
     # --- the owner's controls: the command line, retract, forget ----------------------
 
@@ -718,7 +730,7 @@ class Store:
     def retract(
         self, *, topic: str, reason: str | None, author: SessionView, author_agent: str,
         connected: Sequence[SessionView], now: int, fault: Callable[[str], None] = lambda point: None,
-    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    ) -> tuple[Retraction, list[tuple[str, str]]]:
         """Withdraw the topic's current decision: one appended retraction record, and one
         passive notice for each session in the retracted revision's scope (connected,
         non-job) or that was sent that revision. One transaction.
@@ -739,16 +751,16 @@ class Store:
             self.conn.execute(
                 "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, author_agent, "
                 "created_at) VALUES (?,?,?,?,?,?,?,?)",
-                (retraction_id, topic, decision["id"], reason, author.id, author.name, author_agent, now),
+                (retraction_id, topic, decision.id, reason, author.id, author.name, author_agent, now),
             )
             targets: dict[str, str] = {}
             for session in connected:
-                if session.kind != "job" and domain.scope_applies(decision["scope"], session):
+                if session.kind != "job" and domain.scope_applies(decision.scope, session):
                     targets[session.id] = session.name
             for peer_id, name in self.conn.execute(
                 "SELECT p.id, p.name FROM decision_deliveries dd JOIN peers p ON p.id = dd.peer_id "
                 f"WHERE dd.decision_id = ? AND p.kind != 'job' AND {queries.listed_peers('p')}",
-                (decision["id"],),
+                (decision.id,),
             ):
                 targets.setdefault(peer_id, name)
             fault("retract:after-record")
@@ -775,7 +787,7 @@ class Store:
 
     def forget_peers(
         self, peer_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Forgotten]:
         """Forget sessions (the caller checked none is connected): what was queued to each is
         returned, then dropped with it. One transaction.
 
@@ -800,9 +812,9 @@ class Store:
                     "AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.source_message_id = messages.id)",
                     (peer_id,),
                 )
-                if peer.get("hostSessionId"):
+                if peer.host_session_id:
                     self.conn.execute(
-                        "DELETE FROM host_instances WHERE host_session_id = ?", (peer["hostSessionId"],)
+                        "DELETE FROM host_instances WHERE host_session_id = ?", (peer.host_session_id,)
                     )
                 self._drop_identity(peer_id)
                 if self._referenced(peer_id):
@@ -811,7 +823,7 @@ class Store:
                     )
                 else:
                     self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))
-                out.append({"session": _public_peer(peer), "lastSeen": peer["lastSeenAt"], "dropped": queued})
+                out.append(Forgotten(peer, queued))
             fault("forget:before-commit")
         return out
 
@@ -827,19 +839,15 @@ class Store:
 CLI_AUTHOR = SessionView(id=queries.CLI_ID, name=domain.CLI_AGENT, project="", kind="job")
 
 
-def _public_peer(peer: dict[str, Any]) -> dict[str, Any]:
-    return {k: peer[k] for k in ("id", "name", "agent", "project", "hostSessionId", "kind")}
-
-
-def retraction_text(decision: dict[str, Any], reason: str | None) -> str:
-    line = f"Pinned owner decision retracted: {domain.decision_line(decision)} no longer applies"
+def retraction_text(decision: Decision, reason: str | None) -> str:
+    line = f"Pinned owner decision retracted: {decision.line()} no longer applies"
     return line + (f". Reason: {reason}" if reason else ".")
 
 
-def notification_text(decision: dict[str, Any]) -> str:
-    scope = decision["scope"]
+def notification_text(decision: Decision) -> str:
+    scope = decision.scope
     where = "all sessions" if scope == "all" else domain.scope_to_json(scope)
-    return f"Pinned owner decision for {where}: {domain.decision_line(decision)}"
+    return f"Pinned owner decision for {where}: {decision.line()}"
 
 
 def backup_database(conn: apsw.Connection, target: Path, *, fault: Callable[[str], None] = lambda point: None) -> None:

@@ -260,7 +260,7 @@ def create_app(
             needle, lookup = _filters()
         except domain.InputError as exc:
             return error(400, str(exc))
-        found = await read(partial(queries.query_decisions, needle=needle, lookup=lookup), [])
+        found = await read(partial(reads.decisions_json, needle=needle, lookup=lookup), [])
         return json_response({"decisions": found})
 
     @app.get("/api/decisions/<anypath:topic>/history")
@@ -271,10 +271,10 @@ def create_app(
         except domain.InputError as exc:
             return error(400, str(exc))
         found = await read(
-            partial(queries.query_decisions, needle=needle, lookup=lookup, history=True, topic=normalized), []
+            partial(reads.decisions_json, needle=needle, lookup=lookup, history=True, topic=normalized), []
         )
         # Beside the decision objects, never inside them: the topic's retractions, newest first.
-        retracted = await read(partial(queries.retractions, topic=normalized), [])
+        retracted = await read(partial(reads.retractions_json, topic=normalized), [])
         return json_response({"topic": normalized, "decisions": found, "retractions": retracted})
 
     @app.get("/api/decisions/<anypath:topic>/receipts")
@@ -285,9 +285,9 @@ def create_app(
         except domain.InputError as exc:
             return error(400, str(exc))
 
-        def read_receipts(conn: apsw.Connection) -> list[dict[str, Any]]:
+        def read_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
             revisions = queries.query_decisions(conn, history=True, topic=normalized)
-            return reads.decision_receipts(conn, [d["id"] for d in revisions])
+            return reads.decision_receipts(conn, [d.id for d in revisions])
 
         found = await read(read_receipts, [])
         return json_response({"topic": normalized, "receipts": with_connected(found)})
@@ -296,25 +296,21 @@ def create_app(
     async def receipts() -> Response:
         """Receipts of every current decision (the decisions table shows them per row)."""
 
-        def read_receipts(conn: apsw.Connection) -> list[dict[str, Any]]:
-            return reads.decision_receipts(conn, [d["id"] for d in queries.query_decisions(conn)])
+        def read_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
+            return reads.decision_receipts(conn, [d.id for d in queries.query_decisions(conn)])
 
         found = await read(read_receipts, [])
         return json_response({"receipts": with_connected(found)})
 
-    def with_connected(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def with_connected(found: list[reads.DecisionReceipt]) -> list[dict[str, Any]]:
         connected = set(live()) if live is not None else set()
-        for entry in found:
-            entry["session"]["connected"] = entry["session"]["id"] in connected
-        return found
+        return [entry.to_json(connected=entry.session.id in connected) for entry in found]
 
     @app.get("/api/sessions")
     async def sessions() -> Response:
         peers = await read(queries.list_peers, [])
         connected = set(live()) if live is not None else set()
-        for peer in peers:
-            peer["connected"] = peer["id"] in connected
-        return json_response({"sessions": peers})
+        return json_response({"sessions": [{**p.to_json(), "connected": p.id in connected} for p in peers]})
 
     @app.get("/api/messages")
     async def messages() -> Response:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 
 from agent_bridge import domain
+from agent_bridge.rows import Author
 from agent_bridge.store import queries
 
 # One row per queued notification (a decision_deliveries row names its message). The receipt
@@ -31,7 +32,31 @@ ORDER BY d.seq DESC
 """
 
 
-def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> list[dict[str, Any]]:
+class DecisionReceipt(NamedTuple):
+    """Who one revision was queued for, when it was queued, offered and acknowledged, and
+    whether it is still pending (queued, not acknowledged)."""
+
+    decision_id: str
+    topic: str
+    session: Author
+    queued_at: int
+    delivered_at: int | None
+    acknowledged_at: int | None
+    pending: bool
+
+    def to_json(self, *, connected: bool) -> dict[str, Any]:
+        return {
+            "decisionId": self.decision_id,
+            "topic": self.topic,
+            "session": {**self.session.to_json(), "connected": connected},
+            "queuedAt": self.queued_at,
+            "deliveredAt": self.delivered_at,
+            "acknowledgedAt": self.acknowledged_at,
+            "pending": self.pending,
+        }
+
+
+def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> list[DecisionReceipt]:
     """For each of `decision_ids` (in the order given), the sessions it was queued for, one
     entry per session, by name: when it was queued, offered and acknowledged, and whether it is
     still pending (queued, not acknowledged). A session that got a revision twice (a cleared
@@ -41,7 +66,7 @@ def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> lis
     sql = _RECEIPTS
     if not queries.has_column(conn, "peers", "forgotten_at"):  # before schema v4 nothing is forgotten
         sql = sql.replace(" AND p.forgotten_at IS NULL", "")
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    merged: dict[tuple[str, str], DecisionReceipt] = {}
     for decision_id, topic, queued, peer_id, name, agent, offered, acked, no_receipt in conn.execute(
         sql, (json.dumps(list(decision_ids)),)
     ):
@@ -49,22 +74,17 @@ def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> lis
         entry = merged.get(key)
         pending = acked is None and not no_receipt  # no receipt: nothing is waiting to be shown
         if entry is None:
-            merged[key] = {
-                "decisionId": decision_id,
-                "topic": topic,
-                "session": {"id": peer_id, "name": name, "agent": agent},
-                "queuedAt": queued,
-                "deliveredAt": offered,
-                "acknowledgedAt": acked,
-                "pending": pending,
-            }
+            merged[key] = DecisionReceipt(decision_id, topic, Author(peer_id, name, agent), queued, offered, acked, pending)
             continue
-        entry["queuedAt"] = min(entry["queuedAt"], queued)
-        entry["deliveredAt"] = _latest(entry["deliveredAt"], offered)
-        entry["pending"] = entry["pending"] or pending
-        entry["acknowledgedAt"] = None if entry["pending"] else _latest(entry["acknowledgedAt"], acked)
+        pending = entry.pending or pending
+        merged[key] = entry._replace(
+            queued_at=min(entry.queued_at, queued),
+            delivered_at=_latest(entry.delivered_at, offered),
+            pending=pending,
+            acknowledged_at=None if pending else _latest(entry.acknowledged_at, acked),
+        )
     order = {decision_id: i for i, decision_id in enumerate(decision_ids)}
-    return sorted(merged.values(), key=lambda e: (order[e["decisionId"]], e["session"]["name"] or "", e["session"]["id"]))
+    return sorted(merged.values(), key=lambda e: (order[e.decision_id], e.session.name or "", e.session.id or ""))
 
 
 def _latest(a: int | None, b: int | None) -> int | None:
@@ -103,10 +123,27 @@ def recent_messages(
     out = []
     for values in conn.execute(sql, (limit,)):
         message = queries.message_from_row(conn, values)
-        message["acked"] = values[12] is not None
-        message["notice"] = message["kind"] != "message" or (
-            message["hop"] >= domain.DECISION_HOP and message["replyTo"] is None
-        )
-        message["active"] = None if hop_limit is None else message["hop"] < hop_limit
-        out.append(message)
+        out.append({
+            **message.to_json(),
+            "acked": values[12] is not None,
+            "notice": message.kind != "message" or (message.hop >= domain.DECISION_HOP and message.reply_to is None),
+            "active": None if hop_limit is None else message.hop < hop_limit,
+        })
     return out
+
+
+def decisions_json(
+    conn: apsw.Connection,
+    *,
+    needle: str | None = None,
+    lookup: domain.Scope | None = None,
+    history: bool = False,
+    topic: str | None = None,
+) -> list[dict[str, Any]]:
+    """`queries.query_decisions` as the API's decision objects (SPEC §6)."""
+    found = queries.query_decisions(conn, needle=needle, lookup=lookup, history=history, topic=topic)
+    return [d.to_json() for d in found]
+
+
+def retractions_json(conn: apsw.Connection, *, topic: str | None = None) -> list[dict[str, Any]]:
+    return [r.to_json() for r in queries.retractions(conn, topic=topic)]

@@ -36,7 +36,7 @@ def build_db(
         author = store.create_peer(
             agent="claude", name="claude-author", project="/work/author", kind="interactive", host_session_id=None, now=1
         )
-        view = SessionView(author["id"], author["name"], author["project"])
+        view = SessionView(author.id, author.name, author.project)
         created = [store.create_peer(now=2, **p) for p in peers]
         for i, (topic, text, scope) in enumerate(decisions):
             store.record_decision(

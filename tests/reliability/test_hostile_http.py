@@ -42,13 +42,13 @@ def build_home(home: Path) -> None:
         now = now_ms()
         a = store.create_peer(agent="claude", name="claude-web", project="/w/web", kind="interactive",
                               host_session_id="h-web", now=now)
-        view = domain.SessionView(a["id"], a["name"], a["project"], "h-web")
+        view = a.view()
         for topic, text, scope in (("db", "PostgreSQL", "all"), ("Café / ü", "espresso", {"project": "/w/web"}),
                                    ("db", "SQLite", {"sessions": ["claude-web"]})):
             store.record_decision(author=view, author_agent="claude", topic=domain.normalize_topic(topic), text=text,
                                   scope=domain.parse_scope(scope), source_message_id=None,
                                   recipients=[Recipient(view, "h-web")], now=now)
-        store.send_messages(a["id"], [Outgoing(a["id"], "note to self", 1, None)], now)
+        store.send_messages(a.id, [Outgoing(a.id, "note to self", 1, None)], now)
     finally:
         store.close()
 

@@ -13,7 +13,6 @@ import pytest
 import trio
 
 from agent_bridge import domain, paths
-from agent_bridge.domain import SessionView
 from agent_bridge.store.schema import CURRENT_VERSION
 from agent_bridge.store.writer import Outgoing, Recipient, Store
 from tests.conftest import CLI, BrokerProcess, run_cli
@@ -76,13 +75,13 @@ def _prepare(home: Path) -> tuple[str, list[str]]:
         for name in ("claude-a", "codex-b"):
             p = store.create_peer(agent=name.split("-")[0], name=name, project="/w/app", kind="interactive",
                                   host_session_id=f"host-{name}", now=1)
-            views.append(SessionView(p["id"], p["name"], "/w/app", p["hostSessionId"]))
+            views.append(p.view())
         decision, _ = store.record_decision(
             author=views[0], author_agent="claude", topic="db", text="PostgreSQL", scope=domain.parse_scope("all"),
             source_message_id=None, recipients=[Recipient(v, v.host_session_id or "") for v in views], now=2,
         )
         store.send_messages(views[0].id, [Outgoing(views[1].id, "waiting", 1, None)], now=3)
-        return decision["id"], [v.id for v in views]
+        return decision.id, [v.id for v in views]
     finally:
         store.close()
 

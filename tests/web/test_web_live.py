@@ -90,7 +90,7 @@ async def test_receipts_say_who_got_a_decision_and_who_acknowledged_it(dashboard
             # Acknowledged by the session (its MCP server showed it): no longer pending.
             store = Store.open(dashboard.home / "bridge.db")
             try:
-                (notice,) = [m["id"] for m in store.unacked(codex["id"]) if m["kind"] == "decision"]
+                (notice,) = [m.id for m in store.unacked(codex["id"]) if m.kind == "decision"]
                 acked_at = now_ms()
                 assert store.ack(codex["id"], [notice], acked_at) == 1
             finally:

@@ -68,8 +68,8 @@ def build_database(home: Path) -> Facts:
             name = domain.session_name(agent, project) + ("-job" if kind == "job" else "")
             row = store.create_peer(agent=agent, name=name, project=project, kind=kind, host_session_id=host,
                                     now=next(clock))
-            facts.peers[name] = row
-            return domain.SessionView(row["id"], row["name"], row["project"], row["hostSessionId"], kind)
+            facts.peers[name] = row.to_json()  # the facts are what the API shows
+            return row.view()
 
         claude = peer("claude", PROJECT, host="host-claude-1")
         codex = peer("codex", PROJECT)
@@ -86,10 +86,10 @@ def build_database(home: Path) -> Facts:
                 recipients=[Recipient(s, s.host_session_id or f"peer:{s.id}") for s in notify],
                 now=next(clock),
             )
-            facts.decisions.append(decision)
+            facts.decisions.append(decision.to_json())
 
         (hello,) = store.send_messages(claude.id, [Outgoing(codex.id, "Can you take the CI job?", 1, None)], next(clock))
-        facts.messages.append(hello)
+        facts.messages.append(hello.to_json())
         decide(claude, "Build / CI", "Use nox for CI.", "all")
         decide(claude, "database", "PostgreSQL 16, one database per service.", {"project": PROJECT})
         decide(codex, "Café", "Espresso only, no decaf.", {"sessions": [codex.name]})
@@ -99,9 +99,9 @@ def build_database(home: Path) -> Facts:
         decide(claude, "/leading//slashes", "A topic may hold any characters.", {"sessions": [claude.id]})
         decide(claude, "Database", "PostgreSQL 17 everywhere.", "all")
         (reply,) = store.send_messages(
-            codex.id, [Outgoing(claude.id, "On it: nox sessions, no tox.", 2, hello["id"])], next(clock)
+            codex.id, [Outgoing(claude.id, "On it: nox sessions, no tox.", 2, hello.id)], next(clock)
         )
-        facts.messages.append(reply)
+        facts.messages.append(reply.to_json())
     finally:
         store.close()
     return facts

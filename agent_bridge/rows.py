@@ -1,0 +1,212 @@
+"""The rows the process passes around: sessions, messages, receipts, decisions, retractions.
+
+Read from bridge.db by `store.queries` and the writer, handed between the store, the broker,
+the dashboard and the hooks as these small immutable tuples, and turned into the SPEC's JSON
+objects (§2, §4, §5) only where JSON is written: each row's `to_json()`.
+
+NamedTuples, not dataclasses: they are built for every message on the delivery path, and the
+SessionStart hook imports this module at every session start, where importing `dataclasses`
+(and with it `inspect`) costs milliseconds (SPEC §9). Standard library and the domain rules only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from agent_bridge import domain
+from agent_bridge.domain import Scope, SessionView
+
+JSON = dict[str, Any]
+
+
+class Author(NamedTuple):
+    """Who sent a message or recorded a decision, under the name it had then. Null fields: a
+    sender whose record is gone."""
+
+    id: str | None
+    name: str | None
+    agent: str | None
+
+    def to_json(self) -> JSON:
+        return {"id": self.id, "name": self.name, "agent": self.agent}
+
+
+class Peer(NamedTuple):
+    """A session record (the peers table, SPEC §3)."""
+
+    id: str
+    name: str
+    agent: str
+    project: str
+    host_session_id: str | None
+    kind: str
+    created_at: int
+    last_seen_at: int
+
+    @property
+    def is_job(self) -> bool:
+        return self.kind == "job"
+
+    def view(self) -> SessionView:
+        return SessionView(
+            id=self.id, name=self.name, project=self.project, host_session_id=self.host_session_id, kind=self.kind
+        )
+
+    def public(self) -> JSON:
+        """The `whoami` object; `peers` adds `connected`."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "agent": self.agent,
+            "project": self.project,
+            "hostSessionId": self.host_session_id,
+            "kind": self.kind,
+        }
+
+    def to_json(self) -> JSON:
+        """The public object and when the record was created and last seen (the dashboard)."""
+        return {**self.public(), "createdAt": self.created_at, "lastSeenAt": self.last_seen_at}
+
+
+class Decision(NamedTuple):
+    """One revision of a pinned owner decision (SPEC §4.1)."""
+
+    id: str
+    topic: str
+    text: str
+    scope: Scope
+    author: Author
+    created_at: int
+    source_message_id: str | None
+    supersedes: str | None
+    current: bool
+
+    @classmethod
+    def from_row(cls, values: tuple[Any, ...], scope: Scope | None = None) -> Decision:
+        """A row of `store.queries.DECISION_COLUMNS` (its first value, the seq, is skipped);
+        `scope`: the row's stored scope already parsed, if the caller has it."""
+        (_, did, topic, text, scope_json, author_id, author_name, author_agent, created, source, supersedes,
+         current) = values
+        return cls(
+            did,
+            topic,
+            text,
+            scope if scope is not None else domain.scope_from_json(scope_json),
+            Author(author_id, author_name, author_agent),
+            created,
+            source,
+            supersedes,
+            bool(current),
+        )
+
+    def line(self, limit: int | None = None) -> str:
+        """`topic: text` on one line (domain.topic_line)."""
+        return domain.topic_line(self.topic, self.text, limit)
+
+    def to_json(self) -> JSON:
+        """The decision object: exactly these fields, nullable ones null (SPEC §4.1, §6)."""
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "text": self.text,
+            "scope": self.scope,
+            "author": self.author.to_json(),
+            "createdAt": self.created_at,
+            "sourceMessageId": self.source_message_id,
+            "supersedes": self.supersedes,
+            "current": self.current,
+        }
+
+
+class Retraction(NamedTuple):
+    """A topic's current decision withdrawn (`agent-bridge retract`)."""
+
+    id: str
+    topic: str
+    retracts: str
+    reason: str | None
+    author: Author
+    created_at: int
+
+    def to_json(self) -> JSON:
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "retracts": self.retracts,
+            "reason": self.reason,
+            "author": self.author.to_json(),
+            "createdAt": self.created_at,
+        }
+
+
+class Message(NamedTuple):
+    """A bridge message as one recipient gets it (SPEC §5 `inbox`): `kind` is "message",
+    "decision" (a decision notice, carrying `decision`) or "retraction" (carrying
+    `retraction`); `repeat`: offered to the host before and not acknowledged since (SPEC §3)."""
+
+    id: str
+    sender: Author
+    to_id: str
+    to_name: str | None
+    text: str
+    hop: int
+    reply_to: str | None
+    kind: str
+    created_at: int
+    decision: Decision | None = None
+    retraction: Retraction | None = None
+    repeat: bool = False
+
+    def to_json(self) -> JSON:
+        out: JSON = {
+            "id": self.id,
+            "from": self.sender.to_json(),
+            "to": {"id": self.to_id, "name": self.to_name},
+            "text": self.text,
+            "hop": self.hop,
+            "replyTo": self.reply_to,
+            "kind": self.kind,
+            "createdAt": self.created_at,
+        }
+        if self.decision is not None:
+            out["decision"] = self.decision.to_json()
+        if self.retraction is not None:
+            out["retraction"] = self.retraction.to_json()
+        if self.repeat:
+            out["repeat"] = True
+        return out
+
+
+class Queued(NamedTuple):
+    """An unacknowledged receipt, as a delivery task pushes it: the receipt's rowid (the order
+    of delivery, the task's cursor) and the message."""
+
+    seq: int
+    message: Message
+
+
+class Receipt(NamedTuple):
+    """One recipient's copy of a message as the dashboard lists it: the receipt's rowid, the
+    message, and whether the recipient acknowledged it."""
+
+    seq: int
+    message: Message
+    acked: bool = False
+
+    def to_json(self) -> JSON:
+        """The message with `acked` (the dashboard's recent messages)."""
+        return {**self.message.to_json(), "acked": self.acked}
+
+
+class Forgotten(NamedTuple):
+    """A session `agent-bridge forget` removed, and what was still queued to it."""
+
+    peer: Peer
+    dropped: list[Message]
+
+    def to_json(self) -> JSON:
+        return {
+            "session": self.peer.public(),
+            "lastSeen": self.peer.last_seen_at,
+            "dropped": [m.to_json() for m in self.dropped],
+        }
