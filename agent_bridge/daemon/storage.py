@@ -1,6 +1,8 @@
 """The store inside the broker's nursery: one writing connection, driven from one dedicated
-worker thread, so SQLite never blocks the Trio loop and is never shared across threads
-concurrently."""
+worker thread and never used by two threads at once. Long or unbounded work (queries over
+every decision, migrations, checkpoints and their fsyncs) always runs on that thread; the short
+transactions of the message path run on the Trio loop itself while the thread has nothing to
+do (StoreRunner.run_short)."""
 
 from __future__ import annotations
 
@@ -26,10 +28,15 @@ class _Job:
 
     def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any) -> None:
         self.fn = functools.partial(method, *args, **kwargs)
-        self.task = trio.lowlevel.current_task()
+        self.task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
         self.started = False
         self.cancelled = False
+
+
+# Pages in the WAL after which a commit asks for a checkpoint: SQLite's own default, so the
+# WAL grows no larger than before; the checkpoint (copy and fsync) just moved to the thread.
+CHECKPOINT_PAGES = 1000
 
 
 class StoreRunner:
@@ -50,7 +57,13 @@ class StoreRunner:
     def __init__(self, store: Store | None = None) -> None:
         self.store: Store = store  # type: ignore[assignment]  # set by serve_store once opened
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # guards a job's started/cancelled flags
+        self._lock = threading.Lock()  # guards a job's started/cancelled flags and `_pending`
+        # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
+        # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
+        self._pending = 0
+        self._checkpoint_due = False  # the WAL outgrew CHECKPOINT_PAGES at a commit on the loop
+        if store is not None:
+            self._watch_wal(store)
         self._thread = threading.Thread(target=self._work, name="agent-bridge store", daemon=True)
         # Called on the worker thread after a job that changed rows has committed (the
         # dashboard's live stream: web.changes.ChangeFeed.poke). Must be cheap and thread-safe.
@@ -72,8 +85,62 @@ class StoreRunner:
                 job.cancelled = True
             return trio.lowlevel.Abort.SUCCEEDED
 
+        with self._lock:
+            self._pending += 1
         self._jobs.put(job)
         return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+
+    async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a short store method (one small transaction: a send, an acknowledgement) on the
+        event loop when the store's thread is idle, else queued behind its jobs like `run`.
+
+        Why on the loop: handing a transaction of ~50 us to the thread and back costs two
+        thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
+        a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
+        What could block the loop for long stays off it: such a commit never checkpoints (the
+        WAL hook hands that to the thread, `_watch_wal`), and with synchronous=NORMAL in WAL
+        mode a commit writes to the WAL without an fsync. Same guarantees as `run`: in order
+        with every other job (only while none is queued or running), the answer after the
+        commit; cancellation is honoured before the transaction starts.
+        """
+        if self._pending or self.store is None:
+            return await self.run(method, *args, **kwargs)
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
+        before = self._changes() if self.on_change is not None else None
+        try:
+            return method(*args, **kwargs)
+        finally:
+            if before is not None and self.on_change is not None and self._changes() not in (before, None):
+                self.on_change()
+            if self._checkpoint_due:
+                self._checkpoint_due = False
+                self._queue_checkpoint()
+
+    def _watch_wal(self, store: Store) -> None:
+        """Checkpoint on this runner's thread, never inside a commit made on the event loop:
+        the WAL hook replaces SQLite's automatic checkpoint (same threshold)."""
+
+        def on_commit(conn: apsw.Connection, name: str, pages: int) -> int:
+            if pages >= CHECKPOINT_PAGES:
+                self._checkpoint_due = True  # taken up once the job that committed is done
+            return apsw.SQLITE_OK
+
+        store.conn.set_wal_hook(on_commit)
+
+    def _queue_checkpoint(self) -> None:
+        """A passive checkpoint as a job of its own, nobody waiting for it."""
+        job = _Job(self._checkpoint, (), {})
+        job.task = None
+        with self._lock:
+            self._pending += 1
+        self._jobs.put(job)
+
+    def _checkpoint(self) -> None:
+        """Passive, as SQLite's automatic checkpoint: copies what no reader still needs."""
+        try:
+            self.store.conn.wal_checkpoint()
+        except apsw.Error:
+            pass  # busy or failing: the next commit past the threshold asks again
 
     def stop(self) -> None:
         """Let the worker thread end once the jobs queued before this one are done."""
@@ -96,29 +163,38 @@ class StoreRunner:
                 return
             with self._lock:
                 if job.cancelled:
+                    self._pending -= 1
                     continue
                 job.started = True
             before = self._changes() if self.on_change is not None else None
             result = outcome.capture(job.fn)
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
-            try:
-                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
-            except trio.RunFinishedError:
-                pass  # the event loop is gone; nobody waits for this answer
+            if job.task is not None:  # None: a checkpoint, nobody waits
+                try:
+                    job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+                except trio.RunFinishedError:
+                    pass  # the event loop is gone; nobody waits for this answer
+            if self._checkpoint_due:  # after the answer: its caller does not wait for the copy
+                self._checkpoint_due = False
+                self._checkpoint()
+            with self._lock:
+                self._pending -= 1
 
 
 class _OnStoreThread(Generic[P, T]):
     """A Store method as an async method of StoreCalls: awaited, it runs on the store's thread."""
 
-    def __init__(self, method: Callable[Concatenate[Store, P], T]) -> None:
+    def __init__(self, method: Callable[Concatenate[Store, P], T], *, short: bool = False) -> None:
         self._method = method
+        self._short = short  # one small transaction: may run on the loop (StoreRunner.run_short)
 
     def __get__(self, calls: StoreCalls, owner: type | None = None) -> Callable[P, Awaitable[T]]:
         runner, method = calls.runner, self._method
+        run = runner.run_short if self._short else runner.run
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await runner.run(method, runner.store, *args, **kwargs)
+            return await run(method, runner.store, *args, **kwargs)
 
         return call
 
@@ -137,20 +213,20 @@ class StoreCalls:
         return self.runner.store.schema_version
 
     absorb_peer = _OnStoreThread(Store.absorb_peer)
-    ack = _OnStoreThread(Store.ack)
+    ack = _OnStoreThread(Store.ack, short=True)
     adopt_host_key = _OnStoreThread(Store.adopt_host_key)
     catch_up = _OnStoreThread(Store.catch_up)
     create_peer = _OnStoreThread(Store.create_peer)
     decisions = _OnStoreThread(Store.decisions)
-    find_peers_by_address = _OnStoreThread(Store.find_peers_by_address)
+    find_peers_by_address = _OnStoreThread(Store.find_peers_by_address, short=True)
     forget_peers = _OnStoreThread(Store.forget_peers)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
     get_peer = _OnStoreThread(Store.get_peer)
     host_sessions_for = _OnStoreThread(Store.host_sessions_for)
     instance_sessions = _OnStoreThread(Store.instance_sessions)
     list_peers = _OnStoreThread(Store.list_peers)
-    message_hop = _OnStoreThread(Store.message_hop)
-    offer = _OnStoreThread(Store.offer)
+    message_hop = _OnStoreThread(Store.message_hop, short=True)
+    offer = _OnStoreThread(Store.offer, short=True)
     peer_by_host_session = _OnStoreThread(Store.peer_by_host_session)
     peer_with_secret = _OnStoreThread(Store.peer_with_secret)
     queued = _OnStoreThread(Store.queued)
@@ -160,7 +236,7 @@ class StoreCalls:
     resolve_peer = _OnStoreThread(Store.resolve_peer)
     retract = _OnStoreThread(Store.retract)
     retractions = _OnStoreThread(Store.retractions)
-    send_messages = _OnStoreThread(Store.send_messages)
+    send_messages = _OnStoreThread(Store.send_messages, short=True)
     session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)
     sessions_last_seen_before = _OnStoreThread(Store.sessions_last_seen_before)
     set_secret = _OnStoreThread(Store.set_secret)
@@ -181,6 +257,7 @@ async def serve_store(
     runner = StoreRunner()
     try:
         runner.store = await runner.run(Store.open, db, log, fault=fault)
+        runner._watch_wal(runner.store)
         task_status.started(runner)
         await trio.sleep_forever()
     finally:
