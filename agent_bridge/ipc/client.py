@@ -96,7 +96,7 @@ class BridgeClient:
                 if frame is None:
                     return
                 if "push" in frame:
-                    await self._pushes.send(frame)
+                    self._pushes.send_nowait(frame)  # unbounded (see open_bridge_client): never waits
                     continue
                 if frame.get("id") in self._posted:
                     self._posted.discard(frame["id"])  # type: ignore[arg-type]

@@ -26,21 +26,52 @@ class FramedStream:
         # descriptor, it costs no trip through the scheduler (trio's send_all yields once per
         # send even when nothing had to wait). Named pipes (Windows) always take the stream path.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) and sys.platform != "win32" else None
+        self.last_read = trio.current_time()  # when bytes last came in (daemon.connection's idle check)
 
     async def receive(self) -> dict[str, Any] | None:
         """The next frame, or None at end of stream. Raises ProtocolError on a bad frame."""
         while not self._ready:
             self._decoder.feed(b"")  # a bad frame that followed good ones: raised now
             try:
-                data = await self.stream.receive_some(RECEIVE_CHUNK)
+                data = await self._receive_some()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return None
             if not data:
                 if self._decoder.pending:
                     raise protocol.ProtocolError("connection closed in the middle of a frame")
                 return None
+            self.last_read = trio.current_time()
             self._ready.extend(self._decoder.feed(data))
         return self._ready.popleft()
+
+    async def _receive_some(self) -> bytes:
+        """The bytes that have arrived, waiting for some if none have.
+
+        A Unix socket is read straight from its descriptor, as `_send_now` writes it: the same
+        waits and yields as trio's `receive_some` (always a cancel point; a schedule point
+        once, in the wait or, when the bytes were already there, after the read, so a client
+        that keeps its socket full does not keep the other tasks from running), without the
+        layers it passes through on every read (an async context manager, a conflict
+        detector, error translation)."""
+        if self._socket is None:
+            return await self.stream.receive_some(RECEIVE_CHUNK)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            fd = self._socket.fileno()
+            if fd < 0 or self.closed:
+                raise trio.ClosedResourceError("the stream was closed")
+            try:
+                data = os.read(fd, RECEIVE_CHUNK)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self._socket)
+                waited = True
+                continue
+            except OSError as exc:  # ECONNRESET: the peer is gone
+                raise trio.BrokenResourceError(f"peer gone: {exc}") from exc
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
 
     def peek(self) -> dict[str, Any] | None:
         """The next frame if it has already arrived (no I/O), without taking it."""
