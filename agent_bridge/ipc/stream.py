@@ -44,7 +44,7 @@ class FramedStream:
             self._ready.extend(self._decoder.feed(data))
         return self._ready.popleft()
 
-    async def _receive_some(self) -> bytes:
+    async def _receive_some(self) -> bytes | bytearray:
         """The bytes that have arrived, waiting for some if none have.
 
         A Unix socket is read straight from its descriptor, as `_send_now` writes it: the same
