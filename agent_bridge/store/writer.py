@@ -460,16 +460,11 @@ class Store:
             if from_id == CLI_AUTHOR.id:
                 self._ensure_cli_peer(now)
             # Addresses resolved before this transaction may name a record merged meanwhile.
-            from_id = self.resolve_peer(from_id)
-            outgoing = [o._replace(to_id=self.resolve_peer(o.to_id)) for o in outgoing]
-            names = {
-                r[0]: (r[1], r[2])
-                for r in self.conn.execute(
-                    "SELECT id, name, agent FROM peers WHERE id = ? OR id IN (SELECT value FROM json_each(?))",
-                    (from_id, json.dumps(sorted({o.to_id for o in outgoing}))),
-                )
-            }
-            sender = Author(from_id, *names.get(from_id, (None, None)))
+            records = {i: self._record_named(i) for i in {from_id, *(o.to_id for o in outgoing)}}
+            from_id, from_name, from_agent = records[from_id]
+            sender = Author(from_id, from_name, from_agent)
+            outgoing = [o._replace(to_id=records[o.to_id][0]) for o in outgoing]
+            names = {r[0]: r[1:] for r in records.values()}
             for o in outgoing:
                 message_id = new_id()
                 self.conn.execute(
@@ -492,6 +487,17 @@ class Store:
                 self._close_tap(to_id)  # full, or its connection ended: drop it
             out.append(message)
         return out
+
+    def _record_named(self, peer_id: str) -> tuple[str, str | None, str | None]:
+        """(the record `peer_id` leads to now (resolve_peer), its name, its agent): one statement
+        on the send path, where it runs for the sender and each recipient."""
+        row = self.conn.execute(
+            "SELECT r.id, p.name, p.agent FROM (SELECT coalesce((SELECT into_id FROM peer_merges WHERE old_id = ?1), ?1) "
+            "AS id) r LEFT JOIN peers p ON p.id = r.id",
+            (peer_id,),
+        ).fetchone()
+        assert row is not None  # the subquery always yields one row
+        return str(row[0]), row[1], row[2]
 
     def unacked(self, peer_id: str, *, limit: int = 200) -> list[Message]:
         """The session's unacknowledged messages, oldest first."""
