@@ -1,0 +1,140 @@
+"""The broker's store runner (daemon.storage): where its SQLite work runs.
+
+Real SQLite files through a VFS that records which thread writes which file: a commit writes
+the WAL, and in WAL mode the database file itself is written only by checkpoints, so the
+writers of each say who committed and who checkpointed."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import apsw
+import pytest
+import trio
+
+from agent_bridge.daemon.storage import CHECKPOINT_PAGES, StoreCalls, StoreRunner
+from agent_bridge.rows import Message
+from agent_bridge.store.writer import Outgoing, Store
+from tests.conftest import wait_for
+
+BASE = "unix"
+
+
+class RecordingVFS(apsw.VFS):
+    """The platform's own VFS, noting the name of each thread that writes the database file
+    and, in order, of each that writes its WAL (not the -shm)."""
+
+    def __init__(self, name: str = "recording") -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.main_writers: set[str] = set()
+        self.wal_writers: list[str] = []
+        super().__init__(name, BASE, makedefault=True)
+
+    def xOpen(self, name, flags):  # noqa: N802 - the VFS method name
+        return RecordingFile(self, name, flags)
+
+
+class RecordingFile(apsw.VFSFile):
+    def __init__(self, vfs: RecordingVFS, name, flags) -> None:
+        self._vfs = vfs
+        filename = name.filename() if isinstance(name, apsw.URIFilename) else name
+        self._main = bool(filename) and filename.endswith(".db")
+        self._wal = bool(filename) and filename.endswith(".db-wal")
+        super().__init__(BASE, name, flags)
+
+    def xWrite(self, data, offset):  # noqa: N802
+        with self._vfs.lock:
+            if self._main:
+                self._vfs.main_writers.add(threading.current_thread().name)
+            elif self._wal and (not self._vfs.wal_writers or self._vfs.wal_writers[-1] != threading.current_thread().name):
+                self._vfs.wal_writers.append(threading.current_thread().name)
+        return super().xWrite(data, offset)
+
+
+@pytest.fixture
+def vfs():
+    recording = RecordingVFS()
+    try:
+        yield recording
+    finally:
+        recording.unregister()
+
+
+async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path, vfs: RecordingVFS) -> None:
+    """A commit that leaves the WAL past the threshold returns without copying it back into
+    the database (the copy and its fsyncs cost 5-30 ms): sends on the event loop and jobs
+    on the store's thread alike. The checkpointer's thread copies it."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
+        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        with vfs.lock:
+            vfs.main_writers.clear()
+        text = "x" * 3000  # a page of its own for each message: the WAL grows fast
+        for i in range(CHECKPOINT_PAGES // 2):
+            sent = await calls.send_messages(a.id, [Outgoing(b.id, text, 1, None)], now=i)  # on the loop
+            await calls.ack(b.id, [sent[0].id], i)
+            await calls.touch_peers([a.id], i)  # on the store's thread
+
+        async def checkpointed() -> bool:
+            with vfs.lock:
+                return bool(vfs.main_writers)
+
+        await wait_for(checkpointed, what="a checkpoint")
+        with vfs.lock:
+            assert vfs.main_writers == {"agent-bridge checkpoint"}
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_else_behind_its_jobs(
+    tmp_path: Path, vfs: RecordingVFS
+) -> None:
+    """Idle, the store's thread would cost a send two thread hand-overs: the send commits on
+    the loop. Busy, the send waits its turn behind the job already there, on that thread."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    release = threading.Event()
+    holding = threading.Event()
+    try:
+        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
+        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        await calls.send_messages(a.id, [Outgoing(b.id, "idle", 1, None)], now=2)
+        with vfs.lock:
+            assert vfs.wal_writers == [threading.current_thread().name]
+            vfs.wal_writers.clear()
+
+        def slow_job() -> None:  # a job on the store's thread that commits once released
+            holding.set()
+            release.wait(30)
+            runner.store.touch_peers([a.id], 3)
+
+        sent: list[Message] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner.run, slow_job)
+            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
+
+            async def send() -> None:
+                sent.extend(await calls.send_messages(a.id, [Outgoing(b.id, "busy", 1, None)], now=4))
+
+            nursery.start_soon(send)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not sent  # queued behind the job, not run beside it on the loop
+            release.set()
+        assert [m.text for m in sent] == ["busy"]
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]  # the job's commit, then the send's, there
+    finally:
+        release.set()
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
