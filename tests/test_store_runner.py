@@ -13,7 +13,7 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge.daemon.storage import CHECKPOINT_PAGES, StoreCalls, StoreRunner
+from agent_bridge.daemon.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
 from agent_bridge.rows import Message
 from agent_bridge.store.writer import Outgoing, Store
 from tests.conftest import wait_for
@@ -138,3 +138,24 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_el
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vfs: RecordingVFS) -> None:
+    """Only a small transaction may hold up the event loop: a batch of many sends (a
+    pipelining client) or of long texts commits on the store's thread even when it is idle."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
+        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        for batch in ([Outgoing(b.id, f"m{i}", 1, None) for i in range(SHORT_ROWS + 1)],
+                      [Outgoing(b.id, "x" * (SHORT_TEXT // 2 + 1), 1, None) for _ in range(2)]):
+            with vfs.lock:
+                vfs.wal_writers.clear()
+            sent = await calls.send_messages(a.id, batch, now=2)
+            assert len(sent) == len(batch)
+            with vfs.lock:
+                assert vfs.wal_writers == ["agent-bridge store"]
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()

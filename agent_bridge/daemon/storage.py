@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
@@ -18,7 +18,7 @@ import apsw
 import outcome  # trio's own dependency: trio.lowlevel.reschedule takes an outcome
 import trio
 
-from agent_bridge.store.writer import Store
+from agent_bridge.store.writer import Outgoing, Store
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -144,8 +144,9 @@ class StoreRunner:
         return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a short store method (one small transaction: a send, an acknowledgement) on the
-        event loop when the store's thread is idle, else queued behind its jobs like `run`.
+        """Run a short store method (one small transaction: a few sends or acknowledgements,
+        SHORT_ROWS) on the event loop when the store's thread is idle, else queued behind its
+        jobs like `run`.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
@@ -220,19 +221,39 @@ class StoreRunner:
                 pass  # the event loop is gone; nobody waits for this answer
 
 
+# What the event loop may commit itself (StoreRunner.run_short): a few rows, a little text.
+SHORT_ROWS = 16
+SHORT_TEXT = 65_536  # characters of message text in one send batch
+
+
+def _always(*args: Any, **kwargs: Any) -> bool:
+    return True
+
+
+def _few_ids(peer_id: str, message_ids: Sequence[str], *args: Any, **kwargs: Any) -> bool:
+    return len(message_ids) <= SHORT_ROWS
+
+
+def _few_sends(from_id: str, outgoing: Sequence[Outgoing], *args: Any, **kwargs: Any) -> bool:
+    return len(outgoing) <= SHORT_ROWS and sum(len(o.text) for o in outgoing) <= SHORT_TEXT
+
+
 class _OnStoreThread(Generic[P, T]):
     """A Store method as an async method of StoreCalls: awaited, it runs on the store's thread."""
 
-    def __init__(self, method: Callable[Concatenate[Store, P], T], *, short: bool = False) -> None:
+    def __init__(self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None) -> None:
         self._method = method
-        self._short = short  # one small transaction: may run on the loop (StoreRunner.run_short)
+        # Given the call's arguments, whether it is one small transaction, which may run on the
+        # loop (StoreRunner.run_short); None: always on the store's thread.
+        self._short = short
 
     def __get__(self, calls: StoreCalls, owner: type | None = None) -> Callable[P, Awaitable[T]]:
-        runner, method = calls.runner, self._method
-        run = runner.run_short if self._short else runner.run
+        runner, method, short = calls.runner, self._method, self._short
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await run(method, runner.store, *args, **kwargs)
+            if short is not None and short(*args, **kwargs):
+                return await runner.run_short(method, runner.store, *args, **kwargs)
+            return await runner.run(method, runner.store, *args, **kwargs)
 
         return call
 
@@ -251,20 +272,20 @@ class StoreCalls:
         return self.runner.store.schema_version
 
     absorb_peer = _OnStoreThread(Store.absorb_peer)
-    ack = _OnStoreThread(Store.ack, short=True)
+    ack = _OnStoreThread(Store.ack, short=_few_ids)
     adopt_host_key = _OnStoreThread(Store.adopt_host_key)
     catch_up = _OnStoreThread(Store.catch_up)
     create_peer = _OnStoreThread(Store.create_peer)
     decisions = _OnStoreThread(Store.decisions)
-    find_peers_by_address = _OnStoreThread(Store.find_peers_by_address, short=True)
+    find_peers_by_address = _OnStoreThread(Store.find_peers_by_address, short=_always)
     forget_peers = _OnStoreThread(Store.forget_peers)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
     get_peer = _OnStoreThread(Store.get_peer)
     host_sessions_for = _OnStoreThread(Store.host_sessions_for)
     instance_sessions = _OnStoreThread(Store.instance_sessions)
     list_peers = _OnStoreThread(Store.list_peers)
-    message_hop = _OnStoreThread(Store.message_hop, short=True)
-    offer = _OnStoreThread(Store.offer, short=True)
+    message_hop = _OnStoreThread(Store.message_hop, short=_always)
+    offer = _OnStoreThread(Store.offer, short=_few_ids)
     peer_by_host_session = _OnStoreThread(Store.peer_by_host_session)
     peer_with_secret = _OnStoreThread(Store.peer_with_secret)
     queued = _OnStoreThread(Store.queued)
@@ -274,7 +295,7 @@ class StoreCalls:
     resolve_peer = _OnStoreThread(Store.resolve_peer)
     retract = _OnStoreThread(Store.retract)
     retractions = _OnStoreThread(Store.retractions)
-    send_messages = _OnStoreThread(Store.send_messages, short=True)
+    send_messages = _OnStoreThread(Store.send_messages, short=_few_sends)
     session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)
     sessions_last_seen_before = _OnStoreThread(Store.sessions_last_seen_before)
     set_secret = _OnStoreThread(Store.set_secret)
