@@ -153,24 +153,23 @@ def _status(ns: argparse.Namespace) -> int:
 
 
 def _mcp(ns: argparse.Namespace) -> int:
+    # Hosts end their MCP servers with SIGINT, then SIGTERM; one that arrives while the relay
+    # still starts ends it as quietly as one that arrives later (exit 0, no traceback).
+    import os
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: os._exit(0))
     from agent_bridge import paths
 
-    try:  # before loading the MCP SDK: the host should hear about a bad folder at once
+    try:  # before anything else: the host should hear about a bad folder at once
         paths.writable_home(paths.home())
     except OSError as exc:
         print(f"agent-bridge mcp: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    # Hosts end their MCP servers with SIGINT, then SIGTERM; one that arrives while the server
-    # still starts ends it as quietly as one that arrives later (exit 0, no traceback).
-    import signal
+    from agent_bridge import relay
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        from agent_bridge import mcp_server
-
-        return mcp_server.main(ns)
-    except KeyboardInterrupt:
-        return 0
+    return relay.main(ns)
 
 
 # Commands that use the state folder named by AGENT_BRIDGE_HOME (or the default): each refuses a

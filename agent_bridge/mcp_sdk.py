@@ -4,8 +4,9 @@ The SDK (2.x) offers no public way to advertise a hand-edited tool schema, to ad
 `notifications/initialized`, to serve an `MCPServer` over streams we own, or to learn when a
 response has reached the host. The acknowledgement rule (SPEC §3, "What 'shown' means") needs
 that last one: a message counts as shown once the bytes carrying it are written to the host's
-pipe. So this module owns the stdout side of the stdio transport (`HostPipe`): the SDK's stdio
-writer hands each outgoing line to it, and it reports which response ids it wrote.
+pipe. So this module owns the stdout side of the stdio transport (`RelayPipe`): the SDK's stdio
+writer hands each outgoing line to it, it sends the line to the session's relay, and it reports
+which responses the relay wrote.
 
 `check()` asserts every assumption made here; `tests/test_mcp_sdk.py` runs it, so an SDK
 upgrade that moves any of these fails loudly there instead of silently stopping delivery.
@@ -14,9 +15,8 @@ upgrade that moves any of these fails loudly there instead of silently stopping 
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
-import os
-import sys
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -30,6 +30,8 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+
+from agent_bridge.ipc import protocol
 
 WATCH_MAX = 256  # responses awaited at once; a cancelled request's watch is dropped eventually
 
@@ -152,35 +154,60 @@ def _key(rid: object) -> str:
     return json.dumps(rid)
 
 
-class HostPipe:
-    """The host's end of stdout: every byte the host receives goes through here.
+LINE_PART = 200_000  # characters of a line per frame: at most 800 KB of UTF-8, under MAX_FRAME
+
+
+def line_frames(kind: str, line: str, **fields: Any) -> list[dict[str, Any]]:
+    """One line as frames of the relay protocol (ipc.protocol): a line longer than a frame
+    takes, in parts, each but the last marked `"more": true`."""
+    if len(line) <= LINE_PART:
+        return [{"v": protocol.PROTOCOL_VERSION, kind: "line", "line": line, **fields}]
+    parts = [line[i:i + LINE_PART] for i in range(0, len(line), LINE_PART)]
+    frames: list[dict[str, Any]] = [
+        {"v": protocol.PROTOCOL_VERSION, kind: "line", "line": part, "more": True} for part in parts[:-1]
+    ]
+    frames.append({"v": protocol.PROTOCOL_VERSION, kind: "line", "line": parts[-1], **fields})
+    return frames
+
+
+class RelayPipe:
+    """The host's end of stdout, one relay connection away: every byte the host receives goes
+    through here.
 
     The SDK's stdio writer calls `write(line)` then `flush()` for each JSON-RPC message; we
-    write a line to the pipe in `flush()` and, once the kernel took all of it, call the
-    callback registered for that response id (`watch`). Our own notifications go out with
-    `send_message`, under the same lock, so lines never interleave.
+    send the line to the relay in `flush()`. A line whose writing shows messages (a response
+    someone `watch`es, a notification sent with `written=`) carries a sequence number and the
+    message ids; the relay writes the line to the host, flushes, and only then answers
+    "written" with that number, which calls the callback (`written(seq)`). A line the relay
+    never wrote (the host cancelled, the relay died) never calls it.
     """
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._stream = trio.lowlevel.FdStream(fd) if sys.platform != "win32" else None
-        self._lock = trio.Lock()
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn  # the relay's FramedStream
         self._buffer: list[str] = []
-        self._watches: OrderedDict[str, Callable[[], None]] = OrderedDict()
+        self._watches: OrderedDict[str, tuple[list[str], Callable[[], None]]] = OrderedDict()
+        self._sent: dict[int, Callable[[], None]] = {}
+        self._seq = itertools.count(1)
 
-    def watch(self, rid: types.RequestId | None, written: Callable[[], None]) -> None:
+    def watch(self, rid: types.RequestId | None, ids: list[str], written: Callable[[], None]) -> None:
         """Call `written()` (synchronously: it must not block) once the successful response to
-        request `rid` has been written to the host. A response never written (the host
-        cancelled the request, or the pipe broke) never calls it."""
+        request `rid`, which shows messages `ids`, has been written to the host. A response
+        never written (the host cancelled the request, the relay went away) never calls it."""
         if rid is None:
             return
-        self._watches[_key(rid)] = written
+        self._watches[_key(rid)] = (ids, written)
         while len(self._watches) > WATCH_MAX:
             self._watches.popitem(last=False)
 
     def forget(self, rid: types.RequestId | None) -> None:
         if rid is not None:
             self._watches.pop(_key(rid), None)
+
+    def written(self, seq: int) -> None:
+        """The relay wrote line `seq` to the host."""
+        callback = self._sent.pop(seq, None)
+        if callback is not None:
+            callback()
 
     # --- what stdio_server's writer calls --------------------------------------------
 
@@ -189,70 +216,49 @@ class HostPipe:
 
     async def flush(self) -> None:
         text, self._buffer = "".join(self._buffer), []
-        if text:
-            await self._send(text.encode("utf-8"))
-            if self._watches:
-                self._report(text)
+        for line in text.splitlines():
+            ids, written = self._watched(line) if self._watches else ((), None)
+            await self._send(line, list(ids), written)
 
     # --- our own messages -------------------------------------------------------------
 
-    async def send_message(self, method: str, params: dict[str, Any]) -> None:
-        """Write one JSON-RPC notification; returns once the host's pipe has all of it."""
+    async def send_message(self, method: str, params: dict[str, Any], *, ids: list[str] | None = None,
+                           written: Callable[[], None] | None = None) -> None:
+        """Send one JSON-RPC notification; `written()` once the relay wrote it to the host."""
         line = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}, ensure_ascii=False)
-        await self._send((line + "\n").encode("utf-8"))
+        await self._send(line, ids or [], written)
 
-    async def _send(self, data: bytes) -> None:
-        async with self._lock:
-            try:
-                if self._stream is not None:
-                    await self._stream.send_all(data)
-                else:  # Windows: no non-blocking pipes; a worker thread writes
-                    await trio.to_thread.run_sync(_write_all, self._fd, data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise BrokenPipeError("the host closed its end of stdout") from exc
+    async def _send(self, line: str, ids: list[str], written: Callable[[], None] | None) -> None:
+        fields: dict[str, Any] = {}
+        seq = None
+        if written is not None:
+            seq = next(self._seq)
+            self._sent[seq] = written
+            fields = {"seq": seq, "ids": ids}
+        try:
+            await self._conn.send_many(line_frames("push", line, **fields))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if seq is not None:
+                self._sent.pop(seq, None)
+            raise BrokenPipeError("the relay to the host is gone") from exc
 
-    def _report(self, text: str) -> None:
-        for line in text.splitlines():
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(message, dict) or "id" not in message:
-                continue
-            written = self._watches.pop(_key(message["id"]), None)
-            result = message.get("result")
-            if written is not None and isinstance(result, dict) and not result.get("isError"):
-                written()
-
-    async def aclose(self) -> None:
-        if self._stream is not None:
-            await self._stream.aclose()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    def _watched(self, line: str) -> tuple[list[str], Callable[[], None] | None]:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return [], None
+        if not isinstance(message, dict) or "id" not in message:
+            return [], None
+        watch = self._watches.pop(_key(message["id"]), None)
+        result = message.get("result")
+        if watch is not None and isinstance(result, dict) and not result.get("isError"):
+            return watch
+        return [], None
 
 
 @asynccontextmanager
-async def open_stdio(stdin: Any = None) -> AsyncIterator[tuple[Any, Any, HostPipe]]:
-    """The SDK's stdio transport with stdout replaced by a HostPipe: (read, write, pipe).
-    `stdin`: an async iterator of lines to read instead of the SDK's own stdin reader.
-
-    fd 1 is moved to a private descriptor and pointed at stderr while serving (as the SDK
-    does), so stray output from this process or its children never reaches the host."""
-    private = os.dup(1)
-    os.set_inheritable(private, False)
-    os.dup2(2, 1)
-    pipe = HostPipe(private)
-    try:
-        async with stdio_server(stdin=stdin, stdout=pipe) as (read_stream, write_stream):  # type: ignore[arg-type]
-            yield read_stream, write_stream, pipe
-    finally:
-        try:
-            os.dup2(private, 1)
-        except OSError:
-            pass
-        with trio.CancelScope(shield=True):
-            await pipe.aclose()
+async def open_relay_stdio(lines: Any, pipe: RelayPipe) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's stdio transport over a relay: (read, write) streams of the MCP session.
+    `lines`: the host's lines (an async iterator); `pipe`: where the answers go."""
+    async with stdio_server(stdin=lines, stdout=pipe) as (read_stream, write_stream):  # type: ignore[arg-type]
+        yield read_stream, write_stream

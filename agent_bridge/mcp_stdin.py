@@ -3,7 +3,7 @@
 JSON admits a lone surrogate (`"\\ud800"`); UTF-8, and so the broker's database and every
 reader, cannot hold one. The SDK's stdio reader fails to validate such a line and drops it
 (tests/reliability/test_surrogates.py), so the host's request would never be answered. This
-module answers it instead: a `tools/call` with the tool error the host shows its agent, any
+module (run by the broker, on the lines the relay forwards) answers it instead: a `tools/call` with the tool error the host shows its agent, any
 other request with JSON-RPC "invalid params". Every other line goes to the SDK untouched.
 
 Kept apart from the rest of the SDK adapter: it only needs `stdio_server(stdin=...)` and the
@@ -12,14 +12,10 @@ SDK's write stream, both public.
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import sys
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
-import anyio
 import mcp_types as types
 import trio
 from mcp.shared.message import SessionMessage
@@ -67,12 +63,9 @@ class GuardedStdin:
         self._out = write_stream
         self._ready.set()
 
-    async def lines(self, source: AsyncIterable[str] | None = None) -> AsyncIterator[str]:
-        """The lines of `source` (default: stdin, read as the SDK reads it: UTF-8, undecodable
-        bytes replaced), less the ones answered here."""
-        if source is None:
-            raw = os.fdopen(os.dup(sys.stdin.fileno()), "rb", closefd=True)
-            source = anyio.wrap_file(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"))
+    async def lines(self, source: AsyncIterable[str]) -> AsyncIterator[str]:
+        """The lines of `source` (the host's, as its relay read them: UTF-8, undecodable bytes
+        replaced), less the ones answered here."""
         async for line in source:
             answer = refusal(line)
             if answer is None:

@@ -38,7 +38,7 @@ async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
         try:
             request_id, op, args = protocol.parse_request(first)
         except protocol.BadArguments as exc:
-            if first.get("op") == "hello":  # no session without a valid hello
+            if first.get("op") in ("hello", "mcp"):  # no session without a valid hello
                 await _send_quietly(conn, protocol.error(exc.request_id, "bad_request", str(exc)))
                 return
             await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
@@ -48,6 +48,10 @@ async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
             request_id, op, args = following
         if op == "hello":
             await _serve_session(broker, conn, request_id, args)
+        elif op == "mcp":  # an `agent-bridge mcp` relay: the broker serves its host's MCP session
+            from agent_bridge.daemon import mcp_host  # imports this module
+
+            await mcp_host.serve_relay(broker, conn, request_id, args)
         else:
             await _serve_control(broker, conn, request_id, op, args)
     except protocol.ProtocolError as exc:

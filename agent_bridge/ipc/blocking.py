@@ -53,6 +53,13 @@ def _connect(address: str, timeout: float) -> Any:
     return _Closing(sock)
 
 
+def connect(address: str, timeout: float) -> Any:
+    """A connection to the broker for a client that keeps it open (the `agent-bridge mcp`
+    relay): a socket, or a named pipe with the same sendall/recv/settimeout/close."""
+    conn = _connect(address, timeout)
+    return conn.sock if isinstance(conn, _Closing) else conn
+
+
 class _Closing:
     """`with` for the C-level socket, which has no context manager of its own."""
 

@@ -21,6 +21,23 @@ A frame that breaks these rules gets an error with code "protocol" and the conne
 A hello for a host session id another connection holds with an equal or stronger claim gets
 the error code "refused" (try again later), not "bad_request" (fix the request).
 
+An `agent-bridge mcp` relay's first request is `mcp`, with hello's arguments and answer; the
+broker then serves the MCP session of the relay's host itself (daemon.mcp_host), and the
+connection carries the host's JSON-RPC lines, not requests:
+
+Relay -> broker:  {"v":1, "relay": "line", "line": "<one JSON-RPC line from the host>"}
+                  {"v":1, "relay": "written", "seq": n}   (line n is in the host's pipe)
+                  {"v":1, "relay": "acked", "ids": [...]} (shown while no broker answered)
+                  {"v":1, "relay": "ping"}                (keepalive, every 15 s)
+                  {"v":1, "relay": "eof"}                 (the host closed stdin)
+Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdout>"}
+                  {"v":1, "push": "line", "line": "...", "seq": n, "ids": [...]}
+                      (writing it shows messages `ids`: answer "written" once it is written)
+                  {"v":1, "push": "identity", "session": {...}}  (who this is now)
+A line longer than one frame takes comes in parts, each but the last with `"more": true`.
+The relay acknowledges nothing itself: "written" comes after the bytes are in the host's pipe,
+and ids it could not report (no broker) go to the ledger file, then as "acked" to the next one.
+
 A client need not wait for an answer before its next request: requests on one connection are
 carried out and answered in the order they were sent (consecutive sends may share a commit).
 """
@@ -49,6 +66,7 @@ class Op(NamedTuple):
 # Every request of the protocol: the one list to extend for a new op.
 OPS: dict[str, Op] = {
     "hello": Op(session=False, control=False, idempotent=False),  # turns a connection into a session's
+    "mcp": Op(session=False, control=False, idempotent=False),  # the same, for a relay: the broker serves MCP
     "whoami": Op(session=True, control=False, idempotent=True),
     "peers": Op(session=True, control=False, idempotent=True),
     "decide": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge decide`

@@ -1,0 +1,706 @@
+"""`agent-bridge mcp`: the stdio process of one agent session (SPEC §5), standard library only.
+
+The host starts one per session. It relays the host's JSON-RPC lines to the broker, which serves
+the MCP protocol itself (daemon.mcp_host), and writes the broker's lines to the host's stdout. It
+imports neither trio nor the MCP SDK nor pydantic, like the hooks: a session costs a small
+Python process, and the host's start does not wait for those imports.
+
+What only this process can know or do stays here: who its host is (the ancestor chain, the
+environment, the flags: `Options.hello`), starting the broker when none answers, reconnecting
+with backoff, and acknowledging only what it wrote: a line that shows messages is reported
+"written" to the broker after its bytes are in the host's pipe, or, with no broker to tell, kept
+in the ledger file (agent_bridge.ledger) for the next one. With no broker at all, `initialize`,
+`tools/list` and `ping` are answered from data generated from the real server
+(`mcp_static.json`, written by `python -m agent_bridge.daemon.mcp_host`), and tool calls wait
+for the broker, then get the reason it is not there. Across a broker restart it replays the
+host's `initialize` to the new broker and drops that answer; a request in flight when the
+connection broke is sent again if doing it twice changes nothing, and otherwise answered with
+an error saying it may or may not have been carried out: nothing is answered twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from agent_bridge import domain, hosts, ledger, paths, procinfo
+from agent_bridge.ipc import blocking, protocol
+
+log = logging.getLogger("agent_bridge.mcp")
+
+CALL_TIMEOUT = 15.0  # a request waits this long for the broker to be reachable
+BACKOFF_START, BACKOFF_MAX = 0.05, 2.0
+RESTART_AFTER = 2.0  # broker unreachable this long: start one ourselves
+# A broker that cannot start (a newer or corrupt database, a read-only folder) fails the same way
+# each time: wait longer between tries, and stop after a few, so relays never respawn it forever.
+START_BACKOFF_FIRST, START_ATTEMPTS = 0.5, 5
+START_TIMEOUT = 30.0  # seconds `agent-bridge up --detach` may take
+REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX = 0.5, 30.0  # another connection holds our host session id
+JOIN_BEFORE_SERVING = 10.0  # seconds the relay waits for the broker before serving the host anyway
+HELLO_TIMEOUT = 10.0  # seconds the broker may take to answer the relay's hello
+KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
+ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledgements when the host leaves
+READ_CHUNK = 1 << 16
+LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
+REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
+STATIC = Path(__file__).with_name("mcp_static.json")
+
+# What to do after a request the broker may or may not have carried out, per tool.
+UNSURE_ADVICE = {
+    "decide": "check with `decisions` before retrying",
+    "send": "no tool shows what this session sent, so if you send it again say that it may arrive twice",
+}
+NOT_REACHABLE = "the agent-bridge broker is not reachable right now; it is being restarted, try again shortly"
+INTERNAL_ERROR = -32603  # JSON-RPC 2.0
+
+
+@dataclass
+class Options:
+    agent: str
+    project: str
+    kind: str
+    name: str | None
+    host_session_id: str | None
+    claude_session_id: str | None
+    host: procinfo.Proc | None
+    chain: list[procinfo.Proc]
+    home: Path
+
+    def hello(self, resume: dict[str, str] | None = None) -> dict[str, Any]:
+        """The hello frame; `resume`: the session id and secret this process was given, so a
+        reconnect gets exactly that session back (SPEC §3, identity without a host session id)."""
+        return {
+            "agent": self.agent,
+            "project": self.project,
+            "kind": self.kind,
+            "name": self.name,
+            "hostSessionId": self.host_session_id,
+            "claudeSessionId": self.claude_session_id,
+            "host": procinfo.host_json(self.host),
+            "chain": [p.to_json() for p in self.chain],
+            "pid": os.getpid(),
+            "resume": resume,
+        }
+
+
+def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] | None = None) -> Options:
+    env = os.environ if env is None else env
+    host, chain = procinfo.current_host(env)
+    agent = ns.agent
+    if not agent:
+        agent = (hosts.for_process(host.exe if host else "") or hosts.DEFAULT).name
+    agent = domain.normalize_agent(agent)
+    if ns.name is not None:
+        domain.check_session_name(ns.name, what="--name")
+    project = domain.normalize_folder(os.path.abspath(ns.project or os.getcwd()), what="--project")
+    explicit = ns.host_session_id or env.get("AGENT_BRIDGE_HOST_SESSION_ID") or None
+    chosen = hosts.by_name(agent)
+    session_env = chosen.session_env if chosen else None  # where the host passes its own session id
+    claude_env = (env.get(session_env) or None) if session_env else None
+    return Options(
+        agent=agent,
+        project=project,
+        kind="job" if ns.job else "interactive",
+        name=ns.name,
+        host_session_id=explicit,
+        claude_session_id=claude_env,
+        host=host,
+        chain=chain,
+        home=paths.writable_home(paths.home(env)),
+    )
+
+
+class Refused(Exception):
+    """The broker will not take this session now (another connection holds its host session id)."""
+
+
+class BadHello(Exception):
+    """The broker refused this session's hello as bad input (say, --name): fix it, do not retry."""
+
+
+@dataclass
+class Request:
+    """A host request this relay has not seen answered."""
+
+    key: str  # its JSON-RPC id, as JSON
+    line: str
+    method: str
+    tool: str | None  # the tool a `tools/call` names
+    deadline: float = 0.0  # while waiting for a broker: when to give up
+
+
+class Link:
+    """One connection to the broker: frames out under one lock, frames in from one thread."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.alive = True
+        self._send_lock = threading.Lock()
+        self._decoder = protocol.FrameDecoder()
+        self._ready: list[dict[str, Any]] = []
+
+    def send(self, frames: list[dict[str, Any]]) -> None:
+        data = b"".join(protocol.encode(f) for f in frames)
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next frame; None at end of stream. Raises TimeoutError after the socket's timeout."""
+        while not self._ready:
+            data = self.sock.recv(READ_CHUNK)
+            if not data:
+                return None
+            self._ready.extend(self._decoder.feed(data))
+        return self._ready.pop(0)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def frame(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"v": protocol.PROTOCOL_VERSION, "relay": kind, **fields}
+
+
+def line_frames(line: str) -> list[dict[str, Any]]:
+    """A host line as relay frames: a line longer than a frame takes goes in parts."""
+    parts = [line[i:i + LINE_PART] for i in range(0, len(line), LINE_PART)] or [""]
+    return [frame("line", line=part, more=True) for part in parts[:-1]] + [frame("line", line=parts[-1])]
+
+
+@dataclass
+class Relay:
+    options: Options
+    out_fd: int
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    out_lock: threading.Lock = field(default_factory=threading.Lock)
+    link: Link | None = None
+    joined: bool = False  # a broker answered this relay's hello at least once
+    session_id: str | None = None
+    secret: str | None = None  # this session's resume secret: never logged, never shown
+    refused: str | None = None  # why the broker will not take this session now
+    start_failure: str | None = None  # why the last broker we started could not start
+    start_attempts: int = 0  # consecutive failed starts
+    next_start: float = 0.0  # monotonic time before which no new start is tried
+    init: dict[str, Any] | None = None  # the host's initialize request, replayed to a new broker
+    init_answered: bool = False
+    initialized: bool = False  # the host sent notifications/initialized
+    level: dict[str, Any] | None = None  # the host's last logging/setLevel params
+    forwarded: dict[str, Request] = field(default_factory=dict)  # sent on `link`, not answered yet
+    waiting: list[Request] = field(default_factory=list)  # to send once a broker answers
+    swallow: set[str] = field(default_factory=set)  # answers to replayed requests: not the host's
+    replays: int = 0
+    unsent_acks: list[str] = field(default_factory=list)  # written, not yet reported: in the ledger
+    ledger_peer: str | None = None
+    static: dict[str, Any] | None = None
+
+    # --- the host's side ----------------------------------------------------------------
+
+    def write_out(self, line: str) -> None:
+        """One line to the host's stdout; returns once the pipe has all of it."""
+        view = memoryview((line + "\n").encode("utf-8", "surrogatepass"))
+        with self.out_lock:
+            try:
+                while view:
+                    view = view[os.write(self.out_fd, view):]
+            except OSError:  # the host closed its end: the session is over
+                exit_now(0)
+
+    def answer(self, rid: Any, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
+        body = {"error": error} if error is not None else {"result": result}
+        self.write_out(json.dumps({"jsonrpc": "2.0", "id": rid, **body}, ensure_ascii=False))
+
+    def tool_error(self, rid: Any, tool: str, text: str) -> None:
+        template = self.static_answers()["toolError"]
+        marks, result = template["marks"], template["result"]
+        filled = [dict(c, text=c["text"].replace(marks["tool"], tool).replace(marks["reason"], text))
+                  for c in result["content"]]
+        self.answer(rid, result=dict(result, content=filled))
+
+    def static_answers(self) -> dict[str, Any]:
+        if self.static is None:
+            self.static = json.loads(STATIC.read_text(encoding="utf-8"))
+        return self.static
+
+    def on_host_line(self, line: str) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+            self.forward_raw(line)  # the broker's MCP server answers what is malformed
+            return
+        method = message["method"]
+        if "id" not in message:
+            self.on_notification(line, method, message)
+            return
+        params = message.get("params")
+        tool = params.get("name") if method == "tools/call" and isinstance(params, dict) else None
+        request = Request(json.dumps(message["id"]), line, method, tool if isinstance(tool, str) else None)
+        if method == "initialize":
+            self.init = message
+        elif method == "logging/setLevel":
+            self.level = params if isinstance(params, dict) else None
+        with self.cond:
+            link = self.link
+            if link is not None:
+                self.forwarded[request.key] = request
+        if link is not None:
+            self.send(link, line_frames(line))
+            return
+        self.serve_alone(request, message)
+
+    def on_notification(self, line: str, method: str, message: dict[str, Any]) -> None:
+        with self.cond:
+            if method == "notifications/initialized":
+                self.initialized = True
+            elif method == "notifications/cancelled":
+                params = message.get("params")
+                rid = params.get("requestId") if isinstance(params, dict) else None
+                key = json.dumps(rid)
+                if any(r.key == key for r in self.waiting):  # never sent: never answered
+                    self.waiting = [r for r in self.waiting if r.key != key]
+                    return
+            link = self.link
+        if link is not None:
+            self.send(link, line_frames(line))
+
+    def forward_raw(self, line: str) -> None:
+        with self.cond:
+            link = self.link
+        if link is not None:
+            self.send(link, line_frames(line))
+
+    def serve_alone(self, request: Request, message: dict[str, Any]) -> None:
+        """A request while no broker answers: what needs no broker is answered from the
+        generated data; the rest waits for one, up to CALL_TIMEOUT."""
+        rid = message["id"]
+        static = self.static_answers()
+        if request.method == "initialize":
+            params = message.get("params")
+            wanted = params.get("protocolVersion") if isinstance(params, dict) else None
+            answers = static["initialize"]["claude" if self.options.agent == "claude" else "other"]
+            answer = answers.get(wanted) if isinstance(wanted, str) else None
+            answer = answer or answers["unknown"]
+            self.answer(rid, result=answer.get("result"), error=answer.get("error"))
+            self.init_answered = "result" in answer
+            return
+        if request.method == "tools/list":
+            self.answer(rid, result=static["tools/list"])
+            return
+        if request.method in ("ping", "logging/setLevel"):  # a level is replayed to the broker later
+            self.answer(rid, result={})
+            return
+        reason = ""
+        with self.cond:
+            link = self.link
+            if link is not None:  # a broker answered meanwhile
+                self.forwarded[request.key] = request
+            elif request.method == "tools/call" and (self.refused is not None or self.start_failure is not None):
+                reason = self.unreachable()  # no use waiting
+            else:
+                request.deadline = time.monotonic() + CALL_TIMEOUT
+                self.waiting.append(request)
+                self.cond.notify_all()
+                return
+        if link is not None:
+            self.send(link, line_frames(request.line))
+        else:
+            self.tool_error(rid, request.tool or "", reason)
+
+    def unreachable(self) -> str:
+        """Why a tool call gets no broker (today's reason, as the tool error the agent reads)."""
+        if self.refused is not None:
+            return f"agent-bridge: this session is not connected: {self.refused}"
+        if self.start_failure is not None:
+            if self.start_attempts >= START_ATTEMPTS:
+                return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up after "
+                        f"{self.start_attempts} attempts: fix that, then run `agent-bridge up` (this session "
+                        "connects once it runs)")
+            return f"the agent-bridge broker cannot start: {self.start_failure}; trying again"
+        return NOT_REACHABLE
+
+    def expire_waiting(self) -> None:
+        """Requests that waited CALL_TIMEOUT for a broker, or whose wait has a known end now
+        (the broker cannot start, or will not take this session): answered with the reason."""
+        while True:
+            with self.cond:
+                now = time.monotonic()
+                known = self.refused is not None or self.start_failure is not None
+                due = [r for r in self.waiting if r.deadline <= now or (known and r.method == "tools/call")]
+                self.waiting = [r for r in self.waiting if all(r is not d for d in due)]
+                reason = self.unreachable()
+                if not due:
+                    wake = min((r.deadline for r in self.waiting), default=now + 3600)
+                    self.cond.wait(max(0.0, wake - now))
+                    continue
+            for request in due:
+                rid = json.loads(request.key)
+                if request.method == "tools/call":
+                    self.tool_error(rid, request.tool or "", reason)
+                else:
+                    self.answer(rid, error={"code": INTERNAL_ERROR, "message": reason})
+
+    def send(self, link: Link, frames: list[dict[str, Any]]) -> None:
+        """Frames to the broker; a broken connection is the reading thread's to handle."""
+        try:
+            link.send(frames)
+        except (OSError, protocol.ProtocolError) as exc:
+            log.info("broker connection lost while sending: %s", exc)
+            try:
+                link.sock.shutdown(2)  # SHUT_RDWR: the reader sees the end and reconnects
+            except (OSError, AttributeError):  # closed already; a named pipe has no shutdown
+                pass
+
+    # --- the broker's side --------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = BACKOFF_START
+        refused_wait = REFUSED_BACKOFF_START
+        down_since: float | None = None
+        while True:
+            socket_path = self.broker_socket()
+            now = time.monotonic()
+            if socket_path is None or (down_since is not None and now - down_since > RESTART_AFTER):
+                if self.start_attempts < START_ATTEMPTS and now >= self.next_start:
+                    self.start_broker()
+                socket_path = self.broker_socket()
+            if socket_path is not None:
+                try:
+                    link = self.join(socket_path)
+                except Refused as exc:
+                    with self.cond:
+                        if self.refused is None:
+                            log.warning("the broker will not connect this session yet: %s", exc)
+                        self.refused = str(exc)
+                        self.cond.notify_all()
+                    time.sleep(refused_wait)
+                    refused_wait = min(refused_wait * 2, REFUSED_BACKOFF_MAX)
+                    down_since = None  # the broker is up: nothing to restart
+                    continue
+                except (OSError, protocol.ProtocolError) as exc:
+                    log.info("broker not reachable: %s", exc)
+                else:
+                    down_since, backoff, refused_wait = None, BACKOFF_START, REFUSED_BACKOFF_START
+                    self.serve_link(link)
+            if down_since is None:
+                down_since = time.monotonic()
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def broker_socket(self) -> str | None:
+        record = paths.running_broker(self.options.home)
+        sock = record.get("socket") if record else None
+        return sock if isinstance(sock, str) else None
+
+    def start_broker(self) -> None:
+        """Start a detached broker; racing relays are safe: the broker lock admits one.
+
+        A start that fails while no other broker holds the lock is a failure of this home (its
+        database, its folder): remembered with the reason `up` gave, for tool errors, and tried
+        again only after a growing delay, at most START_ATTEMPTS times in a row."""
+        import subprocess
+
+        log.info("no broker answering; starting one")
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "agent_bridge", "up", "--detach"],
+                check=False, stdin=subprocess.DEVNULL, capture_output=True, timeout=START_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            return  # slow: the run loop connects once it runs
+        if done.returncode == 0 or paths.lock_holder(self.options.home) is not None:
+            return  # started, or another relay's broker is starting: the run loop connects
+        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        text = reason[-1] if reason else f"`agent-bridge up` exited with status {done.returncode}"
+        with self.cond:
+            self.start_failure = text.removeprefix("agent-bridge up: ")
+            self.start_attempts += 1
+            self.next_start = time.monotonic() + START_BACKOFF_FIRST * 2 ** (self.start_attempts - 1)
+            self.cond.notify_all()
+        if self.start_attempts == START_ATTEMPTS:
+            log.error("the broker cannot start (%s); giving up after %d attempts", self.start_failure, START_ATTEMPTS)
+        else:
+            log.warning("the broker cannot start: %s", self.start_failure)
+
+    def join(self, socket_path: str) -> Link:
+        """Connect and say hello (`mcp`): the broker serves this session from now on."""
+        resume = {"id": self.session_id, "secret": self.secret} if self.session_id and self.secret else None
+        sock = blocking.connect(socket_path, HELLO_TIMEOUT)
+        link = Link(sock)
+        try:
+            link.send([protocol.request(1, "mcp", **self.options.hello(resume))])
+            while True:
+                answer = link.receive()
+                if answer is None:
+                    raise ConnectionResetError("the broker closed the connection during hello")
+                if answer.get("id") == 1:
+                    break
+        except BaseException:
+            link.close()
+            raise
+        if not answer.get("ok"):
+            link.close()
+            err = answer.get("error") or {}
+            if err.get("code") == "refused":
+                raise Refused(str(err.get("message")))
+            if err.get("code") == "bad_request":
+                raise BadHello(str(err.get("message")))
+            raise ConnectionRefusedError(str(err.get("message")))
+        hello = answer.get("result") or {}
+        session = hello.get("session") or {}
+        sock.settimeout(KEEPALIVE_INTERVAL)
+        with self.cond:
+            if isinstance(session.get("id"), str):
+                self.session_id = session["id"]
+            if isinstance(hello.get("secret"), str):
+                self.secret = hello["secret"]
+            self.refused = self.start_failure = None
+            self.start_attempts, self.next_start = 0, 0.0
+            frames = self.replay_frames()
+            self.send(link, frames)  # before any host line: the new broker's MCP session first
+            self.link, self.joined = link, True
+            self.cond.notify_all()
+        return link
+
+    def replay_frames(self) -> list[dict[str, Any]]:
+        """What a new broker needs before the host's next line: the acknowledgements kept while
+        none answered; the host's `initialize`, `notifications/initialized` and log level
+        (their answers dropped); then the requests that wait for it. Called under `cond`."""
+        frames = []
+        if self.unsent_acks:
+            for i in range(0, len(self.unsent_acks), ledger.IDS_MAX):
+                frames.append(frame("acked", ids=self.unsent_acks[i:i + ledger.IDS_MAX]))
+            self.unsent_acks = []
+            self.forget_ledger()
+        if self.init is not None and self.init_answered:
+            frames += self.replayed("initialize", self.init.get("params"))
+            if self.initialized:
+                frames += line_frames(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            if self.level is not None:
+                frames += self.replayed("logging/setLevel", self.level)
+        for request in self.waiting:
+            self.forwarded[request.key] = request
+            frames += line_frames(request.line)
+        self.waiting = []
+        return frames
+
+    def replayed(self, method: str, params: Any) -> list[dict[str, Any]]:
+        self.replays += 1
+        rid = REPLAY_ID.format(self.replays)
+        self.swallow.add(json.dumps(rid))
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
+        if params is not None:
+            message["params"] = params
+        return line_frames(json.dumps(message, ensure_ascii=False))
+
+    def serve_link(self, link: Link) -> None:
+        """Write the broker's lines to the host until the connection ends; then settle what
+        was in flight on it."""
+        parts: list[str] = []
+        try:
+            while True:
+                try:
+                    incoming = link.receive()
+                except TimeoutError:
+                    self.send(link, [frame("ping")])
+                    continue
+                if incoming is None:
+                    break
+                if incoming.get("push") == "identity" and isinstance(incoming.get("session"), dict):
+                    sid = incoming["session"].get("id")
+                    if isinstance(sid, str):
+                        self.session_id = sid
+                    continue
+                if incoming.get("push") != "line" or not isinstance(incoming.get("line"), str):
+                    continue
+                parts.append(incoming["line"])
+                if incoming.get("more"):
+                    continue
+                line, parts = "".join(parts), []
+                self.to_host(link, line, incoming)
+        except (OSError, protocol.ProtocolError) as exc:
+            log.info("broker connection lost: %s", exc)
+        finally:
+            link.close()
+            self.lost(link)
+
+    def to_host(self, link: Link, line: str, incoming: dict[str, Any]) -> None:
+        key = self.answer_key(line)
+        with self.cond:
+            if key is not None and key in self.swallow:
+                self.swallow.discard(key)
+                return
+            if key is not None:
+                answered = self.forwarded.pop(key, None)
+                if answered is not None and answered.method == "initialize":
+                    self.init_answered = True
+        self.write_out(line)
+        seq, ids = incoming.get("seq"), incoming.get("ids")
+        if not isinstance(seq, int):
+            return
+        try:
+            link.send([frame("written", seq=seq)])
+        except (OSError, protocol.ProtocolError):  # shown, and no broker to tell: kept for the next
+            with self.cond:
+                self.unsent_acks.extend(i for i in ids or [] if isinstance(i, str))
+                self.save_ledger()
+
+    @staticmethod
+    def answer_key(line: str) -> str | None:
+        """The id a line from the broker answers, as JSON; None for a notification."""
+        if '"method"' in line[:200] and '"id"' not in line[:200]:
+            return None
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(message, dict) or "id" not in message or "method" in message:
+            return None
+        return json.dumps(message["id"])
+
+    def lost(self, link: Link) -> None:
+        """The connection ended: what was in flight on it is sent again to the next broker if
+        doing it twice changes nothing, else answered with an error saying it may have been
+        done."""
+        unsure = []
+        with self.cond:
+            if self.link is link:
+                self.link = None
+            link.alive = False
+            again = []
+            for request in self.forwarded.values():
+                if request.method == "tools/call" and not self.idempotent(request.tool):
+                    unsure.append(request)
+                else:
+                    request.deadline = time.monotonic() + CALL_TIMEOUT
+                    again.append(request)
+            self.waiting[:0] = again
+            self.forwarded.clear()
+            self.swallow.clear()
+            self.cond.notify_all()
+        for request in unsure:
+            tool = request.tool or "decide"
+            self.tool_error(json.loads(request.key), tool, (
+                f"the broker connection was lost during {tool}; it may or may not have been recorded: "
+                f"{UNSURE_ADVICE.get(tool, UNSURE_ADVICE['decide'])}"
+            ))
+
+    def idempotent(self, tool: str | None) -> bool:
+        """An unknown tool is answered with an error by the broker, which changes nothing."""
+        return bool(self.static_answers()["idempotentTools"].get(tool, True))
+
+    def save_ledger(self) -> None:
+        """Called under `cond`: the acknowledgements no broker has taken yet, in the ledger file."""
+        peer = self.session_id
+        if peer is None:
+            return
+        if self.ledger_peer is not None and self.ledger_peer != peer:
+            ledger.remove(self.options.home, self.ledger_peer)
+        self.ledger_peer = peer
+        try:
+            ledger.save(self.options.home, peer, [], list(self.unsent_acks))
+        except OSError as exc:
+            log.warning("could not keep acknowledgements in %s: %s", self.options.home / ledger.FOLDER, exc)
+
+    def forget_ledger(self) -> None:
+        if self.ledger_peer is not None:
+            ledger.remove(self.options.home, self.ledger_peer)
+            self.ledger_peer = None
+
+    # --- the whole process --------------------------------------------------------------
+
+    def wait_joined(self, timeout: float) -> None:
+        """Until a broker answered, or its start failed or it refused us, or `timeout`."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.joined or self.start_failure is not None or self.refused is not None,
+                               timeout)
+
+    def end(self) -> None:
+        """The host closed stdin: the broker records what the host was shown, then closes."""
+        with self.cond:
+            link = self.link
+        if link is None:
+            return
+        self.send(link, [frame("eof")])
+        with self.cond:
+            self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT)
+
+
+def host_lines(fd: int) -> Any:
+    """The host's lines on `fd`, decoded as the SDK decodes them (UTF-8, bad bytes replaced)."""
+    buffer = b""
+    while True:
+        chunk = os.read(fd, READ_CHUNK)
+        if not chunk:
+            if buffer.strip():
+                yield buffer.decode("utf-8", "replace")
+            return
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line.decode("utf-8", "replace")
+
+
+def main(ns: argparse.Namespace) -> int:
+    # Hosts end their MCP servers with SIGINT, then SIGTERM: end now. Whatever was not written
+    # to the host stays unacknowledged in the broker.
+    signal.signal(signal.SIGINT, lambda *_: exit_now(0))
+    signal.signal(signal.SIGTERM, lambda *_: exit_now(0))
+    try:
+        options = options_from(ns)
+    except domain.InputError as exc:
+        print(f"agent-bridge mcp: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the state folder: someone else's, or one we cannot create or write
+        print(f"agent-bridge mcp: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="agent-bridge mcp: %(message)s")
+    # fd 1 is the host's: moved to a private descriptor, with fd 1 pointed at stderr, so stray
+    # output of this process or its children never reaches the host.
+    out_fd = os.dup(1)
+    os.set_inheritable(out_fd, False)
+    os.dup2(2, 1)
+    relay = Relay(options, out_fd)
+
+    def run() -> None:
+        try:
+            relay.run()
+        except BadHello as exc:  # the broker refused this session's hello as bad input (say, --name)
+            print(f"agent-bridge mcp: {exc}", file=sys.stderr)
+            exit_now(2)
+
+    threading.Thread(target=run, name="broker", daemon=True).start()
+    threading.Thread(target=relay.expire_waiting, name="waiting", daemon=True).start()
+    # Join the bridge before answering the host, so a session whose MCP server is ready is also
+    # connected (a decide recorded right after sees it); a broker that cannot be reached in time
+    # does not hold the host back: tools say so until it is.
+    relay.wait_joined(JOIN_BEFORE_SERVING)
+    for line in host_lines(0):
+        relay.on_host_line(line)
+    relay.end()
+    exit_now(0)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit now, from any thread: what this process wrote is flushed first; what it did not
+    write was never reported written."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
