@@ -187,6 +187,7 @@ class RelayPipe:
         self._buffer: list[str] = []
         self._watches: OrderedDict[str, tuple[list[str], Callable[[], None]]] = OrderedDict()
         self._sent: dict[int, Callable[[], None]] = {}
+        self._sent_rids: dict[str, int] = {}  # watched responses sent to the relay: their seq
         self._seq = itertools.count(1)
 
     def watch(self, rid: types.RequestId | None, ids: list[str], written: Callable[[], None]) -> None:
@@ -199,15 +200,22 @@ class RelayPipe:
         while len(self._watches) > WATCH_MAX:
             self._watches.popitem(last=False)
 
-    def forget(self, rid: types.RequestId | None) -> None:
-        if rid is not None:
-            self._watches.pop(_key(rid), None)
+    def forget(self, rid: types.RequestId | None) -> bool:
+        """Stop watching request `rid`; True if its response is already on its way to the host
+        (sent to the relay, not yet reported written): it may still be shown."""
+        if rid is None:
+            return False
+        self._watches.pop(_key(rid), None)
+        seq = self._sent_rids.pop(_key(rid), None)
+        return seq is not None and self._sent.pop(seq, None) is not None
 
     def written(self, seq: int) -> None:
         """The relay wrote line `seq` to the host."""
         callback = self._sent.pop(seq, None)
         if callback is not None:
             callback()
+        if len(self._sent_rids) > WATCH_MAX:  # their seqs are reported by now, or never will be
+            self._sent_rids = {k: v for k, v in self._sent_rids.items() if v in self._sent}
 
     # --- what stdio_server's writer calls --------------------------------------------
 
@@ -217,8 +225,10 @@ class RelayPipe:
     async def flush(self) -> None:
         text, self._buffer = "".join(self._buffer), []
         for line in text.splitlines():
-            ids, written = self._watched(line) if self._watches else ((), None)
-            await self._send(line, list(ids), written)
+            key, ids, written = self._watched(line) if self._watches else (None, [], None)
+            seq = await self._send(line, ids, written)
+            if key is not None and seq is not None:
+                self._sent_rids[key] = seq
 
     # --- our own messages -------------------------------------------------------------
 
@@ -228,7 +238,7 @@ class RelayPipe:
         line = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}, ensure_ascii=False)
         await self._send(line, ids or [], written)
 
-    async def _send(self, line: str, ids: list[str], written: Callable[[], None] | None) -> None:
+    async def _send(self, line: str, ids: list[str], written: Callable[[], None] | None) -> int | None:
         fields: dict[str, Any] = {}
         seq = None
         if written is not None:
@@ -241,19 +251,21 @@ class RelayPipe:
             if seq is not None:
                 self._sent.pop(seq, None)
             raise BrokenPipeError("the relay to the host is gone") from exc
+        return seq
 
-    def _watched(self, line: str) -> tuple[list[str], Callable[[], None] | None]:
+    def _watched(self, line: str) -> tuple[str | None, list[str], Callable[[], None] | None]:
         try:
             message = json.loads(line)
         except ValueError:
-            return [], None
+            return None, [], None
         if not isinstance(message, dict) or "id" not in message:
-            return [], None
-        watch = self._watches.pop(_key(message["id"]), None)
+            return None, [], None
+        key = _key(message["id"])
+        watch = self._watches.pop(key, None)
         result = message.get("result")
         if watch is not None and isinstance(result, dict) and not result.get("isError"):
-            return watch
-        return [], None
+            return key, *watch
+        return None, [], None
 
 
 @asynccontextmanager

@@ -201,7 +201,10 @@ class Relay:
     waiting: list[Request] = field(default_factory=list)  # to send once a broker answers
     swallow: set[str] = field(default_factory=set)  # answers to replayed requests: not the host's
     replays: int = 0
-    unsent_acks: list[str] = field(default_factory=list)  # written, not yet reported: in the ledger
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)  # in the session's inbox, not written here
+    offered: set[str] = field(default_factory=set)  # shown by this relay itself: repeats if shown again
+    unsent_offers: list[str] = field(default_factory=list)  # with unsent_acks: in the ledger
+    unsent_acks: list[str] = field(default_factory=list)  # written, not yet reported
     ledger_peer: str | None = None
     static: dict[str, Any] | None = None
 
@@ -302,6 +305,8 @@ class Relay:
         if request.method in ("ping", "logging/setLevel"):  # a level is replayed to the broker later
             self.answer(rid, result={})
             return
+        if request.tool == "inbox" and self.inbox_alone(rid, message.get("params")):
+            return
         reason = ""
         with self.cond:
             link = self.link
@@ -318,6 +323,43 @@ class Relay:
             self.send(link, line_frames(request.line))
         else:
             self.tool_error(rid, request.tool or "", reason)
+
+    def inbox_alone(self, rid: Any, params: Any) -> bool:
+        """`inbox` with no broker, from the messages the broker's inbox held for this session
+        when it went away: offered (in the ledger) before the write, acknowledged (in the
+        ledger) after it, as the broker would. False (the call waits for a broker instead) when
+        nothing is held or the arguments are not plainly valid: the broker judges those."""
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        arguments = {} if arguments is None else arguments
+        if not isinstance(arguments, dict) or set(arguments) - {"wait_seconds", "peek"}:
+            return False
+        peek = arguments.get("peek", False)
+        wait = arguments.get("wait_seconds", 0)
+        if not isinstance(peek, bool) or isinstance(wait, bool) or not isinstance(wait, (int, float)):
+            return False
+        static = self.static_answers()
+        with self.cond:
+            if self.link is not None or not self.held:
+                return False
+            messages = list(self.held.values())[: static["inboxIdsMax"]]
+            ids = [str(m["id"]) for m in messages]
+            if not peek:
+                messages = [dict(m, repeat=True) if m["id"] in self.offered else m for m in messages]
+                self.offered.update(ids)
+                self.unsent_offers.extend(ids)
+                self.save_ledger()
+        template = static["inboxResult"]
+        mark = template["marks"]["messages"]
+        text = json.dumps(messages, ensure_ascii=False)
+        content = [dict(c, text=text) if c["text"] == mark else c for c in template["result"]["content"]]
+        self.answer(rid, result=dict(template["result"], content=content))
+        if not peek:
+            with self.cond:
+                for mid in ids:
+                    self.held.pop(mid, None)
+                self.unsent_acks.extend(ids)
+                self.save_ledger()
+        return True
 
     def unreachable(self) -> str:
         """Why a tool call gets no broker (today's reason, as the tool error the agent reads)."""
@@ -437,10 +479,12 @@ class Relay:
     def join(self, socket_path: str) -> Link:
         """Connect and say hello (`mcp`): the broker serves this session from now on."""
         resume = {"id": self.session_id, "secret": self.secret} if self.session_id and self.secret else None
+        with self.cond:
+            acked = list(self.unsent_acks)
         sock = blocking.connect(socket_path, HELLO_TIMEOUT)
         link = Link(sock)
         try:
-            link.send([protocol.request(1, "mcp", **self.options.hello(resume))])
+            link.send([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked[-ledger.IDS_MAX:])])
             while True:
                 answer = link.receive()
                 if answer is None:
@@ -468,22 +512,25 @@ class Relay:
                 self.secret = hello["secret"]
             self.refused = self.start_failure = None
             self.start_attempts, self.next_start = 0, 0.0
-            frames = self.replay_frames()
+            frames = self.replay_frames(len(acked))
             self.send(link, frames)  # before any host line: the new broker's MCP session first
             self.link, self.joined = link, True
             self.cond.notify_all()
         return link
 
-    def replay_frames(self) -> list[dict[str, Any]]:
-        """What a new broker needs before the host's next line: the acknowledgements kept while
-        none answered; the host's `initialize`, `notifications/initialized` and log level
+    def replay_frames(self, acked: int) -> list[dict[str, Any]]:
+        """What a new broker needs before the host's next line (its hello carried the first
+        `acked` acknowledgements kept while none answered): the host's `initialize`, `notifications/initialized` and log level
         (their answers dropped); then the requests that wait for it. Called under `cond`."""
-        frames = []
-        if self.unsent_acks:
-            for i in range(0, len(self.unsent_acks), ledger.IDS_MAX):
-                frames.append(frame("acked", ids=self.unsent_acks[i:i + ledger.IDS_MAX]))
-            self.unsent_acks = []
+        frames: list[dict[str, Any]] = []
+        if acked:  # the hello carried the first `acked` acknowledgements
+            del self.unsent_acks[:acked]
+        if not self.unsent_acks:
+            self.unsent_offers = []
             self.forget_ledger()
+        elif self.ledger_peer is not None:
+            self.save_ledger()
+        self.held.clear()  # the new broker pushes what is still unacknowledged
         if self.init is not None and self.init_answered:
             frames += self.replayed("initialize", self.init.get("params"))
             if self.initialized:
@@ -523,6 +570,21 @@ class Relay:
                     if isinstance(sid, str):
                         self.session_id = sid
                     continue
+                if incoming.get("push") == "held" and isinstance(incoming.get("message"), dict):
+                    with self.cond:
+                        message = incoming["message"]
+                        mid = str(message.get("id"))
+                        self.held.pop(mid, None)
+                        if message.get("repeat"):  # offered again after a cancel: first in line
+                            self.held = {mid: message, **self.held}
+                        else:
+                            self.held[mid] = message
+                    continue
+                if incoming.get("push") == "gone" and isinstance(incoming.get("ids"), list):
+                    with self.cond:
+                        for mid in incoming["ids"]:
+                            self.held.pop(str(mid), None)
+                    continue
                 if incoming.get("push") != "line" or not isinstance(incoming.get("line"), str):
                     continue
                 parts.append(incoming["line"])
@@ -550,6 +612,9 @@ class Relay:
         seq, ids = incoming.get("seq"), incoming.get("ids")
         if not isinstance(seq, int):
             return
+        with self.cond:
+            for mid in ids or []:
+                self.held.pop(str(mid), None)
         try:
             link.send([frame("written", seq=seq)])
         except (OSError, protocol.ProtocolError):  # shown, and no broker to tell: kept for the next
@@ -610,7 +675,7 @@ class Relay:
             ledger.remove(self.options.home, self.ledger_peer)
         self.ledger_peer = peer
         try:
-            ledger.save(self.options.home, peer, [], list(self.unsent_acks))
+            ledger.save(self.options.home, peer, list(self.unsent_offers), list(self.unsent_acks))
         except OSError as exc:
             log.warning("could not keep acknowledgements in %s: %s", self.options.home / ledger.FOLDER, exc)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent_bridge import mcp_server
+from agent_bridge import relay
 from tests.conftest import REPO, mcp_session, run_cli, wait_for
 from tests.test_refusals import newer_database
 
@@ -34,7 +34,7 @@ async def test_an_unstartable_broker_is_not_respawned_forever_and_tool_errors_sa
             assert "agent-bridge up" in said
     log = (home / "broker.log").read_text()
     starts = log.count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
-    assert 1 <= starts <= mcp_server.START_ATTEMPTS, log
+    assert 1 <= starts <= relay.START_ATTEMPTS, log
     assert "Traceback" not in log
     doctor = run_cli(env, "doctor")
     broker_line = next(line for line in doctor.stdout.splitlines() if " broker " in line)

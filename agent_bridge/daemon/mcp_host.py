@@ -49,6 +49,7 @@ CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to record the last acknowledgements when the host leaves
+DELIVERY_FIRST = 5.0  # seconds the host's lines wait for the session's backlog to be in its inbox
 LINES_BUFFER = 16  # host lines read ahead of the MCP server: a relay that outruns it waits
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")  # RFC 5424, as MCP
 REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "
@@ -137,6 +138,7 @@ class SessionLink:
     def __init__(self, relay: FramedStream) -> None:
         self.relay = relay
         self.bridge: Bridge | None = None
+        self.delivered = trio.Event()  # the delivery task's first read is in the inbox
 
     @property
     def closed(self) -> bool:
@@ -147,8 +149,11 @@ class SessionLink:
             await self.bridge.on_push(frame)
 
     async def send_many(self, frames: list[dict[str, Any]], **_: Any) -> None:
-        for frame in frames:
-            await self.send(frame)
+        """The delivery task's batch (empty when nothing is due): every message is in the
+        inbox before the first is announced, so no `inbox` call sees half a batch."""
+        if self.bridge is not None:
+            await self.bridge.on_pushes(frames)
+        self.delivered.set()
 
     async def aclose(self) -> None:
         await self.relay.aclose()
@@ -192,15 +197,29 @@ class Bridge:
             self.use_reported = False  # said again at the next call
 
     async def on_push(self, frame: dict[str, Any]) -> None:
-        kind = frame.get("push")
-        if kind == "message" and isinstance(frame.get("message"), dict):
-            message = frame["message"]
-            if self.inbox.add(message):
+        await self.on_pushes([frame])
+
+    async def on_pushes(self, frames: list[dict[str, Any]]) -> None:
+        """The delivery task's pushes. A message kept in the inbox is also held by the relay,
+        which shows it from there if this broker goes away before the agent reads it."""
+        added = [f["message"] for f in frames
+                 if f.get("push") == "message" and isinstance(f.get("message"), dict) and self.inbox.add(f["message"])]
+        if added:
+            await self.relay.send_many([protocol.push("held", message=m) for m in added])
+            for message in added:
                 await self._announce(message)
-            if self.inbox.unsent_acks:
-                self.acks_due.set()
-        elif kind == "acked":
-            self.inbox.forget([i for i in frame.get("ids", []) if isinstance(i, str)])
+        if self.inbox.unsent_acks:
+            self.acks_due.set()
+        for frame in frames:
+            if frame.get("push") != "message":
+                await self._on_notice(frame)
+
+    async def _on_notice(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("push")
+        if kind == "acked":
+            ids = [i for i in frame.get("ids", []) if isinstance(i, str)]
+            self.inbox.forget(ids)
+            await self.relay.send(protocol.push("gone", ids=ids))
         elif kind == "offered":  # the Stop hook is showing these: shown again here, they are repeats
             self.inbox.mark_offered([i for i in frame.get("ids", []) if isinstance(i, str)])
         elif kind == "identity" and isinstance(frame.get("session"), dict):
@@ -274,10 +293,11 @@ class Bridge:
         """The host cancelled request `rid`. Not written yet: it never will be (the SDK drops
         it), so it must not count as shown. Written already: the host ignores that answer, so
         its messages are offered again (as repeats) and not acknowledged."""
-        if self.pipe is not None:
-            self.pipe.forget(rid)
+        on_its_way = self.pipe is not None and self.pipe.forget(rid)
         unwritten = self.in_flight.pop(json.dumps(rid), None)
         entry = self.settling.pop(json.dumps(rid), None)
+        if entry is None and on_its_way and unwritten:  # with the relay: written, as far as anyone knows
+            entry = (0.0, unwritten)
         messages = entry[1] if entry is not None else unwritten
         if not messages:
             return
@@ -291,6 +311,7 @@ class Bridge:
             self.inbox.shown.pop(message["id"], None)
             self.inbox.pending[message["id"]] = dict(message, repeat=True)  # written once: maybe seen
             self.inbox.pending.move_to_end(message["id"], last=False)
+        await self.relay.send_many([protocol.push("held", message=dict(m, repeat=True)) for m in messages])
         self.inbox.arrived.set()
         self.inbox.arrived = trio.Event()
 
@@ -326,6 +347,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     """One `agent-bridge mcp` relay's connection: its `mcp` request is the session's hello;
     then the host's lines are served by the MCP SDK, beside the session's delivery task."""
     link = SessionLink(conn)
+    acked = args.pop("acked", None)  # shown by the relay while no broker answered
     try:
         await broker.ingest_ledgers()  # an earlier relay's acknowledgements first: never replay those
         session = await broker.attach(cast(FramedStream, link), args)
@@ -343,6 +365,11 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     pipe = bridge.pipe = mcp_sdk.RelayPipe(conn)
     stdin_closed = False
     try:
+        if isinstance(acked, list) and acked:  # before the delivery task reads what is unacknowledged
+            try:
+                await bridge.call("ack", ids=acked[: ledger.IDS_MAX])
+            except RemoteError as exc:
+                log.warning("could not record a relay's acknowledgements: %s", exc)
         # The secret lets this relay resume exactly this session later (daemon.identity).
         hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
         await conn.send(protocol.ok(request_id, hello))
@@ -361,6 +388,8 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)
+            with trio.move_on_after(DELIVERY_FIRST):  # the host's first `inbox` sees the backlog
+                await link.delivered.wait()
             nursery.start_soon(read_relay)
             guard = GuardedStdin()  # answers the lines the SDK would drop (lone surrogates)
             async with mcp_sdk.open_relay_stdio(guard.lines(lines_out), pipe) as (read_stream, write_stream):
@@ -405,11 +434,6 @@ async def _read_relay(bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.Memor
                 parts.clear()
         elif kind == "written" and isinstance(frame.get("seq"), int):
             pipe.written(frame["seq"])
-        elif kind == "acked" and isinstance(frame.get("ids"), list):  # shown while no broker answered
-            try:
-                await bridge.call("ack", ids=frame["ids"][: ledger.IDS_MAX])
-            except RemoteError as exc:
-                log.warning("could not record a relay's acknowledgements: %s", exc)
         elif kind == "eof":
             return True
         elif kind != "ping":
@@ -684,7 +708,7 @@ def static_answers() -> dict[str, Any]:
     """The answers `agent-bridge mcp` gives with no broker, produced by this server through the
     SDK: `initialize` per agent kind (claude declares channels) and requested protocol version,
     `tools/list`, the shape of a tool error, and which tools may be resent after a lost
-    connection. `tests/test_relay.py` checks that the shipped file is this."""
+    connection, and an `inbox` result. `tests/test_relay.py` checks that the shipped file is this."""
     return trio.run(_static_answers)
 
 
@@ -711,8 +735,16 @@ async def _static_answers() -> dict[str, Any]:
         raise ToolError(REASON_MARK)
 
     failed = await _serve_lines(probe, "other", [
-        initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
         {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": TOOL_MARK, "arguments": {}}},
+    ], 2)
+    @probe.tool(name=TOOL_MARK + "_blocks", structured_output=False)
+    async def blocks() -> list[types.TextContent]:
+        return [types.TextContent(type="text", text=REASON_MARK), types.TextContent(type="text", text=INBOX_FRAMING)]
+
+    shown = await _serve_lines(probe, "other", [
+        initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": TOOL_MARK + "_blocks", "arguments": {}}},
     ], 2)
     tools = [tool["name"] for tool in listed[1]["result"]["tools"]]
     return {
@@ -721,6 +753,9 @@ async def _static_answers() -> dict[str, Any]:
         "tools/list": listed[1]["result"],
         "toolError": {"marks": {"tool": TOOL_MARK, "reason": REASON_MARK}, "result": failed[1]["result"]},
         "idempotentTools": {name: tool_is_idempotent(name) for name in tools},
+        # An `inbox` result the relay writes itself (messages it held when the broker went away).
+        "inboxResult": {"marks": {"messages": REASON_MARK}, "result": shown[1]["result"]},
+        "inboxIdsMax": ledger.IDS_MAX,
     }
 
 

@@ -27,16 +27,20 @@ connection carries the host's JSON-RPC lines, not requests:
 
 Relay -> broker:  {"v":1, "relay": "line", "line": "<one JSON-RPC line from the host>"}
                   {"v":1, "relay": "written", "seq": n}   (line n is in the host's pipe)
-                  {"v":1, "relay": "acked", "ids": [...]} (shown while no broker answered)
                   {"v":1, "relay": "ping"}                (keepalive, every 15 s)
                   {"v":1, "relay": "eof"}                 (the host closed stdin)
 Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdout>"}
                   {"v":1, "push": "line", "line": "...", "seq": n, "ids": [...]}
                       (writing it shows messages `ids`: answer "written" once it is written)
                   {"v":1, "push": "identity", "session": {...}}  (who this is now)
+                  {"v":1, "push": "held", "message": {...}}      (in this session's inbox)
+                  {"v":1, "push": "gone", "ids": [...]}          (acknowledged elsewhere)
+The relay keeps the held messages that it has not written, to answer `inbox` itself while no
+broker answers (offers and acknowledgements then go to the ledger file); the `mcp` request of
+its next connection carries "acked": [...], what it showed meanwhile.
 A line longer than one frame takes comes in parts, each but the last with `"more": true`.
 The relay acknowledges nothing itself: "written" comes after the bytes are in the host's pipe,
-and ids it could not report (no broker) go to the ledger file, then as "acked" to the next one.
+and ids it could not report (no broker) go to the ledger file, then to the next broker.
 
 A client need not wait for an answer before its next request: requests on one connection are
 carried out and answered in the order they were sent (consecutive sends may share a commit).
