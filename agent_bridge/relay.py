@@ -51,6 +51,7 @@ KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
 ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledgements when the host leaves
 READ_CHUNK = 1 << 16
 LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
+SHOWN_MEMORY = 50_000  # ids written and not yet confirmed recorded, at most
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
 STATIC = Path(__file__).with_name("mcp_static.json")
 
@@ -205,6 +206,7 @@ class Relay:
     offered: set[str] = field(default_factory=set)  # shown by this relay itself: repeats if shown again
     unsent_offers: list[str] = field(default_factory=list)  # with unsent_acks: in the ledger
     unsent_acks: list[str] = field(default_factory=list)  # written, not yet reported
+    written: dict[str, None] = field(default_factory=dict)  # written and reported, not yet confirmed
     ledger_peer: str | None = None
     static: dict[str, Any] | None = None
 
@@ -577,13 +579,15 @@ class Relay:
                         self.held.pop(mid, None)
                         if message.get("repeat"):  # offered again after a cancel: first in line
                             self.held = {mid: message, **self.held}
+                            self.written.pop(mid, None)
                         else:
                             self.held[mid] = message
                     continue
-                if incoming.get("push") == "gone" and isinstance(incoming.get("ids"), list):
-                    with self.cond:
+                if incoming.get("push") == "acked" and isinstance(incoming.get("ids"), list):
+                    with self.cond:  # recorded by the broker (here or by a Stop hook)
                         for mid in incoming["ids"]:
                             self.held.pop(str(mid), None)
+                            self.written.pop(str(mid), None)
                     continue
                 if incoming.get("push") != "line" or not isinstance(incoming.get("line"), str):
                     continue
@@ -612,15 +616,17 @@ class Relay:
         seq, ids = incoming.get("seq"), incoming.get("ids")
         if not isinstance(seq, int):
             return
+        shown = [i for i in ids or [] if isinstance(i, str)]
         with self.cond:
-            for mid in ids or []:
-                self.held.pop(str(mid), None)
+            for mid in shown:
+                self.held.pop(mid, None)
+                self.written[mid] = None  # until the broker confirms it recorded the acknowledgement
+            while len(self.written) > SHOWN_MEMORY:
+                self.written.pop(next(iter(self.written)))
         try:
             link.send([frame("written", seq=seq)])
-        except (OSError, protocol.ProtocolError):  # shown, and no broker to tell: kept for the next
-            with self.cond:
-                self.unsent_acks.extend(i for i in ids or [] if isinstance(i, str))
-                self.save_ledger()
+        except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
+            pass
 
     @staticmethod
     def answer_key(line: str) -> str | None:
@@ -654,6 +660,10 @@ class Relay:
             self.waiting[:0] = again
             self.forwarded.clear()
             self.swallow.clear()
+            if self.written:  # shown, maybe never recorded: for the next broker, and in the ledger meanwhile
+                self.unsent_acks.extend(mid for mid in self.written if mid not in self.unsent_acks)
+                self.written.clear()
+                self.save_ledger()
             self.cond.notify_all()
         for request in unsure:
             tool = request.tool or "decide"

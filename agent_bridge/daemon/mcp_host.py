@@ -219,7 +219,7 @@ class Bridge:
         if kind == "acked":
             ids = [i for i in frame.get("ids", []) if isinstance(i, str)]
             self.inbox.forget(ids)
-            await self.relay.send(protocol.push("gone", ids=ids))
+            await self.relay.send(frame)  # the relay holds them no longer
         elif kind == "offered":  # the Stop hook is showing these: shown again here, they are repeats
             self.inbox.mark_offered([i for i in frame.get("ids", []) if isinstance(i, str)])
         elif kind == "identity" and isinstance(frame.get("session"), dict):
@@ -341,6 +341,12 @@ class Bridge:
             except RemoteError as exc:
                 log.warning("acknowledgements kept for a later try: %s", exc)
                 self.inbox.unsent_acks[:0] = acks
+                return
+        if acks and not self.relay.closed:
+            try:  # recorded: the relay need not hand them to a next broker
+                await self.relay.send(protocol.push("acked", ids=acks))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, protocol.ProtocolError):
+                pass
 
 
 async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:

@@ -34,10 +34,11 @@ Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdo
                       (writing it shows messages `ids`: answer "written" once it is written)
                   {"v":1, "push": "identity", "session": {...}}  (who this is now)
                   {"v":1, "push": "held", "message": {...}}      (in this session's inbox)
-                  {"v":1, "push": "gone", "ids": [...]}          (acknowledged elsewhere)
+                  {"v":1, "push": "acked", "ids": [...]}         (acknowledged: recorded)
 The relay keeps the held messages that it has not written, to answer `inbox` itself while no
-broker answers (offers and acknowledgements then go to the ledger file); the `mcp` request of
-its next connection carries "acked": [...], what it showed meanwhile.
+broker answers (offers and acknowledgements then go to the ledger file), and the ids it wrote
+that no "acked" has confirmed; the `mcp` request of its next connection carries those as
+"acked": [...], recorded before that session's delivery starts: nothing shown twice.
 A line longer than one frame takes comes in parts, each but the last with `"more": true`.
 The relay acknowledges nothing itself: "written" comes after the bytes are in the host's pipe,
 and ids it could not report (no broker) go to the ledger file, then to the next broker.
