@@ -361,7 +361,19 @@ class Relay:
                     self.held.pop(mid, None)
                 self.unsent_acks.extend(ids)
                 self.save_ledger()
+                if self.link is not None:  # a broker answered meanwhile, after its hello
+                    self.send(self.link, self.hand_over_acks())
         return True
+
+    def hand_over_acks(self) -> list[dict[str, Any]]:
+        """Called under `cond` with a link up: the acknowledgements kept while no broker
+        answered, as an "acked" frame; they wait for its confirmation like written ones."""
+        frames = [frame("acked", ids=self.unsent_acks[i:i + ledger.IDS_MAX])
+                  for i in range(0, len(self.unsent_acks), ledger.IDS_MAX)]
+        self.written.update(dict.fromkeys(self.unsent_acks))
+        self.unsent_acks, self.unsent_offers = [], []
+        self.forget_ledger()
+        return frames
 
     def unreachable(self) -> str:
         """Why a tool call gets no broker (today's reason, as the tool error the agent reads)."""
@@ -524,14 +536,8 @@ class Relay:
         """What a new broker needs before the host's next line (its hello carried the first
         `acked` acknowledgements kept while none answered): the host's `initialize`, `notifications/initialized` and log level
         (their answers dropped); then the requests that wait for it. Called under `cond`."""
-        frames: list[dict[str, Any]] = []
-        if acked:  # the hello carried the first `acked` acknowledgements
-            del self.unsent_acks[:acked]
-        if not self.unsent_acks:
-            self.unsent_offers = []
-            self.forget_ledger()
-        elif self.ledger_peer is not None:
-            self.save_ledger()
+        del self.unsent_acks[:acked]  # the hello carried these; any shown since go now
+        frames = self.hand_over_acks()
         self.held.clear()  # the new broker pushes what is still unacknowledged
         if self.init is not None and self.init_answered:
             frames += self.replayed("initialize", self.init.get("params"))

@@ -102,12 +102,9 @@ def mcp_tools() -> str:
     """The tools exactly as `tools/list` advertises them (name, description, input schema)."""
     import trio
 
-    from agent_bridge import mcp_server
-    from agent_bridge.mcp_server import Bridge, Options
+    from agent_bridge.daemon import mcp_host
 
-    options = Options(agent="claude", project="/", kind="interactive", name=None, host_session_id=None,
-                      claude_session_id=None, host=None, chain=[], home=Path("/nonexistent"))
-    server = mcp_server.build_server(Bridge(options))
+    server = mcp_host.build_server(None)  # type: ignore[arg-type]  # listing the tools touches no session
     tools = trio.run(server.list_tools)
     out = []
     for tool in tools:

@@ -16,7 +16,7 @@ import pytest
 import trio
 from pydantic import BaseModel, ConfigDict
 
-from agent_bridge import mcp_server, paths, procinfo
+from agent_bridge import paths, procinfo
 from agent_bridge.ipc import blocking
 from agent_bridge.store import reader
 from tests.conftest import BrokerProcess, call, call_error, mcp_server_pids, mcp_session, run_cli, wait_for
@@ -101,41 +101,53 @@ async def inbox_until_peek(session, count):
     return await wait_for(ready, what=f"{count} messages")
 
 
-async def test_long_poll_wakes_on_arrival(broker, env, home):
+async def test_long_poll_wakes_on_arrival(home):
     """An inbox call waiting for a message returns when one arrives, not when its wait runs
-    out. The receiving side runs in this process (the real Bridge and MCP tools, against the
-    real broker), so the send goes out only once the poll is provably waiting (a task waits on
-    the inbox's arrival event); the poll asks to wait far longer than the deadline it must meet."""
-    options = mcp_server.Options(
-        agent="codex", project="/w/lp", kind="interactive", name=None, host_session_id=None,
-        claude_session_id=None, host=None, chain=[], home=home,
-    )
-    bridge = mcp_server.Bridge(options)
-    server = mcp_server.build_server(bridge)
-    got: list[Any] = []
+    out. The broker runs in this process (the real MCP tools it serves, over its real socket)
+    and the test is the session's relay, so the send goes out only once the poll is provably
+    waiting (a task waits on the inbox's arrival event); the poll asks to wait far longer than
+    the deadline it must meet."""
+    from agent_bridge.daemon import mcp_host
+    from agent_bridge.ipc import protocol
+    from agent_bridge.ipc.client import open_bridge_client
+    from agent_bridge.ipc.stream import FramedStream
+    from tests.test_absorb_offers import broker_in_process
 
-    async def waiting() -> bool:
-        return bridge.inbox.arrived.statistics().tasks_waiting == 1
+    def line(message: dict[str, Any]) -> dict[str, Any]:
+        return {"v": 1, "relay": "line", "line": json.dumps(message)}
 
-    async def returned() -> bool:
-        return bool(got)
-
-    async def poll() -> None:
-        result = await server.call_tool("inbox", {"wait_seconds": mcp_server.INBOX_WAIT_MAX, "peek": True})
-        got.extend(json.loads(result.content[0].text))
+    async def answer(relay: FramedStream, rid: int) -> dict[str, Any]:
+        while True:
+            frame = await relay.receive()
+            assert frame is not None, "the broker closed the relay's connection"
+            if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == rid:
+                return json.loads(frame["line"])
 
     with trio.fail_after(60):
-        async with mcp_session(env, "--project", "/w/lp") as a, trio.open_nursery() as nursery:
-            nursery.start_soon(bridge.run)
-            await bridge._wait_joined()
-            async with trio.open_nursery() as polling:
-                polling.start_soon(poll)
-                await wait_for(waiting, what="the poll waiting")
-                await call(a, "send", to=bridge.session["name"], text="wake up")
-                # woken by the arrival, well before its own wait would end
-                await wait_for(returned, timeout=mcp_server.INBOX_WAIT_MAX / 2, what="the poll to return")
-            nursery.cancel_scope.cancel()
-    assert [m["text"] for m in got] == ["wake up"]
+        async with broker_in_process(home) as (broker, sock):
+            relay = FramedStream(await trio.open_unix_socket(sock))
+            await relay.send(protocol.request(1, "mcp", agent="codex", project="/w/lp"))
+            hello = await relay.receive()
+            assert hello is not None and hello["ok"], hello
+            me = hello["result"]["session"]
+            await relay.send(line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
+            await answer(relay, 1)
+            await relay.send(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
+
+            async def waiting() -> bool:
+                return bridge.inbox.arrived.statistics().tasks_waiting == 1
+
+            await relay.send(line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "name": "inbox", "arguments": {"wait_seconds": mcp_host.INBOX_WAIT_MAX, "peek": True}}}))
+            await wait_for(waiting, what="the poll waiting")
+            async with open_bridge_client(sock, {"agent": "claude", "project": "/w/lp"}, keepalive=False) as (tx, _):
+                await tx.request("send", to=me["name"], text="wake up")
+            with trio.fail_after(mcp_host.INBOX_WAIT_MAX / 2):  # woken by the arrival, well before its own wait ends
+                result = await answer(relay, 2)
+            await relay.aclose()
+    assert [m["text"] for m in json.loads(result["result"]["content"][0]["text"])] == ["wake up"]
 
 
 async def test_offline_recipient_gets_the_message_when_it_returns(broker, env, home):

@@ -1,21 +1,20 @@
 """The MCP SDK adapter (agent_bridge.mcp_sdk): everything it assumes about the installed SDK
-holds, and its pipe reports a response as written exactly when the host's pipe has it. An SDK
+holds, and its pipe reports a response as written exactly when the relay says the host's pipe
+has it. An SDK
 upgrade that breaks any of this fails here, loudly, instead of silently stopping delivery."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
 from typing import Any
 
-import anyio
 import pytest
 import trio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.stdio import stdio_server
 
 from agent_bridge import mcp_sdk
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.stream import FramedStream
 
 
 def test_the_installed_sdk_has_everything_the_adapter_uses():
@@ -35,37 +34,34 @@ def test_the_adapter_reaches_the_tools_and_the_lowlevel_server():
 
 
 async def test_the_pipe_reports_written_responses_and_never_a_cancelled_one():
-    """A real SDK server over OS pipes with a HostPipe as its stdout: a tool call's response is
-    reported once its bytes are in the pipe; a call the host cancelled is never answered and
-    never reported."""
+    """A real SDK server whose stdout is a RelayPipe on a real socket; the test is the relay.
+    A tool call's response carries a sequence number and is reported written only when the
+    relay says it wrote it; a call the host cancelled is never answered and never reported."""
     server = MCPServer("t")
     reported: list[str] = []
     started = trio.Event()
 
     @server.tool()
     async def hold(tag: str, seconds: float, ctx: Context) -> str:
-        pipe.watch(mcp_sdk.request_id(ctx), lambda: reported.append(tag))
+        pipe.watch(mcp_sdk.request_id(ctx), [f"id-{tag}"], lambda: reported.append(tag))
         started.set()
         await trio.sleep(seconds)
         return tag
 
-    in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    pipe = mcp_sdk.HostPipe(out_w)
-    stdin = anyio.wrap_file(io.TextIOWrapper(os.fdopen(in_r, "rb"), encoding="utf-8"))
-    host_in = trio.lowlevel.FdStream(in_w)
-    host_out = trio.lowlevel.FdStream(out_r)
-    buffer = b""
+    broker_end, relay_end = trio.socket.socketpair()
+    conn = FramedStream(trio.SocketStream(broker_end))
+    relay = FramedStream(trio.SocketStream(relay_end))
+    pipe = mcp_sdk.RelayPipe(conn)
+    lines_in, lines_out = trio.open_memory_channel[str](16)
 
     async def send(*messages: dict[str, Any]) -> None:
-        await host_in.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+        for m in messages:
+            await lines_in.send(json.dumps(m))
 
-    async def receive() -> dict[str, Any]:
-        nonlocal buffer
-        while b"\n" not in buffer:
-            buffer += await host_out.receive_some(65536)
-        line, buffer = buffer.split(b"\n", 1)
-        return json.loads(line)
+    async def receive() -> tuple[dict[str, Any], dict[str, Any]]:
+        frame = await relay.receive()
+        assert frame is not None and frame["push"] == "line"
+        return json.loads(frame["line"]), frame
 
     def call(rid: int, tag: str, seconds: float) -> dict[str, Any]:
         return {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
@@ -74,25 +70,54 @@ async def test_the_pipe_reports_written_responses_and_never_a_cancelled_one():
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             async def serve() -> None:
-                async with stdio_server(stdin=stdin, stdout=pipe) as (read, write):  # type: ignore[arg-type]
+                async with mcp_sdk.open_relay_stdio(lines_out, pipe) as (read, write):
                     await mcp_sdk.lowlevel(server).run(read, write, mcp_sdk.lowlevel(server).create_initialization_options())
 
             nursery.start_soon(serve)
             await send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
-            assert (await receive())["id"] == 1
+            assert (await receive())[0]["id"] == 1
             await send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
             await send(call(2, "cancelled", 5))
             await started.wait()
             await send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
             await send(call(3, "answered", 0))
-            answer = await receive()
+            answer, frame = await receive()
             assert answer["id"] == 3 and answer["result"]["content"][0]["text"] == "answered"
+            assert frame["ids"] == ["id-answered"] and reported == []  # not written yet: not reported
+            pipe.written(frame["seq"])
             assert reported == ["answered"]
-            await host_in.aclose()
+            await lines_in.aclose()
             nursery.cancel_scope.cancel()
-    await host_out.aclose()
+    await conn.aclose()
+    await relay.aclose()
+
+
+async def test_a_line_longer_than_a_frame_goes_in_parts():
+    """An answer bigger than the protocol's frame limit reaches the relay whole, in parts."""
+    broker_end, relay_end = trio.socket.socketpair()
+    conn = FramedStream(trio.SocketStream(broker_end))
+    relay = FramedStream(trio.SocketStream(relay_end))
+    pipe = mcp_sdk.RelayPipe(conn)
+    line = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"text": "é" * (protocol.MAX_FRAME // 2 + 10)}})
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            async def write() -> None:
+                await pipe.write(line + "\n")
+                await pipe.flush()
+
+            nursery.start_soon(write)
+            parts = []
+            while True:
+                frame = await relay.receive()
+                assert frame is not None
+                parts.append(frame["line"])
+                if not frame.get("more"):
+                    break
+    assert len(parts) > 1 and "".join(parts) == line
+    await conn.aclose()
+    await relay.aclose()
 
 
 def test_a_drifted_sdk_is_named(monkeypatch: pytest.MonkeyPatch):

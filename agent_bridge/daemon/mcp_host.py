@@ -440,6 +440,8 @@ async def _read_relay(bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.Memor
                 parts.clear()
         elif kind == "written" and isinstance(frame.get("seq"), int):
             pipe.written(frame["seq"])
+        elif kind == "acked" and isinstance(frame.get("ids"), list):  # the relay showed them itself
+            bridge.shown([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
         elif kind == "eof":
             return True
         elif kind != "ping":

@@ -27,6 +27,7 @@ connection carries the host's JSON-RPC lines, not requests:
 
 Relay -> broker:  {"v":1, "relay": "line", "line": "<one JSON-RPC line from the host>"}
                   {"v":1, "relay": "written", "seq": n}   (line n is in the host's pipe)
+                  {"v":1, "relay": "acked", "ids": [...]} (it showed these while no broker answered)
                   {"v":1, "relay": "ping"}                (keepalive, every 15 s)
                   {"v":1, "relay": "eof"}                 (the host closed stdin)
 Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdout>"}
