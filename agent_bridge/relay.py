@@ -582,11 +582,11 @@ class Relay:
                     with self.cond:
                         message = incoming["message"]
                         mid = str(message.get("id"))
-                        self.held.pop(mid, None)
-                        if message.get("repeat"):  # offered again after a cancel: first in line
-                            self.held = {mid: message, **self.held}
+                        if incoming.get("again"):  # its result was cancelled: not shown, first in line
                             self.written.pop(mid, None)
-                        else:
+                            self.held.pop(mid, None)
+                            self.held = {mid: message, **self.held}
+                        elif mid not in self.written and mid not in self.unsent_acks:  # else shown here
                             self.held[mid] = message
                     continue
                 if incoming.get("push") == "acked" and isinstance(incoming.get("ids"), list):

@@ -311,7 +311,7 @@ class Bridge:
             self.inbox.shown.pop(message["id"], None)
             self.inbox.pending[message["id"]] = dict(message, repeat=True)  # written once: maybe seen
             self.inbox.pending.move_to_end(message["id"], last=False)
-        await self.relay.send_many([protocol.push("held", message=dict(m, repeat=True)) for m in messages])
+        await self.relay.send_many([protocol.push("held", message=dict(m, repeat=True), again=True) for m in messages])
         self.inbox.arrived.set()
         self.inbox.arrived = trio.Event()
 

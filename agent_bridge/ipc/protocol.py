@@ -34,7 +34,8 @@ Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdo
                   {"v":1, "push": "line", "line": "...", "seq": n, "ids": [...]}
                       (writing it shows messages `ids`: answer "written" once it is written)
                   {"v":1, "push": "identity", "session": {...}}  (who this is now)
-                  {"v":1, "push": "held", "message": {...}}      (in this session's inbox)
+                  {"v":1, "push": "held", "message": {...}}      (in this session's inbox;
+                      "again": true when a cancelled result puts it back)
                   {"v":1, "push": "acked", "ids": [...]}         (acknowledged: recorded)
 The relay keeps the held messages that it has not written, to answer `inbox` itself while no
 broker answers (offers and acknowledgements then go to the ledger file), and the ids it wrote
