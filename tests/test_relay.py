@@ -1,0 +1,233 @@
+"""`agent-bridge mcp` as a relay (agent_bridge.relay): a standard-library process that pumps the
+host's JSON-RPC lines to the broker, which serves MCP itself (daemon.mcp_host). Real processes,
+real stdio spoken by hand, a real broker killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import trio
+
+from agent_bridge import relay
+from agent_bridge.daemon import mcp_host
+from tests.conftest import run_cli, wait_for
+from tests.reliability.harness import (
+    KILLED,
+    start_faulty_broker,
+    stop_any_broker,
+    wait_killed,
+    wait_new_broker,
+)
+from tests.test_delivery import PROTOCOL, receipts
+
+pytestmark = pytest.mark.slow
+
+HEAVY = ("trio", "mcp", "mcp_types", "pydantic", "pydantic_core", "anyio")
+
+
+class Host:
+    """One relay process, spoken to by hand; every line it writes is kept, in order."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.lines: list[dict[str, Any]] = []
+        self._buffer = b""
+        self._ids = iter(range(1, 1 << 30))
+
+    @classmethod
+    async def start(cls, env: dict[str, str], *args: str) -> Host:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "agent_bridge", "mcp", *args],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+        host = cls(proc)
+        await host.answer(await host.request("initialize", {
+            "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "relay-test", "version": "1"}}))
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return host
+
+    async def send(self, *messages: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+
+    async def request(self, method: str, params: dict[str, Any]) -> int:
+        rid = next(self._ids)
+        await self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        return rid
+
+    async def call(self, tool: str, **arguments: Any) -> int:
+        return await self.request("tools/call", {"name": tool, "arguments": arguments})
+
+    async def _read_one(self) -> bool:
+        assert self.proc.stdout is not None
+        while b"\n" not in self._buffer:
+            data = await self.proc.stdout.receive_some(65536)
+            if not data:
+                return False
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        self.lines.append(json.loads(line))
+        return True
+
+    def answers(self, rid: Any) -> list[dict[str, Any]]:
+        return [m for m in self.lines if m.get("id") == rid and ("result" in m or "error" in m)]
+
+    async def answer(self, rid: int) -> dict[str, Any]:
+        while not self.answers(rid):
+            if not await self._read_one():
+                raise EOFError(f"the relay closed stdout before answering {rid}")
+        return self.answers(rid)[0]
+
+    async def tool(self, tool: str, **arguments: Any) -> Any:
+        result = (await self.answer(await self.call(tool, **arguments)))["result"]
+        assert not result.get("isError"), result
+        return json.loads(result["content"][0]["text"])
+
+    async def end(self) -> int:
+        """Close stdin, read everything the relay still writes, wait for it to exit."""
+        assert self.proc.stdin is not None
+        await self.proc.stdin.aclose()
+        while await self._read_one():
+            pass
+        return await self.proc.wait()
+
+
+async def test_a_broker_killed_mid_call_answers_every_request_exactly_once(env, home):
+    """The broker dies (SIGKILL, its own fault point) while the relay has two calls in flight:
+    an `inbox` long poll and the `send` being committed. The relay starts a new broker, replays
+    the host's `initialize` to it (its answer goes nowhere), resends the poll, which the new
+    broker answers when a message arrives, and answers the `send` with the "may or may not"
+    error. Every request is answered exactly once, and the relay answers only the host's ids."""
+    broker = start_faulty_broker(env, home, "send:before-commit@1")
+    try:
+        with trio.fail_after(120):
+            host = await Host.start(env, "--project", "/w/relay-kill", "--host-session-id", "hs-relay-kill")
+            me = await host.tool("whoami")
+            poll = await host.call("inbox", wait_seconds=60)
+            sent = await host.call("send", to=me["name"], text="during the crash")
+            assert await wait_killed(broker) == KILLED
+            await wait_new_broker(home, broker.pid)
+            failed = (await host.answer(sent))["result"]
+            assert failed["isError"] and "may or may not have been recorded" in failed["content"][0]["text"], failed
+            # The poll now waits in the new broker: a message wakes it.
+            done = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "after the crash"))
+            assert done.returncode == 0, done.stderr
+            shown = json.loads((await host.answer(poll))["result"]["content"][0]["text"])
+            assert [m["text"] for m in shown] == ["after the crash"]
+            assert await host.tool("whoami") == me  # the new broker serves this session: initialized, same record
+            assert await host.end() == 0
+    finally:
+        broker.kill()
+        stop_any_broker(env)
+    answered = [m["id"] for m in host.lines if "result" in m or "error" in m]
+    assert len(answered) == len(set(answered)), f"a request was answered twice: {answered}"
+    assert all(isinstance(rid, int) for rid in answered), f"an answer to a request the host never sent: {answered}"
+    assert sorted(answered) == list(range(1, max(answered) + 1))  # and every one was answered
+
+
+async def test_the_relay_process_never_imports_trio_the_sdk_or_pydantic(broker, env, tmp_path):
+    """A real `agent-bridge mcp` serving a host through a real broker, then with no broker:
+    its own imports (`python -X importtime`) hold none of the heavy packages."""
+    stderr = tmp_path / "imports.txt"
+    with open(stderr, "wb") as errors, trio.fail_after(60):  # noqa: ASYNC230 - before anything runs
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-X", "importtime", "-m", "agent_bridge", "mcp", "--project", "/w/light"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+        )
+        host = Host(proc)
+        await host.answer(await host.request("initialize", {
+            "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "relay-test", "version": "1"}}))
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await host.answer(await host.request("tools/list", {}))
+        me = await host.tool("whoami")
+        await host.tool("send", to=me["name"], text="to myself")
+        await host.tool("inbox")
+        await trio.to_thread.run_sync(broker.stop)
+        await host.answer(await host.request("tools/list", {}))  # answered by the relay alone
+        await host.answer(await host.request("ping", {}))
+        assert await host.end() == 0
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in stderr.read_text().splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "agent_bridge" in imported, "no import listing: the check would pass for nothing"
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
+def test_the_shipped_static_answers_are_what_the_server_answers():
+    """`initialize`, `tools/list` and the error shapes the relay answers with no broker are
+    generated from the real server (`python -m agent_bridge.daemon.mcp_host`), never copied."""
+    assert relay.STATIC.read_text(encoding="utf-8") == mcp_host.static_text(), (
+        "agent_bridge/mcp_static.json is stale: run python -m agent_bridge.daemon.mcp_host"
+    )
+
+
+async def test_with_no_broker_the_relay_answers_what_needs_none_and_says_why_for_tools(env, home):
+    """A broker that cannot start: `initialize`, `tools/list` and `ping` are answered as the real
+    server answers them; a tool call gets the start failure as a tool error."""
+    from tests.test_refusals import newer_database
+
+    newer_database(home)
+    with trio.fail_after(120):
+        host = await Host.start(env, "--agent", "codex", "--project", "/w/alone")
+        listed = (await host.answer(await host.request("tools/list", {})))["result"]
+        assert listed == json.loads(relay.STATIC.read_text())["tools/list"]
+        assert {t["name"] for t in listed["tools"]} == set(mcp_host.TOOL_OPS)
+        assert (await host.answer(await host.request("ping", {})))["result"] == {}
+        failed = (await host.answer(await host.call("whoami")))["result"]
+        assert failed["isError"] and "schema version 99" in failed["content"][0]["text"], failed
+        initialized = host.answers(1)[0]["result"]
+        assert initialized["serverInfo"]["name"] == "agent-bridge" and "claude/channel" not in str(initialized)
+        assert await host.end() == 0
+
+
+async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_written(broker, env, home):
+    """The host closes stdin: the relay exits 0, the inbox result it wrote is acknowledged, and
+    the message that arrived after it, never written, is not."""
+    with trio.fail_after(60):
+        host = await Host.start(env, "--project", "/w/relay-eof", "--host-session-id", "hs-relay-eof")
+        me = await host.tool("whoami")
+        first = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown")))
+        first_id = json.loads(first.stdout)["message"]["id"]
+
+        async def arrived() -> bool:
+            return bool(await host.tool("inbox", peek=True, wait_seconds=1))
+
+        await wait_for(arrived, what="the first message in the inbox")
+        assert [m["id"] for m in await host.tool("inbox")] == [first_id]
+        second = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "never shown")))
+        second_id = json.loads(second.stdout)["message"]["id"]
+
+        async def second_held() -> bool:
+            return [m["id"] for m in await host.tool("inbox", peek=True, wait_seconds=1)] == [second_id]
+
+        await wait_for(second_held, what="the second message in the inbox")
+        assert await host.end() == 0
+
+        async def recorded() -> bool:
+            return receipts(home, [first_id])[first_id][1] is not None
+
+        await wait_for(recorded, what="the written result's acknowledgement")
+    assert receipts(home, [second_id])[second_id][1] is None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_ends_the_relay_at_once_and_acknowledges_nothing_unwritten(broker, env, home, signum):
+    """SIGTERM or SIGINT (hosts send both) while a message waits unshown: the relay exits 0 at
+    once, and the message stays unacknowledged for the next incarnation."""
+    with trio.fail_after(60):
+        host = await Host.start(env, "--project", "/w/relay-sig", "--host-session-id", "hs-relay-sig")
+        me = await host.tool("whoami")
+        sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "pending"))
+        mid = json.loads(sent.stdout)["message"]["id"]
+
+        async def held() -> bool:
+            return bool(await host.tool("inbox", peek=True, wait_seconds=1))
+
+        await wait_for(held, what="the message in the inbox")
+        host.proc.send_signal(signum)
+        assert await host.proc.wait() == 0
+    assert receipts(home, [mid])[mid][1] is None
