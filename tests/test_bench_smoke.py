@@ -25,6 +25,7 @@ EXPECTED = {
     "bench_mcp_tool_call.py",
     "bench_message_throughput.py",
     "bench_reconnect_storm.py",
+    "bench_session_footprint.py",
 }
 FIELDS = {"bench", "value", "unit", "baseline", "ratio", "target", "ok", "n", "p50", "p99"}
 
