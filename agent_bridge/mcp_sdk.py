@@ -224,7 +224,9 @@ class RelayPipe:
 
     async def flush(self) -> None:
         text, self._buffer = "".join(self._buffer), []
-        for line in text.splitlines():
+        for line in text.split("\n"):  # not splitlines(): U+2028 and friends are text inside a line
+            if not line:
+                continue
             key, ids, written = self._watched(line) if self._watches else (None, [], None)
             seq = await self._send(line, ids, written)
             if key is not None and seq is not None:

@@ -231,3 +231,21 @@ async def test_a_signal_ends_the_relay_at_once_and_acknowledges_nothing_unwritte
         host.proc.send_signal(signum)
         assert await host.proc.wait() == 0
     assert receipts(home, [mid])[mid][1] is None
+
+
+async def test_text_with_unicode_line_separators_crosses_the_relay_whole(broker, env):
+    """U+2028, U+2029 and U+0085 are line breaks to `str.splitlines` but text inside a JSON-RPC
+    line: a message holding them comes back whole, and the session goes on."""
+    text = "one\u2028two\u2029three\u0085four\x1cfive"
+    with trio.fail_after(60):
+        host = await Host.start(env, "--project", "/w/relay-seps")
+        me = await host.tool("whoami")
+        await host.tool("send", to=me["name"], text=text)
+
+        async def arrived() -> list[dict[str, Any]] | None:
+            return await host.tool("inbox", wait_seconds=1) or None
+
+        shown = await wait_for(arrived, what="the message back")
+        assert [m["text"] for m in shown] == [text]
+        assert await host.tool("whoami") == me
+        assert await host.end() == 0

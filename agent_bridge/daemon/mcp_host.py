@@ -43,6 +43,9 @@ from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.mcp_stdin import GuardedStdin
 
 log = logging.getLogger("agent_bridge.mcp")
+# The SDK logs every tool error at INFO: each one already reached its agent; only its warnings
+# and worse belong in broker.log.
+logging.getLogger("mcp").setLevel(logging.WARNING)
 
 INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
