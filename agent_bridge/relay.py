@@ -476,9 +476,12 @@ class Relay:
             )
         except subprocess.TimeoutExpired:
             return  # slow: the run loop connects once it runs
-        if done.returncode == 0 or paths.lock_holder(self.options.home) is not None:
-            return  # started, or another relay's broker is starting: the run loop connects
-        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        said = done.stderr.decode("utf-8", "replace")
+        if done.returncode == 0 or paths.ALREADY_RUNNING in said or paths.lock_holder(self.options.home) is not None:
+            # started, or another relay's broker won the lock (it may still be starting, so the
+            # lock can look free for an instant): the run loop connects
+            return
+        reason = said.strip().splitlines()
         text = reason[-1] if reason else f"`agent-bridge up` exited with status {done.returncode}"
         with self.cond:
             self.start_failure = text.removeprefix("agent-bridge up: ")

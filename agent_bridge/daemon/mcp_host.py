@@ -385,7 +385,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         server = build_server(bridge)
         lowlevel = mcp_sdk.lowlevel(server)
         init = lowlevel.create_initialization_options(
-            experimental_capabilities={CHANNEL_CAPABILITY: {}} if session.peer.get("agent") == "claude" else None
+            experimental_capabilities={CHANNEL_CAPABILITY: {}} if session.peer.agent == "claude" else None
         )
         lines_in, lines_out = trio.open_memory_channel[str](LINES_BUFFER)
 
