@@ -249,3 +249,29 @@ async def test_text_with_unicode_line_separators_crosses_the_relay_whole(broker,
         assert [m["text"] for m in shown] == [text]
         assert await host.tool("whoami") == me
         assert await host.end() == 0
+
+
+async def test_a_request_on_a_relay_connection_is_answered_and_the_session_goes_on(broker, home):
+    """After `mcp`, the connection carries relay frames: a request frame there gets an error
+    naming the problem (not silence), and the host's next line is still served."""
+    from agent_bridge import paths
+    from agent_bridge.ipc import protocol
+    from agent_bridge.ipc.stream import FramedStream
+
+    record = paths.read_broker_json(home)
+    assert record is not None
+    with trio.fail_after(30):
+        relay_conn = FramedStream(await trio.open_unix_socket(record["socket"]))
+        await relay_conn.send(protocol.request(1, "mcp", agent="codex", project="/w/relay-stray"))
+        hello = await relay_conn.receive()
+        assert hello is not None and hello["ok"], hello
+        await relay_conn.send({"v": 1, "id": 5, "op": "whoami"})
+        refused = await relay_conn.receive()
+        assert refused is not None and refused["id"] == 5 and refused["error"]["code"] == "bad_request", refused
+        await relay_conn.send({"v": 1, "relay": "line", "line": json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})})
+        while True:
+            frame = await relay_conn.receive()
+            assert frame is not None, "the broker closed the relay connection"
+            if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == 1:
+                break
+        await relay_conn.aclose()

@@ -33,7 +33,7 @@ from pydantic import Field
 
 from agent_bridge import __version__, domain, ledger, mcp_sdk
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import IDLE_TIMEOUT, STORAGE_ERRORS, deliver
+from agent_bridge.daemon.connection import IDLE_TIMEOUT, STORAGE_ERRORS, _send_quietly, deliver
 from agent_bridge.daemon.identity import Refused
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
@@ -431,11 +431,22 @@ async def _read_relay(bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.Memor
             with trio.move_on_after(IDLE_TIMEOUT) as idle:
                 frame = await conn.receive()
         except protocol.ProtocolError as exc:
-            log.warning("relay connection closed: %s", exc)
+            await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
             return False
         if idle.cancelled_caught or frame is None:
             return False
         kind = frame.get("relay")
+        if kind is None:  # a request where the host's lines belong: answered, the session goes on
+            try:
+                request_id, op, _ = protocol.parse_request(frame)
+            except protocol.BadArguments as exc:
+                await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
+                continue
+            except protocol.ProtocolError as exc:
+                await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
+                return False
+            await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on an MCP relay connection"))
+            continue
         if kind == "line" and isinstance(frame.get("line"), str):
             parts.append(frame["line"])
             if not frame.get("more"):
@@ -448,7 +459,7 @@ async def _read_relay(bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.Memor
         elif kind == "eof":
             return True
         elif kind != "ping":
-            log.warning("relay connection closed: unknown relay frame %r", kind)
+            await _send_quietly(conn, protocol.error(None, "protocol", f"relay frame: unknown kind {kind!r}"))
             return False
 
 
