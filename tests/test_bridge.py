@@ -150,6 +150,64 @@ async def test_long_poll_wakes_on_arrival(home):
     assert [m["text"] for m in json.loads(result["result"]["content"][0]["text"])] == ["wake up"]
 
 
+async def test_a_result_on_its_way_to_the_host_is_not_offered_again(home):
+    """The relay writes an inbox result to the host, then reports it written; the host's next
+    request can reach the broker in between. That request must not get the same messages again
+    (they would reach the agent twice, the second time marked as a repeat). The broker runs in
+    this process and the test is the relay, holding back the "written" report on purpose."""
+    from agent_bridge.ipc import protocol
+    from agent_bridge.ipc.client import open_bridge_client
+    from agent_bridge.ipc.stream import FramedStream
+    from tests.test_absorb_offers import broker_in_process
+
+    def line(message: dict[str, Any]) -> dict[str, Any]:
+        return {"v": 1, "relay": "line", "line": json.dumps(message)}
+
+    def inbox_call(rid: int) -> dict[str, Any]:
+        return line({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                     "params": {"name": "inbox", "arguments": {}}})
+
+    async def answer(relay: FramedStream, rid: int) -> dict[str, Any]:
+        while True:
+            frame = await relay.receive()
+            assert frame is not None, "the broker closed the relay's connection"
+            if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == rid:
+                return frame
+
+    def texts(frame: dict[str, Any]) -> list[str]:
+        return [m["text"] for m in json.loads(json.loads(frame["line"])["result"]["content"][0]["text"])]
+
+    with trio.fail_after(60):
+        async with broker_in_process(home) as (broker, sock):
+            relay = FramedStream(await trio.open_unix_socket(sock))
+            await relay.send(protocol.request(1, "mcp", agent="codex", project="/w/way"))
+            hello = await relay.receive()
+            assert hello is not None and hello["ok"], hello
+            me = hello["result"]["session"]
+            await relay.send(line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
+            await answer(relay, 1)
+            await relay.send(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            async with open_bridge_client(sock, {"agent": "claude", "project": "/w/way"}, keepalive=False) as (tx, _):
+                await tx.request("send", to=me["name"], text="once")
+            bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
+
+            async def arrived() -> bool:
+                return bool(bridge.inbox.pending)
+
+            await wait_for(arrived, what="the message in the session's inbox")
+            await relay.send(inbox_call(2))
+            first = await answer(relay, 2)
+            assert texts(first) == ["once"] and isinstance(first.get("seq"), int)
+            await relay.send(inbox_call(3))  # before reporting the first result written
+            second = await answer(relay, 3)
+            assert texts(second) == [], "a message on its way to the host was offered again"
+            await relay.send({"v": 1, "relay": "written", "seq": first["seq"]})
+            await relay.send(inbox_call(4))
+            assert texts(await answer(relay, 4)) == []
+            await relay.aclose()
+
+
 async def test_offline_recipient_gets_the_message_when_it_returns(broker, env, home):
     host_id = "host-session-offline"
     with trio.fail_after(90):

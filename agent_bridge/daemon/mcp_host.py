@@ -79,7 +79,15 @@ class Inbox:
     shown: OrderedDict[str, None] = field(default_factory=OrderedDict)
     unsent_acks: list[str] = field(default_factory=list)
     offered: OrderedDict[str, None] = field(default_factory=OrderedDict)  # offered before: repeats
+    # In a result or notification handed to the relay, not yet reported written: the relay
+    # writes, then reports, and the host's next request can reach us in between. Offered
+    # again meanwhile, a message would reach the agent twice.
+    on_its_way: set[str] = field(default_factory=set)
     arrived: trio.Event = field(default_factory=trio.Event)
+
+    def available(self) -> list[dict[str, Any]]:
+        """Pending messages not already on their way to the host, oldest first."""
+        return [m for mid, m in self.pending.items() if mid not in self.on_its_way]
 
     def add(self, message: dict[str, Any]) -> bool:
         """Keep a pushed message; False for a replay of one already held or shown."""
@@ -97,6 +105,7 @@ class Inbox:
     def mark_shown(self, ids: list[str]) -> None:
         for mid in ids:
             self.pending.pop(mid, None)
+            self.on_its_way.discard(mid)
             self.shown[mid] = None
         while len(self.shown) > SHOWN_MEMORY:
             self.shown.popitem(last=False)
@@ -248,12 +257,14 @@ class Bridge:
             }
             if repeat:
                 meta["repeat"] = "true"
+            self.inbox.on_its_way.add(mid)
             try:
                 await self.pipe.send_message(
                     "notifications/claude/channel", {"content": REPEAT_NOTE + text if repeat else text, "meta": meta},
                     ids=[mid], written=lambda: self.shown([mid]),
                 )
             except BrokenPipeError as exc:  # the relay went away; the message stays in the inbox
+                self.inbox.on_its_way.discard(mid)
                 log.info("channel notification failed: %s", exc)
                 return
         if LOG_LEVELS.index(self.log_level) > LOG_LEVELS.index("info"):
@@ -304,6 +315,7 @@ class Bridge:
         messages = entry[1] if entry is not None else unwritten
         if not messages:
             return
+        self.inbox.on_its_way.difference_update(m["id"] for m in messages)
         try:  # the broker's Stop check may show them now
             await self.client.request("withdraw", ids=[m["id"] for m in messages])
         except RemoteError:
@@ -616,13 +628,18 @@ def build_server(bridge: Bridge) -> MCPServer:
             await _observe(bridge, ctx)
         if isinstance(wait_seconds, bool) or not 0 <= wait_seconds <= INBOX_WAIT_MAX:
             raise ToolError(f"wait_seconds: expected a number from 0 to {INBOX_WAIT_MAX}, got {wait_seconds!r}")
-        if not bridge.inbox.pending and wait_seconds > 0:
+        if not bridge.inbox.available() and wait_seconds > 0:
             with trio.move_on_after(wait_seconds):
                 await bridge.inbox.arrived.wait()
-        messages = list(bridge.inbox.pending.values())[: ledger.IDS_MAX]
+        messages = bridge.inbox.available()[: ledger.IDS_MAX]
         if not peek and messages and ctx is not None and bridge.pipe is not None:
             ids = [m["id"] for m in messages]
-            before = await bridge.offer(ids)
+            bridge.inbox.on_its_way.update(ids)
+            try:
+                before = await bridge.offer(ids)
+            except BaseException:  # cancelled before its result existed: nothing is on its way
+                bridge.inbox.on_its_way.difference_update(ids)
+                raise
             messages = [dict(m, repeat=True) if m["id"] in before else m for m in messages]
             # Acknowledged once this result is in the host's pipe; a cancelled call never is.
             rid = mcp_sdk.request_id(ctx)
