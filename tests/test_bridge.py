@@ -101,6 +101,37 @@ async def inbox_until_peek(session, count):
     return await wait_for(ready, what=f"{count} messages")
 
 
+def relay_line(message: dict[str, Any]) -> dict[str, Any]:
+    """A host line as the relay hands it to the broker."""
+    return {"v": 1, "relay": "line", "line": json.dumps(message)}
+
+
+async def relay_answer(relay: Any, rid: int) -> dict[str, Any]:
+    """The broker's frame carrying the answer to host request `rid`."""
+    while True:
+        frame = await relay.receive()
+        assert frame is not None, "the broker closed the relay's connection"
+        if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == rid:
+            return frame
+
+
+async def play_relay(sock: str, project: str) -> tuple[Any, dict[str, Any]]:
+    """Connect to the broker as a session's relay and initialize its MCP session, as a host
+    would: (the relay's connection, this session)."""
+    from agent_bridge.ipc import protocol
+    from agent_bridge.ipc.stream import FramedStream
+
+    relay = FramedStream(await trio.open_unix_socket(sock))
+    await relay.send(protocol.request(1, "mcp", agent="codex", project=project))
+    hello = await relay.receive()
+    assert hello is not None and hello["ok"], hello
+    await relay.send(relay_line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
+    await relay_answer(relay, 1)
+    await relay.send(relay_line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    return relay, hello["result"]["session"]
+
+
 async def test_long_poll_wakes_on_arrival(home):
     """An inbox call waiting for a message returns when one arrives, not when its wait runs
     out. The broker runs in this process (the real MCP tools it serves, over its real socket)
@@ -108,44 +139,24 @@ async def test_long_poll_wakes_on_arrival(home):
     waiting (a task waits on the inbox's arrival event); the poll asks to wait far longer than
     the deadline it must meet."""
     from agent_bridge.daemon import mcp_host
-    from agent_bridge.ipc import protocol
     from agent_bridge.ipc.client import open_bridge_client
-    from agent_bridge.ipc.stream import FramedStream
     from tests.test_absorb_offers import broker_in_process
-
-    def line(message: dict[str, Any]) -> dict[str, Any]:
-        return {"v": 1, "relay": "line", "line": json.dumps(message)}
-
-    async def answer(relay: FramedStream, rid: int) -> dict[str, Any]:
-        while True:
-            frame = await relay.receive()
-            assert frame is not None, "the broker closed the relay's connection"
-            if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == rid:
-                return json.loads(frame["line"])
 
     with trio.fail_after(60):
         async with broker_in_process(home) as (broker, sock):
-            relay = FramedStream(await trio.open_unix_socket(sock))
-            await relay.send(protocol.request(1, "mcp", agent="codex", project="/w/lp"))
-            hello = await relay.receive()
-            assert hello is not None and hello["ok"], hello
-            me = hello["result"]["session"]
-            await relay.send(line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
-            await answer(relay, 1)
-            await relay.send(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            relay, me = await play_relay(sock, "/w/lp")
             bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
 
             async def waiting() -> bool:
                 return bridge.inbox.arrived.statistics().tasks_waiting == 1
 
-            await relay.send(line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            await relay.send(relay_line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
                 "name": "inbox", "arguments": {"wait_seconds": mcp_host.INBOX_WAIT_MAX, "peek": True}}}))
             await wait_for(waiting, what="the poll waiting")
             async with open_bridge_client(sock, {"agent": "claude", "project": "/w/lp"}, keepalive=False) as (tx, _):
                 await tx.request("send", to=me["name"], text="wake up")
             with trio.fail_after(mcp_host.INBOX_WAIT_MAX / 2):  # woken by the arrival, well before its own wait ends
-                result = await answer(relay, 2)
+                result = json.loads((await relay_answer(relay, 2))["line"])
             await relay.aclose()
     assert [m["text"] for m in json.loads(result["result"]["content"][0]["text"])] == ["wake up"]
 
@@ -155,39 +166,19 @@ async def test_a_result_on_its_way_to_the_host_is_not_offered_again(home):
     request can reach the broker in between. That request must not get the same messages again
     (they would reach the agent twice, the second time marked as a repeat). The broker runs in
     this process and the test is the relay, holding back the "written" report on purpose."""
-    from agent_bridge.ipc import protocol
     from agent_bridge.ipc.client import open_bridge_client
-    from agent_bridge.ipc.stream import FramedStream
     from tests.test_absorb_offers import broker_in_process
 
-    def line(message: dict[str, Any]) -> dict[str, Any]:
-        return {"v": 1, "relay": "line", "line": json.dumps(message)}
-
     def inbox_call(rid: int) -> dict[str, Any]:
-        return line({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
-                     "params": {"name": "inbox", "arguments": {}}})
-
-    async def answer(relay: FramedStream, rid: int) -> dict[str, Any]:
-        while True:
-            frame = await relay.receive()
-            assert frame is not None, "the broker closed the relay's connection"
-            if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == rid:
-                return frame
+        return relay_line({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                           "params": {"name": "inbox", "arguments": {}}})
 
     def texts(frame: dict[str, Any]) -> list[str]:
         return [m["text"] for m in json.loads(json.loads(frame["line"])["result"]["content"][0]["text"])]
 
     with trio.fail_after(60):
         async with broker_in_process(home) as (broker, sock):
-            relay = FramedStream(await trio.open_unix_socket(sock))
-            await relay.send(protocol.request(1, "mcp", agent="codex", project="/w/way"))
-            hello = await relay.receive()
-            assert hello is not None and hello["ok"], hello
-            me = hello["result"]["session"]
-            await relay.send(line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
-            await answer(relay, 1)
-            await relay.send(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            relay, me = await play_relay(sock, "/w/way")
             async with open_bridge_client(sock, {"agent": "claude", "project": "/w/way"}, keepalive=False) as (tx, _):
                 await tx.request("send", to=me["name"], text="once")
             bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
@@ -197,14 +188,14 @@ async def test_a_result_on_its_way_to_the_host_is_not_offered_again(home):
 
             await wait_for(arrived, what="the message in the session's inbox")
             await relay.send(inbox_call(2))
-            first = await answer(relay, 2)
+            first = await relay_answer(relay, 2)
             assert texts(first) == ["once"] and isinstance(first.get("seq"), int)
             await relay.send(inbox_call(3))  # before reporting the first result written
-            second = await answer(relay, 3)
+            second = await relay_answer(relay, 3)
             assert texts(second) == [], "a message on its way to the host was offered again"
             await relay.send({"v": 1, "relay": "written", "seq": first["seq"]})
             await relay.send(inbox_call(4))
-            assert texts(await answer(relay, 4)) == []
+            assert texts(await relay_answer(relay, 4)) == []
             await relay.aclose()
 
 
