@@ -91,18 +91,27 @@ async def _next_control(conn: FramedStream) -> tuple[int, str, dict[str, Any]] |
             await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
 
 
-async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
+async def attach_session(
+    broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any], *, to: FramedStream | None = None
+) -> Session | None:
+    """A hello's session, attached as `to` (default: `conn` itself); None once a refusal has
+    been answered on `conn` (bad input; another connection holds this host session id, so the
+    client backs off; the store failing)."""
     try:
         await broker.ingest_ledgers()  # an earlier server's acknowledgements first: never replay those
-        session = await broker.attach(conn, args)
+        return await broker.attach(conn if to is None else to, args)
     except InputError as exc:
         await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))
-        return
-    except Refused as exc:  # another connection holds this host session id: the client backs off
+    except Refused as exc:
         await conn.send(protocol.error(request_id, "refused", f"hello: {exc}"))
-        return
     except STORAGE_ERRORS as exc:
         await conn.send(_unavailable(request_id, "hello", exc))
+    return None
+
+
+async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
+    session = await attach_session(broker, conn, request_id, args)
+    if session is None:
         return
     try:
         # The secret lets this MCP server resume exactly this session later (daemon.identity).

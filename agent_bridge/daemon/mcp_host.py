@@ -33,8 +33,13 @@ from pydantic import Field
 
 from agent_bridge import __version__, domain, ledger, mcp_sdk
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import IDLE_TIMEOUT, STORAGE_ERRORS, _send_quietly, deliver
-from agent_bridge.daemon.identity import Refused
+from agent_bridge.daemon.connection import (
+    IDLE_TIMEOUT,
+    STORAGE_ERRORS,
+    _send_quietly,
+    attach_session,
+    deliver,
+)
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
@@ -369,18 +374,8 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     then the host's lines are served by the MCP SDK, beside the session's delivery task."""
     link = SessionLink(conn)
     acked = args.pop("acked", None)  # shown by the relay while no broker answered
-    try:
-        await broker.ingest_ledgers()  # an earlier relay's acknowledgements first: never replay those
-        session = await broker.attach(cast(FramedStream, link), args)
-    except InputError as exc:
-        await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))
-        return
-    except Refused as exc:  # another connection holds this host session id: the relay backs off
-        await conn.send(protocol.error(request_id, "refused", f"hello: {exc}"))
-        return
-    except STORAGE_ERRORS as exc:
-        log.error("hello failed: storage error: %s", exc)
-        await conn.send(protocol.error(request_id, "unavailable", f"hello failed: storage error: {exc}"))
+    session = await attach_session(broker, conn, request_id, args, to=cast(FramedStream, link))
+    if session is None:
         return
     bridge = link.bridge = Bridge(broker, session, conn)
     pipe = bridge.pipe = mcp_sdk.RelayPipe(conn)
