@@ -7,12 +7,14 @@ writers of each say who committed and who checkpointed."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from pathlib import Path
 
 import apsw
 import pytest
 import trio
 
+from agent_bridge.daemon import storage
 from agent_bridge.daemon.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
 from agent_bridge.rows import Message
 from agent_bridge.store.writer import Outgoing, Store
@@ -29,6 +31,7 @@ class RecordingVFS(apsw.VFS):
         self.name = name
         self.lock = threading.Lock()
         self.main_writers: set[str] = set()
+        self.main_writes: Counter[str] = Counter()  # writes to the database file, per thread
         self.wal_writers: list[str] = []
         super().__init__(name, BASE, makedefault=True)
 
@@ -48,6 +51,7 @@ class RecordingFile(apsw.VFSFile):
         with self._vfs.lock:
             if self._main:
                 self._vfs.main_writers.add(threading.current_thread().name)
+                self._vfs.main_writes[threading.current_thread().name] += 1
             elif self._wal and (not self._vfs.wal_writers or self._vfs.wal_writers[-1] != threading.current_thread().name):
                 self._vfs.wal_writers.append(threading.current_thread().name)
         return super().xWrite(data, offset)
@@ -65,7 +69,8 @@ def vfs():
 async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path, vfs: RecordingVFS) -> None:
     """A commit that leaves the WAL past the threshold returns without copying it back into
     the database (the copy and its fsyncs cost 5-30 ms): sends on the event loop and jobs
-    on the store's thread alike. The checkpointer's thread copies it."""
+    on the store's thread alike. The checkpointer's thread copies it; the store's thread
+    copies at most the few pages committed while it did (before a job, never in a commit)."""
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
@@ -85,10 +90,46 @@ async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path,
 
         await wait_for(checkpointed, what="a checkpoint")
         with vfs.lock:
-            assert vfs.main_writers == {"agent-bridge checkpoint"}
+            assert vfs.main_writers <= {"agent-bridge checkpoint", "agent-bridge store"}  # never the loop
+            assert vfs.main_writes["agent-bridge checkpoint"] > vfs.main_writes["agent-bridge store"]
     finally:
         await runner.run(runner.close_store)
         runner.stop()
+
+
+async def test_the_wal_starts_over_under_steady_traffic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint beside a writer that keeps committing leaves the frames committed during
+    it, and SQLite starts the WAL over only once every frame is in the database: without the
+    store's thread copying that rest, the WAL never started over and grew by every commit
+    (400 MB after 10,000 messages through a broker). Sends and acks back to back, as a busy
+    broker makes them, until the WAL has started over three times (its header's checkpoint
+    sequence number, SQLite's file format, counts the restarts)."""
+    monkeypatch.setattr(storage, "CHECKPOINT_PAGES", 50)  # a few hundred checkpoints' worth of traffic
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    wal = tmp_path / "bridge.db-wal"
+    try:
+        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
+        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        first = _wal_restarts(wal)
+        for i in range(6000):  # ~10 pages each (two commits)
+            sent = await calls.send_messages(a.id, [Outgoing(b.id, "x" * 200, 1, None)], now=i)
+            await calls.ack(b.id, [sent[0].id], i)
+            if _wal_restarts(wal) >= first + 3:
+                break
+        else:
+            pages = wal.stat().st_size // 4096
+            raise AssertionError(f"the WAL started over {_wal_restarts(wal) - first} times in 6,000 messages; {pages} pages")
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+def _wal_restarts(wal: Path) -> int:
+    """The WAL header's checkpoint sequence number (bytes 12-15, big-endian): +1 each time a
+    writer starts the WAL over (https://sqlite.org/fileformat2.html#walformat)."""
+    with wal.open("rb") as f:
+        return int.from_bytes(f.read(32)[12:16], "big")
 
 
 async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_else_behind_its_jobs(
