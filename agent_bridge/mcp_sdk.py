@@ -234,6 +234,17 @@ class RelayPipe:
 
     # --- our own messages -------------------------------------------------------------
 
+    async def send_response(self, rid: types.RequestId, line: str, *, shows: bool) -> None:
+        """A response serialized without the SDK (daemon.mcp_fast), sent as `flush` sends the
+        SDK's: the watch for `rid` ends, and counts only if the response `shows` (a result,
+        not an error)."""
+        key = _key(rid)
+        watch = self._watches.pop(key, None)
+        ids, written = watch if watch is not None and shows else ([], None)
+        seq = await self._send(line, ids, written)
+        if written is not None and seq is not None:
+            self._sent_rids[key] = seq
+
     async def send_message(self, method: str, params: dict[str, Any], *, ids: list[str] | None = None,
                            written: Callable[[], None] | None = None) -> None:
         """Send one JSON-RPC notification; `written()` once the relay wrote it to the host."""

@@ -40,6 +40,7 @@ from agent_bridge.daemon.connection import (
     attach_session,
     deliver,
 )
+from agent_bridge.daemon.mcp_fast import Body, FastCalls, ToolCall, argument_problem
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
@@ -395,18 +396,20 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
             experimental_capabilities={CHANNEL_CAPABILITY: {}} if session.peer.agent == "claude" else None
         )
         lines_in, lines_out = trio.open_memory_channel[str](LINES_BUFFER)
+        schemas = {tool.name: tool.parameters for tool in mcp_sdk.tool_schemas(server)}
 
-        async def read_relay() -> None:
+        async def read_relay(fast: FastCalls) -> None:
             nonlocal stdin_closed
             async with lines_in:
-                stdin_closed = await _read_relay(bridge, pipe, lines_in)
+                stdin_closed = await _read_relay(bridge, pipe, lines_in, fast)
 
         async with trio.open_nursery() as nursery:
+            fast = FastCalls(bridge, nursery, TOOL_BODIES, schemas)
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)
             with trio.move_on_after(DELIVERY_FIRST):  # the host's first `inbox` sees the backlog
                 await link.delivered.wait()
-            nursery.start_soon(read_relay)
+            nursery.start_soon(read_relay, fast)
             guard = GuardedStdin()  # answers the lines the SDK would drop (lone surrogates)
             async with mcp_sdk.open_relay_stdio(guard.lines(lines_out), pipe) as (read_stream, write_stream):
                 guard.answer_through(write_stream)
@@ -428,8 +431,11 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         await broker.detach(session)
 
 
-async def _read_relay(bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.MemorySendChannel[str]) -> bool:
-    """The relay's frames: host lines to the MCP server, "written" reports to the pipe.
+async def _read_relay(
+    bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.MemorySendChannel[str], fast: FastCalls
+) -> bool:
+    """The relay's frames: host lines to the MCP server (or served by `fast`), "written"
+    reports to the pipe.
     Returns True when the relay said its host closed stdin, False when the relay went away."""
     conn = bridge.relay
     parts: list[str] = []
@@ -457,8 +463,10 @@ async def _read_relay(bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.Memor
         if kind == "line" and isinstance(frame.get("line"), str):
             parts.append(frame["line"])
             if not frame.get("more"):
-                await lines.send("".join(parts))
+                line = "".join(parts)
                 parts.clear()
+                if not fast.take(line):
+                    await lines.send(line)
         elif kind == "written" and isinstance(frame.get("seq"), int):
             pipe.written(frame["seq"])
         elif kind == "acked" and isinstance(frame.get("ids"), list):  # the relay showed them itself
@@ -498,34 +506,6 @@ ones addressed to this session. history: include superseded revisions."""
 DECIDE_DOC, DECISIONS_DOC = (" ".join(doc.split()) for doc in (DECIDE_DOC, DECISIONS_DOC))
 
 
-JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "boolean": (bool,), "string": (str,), "integer": (int,), "number": (int, float),
-    "object": (dict,), "array": (list,),
-}
-
-
-def tool_argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
-    """What is wrong with a tool call's arguments, judged by the tool's advertised input
-    schema as the host reads it (SPEC §5): an argument it does not list, or a value not of
-    its JSON type (no "yes" or 1 for a boolean, no "0" for a number). None if nothing is."""
-    if arguments is None:
-        return None
-    if not isinstance(arguments, dict):
-        return f"{tool}: arguments must be an object"
-    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    for name, value in arguments.items():
-        if name not in properties:
-            known = ", ".join(sorted(properties)) or "none"
-            return f"{tool}: unknown argument {name!r} (it takes: {known})"
-        expected = properties[name].get("type") if isinstance(properties[name], dict) else None
-        if not isinstance(expected, str) or expected not in JSON_TYPES:
-            continue  # any value (a scope): the broker judges it
-        if not isinstance(value, JSON_TYPES[expected]) or (isinstance(value, bool) and expected != "boolean"):
-            wanted = "true or false" if expected == "boolean" else f"a JSON {expected}"
-            return f"{name}: expected {wanted}, got {json.dumps(value, ensure_ascii=False)}"
-    return None
-
-
 def compact_schema(schema: Any) -> Any:
     """What the host shows the model, without pydantic's noise: no `title`s, and an optional
     `X | None` advertised as plain X (it is optional by not being required). Validation still
@@ -545,6 +525,109 @@ def compact_schema(schema: Any) -> Any:
 
 
 
+async def _op(bridge: Bridge, call: ToolCall | None, op: str, **args: Any) -> Any:
+    """The bridge op behind a tool, as this session; its error is the tool's."""
+    if call is not None:
+        await _observe(bridge, call)
+    try:
+        return await bridge.call(op, **args)
+    except RemoteError as exc:
+        raise ToolError(exc.message) from None
+
+
+# The tools' bodies: run by the SDK's registration (build_server) and by mcp_fast alike, each
+# returning its result's text blocks. `call` is None only for a call made on a tool's behalf.
+
+async def tool_decide(bridge: Bridge, call: ToolCall | None, topic: str, text: str, scope: Any = None,
+                      source_message_id: str | None = None) -> list[str]:
+    args: dict[str, Any] = {"topic": topic, "text": text}
+    if scope is not None:
+        args["scope"] = scope
+    if source_message_id is not None:
+        args["source_message_id"] = source_message_id
+    return [_json(await _op(bridge, call, "decide", **args))]
+
+
+async def tool_decisions(bridge: Bridge, call: ToolCall | None, query: str | None = None, scope: Any = None,
+                         history: bool = False) -> list[str]:
+    args: dict[str, Any] = {"history": history}
+    if query is not None:
+        args["query"] = query
+    if scope is not None:
+        args["scope"] = scope
+    found = await _op(bridge, call, "decisions", **args)
+    texts = [_json(found)]
+    if history and found:  # a withdrawn topic: when, by whom and why, beside the revisions
+        withdrawn = await _op(bridge, None, "retractions", topics=sorted({d["topic"] for d in found}))
+        if withdrawn:
+            texts.append(RETRACTIONS_NOTE + _json(withdrawn))
+    return texts
+
+
+async def tool_whoami(bridge: Bridge, call: ToolCall | None) -> list[str]:
+    return [_json(await _op(bridge, call, "whoami"))]
+
+
+async def tool_peers(bridge: Bridge, call: ToolCall | None, project: str | None = None) -> list[str]:
+    return [_json(await _op(bridge, call, "peers", **({"project": project} if project is not None else {})))]
+
+
+async def tool_send(bridge: Bridge, call: ToolCall | None, to: str, text: str, reply_to: str | None = None) -> list[str]:
+    args: dict[str, Any] = {"to": to, "text": text}
+    if reply_to is not None:
+        args["reply_to"] = reply_to
+    return [_json(await _op(bridge, call, "send", **args))]
+
+
+async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float = 0, peek: bool = False) -> list[str]:
+    if call is not None:
+        await _observe(bridge, call)
+    if isinstance(wait_seconds, bool) or not 0 <= wait_seconds <= INBOX_WAIT_MAX:
+        raise ToolError(f"wait_seconds: expected a number from 0 to {INBOX_WAIT_MAX}, got {wait_seconds!r}")
+    if not bridge.inbox.available() and wait_seconds > 0:
+        with trio.move_on_after(wait_seconds):
+            await bridge.inbox.arrived.wait()
+    messages = bridge.inbox.available()[: ledger.IDS_MAX]
+    if not peek and messages and call is not None and bridge.pipe is not None:
+        ids = [m["id"] for m in messages]
+        bridge.inbox.on_its_way.update(ids)
+        try:
+            before = await bridge.offer(ids)
+        except BaseException:  # cancelled before its result existed: nothing is on its way
+            bridge.inbox.on_its_way.difference_update(ids)
+            raise
+        messages = [dict(m, repeat=True) if m["id"] in before else m for m in messages]
+        # Acknowledged once this result is in the host's pipe; a cancelled call never is.
+        rid = call.request_id
+        offered = bridge.in_flight[json.dumps(rid)] = messages
+        bridge.pipe.watch(rid, ids, lambda: bridge.result_written(rid, offered))
+    texts = [_json(messages)]
+    if messages:
+        texts.append(INBOX_FRAMING)
+    return texts
+
+
+TOOL_BODIES: dict[str, Body] = {
+    "decide": tool_decide, "decisions": tool_decisions, "whoami": tool_whoami, "peers": tool_peers,
+    "send": tool_send, "inbox": tool_inbox,
+}
+
+
+def _sdk_call(ctx: Context | None) -> ToolCall | None:
+    """A tool call as the SDK hands it over (its Context)."""
+    if ctx is None:
+        return None
+    try:
+        return ToolCall(mcp_sdk.request_id(ctx), ctx.request_context.meta, ctx.session)
+    except Exception as exc:  # noqa: BLE001 - SDK drift: the call still works, but say so loudly
+        log.error("could not read this tool call's context from the MCP SDK (%s: %s)", type(exc).__name__, exc)
+        return ToolCall(None, None, None)
+
+
+def _blocks(texts: list[str]) -> list[types.TextContent]:
+    return [types.TextContent(type="text", text=text) for text in texts]
+
+
 def build_server(bridge: Bridge) -> MCPServer:
     server = MCPServer(
         "agent-bridge",
@@ -556,14 +639,6 @@ def build_server(bridge: Bridge) -> MCPServer:
         ),
     )
 
-    async def call(ctx: Context | None, op: str, **args: Any) -> Any:
-        if ctx is not None:
-            await _observe(bridge, ctx)
-        try:
-            return await bridge.call(op, **args)
-        except RemoteError as exc:
-            raise ToolError(exc.message) from None
-
     @server.tool(description=DECIDE_DOC, structured_output=False)
     async def decide(
         topic: str,
@@ -572,12 +647,8 @@ def build_server(bridge: Bridge) -> MCPServer:
         source_message_id: str | None = None,
         ctx: Context | None = None,
     ) -> str:
-        args: dict[str, Any] = {"topic": topic, "text": text}
-        if scope is not None:
-            args["scope"] = scope
-        if source_message_id is not None:
-            args["source_message_id"] = source_message_id
-        return _json(await call(ctx, "decide", **args))
+        (answer,) = await tool_decide(bridge, _sdk_call(ctx), topic, text, scope, source_message_id)
+        return answer
 
     @server.tool(description=DECISIONS_DOC, structured_output=False)
     async def decisions(
@@ -586,68 +657,33 @@ def build_server(bridge: Bridge) -> MCPServer:
         history: bool = False,
         ctx: Context | None = None,
     ) -> list[types.TextContent]:
-        args: dict[str, Any] = {"history": history}
-        if query is not None:
-            args["query"] = query
-        if scope is not None:
-            args["scope"] = scope
-        found = await call(ctx, "decisions", **args)
-        blocks = [types.TextContent(type="text", text=_json(found))]
-        if history and found:  # a withdrawn topic: when, by whom and why, beside the revisions
-            withdrawn = await call(None, "retractions", topics=sorted({d["topic"] for d in found}))
-            if withdrawn:
-                blocks.append(types.TextContent(type="text", text=RETRACTIONS_NOTE + _json(withdrawn)))
-        return blocks
+        return _blocks(await tool_decisions(bridge, _sdk_call(ctx), query, scope, history))
 
     @server.tool(description="This session: its id, name (its address), agent, project, kind.", structured_output=False)
     async def whoami(ctx: Context | None = None) -> str:
-        return _json(await call(ctx, "whoami"))
+        (answer,) = await tool_whoami(bridge, _sdk_call(ctx))
+        return answer
 
     @server.tool(description="Agent sessions on this machine (connected or not); project: only that folder's.",
                  structured_output=False)
     async def peers(project: str | None = None, ctx: Context | None = None) -> str:
-        return _json(await call(ctx, "peers", **({"project": project} if project is not None else {})))
+        (answer,) = await tool_peers(bridge, _sdk_call(ctx), project)
+        return answer
 
     @server.tool(description="Send a durable message to another session (to: its name or id). reply_to: the "
                  "message id you answer; long reply chains stop waking the recipient.", structured_output=False)
     async def send(to: str, text: str, reply_to: str | None = None, ctx: Context | None = None) -> str:
-        args: dict[str, Any] = {"to": to, "text": text}
-        if reply_to is not None:
-            args["reply_to"] = reply_to
-        return _json(await call(ctx, "send", **args))
+        (answer,) = await tool_send(bridge, _sdk_call(ctx), to, text, reply_to)
+        return answer
 
     @server.tool(description="Messages from other agent sessions (not from the user), oldest first, marked "
                  "read unless peek. wait_seconds (0-60): wait for one.", structured_output=False)
     async def inbox(wait_seconds: float = 0, peek: bool = False, ctx: Context | None = None) -> list[types.TextContent]:
-        if ctx is not None:
-            await _observe(bridge, ctx)
-        if isinstance(wait_seconds, bool) or not 0 <= wait_seconds <= INBOX_WAIT_MAX:
-            raise ToolError(f"wait_seconds: expected a number from 0 to {INBOX_WAIT_MAX}, got {wait_seconds!r}")
-        if not bridge.inbox.available() and wait_seconds > 0:
-            with trio.move_on_after(wait_seconds):
-                await bridge.inbox.arrived.wait()
-        messages = bridge.inbox.available()[: ledger.IDS_MAX]
-        if not peek and messages and ctx is not None and bridge.pipe is not None:
-            ids = [m["id"] for m in messages]
-            bridge.inbox.on_its_way.update(ids)
-            try:
-                before = await bridge.offer(ids)
-            except BaseException:  # cancelled before its result existed: nothing is on its way
-                bridge.inbox.on_its_way.difference_update(ids)
-                raise
-            messages = [dict(m, repeat=True) if m["id"] in before else m for m in messages]
-            # Acknowledged once this result is in the host's pipe; a cancelled call never is.
-            rid = mcp_sdk.request_id(ctx)
-            offered = bridge.in_flight[json.dumps(rid)] = messages
-            bridge.pipe.watch(rid, ids, lambda: bridge.result_written(rid, offered))
-        blocks = [types.TextContent(type="text", text=_json(messages))]
-        if messages:
-            blocks.append(types.TextContent(type="text", text=INBOX_FRAMING))
-        return blocks
+        return _blocks(await tool_inbox(bridge, _sdk_call(ctx), wait_seconds, peek))
 
     for tool in mcp_sdk.tool_schemas(server):
         tool.parameters = compact_schema(tool.parameters)
-    mcp_sdk.check_tool_calls(server, tool_argument_problem)
+    mcp_sdk.check_tool_calls(server, argument_problem)
 
     def set_level(level: str) -> None:
         bridge.log_level = level
@@ -686,17 +722,12 @@ def declares_channel(capabilities: Any) -> bool:
     return CHANNEL_CAPABILITY in experimental
 
 
-async def _observe(bridge: Bridge, ctx: Context) -> None:
+async def _observe(bridge: Bridge, call: ToolCall) -> None:
     """Per tool call: remember the MCP session; learn a Codex thread id from `_meta`."""
     bridge.used = True
     await bridge.report_use()
-    try:
-        await _capture(bridge, ctx.session)
-        meta = ctx.request_context.meta
-    except Exception as exc:  # noqa: BLE001 - SDK drift: the call still works, but say so loudly
-        log.error("could not read this tool call's context from the MCP SDK (%s: %s)", type(exc).__name__, exc)
-        return
-    thread = codex_thread_id(meta)
+    await _capture(bridge, call.session)
+    thread = codex_thread_id(call.meta)
     if thread and thread != bridge.learned_host_session:
         bridge.learned_host_session = thread
         try:
@@ -804,7 +835,7 @@ async def _serve_lines(server: MCPServer, agent: str, requests: list[dict[str, A
 
     class Capture:
         async def write(self, text: str) -> None:
-            out.extend(json.loads(line) for line in text.splitlines())
+            out.extend(json.loads(line) for line in text.split("\n") if line)  # not splitlines(): U+2028 is text
             if len(out) >= answers:
                 done.set()
 

@@ -1,0 +1,122 @@
+"""The tool calls the broker serves without the MCP SDK's request path (daemon.mcp_fast) are
+answered exactly as the SDK answers them: the same bytes on the wire for a result, the same
+words for a failure. Compared with the installed SDK itself, never with our own encoder."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mcp_types as types
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import methods
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from agent_bridge.daemon.mcp_fast import error_text, result_line
+from agent_bridge.daemon.mcp_host import _serve_lines
+
+# Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone
+# surrogate: the store refuses those), control characters and the line separators included.
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=200)
+REQUEST_ID = st.one_of(st.integers(min_value=-(2**53), max_value=2**53), TEXT)
+
+
+def sdk_line(request_id: int | str, texts: list[str], *, is_error: bool, version: str) -> str:
+    """The line the SDK sends for this `tools/call` result on a connection that negotiated
+    `version` in its handshake: the SDK's steps, with its own functions (mcp.server.runner:
+    the result model dumped, then shaped to that version's surface; mcp.shared.
+    jsonrpc_dispatcher: a JSONRPCResponse; mcp.server.stdio: `model_dump_json(by_alias=True,
+    exclude_unset=True)`)."""
+    result = types.CallToolResult(content=[types.TextContent(type="text", text=t) for t in texts], is_error=is_error)
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    shaped = methods.serialize_server_result("tools/call", version, dumped)
+    return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=shaped).model_dump_json(
+        by_alias=True, exclude_unset=True
+    )
+
+
+@pytest.mark.parametrize("version", HANDSHAKE_PROTOCOL_VERSIONS)
+@settings(max_examples=150, deadline=None)
+@given(request_id=REQUEST_ID, texts=st.lists(TEXT, min_size=1, max_size=3), is_error=st.booleans())
+def test_a_result_line_is_the_sdks_to_the_byte(
+    version: str, request_id: int | str, texts: list[str], is_error: bool
+) -> None:
+    """Every protocol version a host can negotiate in its handshake (the only connections the
+    fast path serves: see mcp_fast.FastCalls.take)."""
+    line = result_line(request_id, texts, is_error=is_error)
+    assert line == sdk_line(request_id, texts, is_error=is_error, version=version)
+
+
+def test_the_sdk_line_helper_is_what_the_sdk_writes_for_a_tool() -> None:
+    """The comparison above is only as good as `sdk_line`: here it is checked against a real
+    tool call served by the SDK over the relay's stdio (the same writer the broker uses)."""
+    server = MCPServer("probe")
+    text = 'a "quoted" line\u2028with a separator, é, 🙂, \x01 and a \\ backslash'
+
+    @server.tool(structured_output=False)
+    async def probe() -> list[types.TextContent]:
+        return [types.TextContent(type="text", text=text), types.TextContent(type="text", text="second")]
+
+    answers = _sdk_answers(server, {"name": "probe", "arguments": {}})
+    assert answers[-1] == json.loads(sdk_line(2, [text, "second"], is_error=False, version=VERSION))
+
+
+def test_a_failure_is_worded_as_the_sdk_words_it() -> None:
+    """A ToolError keeps its reason after the SDK's prefix; anything else (a bug) tells the
+    host nothing of itself. Both against the SDK's own tool layer."""
+    server = MCPServer("probe")
+
+    @server.tool(structured_output=False)
+    async def refuses() -> str:
+        raise ToolError("to: no session is addressed by 'nobody'")
+
+    @server.tool(structured_output=False)
+    async def crashes() -> str:
+        raise RuntimeError("a secret from inside the broker")
+
+    refused = _sdk_answers(server, {"name": "refuses", "arguments": {}})[-1]
+    expected = result_line(2, [error_text("refuses", ToolError("to: no session is addressed by 'nobody'"))], is_error=True)
+    assert refused == json.loads(expected)
+    crashed = _sdk_answers(server, {"name": "crashes", "arguments": {}})[-1]
+    assert crashed == json.loads(result_line(2, [error_text("crashes", RuntimeError("a secret"))], is_error=True))
+    assert "secret" not in json.dumps(crashed)
+
+
+VERSION = "2025-06-18"  # what Claude Code 2.1 and Codex 0.171 ask for
+
+
+def _sdk_answers(server: MCPServer, params: dict[str, Any]) -> list[Any]:
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+    return trio.run(_serve_lines, server, "other", [initialize, call], 2)
+
+
+@pytest.mark.slow
+async def test_what_the_fast_path_leaves_is_the_sdks_and_answered_alike(broker, env, home) -> None:
+    """Through a real `agent-bridge mcp`: `whoami` served straight from its line and the same
+    call written so that only the SDK takes it (`"arguments": null`) get the same answer; a
+    call carrying the protocol's 2026 `_meta` envelope on a handshake connection is the SDK's
+    to refuse (JSON-RPC INVALID_REQUEST), not served."""
+    from tests.test_delivery import RawHost
+
+    with trio.fail_after(60):
+        host = await RawHost.start(env, "--project", "/w/fast", "--host-session-id", "hs-fast")
+        try:
+            plain = await host.response(await host.request("tools/call", host.call_tool("whoami")))
+            by_sdk = await host.response(await host.request("tools/call", {"name": "whoami", "arguments": None}))
+            assert plain == by_sdk
+            assert json.loads(plain["content"][0]["text"])["hostSessionId"] == "hs-fast"
+
+            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": {
+                types.PROTOCOL_VERSION_META_KEY: "2026-07-28"}})
+            while rid not in host.responses:
+                assert await host._read_one()
+            assert host.responses[rid]["error"]["code"] == types.INVALID_REQUEST, host.responses[rid]
+        finally:
+            await host.close()
