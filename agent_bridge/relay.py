@@ -186,6 +186,10 @@ class Relay:
     out_fd: int
     cond: threading.Condition = field(default_factory=threading.Condition)
     out_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held from writing a line that shows messages to reporting it written: the host may read
+    # the line and close stdin at once, and the "eof" must not reach the broker first (it
+    # stops reading there, and the report would be lost with this process).
+    reporting: threading.Lock = field(default_factory=threading.Lock)
     link: Link | None = None
     joined: bool = False  # a broker answered this relay's hello at least once
     session_id: str | None = None
@@ -621,21 +625,23 @@ class Relay:
                 answered = self.forwarded.pop(key, None)
                 if answered is not None and answered.method == "initialize":
                     self.init_answered = True
-        self.write_out(line)
         seq, ids = incoming.get("seq"), incoming.get("ids")
         if not isinstance(seq, int):
+            self.write_out(line)
             return
-        shown = [i for i in ids or [] if isinstance(i, str)]
-        with self.cond:
-            for mid in shown:
-                self.held.pop(mid, None)
-                self.written[mid] = None  # until the broker confirms it recorded the acknowledgement
-            while len(self.written) > SHOWN_MEMORY:
-                self.written.pop(next(iter(self.written)))
-        try:
-            link.send([frame("written", seq=seq)])
-        except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
-            pass
+        with self.reporting:
+            self.write_out(line)
+            shown = [i for i in ids or [] if isinstance(i, str)]
+            with self.cond:
+                for mid in shown:
+                    self.held.pop(mid, None)
+                    self.written[mid] = None  # until the broker confirms it recorded the acknowledgement
+                while len(self.written) > SHOWN_MEMORY:
+                    self.written.pop(next(iter(self.written)))
+            try:
+                link.send([frame("written", seq=seq)])
+            except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
+                pass
 
     @staticmethod
     def answer_key(line: str) -> str | None:
@@ -717,6 +723,8 @@ class Relay:
             link = self.link
         if link is None:
             return
+        if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first
+            self.reporting.release()
         self.send(link, [frame("eof")])
         with self.cond:
             self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT)
