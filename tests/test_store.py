@@ -246,3 +246,40 @@ def test_a_decide_that_dies_mid_transaction_leaves_nothing(tmp_path):
         assert counts == [0, 0, 0, 0]
     finally:
         store.close()
+
+
+def test_ids_are_time_ordered_uuids_and_a_forked_child_draws_its_own() -> None:
+    """Row ids are UUIDs (SPEC §4: "uuid `id`") of version 7 (RFC 9562): Unix milliseconds
+    first, so a later id sorts after an earlier one (inserts land at the end of the key
+    indexes), never repeated, and a forked process does not replay its parent's."""
+    import os
+    import sys
+    import time
+    import uuid
+
+    from agent_bridge.store.writer import new_id
+
+    before = time.time_ns() // 1_000_000
+    ids = [new_id() for _ in range(20_000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert before <= parsed.int >> 80 <= after
+    time.sleep(0.002)
+    later = new_id()
+    assert later > max(ids)  # as text, as the indexes compare them
+    if sys.platform == "win32":
+        return
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(write, new_id().encode())
+        os._exit(0)
+    os.close(write)
+    mine = new_id()
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        theirs = pipe.read().decode()
+    assert uuid.UUID(theirs).version == 7 and theirs[14:] != mine[14:]  # the random part differs
