@@ -17,6 +17,7 @@ start (a migration, its backup) ends the start once the step in progress is done
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from agent_bridge.ipc.listener import serve_unix
 from agent_bridge.ipc.pipe import serve_pipe
 
 log = logging.getLogger("agent_bridge.daemon")
+MCP_HOST = "agent_bridge.daemon.mcp_host"
 
 
 async def watch_signals(stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -124,6 +126,25 @@ async def _serve(
         paths.write_private(home / paths.BROKER_JSON, json.dumps(record))
         log.info("broker ready: socket %s, dashboard %s", broker.socket_path, broker.web_url)
         on_ready(record)
+        serving.start_soon(_preload_mcp)
+
+
+PRELOAD_AFTER = 1.0  # seconds after ready: the reconnections after a restart come first
+
+
+async def _preload_mcp() -> None:
+    """Import the sessions' MCP side (the MCP SDK, pydantic: half a second of CPU) on a thread,
+    soon after the broker is ready. Imported at the first session's connection instead, on the
+    event loop, it held that session's `tools/list` and every other session up for that long.
+    Not at once: right after a restart, the sessions reconnecting would share the CPU with it
+    (a relay that connects first imports it itself, as before)."""
+    await trio.sleep(PRELOAD_AFTER)
+    if MCP_HOST in sys.modules:
+        return
+    try:
+        await trio.to_thread.run_sync(importlib.import_module, MCP_HOST, abandon_on_cancel=True)
+    except Exception as exc:  # noqa: BLE001 - the first session imports it again and says why
+        log.warning("could not load the MCP side ahead of the first session: %s", exc)
 
 
 async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:

@@ -1,0 +1,24 @@
+"""The broker loads the sessions' MCP side (the MCP SDK, pydantic) by itself soon after it is
+ready, not at the first session's connection, where the import held that session's
+`tools/list`, and every other session on the event loop, up for half a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps (Linux)")
+
+
+def _mapped(pid: int, library: str) -> bool:
+    return library in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_ready_broker_loads_the_mcp_side_before_any_session_asks(broker) -> None:
+    """Seen from outside the process: pydantic's native core, which only the MCP side needs,
+    is mapped into the broker while no session has connected."""
+    wait_until(lambda: _mapped(broker.pid, "pydantic_core"), timeout=60, what="the MCP SDK loaded by the broker")
+    assert broker.status()["sessions"] == 0
