@@ -245,6 +245,10 @@ class RelayPipe:
         if written is not None and seq is not None:
             self._sent_rids[key] = seq
 
+    async def send_line(self, line: str) -> None:
+        """One line that shows nothing (a notification serialized as the SDK would)."""
+        await self._send(line, [], None)
+
     async def send_message(self, method: str, params: dict[str, Any], *, ids: list[str] | None = None,
                            written: Callable[[], None] | None = None) -> None:
         """Send one JSON-RPC notification; `written()` once the relay wrote it to the host."""

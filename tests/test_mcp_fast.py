@@ -17,7 +17,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from agent_bridge.daemon.mcp_fast import error_text, result_line
+from agent_bridge.daemon.mcp_fast import error_text, log_line, result_line
 from agent_bridge.daemon.mcp_host import _serve_lines
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone
@@ -50,6 +50,20 @@ def test_a_result_line_is_the_sdks_to_the_byte(
     fast path serves: see mcp_fast.FastCalls.take)."""
     line = result_line(request_id, texts, is_error=is_error)
     assert line == sdk_line(request_id, texts, is_error=is_error, version=version)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT)
+def test_a_log_line_is_the_sdks_to_the_byte(text: str) -> None:
+    """The arrival notice every message gets (`notifications/message`), against the SDK's
+    steps: ServerSession.send_log_message's model dump, then the dispatcher's notification,
+    then the stdio writer."""
+    notification = types.LoggingMessageNotification(
+        params=types.LoggingMessageNotificationParams(level="info", data=text, logger="agent-bridge")
+    )
+    data = notification.model_dump(by_alias=True, mode="json", exclude_none=True)
+    line = types.JSONRPCNotification(jsonrpc="2.0", method=data["method"], params=dict(data["params"]))
+    assert log_line("info", "agent-bridge", text) == line.model_dump_json(by_alias=True, exclude_unset=True)
 
 
 def test_the_sdk_line_helper_is_what_the_sdk_writes_for_a_tool() -> None:

@@ -83,6 +83,16 @@ def result_line(request_id: int | str, texts: list[str], *, is_error: bool) -> s
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, ensure_ascii=False, separators=(",", ":"))
 
 
+def log_line(level: str, logger: str, data: str) -> str:
+    """A `notifications/message` (MCP logging) of text, byte for byte as the SDK's
+    `ServerSession.send_log_message` puts it on the wire on a handshake-era connection; the
+    SDK's way there (models, a memory channel, its writer task) cost more than the message's
+    whole delivery to the session's inbox."""
+    params = {"level": level, "logger": logger, "data": data}
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": params},
+                      ensure_ascii=False, separators=(",", ":"))
+
+
 def error_text(tool: str, exc: BaseException | None) -> str:
     """A failed call's text, as the SDK's tool layer words it: a ToolError keeps its reason,
     anything else (a bug) says nothing of itself to the host."""

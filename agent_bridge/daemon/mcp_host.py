@@ -40,7 +40,7 @@ from agent_bridge.daemon.connection import (
     attach_session,
     deliver,
 )
-from agent_bridge.daemon.mcp_fast import Body, FastCalls, ToolCall, argument_problem
+from agent_bridge.daemon.mcp_fast import Body, FastCalls, ToolCall, argument_problem, log_line
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
@@ -276,9 +276,12 @@ class Bridge:
         if LOG_LEVELS.index(self.log_level) > LOG_LEVELS.index("info"):
             return  # the host asked for warnings and worse only
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                await session.send_log_message("info", text, logger="agent-bridge")
+            if self.pipe is not None:
+                await self.pipe.send_line(log_line("info", "agent-bridge", text))
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    await session.send_log_message("info", text, logger="agent-bridge")
         except mcp_sdk.HOST_GONE as exc:
             log.debug("log notification not sent: %s", exc)
         except Exception:  # noqa: BLE001 - a courtesy: never worth the session, but never silent
