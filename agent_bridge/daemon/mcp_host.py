@@ -57,6 +57,7 @@ INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
+ACK_BATCH = 0.05  # seconds between two recordings of a session's acknowledgements, at most one of them waiting
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to record the last acknowledgements when the host leaves
 DELIVERY_FIRST = 5.0  # seconds the host's lines wait for the session's backlog to be in its inbox
 LINES_BUFFER = 16  # host lines read ahead of the MCP server: a relay that outruns it waits
@@ -307,9 +308,11 @@ class Bridge:
     def result_written(self, rid: Any, messages: list[dict[str, Any]]) -> None:
         """An inbox result is in the host's pipe: shown, and acknowledged unless a cancel the
         host sent before it read the result turns up within CANCEL_GRACE."""
-        self.in_flight.pop(json.dumps(rid), None)
+        key = json.dumps(rid)
+        self.in_flight.pop(key, None)
         self.inbox.mark_shown([m["id"] for m in messages])
-        self.settling[json.dumps(rid)] = (trio.current_time() + CANCEL_GRACE, messages)
+        self.settling.pop(key, None)  # (a reused id) at the end: the order of coming due
+        self.settling[key] = (trio.current_time() + CANCEL_GRACE, messages)
         self.acks_due.set()
 
     async def request_cancelled(self, rid: Any) -> None:
@@ -340,17 +343,25 @@ class Bridge:
         self.inbox.arrived = trio.Event()
 
     def settle(self, now: float) -> None:
-        """Written inbox results whose grace has passed by `now`: acknowledge them."""
-        for key, (due, messages) in list(self.settling.items()):
-            if due <= now:
-                del self.settling[key]
-                self.inbox.unsent_acks.extend(m["id"] for m in messages)
+        """Written inbox results whose grace has passed by `now`: acknowledge them. They are
+        kept in the order they were written, so in the order they come due."""
+        while self.settling:
+            key, (due, messages) = next(iter(self.settling.items()))
+            if due > now:
+                return
+            del self.settling[key]
+            self.inbox.unsent_acks.extend(m["id"] for m in messages)
 
     async def ack_loop(self) -> None:
         while True:
             self.settle(trio.current_time())
-            await self.flush_acks()
-            next_due = min((due for due, _ in self.settling.values()), default=math.inf)
+            if self.inbox.unsent_acks:
+                await self.flush_acks()
+                # What comes due meanwhile goes into the next transaction: a busy session's
+                # acknowledgements are recorded a few at a time, not one commit per result.
+                await trio.sleep(ACK_BATCH)
+                continue
+            next_due = next(iter(self.settling.values()))[0] if self.settling else math.inf
             with trio.move_on_at(next_due):
                 await self.acks_due.wait()
             self.acks_due = trio.Event()
