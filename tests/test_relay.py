@@ -134,10 +134,13 @@ async def test_the_relay_process_never_imports_trio_the_sdk_or_pydantic(broker, 
     """A real `agent-bridge mcp` serving a host through a real broker, then with no broker:
     its own imports (`python -X importtime`) hold none of the heavy packages."""
     stderr = tmp_path / "imports.txt"
+    # Once the broker is stopped the relay would start one of its own, left running after the
+    # test: an invalid hop limit in its environment makes any broker it starts refuse to run.
+    relay_env = {**env, "AGENT_BRIDGE_HOP_LIMIT": "0"}
     with open(stderr, "wb") as errors, trio.fail_after(60):  # noqa: ASYNC230 - before anything runs
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-X", "importtime", "-m", "agent_bridge", "mcp", "--project", "/w/light"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+            env=relay_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
         )
         host = Host(proc)
         await host.answer(await host.request("initialize", {
