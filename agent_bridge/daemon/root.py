@@ -126,19 +126,24 @@ async def _serve(
         paths.write_private(home / paths.BROKER_JSON, json.dumps(record))
         log.info("broker ready: socket %s, dashboard %s", broker.socket_path, broker.web_url)
         on_ready(record)
-        serving.start_soon(_preload_mcp)
+        serving.start_soon(_preload_mcp, broker)
 
 
-PRELOAD_AFTER = 1.0  # seconds after ready: the reconnections after a restart come first
+PRELOAD_QUIET = 1.0  # seconds without a session joining before the MCP side is loaded
+PRELOAD_WAIT_MAX = 10  # ...waited at most this many times
 
 
-async def _preload_mcp() -> None:
+async def _preload_mcp(broker: Broker) -> None:
     """Import the sessions' MCP side (the MCP SDK, pydantic: half a second of CPU) on a thread,
     soon after the broker is ready. Imported at the first session's connection instead, on the
     event loop, it held that session's `tools/list` and every other session up for that long.
-    Not at once: right after a restart, the sessions reconnecting would share the CPU with it
-    (a relay that connects first imports it itself, as before)."""
-    await trio.sleep(PRELOAD_AFTER)
+    Once sessions stop joining: right after a restart, the sessions reconnecting would share
+    the CPU with it (a relay that connects first imports it itself, as before)."""
+    for _ in range(PRELOAD_WAIT_MAX):
+        joined = len(broker.sessions)
+        await trio.sleep(PRELOAD_QUIET)
+        if len(broker.sessions) == joined:
+            break
     if MCP_HOST in sys.modules:
         return
     try:
