@@ -36,6 +36,7 @@ class RawHost:
         self._ids = iter(range(1, 1 << 30))
         self.responses: dict[Any, dict[str, Any]] = {}
         self.notifications: list[dict[str, Any]] = []
+        self.lines: list[dict[str, Any]] = []  # everything the server wrote, in order (a second answer too)
 
     @classmethod
     async def start(cls, env: dict[str, str], *args: str, capabilities: dict[str, Any] | None = None,
@@ -86,11 +87,35 @@ class RawHost:
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)
         message = json.loads(line)
+        self.lines.append(message)
         if "id" in message and ("result" in message or "error" in message):
             self.responses[message["id"]] = message
         else:
             self.notifications.append(message)
         return True
+
+    def call_request(self, name: str, **arguments: Any) -> Any:
+        """Send `tools/call`; its request id (the answer is read with `answer`)."""
+        return self.request("tools/call", self.call_tool(name, **arguments))
+
+    def answers(self, rid: Any) -> list[dict[str, Any]]:
+        """Every answer to request `rid` read so far: one, unless the server answered twice."""
+        return [m for m in self.lines if m.get("id") == rid and ("result" in m or "error" in m)]
+
+    async def answer(self, rid: int) -> dict[str, Any]:
+        """The first answer to `rid`, result or error, as the server wrote it."""
+        while not self.answers(rid):
+            if not await self._read_one():
+                raise EOFError(f"the server closed stdout before answering {rid}")
+        return self.answers(rid)[0]
+
+    async def end(self) -> int:
+        """Close stdin, read everything the server still writes, wait for it to exit."""
+        assert self.proc.stdin is not None
+        await self.proc.stdin.aclose()
+        while await self._read_one():
+            pass
+        return await self.proc.wait()
 
     async def response(self, rid: int) -> dict[str, Any]:
         while rid not in self.responses:

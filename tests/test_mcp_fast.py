@@ -19,6 +19,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from agent_bridge.daemon.mcp_fast import error_text, log_line, result_line
 from agent_bridge.daemon.mcp_host import _serve_lines
+from tests.test_delivery import RawHost
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone
 # surrogate: the store refuses those), control characters and the line separators included.
@@ -101,7 +102,7 @@ def test_a_failure_is_worded_as_the_sdk_words_it() -> None:
     assert "secret" not in json.dumps(crashed)
 
 
-VERSION = "2025-06-18"  # what Claude Code 2.1 and Codex 0.171 ask for
+VERSION = "2025-06-18"  # a handshake-era version (each is checked byte for byte above)
 
 
 def _sdk_answers(server: MCPServer, params: dict[str, Any]) -> list[Any]:
@@ -117,8 +118,6 @@ async def test_what_the_fast_path_leaves_is_the_sdks_and_answered_alike(broker, 
     call written so that only the SDK takes it (`"arguments": null`) get the same answer; a
     call carrying the protocol's 2026 `_meta` envelope on a handshake connection is the SDK's
     to refuse (JSON-RPC INVALID_REQUEST), not served."""
-    from tests.test_delivery import RawHost
-
     with trio.fail_after(60):
         host = await RawHost.start(env, "--project", "/w/fast", "--host-session-id", "hs-fast")
         try:

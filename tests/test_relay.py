@@ -23,78 +23,11 @@ from tests.reliability.harness import (
     wait_killed,
     wait_new_broker,
 )
-from tests.test_delivery import PROTOCOL, receipts
+from tests.test_delivery import PROTOCOL, RawHost, receipts
 
 pytestmark = pytest.mark.slow
 
 HEAVY = ("trio", "mcp", "mcp_types", "pydantic", "pydantic_core", "anyio")
-
-
-class Host:
-    """One relay process, spoken to by hand; every line it writes is kept, in order."""
-
-    def __init__(self, proc: trio.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, Any]] = []
-        self._buffer = b""
-        self._ids = iter(range(1, 1 << 30))
-
-    @classmethod
-    async def start(cls, env: dict[str, str], *args: str) -> Host:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "agent_bridge", "mcp", *args],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )
-        host = cls(proc)
-        await host.answer(await host.request("initialize", {
-            "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "relay-test", "version": "1"}}))
-        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return host
-
-    async def send(self, *messages: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        await self.proc.stdin.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
-
-    async def request(self, method: str, params: dict[str, Any]) -> int:
-        rid = next(self._ids)
-        await self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-        return rid
-
-    async def call(self, tool: str, **arguments: Any) -> int:
-        return await self.request("tools/call", {"name": tool, "arguments": arguments})
-
-    async def _read_one(self) -> bool:
-        assert self.proc.stdout is not None
-        while b"\n" not in self._buffer:
-            data = await self.proc.stdout.receive_some(65536)
-            if not data:
-                return False
-            self._buffer += data
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        self.lines.append(json.loads(line))
-        return True
-
-    def answers(self, rid: Any) -> list[dict[str, Any]]:
-        return [m for m in self.lines if m.get("id") == rid and ("result" in m or "error" in m)]
-
-    async def answer(self, rid: int) -> dict[str, Any]:
-        while not self.answers(rid):
-            if not await self._read_one():
-                raise EOFError(f"the relay closed stdout before answering {rid}")
-        return self.answers(rid)[0]
-
-    async def tool(self, tool: str, **arguments: Any) -> Any:
-        result = (await self.answer(await self.call(tool, **arguments)))["result"]
-        assert not result.get("isError"), result
-        return json.loads(result["content"][0]["text"])
-
-    async def end(self) -> int:
-        """Close stdin, read everything the relay still writes, wait for it to exit."""
-        assert self.proc.stdin is not None
-        await self.proc.stdin.aclose()
-        while await self._read_one():
-            pass
-        return await self.proc.wait()
 
 
 async def test_a_broker_killed_mid_call_answers_every_request_exactly_once(env, home):
@@ -106,10 +39,10 @@ async def test_a_broker_killed_mid_call_answers_every_request_exactly_once(env, 
     broker = start_faulty_broker(env, home, "send:before-commit@1")
     try:
         with trio.fail_after(120):
-            host = await Host.start(env, "--project", "/w/relay-kill", "--host-session-id", "hs-relay-kill")
+            host = await RawHost.start(env, "--project", "/w/relay-kill", "--host-session-id", "hs-relay-kill")
             me = await host.tool("whoami")
-            poll = await host.call("inbox", wait_seconds=60)
-            sent = await host.call("send", to=me["name"], text="during the crash")
+            poll = await host.call_request("inbox", wait_seconds=60)
+            sent = await host.call_request("send", to=me["name"], text="during the crash")
             assert await wait_killed(broker) == KILLED
             await wait_new_broker(home, broker.pid)
             failed = (await host.answer(sent))["result"]
@@ -142,7 +75,7 @@ async def test_the_relay_process_never_imports_trio_the_sdk_or_pydantic(broker, 
             [sys.executable, "-X", "importtime", "-m", "agent_bridge", "mcp", "--project", "/w/light"],
             env=relay_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
         )
-        host = Host(proc)
+        host = RawHost(proc)
         await host.answer(await host.request("initialize", {
             "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "relay-test", "version": "1"}}))
         await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -175,12 +108,12 @@ async def test_with_no_broker_the_relay_answers_what_needs_none_and_says_why_for
 
     newer_database(home)
     with trio.fail_after(120):
-        host = await Host.start(env, "--agent", "codex", "--project", "/w/alone")
+        host = await RawHost.start(env, "--agent", "codex", "--project", "/w/alone")
         listed = (await host.answer(await host.request("tools/list", {})))["result"]
         assert listed == json.loads(relay.STATIC.read_text())["tools/list"]
         assert {t["name"] for t in listed["tools"]} == set(mcp_host.TOOL_OPS)
         assert (await host.answer(await host.request("ping", {})))["result"] == {}
-        failed = (await host.answer(await host.call("whoami")))["result"]
+        failed = (await host.answer(await host.call_request("whoami")))["result"]
         assert failed["isError"] and "schema version 99" in failed["content"][0]["text"], failed
         initialized = host.answers(1)[0]["result"]
         assert initialized["serverInfo"]["name"] == "agent-bridge" and "claude/channel" not in str(initialized)
@@ -191,7 +124,7 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
     """The host closes stdin: the relay exits 0, the inbox result it wrote is acknowledged, and
     the message that arrived after it, never written, is not."""
     with trio.fail_after(60):
-        host = await Host.start(env, "--project", "/w/relay-eof", "--host-session-id", "hs-relay-eof")
+        host = await RawHost.start(env, "--project", "/w/relay-eof", "--host-session-id", "hs-relay-eof")
         me = await host.tool("whoami")
         first = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown")))
         first_id = json.loads(first.stdout)["message"]["id"]
@@ -222,7 +155,7 @@ async def test_a_signal_ends_the_relay_at_once_and_acknowledges_nothing_unwritte
     """SIGTERM or SIGINT (hosts send both) while a message waits unshown: the relay exits 0 at
     once, and the message stays unacknowledged for the next incarnation."""
     with trio.fail_after(60):
-        host = await Host.start(env, "--project", "/w/relay-sig", "--host-session-id", "hs-relay-sig")
+        host = await RawHost.start(env, "--project", "/w/relay-sig", "--host-session-id", "hs-relay-sig")
         me = await host.tool("whoami")
         sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "pending"))
         mid = json.loads(sent.stdout)["message"]["id"]
@@ -241,7 +174,7 @@ async def test_text_with_unicode_line_separators_crosses_the_relay_whole(broker,
     line: a message holding them comes back whole, and the session goes on."""
     text = "one\u2028two\u2029three\u0085four\x1cfive"
     with trio.fail_after(60):
-        host = await Host.start(env, "--project", "/w/relay-seps")
+        host = await RawHost.start(env, "--project", "/w/relay-seps")
         me = await host.tool("whoami")
         await host.tool("send", to=me["name"], text=text)
 
