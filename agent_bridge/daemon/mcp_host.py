@@ -598,6 +598,9 @@ async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float 
         await _observe(bridge, call)
     if isinstance(wait_seconds, bool) or not 0 <= wait_seconds <= INBOX_WAIT_MAX:
         raise ToolError(f"wait_seconds: expected a number from 0 to {INBOX_WAIT_MAX}, got {wait_seconds!r}")
+    if not peek and call is not None and call.request_id is None:  # the SDK no longer tells us (_sdk_call)
+        raise ToolError("inbox: this call's request id is unknown, so what it showed could never be "
+                        "acknowledged; nothing was taken (peek still works)")
     if not bridge.inbox.available() and wait_seconds > 0:
         with trio.move_on_after(wait_seconds):
             await bridge.inbox.arrived.wait()
