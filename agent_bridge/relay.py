@@ -675,10 +675,7 @@ class Relay:
             self.waiting[:0] = again
             self.forwarded.clear()
             self.swallow.clear()
-            if self.written:  # shown, maybe never recorded: for the next broker, and in the ledger meanwhile
-                self.unsent_acks.extend(mid for mid in self.written if mid not in self.unsent_acks)
-                self.written.clear()
-                self.save_ledger()
+            self.keep_written()
             self.cond.notify_all()
         for request in unsure:
             tool = request.tool or "decide"
@@ -690,6 +687,14 @@ class Relay:
     def idempotent(self, tool: str | None) -> bool:
         """An unknown tool is answered with an error by the broker, which changes nothing."""
         return bool(self.static_answers()["idempotentTools"].get(tool, True))
+
+    def keep_written(self) -> None:
+        """Called under `cond`: what was shown and maybe never recorded, for the next broker,
+        and in the ledger meanwhile."""
+        if self.written:
+            self.unsent_acks.extend(mid for mid in self.written if mid not in self.unsent_acks)
+            self.written.clear()
+            self.save_ledger()
 
     def save_ledger(self) -> None:
         """Called under `cond`: the acknowledgements no broker has taken yet, in the ledger file."""
@@ -727,7 +732,8 @@ class Relay:
             self.reporting.release()
         self.send(link, [frame("eof")])
         with self.cond:
-            self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT)
+            if not self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT):
+                self.keep_written()  # no answer in time: a broker that reads the ledger records them
 
 
 def host_lines(fd: int) -> Any:

@@ -5,6 +5,7 @@ real stdio spoken by hand, a real broker killed with SIGKILL."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import relay
+from agent_bridge import ledger, relay
 from agent_bridge.daemon import mcp_host
 from tests.conftest import run_cli, wait_for
 from tests.reliability.harness import (
@@ -148,6 +149,48 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
 
         await wait_for(recorded, what="the written result's acknowledgement")
     assert receipts(home, [second_id])[second_id][1] is None
+
+
+async def test_a_broker_too_slow_at_the_host_s_exit_gets_what_was_shown_from_the_ledger(broker, env, home):
+    """The host reads an inbox result and closes stdin while the broker is paused (SIGSTOP), so
+    it cannot confirm the acknowledgement within ACK_FLUSH_AT_EXIT. The relay exits anyway,
+    and leaves what it showed in the ledger (agent_bridge.ledger) as a process gone; once the
+    broker runs again it records the acknowledgement, and the next session of that host is not
+    shown the message again."""
+    with trio.fail_after(60):
+        host = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
+        me = await host.tool("whoami")
+
+        async def arrived() -> bool:
+            return bool(await host.tool("inbox", peek=True, wait_seconds=1))
+
+        for _ in range(5):  # paused within CANCEL_GRACE of the result: almost always the first time
+            sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown at the end"))
+            mid = json.loads(sent.stdout)["message"]["id"]
+            await wait_for(arrived, what="the message in the inbox")
+            assert [m["id"] for m in await host.tool("inbox")] == [mid]
+            os.kill(broker.pid, signal.SIGSTOP)
+            if receipts(home, [mid])[mid][1] is None:
+                break
+            os.kill(broker.pid, signal.SIGCONT)  # it recorded the acknowledgement first: again
+        else:
+            pytest.fail("the broker recorded every acknowledgement before it could be paused")
+        try:
+            assert await host.end() == 0
+            left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
+            assert [record["acked"] for record in left] == [[mid]], left
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+
+        async def recorded() -> bool:
+            return receipts(home, [mid])[mid][1] is not None
+
+        await wait_for(recorded, what="the acknowledgement, once the broker runs again")
+        again = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
+        assert await again.tool("whoami") == me
+        assert await again.tool("inbox") == []
+        assert not list((home / ledger.FOLDER).glob("*.json"))  # applied and removed at that hello
+        assert await again.end() == 0
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
