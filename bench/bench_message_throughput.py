@@ -16,7 +16,9 @@ Each round also runs one send at a time (each `send` answered, so committed, bef
 next), against a one-at-a-time echo loop: `details.one_at_a_time_rate`, its latencies and its
 ratio to that echo loop. Target: `details.one_at_a_time_p50` ≤ 0.4 ms, send → delivered →
 acknowledged. That reading is bound by latency (two processes taking turns, two commits per
-message), not by what the broker can carry.
+message), not by what the broker can carry. Its floor on this stack, in the same rounds:
+`details.one_at_a_time_floor_p50`, the same clients against FLOOR_SERVER (Trio, the store's two
+transactions, the framing, nothing else), and `details.one_at_a_time_floor_ratio`.
 
 And one send at a time again with the receiver acknowledging as the MCP server does since the
 acknowledgement rule (SPEC §3): `offer` (posted without waiting: the broker notes that the
@@ -57,6 +59,68 @@ while True:
     conn.sendall(data)
 """
 
+# The floor of the one-at-a-time reading on this stack: a Trio server that does only what every
+# message needs (the store's own two transactions, Store.send_messages and Store.ack, on the
+# real schema, and the protocol's framing) and nothing of the broker (identity, routing checks,
+# a delivery task, offers): the message is pushed from the sender's request itself.
+FLOOR_SERVER = r"""
+import sys, time, trio
+from pathlib import Path
+from agent_bridge.ipc import protocol
+from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.store.writer import Outgoing, Store
+
+store = Store.open(Path(sys.argv[2]))
+connected = {}
+
+
+async def serve(stream):
+    conn = FramedStream(stream)
+    me = None
+    while (frame := await conn.receive()) is not None:
+        request_id, op, args = protocol.parse_request(frame)
+        now = time.time_ns() // 1_000_000
+        if op == "hello":
+            me = store.create_peer(agent=args["agent"], name=args["project"].rsplit("/", 1)[-1],
+                                   project=args["project"], kind="interactive", host_session_id=None, now=now)
+            connected[me.name] = (me.id, conn)
+            await conn.send(protocol.ok(request_id, {"session": me.public()}))
+        elif op == "send":
+            to_id, to_conn = connected[args["to"]]
+            (message,) = store.send_messages(me.id, [Outgoing(to_id, args["text"], 1, None)], now)
+            await to_conn.send(protocol.push("message", message=message.to_json()))
+            await conn.send(protocol.ok(request_id, {"message": message.to_json()}))
+        elif op == "ack":
+            await conn.send(protocol.ok(request_id, {"acked": store.ack(me.id, args["ids"], now)}))
+        else:  # offer, ping: nothing to store
+            await conn.send(protocol.ok(request_id, None))
+
+
+async def main():
+    sock = trio.socket.socket(trio.socket.AF_UNIX)
+    await sock.bind(sys.argv[1])
+    sock.listen()
+    print("ready", flush=True)
+    await trio.serve_listeners(serve, [trio.SocketListener(sock)])
+
+
+trio.run(main)
+"""
+
+
+class FloorServer:
+    """FLOOR_SERVER in its own process, with its own database in `folder`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = str(folder / "floor.sock")
+        self.proc = subprocess.Popen([c.PYTHON, "-c", FLOOR_SERVER, self.path, str(folder / "floor.db")],
+                                     stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == b"ready"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
 
 class EchoLoop:
     """A raw Unix-socket echo server in its own process, and a blocking client loop."""
@@ -92,7 +156,7 @@ class EchoLoop:
         self.proc.wait(timeout=10)
 
 
-async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo: EchoLoop) -> dict:
+async def drive(socket_path: str, floor_path: str, rounds: int, per_round: int, warmup: int, echo: EchoLoop) -> dict:
     import trio
 
     from agent_bridge.ipc.client import open_bridge_client
@@ -101,9 +165,9 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
     progress = trio.Event()
     offer_first = False  # the receiver records an offer before it acknowledges (the MCP server's way)
 
-    async def receiver(task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def receiver(path: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
         nonlocal progress
-        async with open_bridge_client(socket_path, c.hello("/bench/receiver", 1)) as (client, pushes):
+        async with open_bridge_client(path, c.hello("/bench/receiver", 1)) as (client, pushes):
             task_status.started(client)
             async for frame in pushes:
                 ids = [frame["message"]["id"]] if frame.get("push") == "message" else []
@@ -162,14 +226,20 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
     latencies_one: list[int] = []
     offer_one: list[float] = []
     latencies_offer: list[int] = []
+    latencies_floor: list[int] = []
     async with trio.open_nursery() as nursery:
-        receiving = await nursery.start(receiver)
+        receiving = await nursery.start(receiver, socket_path)
         to = receiving.hello["session"]["name"]
-        async with open_bridge_client(socket_path, c.hello("/bench/sender", 2)) as (sender, _pushes):
+        floor_to = (await nursery.start(receiver, floor_path)).hello["session"]["name"]
+        async with (
+            open_bridge_client(socket_path, c.hello("/bench/sender", 2)) as (sender, _pushes),
+            open_bridge_client(floor_path, c.hello("/bench/sender", 2)) as (floor_sender, _floor_pushes),
+        ):
             for r in range(warmup + rounds):  # interleaved: an echo round after every bridge round
                 rate, sent_at = await bridge_round(sender, to, WINDOW)
                 echo_rate = echo.round(per_round, WINDOW)
                 one_rate, sent_one = await bridge_round(sender, to, 1)
+                _, sent_floor = await bridge_round(floor_sender, floor_to, 1)
                 echo_one_rate = echo.round(per_round, 1)
                 offer_first = True
                 offer_rate, sent_offer = await bridge_round(sender, to, 1)
@@ -183,11 +253,12 @@ async def drive(socket_path: str, rounds: int, per_round: int, warmup: int, echo
                     latencies_one.extend(acked_at[m] - t for m, t in sent_one.items())
                     offer_one.append(offer_rate)
                     latencies_offer.extend(acked_at[m] - t for m, t in sent_offer.items())
+                    latencies_floor.extend(acked_at[m] - t for m, t in sent_floor.items())
         nursery.cancel_scope.cancel()
     return {
         "rates": rates, "echo": echo_rates, "latencies": latencies,
         "one": one_at_a_time, "echo_one": echo_one, "latencies_one": latencies_one,
-        "offer_one": offer_one, "latencies_offer": latencies_offer,
+        "offer_one": offer_one, "latencies_offer": latencies_offer, "latencies_floor": latencies_floor,
     }
 
 
@@ -202,13 +273,15 @@ def main() -> None:
     with c.temp_home() as home:
         env = c.bench_env(home)
         echo = EchoLoop(home.parent, frame)
+        floor = FloorServer(home.parent)
         try:
             with c.BrokerProcess(home, env) as broker:
                 record = broker.wait_ready()
                 c.log(f"message_throughput: {rounds} rounds of {per_round} messages")
-                out = trio.run(drive, record["socket"], rounds, per_round, warmup, echo)
+                out = trio.run(drive, record["socket"], floor.path, rounds, per_round, warmup, echo)
         finally:
             echo.close()
+            floor.close()
     value = c.median(out["rates"])
     base = c.median(out["echo"])
     one_p50 = c.ms(c.percentile(out["latencies_one"], 50))
@@ -238,6 +311,8 @@ def main() -> None:
             "one_at_a_time_echo_ratio": c.median(out["one"]) / c.median(out["echo_one"]),
             "one_at_a_time_p50": one_p50,
             "one_at_a_time_p99": c.ms(c.percentile(out["latencies_one"], 99)),
+            "one_at_a_time_floor_p50": c.ms(c.percentile(out["latencies_floor"], 50)),
+            "one_at_a_time_floor_ratio": one_p50 / c.ms(c.percentile(out["latencies_floor"], 50)),
             "one_at_a_time_offer_ack_rate": c.median(out["offer_one"]),
             "one_at_a_time_offer_ack_p50": c.ms(c.percentile(out["latencies_offer"], 50)),
             "offer_ack_cost": offer_ack_cost,
