@@ -18,7 +18,9 @@ ratio to that echo loop. Target: `details.one_at_a_time_p50` ≤ 0.4 ms, send �
 acknowledged. That reading is bound by latency (two processes taking turns, two commits per
 message), not by what the broker can carry. Its floor on this stack, in the same rounds:
 `details.one_at_a_time_floor_p50`, the same clients against FLOOR_SERVER (Trio, the store's two
-transactions, the framing, nothing else), and `details.one_at_a_time_floor_ratio`.
+transactions, the framing, nothing else), and `details.one_at_a_time_floor_ratio`; and
+`details.one_at_a_time_framing_p50`, the same server storing nothing (Trio, the framing and the
+clients alone).
 
 And one send at a time again with the receiver acknowledging as the MCP server does since the
 acknowledgement rule (SPEC §3): `offer` (posted without waiting: the broker notes that the
@@ -33,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,19 +62,37 @@ while True:
     conn.sendall(data)
 """
 
-# The floor of the one-at-a-time reading on this stack: a Trio server that does only what every
+# The floors of the one-at-a-time reading on this stack: a Trio server that does only what every
 # message needs (the store's own two transactions, Store.send_messages and Store.ack, on the
 # real schema, and the protocol's framing) and nothing of the broker (identity, routing checks,
-# a delivery task, offers): the message is pushed from the sender's request itself.
+# a delivery task, offers): the message is pushed from the sender's request itself. Given "-"
+# for a database, it stores nothing: the framing, Trio and the clients alone.
 FLOOR_SERVER = r"""
 import sys, time, trio
 from pathlib import Path
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.store.writer import Outgoing, Store
+from agent_bridge.rows import Author, Message
+from agent_bridge.store.writer import Outgoing, Store, new_id
 
-store = Store.open(Path(sys.argv[2]))
+store = None if sys.argv[2] == "-" else Store.open(Path(sys.argv[2]))
 connected = {}
+peers = {}
+
+
+def create_peer(agent, name, project, now):
+    if store is not None:
+        return store.create_peer(agent=agent, name=name, project=project, kind="interactive",
+                                 host_session_id=None, now=now)
+    peers[name] = Author(new_id(), name, agent)
+    return peers[name]
+
+
+def send(me, to_id, to_name, text, now):
+    if store is not None:
+        (message,) = store.send_messages(me.id, [Outgoing(to_id, text, 1, None)], now)
+        return message
+    return Message(new_id(), Author(me.id, me.name, me.agent), to_id, to_name, text, 1, None, "message", now)
 
 
 async def serve(stream):
@@ -81,17 +102,17 @@ async def serve(stream):
         request_id, op, args = protocol.parse_request(frame)
         now = time.time_ns() // 1_000_000
         if op == "hello":
-            me = store.create_peer(agent=args["agent"], name=args["project"].rsplit("/", 1)[-1],
-                                   project=args["project"], kind="interactive", host_session_id=None, now=now)
+            me = create_peer(args["agent"], args["project"].rsplit("/", 1)[-1], args["project"], now)
             connected[me.name] = (me.id, conn)
-            await conn.send(protocol.ok(request_id, {"session": me.public()}))
+            await conn.send(protocol.ok(request_id, {"session": {"id": me.id, "name": me.name}}))
         elif op == "send":
             to_id, to_conn = connected[args["to"]]
-            (message,) = store.send_messages(me.id, [Outgoing(to_id, args["text"], 1, None)], now)
+            message = send(me, to_id, args["to"], args["text"], now)
             await to_conn.send(protocol.push("message", message=message.to_json()))
             await conn.send(protocol.ok(request_id, {"message": message.to_json()}))
         elif op == "ack":
-            await conn.send(protocol.ok(request_id, {"acked": store.ack(me.id, args["ids"], now)}))
+            acked = len(args["ids"]) if store is None else store.ack(me.id, args["ids"], now)
+            await conn.send(protocol.ok(request_id, {"acked": acked}))
         else:  # offer, ping: nothing to store
             await conn.send(protocol.ok(request_id, None))
 
@@ -109,12 +130,13 @@ trio.run(main)
 
 
 class FloorServer:
-    """FLOOR_SERVER in its own process, with its own database in `folder`."""
+    """FLOOR_SERVER in its own process, with its own database in `folder` (`store`), or none."""
 
-    def __init__(self, folder: Path) -> None:
-        self.path = str(folder / "floor.sock")
-        self.proc = subprocess.Popen([c.PYTHON, "-c", FLOOR_SERVER, self.path, str(folder / "floor.db")],
-                                     stdout=subprocess.PIPE)
+    def __init__(self, folder: Path, *, store: bool) -> None:
+        name = "floor" if store else "framing"
+        self.path = str(folder / f"{name}.sock")
+        database = str(folder / f"{name}.db") if store else "-"
+        self.proc = subprocess.Popen([c.PYTHON, "-c", FLOOR_SERVER, self.path, database], stdout=subprocess.PIPE)
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == b"ready"
 
     def close(self) -> None:
@@ -156,7 +178,9 @@ class EchoLoop:
         self.proc.wait(timeout=10)
 
 
-async def drive(socket_path: str, floor_path: str, rounds: int, per_round: int, warmup: int, echo: EchoLoop) -> dict:
+async def drive(
+    socket_path: str, floors: dict[str, str], rounds: int, per_round: int, warmup: int, echo: EchoLoop
+) -> dict:
     import trio
 
     from agent_bridge.ipc.client import open_bridge_client
@@ -226,20 +250,23 @@ async def drive(socket_path: str, floor_path: str, rounds: int, per_round: int, 
     latencies_one: list[int] = []
     offer_one: list[float] = []
     latencies_offer: list[int] = []
-    latencies_floor: list[int] = []
-    async with trio.open_nursery() as nursery:
+    latencies_floor: dict[str, list[int]] = {name: [] for name in floors}
+    async with trio.open_nursery() as nursery, AsyncExitStack() as floor_clients:
         receiving = await nursery.start(receiver, socket_path)
         to = receiving.hello["session"]["name"]
-        floor_to = (await nursery.start(receiver, floor_path)).hello["session"]["name"]
-        async with (
-            open_bridge_client(socket_path, c.hello("/bench/sender", 2)) as (sender, _pushes),
-            open_bridge_client(floor_path, c.hello("/bench/sender", 2)) as (floor_sender, _floor_pushes),
-        ):
+        floor_ends = {}  # floor -> (its sender, the receiver's name there)
+        for name, path in floors.items():
+            floor_to = (await nursery.start(receiver, path)).hello["session"]["name"]
+            floor_sender, _ = await floor_clients.enter_async_context(
+                open_bridge_client(path, c.hello("/bench/sender", 2))
+            )
+            floor_ends[name] = (floor_sender, floor_to)
+        async with open_bridge_client(socket_path, c.hello("/bench/sender", 2)) as (sender, _pushes):
             for r in range(warmup + rounds):  # interleaved: an echo round after every bridge round
                 rate, sent_at = await bridge_round(sender, to, WINDOW)
                 echo_rate = echo.round(per_round, WINDOW)
                 one_rate, sent_one = await bridge_round(sender, to, 1)
-                _, sent_floor = await bridge_round(floor_sender, floor_to, 1)
+                sent_floor = {name: (await bridge_round(*ends, 1))[1] for name, ends in floor_ends.items()}
                 echo_one_rate = echo.round(per_round, 1)
                 offer_first = True
                 offer_rate, sent_offer = await bridge_round(sender, to, 1)
@@ -253,7 +280,8 @@ async def drive(socket_path: str, floor_path: str, rounds: int, per_round: int, 
                     latencies_one.extend(acked_at[m] - t for m, t in sent_one.items())
                     offer_one.append(offer_rate)
                     latencies_offer.extend(acked_at[m] - t for m, t in sent_offer.items())
-                    latencies_floor.extend(acked_at[m] - t for m, t in sent_floor.items())
+                    for name, floor_sent in sent_floor.items():
+                        latencies_floor[name].extend(acked_at[m] - t for m, t in floor_sent.items())
         nursery.cancel_scope.cancel()
     return {
         "rates": rates, "echo": echo_rates, "latencies": latencies,
@@ -273,15 +301,17 @@ def main() -> None:
     with c.temp_home() as home:
         env = c.bench_env(home)
         echo = EchoLoop(home.parent, frame)
-        floor = FloorServer(home.parent)
+        floors = {"floor": FloorServer(home.parent, store=True), "framing": FloorServer(home.parent, store=False)}
         try:
             with c.BrokerProcess(home, env) as broker:
                 record = broker.wait_ready()
                 c.log(f"message_throughput: {rounds} rounds of {per_round} messages")
-                out = trio.run(drive, record["socket"], floor.path, rounds, per_round, warmup, echo)
+                paths = {name: floor.path for name, floor in floors.items()}
+                out = trio.run(drive, record["socket"], paths, rounds, per_round, warmup, echo)
         finally:
             echo.close()
-            floor.close()
+            for floor in floors.values():
+                floor.close()
     value = c.median(out["rates"])
     base = c.median(out["echo"])
     one_p50 = c.ms(c.percentile(out["latencies_one"], 50))
@@ -311,8 +341,9 @@ def main() -> None:
             "one_at_a_time_echo_ratio": c.median(out["one"]) / c.median(out["echo_one"]),
             "one_at_a_time_p50": one_p50,
             "one_at_a_time_p99": c.ms(c.percentile(out["latencies_one"], 99)),
-            "one_at_a_time_floor_p50": c.ms(c.percentile(out["latencies_floor"], 50)),
-            "one_at_a_time_floor_ratio": one_p50 / c.ms(c.percentile(out["latencies_floor"], 50)),
+            "one_at_a_time_floor_p50": c.ms(c.percentile(out["latencies_floor"]["floor"], 50)),
+            "one_at_a_time_floor_ratio": one_p50 / c.ms(c.percentile(out["latencies_floor"]["floor"], 50)),
+            "one_at_a_time_framing_p50": c.ms(c.percentile(out["latencies_floor"]["framing"], 50)),
             "one_at_a_time_offer_ack_rate": c.median(out["offer_one"]),
             "one_at_a_time_offer_ack_p50": c.ms(c.percentile(out["latencies_offer"], 50)),
             "offer_ack_cost": offer_ack_cost,
