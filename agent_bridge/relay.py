@@ -696,6 +696,17 @@ class Relay:
             self.written.clear()
             self.save_ledger()
 
+    def keep_written_at_exit(self) -> None:
+        """A signal ends the process now: `keep_written`, as when the host closes stdin and the
+        broker does not confirm in time. The handler runs on the main thread, which may hold
+        `cond` (re-entrant) mid-change: at worst an id is missed and shown again, as a repeat;
+        held by another thread, it is waited for only briefly."""
+        if self.cond.acquire(timeout=0.5):
+            try:
+                self.keep_written()
+            finally:
+                self.cond.release()
+
     def save_ledger(self) -> None:
         """Called under `cond`: the acknowledgements no broker has taken yet, in the ledger file."""
         peer = self.session_id
@@ -754,7 +765,8 @@ def host_lines(fd: int) -> Any:
 
 def main(ns: argparse.Namespace) -> int:
     # Hosts end their MCP servers with SIGINT, then SIGTERM: end now. Whatever was not written
-    # to the host stays unacknowledged in the broker.
+    # to the host stays unacknowledged in the broker; what was, and the broker has not confirmed
+    # recording, goes to the ledger first (Relay.keep_written_at_exit), once there is a relay.
     signal.signal(signal.SIGINT, lambda *_: exit_now(0))
     signal.signal(signal.SIGTERM, lambda *_: exit_now(0))
     try:
@@ -772,6 +784,13 @@ def main(ns: argparse.Namespace) -> int:
     os.set_inheritable(out_fd, False)
     os.dup2(2, 1)
     relay = Relay(options, out_fd)
+
+    def leave(*_: Any) -> None:
+        relay.keep_written_at_exit()
+        exit_now(0)
+
+    signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGTERM, leave)
 
     def run() -> None:
         try:

@@ -151,12 +151,16 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
     assert receipts(home, [second_id])[second_id][1] is None
 
 
-async def test_a_broker_too_slow_at_the_host_s_exit_gets_what_was_shown_from_the_ledger(broker, env, home):
-    """The host reads an inbox result and closes stdin while the broker is paused (SIGSTOP), so
-    it cannot confirm the acknowledgement within ACK_FLUSH_AT_EXIT. The relay exits anyway,
-    and leaves what it showed in the ledger (agent_bridge.ledger) as a process gone; once the
-    broker runs again it records the acknowledgement, and the next session of that host is not
-    shown the message again."""
+@pytest.mark.parametrize("leaving", ["stdin closed", "SIGTERM"])
+async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was_shown_in_the_ledger(
+    broker, env, home, leaving
+):
+    """The host reads an inbox result, then leaves (closes stdin; or ends the relay with
+    SIGTERM, as hosts do) while the broker is paused (SIGSTOP), so it cannot confirm the
+    acknowledgement: not within ACK_FLUSH_AT_EXIT, not at all before a signal. The relay exits
+    anyway, and leaves what it showed in the ledger (agent_bridge.ledger) as a process gone.
+    Once the broker runs again the acknowledgement is recorded, and the next session of that
+    host is not shown the message again."""
     with trio.fail_after(60):
         host = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
         me = await host.tool("whoami")
@@ -176,20 +180,20 @@ async def test_a_broker_too_slow_at_the_host_s_exit_gets_what_was_shown_from_the
         else:
             pytest.fail("the broker recorded every acknowledgement before it could be paused")
         try:
-            assert await host.end() == 0
+            if leaving == "SIGTERM":
+                host.proc.send_signal(signal.SIGTERM)
+                assert await host.proc.wait() == 0
+            else:
+                assert await host.end() == 0
             left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
             assert [record["acked"] for record in left] == [[mid]], left
         finally:
             os.kill(broker.pid, signal.SIGCONT)
-
-        async def recorded() -> bool:
-            return receipts(home, [mid])[mid][1] is not None
-
-        await wait_for(recorded, what="the acknowledgement, once the broker runs again")
         again = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
         assert await again.tool("whoami") == me
         assert await again.tool("inbox") == []
-        assert not list((home / ledger.FOLDER).glob("*.json"))  # applied and removed at that hello
+        assert receipts(home, [mid])[mid][1] is not None
+        assert not list((home / ledger.FOLDER).glob("*.json"))  # applied and removed
         assert await again.end() == 0
 
 
