@@ -17,7 +17,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from agent_bridge.daemon.mcp_fast import error_text, log_line, result_line
+from agent_bridge.daemon.mcp_fast import cancelled_request, error_text, log_line, result_line
 from agent_bridge.daemon.mcp_host import _serve_lines
 from tests.test_delivery import RawHost
 
@@ -133,3 +133,46 @@ async def test_what_the_fast_path_leaves_is_the_sdks_and_answered_alike(broker, 
             assert host.responses[rid]["error"]["code"] == types.INVALID_REQUEST, host.responses[rid]
         finally:
             await host.close()
+
+
+def _sdk_cancelled_request(line: str) -> Any:
+    """What the SDK takes from a host line as the id of a cancelled request, None if it sees
+    no cancel there: its own parser (as its stdio server reads lines) and its own rule."""
+    from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
+    from pydantic import ValidationError
+
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError:
+        return None
+    if not isinstance(message, types.JSONRPCNotification) or message.method != "notifications/cancelled":
+        return None
+    return cancelled_request_id_from_params(message.params)
+
+
+_ids = st.one_of(st.integers(-(2**53), 2**53), st.text(max_size=8), st.booleans(), st.floats(allow_nan=False),
+                 st.none(), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    jsonrpc=st.sampled_from(["2.0", "1.0", 2, None]),
+    method=st.sampled_from(["notifications/cancelled", "notifications/progress", "tools/call", None]),
+    with_id=st.booleans(),
+    params=st.one_of(st.fixed_dictionaries({}, optional={"requestId": _ids, "reason": st.text(max_size=5)}),
+                     st.lists(st.integers(), max_size=2), st.none(), st.just("x")),
+)
+def test_a_cancel_is_recognised_exactly_as_the_sdk_recognises_it(jsonrpc, method, with_id, params):
+    """The broker takes a crossed result back in order with the relay's frames (Bridge.crossed_by),
+    before the SDK reads the cancel: it must see the same cancels, with the same request ids."""
+    message: dict[str, Any] = {}
+    if jsonrpc is not None:
+        message["jsonrpc"] = jsonrpc
+    if method is not None:
+        message["method"] = method
+    if with_id:
+        message["id"] = 9
+    if params is not None:
+        message["params"] = params
+    line = json.dumps(message)
+    assert cancelled_request(line) == _sdk_cancelled_request(line)

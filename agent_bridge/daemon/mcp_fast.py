@@ -99,6 +99,22 @@ def error_text(tool: str, exc: BaseException | None) -> str:
     return f"Error executing tool {tool}: {exc}" if isinstance(exc, ToolError) else f"Error executing tool {tool}"
 
 
+def cancelled_request(line: str) -> Any | None:
+    """The request id a host's `notifications/cancelled` line names, as the SDK would take it
+    (JSON-RPC 2.0, a notification, an integer or string `requestId`); None for any other line."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
+        return None
+    params = message.get("params")
+    if message.get("method") != "notifications/cancelled" or not isinstance(params, dict):
+        return None
+    rid = params.get("requestId")
+    return rid if isinstance(rid, (int, str)) and not isinstance(rid, bool) else None
+
+
 class FastCalls:
     """The session's calls served here (see the module's docstring), each in its own task in
     `nursery`, as the SDK runs each request in one: an `inbox` that waits holds up nothing."""

@@ -40,7 +40,14 @@ from agent_bridge.daemon.connection import (
     attach_session,
     deliver,
 )
-from agent_bridge.daemon.mcp_fast import Body, FastCalls, ToolCall, argument_problem, log_line
+from agent_bridge.daemon.mcp_fast import (
+    Body,
+    FastCalls,
+    ToolCall,
+    argument_problem,
+    cancelled_request,
+    log_line,
+)
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
@@ -197,6 +204,9 @@ class Bridge:
         # cancel for them: request key -> (when due, the messages it carried).
         self.settling: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self.in_flight: dict[str, list[dict[str, Any]]] = {}  # inbox results offered, not yet written
+        # Written results a host cancel crossed, taken out of `settling` as the cancel came in
+        # (crossed_by): request_cancelled, run later by the SDK, offers them again.
+        self.crossed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._flushing = trio.Lock()
         self.log_level = "info"  # the host's logging/setLevel: arrivals are logged at info
 
@@ -315,13 +325,24 @@ class Bridge:
         self.settling[key] = (trio.current_time() + CANCEL_GRACE, messages)
         self.acks_due.set()
 
+    def crossed_by(self, rid: Any) -> None:
+        """The host's cancel of request `rid`, in order with the relay's frames: a written
+        result it crossed leaves `settling` now, so an "eof" right behind it (the host closed
+        stdin) cannot acknowledge what the host ignored. The SDK runs request_cancelled later,
+        or never if the session ends first: then those messages stay offered, not acknowledged,
+        and the next session shows them as repeats."""
+        key = json.dumps(rid)
+        entry = self.settling.pop(key, None)
+        if entry is not None:
+            self.crossed[key] = entry
+
     async def request_cancelled(self, rid: Any) -> None:
         """The host cancelled request `rid`. Not written yet: it never will be (the SDK drops
         it), so it must not count as shown. Written already: the host ignores that answer, so
         its messages are offered again (as repeats) and not acknowledged."""
         on_its_way = self.pipe is not None and self.pipe.forget(rid)
         unwritten = self.in_flight.pop(json.dumps(rid), None)
-        entry = self.settling.pop(json.dumps(rid), None)
+        entry = self.settling.pop(json.dumps(rid), None) or self.crossed.pop(json.dumps(rid), None)
         if entry is None and on_its_way and unwritten:  # with the relay: written, as far as anyone knows
             entry = (0.0, unwritten)
         messages = entry[1] if entry is not None else unwritten
@@ -479,6 +500,10 @@ async def _read_relay(
             if not frame.get("more"):
                 line = "".join(parts)
                 parts.clear()
+                if '"notifications/cancelled"' in line:
+                    rid = cancelled_request(line)
+                    if rid is not None:
+                        bridge.crossed_by(rid)
                 if not fast.take(line):
                     await lines.send(line)
         elif kind == "written" and isinstance(frame.get("seq"), int):
