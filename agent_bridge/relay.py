@@ -52,6 +52,8 @@ ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledg
 READ_CHUNK = 1 << 16
 LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
 SHOWN_MEMORY = 50_000  # ids written and not yet confirmed recorded, at most
+RESULTS_MEMORY = 1_000  # recent results that showed messages, kept for a cancel that crosses one
+UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
 STATIC = Path(__file__).with_name("mcp_static.json")
 
@@ -211,6 +213,9 @@ class Relay:
     unsent_offers: list[str] = field(default_factory=list)  # with unsent_acks: in the ledger
     unsent_acks: list[str] = field(default_factory=list)  # written, not yet reported
     written: dict[str, None] = field(default_factory=dict)  # written and reported, not yet confirmed
+    # The messages each recent result showed (request id as JSON -> their ids): a cancel of that
+    # request sent after the write means the host ignored it (Relay.take_back).
+    shown_by: dict[str, list[str]] = field(default_factory=dict)
     ledger_peer: str | None = None
     static: dict[str, Any] | None = None
 
@@ -278,6 +283,7 @@ class Relay:
                 params = message.get("params")
                 rid = params.get("requestId") if isinstance(params, dict) else None
                 key = json.dumps(rid)
+                self.take_back(key)
                 if any(r.key == key for r in self.waiting):  # never sent: never answered
                     self.waiting = [r for r in self.waiting if r.key != key]
                     return
@@ -364,6 +370,7 @@ class Relay:
                 for mid in ids:
                     self.held.pop(mid, None)
                 self.unsent_acks.extend(ids)
+                self.note_shown(json.dumps(rid), ids)
                 self.save_ledger()
                 if self.link is not None:  # a broker answered meanwhile, after its hello
                     self.send(self.link, self.hand_over_acks())
@@ -636,6 +643,7 @@ class Relay:
                 for mid in shown:
                     self.held.pop(mid, None)
                     self.written[mid] = None  # until the broker confirms it recorded the acknowledgement
+                self.note_shown(key, shown)
                 while len(self.written) > SHOWN_MEMORY:
                     self.written.pop(next(iter(self.written)))
             try:
@@ -688,6 +696,30 @@ class Relay:
         """An unknown tool is answered with an error by the broker, which changes nothing."""
         return bool(self.static_answers()["idempotentTools"].get(tool, True))
 
+    def note_shown(self, key: str | None, ids: list[str]) -> None:
+        """Called under `cond`: the result answering request `key` showed these messages."""
+        if key is None or not ids:
+            return
+        self.shown_by.pop(key, None)
+        self.shown_by[key] = ids
+        while len(self.shown_by) > RESULTS_MEMORY:
+            self.shown_by.pop(next(iter(self.shown_by)))
+
+    def take_back(self, key: str) -> None:
+        """Called under `cond`: the host cancelled request `key`. If its result was already
+        written, the cancel crossed it and the host ignored it: its messages are not
+        acknowledged from here (not kept for a next broker, not in the ledger). The broker,
+        told of the cancel too, shows them again as repeats; if it never hears of it, they are
+        still offered and unacknowledged there, so the next session shows them as repeats."""
+        ids = self.shown_by.pop(key, None)
+        if not ids:
+            return
+        for mid in ids:
+            self.written.pop(mid, None)
+        if any(mid in self.unsent_acks for mid in ids):
+            self.unsent_acks = [mid for mid in self.unsent_acks if mid not in ids]
+            self.save_ledger()
+
     def keep_written(self) -> None:
         """Called under `cond`: what was shown and maybe never recorded, for the next broker,
         and in the ledger meanwhile."""
@@ -696,13 +728,23 @@ class Relay:
             self.written.clear()
             self.save_ledger()
 
-    def keep_written_at_exit(self) -> None:
+    def keep_written_at_exit(self, unread: bytes) -> None:
         """A signal ends the process now: `keep_written`, as when the host closes stdin and the
-        broker does not confirm in time. The handler runs on the main thread, which may hold
-        `cond` (re-entrant) mid-change: at worst an id is missed and shown again, as a repeat;
-        held by another thread, it is waited for only briefly."""
+        broker does not confirm in time, once the cancels in the host's `unread` input (sent
+        before the signal, not read yet) are taken into account. The handler runs on the main
+        thread, which may hold `cond` (re-entrant) mid-change: at worst an id is missed and
+        shown again, as a repeat; held by another thread, it is waited for only briefly."""
         if self.cond.acquire(timeout=0.5):
             try:
+                for line in unread.split(b"\n"):
+                    if b"notifications/cancelled" in line:
+                        try:
+                            message = json.loads(line)
+                            params = message.get("params") if isinstance(message, dict) else None
+                            rid = params.get("requestId") if isinstance(params, dict) else None
+                        except ValueError:  # (UnicodeDecodeError included)
+                            continue
+                        self.take_back(json.dumps(rid))
                 self.keep_written()
             finally:
                 self.cond.release()
@@ -747,20 +789,36 @@ class Relay:
                 self.keep_written()  # no answer in time: a broker that reads the ledger records them
 
 
-def host_lines(fd: int) -> Any:
+class HostInput:
     """The host's lines on `fd`, decoded as the SDK decodes them (UTF-8, bad bytes replaced)."""
-    buffer = b""
-    while True:
-        chunk = os.read(fd, READ_CHUNK)
-        if not chunk:
-            if buffer.strip():
-                yield buffer.decode("utf-8", "replace")
-            return
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield line.decode("utf-8", "replace")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.rest = b""  # the start of a line not complete yet
+
+    def lines(self) -> Any:
+        while True:
+            chunk = os.read(self.fd, READ_CHUNK)
+            if not chunk:
+                if self.rest.strip():
+                    yield self.rest.decode("utf-8", "replace")
+                return
+            self.rest += chunk
+            *lines, self.rest = self.rest.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield line.decode("utf-8", "replace")
+
+    def unread(self) -> bytes:
+        """What the host wrote that has not been read yet (up to UNREAD_MAX), without waiting."""
+        data = bytearray(self.rest)
+        try:
+            os.set_blocking(self.fd, False)
+            while len(data) < UNREAD_MAX and (chunk := os.read(self.fd, READ_CHUNK)):
+                data += chunk
+        except OSError:  # nothing more now (BlockingIOError), or closed
+            pass
+        return bytes(data)
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -784,9 +842,10 @@ def main(ns: argparse.Namespace) -> int:
     os.set_inheritable(out_fd, False)
     os.dup2(2, 1)
     relay = Relay(options, out_fd)
+    host_input = HostInput(0)
 
     def leave(*_: Any) -> None:
-        relay.keep_written_at_exit()
+        relay.keep_written_at_exit(host_input.unread())
         exit_now(0)
 
     signal.signal(signal.SIGINT, leave)
@@ -805,7 +864,7 @@ def main(ns: argparse.Namespace) -> int:
     # connected (a decide recorded right after sees it); a broker that cannot be reached in time
     # does not hold the host back: tools say so until it is.
     relay.wait_joined(JOIN_BEFORE_SERVING)
-    for line in host_lines(0):
+    for line in host_input.lines():
         relay.on_host_line(line)
     relay.end()
     exit_now(0)

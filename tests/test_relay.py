@@ -151,16 +151,20 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
     assert receipts(home, [second_id])[second_id][1] is None
 
 
+@pytest.mark.parametrize("cancelled", [False, True], ids=["read", "cancelled"])
 @pytest.mark.parametrize("leaving", ["stdin closed", "SIGTERM"])
 async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was_shown_in_the_ledger(
-    broker, env, home, leaving
+    broker, env, home, leaving, cancelled
 ):
     """The host reads an inbox result, then leaves (closes stdin; or ends the relay with
     SIGTERM, as hosts do) while the broker is paused (SIGSTOP), so it cannot confirm the
     acknowledgement: not within ACK_FLUSH_AT_EXIT, not at all before a signal. The relay exits
-    anyway, and leaves what it showed in the ledger (agent_bridge.ledger) as a process gone.
-    Once the broker runs again the acknowledgement is recorded, and the next session of that
-    host is not shown the message again."""
+    anyway, and leaves what it showed in the ledger (agent_bridge.ledger) as a process gone:
+    once the broker runs again, the next session of that host is not shown the message again.
+
+    Unless the host cancelled that request after the result was written (the cancel crossed
+    it, so the host ignored it): then nothing is acknowledged, and the next session is shown
+    the message again, marked as a repeat."""
     with trio.fail_after(60):
         host = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
         me = await host.tool("whoami")
@@ -172,7 +176,9 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
             sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown at the end"))
             mid = json.loads(sent.stdout)["message"]["id"]
             await wait_for(arrived, what="the message in the inbox")
-            assert [m["id"] for m in await host.tool("inbox")] == [mid]
+            rid = await host.call_request("inbox")
+            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            assert [m["id"] for m in shown] == [mid]
             os.kill(broker.pid, signal.SIGSTOP)
             if receipts(home, [mid])[mid][1] is None:
                 break
@@ -180,19 +186,25 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
         else:
             pytest.fail("the broker recorded every acknowledgement before it could be paused")
         try:
+            if cancelled:
+                await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}})
             if leaving == "SIGTERM":
                 host.proc.send_signal(signal.SIGTERM)
                 assert await host.proc.wait() == 0
             else:
                 assert await host.end() == 0
             left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
-            assert [record["acked"] for record in left] == [[mid]], left
+            assert [mid in record["acked"] for record in left] == ([] if cancelled else [True]), left
         finally:
             os.kill(broker.pid, signal.SIGCONT)
         again = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
         assert await again.tool("whoami") == me
-        assert await again.tool("inbox") == []
-        assert receipts(home, [mid])[mid][1] is not None
+        if cancelled:  # (a repeat if this broker never heard of the cancel; told, it takes the offer back)
+            assert receipts(home, [mid])[mid][1] is None
+            assert [m["id"] for m in await again.tool("inbox")] == [mid]
+        else:
+            assert await again.tool("inbox") == []
+            assert receipts(home, [mid])[mid][1] is not None
         assert not list((home / ledger.FOLDER).glob("*.json"))  # applied and removed
         assert await again.end() == 0
 
