@@ -190,7 +190,8 @@ class Relay:
     out_lock: threading.Lock = field(default_factory=threading.Lock)
     # Held from writing a line that shows messages to reporting it written: the host may read
     # the line and close stdin at once, and the "eof" must not reach the broker first (it
-    # stops reading there, and the report would be lost with this process).
+    # stops reading there, and the report would be lost with this process); nor may a cancel
+    # that crossed the line (the broker would acknowledge a result the host ignored).
     reporting: threading.Lock = field(default_factory=threading.Lock)
     link: Link | None = None
     joined: bool = False  # a broker answered this relay's hello at least once
@@ -276,6 +277,10 @@ class Relay:
         self.serve_alone(request, message)
 
     def on_notification(self, line: str, method: str, message: dict[str, Any]) -> None:
+        if method == "notifications/cancelled" and self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):
+            # A result the host read (the one a cancel can cross) is reported written, and
+            # noted as shown, before the cancel goes on: the broker sees them in that order.
+            self.reporting.release()
         with self.cond:
             if method == "notifications/initialized":
                 self.initialized = True
