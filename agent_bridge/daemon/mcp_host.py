@@ -64,6 +64,7 @@ INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
+READ_FIRST_TURNS = 20  # turns of the scheduler given to the relay's reader before results come due
 ACK_BATCH = 0.05  # seconds between two recordings of a session's acknowledgements, at most one of them waiting
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to record the last acknowledgements when the host leaves
 DELIVERY_FIRST = 5.0  # seconds the host's lines wait for the session's backlog to be in its inbox
@@ -373,8 +374,18 @@ class Bridge:
             del self.settling[key]
             self.inbox.unsent_acks.extend(m["id"] for m in messages)
 
+    async def read_first(self) -> None:
+        """Before written results come due, what the relay has sent already is read: a host
+        cancel that crossed one of them may be there, held up while this broker was busy or
+        paused (the host sent it in time; CANCEL_GRACE runs on this broker's clock)."""
+        for _ in range(READ_FIRST_TURNS):
+            if not self.settling or not self.relay.has_input():
+                return
+            await trio.lowlevel.cancel_shielded_checkpoint()  # the relay's reader takes it
+
     async def ack_loop(self) -> None:
         while True:
+            await self.read_first()
             self.settle(trio.current_time())
             if self.inbox.unsent_acks:
                 await self.flush_acks()

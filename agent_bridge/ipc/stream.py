@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import sys
 from collections import deque
 from typing import Any
@@ -72,6 +73,19 @@ class FramedStream:
             if not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return data
+
+    def has_input(self) -> bool:
+        """Whether a frame, or bytes of one, has arrived and not been taken yet (no waiting).
+        A named pipe (Windows) tells only of the frames already read from it."""
+        if self._ready:
+            return True
+        if self._socket is None or self.closed or self._socket.fileno() < 0:
+            return False
+        try:
+            readable, _, _ = select.select([self._socket.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(readable)
 
     def peek(self) -> dict[str, Any] | None:
         """The next frame if it has already arrived (no I/O), without taking it."""
