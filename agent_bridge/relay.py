@@ -24,10 +24,14 @@ import argparse
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -53,6 +57,7 @@ READ_CHUNK = 1 << 16
 LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
 SHOWN_MEMORY = 50_000  # ids written and not yet confirmed recorded, at most
 RESULTS_MEMORY = 1_000  # recent results that showed messages, kept for a cancel that crosses one
+SIGNAL_WAIT = 0.5  # seconds a signal's handler waits for another thread before it writes the ledger
 UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
 STATIC = Path(__file__).with_name("mcp_static.json")
@@ -716,7 +721,7 @@ class Relay:
         acknowledged from here (not kept for a next broker, not in the ledger). The broker,
         told of the cancel too, shows them again as repeats; if it never hears of it, they are
         still offered and unacknowledged there, so the next session shows them as repeats."""
-        ids = self.shown_by.pop(key, None)
+        ids = self.shown_by.get(key)
         if not ids:
             return
         for mid in ids:
@@ -724,6 +729,7 @@ class Relay:
         if any(mid in self.unsent_acks for mid in ids):
             self.unsent_acks = [mid for mid in self.unsent_acks if mid not in ids]
             self.save_ledger()
+        del self.shown_by[key]  # last: a signal handler that interrupted this call does it all again
 
     def keep_written(self) -> None:
         """Called under `cond`: what was shown and maybe never recorded, for the next broker,
@@ -738,8 +744,11 @@ class Relay:
         broker does not confirm in time, once the cancels in the host's `unread` input (sent
         before the signal, not read yet) are taken into account. The handler runs on the main
         thread, which may hold `cond` (re-entrant) mid-change: at worst an id is missed and
-        shown again, as a repeat; held by another thread, it is waited for only briefly."""
-        if self.cond.acquire(timeout=0.5):
+        shown again, as a repeat; held by another thread, it is waited for only briefly, as is
+        `reporting` (a line being written to the host is noted as shown once written)."""
+        if self.reporting.acquire(timeout=SIGNAL_WAIT):  # a line the host may have read is noted first
+            self.reporting.release()
+        if self.cond.acquire(timeout=SIGNAL_WAIT):
             try:
                 for line in unread.split(b"\n"):
                     if b"notifications/cancelled" in line:
@@ -794,29 +803,63 @@ class Relay:
                 self.keep_written()  # no answer in time: a broker that reads the ledger records them
 
 
+LEAVING_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # hosts end their MCP servers with these
+SIGNAL_MASKS = hasattr(signal, "pthread_sigmask")  # POSIX
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """LEAVING_SIGNALS wait while the host's input changes hands (POSIX; Windows has no signal
+    masks): their handler reads that input (HostInput.unread) and must find every line. Held
+    by the main thread, which alone takes them: the relay's other threads start with them
+    held (main), since Python runs a handler on the main thread whichever thread received it."""
+    if not SIGNAL_MASKS:
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, LEAVING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 class HostInput:
     """The host's lines on `fd`, decoded as the SDK decodes them (UTF-8, bad bytes replaced)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.current = b""  # the line being handled
+        self.pending: deque[bytes] = deque()  # lines read and not handed over yet
         self.rest = b""  # the start of a line not complete yet
 
     def lines(self) -> Any:
         while True:
-            chunk = os.read(self.fd, READ_CHUNK)
+            with signals_held():  # a line is always in exactly one of current, pending, rest
+                more = bool(self.pending)
+                self.current = self.pending.popleft() if more else b""
+            if more:
+                if self.current.strip():
+                    yield self.current.decode("utf-8", "replace")
+                continue
+            if SIGNAL_MASKS:  # wait with the signals open; the read itself does not wait then
+                select.select([self.fd], [], [])
+            with signals_held():  # the bytes read are in `pending` or `rest` before a handler runs
+                chunk = os.read(self.fd, READ_CHUNK)
+                if not chunk:
+                    self.current, self.rest = self.rest, b""
+                else:
+                    *complete, self.rest = (self.rest + chunk).split(b"\n")
+                    self.pending.extend(complete)
             if not chunk:
-                if self.rest.strip():
-                    yield self.rest.decode("utf-8", "replace")
+                if self.current.strip():
+                    yield self.current.decode("utf-8", "replace")
                 return
-            self.rest += chunk
-            *lines, self.rest = self.rest.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield line.decode("utf-8", "replace")
 
     def unread(self) -> bytes:
-        """What the host wrote that has not been read yet (up to UNREAD_MAX), without waiting."""
-        data = bytearray(self.rest)
+        """What the host wrote and was not handled to its end: the line being handled (a signal
+        may have interrupted that), the lines read after it, and what has not been read yet (up
+        to UNREAD_MAX, without waiting)."""
+        data = bytearray(b"\n".join([self.current, *self.pending, self.rest]))
         try:
             os.set_blocking(self.fd, False)
             while len(data) < UNREAD_MAX and (chunk := os.read(self.fd, READ_CHUNK)):
@@ -853,8 +896,8 @@ def main(ns: argparse.Namespace) -> int:
         relay.keep_written_at_exit(host_input.unread())
         exit_now(0)
 
-    signal.signal(signal.SIGINT, leave)
-    signal.signal(signal.SIGTERM, leave)
+    for signum in LEAVING_SIGNALS:
+        signal.signal(signum, leave)
 
     def run() -> None:
         try:
@@ -863,8 +906,9 @@ def main(ns: argparse.Namespace) -> int:
             print(f"agent-bridge mcp: {exc}", file=sys.stderr)
             exit_now(2)
 
-    threading.Thread(target=run, name="broker", daemon=True).start()
-    threading.Thread(target=relay.expire_waiting, name="waiting", daemon=True).start()
+    with signals_held():  # inherited by these threads: the signals reach the main thread only
+        threading.Thread(target=run, name="broker", daemon=True).start()
+        threading.Thread(target=relay.expire_waiting, name="waiting", daemon=True).start()
     # Join the bridge before answering the host, so a session whose MCP server is ready is also
     # connected (a decide recorded right after sees it); a broker that cannot be reached in time
     # does not hold the host back: tools say so until it is.
