@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,6 +208,41 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
             assert receipts(home, [mid])[mid][1] is not None
         assert not list((home / ledger.FOLDER).glob("*.json"))  # applied and removed
         assert await again.end() == 0
+
+
+def _signals_held(pid: int) -> set[int]:
+    """The signals process `pid` holds (blocks), from /proc."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigBlk:"))
+    mask = int(line.split()[1], 16)
+    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+async def test_a_broker_started_by_a_relay_stops_on_sigterm(env, home):
+    """The relay's threads hold SIGINT and SIGTERM (its main thread alone takes them), and a
+    child inherits what its thread holds: the broker a relay starts takes them again, so
+    `agent-bridge down` and a user's `kill` stop it."""
+    try:
+        with trio.fail_after(60):
+            host = await RawHost.start(env, "--project", "/w/relay-starts", "--host-session-id", "hs-relay-starts")
+            await host.tool("whoami")  # answered by the broker this relay started
+            pid = json.loads((home / "broker.json").read_text())["pid"]
+            assert not _signals_held(pid) & {signal.SIGTERM, signal.SIGINT}
+            os.kill(pid, signal.SIGTERM)
+
+            async def gone() -> bool:
+                return _gone(pid)
+
+            await wait_for(gone, what="the broker's exit on SIGTERM")
+            await host.kill()
+    finally:
+        stop_any_broker(env)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -117,6 +117,7 @@ def setup_logging(home: Path, *, to_stderr: bool) -> None:
 
 def up(*, detach: bool) -> int:
     os.umask(0o077)  # bridge.db, its WAL files and the log: this user only
+    _take_stop_signals()
     reasons = _reason_channel()  # `up --detach` waits on it for why its child could not start
     home = paths.home()
     try:
@@ -181,6 +182,13 @@ def up(*, detach: bool) -> int:
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _take_stop_signals() -> None:
+    """SIGINT and SIGTERM reach this process even when the one that started it held them (a
+    relay's threads hold them, and a child inherits that): `down` and the user stop it so."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _raise_open_files_limit() -> None:
