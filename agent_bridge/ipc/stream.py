@@ -81,11 +81,9 @@ class FramedStream:
             return True
         if self._socket is None or self.closed or self._socket.fileno() < 0:
             return False
-        try:
-            readable, _, _ = select.select([self._socket.fileno()], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return bool(readable)
+        poller = select.poll()  # (not select.select: a busy broker's descriptors pass 1024)
+        poller.register(self._socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def peek(self) -> dict[str, Any] | None:
         """The next frame if it has already arrived (no I/O), without taking it."""
