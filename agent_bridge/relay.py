@@ -181,6 +181,12 @@ def frame(kind: str, **fields: Any) -> dict[str, Any]:
     return {"v": protocol.PROTOCOL_VERSION, "relay": kind, **fields}
 
 
+def cancelled_key(message: dict[str, Any]) -> str:
+    """The request a host's `notifications/cancelled` names, as JSON (the key of its answer)."""
+    params = message.get("params")
+    return json.dumps(params.get("requestId") if isinstance(params, dict) else None)
+
+
 def line_frames(line: str) -> list[dict[str, Any]]:
     """A host line as relay frames: a line longer than a frame takes goes in parts."""
     parts = [line[i:i + LINE_PART] for i in range(0, len(line), LINE_PART)] or [""]
@@ -290,9 +296,7 @@ class Relay:
             if method == "notifications/initialized":
                 self.initialized = True
             elif method == "notifications/cancelled":
-                params = message.get("params")
-                rid = params.get("requestId") if isinstance(params, dict) else None
-                key = json.dumps(rid)
+                key = cancelled_key(message)
                 self.take_back(key)
                 if any(r.key == key for r in self.waiting):  # never sent: never answered
                     self.waiting = [r for r in self.waiting if r.key != key]
@@ -754,11 +758,10 @@ class Relay:
                     if b"notifications/cancelled" in line:
                         try:
                             message = json.loads(line)
-                            params = message.get("params") if isinstance(message, dict) else None
-                            rid = params.get("requestId") if isinstance(params, dict) else None
                         except ValueError:  # (UnicodeDecodeError included)
                             continue
-                        self.take_back(json.dumps(rid))
+                        if isinstance(message, dict) and message.get("method") == "notifications/cancelled":
+                            self.take_back(cancelled_key(message))
                 self.keep_written()
             finally:
                 self.cond.release()
