@@ -863,11 +863,13 @@ class HostInput:
         may have interrupted that), the lines read after it, and what has not been read yet (up
         to UNREAD_MAX, without waiting)."""
         data = bytearray(b"\n".join([self.current, *self.pending, self.rest]))
-        try:
-            os.set_blocking(self.fd, False)
-            while len(data) < UNREAD_MAX and (chunk := os.read(self.fd, READ_CHUNK)):
+        try:  # polled, not made non-blocking: stdin may be a terminal this process shares
+            while SIGNAL_MASKS and len(data) < UNREAD_MAX and select.select([self.fd], [], [], 0)[0]:
+                chunk = os.read(self.fd, READ_CHUNK)
+                if not chunk:
+                    break
                 data += chunk
-        except OSError:  # nothing more now (BlockingIOError), or closed
+        except OSError:  # closed
             pass
         return bytes(data)
 
