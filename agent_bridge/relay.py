@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agent_bridge import domain, hosts, ledger, paths, procinfo
+from agent_bridge.core import showing
+from agent_bridge.core.showing import Showing
 from agent_bridge.ipc import blocking, protocol
 
 log = logging.getLogger("agent_bridge.mcp")
@@ -55,8 +57,6 @@ KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
 ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledgements when the host leaves
 READ_CHUNK = 1 << 16
 LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
-SHOWN_MEMORY = 50_000  # ids written and not yet confirmed recorded, at most
-RESULTS_MEMORY = 1_000  # recent results that showed messages, kept for a cancel that crosses one
 SIGNAL_WAIT = 0.5  # seconds a signal's handler waits for another thread before it writes the ledger
 UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
@@ -139,7 +139,8 @@ class BadHello(Exception):
 class Request:
     """A host request this relay has not seen answered."""
 
-    key: str  # its JSON-RPC id, as JSON
+    key: str  # its JSON-RPC id, keyed as the SDK correlates ids (showing.key)
+    rid: Any  # that id exactly as the host sent it: its answer carries it back
     line: str
     method: str
     tool: str | None  # the tool a `tools/call` names
@@ -182,9 +183,9 @@ def frame(kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def cancelled_key(message: dict[str, Any]) -> str:
-    """The request a host's `notifications/cancelled` names, as JSON (the key of its answer)."""
+    """The request a host's `notifications/cancelled` names (showing.key: the key of its answer)."""
     params = message.get("params")
-    return json.dumps(params.get("requestId") if isinstance(params, dict) else None)
+    return showing.key(params.get("requestId") if isinstance(params, dict) else None)
 
 
 def line_frames(line: str) -> list[dict[str, Any]]:
@@ -220,15 +221,11 @@ class Relay:
     waiting: list[Request] = field(default_factory=list)  # to send once a broker answers
     swallow: set[str] = field(default_factory=set)  # answers to replayed requests: not the host's
     replays: int = 0
-    held: dict[str, dict[str, Any]] = field(default_factory=dict)  # in the session's inbox, not written here
-    offered: set[str] = field(default_factory=set)  # shown by this relay itself: repeats if shown again
-    unsent_offers: list[str] = field(default_factory=list)  # with unsent_acks: in the ledger
-    unsent_acks: list[str] = field(default_factory=list)  # written, not yet reported
-    written: dict[str, None] = field(default_factory=dict)  # written and reported, not yet confirmed
-    # The messages each recent result showed (request id as JSON -> their ids): a cancel of that
-    # request sent after the write means the host ignored it (Relay.take_back).
-    shown_by: dict[str, list[str]] = field(default_factory=dict)
-    ledger_peer: str | None = None
+    # What this relay holds (the session's inbox, for when no broker answers), wrote to the host
+    # and the broker has not confirmed recording: its half of the showing machine, under `cond`.
+    # The ledger file is that machine's unconfirmed part (save_ledger).
+    showing: Showing = field(default_factory=Showing)
+    ledger_peer: str | None = None  # the session whose ledger file this relay keeps now
     static: dict[str, Any] | None = None
 
     # --- the host's side ----------------------------------------------------------------
@@ -273,7 +270,8 @@ class Relay:
             return
         params = message.get("params")
         tool = params.get("name") if method == "tools/call" and isinstance(params, dict) else None
-        request = Request(json.dumps(message["id"]), line, method, tool if isinstance(tool, str) else None)
+        request = Request(showing.key(message["id"]), message["id"], line, method,
+                          tool if isinstance(tool, str) else None)
         if method == "initialize":
             self.init = message
         elif method == "logging/setLevel":
@@ -298,6 +296,9 @@ class Relay:
             elif method == "notifications/cancelled":
                 key = cancelled_key(message)
                 self.take_back(key)
+                # Never sent to a next broker: the host expects no answer, and one would show
+                # messages to a host that ignores it (its acknowledgement would lose them).
+                self.forwarded.pop(key, None)
                 if any(r.key == key for r in self.waiting):  # never sent: never answered
                     self.waiting = [r for r in self.waiting if r.key != key]
                     return
@@ -364,16 +365,15 @@ class Relay:
         if not isinstance(peek, bool) or isinstance(wait, bool) or not isinstance(wait, (int, float)):
             return False
         static = self.static_answers()
+        by = showing.key(rid)
         with self.cond:
-            if self.link is not None or not self.held:
+            if self.link is not None or not self.showing.has_queued():
                 return False
-            messages = list(self.held.values())[: static["inboxIdsMax"]]
+            messages = self.showing.queued(static["inboxIdsMax"])
             ids = [str(m["id"]) for m in messages]
             if not peek:
-                messages = [dict(m, repeat=True) if m["id"] in self.offered else m for m in messages]
-                self.offered.update(ids)
-                self.unsent_offers.extend(ids)
-                self.save_ledger()
+                messages = self.showing.offer(by, ids)
+                self.save_ledger()  # offered before the write: shown again, they are repeats
         template = static["inboxResult"]
         mark = template["marks"]["messages"]
         text = json.dumps(messages, ensure_ascii=False)
@@ -381,10 +381,8 @@ class Relay:
         self.answer(rid, result=dict(template["result"], content=content))
         if not peek:
             with self.cond:
-                for mid in ids:
-                    self.held.pop(mid, None)
-                self.unsent_acks.extend(ids)
-                self.note_shown(json.dumps(rid), ids)
+                self.showing.on_its_way(by)
+                self.showing.written(by, ids, time.monotonic())
                 self.save_ledger()
                 if self.link is not None:  # a broker answered meanwhile, after its hello
                     self.send(self.link, self.hand_over_acks())
@@ -392,13 +390,9 @@ class Relay:
 
     def hand_over_acks(self) -> list[dict[str, Any]]:
         """Called under `cond` with a link up: the acknowledgements kept while no broker
-        answered, as an "acked" frame; they wait for its confirmation like written ones."""
-        frames = [frame("acked", ids=self.unsent_acks[i:i + ledger.IDS_MAX])
-                  for i in range(0, len(self.unsent_acks), ledger.IDS_MAX)]
-        self.written.update(dict.fromkeys(self.unsent_acks))
-        self.unsent_acks, self.unsent_offers = [], []
-        self.forget_ledger()
-        return frames
+        answered, as "acked" frames; they wait for its confirmation like written ones."""
+        due = self.showing.take_acks(time.monotonic())
+        return [frame("acked", ids=due[i:i + ledger.IDS_MAX]) for i in range(0, len(due), ledger.IDS_MAX)]
 
     def unreachable(self) -> str:
         """Why a tool call gets no broker (today's reason, as the tool error the agent reads)."""
@@ -427,7 +421,7 @@ class Relay:
                     self.cond.wait(max(0.0, wake - now))
                     continue
             for request in due:
-                rid = json.loads(request.key)
+                rid = request.rid
                 if request.method == "tools/call":
                     self.tool_error(rid, request.tool or "", reason)
                 else:
@@ -522,11 +516,11 @@ class Relay:
         """Connect and say hello (`mcp`): the broker serves this session from now on."""
         resume = {"id": self.session_id, "secret": self.secret} if self.session_id and self.secret else None
         with self.cond:
-            acked = list(self.unsent_acks)
+            acked = self.showing.due()[: ledger.IDS_MAX]  # the rest follows the hello (hand_over_acks)
         sock = blocking.connect(socket_path, HELLO_TIMEOUT)
         link = Link(sock)
         try:
-            link.send([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked[-ledger.IDS_MAX:])])
+            link.send([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked)])
             while True:
                 answer = link.receive()
                 if answer is None:
@@ -554,19 +548,22 @@ class Relay:
                 self.secret = hello["secret"]
             self.refused = self.start_failure = None
             self.start_attempts, self.next_start = 0, 0.0
-            frames = self.replay_frames(len(acked))
+            frames = self.replay_frames(acked)
             self.send(link, frames)  # before any host line: the new broker's MCP session first
             self.link, self.joined = link, True
             self.cond.notify_all()
         return link
 
-    def replay_frames(self, acked: int) -> list[dict[str, Any]]:
-        """What a new broker needs before the host's next line (its hello carried the first
-        `acked` acknowledgements kept while none answered): the host's `initialize`, `notifications/initialized` and log level
-        (their answers dropped); then the requests that wait for it. Called under `cond`."""
-        del self.unsent_acks[:acked]  # the hello carried these; any shown since go now
+    def replay_frames(self, acked: list[str]) -> list[dict[str, Any]]:
+        """What a new broker needs before the host's next line (its hello carried `acked`, which
+        it recorded before it answered): the rest of the acknowledgements kept while none
+        answered, the host's `initialize`, `notifications/initialized` and log level (their
+        answers dropped); then the requests that wait for it. Called under `cond`."""
+        self.showing.reported(acked)
+        self.showing.recorded(acked)
         frames = self.hand_over_acks()
-        self.held.clear()  # the new broker pushes what is still unacknowledged
+        self.save_ledger()  # what is left unconfirmed, if a ledger file is kept
+        self.showing.forget_queued()  # the new broker pushes what is still unacknowledged
         if self.init is not None and self.init_answered:
             frames += self.replayed("initialize", self.init.get("params"))
             if self.initialized:
@@ -582,7 +579,7 @@ class Relay:
     def replayed(self, method: str, params: Any) -> list[dict[str, Any]]:
         self.replays += 1
         rid = REPLAY_ID.format(self.replays)
-        self.swallow.add(json.dumps(rid))
+        self.swallow.add(showing.key(rid))
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
         if params is not None:
             message["params"] = params
@@ -609,19 +606,18 @@ class Relay:
                 if incoming.get("push") == "held" and isinstance(incoming.get("message"), dict):
                     with self.cond:
                         message = incoming["message"]
-                        mid = str(message.get("id"))
+                        if "id" not in message:
+                            continue
                         if incoming.get("again"):  # its result was cancelled: not shown, first in line
-                            self.written.pop(mid, None)
-                            self.held.pop(mid, None)
-                            self.held = {mid: message, **self.held}
-                        elif mid not in self.written and mid not in self.unsent_acks:  # else shown here
-                            self.held[mid] = message
+                            self.showing.again(message)
+                        else:
+                            self.showing.arrive(message, reack=False)
                     continue
                 if incoming.get("push") == "acked" and isinstance(incoming.get("ids"), list):
                     with self.cond:  # recorded by the broker (here or by a Stop hook)
-                        for mid in incoming["ids"]:
-                            self.held.pop(str(mid), None)
-                            self.written.pop(str(mid), None)
+                        self.showing.elsewhere([str(mid) for mid in incoming["ids"]])
+                        if self.ledger_peer is not None:
+                            self.save_ledger()
                     continue
                 if incoming.get("push") != "line" or not isinstance(incoming.get("line"), str):
                     continue
@@ -653,13 +649,8 @@ class Relay:
         with self.reporting:
             self.write_out(line)
             shown = [i for i in ids or [] if isinstance(i, str)]
-            with self.cond:
-                for mid in shown:
-                    self.held.pop(mid, None)
-                    self.written[mid] = None  # until the broker confirms it recorded the acknowledgement
-                self.note_shown(key, shown)
-                while len(self.written) > SHOWN_MEMORY:
-                    self.written.pop(next(iter(self.written)))
+            with self.cond:  # reported below; until the broker confirms it recorded them
+                self.showing.shown_directly(key, shown, reported=True)
             try:
                 link.send([frame("written", seq=seq)])
             except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
@@ -672,11 +663,11 @@ class Relay:
             return None
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(message, dict) or "id" not in message or "method" in message:
             return None
-        return json.dumps(message["id"])
+        return showing.key(message["id"])
 
     def lost(self, link: Link) -> None:
         """The connection ended: what was in flight on it is sent again to the next broker if
@@ -701,7 +692,7 @@ class Relay:
             self.cond.notify_all()
         for request in unsure:
             tool = request.tool or "decide"
-            self.tool_error(json.loads(request.key), tool, (
+            self.tool_error(request.rid, tool, (
                 f"the broker connection was lost during {tool}; it may or may not have been recorded: "
                 f"{UNSURE_ADVICE.get(tool, UNSURE_ADVICE['decide'])}"
             ))
@@ -710,37 +701,21 @@ class Relay:
         """An unknown tool is answered with an error by the broker, which changes nothing."""
         return bool(self.static_answers()["idempotentTools"].get(tool, True))
 
-    def note_shown(self, key: str | None, ids: list[str]) -> None:
-        """Called under `cond`: the result answering request `key` showed these messages."""
-        if key is None or not ids:
-            return
-        self.shown_by.pop(key, None)
-        self.shown_by[key] = ids
-        while len(self.shown_by) > RESULTS_MEMORY:
-            self.shown_by.pop(next(iter(self.shown_by)))
-
     def take_back(self, key: str) -> None:
         """Called under `cond`: the host cancelled request `key`. If its result was already
         written, the cancel crossed it and the host ignored it: its messages are not
         acknowledged from here (not kept for a next broker, not in the ledger). The broker,
         told of the cancel too, shows them again as repeats; if it never hears of it, they are
         still offered and unacknowledged there, so the next session shows them as repeats."""
-        ids = self.shown_by.get(key)
-        if not ids:
-            return
-        for mid in ids:
-            self.written.pop(mid, None)
-        if any(mid in self.unsent_acks for mid in ids):
-            self.unsent_acks = [mid for mid in self.unsent_acks if mid not in ids]
+        _, again = self.showing.cancel(key)
+        if again and self.ledger_peer is not None:
             self.save_ledger()
-        del self.shown_by[key]  # last: a signal handler that interrupted this call does it all again
 
     def keep_written(self) -> None:
         """Called under `cond`: what was shown and maybe never recorded, for the next broker,
         and in the ledger meanwhile."""
-        if self.written:
-            self.unsent_acks.extend(mid for mid in self.written if mid not in self.unsent_acks)
-            self.written.clear()
+        self.showing.lost()
+        if any(self.showing.unconfirmed()):
             self.save_ledger()
 
     def keep_written_at_exit(self, unread: bytes) -> None:
@@ -767,22 +742,19 @@ class Relay:
                 self.cond.release()
 
     def save_ledger(self) -> None:
-        """Called under `cond`: the acknowledgements no broker has taken yet, in the ledger file."""
+        """Called under `cond`: the machine's unconfirmed part (offered, or written and not
+        confirmed recorded) in the ledger file, every id of it; none left: no file."""
         peer = self.session_id
         if peer is None:
             return
         if self.ledger_peer is not None and self.ledger_peer != peer:
             ledger.remove(self.options.home, self.ledger_peer)
-        self.ledger_peer = peer
+        offered, acked = self.showing.unconfirmed()
         try:
-            ledger.save(self.options.home, peer, list(self.unsent_offers), list(self.unsent_acks))
+            ledger.save(self.options.home, peer, offered, acked)
         except OSError as exc:
             log.warning("could not keep acknowledgements in %s: %s", self.options.home / ledger.FOLDER, exc)
-
-    def forget_ledger(self) -> None:
-        if self.ledger_peer is not None:
-            ledger.remove(self.options.home, self.ledger_peer)
-            self.ledger_peer = None
+        self.ledger_peer = peer if offered or acked else None
 
     # --- the whole process --------------------------------------------------------------
 

@@ -368,27 +368,25 @@ class Broker:
 
     async def ingest_ledgers(self) -> int:
         """Offers and acknowledgements that processes now gone (an MCP server killed while the
-        broker was down, a Stop hook) left in the home folder: applied, then removed."""
+        broker was down, a Stop hook) left in the home folder: applied, then removed. A file
+        that is not a ledger record is moved aside by `ledger.orphans`, with a log line."""
         count = 0
-        for path, record in await trio.to_thread.run_sync(ledger.orphans, self.home):
-            if record is not None:
-                # The file names the record its writer knew; that record may have been merged since.
-                peer_id = await self.db.resolve_peer(record["peerId"])
-                now = now_ms()
-                if record["offered"]:
-                    await self.db.offer(peer_id, record["offered"], now)
-                if record["acked"]:
-                    acked = record["acked"]
-                    await self.db.ack(peer_id, acked, now)
-                    holder = self.sessions.get(peer_id)
-                    if holder is not None:
-                        holder.notify(protocol.push("acked", ids=acked))
-                log.info("applied %d offer(s) and %d acknowledgement(s) left for %s in %s",
-                         len(record["offered"]), len(record["acked"]), peer_id, path.name)
-                count += 1
-            else:
-                log.warning("ignored unreadable acknowledgement file %s", path.name)
-            path.unlink(missing_ok=True)
+        for record in await trio.to_thread.run_sync(ledger.orphans, self.home, log.warning):
+            # The file names the record its writer knew; that record may have been merged since.
+            peer_id = await self.db.resolve_peer(record.peer_id)
+            now = now_ms()
+            if record.offered:
+                await self.db.offer(peer_id, record.offered, now)
+            if record.acked:
+                await self.db.ack(peer_id, record.acked, now)
+                holder = self.sessions.get(peer_id)
+                if holder is not None:
+                    for i in range(0, len(record.acked), ledger.IDS_MAX):
+                        holder.notify(protocol.push("acked", ids=record.acked[i:i + ledger.IDS_MAX]))
+            log.info("applied %d offer(s) and %d acknowledgement(s) left for %s in %s",
+                     len(record.offered), len(record.acked), peer_id, record.path.name)
+            record.path.unlink(missing_ok=True)
+            count += 1
         return count
 
     @session_op("learn_identity")

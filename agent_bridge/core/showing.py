@@ -1,0 +1,298 @@
+"""One ledger of showing (SPEC §3): the delivery guarantee as one state machine, with no I/O.
+
+Each (session, message) is in exactly one state here:
+
+    QUEUED      waiting to be shown (marked `repeat` when it may have been shown before)
+    OFFERED     put into an answer for request or line `by`, not handed on yet
+    ON_ITS_WAY  that answer is on its way to the host's pipe, not known to be written
+    SETTLING    written to the host; a cancel of `by` may still cross it until `due`
+    WRITTEN     written, and no cancel can take it back: its acknowledgement is due
+    RECORDING   the acknowledgement is with the recorder (the broker's store, or for the relay
+                the broker), not confirmed yet
+    ACKED       confirmed: kept only to drop a replay of it
+
+and the processes only feed it events and carry out what it returns:
+
+    arrive(message)            a message to show (pushed by the broker, or held by the relay)
+    offer(by, ids)             an answer for `by` will show these (returns them, repeats marked)
+    on_its_way(by)             that answer left for the host
+    written(by, ids, now, grace)  its bytes are in the host's pipe
+    cancel(by)                 the host cancelled `by`: unwritten, nothing shown; written, the
+                               host ignores it: offered again, first in line, as repeats
+    tick(now)                  time passes: settled answers come due
+    eof()                      the host closed its input: no cancel can follow any more
+    take_acks(now)             the acknowledgements due, handed to the recorder
+    recorded(ids) / not_recorded(ids)   the recorder's answer
+    lost()                     the recorder went away before it confirmed: due again
+    elsewhere(ids)             acknowledged through another path (a Stop hook, a ledger)
+    offered_elsewhere(ids)     offered through another path: shown again, they are repeats
+    unconfirmed()              what a ledger must keep: (offered, acknowledged, not confirmed)
+
+Request ids are keyed once, as the MCP SDK correlates them (`key`: "7" and 7 are one request).
+Time is an argument; there are no threads, sockets or clocks in here. `tests/test_showing_model.py`
+drives it against a reference model with hypothesis.
+
+Standard library only: the relay uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+QUEUED, OFFERED, ON_ITS_WAY, SETTLING, WRITTEN, RECORDING, ACKED = (
+    "queued", "offered", "on_its_way", "settling", "written", "recording", "acked",
+)
+UNWRITTEN = (OFFERED, ON_ITS_WAY)
+UNCONFIRMED = (SETTLING, WRITTEN, RECORDING)  # written to the host, acknowledgement not confirmed
+ACKED_MEMORY = 50_000  # acknowledged ids kept to drop replays; unconfirmed ones are never dropped
+
+
+def key(rid: Any) -> str:
+    """A JSON-RPC request id as one key, correlated as the MCP SDK does (`coerce_request_id`:
+    a string holding an integer is that integer)."""
+    if isinstance(rid, str):
+        try:
+            rid = int(rid)
+        except ValueError:
+            pass
+    return json.dumps(rid)
+
+
+class Entry:
+    __slots__ = ("message", "known", "state", "by", "due", "repeat")
+
+    def __init__(self, message: dict[str, Any], known: bool = True) -> None:
+        self.message = message
+        self.known = known  # False: only its id is known here (the relay wrote what the broker sent)
+        self.state = QUEUED
+        self.by: str | None = None
+        self.due = 0.0
+        self.repeat = bool(message.get("repeat"))  # offered before (elsewhere) without a confirmed acknowledgement
+
+    def shown(self) -> dict[str, Any]:
+        """The message as it is offered now."""
+        return dict(self.message, repeat=True) if self.repeat else self.message
+
+
+class Showing:
+    """The states of one session's messages in one process (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[str, Entry] = OrderedDict()  # queue order: oldest first
+        self.acked = 0  # entries in ACKED, forgotten oldest first past ACKED_MEMORY
+
+    # --- queries --------------------------------------------------------------------
+
+    def state(self, mid: str) -> str | None:
+        entry = self.entries.get(mid)
+        return entry.state if entry is not None else None
+
+    def queued(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """What an answer may show now, oldest first, repeats marked."""
+        out = []
+        for entry in self.entries.values():
+            if entry.state == QUEUED:
+                out.append(entry.shown())
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def has_queued(self) -> bool:
+        return any(e.state == QUEUED for e in self.entries.values())
+
+    def busy(self) -> set[str]:
+        """Being shown or acknowledged here now: not for another path to show."""
+        return {mid for mid, e in self.entries.items() if e.state not in (QUEUED, ACKED)}
+
+    def unconfirmed(self) -> tuple[list[str], list[str]]:
+        """(offered and maybe shown, written and not confirmed): the ledger's content. An answer
+        on its way may have been written: it counts as offered, so it comes back as a repeat."""
+        offered = [m for m, e in self.entries.items() if e.state in UNWRITTEN]
+        acked = [m for m, e in self.entries.items() if e.state in UNCONFIRMED]
+        return offered, acked
+
+    def due(self) -> list[str]:
+        """Written, acknowledgement due, not handed to a recorder yet."""
+        return [m for m, e in self.entries.items() if e.state == WRITTEN]
+
+    def settling_due(self) -> float | None:
+        return min((e.due for e in self.entries.values() if e.state == SETTLING), default=None)
+
+    # --- events ---------------------------------------------------------------------
+
+    def arrive(self, message: dict[str, Any], *, reack: bool = True) -> bool:
+        """A message to show; False for one already here (a replay). With `reack`, a replay of
+        one acknowledged here means its recording was lost: it is due again."""
+        mid = str(message["id"])
+        entry = self.entries.get(mid)
+        if entry is None:
+            self.entries[mid] = Entry(message)
+            return True
+        if not entry.known:
+            entry.message, entry.known = message, True
+        if entry.state == ACKED and reack:
+            entry.state = WRITTEN
+            self.acked -= 1
+        elif entry.state == QUEUED and message.get("repeat"):
+            entry.repeat = True
+        return False
+
+    def again(self, message: dict[str, Any]) -> None:
+        """The broker withdrew this message (a cancel crossed its answer): first in line, a repeat."""
+        mid = str(message["id"])
+        entry = self.entries.get(mid)
+        if entry is None:
+            entry = self.entries[mid] = Entry(message)
+        elif entry.state == ACKED:
+            self.acked -= 1
+        entry.message, entry.known = message, True
+        entry.state, entry.by, entry.repeat = QUEUED, None, True
+        self.entries.move_to_end(mid, last=False)
+
+    def offer(self, by: str, ids: list[str]) -> list[dict[str, Any]]:
+        """An answer for `by` will show these queued messages: returned as shown, repeats marked.
+        Offered once, a message is a repeat if it is ever offered again."""
+        out = []
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is None or entry.state != QUEUED:
+                continue
+            out.append(entry.shown())
+            entry.state, entry.by = OFFERED, by
+        return out
+
+    def on_its_way(self, by: str) -> None:
+        for entry in self._by(by, (OFFERED,)):
+            entry.state = ON_ITS_WAY
+
+    def written(self, by: str, ids: list[str], now: float, grace: float = 0.0) -> list[str]:
+        """The answer for `by` showing `ids` is in the host's pipe. With a `grace`, a cancel may
+        still take it back until `now + grace`; returns the ids that count as written."""
+        done = []
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is None or entry.state not in UNWRITTEN or entry.by != by:
+                continue
+            entry.repeat = True  # written once: if it is ever offered again, maybe seen
+            entry.state, entry.due = (SETTLING, now + grace) if grace > 0 else (WRITTEN, now)
+            done.append(mid)
+        return done
+
+    def shown_directly(self, by: str | None, ids: list[str], *, reported: bool) -> None:
+        """Written to the host for `by` by a path this machine did not offer (the relay writing
+        the broker's answer), and `reported` to the recorder or not: acknowledged once confirmed."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is None:
+                entry = self.entries[mid] = Entry({"id": mid}, known=False)
+            elif entry.state == ACKED:
+                continue
+            entry.state, entry.by, entry.repeat = RECORDING if reported else WRITTEN, by, True
+
+    def reported(self, ids: list[str]) -> None:
+        """Written ones handed to the recorder (the relay's hand-over to a new broker)."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is not None and entry.state == WRITTEN:
+                entry.state = RECORDING
+
+    def cancel(self, by: str) -> tuple[list[str], list[dict[str, Any]]]:
+        """The host cancelled request `by`. Returns (withdrawn: offered but never written, now
+        queued again; again: written or maybe written, so the host ignores an answer it may have
+        read: queued again first in line as repeats)."""
+        withdrawn, again = [], []
+        for entry in self._by(by, (OFFERED, ON_ITS_WAY, SETTLING, WRITTEN, RECORDING)):
+            mid = str(entry.message["id"])
+            if entry.state == OFFERED:
+                withdrawn.append(mid)
+                entry.state, entry.by = QUEUED, None
+                continue
+            entry.state, entry.by, entry.repeat = QUEUED, None, True
+            again.append(entry)
+        for entry in [e for e in again if not e.known]:  # the broker offers it again, whole
+            del self.entries[str(entry.message["id"])]
+        again = [e for e in again if e.known]
+        for entry in reversed(again):
+            self.entries.move_to_end(str(entry.message["id"]), last=False)
+        return withdrawn, [e.shown() for e in again]
+
+    def tick(self, now: float) -> None:
+        """Settled answers (grace over by `now`) come due."""
+        for entry in self.entries.values():
+            if entry.state == SETTLING and entry.due <= now:
+                entry.state = WRITTEN
+
+    def eof(self) -> None:
+        """The host closed its input: no cancel can follow; every settling answer is due."""
+        self.tick(float("inf"))
+
+    def take_acks(self, now: float) -> list[str]:
+        """The acknowledgements due by `now`, handed to the recorder (RECORDING)."""
+        self.tick(now)
+        out = []
+        for mid, entry in self.entries.items():
+            if entry.state == WRITTEN:
+                entry.state = RECORDING
+                out.append(mid)
+        return out
+
+    def recorded(self, ids: list[str]) -> None:
+        """The recorder confirmed these acknowledgements."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is not None and entry.state == RECORDING:
+                self._ack(entry)
+        self._forget_acked()
+
+    def not_recorded(self, ids: list[str]) -> None:
+        """The recorder could not take these now: due again."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is not None and entry.state == RECORDING:
+                entry.state = WRITTEN
+
+    def lost(self) -> None:
+        """The recorder went away: what it did not confirm is due again (for the next one)."""
+        for entry in self.entries.values():
+            if entry.state == RECORDING:
+                entry.state = WRITTEN
+
+    def elsewhere(self, ids: list[str]) -> None:
+        """Acknowledged through another path (a Stop hook, a ledger): done here too."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is None:
+                entry = self.entries[mid] = Entry({"id": mid}, known=False)
+            if entry.state != ACKED:
+                self._ack(entry)
+        self._forget_acked()
+
+    def offered_elsewhere(self, ids: list[str]) -> None:
+        """Offered through another path (the Stop hook): offered here again, they are repeats."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is not None:
+                entry.repeat = True
+
+    def forget_queued(self) -> None:
+        """A new broker pushes what is still unacknowledged: drop the queued copies."""
+        for mid in [m for m, e in self.entries.items() if e.state == QUEUED]:
+            del self.entries[mid]
+
+    # --- inside ---------------------------------------------------------------------
+
+    def _by(self, by: str, states: tuple[str, ...]) -> list[Entry]:
+        return [e for e in self.entries.values() if e.by == by and e.state in states]
+
+    def _ack(self, entry: Entry) -> None:
+        entry.state, entry.by = ACKED, None
+        self.acked += 1
+
+    def _forget_acked(self) -> None:
+        if self.acked <= ACKED_MEMORY:
+            return
+        for mid in [m for m, e in self.entries.items() if e.state == ACKED][: self.acked - ACKED_MEMORY]:
+            del self.entries[mid]
+        self.acked = ACKED_MEMORY
