@@ -148,7 +148,7 @@ async def test_long_poll_wakes_on_arrival(home):
             bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
 
             async def waiting() -> bool:
-                return bridge.inbox.arrived.statistics().tasks_waiting == 1
+                return bridge.arrived.statistics().tasks_waiting == 1
 
             await relay.send(relay_line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
                 "name": "inbox", "arguments": {"wait_seconds": mcp_host.INBOX_WAIT_MAX, "peek": True}}}))
@@ -184,7 +184,7 @@ async def test_a_result_on_its_way_to_the_host_is_not_offered_again(home):
             bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
 
             async def arrived() -> bool:
-                return bool(bridge.inbox.pending)
+                return bridge.showing.has_queued()
 
             await wait_for(arrived, what="the message in the session's inbox")
             await relay.send(inbox_call(2))

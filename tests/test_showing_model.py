@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from agent_bridge.core import showing

@@ -47,6 +47,7 @@ QUEUED, OFFERED, ON_ITS_WAY, SETTLING, WRITTEN, RECORDING, ACKED = (
 UNWRITTEN = (OFFERED, ON_ITS_WAY)
 UNCONFIRMED = (SETTLING, WRITTEN, RECORDING)  # written to the host, acknowledgement not confirmed
 ACKED_MEMORY = 50_000  # acknowledged ids kept to drop replays; unconfirmed ones are never dropped
+CANCELLED_MEMORY = 1_000  # requests cancelled before they offered anything: they never will
 
 
 def key(rid: Any) -> str:
@@ -82,6 +83,7 @@ class Showing:
     def __init__(self) -> None:
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # queue order: oldest first
         self.acked = 0  # entries in ACKED, forgotten oldest first past ACKED_MEMORY
+        self.cancelled: OrderedDict[str, None] = OrderedDict()
 
     # --- queries --------------------------------------------------------------------
 
@@ -153,7 +155,9 @@ class Showing:
 
     def offer(self, by: str, ids: list[str]) -> list[dict[str, Any]]:
         """An answer for `by` will show these queued messages: returned as shown, repeats marked.
-        Offered once, a message is a repeat if it is ever offered again."""
+        A request the host cancelled before it offered anything offers nothing."""
+        if by in self.cancelled:
+            return []
         out = []
         for mid in ids:
             entry = self.entries.get(mid)
@@ -203,7 +207,12 @@ class Showing:
         queued again; again: written or maybe written, so the host ignores an answer it may have
         read: queued again first in line as repeats)."""
         withdrawn, again = [], []
-        for entry in self._by(by, (OFFERED, ON_ITS_WAY, SETTLING, WRITTEN, RECORDING)):
+        found = self._by(by, (OFFERED, ON_ITS_WAY, SETTLING, WRITTEN, RECORDING))
+        if not found:  # still running, maybe: whatever it would offer, it offers nothing
+            self.cancelled[by] = None
+            while len(self.cancelled) > CANCELLED_MEMORY:
+                self.cancelled.popitem(last=False)
+        for entry in found:
             mid = str(entry.message["id"])
             if entry.state == OFFERED:
                 withdrawn.append(mid)
@@ -217,6 +226,15 @@ class Showing:
         for entry in reversed(again):
             self.entries.move_to_end(str(entry.message["id"]), last=False)
         return withdrawn, [e.shown() for e in again]
+
+    def withdraw(self, by: str) -> list[str]:
+        """The answer for `by` never left (it failed, or the call ended before it existed):
+        what it offered is queued again as it was."""
+        out = []
+        for entry in self._by(by, UNWRITTEN):
+            entry.state, entry.by = QUEUED, None
+            out.append(str(entry.message["id"]))
+        return out
 
     def tick(self, now: float) -> None:
         """Settled answers (grace over by `now`) come due."""

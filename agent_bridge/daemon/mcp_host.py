@@ -20,8 +20,6 @@ import json
 import logging
 import math
 import warnings
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -32,6 +30,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from agent_bridge import __version__, domain, ledger, mcp_sdk
+from agent_bridge.core import showing
+from agent_bridge.core.showing import Showing
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.connection import (
     IDLE_TIMEOUT,
@@ -62,7 +62,6 @@ logging.getLogger("mcp").setLevel(logging.WARNING)
 
 INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
-SHOWN_MEMORY = 50_000  # ids of messages already shown, to drop replays
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 READ_FIRST_TURNS = 20  # turns of the scheduler given to the relay's reader before results come due
 ACK_BATCH = 0.05  # seconds between two recordings of a session's acknowledgements, at most one of them waiting
@@ -84,59 +83,6 @@ def tool_is_idempotent(tool: str) -> bool:
     nothing, the other tools follow their op (ipc.protocol.OPS)."""
     op = TOOL_OPS.get(tool)
     return op is None or protocol.OPS[op].idempotent
-
-
-@dataclass
-class Inbox:
-    """Messages pushed by the broker and not yet shown to the agent, oldest first."""
-
-    pending: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
-    shown: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    unsent_acks: list[str] = field(default_factory=list)
-    offered: OrderedDict[str, None] = field(default_factory=OrderedDict)  # offered before: repeats
-    # In a result or notification handed to the relay, not yet reported written: the relay
-    # writes, then reports, and the host's next request can reach us in between. Offered
-    # again meanwhile, a message would reach the agent twice.
-    on_its_way: set[str] = field(default_factory=set)
-    arrived: trio.Event = field(default_factory=trio.Event)
-
-    def available(self) -> list[dict[str, Any]]:
-        """Pending messages not already on their way to the host, oldest first."""
-        return [m for mid, m in self.pending.items() if mid not in self.on_its_way]
-
-    def add(self, message: dict[str, Any]) -> bool:
-        """Keep a pushed message; False for a replay of one already held or shown."""
-        mid = message["id"]
-        if mid in self.pending:
-            return False
-        if mid in self.shown:
-            self.unsent_acks.append(mid)  # shown before, but its ack was lost: ack again
-            return False
-        self.pending[mid] = message
-        self.arrived.set()
-        self.arrived = trio.Event()
-        return True
-
-    def mark_shown(self, ids: list[str]) -> None:
-        for mid in ids:
-            self.pending.pop(mid, None)
-            self.on_its_way.discard(mid)
-            self.shown[mid] = None
-        while len(self.shown) > SHOWN_MEMORY:
-            self.shown.popitem(last=False)
-
-    def mark_offered(self, ids: list[str]) -> set[str]:
-        """Remember that these messages are being offered; returns the ones offered before."""
-        before = {mid for mid in ids if mid in self.offered}
-        for mid in ids:
-            self.offered[mid] = None
-        while len(self.offered) > SHOWN_MEMORY:
-            self.offered.popitem(last=False)
-        return before
-
-    def forget(self, ids: list[str]) -> None:
-        """Acknowledged elsewhere (the Stop hook showed them): drop without acking."""
-        self.mark_shown(ids)
 
 
 class LocalClient:
@@ -187,13 +133,17 @@ class SessionLink:
 
 
 class Bridge:
-    """One session's MCP state in the broker: its inbox, offers and acknowledgements."""
+    """One session's MCP state in the broker: what it shows the host, through its showing
+    machine (agent_bridge.core.showing), which this class drives and carries out."""
 
     def __init__(self, broker: Broker, session: Session, relay: FramedStream) -> None:
         self.client = LocalClient(broker, session)
         self.relay = relay
         self.hop_limit = broker.settings.hop_limit
-        self.inbox = Inbox()
+        # Every pushed message's state (queued, offered, on its way, settling, written,
+        # recording, acknowledged), keyed by the request or notification that shows it.
+        self.showing = Showing()
+        self.arrived = trio.Event()  # set (and replaced) whenever a message is queued
         self.learned_host_session: str | None = None
         self.mcp_session: Any = None  # the MCP ServerSession, once the host initialized
         self.used = False  # the host called a tool: a real session, not a health check
@@ -201,13 +151,7 @@ class Bridge:
         self.channel = False  # the host takes notifications/claude/channel
         self.pipe: mcp_sdk.RelayPipe | None = None  # the host's end of stdout, through the relay
         self.acks_due = trio.Event()
-        # Inbox results written to the host, acknowledged once CANCEL_GRACE has passed without a
-        # cancel for them: request key -> (when due, the messages it carried).
-        self.settling: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        self.in_flight: dict[str, list[dict[str, Any]]] = {}  # inbox results offered, not yet written
-        # Written results a host cancel crossed, taken out of `settling` as the cancel came in
-        # (crossed_by): request_cancelled, run later by the SDK, offers them again.
-        self.crossed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self.notifications = 0  # channel notifications sent: each is its own key in `showing`
         self._flushing = trio.Lock()
         self.log_level = "info"  # the host's logging/setLevel: arrivals are logged at info
 
@@ -226,6 +170,10 @@ class Bridge:
         except RemoteError:
             self.use_reported = False  # said again at the next call
 
+    def queued_more(self) -> None:
+        self.arrived.set()
+        self.arrived = trio.Event()
+
     async def on_push(self, frame: dict[str, Any]) -> None:
         await self.on_pushes([frame])
 
@@ -233,12 +181,13 @@ class Bridge:
         """The delivery task's pushes. A message kept in the inbox is also held by the relay,
         which shows it from there if this broker goes away before the agent reads it."""
         added = [f["message"] for f in frames
-                 if f.get("push") == "message" and isinstance(f.get("message"), dict) and self.inbox.add(f["message"])]
+                 if f.get("push") == "message" and isinstance(f.get("message"), dict) and self.showing.arrive(f["message"])]
         if added:
+            self.queued_more()
             await self.relay.send_many([protocol.push("held", message=m) for m in added])
             for message in added:
                 await self._announce(message)
-        if self.inbox.unsent_acks:
+        if self.showing.due():  # a replay of one shown here: its acknowledgement was lost
             self.acks_due.set()
         for frame in frames:
             if frame.get("push") != "message":
@@ -247,11 +196,10 @@ class Bridge:
     async def _on_notice(self, frame: dict[str, Any]) -> None:
         kind = frame.get("push")
         if kind == "acked":
-            ids = [i for i in frame.get("ids", []) if isinstance(i, str)]
-            self.inbox.forget(ids)
+            self.showing.elsewhere([i for i in frame.get("ids", []) if isinstance(i, str)])
             await self.relay.send(frame)  # the relay holds them no longer
         elif kind == "offered":  # the Stop hook is showing these: shown again here, they are repeats
-            self.inbox.mark_offered([i for i in frame.get("ids", []) if isinstance(i, str)])
+            self.showing.offered_elsewhere([i for i in frame.get("ids", []) if isinstance(i, str)])
         elif kind == "identity" and isinstance(frame.get("session"), dict):
             await self.relay.send(frame)  # the relay resumes (and keeps its ledger as) this session
 
@@ -265,26 +213,7 @@ class Bridge:
         active = message.get("kind") != "decision" and domain.is_active(int(message.get("hop", 0)), self.hop_limit)
         text = render_for_agent(message)
         if active and self.channel and self.pipe is not None:
-            mid = str(message["id"])
-            repeat = bool(message.get("repeat")) or mid in await self.offer([mid])
-            meta = {
-                "source": "agent-bridge",
-                "from": str(message["from"].get("name")),
-                "message_id": mid,
-                "hop": str(message.get("hop")),
-            }
-            if repeat:
-                meta["repeat"] = "true"
-            self.inbox.on_its_way.add(mid)
-            try:
-                await self.pipe.send_message(
-                    "notifications/claude/channel", {"content": REPEAT_NOTE + text if repeat else text, "meta": meta},
-                    ids=[mid], written=lambda: self.shown([mid]),
-                )
-            except BrokenPipeError as exc:  # the relay went away; the message stays in the inbox
-                self.inbox.on_its_way.discard(mid)
-                log.info("channel notification failed: %s", exc)
-                return
+            await self._channel(str(message["id"]), text)
         if LOG_LEVELS.index(self.log_level) > LOG_LEVELS.index("info"):
             return  # the host asked for warnings and worse only
         try:
@@ -299,121 +228,120 @@ class Bridge:
         except Exception:  # noqa: BLE001 - a courtesy: never worth the session, but never silent
             log.exception("log notification failed")
 
-    async def offer(self, ids: list[str]) -> set[str]:
-        """Record, before writing them to the host, that these messages are offered; returns
-        the ones offered before (repeats)."""
-        before = self.inbox.mark_offered(ids)
+    async def _channel(self, mid: str, text: str) -> None:
+        """Show one message as a channel notification: offered, on its way, acknowledged once
+        the relay reports it written (there is no request a host could cancel)."""
+        assert self.pipe is not None
+        self.notifications += 1
+        by = f"notification {self.notifications}"
+        shown = await self.offer(by, [mid])
+        if not shown:
+            return  # shown or being shown already
+        meta = {"source": "agent-bridge", "from": str(shown[0]["from"].get("name")), "message_id": mid,
+                "hop": str(shown[0].get("hop"))}
+        if shown[0].get("repeat"):
+            meta["repeat"] = "true"
+        self.showing.on_its_way(by)
         try:
-            await self.client.request("offer", ids=ids)
-        except RemoteError as exc:  # only in memory here: they are still marked as repeats in this session
-            log.warning("could not record an offer: %s", exc)
-        return before
+            await self.pipe.send_message(
+                "notifications/claude/channel",
+                {"content": REPEAT_NOTE + text if shown[0].get("repeat") else text, "meta": meta},
+                ids=[mid], written=lambda: self.written(by, [mid], grace=0.0),
+            )
+        except BrokenPipeError as exc:  # the relay went away; the message stays queued
+            self.showing.withdraw(by)
+            log.info("channel notification failed: %s", exc)
 
-    def shown(self, ids: list[str]) -> None:
-        """The bytes carrying these messages are in the host's pipe: acknowledge them. Called
-        when the relay reports the write, so it only queues; `ack_loop` records."""
-        self.inbox.mark_shown(ids)
-        self.inbox.unsent_acks.extend(ids)
+    async def offer(self, by: str, ids: list[str]) -> list[dict[str, Any]]:
+        """Offer these queued messages in the answer `by`, before it is written to the host;
+        returns them as offered (repeats marked). The broker remembers the offer, so shown
+        again after an acknowledgement that never came, they are marked in a later session."""
+        shown = self.showing.offer(by, ids)
+        if shown:
+            try:
+                await self.client.request("offer", ids=[str(m["id"]) for m in shown])
+            except RemoteError as exc:  # only in memory here: they are still marked as repeats in this session
+                log.warning("could not record an offer: %s", exc)
+        return shown
+
+    def written(self, by: str, ids: list[str], grace: float) -> None:
+        """The bytes of answer `by` are in the host's pipe (the relay reported it): shown, and
+        acknowledged once `grace` has passed without a host cancel for it. Called from the
+        relay's "written" report, so it only queues; `ack_loop` records."""
+        self.showing.written(by, ids, trio.current_time(), grace)
         self.acks_due.set()
 
-    def result_written(self, rid: Any, messages: list[dict[str, Any]]) -> None:
-        """An inbox result is in the host's pipe: shown, and acknowledged unless a cancel the
-        host sent before it read the result turns up within CANCEL_GRACE."""
-        key = json.dumps(rid)
-        self.in_flight.pop(key, None)
-        self.inbox.mark_shown([m["id"] for m in messages])
-        self.settling.pop(key, None)  # (a reused id) at the end: the order of coming due
-        self.settling[key] = (trio.current_time() + CANCEL_GRACE, messages)
+    def shown_by_relay(self, ids: list[str]) -> None:
+        """The relay showed these itself while no broker answered: acknowledge them."""
+        self.showing.shown_directly(None, ids, reported=False)
         self.acks_due.set()
 
-    def crossed_by(self, rid: Any) -> None:
-        """The host's cancel of request `rid`, in order with the relay's frames: a written
-        result it crossed leaves `settling` now, so an "eof" right behind it (the host closed
-        stdin) cannot acknowledge what the host ignored. The SDK runs request_cancelled later,
-        or never if the session ends first: then those messages stay offered, not acknowledged,
-        and the next session shows them as repeats."""
-        key = json.dumps(rid)
-        entry = self.settling.pop(key, None)
-        if entry is not None:
-            self.crossed[key] = entry
-
-    async def request_cancelled(self, rid: Any) -> None:
-        """The host cancelled request `rid`. Not written yet: it never will be (the SDK drops
-        it), so it must not count as shown. Written already: the host ignores that answer, so
-        its messages are offered again (as repeats) and not acknowledged."""
-        on_its_way = self.pipe is not None and self.pipe.forget(rid)
-        unwritten = self.in_flight.pop(json.dumps(rid), None)
-        entry = self.settling.pop(json.dumps(rid), None) or self.crossed.pop(json.dumps(rid), None)
-        if entry is None and on_its_way and unwritten:  # with the relay: written, as far as anyone knows
-            entry = (0.0, unwritten)
-        messages = entry[1] if entry is not None else unwritten
-        if not messages:
+    async def cancelled(self, rid: Any) -> None:
+        """The host cancelled request `rid` (read in order with the relay's frames). Not
+        written yet: it never will be (the SDK and mcp_fast drop it), so nothing counts as
+        shown; a request still running offers nothing. Written already, or maybe (on its way to
+        the relay): the host ignores that answer, so its messages are offered again, first in
+        line, as repeats, and never acknowledged for it."""
+        by = showing.key(rid)
+        if self.pipe is not None and self.pipe.forget(rid):
+            self.showing.on_its_way(by)  # with the relay: written, as far as anyone knows
+        withdrawn, again = self.showing.cancel(by)
+        if not withdrawn and not again:
             return
-        self.inbox.on_its_way.difference_update(m["id"] for m in messages)
         try:  # the broker's Stop check may show them now
-            await self.client.request("withdraw", ids=[m["id"] for m in messages])
+            await self.client.request("withdraw", ids=withdrawn + [str(m["id"]) for m in again])
         except RemoteError:
             pass
-        if entry is None:
-            return
-        for message in reversed(messages):
-            self.inbox.shown.pop(message["id"], None)
-            self.inbox.pending[message["id"]] = dict(message, repeat=True)  # written once: maybe seen
-            self.inbox.pending.move_to_end(message["id"], last=False)
-        await self.relay.send_many([protocol.push("held", message=dict(m, repeat=True), again=True) for m in messages])
-        self.inbox.arrived.set()
-        self.inbox.arrived = trio.Event()
-
-    def settle(self, now: float) -> None:
-        """Written inbox results whose grace has passed by `now`: acknowledge them. They are
-        kept in the order they were written, so in the order they come due."""
-        while self.settling:
-            key, (due, messages) = next(iter(self.settling.items()))
-            if due > now:
-                return
-            del self.settling[key]
-            self.inbox.unsent_acks.extend(m["id"] for m in messages)
+        self.queued_more()
+        if again:
+            await self.relay.send_many([protocol.push("held", message=m, again=True) for m in again])
 
     async def read_first(self) -> None:
         """Before written results come due, what the relay has sent already is read: a host
         cancel that crossed one of them may be there, held up while this broker was busy or
         paused (the host sent it in time; CANCEL_GRACE runs on this broker's clock)."""
         for _ in range(READ_FIRST_TURNS):
-            if not self.settling or not self.relay.has_input():
+            if self.showing.settling_due() is None or not self.relay.has_input():
                 return
             await trio.lowlevel.cancel_shielded_checkpoint()  # the relay's reader takes it
 
     async def ack_loop(self) -> None:
         while True:
             await self.read_first()
-            self.settle(trio.current_time())
-            if self.inbox.unsent_acks:
-                await self.flush_acks()
+            if await self.flush_acks():
                 # What comes due meanwhile goes into the next transaction: a busy session's
                 # acknowledgements are recorded a few at a time, not one commit per result.
                 await trio.sleep(ACK_BATCH)
                 continue
-            next_due = next(iter(self.settling.values()))[0] if self.settling else math.inf
-            with trio.move_on_at(next_due):
+            next_due = self.showing.settling_due()
+            with trio.move_on_at(math.inf if next_due is None else next_due):
                 await self.acks_due.wait()
             self.acks_due = trio.Event()
 
-    async def flush_acks(self) -> None:
-        """Record the acknowledgements due; what the store cannot take now is tried again."""
+    async def flush_acks(self) -> bool:
+        """Record the acknowledgements due; what the store cannot take now is tried again.
+        True when there were any."""
         async with self._flushing:
-            acks, self.inbox.unsent_acks = self.inbox.unsent_acks, []
+            acks = self.showing.take_acks(trio.current_time())
+            if not acks:
+                return False
             try:
                 for i in range(0, len(acks), ledger.IDS_MAX):
                     await self.client.request("ack", ids=acks[i:i + ledger.IDS_MAX])
             except RemoteError as exc:
                 log.warning("acknowledgements kept for a later try: %s", exc)
-                self.inbox.unsent_acks[:0] = acks
-                return
-        if acks and not self.relay.closed:
+                self.showing.not_recorded(acks)
+                return False
+            except BaseException:
+                self.showing.not_recorded(acks)
+                raise
+            self.showing.recorded(acks)
+        if not self.relay.closed:
             try:  # recorded: the relay need not hand them to a next broker
                 await self.relay.send(protocol.push("acked", ids=acks))
             except (trio.BrokenResourceError, trio.ClosedResourceError, protocol.ProtocolError):
                 pass
+        return True
 
 
 async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
@@ -461,7 +389,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
                 guard.answer_through(write_stream)
                 await lowlevel.run(read_stream, write_stream, init)
             if stdin_closed:
-                bridge.settle(math.inf)  # the host closed stdin: no cancel can follow
+                bridge.showing.eof()  # the host closed stdin: no cancel can follow
             with trio.move_on_after(ACK_FLUSH_AT_EXIT):
                 await bridge.flush_acks()  # what the host was shown last
             nursery.cancel_scope.cancel()
@@ -514,13 +442,13 @@ async def _read_relay(
                 if '"notifications/cancelled"' in line:
                     rid = cancelled_request(line)
                     if rid is not None:
-                        bridge.crossed_by(rid)
+                        await bridge.cancelled(rid)
                 if not fast.take(line):
                     await lines.send(line)
         elif kind == "written" and isinstance(frame.get("seq"), int):
             pipe.written(frame["seq"])
         elif kind == "acked" and isinstance(frame.get("ids"), list):  # the relay showed them itself
-            bridge.shown([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
+            bridge.shown_by_relay([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
         elif kind == "eof":
             return True
         elif kind != "ping":
@@ -637,23 +565,22 @@ async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float 
     if not peek and call is not None and call.request_id is None:  # the SDK no longer tells us (_sdk_call)
         raise ToolError("inbox: this call's request id is unknown, so what it showed could never be "
                         "acknowledged; nothing was taken (peek still works)")
-    if not bridge.inbox.available() and wait_seconds > 0:
+    if not bridge.showing.has_queued() and wait_seconds > 0:
         with trio.move_on_after(wait_seconds):
-            await bridge.inbox.arrived.wait()
-    messages = bridge.inbox.available()[: ledger.IDS_MAX]
+            await bridge.arrived.wait()
+    messages = bridge.showing.queued(ledger.IDS_MAX)
     if not peek and messages and call is not None and bridge.pipe is not None:
-        ids = [m["id"] for m in messages]
-        bridge.inbox.on_its_way.update(ids)
-        try:
-            before = await bridge.offer(ids)
-        except BaseException:  # cancelled before its result existed: nothing is on its way
-            bridge.inbox.on_its_way.difference_update(ids)
-            raise
-        messages = [dict(m, repeat=True) if m["id"] in before else m for m in messages]
-        # Acknowledged once this result is in the host's pipe; a cancelled call never is.
         rid = call.request_id
-        offered = bridge.in_flight[json.dumps(rid)] = messages
-        bridge.pipe.watch(rid, ids, lambda: bridge.result_written(rid, offered))
+        by = showing.key(rid)
+        try:
+            messages = await bridge.offer(by, [str(m["id"]) for m in messages])
+        except BaseException:  # cancelled before its result existed: nothing is on its way
+            bridge.showing.withdraw(by)
+            raise
+        ids = [str(m["id"]) for m in messages]
+        # Acknowledged once this result is in the host's pipe and a cancel had its grace; a
+        # result never written (a cancelled call) never is.
+        bridge.pipe.watch(rid, ids, lambda: bridge.written(by, ids, CANCEL_GRACE))
     texts = [_json(messages)]
     if messages:
         texts.append(INBOX_FRAMING)
@@ -747,7 +674,7 @@ def build_server(bridge: Bridge) -> MCPServer:
         await _capture(bridge, ctx.session)
 
     mcp_sdk.on_initialized(server, on_initialized)
-    mcp_sdk.on_cancelled(server, lambda rid: bridge.request_cancelled(rid))
+    mcp_sdk.on_cancelled(server, lambda rid: bridge.cancelled(rid))  # read first by _read_relay: a no-op then
     return server
 
 
@@ -761,7 +688,7 @@ async def _capture(bridge: Bridge, session: Any) -> None:
     bridge.channel = declares_channel(session.client_capabilities)
     if not first:
         return
-    for message in list(bridge.inbox.pending.values()):
+    for message in bridge.showing.queued():
         await bridge._announce(message)
     await bridge.flush_acks()
 
