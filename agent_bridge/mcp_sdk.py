@@ -31,6 +31,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
+from agent_bridge.core import showing
 from agent_bridge.ipc import protocol
 
 WATCH_MAX = 256  # responses awaited at once; a cancelled request's watch is dropped eventually
@@ -151,7 +152,7 @@ def check() -> None:
 
 
 def _key(rid: object) -> str:
-    return json.dumps(rid)
+    return showing.key(rid)  # "7" and 7 are one request, as the SDK correlates them
 
 
 LINE_PART = 200_000  # characters of a line per frame: at most 800 KB of UTF-8, under MAX_FRAME

@@ -150,6 +150,7 @@ def home_files() -> str:
     names = [(f"paths.{name}", value) for name, value in vars(paths).items()
              if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING")]
     names.append(("ledger.FOLDER", ledger.FOLDER))
+    names.append(("ledger.IGNORED", ledger.IGNORED))
     rows = [f"| `{value}` | `{name}` |" for name, value in names]
     return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
 

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import trio
 from mcp.server.mcpserver.exceptions import ToolError
 
+from agent_bridge.core import showing
+
 log = logging.getLogger("agent_bridge.mcp")
 
 
@@ -162,7 +164,7 @@ class FastCalls:
         required = schema.get("required", []) if isinstance(schema, dict) else []
         if argument_problem(name, schema, arguments) is not None or not set(required) <= set(arguments):
             return False
-        key = json.dumps(request_id)
+        key = showing.key(request_id)
         if key in self.running:
             return False
         scope = self.running[key] = trio.CancelScope()
@@ -172,7 +174,7 @@ class FastCalls:
 
     def _cancel(self, params: Any) -> None:
         if isinstance(params, dict) and "requestId" in params:
-            scope = self.running.get(json.dumps(params["requestId"]))
+            scope = self.running.get(showing.key(params["requestId"]))
             if scope is not None:
                 scope.cancel()
 

@@ -1,0 +1,64 @@
+"""The showing machine's own rules, one event at a time (the model test drives them together)."""
+
+from __future__ import annotations
+
+from agent_bridge.core import showing
+from agent_bridge.core.showing import ACKED, OFFERED, QUEUED, RECORDING, SETTLING, WRITTEN, Showing
+
+
+def test_request_ids_are_keyed_as_the_sdk_correlates_them():
+    assert showing.key(7) == showing.key("7") == "7"
+    assert showing.key("07") == showing.key(7)  # int("07") == 7, as the SDK's coerce_request_id
+    assert showing.key("seven") == '"seven"' != showing.key(7)
+    assert showing.key(None) == "null"
+
+
+def test_an_answer_is_acknowledged_only_after_its_write_and_its_grace():
+    machine = Showing()
+    machine.arrive({"id": "a", "text": "hi"})
+    assert machine.offer("1", ["a"]) == [{"id": "a", "text": "hi"}]
+    assert machine.state("a") == OFFERED and machine.take_acks(100.0) == []
+    machine.on_its_way("1")
+    machine.written("1", ["a"], now=10.0, grace=0.25)
+    assert machine.state("a") == SETTLING and machine.take_acks(10.1) == []
+    assert machine.take_acks(10.25) == ["a"] and machine.state("a") == RECORDING
+    machine.recorded(["a"])
+    assert machine.state("a") == ACKED
+    assert machine.arrive({"id": "a", "text": "hi"}) is False  # a replay of it is dropped...
+    assert machine.state("a") == WRITTEN  # ...and its acknowledgement, lost somewhere, is due again
+
+
+def test_a_cancel_before_the_write_withdraws_after_it_offers_again_marked_and_first():
+    machine = Showing()
+    for mid in ("a", "b", "c"):
+        machine.arrive({"id": mid})
+    machine.offer("1", ["a"])
+    assert machine.cancel("1") == (["a"], [])
+    assert machine.queued() == [{"id": "a"}, {"id": "b"}, {"id": "c"}]  # never written: no mark
+    machine.offer("2", ["b"])
+    machine.written("2", ["b"], now=0.0, grace=0.25)
+    assert machine.cancel("2") == ([], [{"id": "b", "repeat": True}])
+    assert [m["id"] for m in machine.queued()] == ["b", "a", "c"]
+    assert machine.take_acks(99.0) == []
+
+
+def test_a_request_cancelled_before_it_offered_offers_nothing():
+    machine = Showing()
+    machine.arrive({"id": "a"})
+    assert machine.cancel("5") == ([], [])
+    assert machine.offer("5", ["a"]) == []
+    assert machine.state("a") == QUEUED
+
+
+def test_the_ledger_part_is_every_unconfirmed_id_however_many():
+    machine = Showing()
+    ids = [f"m{i}" for i in range(25_000)]
+    for mid in ids:
+        machine.arrive({"id": mid})
+    machine.offer("1", ids)
+    assert machine.unconfirmed() == (ids, [])
+    machine.written("1", ids, now=0.0)
+    assert machine.unconfirmed() == ([], ids)
+    assert machine.take_acks(0.0) == ids
+    machine.lost()  # the recorder went away before it confirmed
+    assert machine.due() == ids
