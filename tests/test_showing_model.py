@@ -155,7 +155,7 @@ class Delivery(RuleBasedStateMachine):
             return
         key = data.draw(st.sampled_from(ready))
         answer = self.answers[key]
-        answer["stage"] = "written"
+        answer["stage"], answer["at"] = "written", self.now
         self.host_gets(key, answer["messages"])
         self.relay.shown_directly(key, answer["ids"], reported=self.broker is not None)
         if self.broker is None:
@@ -165,14 +165,16 @@ class Delivery(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def host_cancels(self, data: st.DataObject) -> None:
-        """The host cancels a call, before or after its answer was written (the host then
-        ignores that answer)."""
+        """The host cancels a call, before or after its answer was written. A cancel that
+        crossed the written answer (sent within the grace, SPEC §3) means the host ignores it;
+        one sent later is the host's own business: it had the answer."""
         if not self.answers:
             return
         key = data.draw(st.sampled_from(sorted(self.answers)))
         answer = self.answers.pop(key)
-        for mid in answer["ids"]:
-            self.seen.get(mid, set()).discard(key)
+        if answer["stage"] != "written" or self.now - answer["at"] < GRACE:
+            for mid in answer["ids"]:
+                self.seen.get(mid, set()).discard(key)
         self.relay.cancel(key)
         if self.broker is not None:
             _, again = self.broker.cancel(key)

@@ -110,8 +110,9 @@ class Showing:
 
     def unconfirmed(self) -> tuple[list[str], list[str]]:
         """(offered and maybe shown, written and not confirmed): the ledger's content. An answer
-        on its way may have been written: it counts as offered, so it comes back as a repeat."""
-        offered = [m for m, e in self.entries.items() if e.state in UNWRITTEN]
+        on its way may have been written, and one the host cancelled after it was written may
+        have been read: both count as offered, so they come back as repeats."""
+        offered = [m for m, e in self.entries.items() if e.state in UNWRITTEN or (e.state == QUEUED and e.repeat)]
         acked = [m for m, e in self.entries.items() if e.state in UNCONFIRMED]
         return offered, acked
 
