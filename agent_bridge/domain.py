@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from agent_bridge import jsonlimit
+
 TOPIC_MAX = 200
 TEXT_MAX = 4000
 QUERY_MAX = 512
@@ -141,7 +143,9 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
         if not allow_string_json:
             raise InputError(f"scope: {SCOPE_HELP}; got {_short(raw)}")
         try:
-            value = json.loads(text)
+            value = jsonlimit.loads(text)
+        except jsonlimit.TooDeep as exc:
+            raise InputError(f"scope: {exc}; {SCOPE_HELP}") from None
         except ValueError:
             raise InputError(f"scope: not JSON and not the literal all; {SCOPE_HELP}; got {_short(raw)}") from None
         if value == ALL:

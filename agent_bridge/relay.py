@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent_bridge import domain, hosts, ledger, paths, procinfo
+from agent_bridge import domain, hosts, jsonlimit, ledger, paths, procinfo
 from agent_bridge.ipc import blocking, protocol
 
 log = logging.getLogger("agent_bridge.mcp")
@@ -53,6 +53,9 @@ JOIN_BEFORE_SERVING = 10.0  # seconds the relay waits for the broker before serv
 HELLO_TIMEOUT = 10.0  # seconds the broker may take to answer the relay's hello
 KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
 ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledgements when the host leaves
+# Seconds the broker gets to answer what the host asked before it closed stdin (its MCP server
+# stops reading at "eof", and an answer it has not written by then is never written).
+ANSWERS_AT_EXIT = 5.0
 READ_CHUNK = 1 << 16
 LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
 SHOWN_MEMORY = 50_000  # ids written and not yet confirmed recorded, at most
@@ -69,6 +72,7 @@ UNSURE_ADVICE = {
 }
 NOT_REACHABLE = "the agent-bridge broker is not reachable right now; it is being restarted, try again shortly"
 INTERNAL_ERROR = -32603  # JSON-RPC 2.0
+INVALID_REQUEST = -32600
 
 
 @dataclass
@@ -217,6 +221,7 @@ class Relay:
     initialized: bool = False  # the host sent notifications/initialized
     level: dict[str, Any] | None = None  # the host's last logging/setLevel params
     forwarded: dict[str, Request] = field(default_factory=dict)  # sent on `link`, not answered yet
+    answering: int = 0  # answers taken off `forwarded` and not yet written to the host
     waiting: list[Request] = field(default_factory=list)  # to send once a broker answers
     swallow: set[str] = field(default_factory=set)  # answers to replayed requests: not the host's
     replays: int = 0
@@ -261,9 +266,15 @@ class Relay:
 
     def on_host_line(self, line: str) -> None:
         try:
-            message = json.loads(line)
+            message = jsonlimit.loads(line)
+        except jsonlimit.TooDeep as exc:  # answered here: parsing it anywhere would recurse
+            self.invalid_request(jsonlimit.members(line) or {}, str(exc))
+            return
         except ValueError:
             message = None
+        if isinstance(message, dict) and "method" in message and not isinstance(message["method"], str):
+            self.invalid_request(message, "method must be a string")
+            return
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             self.forward_raw(line)  # the broker's MCP server answers what is malformed
             return
@@ -298,12 +309,25 @@ class Relay:
             elif method == "notifications/cancelled":
                 key = cancelled_key(message)
                 self.take_back(key)
+                self.forwarded.pop(key, None)  # its answer, if one crosses the cancel, is not waited for
                 if any(r.key == key for r in self.waiting):  # never sent: never answered
                     self.waiting = [r for r in self.waiting if r.key != key]
                     return
             link = self.link
         if link is not None:
             self.send(link, line_frames(line))
+
+    def invalid_request(self, message: dict[str, Any], problem: str) -> None:
+        """JSON-RPC "Invalid Request" for a line this relay will not pass on (`message`: its
+        top-level members, as far as they could be read): answered with the request's id when
+        it has a usable one, else with null (JSON-RPC 2.0); a notification gets no answer."""
+        rid = message.get("id")
+        if "id" not in message and isinstance(message.get("method"), str):
+            log.warning("ignored a notification from the host: %s", problem)
+            return
+        if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+            rid = None
+        self.answer(rid, error={"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"})
 
     def forward_raw(self, line: str) -> None:
         with self.cond:
@@ -642,10 +666,20 @@ class Relay:
             if key is not None and key in self.swallow:
                 self.swallow.discard(key)
                 return
-            if key is not None:
-                answered = self.forwarded.pop(key, None)
-                if answered is not None and answered.method == "initialize":
+            answered = self.forwarded.pop(key, None) if key is not None else None
+            if answered is not None:
+                self.answering += 1  # `end` waits for it to be written
+                if answered.method == "initialize":
                     self.init_answered = True
+        try:
+            self.write_host_line(link, line, incoming, key)
+        finally:
+            if answered is not None:
+                with self.cond:
+                    self.answering -= 1
+                    self.cond.notify_all()
+
+    def write_host_line(self, link: Link, line: str, incoming: dict[str, Any], key: str | None) -> None:
         seq, ids = incoming.get("seq"), incoming.get("ids")
         if not isinstance(seq, int):
             self.write_out(line)
@@ -672,7 +706,7 @@ class Relay:
             return None
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # the broker's lines: not checked for depth (hot path)
             return None
         if not isinstance(message, dict) or "id" not in message or "method" in message:
             return None
@@ -757,8 +791,8 @@ class Relay:
                 for line in unread.split(b"\n"):
                     if b"notifications/cancelled" in line:
                         try:
-                            message = json.loads(line)
-                        except ValueError:  # (UnicodeDecodeError included)
+                            message = jsonlimit.loads(line)
+                        except ValueError:  # (UnicodeDecodeError and TooDeep included)
                             continue
                         if isinstance(message, dict) and message.get("method") == "notifications/cancelled":
                             self.take_back(cancelled_key(message))
@@ -793,9 +827,20 @@ class Relay:
                                timeout)
 
     def end(self) -> None:
-        """The host closed stdin: the broker records what the host was shown, then closes."""
+        """The host closed stdin: what it asked before that is answered (up to ANSWERS_AT_EXIT;
+        a request still waiting for a broker then gets the reason there is none), then the
+        broker records what the host was shown, and closes."""
         with self.cond:
+            self.cond.wait_for(lambda: not (self.forwarded or self.waiting or self.answering), ANSWERS_AT_EXIT)
             link = self.link
+            unanswered, self.waiting = self.waiting, []
+            reason = self.unreachable()
+        for request in unanswered:
+            rid = json.loads(request.key)
+            if request.method == "tools/call":
+                self.tool_error(rid, request.tool or "", reason)
+            else:
+                self.answer(rid, error={"code": INTERNAL_ERROR, "message": reason})
         if link is None:
             return
         if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first
