@@ -155,6 +155,27 @@ def socket_path(home_dir: Path) -> str:
     return str(folder / f"{digest}.sock")
 
 
+def socket_folder_problem(folder: Path) -> str | None:
+    """Why `folder` must not hold this user's broker socket (SPEC §8, sockets): a symlink, not a
+    folder, or another user's; None when it is a real folder of ours, or absent. Looked at with
+    lstat: a symlink is never followed."""
+    import stat
+
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{folder} cannot be checked: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{folder} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a folder"
+    if sys.platform != "win32" and st.st_uid != os.geteuid():
+        return f"{folder} belongs to uid {st.st_uid}"
+    return None
+
+
 def free_path(folder: Path, stem: str, suffix: str = "") -> Path:
     """`folder/<stem><suffix>`, or `<stem>-2<suffix>`, `-3`… while that name is taken (backups)."""
     candidate = folder / f"{stem}{suffix}"

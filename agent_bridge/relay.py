@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agent_bridge import domain, hosts, jsonlimit, ledger, paths, procinfo
-from agent_bridge.ipc import blocking, protocol
+from agent_bridge.ipc import blocking, peercred, protocol
 
 log = logging.getLogger("agent_bridge.mcp")
 
@@ -484,10 +484,10 @@ class Relay:
             if socket_path is not None:
                 try:
                     link = self.join(socket_path)
-                except Refused as exc:
+                except (Refused, peercred.NotOurBroker) as exc:  # wait: neither changes by retrying at once
                     with self.cond:
                         if self.refused is None:
-                            log.warning("the broker will not connect this session yet: %s", exc)
+                            log.warning("this session cannot connect to the broker yet: %s", exc)
                         self.refused = str(exc)
                         self.cond.notify_all()
                     time.sleep(refused_wait)
