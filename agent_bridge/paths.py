@@ -36,7 +36,7 @@ def home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
 
 
 class HomeError(PermissionError):
-    """The state folder belongs to someone else: nothing in it may be read, written or trusted."""
+    """The state folder cannot be ours: another user's, or not a folder. Nothing in it may be read, written or trusted."""
 
 
 def check_home(path: Path) -> Path:
@@ -53,6 +53,13 @@ def check_home(path: Path) -> Path:
         return path
     except OSError as exc:
         raise HomeError(f"cannot use the state folder {path}: {exc.strerror}") from None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):  # a file there: no command may read "nothing" from it or write next to it
+        raise HomeError(
+            f"the state folder {path} is not a folder; refusing to use it "
+            "(move it aside, or set AGENT_BRIDGE_HOME to a folder of your own)"
+        )
     if sys.platform == "win32":
         owner_ok = _windows_owned_by_me(path)
     else:

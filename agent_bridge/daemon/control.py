@@ -121,14 +121,20 @@ def up(*, detach: bool) -> int:
     reasons = _reason_channel()  # `up --detach` waits on it for why its child could not start
     home = paths.home()
     try:
-        paths.ensure_home(home)
+        paths.writable_home(home)  # a read-only folder: one line here, before any file is opened in it
         settings = config.load(home)
     except config.ConfigError as exc:
         return _refuse(reasons, str(exc), code=2)
-    except OSError as exc:
-        return _refuse(reasons, f"cannot use the state folder {home}: {exc.strerror or exc}")
+    except paths.HomeError as exc:
+        return _refuse(reasons, str(exc))
+    except OSError as exc:  # writable_home's own reasons name the folder
+        said = exc.strerror or str(exc)
+        return _refuse(reasons, said if str(home) in said else f"cannot use the state folder {home}: {said}")
     if detach:
-        return _up_detached(home)
+        try:
+            return _up_detached(home)
+        except OSError as exc:  # the lock or the log cannot be opened after all
+            return _refuse(reasons, f"cannot write in the state folder {home}: {exc.strerror or exc}")
     lock = BrokerLock(home)
     try:
         if not lock.acquire():

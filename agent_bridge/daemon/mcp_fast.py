@@ -56,9 +56,11 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
     """What is wrong with a tool call's arguments, judged by the tool's advertised input
     schema as the host reads it (SPEC §5): an argument it does not list, or a value not of
-    its JSON type (no "yes" or 1 for a boolean, no "0" for a number). None if nothing is."""
+    its JSON type (no "yes" or 1 for a boolean, no "0" for a number), or a required one
+    missing. None if nothing is. One line, in the project's words (never the validation
+    library's dump)."""
     if arguments is None:
-        return None
+        arguments = {}
     if not isinstance(arguments, dict):
         return f"{tool}: arguments must be an object"
     properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
@@ -72,6 +74,11 @@ def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
         if not isinstance(value, JSON_TYPES[expected]) or (isinstance(value, bool) and expected != "boolean"):
             wanted = "true or false" if expected == "boolean" else f"a JSON {expected}"
             return f"{name}: expected {wanted}, got {json.dumps(value, ensure_ascii=False)}"
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    missing = [name for name in required if name not in arguments]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        return f"{tool}: missing required argument{s} {', '.join(missing)} (it takes: {', '.join(sorted(properties))})"
     return None
 
 
