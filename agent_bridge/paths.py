@@ -221,6 +221,25 @@ def read_broker_json(home_dir: Path) -> dict[str, Any] | None:
 # server that started a broker and hears this lost a race with another one: not a failure.
 ALREADY_RUNNING = "a broker is already running for"
 
+# How `agent-bridge up` marks a refusal that trying again cannot change (a database of a newer
+# schema, a file that is not a database, a bad setting) until a file of the state folder does.
+# An MCP server that hears it does not start another broker until one of START_FILES changes.
+PERMANENT = "(permanent: "
+START_FILES = (DB_NAME, CONFIG_NAME)
+
+
+def start_files_identity(home_dir: Path) -> tuple[tuple[int, int, int] | None, ...]:
+    """(inode, size, mtime) of each of START_FILES, None for one that is missing."""
+    found: list[tuple[int, int, int] | None] = []
+    for name in START_FILES:
+        try:
+            st = os.stat(home_dir / name)
+        except OSError:
+            found.append(None)
+        else:
+            found.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(found)
+
 
 def pid_alive(pid: int) -> bool:
     if pid <= 0:

@@ -46,6 +46,8 @@ BACKOFF_START, BACKOFF_MAX = 0.05, 2.0
 RESTART_AFTER = 2.0  # broker unreachable this long: start one ourselves
 # A broker that cannot start (a newer or corrupt database, a read-only folder) fails the same way
 # each time: wait longer between tries, and stop after a few, so relays never respawn it forever.
+# A refusal `up` marks permanent (paths.PERMANENT) is tried once, and again only once the files
+# it depends on (paths.START_FILES) have changed.
 START_BACKOFF_FIRST, START_ATTEMPTS = 0.5, 5
 START_TIMEOUT = 30.0  # seconds `agent-bridge up --detach` may take
 REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX = 0.5, 30.0  # another connection holds our host session id
@@ -215,6 +217,9 @@ class Relay:
     refused: str | None = None  # why the broker will not take this session now
     start_failure: str | None = None  # why the last broker we started could not start
     start_attempts: int = 0  # consecutive failed starts
+    # After a permanent refusal: the identity of the files it depends on then; no start is tried
+    # while they are the same.
+    start_blocked: tuple[Any, ...] | None = None
     next_start: float = 0.0  # monotonic time before which no new start is tried
     init: dict[str, Any] | None = None  # the host's initialize request, replayed to a new broker
     init_answered: bool = False
@@ -429,6 +434,9 @@ class Relay:
         if self.refused is not None:
             return f"agent-bridge: this session is not connected: {self.refused}"
         if self.start_failure is not None:
+            if self.start_blocked is not None:
+                return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up until that changes: "
+                        "fix it, then run `agent-bridge up` (this session connects once it runs)")
             if self.start_attempts >= START_ATTEMPTS:
                 return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up after "
                         f"{self.start_attempts} attempts: fix that, then run `agent-bridge up` (this session "
@@ -478,7 +486,7 @@ class Relay:
             socket_path = self.broker_socket()
             now = time.monotonic()
             if socket_path is None or (down_since is not None and now - down_since > RESTART_AFTER):
-                if self.start_attempts < START_ATTEMPTS and now >= self.next_start:
+                if self.start_attempts < START_ATTEMPTS and now >= self.next_start and not self.start_held():
                     self.start_broker()
                 socket_path = self.broker_socket()
             if socket_path is not None:
@@ -518,6 +526,7 @@ class Relay:
         import subprocess
 
         log.info("no broker answering; starting one")
+        files_before = paths.start_files_identity(self.options.home)  # what a permanent refusal was about
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "agent_bridge", "up", "--detach"],
@@ -536,11 +545,28 @@ class Relay:
             self.start_failure = text.removeprefix("agent-bridge up: ")
             self.start_attempts += 1
             self.next_start = time.monotonic() + START_BACKOFF_FIRST * 2 ** (self.start_attempts - 1)
+            if paths.PERMANENT in text:
+                self.start_blocked = files_before
             self.cond.notify_all()
-        if self.start_attempts == START_ATTEMPTS:
+        if self.start_blocked is not None:
+            log.error("the broker cannot start (%s); not trying again until %s changes", self.start_failure,
+                      " or ".join(paths.START_FILES))
+        elif self.start_attempts == START_ATTEMPTS:
             log.error("the broker cannot start (%s); giving up after %d attempts", self.start_failure, START_ATTEMPTS)
         else:
             log.warning("the broker cannot start: %s", self.start_failure)
+
+    def start_held(self) -> bool:
+        """Whether a permanent refusal still holds: the files it was about have not changed.
+        Once they have, starting is tried again as if for the first time."""
+        if self.start_blocked is None:
+            return False
+        if paths.start_files_identity(self.options.home) == self.start_blocked:
+            return True
+        with self.cond:
+            self.start_blocked = None
+            self.start_attempts, self.next_start = 0, 0.0
+        return False
 
     def join(self, socket_path: str) -> Link:
         """Connect and say hello (`mcp`): the broker serves this session from now on."""
@@ -576,7 +602,7 @@ class Relay:
                 self.session_id = session["id"]
             if isinstance(hello.get("secret"), str):
                 self.secret = hello["secret"]
-            self.refused = self.start_failure = None
+            self.refused = self.start_failure = self.start_blocked = None
             self.start_attempts, self.next_start = 0, 0.0
             frames = self.replay_frames(len(acked))
             self.send(link, frames)  # before any host line: the new broker's MCP session first

@@ -124,7 +124,7 @@ def up(*, detach: bool) -> int:
         paths.writable_home(home)  # a read-only folder: one line here, before any file is opened in it
         settings = config.load(home)
     except config.ConfigError as exc:
-        return _refuse(reasons, str(exc), code=2)
+        return _refuse(reasons, f"{exc} {paths.PERMANENT}until the setting changes)", code=2)
     except paths.HomeError as exc:
         return _refuse(reasons, str(exc))
     except OSError as exc:  # writable_home's own reasons name the folder
@@ -169,7 +169,7 @@ def up(*, detach: bool) -> int:
             trio.run(partial(run_broker, home, settings, on_ready=on_ready))
         except* (SchemaError, DashboardError) as group:
             # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
-            refused.extend(str(refusal) for refusal in _leaves(group))
+            refused.extend(_permanent(refusal) for refusal in _leaves(group))
         except* (OSError, apsw.Error) as group:  # a locked or unreadable database, a read-only folder
             for failure in _leaves(group):
                 log.error("start-up failed", exc_info=failure)
@@ -188,6 +188,14 @@ def up(*, detach: bool) -> int:
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _permanent(refusal: Exception) -> str:
+    """A refusal's line, marked permanent when starting again cannot change it (a database of a
+    newer schema or not a database at all): relays then wait for the file to change."""
+    if isinstance(refusal, SchemaError):
+        return f"{refusal} {paths.PERMANENT}until {paths.DB_NAME} changes)"
+    return str(refusal)
 
 
 def _take_stop_signals() -> None:
