@@ -148,14 +148,14 @@ def home_files() -> str:
     from agent_bridge import ledger, paths
 
     names = [(f"paths.{name}", value) for name, value in vars(paths).items()
-             if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING")]
+             if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING", "PERMANENT")]
     names.append(("ledger.FOLDER", ledger.FOLDER))
     rows = [f"| `{value}` | `{name}` |" for name, value in names]
     return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
 
 
 def limits() -> str:
-    from agent_bridge import domain
+    from agent_bridge import domain, jsonlimit
     from agent_bridge.ipc import protocol
 
     rows = [
@@ -166,6 +166,7 @@ def limits() -> str:
         ("hop limit", f"default {domain.HOP_LIMIT_DEFAULT}, at most {domain.HOP_MAX}"),
         ("SessionStart note", f"{domain.NOTE_TOPICS} decisions, {domain.NOTE_TEXT_MAX} characters of each"),
         ("wire frame", f"{protocol.MAX_FRAME} bytes"),
+        ("JSON nesting", f"{jsonlimit.MAX_DEPTH} levels of arrays and objects, on every surface that reads JSON"),
     ]
     return "\n".join(["| what | limit |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
 
