@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from agent_bridge import jsonlimit
 
 DB_NAME = "bridge.db"
 BROKER_JSON = "broker.json"
@@ -211,7 +212,7 @@ def write_private(path: Path, text: str) -> None:
 def read_broker_json(home_dir: Path) -> dict[str, Any] | None:
     """The running broker's record, or None when there is none (or it is unreadable)."""
     try:
-        data = json.loads((home_dir / BROKER_JSON).read_text(encoding="utf-8"))
+        data = jsonlimit.loads((home_dir / BROKER_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

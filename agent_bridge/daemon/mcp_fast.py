@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import trio
 from mcp.server.mcpserver.exceptions import ToolError
 
+from agent_bridge import jsonlimit
+
 log = logging.getLogger("agent_bridge.mcp")
 
 
@@ -110,7 +112,7 @@ def cancelled_request(line: str) -> Any | None:
     """The request id a host's `notifications/cancelled` line names, as the SDK would take it
     (JSON-RPC 2.0, a notification, an integer or string `requestId`); None for any other line."""
     try:
-        message = json.loads(line)
+        message = jsonlimit.loads(line)
     except ValueError:
         return None
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
@@ -142,7 +144,7 @@ class FastCalls:
         if '"tools/call"' not in line and '"notifications/cancelled"' not in line:
             return False
         try:
-            message = json.loads(line)
+            message = jsonlimit.loads(line)
         except ValueError:
             return False
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":

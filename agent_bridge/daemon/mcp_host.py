@@ -31,7 +31,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from agent_bridge import __version__, domain, ledger, mcp_sdk
+from agent_bridge import __version__, domain, jsonlimit, ledger, mcp_sdk
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.connection import (
     IDLE_TIMEOUT,
@@ -799,7 +799,7 @@ def codex_thread_id(meta: Any) -> str | None:
     turn = data.get("x-codex-turn-metadata")
     if isinstance(turn, str):
         try:
-            turn = json.loads(turn)
+            turn = jsonlimit.loads(turn)  # the host's text: its depth is bounded like a line's
         except ValueError:
             return None
     if not isinstance(turn, dict):

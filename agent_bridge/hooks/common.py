@@ -140,7 +140,7 @@ def leave_report(home: Path, args: dict[str, Any]) -> Path:
     report = dict(args)
     if not report.get("source"):
         try:
-            earlier = json.loads(target.read_text(encoding="utf-8"))
+            earlier = jsonlimit.loads(target.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             earlier = None
         if isinstance(earlier, dict) and earlier.get("hostSessionId") == report["hostSessionId"]:
