@@ -330,8 +330,8 @@ class Relay:
         if "id" not in message and isinstance(message.get("method"), str):
             log.warning("ignored a notification from the host: %s", problem)
             return
-        if isinstance(rid, bool) or not isinstance(rid, (int, str)):
-            rid = None
+        if isinstance(rid, bool) or not isinstance(rid, (int, str)) or protocol.unstorable_text(rid):
+            rid = None  # not an id JSON-RPC allows, or one we could not write back as UTF-8
         self.answer(rid, error={"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"})
 
     def forward_raw(self, line: str) -> None:
