@@ -83,6 +83,13 @@ def broker_call(op: str, **args: Any) -> Any:
 def decide(topic: str, text: str, scope: str | None) -> int:
     args: dict[str, Any] = {"topic": topic, "text": text, "project": os.path.abspath(os.getcwd())}
     if scope is not None:
+        from agent_bridge import domain
+
+        try:  # a bad argument is refused here (exit 2), before a broker is started for it
+            domain.parse_scope(scope)
+        except domain.InputError as exc:
+            _fail("decide", str(exc))
+            return 2
         args["scope"] = scope  # a string: "all" or JSON, parsed by the broker's rules
     return _run("decide", args)
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from agent_bridge import jsonlimit
-from agent_bridge.ipc import blocking
+from agent_bridge.ipc import blocking, protocol
 from tests.conftest import run_cli
 from tests.test_delivery import RawHost
 
@@ -126,11 +126,21 @@ def test_cli_scope_too_deep_is_one_line_and_exit_2(env, home):
 
 def test_cli_decide_with_a_deep_scope_says_why_and_stores_nothing(broker, env):
     done = run_cli(env, "decide", "t", "x", "--scope", DEEP)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "nested deeper than" in done.stderr, done.stderr
     assert "did not answer" not in done.stderr
     assert json.loads(run_cli(env, "decisions", "--json").stdout) == []
     assert broker.status()["pid"] == broker.pid
+    # the broker too refuses such a scope in one line, from any client
+    with pytest.raises(protocol.RemoteError, match="nested deeper than"):
+        blocking.call(broker.home, "decide", topic="t", text="x", scope=DEEP, project="/w")
+    assert broker.status()["pid"] == broker.pid
+
+
+def test_cli_decide_with_a_deep_scope_starts_no_broker(env, home):
+    done = run_cli(env, "decide", "t", "x", "--scope", JUST_TOO_DEEP)
+    assert done.returncode == 2 and "nested deeper than" in done.stderr, done.stderr
+    assert not (home / "broker.json").exists() and not (home / "bridge.db").exists()
 
 
 async def test_mcp_decide_with_a_deep_scope_string_is_a_clear_tool_error(broker, env):
