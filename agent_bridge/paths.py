@@ -146,7 +146,10 @@ def log_path(home_dir: Path) -> Path:
 
 
 def socket_path(home_dir: Path) -> str:
-    """`<home>/broker.sock` when it fits the OS limit, else a short path in the runtime dir."""
+    """`<home>/broker.sock` when it fits the OS limit, else a short path in the runtime dir
+    (`$XDG_RUNTIME_DIR`, else `$TMPDIR` or /tmp). That is the preferred path: the broker binds
+    elsewhere when its folder is not safe to use (ipc.listener.prepare_socket_path), and
+    broker.json records where it did."""
     import hashlib  # here, not at the top: the hooks import this module at every session start
     import tempfile
 
