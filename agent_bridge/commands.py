@@ -28,6 +28,7 @@ CALL_TIMEOUT = 30.0  # a decide fans out to every connected session in one trans
 START_TIMEOUT = 60.0  # `up --detach` waits up to 20 s itself; this only bounds a stuck child
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+DURATION_MAX_MS = 36_500 * UNIT_MS["d"]
 
 
 class CommandError(Exception):
@@ -82,6 +83,13 @@ def broker_call(op: str, **args: Any) -> Any:
 def decide(topic: str, text: str, scope: str | None) -> int:
     args: dict[str, Any] = {"topic": topic, "text": text, "project": os.path.abspath(os.getcwd())}
     if scope is not None:
+        from agent_bridge import domain
+
+        try:  # a bad argument is refused here (exit 2), before a broker is started for it
+            domain.parse_scope(scope)
+        except domain.InputError as exc:
+            _fail("decide", str(exc))
+            return 2
         args["scope"] = scope  # a string: "all" or JSON, parsed by the broker's rules
     return _run("decide", args)
 
@@ -116,7 +124,10 @@ def parse_duration(text: str) -> int:
     match = DURATION.match(text)
     if not match:
         raise CommandError(f"--gone-for: expected a number and a unit s, m, h, d or w (e.g. 7d), got {text!r}")
-    return int(float(match.group(1)) * UNIT_MS[match.group(2)])
+    ms = float(match.group(1)) * UNIT_MS[match.group(2)]
+    if not ms <= DURATION_MAX_MS:  # (also inf, from a number too long for a float)
+        raise CommandError(f"--gone-for: at most {DURATION_MAX_MS // UNIT_MS['d']}d (100 years), got {text!r}")
+    return int(ms)
 
 
 def list_sessions(home: Path) -> list[dict[str, Any]]:
@@ -169,6 +180,10 @@ def forget(addresses: list[str], gone_for: str | None, as_json: bool) -> int:
         return _fail("forget", "give session names/ids, or --gone-for DURATION (not both)")
     try:
         args: dict[str, Any] = {"sessions": addresses} if addresses else {"goneForMs": parse_duration(gone_for or "")}
+    except CommandError as exc:  # a bad argument: exit 2, as everywhere (SPEC §2)
+        _fail("forget", str(exc))
+        return 2
+    try:
         result = broker_call("forget", **args)
     except CommandError as exc:
         return _fail("forget", str(exc))

@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_bridge import domain, paths
+from agent_bridge import domain, jsonlimit, paths
 
 
 class ConfigError(ValueError):
@@ -26,8 +26,11 @@ def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -
     if config_file.exists():
         try:
             file_values = tomllib.loads(config_file.read_text(encoding="utf-8"))
+            jsonlimit.check_value(file_values)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{config_file}: cannot parse: {exc}") from None
+        except (jsonlimit.TooDeep, RecursionError):  # tomllib recurses once per level of nesting
+            raise ConfigError(f"{config_file}: values nested deeper than {jsonlimit.MAX_DEPTH} levels") from None
         unknown = sorted(set(file_values) - {"hop_limit"})
         if unknown:
             raise ConfigError(f"{config_file}: unknown setting {unknown[0]!r}; known settings: hop_limit")

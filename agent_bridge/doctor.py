@@ -87,6 +87,32 @@ def check_socket(home: Path, record: dict[str, Any] | None) -> Check:
     return Check("socket", OK, f"{sock} answers")
 
 
+def check_socket_folder(home: Path, record: dict[str, Any] | None) -> Check | None:
+    """The folder outside the state folder that holds (or would hold) the socket, when the home
+    path is too long for one inside it (SPEC §8, sockets): a symlink or another user's folder
+    there is someone trying to deny the broker or pose as it. None when the socket is at home."""
+    if sys.platform == "win32":
+        return None
+    preferred = Path(paths.socket_path(home)).parent
+    used = record.get("socket") if record else None
+    actual = Path(used).parent if isinstance(used, str) else None
+    if preferred == home and actual in (None, home):
+        return None
+    if actual is not None and actual != home:
+        problem = paths.socket_folder_problem(actual)
+        if problem:
+            return Check("socket folder", FAIL, f"the broker's socket folder {problem}: another user may pose as "
+                         "the broker", "agent-bridge down; remove it (ask an administrator if it is not yours); "
+                         "agent-bridge up --detach")
+    problem = paths.socket_folder_problem(preferred)
+    if problem:
+        where = f"; the broker uses {actual} instead" if actual is not None and actual != preferred else ""
+        return Check("socket folder", FAIL, f"{problem}: another user may be trying to deny or pose as your broker"
+                     f"{where}", f"remove {preferred} (ask an administrator if it is not yours), or set "
+                     "XDG_RUNTIME_DIR or a shorter AGENT_BRIDGE_HOME")
+    return Check("socket folder", OK, str(actual or preferred))
+
+
 def check_schema(home: Path) -> Check:
     from agent_bridge.store import reader
     from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew, user_version
@@ -318,6 +344,9 @@ def run_checks(home: Path, cwd: Path) -> list[Check]:
     else:
         broker, record = check_broker(home)
         checks = [check_home(home), broker, check_socket(home, record), check_schema(home), check_dashboard(home, record)]
+        folder = check_socket_folder(home, record)
+        if folder is not None:
+            checks.insert(3, folder)
     for host in hosts.ALL:
         checks += host.doctor_checks(home, cwd)
     return checks

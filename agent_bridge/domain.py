@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from agent_bridge import jsonlimit
+
 TOPIC_MAX = 200
 TEXT_MAX = 4000
 QUERY_MAX = 512
@@ -57,12 +59,22 @@ def normalize_text(text: object) -> str:
     return normalized
 
 
+def _check_unicode(text: str, what: str) -> None:
+    """Text that UTF-8 cannot hold (a lone surrogate: bytes that were not UTF-8 on a command
+    line, or a `\\ud800` escape) is refused here, not by the first encoder that meets it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what}: not valid text (is it UTF-8?)") from None
+
+
 def normalize_query(query: object) -> str | None:
     """A lookup query: None or "" means everything; else the lowercased needle."""
     if query is None:
         return None
     if not isinstance(query, str):
         raise InputError(f"query: expected a string, got {_type_name(query)}")
+    _check_unicode(query, "query")
     if len(query) > QUERY_MAX:
         raise InputError(f"query: at most {QUERY_MAX} characters, got {len(query)}")
     return query.lower() or None
@@ -135,13 +147,16 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
     """
     value = raw
     if isinstance(raw, str):
+        _check_unicode(raw, "scope")
         text = raw.strip()
         if text == ALL:
             return ALL
         if not allow_string_json:
             raise InputError(f"scope: {SCOPE_HELP}; got {_short(raw)}")
         try:
-            value = json.loads(text)
+            value = jsonlimit.loads(text)
+        except jsonlimit.TooDeep as exc:
+            raise InputError(f"scope: {exc}; {SCOPE_HELP}") from None
         except ValueError:
             raise InputError(f"scope: not JSON and not the literal all; {SCOPE_HELP}; got {_short(raw)}") from None
         if value == ALL:

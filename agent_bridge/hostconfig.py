@@ -8,10 +8,11 @@ file (never silently treated as empty, which would let `install` overwrite it).
 
 from __future__ import annotations
 
-import json
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from agent_bridge import jsonlimit
 
 
 class ConfigError(Exception):
@@ -32,7 +33,7 @@ def parse_json_object(path: Path, text: str | None) -> dict[str, Any]:
     if text is None or not text.strip():
         return {}
     try:
-        data = json.loads(text)
+        data = jsonlimit.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):

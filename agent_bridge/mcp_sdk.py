@@ -90,7 +90,8 @@ def check_tool_calls(server: MCPServer, problem: Callable[[str, Any, Any], str |
             if not isinstance(name, str) or name not in schemas:
                 raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name!r}")
             text = problem(name, schemas[name], params.get("arguments"))
-            if text is not None:
+            if text is not None:  # worded as every other tool error (the SDK's ToolError form)
+                text = f"Error executing tool {name}: {text}"
                 return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
         return await call_next(ctx)
 

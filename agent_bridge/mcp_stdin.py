@@ -12,7 +12,6 @@ SDK's write stream, both public.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import mcp_types as types
 import trio
 from mcp.shared.message import SessionMessage
 
+from agent_bridge import jsonlimit
 from agent_bridge.ipc.protocol import unstorable_text
 
 INVALID_PARAMS = -32602  # JSON-RPC 2.0
@@ -30,7 +30,7 @@ def refusal(line: str) -> dict[str, Any] | None:
     if "\\ud" not in line and "\\uD" not in line:  # a lone surrogate can only arrive escaped
         return None
     try:
-        message = json.loads(line)
+        message = jsonlimit.loads(line)
     except ValueError:
         return None  # the SDK answers malformed lines its own way
     if not isinstance(message, dict) or "method" not in message:

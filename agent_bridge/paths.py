@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from agent_bridge import jsonlimit
 
 DB_NAME = "bridge.db"
 BROKER_JSON = "broker.json"
@@ -36,7 +37,7 @@ def home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
 
 
 class HomeError(PermissionError):
-    """The state folder belongs to someone else: nothing in it may be read, written or trusted."""
+    """The state folder cannot be ours: another user's, or not a folder. Nothing in it may be read, written or trusted."""
 
 
 def check_home(path: Path) -> Path:
@@ -53,6 +54,13 @@ def check_home(path: Path) -> Path:
         return path
     except OSError as exc:
         raise HomeError(f"cannot use the state folder {path}: {exc.strerror}") from None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):  # a file there: no command may read "nothing" from it or write next to it
+        raise HomeError(
+            f"the state folder {path} is not a folder; refusing to use it "
+            "(move it aside, or set AGENT_BRIDGE_HOME to a folder of your own)"
+        )
     if sys.platform == "win32":
         owner_ok = _windows_owned_by_me(path)
     else:
@@ -138,7 +146,10 @@ def log_path(home_dir: Path) -> Path:
 
 
 def socket_path(home_dir: Path) -> str:
-    """`<home>/broker.sock` when it fits the OS limit, else a short path in the runtime dir."""
+    """`<home>/broker.sock` when it fits the OS limit, else a short path in the runtime dir
+    (`$XDG_RUNTIME_DIR`, else `$TMPDIR` or /tmp). That is the preferred path: the broker binds
+    elsewhere when its folder is not safe to use (ipc.listener.prepare_socket_path), and
+    broker.json records where it did."""
     import hashlib  # here, not at the top: the hooks import this module at every session start
     import tempfile
 
@@ -153,6 +164,27 @@ def socket_path(home_dir: Path) -> str:
     digest = hashlib.sha256(str(home_dir).encode()).hexdigest()[:16]
     folder = Path(runtime) / f"agent-bridge-{os.getuid()}"
     return str(folder / f"{digest}.sock")
+
+
+def socket_folder_problem(folder: Path) -> str | None:
+    """Why `folder` must not hold this user's broker socket (SPEC §8, sockets): a symlink, not a
+    folder, or another user's; None when it is a real folder of ours, or absent. Looked at with
+    lstat: a symlink is never followed."""
+    import stat
+
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{folder} cannot be checked: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{folder} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a folder"
+    if sys.platform != "win32" and st.st_uid != os.geteuid():
+        return f"{folder} belongs to uid {st.st_uid}"
+    return None
 
 
 def free_path(folder: Path, stem: str, suffix: str = "") -> Path:
@@ -183,7 +215,7 @@ def write_private(path: Path, text: str) -> None:
 def read_broker_json(home_dir: Path) -> dict[str, Any] | None:
     """The running broker's record, or None when there is none (or it is unreadable)."""
     try:
-        data = json.loads((home_dir / BROKER_JSON).read_text(encoding="utf-8"))
+        data = jsonlimit.loads((home_dir / BROKER_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -192,6 +224,25 @@ def read_broker_json(home_dir: Path) -> dict[str, Any] | None:
 # How `agent-bridge up` begins its refusal when another broker holds this home's lock. An MCP
 # server that started a broker and hears this lost a race with another one: not a failure.
 ALREADY_RUNNING = "a broker is already running for"
+
+# How `agent-bridge up` marks a refusal that trying again cannot change (a database of a newer
+# schema, a file that is not a database, a bad setting) until a file of the state folder does.
+# An MCP server that hears it does not start another broker until one of START_FILES changes.
+PERMANENT = "(permanent: "
+START_FILES = (DB_NAME, CONFIG_NAME)
+
+
+def start_files_identity(home_dir: Path) -> tuple[tuple[int, int, int] | None, ...]:
+    """(inode, size, mtime) of each of START_FILES, None for one that is missing."""
+    found: list[tuple[int, int, int] | None] = []
+    for name in START_FILES:
+        try:
+            st = os.stat(home_dir / name)
+        except OSError:
+            found.append(None)
+        else:
+            found.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(found)
 
 
 def pid_alive(pid: int) -> bool:

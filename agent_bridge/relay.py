@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent_bridge import domain, hosts, ledger, paths, procinfo
+from agent_bridge import domain, hosts, jsonlimit, ledger, paths, procinfo
 from agent_bridge.core import showing
 from agent_bridge.core.showing import Showing
-from agent_bridge.ipc import blocking, protocol
+from agent_bridge.ipc import blocking, peercred, protocol
 
 log = logging.getLogger("agent_bridge.mcp")
 
@@ -48,6 +48,8 @@ BACKOFF_START, BACKOFF_MAX = 0.05, 2.0
 RESTART_AFTER = 2.0  # broker unreachable this long: start one ourselves
 # A broker that cannot start (a newer or corrupt database, a read-only folder) fails the same way
 # each time: wait longer between tries, and stop after a few, so relays never respawn it forever.
+# A refusal `up` marks permanent (paths.PERMANENT) is tried once, and again only once the files
+# it depends on (paths.START_FILES) have changed.
 START_BACKOFF_FIRST, START_ATTEMPTS = 0.5, 5
 START_TIMEOUT = 30.0  # seconds `agent-bridge up --detach` may take
 REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX = 0.5, 30.0  # another connection holds our host session id
@@ -55,6 +57,9 @@ JOIN_BEFORE_SERVING = 10.0  # seconds the relay waits for the broker before serv
 HELLO_TIMEOUT = 10.0  # seconds the broker may take to answer the relay's hello
 KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
 ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledgements when the host leaves
+# Seconds the broker gets to answer what the host asked before it closed stdin (its MCP server
+# stops reading at "eof", and an answer it has not written by then is never written).
+ANSWERS_AT_EXIT = 5.0
 READ_CHUNK = 1 << 16
 LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
 SIGNAL_WAIT = 0.5  # seconds a signal's handler waits for another thread before it writes the ledger
@@ -69,6 +74,7 @@ UNSURE_ADVICE = {
 }
 NOT_REACHABLE = "the agent-bridge broker is not reachable right now; it is being restarted, try again shortly"
 INTERNAL_ERROR = -32603  # JSON-RPC 2.0
+INVALID_REQUEST = -32600
 
 
 @dataclass
@@ -212,12 +218,16 @@ class Relay:
     refused: str | None = None  # why the broker will not take this session now
     start_failure: str | None = None  # why the last broker we started could not start
     start_attempts: int = 0  # consecutive failed starts
+    # After a permanent refusal: the identity of the files it depends on then; no start is tried
+    # while they are the same.
+    start_blocked: tuple[Any, ...] | None = None
     next_start: float = 0.0  # monotonic time before which no new start is tried
     init: dict[str, Any] | None = None  # the host's initialize request, replayed to a new broker
     init_answered: bool = False
     initialized: bool = False  # the host sent notifications/initialized
     level: dict[str, Any] | None = None  # the host's last logging/setLevel params
     forwarded: dict[str, Request] = field(default_factory=dict)  # sent on `link`, not answered yet
+    answering: int = 0  # answers taken off `forwarded` and not yet written to the host
     waiting: list[Request] = field(default_factory=list)  # to send once a broker answers
     swallow: set[str] = field(default_factory=set)  # answers to replayed requests: not the host's
     replays: int = 0
@@ -258,9 +268,15 @@ class Relay:
 
     def on_host_line(self, line: str) -> None:
         try:
-            message = json.loads(line)
+            message = jsonlimit.loads(line)
+        except jsonlimit.TooDeep as exc:  # answered here: parsing it anywhere would recurse
+            self.invalid_request(jsonlimit.members(line) or {}, str(exc))
+            return
         except ValueError:
             message = None
+        if isinstance(message, dict) and "method" in message and not isinstance(message["method"], str):
+            self.invalid_request(message, "method must be a string")
+            return
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             self.forward_raw(line)  # the broker's MCP server answers what is malformed
             return
@@ -296,8 +312,9 @@ class Relay:
             elif method == "notifications/cancelled":
                 key = cancelled_key(message)
                 self.take_back(key)
-                # Never sent to a next broker: the host expects no answer, and one would show
-                # messages to a host that ignores it (its acknowledgement would lose them).
+                # Never sent to a next broker, nor waited for: the host expects no answer, and
+                # one would show messages to a host that ignores it (their acknowledgement would
+                # lose them).
                 self.forwarded.pop(key, None)
                 if any(r.key == key for r in self.waiting):  # never sent: never answered
                     self.waiting = [r for r in self.waiting if r.key != key]
@@ -305,6 +322,18 @@ class Relay:
             link = self.link
         if link is not None:
             self.send(link, line_frames(line))
+
+    def invalid_request(self, message: dict[str, Any], problem: str) -> None:
+        """JSON-RPC "Invalid Request" for a line this relay will not pass on (`message`: its
+        top-level members, as far as they could be read): answered with the request's id when
+        it has a usable one, else with null (JSON-RPC 2.0); a notification gets no answer."""
+        rid = message.get("id")
+        if "id" not in message and isinstance(message.get("method"), str):
+            log.warning("ignored a notification from the host: %s", problem)
+            return
+        if isinstance(rid, bool) or not isinstance(rid, (int, str)) or protocol.unstorable_text(rid):
+            rid = None  # not an id JSON-RPC allows, or one we could not write back as UTF-8
+        self.answer(rid, error={"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"})
 
     def forward_raw(self, line: str) -> None:
         with self.cond:
@@ -399,6 +428,9 @@ class Relay:
         if self.refused is not None:
             return f"agent-bridge: this session is not connected: {self.refused}"
         if self.start_failure is not None:
+            if self.start_blocked is not None:
+                return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up until that changes: "
+                        "fix it, then run `agent-bridge up` (this session connects once it runs)")
             if self.start_attempts >= START_ATTEMPTS:
                 return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up after "
                         f"{self.start_attempts} attempts: fix that, then run `agent-bridge up` (this session "
@@ -448,16 +480,16 @@ class Relay:
             socket_path = self.broker_socket()
             now = time.monotonic()
             if socket_path is None or (down_since is not None and now - down_since > RESTART_AFTER):
-                if self.start_attempts < START_ATTEMPTS and now >= self.next_start:
+                if self.start_attempts < START_ATTEMPTS and now >= self.next_start and not self.start_held():
                     self.start_broker()
                 socket_path = self.broker_socket()
             if socket_path is not None:
                 try:
                     link = self.join(socket_path)
-                except Refused as exc:
+                except (Refused, peercred.NotOurBroker) as exc:  # wait: neither changes by retrying at once
                     with self.cond:
                         if self.refused is None:
-                            log.warning("the broker will not connect this session yet: %s", exc)
+                            log.warning("this session cannot connect to the broker yet: %s", exc)
                         self.refused = str(exc)
                         self.cond.notify_all()
                     time.sleep(refused_wait)
@@ -488,6 +520,7 @@ class Relay:
         import subprocess
 
         log.info("no broker answering; starting one")
+        files_before = paths.start_files_identity(self.options.home)  # what a permanent refusal was about
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "agent_bridge", "up", "--detach"],
@@ -506,11 +539,28 @@ class Relay:
             self.start_failure = text.removeprefix("agent-bridge up: ")
             self.start_attempts += 1
             self.next_start = time.monotonic() + START_BACKOFF_FIRST * 2 ** (self.start_attempts - 1)
+            if paths.PERMANENT in text:
+                self.start_blocked = files_before
             self.cond.notify_all()
-        if self.start_attempts == START_ATTEMPTS:
+        if self.start_blocked is not None:
+            log.error("the broker cannot start (%s); not trying again until %s changes", self.start_failure,
+                      " or ".join(paths.START_FILES))
+        elif self.start_attempts == START_ATTEMPTS:
             log.error("the broker cannot start (%s); giving up after %d attempts", self.start_failure, START_ATTEMPTS)
         else:
             log.warning("the broker cannot start: %s", self.start_failure)
+
+    def start_held(self) -> bool:
+        """Whether a permanent refusal still holds: the files it was about have not changed.
+        Once they have, starting is tried again as if for the first time."""
+        if self.start_blocked is None:
+            return False
+        if paths.start_files_identity(self.options.home) == self.start_blocked:
+            return True
+        with self.cond:
+            self.start_blocked = None
+            self.start_attempts, self.next_start = 0, 0.0
+        return False
 
     def join(self, socket_path: str) -> Link:
         """Connect and say hello (`mcp`): the broker serves this session from now on."""
@@ -546,7 +596,7 @@ class Relay:
                 self.session_id = session["id"]
             if isinstance(hello.get("secret"), str):
                 self.secret = hello["secret"]
-            self.refused = self.start_failure = None
+            self.refused = self.start_failure = self.start_blocked = None
             self.start_attempts, self.next_start = 0, 0.0
             frames = self.replay_frames(acked)
             self.send(link, frames)  # before any host line: the new broker's MCP session first
@@ -638,10 +688,20 @@ class Relay:
             if key is not None and key in self.swallow:
                 self.swallow.discard(key)
                 return
-            if key is not None:
-                answered = self.forwarded.pop(key, None)
-                if answered is not None and answered.method == "initialize":
+            answered = self.forwarded.pop(key, None) if key is not None else None
+            if answered is not None:
+                self.answering += 1  # `end` waits for it to be written
+                if answered.method == "initialize":
                     self.init_answered = True
+        try:
+            self.write_host_line(link, line, incoming, key)
+        finally:
+            if answered is not None:
+                with self.cond:
+                    self.answering -= 1
+                    self.cond.notify_all()
+
+    def write_host_line(self, link: Link, line: str, incoming: dict[str, Any], key: str | None) -> None:
         seq, ids = incoming.get("seq"), incoming.get("ids")
         if not isinstance(seq, int):
             self.write_out(line)
@@ -663,7 +723,7 @@ class Relay:
             return None
         try:
             message = json.loads(line)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError):  # the broker's lines: not checked for depth (hot path)
             return None
         if not isinstance(message, dict) or "id" not in message or "method" in message:
             return None
@@ -732,8 +792,8 @@ class Relay:
                 for line in unread.split(b"\n"):
                     if b"notifications/cancelled" in line:
                         try:
-                            message = json.loads(line)
-                        except ValueError:  # (UnicodeDecodeError included)
+                            message = jsonlimit.loads(line)
+                        except ValueError:  # (UnicodeDecodeError and TooDeep included)
                             continue
                         if isinstance(message, dict) and message.get("method") == "notifications/cancelled":
                             self.take_back(cancelled_key(message))
@@ -765,9 +825,20 @@ class Relay:
                                timeout)
 
     def end(self) -> None:
-        """The host closed stdin: the broker records what the host was shown, then closes."""
+        """The host closed stdin: what it asked before that is answered (up to ANSWERS_AT_EXIT;
+        a request still waiting for a broker then gets the reason there is none), then the
+        broker records what the host was shown, and closes."""
         with self.cond:
+            self.cond.wait_for(lambda: not (self.forwarded or self.waiting or self.answering), ANSWERS_AT_EXIT)
             link = self.link
+            unanswered, self.waiting = self.waiting, []
+            reason = self.unreachable()
+        for request in unanswered:
+            rid = json.loads(request.key)
+            if request.method == "tools/call":
+                self.tool_error(rid, request.tool or "", reason)
+            else:
+                self.answer(rid, error={"code": INTERNAL_ERROR, "message": reason})
         if link is None:
             return
         if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first

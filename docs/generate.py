@@ -148,7 +148,7 @@ def home_files() -> str:
     from agent_bridge import ledger, paths
 
     names = [(f"paths.{name}", value) for name, value in vars(paths).items()
-             if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING")]
+             if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING", "PERMANENT")]
     names.append(("ledger.FOLDER", ledger.FOLDER))
     names.append(("ledger.IGNORED", ledger.IGNORED))
     rows = [f"| `{value}` | `{name}` |" for name, value in names]
@@ -156,7 +156,7 @@ def home_files() -> str:
 
 
 def limits() -> str:
-    from agent_bridge import domain
+    from agent_bridge import domain, jsonlimit
     from agent_bridge.ipc import protocol
 
     rows = [
@@ -167,6 +167,7 @@ def limits() -> str:
         ("hop limit", f"default {domain.HOP_LIMIT_DEFAULT}, at most {domain.HOP_MAX}"),
         ("SessionStart note", f"{domain.NOTE_TOPICS} decisions, {domain.NOTE_TEXT_MAX} characters of each"),
         ("wire frame", f"{protocol.MAX_FRAME} bytes"),
+        ("JSON nesting", f"{jsonlimit.MAX_DEPTH} levels of arrays and objects, on every surface that reads JSON"),
     ]
     return "\n".join(["| what | limit |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
 

@@ -88,3 +88,57 @@ async def test_a_home_that_cannot_be_created_is_one_clear_line(env, tmp_path):
                                        tmp_path / "stderr")
     assert str(home) in said and "Traceback" not in said, said
     assert len(said.strip().splitlines()) == 1, said
+
+
+def start_attempts(home: Path) -> int:
+    """`up` runs refused for the newer database so far (each logs its refusal once)."""
+    try:
+        return (home / "broker.log").read_text().count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
+    except FileNotFoundError:
+        return 0
+
+
+async def test_a_permanent_refusal_is_tried_once_per_relay_until_the_file_changes(env, home):
+    """Issue 23, point 5: three relays, a newer-schema bridge.db. `up` says the refusal is
+    permanent; each relay tries once, says at once that it gave up, and tries again only after
+    the file's identity changed (here: its mtime), once."""
+    from tests.test_delivery import RawHost
+
+    db = newer_database(home)
+    done = run_cli(env, "up", "--detach")
+    assert done.returncode == 1 and "(permanent: until bridge.db changes)" in done.stderr, done.stderr
+    assert start_attempts(home) == 1
+    hosts = []
+    try:
+        with trio.fail_after(120):
+            for n in range(3):
+                hosts.append(await RawHost.start(env, "--project", f"/w/permanent-{n}"))
+
+            async def all_gave_up() -> bool:
+                for host in hosts:
+                    result = await host.response(await host.call_request("whoami"))
+                    text = result["content"][0]["text"]
+                    assert result["isError"] and "schema version 99" in text, text
+                    if "gave up until that changes" not in text:
+                        return False
+                return True
+
+            await wait_for(all_gave_up, timeout=60, interval=0.1, what="every relay to give up")
+            # one try per relay (plus the `up` above), not START_ATTEMPTS each
+            assert start_attempts(home) == 1 + len(hosts)
+            stat = db.stat()
+            os.utime(db, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a new identity
+
+            async def tried_again() -> bool:
+                return start_attempts(home) == 1 + 2 * len(hosts)
+
+            await wait_for(tried_again, timeout=60, interval=0.1, what="one more try per relay")
+            await wait_for(all_gave_up, timeout=60, interval=0.1, what="every relay to give up again")
+            for host in hosts:
+                assert await host.end() == 0
+    finally:
+        for host in hosts:
+            with trio.CancelScope(shield=True):
+                await host.kill()
+    assert start_attempts(home) == 1 + 2 * len(hosts)
+    assert "Traceback" not in (home / "broker.log").read_text()

@@ -48,6 +48,10 @@ REFUSED = [
     ("send", '{"to":"x","text":"hi","priority":"high"}', "send: unknown argument 'priority'"),
     ("send", '{"to":7,"text":"hi"}', "to: expected a JSON string, got 7"),
     ("peers", '{"project":["/w"]}', 'project: expected a JSON string, got ["/w"]'),
+    # missing required arguments: one line in the project's words, not the validation library's dump
+    ("send", '{}', "send: missing required arguments to, text (it takes: reply_to, text, to)"),
+    ("decide", '{"topic":"t"}', "decide: missing required argument text (it takes: "),
+    ("send", '{"to":"x"}', "send: missing required argument text"),
 ]
 
 
@@ -58,7 +62,11 @@ def test_wrong_types_and_unknown_arguments_are_tool_errors_naming_them(broker, e
             mcp.send(f'{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}}}}}')
             answer = mcp.answer(i)
             assert answer["result"]["isError"] is True, (tool, arguments, answer)
-            assert named in answer["result"]["content"][0]["text"], (tool, arguments, answer)
+            text = answer["result"]["content"][0]["text"]
+            assert named in text, (tool, arguments, answer)
+            # one form for every tool error, one line, nothing of pydantic's
+            assert text.startswith(f"Error executing tool {tool}: ") and "\n" not in text, text
+            assert "validation error" not in text and "pydantic" not in text, text
         # the same tools with values of the right types still work
         mcp.send('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"inbox","arguments":'
                  '{"peek":true,"wait_seconds":0}}}')

@@ -480,7 +480,8 @@ class Broker:
             else:
                 if isinstance(gone_for, bool) or not isinstance(gone_for, int) or gone_for < 0:
                     raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
-                candidates = await self.db.sessions_last_seen_before(now_ms() - gone_for)
+                now = now_ms()  # longer than since 1970: nobody (and no integer past SQLite's 64 bits)
+                candidates = await self.db.sessions_last_seen_before(now - min(gone_for, now + 1))
                 ids = [i for i in candidates if i not in self.sessions]
             forgotten = await self.db.forget_peers(ids, now_ms(), fault=self.fault)
         for item in forgotten:

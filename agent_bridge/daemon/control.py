@@ -121,14 +121,20 @@ def up(*, detach: bool) -> int:
     reasons = _reason_channel()  # `up --detach` waits on it for why its child could not start
     home = paths.home()
     try:
-        paths.ensure_home(home)
+        paths.writable_home(home)  # a read-only folder: one line here, before any file is opened in it
         settings = config.load(home)
     except config.ConfigError as exc:
-        return _refuse(reasons, str(exc), code=2)
-    except OSError as exc:
-        return _refuse(reasons, f"cannot use the state folder {home}: {exc.strerror or exc}")
+        return _refuse(reasons, f"{exc} {paths.PERMANENT}until the setting changes)", code=2)
+    except paths.HomeError as exc:
+        return _refuse(reasons, str(exc))
+    except OSError as exc:  # writable_home's own reasons name the folder
+        said = exc.strerror or str(exc)
+        return _refuse(reasons, said if str(home) in said else f"cannot use the state folder {home}: {said}")
     if detach:
-        return _up_detached(home)
+        try:
+            return _up_detached(home)
+        except OSError as exc:  # the lock or the log cannot be opened after all
+            return _refuse(reasons, f"cannot write in the state folder {home}: {exc.strerror or exc}")
     lock = BrokerLock(home)
     try:
         if not lock.acquire():
@@ -163,7 +169,7 @@ def up(*, detach: bool) -> int:
             trio.run(partial(run_broker, home, settings, on_ready=on_ready))
         except* (SchemaError, DashboardError) as group:
             # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
-            refused.extend(str(refusal) for refusal in _leaves(group))
+            refused.extend(_permanent(refusal) for refusal in _leaves(group))
         except* (OSError, apsw.Error) as group:  # a locked or unreadable database, a read-only folder
             for failure in _leaves(group):
                 log.error("start-up failed", exc_info=failure)
@@ -182,6 +188,14 @@ def up(*, detach: bool) -> int:
         return 1 if refused else 0
     finally:
         lock.release()
+
+
+def _permanent(refusal: Exception) -> str:
+    """A refusal's line, marked permanent when starting again cannot change it (a database of a
+    newer schema or not a database at all): relays then wait for the file to change."""
+    if isinstance(refusal, SchemaError):
+        return f"{refusal} {paths.PERMANENT}until {paths.DB_NAME} changes)"
+    return str(refusal)
 
 
 def _take_stop_signals() -> None:

@@ -23,7 +23,6 @@ server saw itself (`learn`). The pairing rules live here and nowhere else:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import apsw
 import trio
 
-from agent_bridge import domain, hosts, paths
+from agent_bridge import domain, hosts, jsonlimit, paths
 from agent_bridge.daemon.args import (
     ADDRESS_MAX,
     no_unknown,
@@ -443,7 +442,7 @@ class Identity:
                 continue
             path = folder / entry
             try:
-                report = json.loads(path.read_text(encoding="utf-8"))
+                report = jsonlimit.loads(path.read_text(encoding="utf-8"))
                 hsid = req_str(report, "hostSessionId", ADDRESS_MAX)
                 agent = domain.normalize_agent(report.get("agent", hosts.DEFAULT.name))
                 host = parse_host(report.get("host"))

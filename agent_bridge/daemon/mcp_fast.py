@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import trio
 from mcp.server.mcpserver.exceptions import ToolError
 
+from agent_bridge import jsonlimit
 from agent_bridge.core import showing
 
 log = logging.getLogger("agent_bridge.mcp")
@@ -58,9 +59,11 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
     """What is wrong with a tool call's arguments, judged by the tool's advertised input
     schema as the host reads it (SPEC §5): an argument it does not list, or a value not of
-    its JSON type (no "yes" or 1 for a boolean, no "0" for a number). None if nothing is."""
+    its JSON type (no "yes" or 1 for a boolean, no "0" for a number), or a required one
+    missing. None if nothing is. One line, in the project's words (never the validation
+    library's dump)."""
     if arguments is None:
-        return None
+        arguments = {}
     if not isinstance(arguments, dict):
         return f"{tool}: arguments must be an object"
     properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
@@ -74,6 +77,11 @@ def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
         if not isinstance(value, JSON_TYPES[expected]) or (isinstance(value, bool) and expected != "boolean"):
             wanted = "true or false" if expected == "boolean" else f"a JSON {expected}"
             return f"{name}: expected {wanted}, got {json.dumps(value, ensure_ascii=False)}"
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    missing = [name for name in required if name not in arguments]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        return f"{tool}: missing required argument{s} {', '.join(missing)} (it takes: {', '.join(sorted(properties))})"
     return None
 
 
@@ -105,7 +113,7 @@ def cancelled_request(line: str) -> Any | None:
     """The request id a host's `notifications/cancelled` line names, as the SDK would take it
     (JSON-RPC 2.0, a notification, an integer or string `requestId`); None for any other line."""
     try:
-        message = json.loads(line)
+        message = jsonlimit.loads(line)
     except ValueError:
         return None
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
@@ -137,7 +145,7 @@ class FastCalls:
         if '"tools/call"' not in line and '"notifications/cancelled"' not in line:
             return False
         try:
-            message = json.loads(line)
+            message = jsonlimit.loads(line)
         except ValueError:
             return False
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":

@@ -29,7 +29,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from agent_bridge import __version__, domain, ledger, mcp_sdk
+from agent_bridge import __version__, domain, jsonlimit, ledger, mcp_sdk
 from agent_bridge.core import showing
 from agent_bridge.core.showing import Showing
 from agent_bridge.daemon.broker import Broker
@@ -726,7 +726,7 @@ def codex_thread_id(meta: Any) -> str | None:
     turn = data.get("x-codex-turn-metadata")
     if isinstance(turn, str):
         try:
-            turn = json.loads(turn)
+            turn = jsonlimit.loads(turn)  # the host's text: its depth is bounded like a line's
         except ValueError:
             return None
     if not isinstance(turn, dict):

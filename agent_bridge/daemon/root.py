@@ -113,7 +113,10 @@ async def _serve(
     """The IPC listener and the dashboard, until `stop`; the store outlives this."""
     async with trio.open_nursery() as serving:
         serving.start_soon(_close_sessions_on, stop, broker, serving.cancel_scope)
-        broker.socket_path = await serving.start(ipc_listener(), paths.socket_path(home), partial(handle_connection, broker))
+        # The state folder, checked by ensure_home, may hold the socket as it is; a folder
+        # elsewhere is checked by the listener (serve_unix: prepare_socket_path).
+        listen = partial(ipc_listener(), state_folder=home)
+        broker.socket_path = await serving.start(listen, paths.socket_path(home), partial(handle_connection, broker))
         broker.web_url = await _start_dashboard(serving, home, broker, web_port)
         record = {
             "pid": os.getpid(),

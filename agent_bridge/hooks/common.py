@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import paths, procinfo
+from agent_bridge import jsonlimit, paths, procinfo
 
 BROKER_TIMEOUT = 0.8  # seconds for one broker request: a hook must never hold up its host
 STDIN_MAX = 8 << 20  # bytes of hook input we accept (a Stop input carries the last reply)
@@ -63,7 +63,9 @@ def parse_input(raw: bytes) -> HookInput:
     if len(raw) > STDIN_MAX:
         raise HookInputError(f"hook input of {len(raw)} bytes exceeds {STDIN_MAX}")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = jsonlimit.loads(raw)
+    except jsonlimit.TooDeep as exc:
+        raise HookInputError(f"hook input: {exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise HookInputError(f"hook input is not JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -138,7 +140,7 @@ def leave_report(home: Path, args: dict[str, Any]) -> Path:
     report = dict(args)
     if not report.get("source"):
         try:
-            earlier = json.loads(target.read_text(encoding="utf-8"))
+            earlier = jsonlimit.loads(target.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             earlier = None
         if isinstance(earlier, dict) and earlier.get("hostSessionId") == report["hostSessionId"]:

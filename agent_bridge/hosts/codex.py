@@ -307,6 +307,8 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     import subprocess
     import threading
 
+    from agent_bridge import jsonlimit
+
     requests = [
         {"id": 1, "method": "initialize", "params": {"clientInfo": {"name": "agent-bridge-doctor", "version": "1"}}},
         {"method": "initialized"},
@@ -329,7 +331,7 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
         proc.stdin.flush()
         for line in proc.stdout:
             try:
-                message = json.loads(line)
+                message = jsonlimit.loads(line)
             except ValueError:
                 continue
             if isinstance(message, dict) and message.get("id") in (1, 2, 3):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_bridge import paths
-from agent_bridge.ipc import protocol
+from agent_bridge.ipc import peercred, protocol
 
 try:  # the C module: `socket` builds its enums at import, ~2 ms of every hook run (SPEC §9)
     from _socket import AF_UNIX, SOCK_STREAM  # type: ignore[attr-defined, unused-ignore]
@@ -47,6 +47,7 @@ def _connect(address: str, timeout: float) -> Any:
     try:
         sock.settimeout(timeout)
         sock.connect(address)
+        peercred.check_server(sock, address)  # before a byte is sent: this user's broker only
     except BaseException:
         sock.close()
         raise

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from agent_bridge.ipc import protocol
+from agent_bridge.ipc import peercred, protocol
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 
@@ -123,10 +123,17 @@ class BridgeClient:
 
 
 async def connect_unix(path: str) -> trio.SocketStream:
+    """Connect, and make sure this user's broker is at the other end before anything is sent."""
     try:
-        return await trio.open_unix_socket(path)
+        stream = await trio.open_unix_socket(path)
     except OSError as exc:
         raise BrokerGone(f"cannot connect to {path}: {exc}") from None
+    try:
+        peercred.check_server(stream.socket, path)
+    except OSError as exc:  # NotOurBroker, or the check itself failed
+        await trio.aclose_forcefully(stream)
+        raise BrokerGone(str(exc)) from None
+    return stream
 
 
 async def connect(address: str) -> trio.abc.Stream:

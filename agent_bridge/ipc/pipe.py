@@ -12,7 +12,10 @@ How the pipe is restricted:
 - `FILE_FLAG_FIRST_PIPE_INSTANCE` on the first instance: if another process (a squatter) already
   holds the name, the broker refuses to start instead of sharing it;
 - clients open it with `SECURITY_SQOS_PRESENT | SECURITY_IDENTIFICATION`, so a server that is
-  not the broker could at most identify them, never act as them.
+  not the broker could at most identify them, never act as them;
+- clients check, before they send a byte, that the server's process runs as this user
+  (`check_server`: GetNamedPipeServerProcessId, then its token's SID): a pipe of that name
+  created by another account is not the broker (the SO_PEERCRED check of the Unix clients).
 
 I/O is overlapped, through Trio's own Windows primitives (`trio.lowlevel.register_with_iocp`,
 `wait_overlapped`, `readinto_overlapped`, `write_overlapped`); the Win32 calls Trio does not wrap
@@ -21,7 +24,8 @@ so there is no extra dependency.
 
 Tested on Linux (tests/reliability/test_pipe.py): the name, the flags and the SDDL, the listener
 interface, and the broker's protocol through `serve_connections` over a fake pipe (a Trio memory
-stream pair). NOT tested on a real Windows machine: everything that calls Win32 here
+stream pair), and the client's server check through a mock of the Win32 calls (MockWin32 in the
+test). NOT tested on a real Windows machine: everything that calls Win32 here
 (`serve_pipe`, `PipeStream`, `connect_pipe`, `BlockingPipe`) has never run.
 """
 
@@ -32,9 +36,12 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
+
+from agent_bridge.ipc import peercred
 
 log = logging.getLogger("agent_bridge.ipc")
 
@@ -57,6 +64,7 @@ SECURITY_IDENTIFICATION = 0x00010000
 SDDL_REVISION_1 = 1
 TOKEN_QUERY = 0x0008
 TOKEN_USER_CLASS = 1  # TOKEN_INFORMATION_CLASS.TokenUser
+PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
 
 ERROR_FILE_NOT_FOUND = 2
 ERROR_BROKEN_PIPE = 109
@@ -168,6 +176,10 @@ class _Win32:
         k.CloseHandle.argtypes = [w.HANDLE]
         k.CloseHandle.restype = w.BOOL
         k.GetCurrentProcess.restype = w.HANDLE
+        k.GetNamedPipeServerProcessId.argtypes = [w.HANDLE, ctypes.POINTER(w.ULONG)]
+        k.GetNamedPipeServerProcessId.restype = w.BOOL
+        k.OpenProcess.argtypes = [w.DWORD, w.BOOL, w.DWORD]
+        k.OpenProcess.restype = w.HANDLE
         k.LocalFree.argtypes = [w.LPVOID]
         k.LocalFree.restype = w.LPVOID
         a.OpenProcessToken.argtypes = [w.HANDLE, w.DWORD, ctypes.POINTER(w.HANDLE)]
@@ -191,9 +203,26 @@ class _Win32:
         return exc
 
     def user_sid(self) -> str:
+        return self.process_sid(self.kernel32.GetCurrentProcess())
+
+    def server_sid(self, pipe: int) -> str:
+        """The SID of the user running the server of the connected client end `pipe`."""
+        ctypes, w = self.ctypes, self.w
+        pid = w.ULONG()
+        if not self.kernel32.GetNamedPipeServerProcessId(pipe, ctypes.byref(pid)):
+            raise self.error("GetNamedPipeServerProcessId")
+        process = self.kernel32.OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, False, pid.value)
+        if not process:
+            raise self.error(f"OpenProcess({pid.value})")
+        try:
+            return self.process_sid(process)
+        finally:
+            self.kernel32.CloseHandle(process)
+
+    def process_sid(self, process: Any) -> str:
         ctypes, w = self.ctypes, self.w
         token = w.HANDLE()
-        if not self.advapi32.OpenProcessToken(self.kernel32.GetCurrentProcess(), TOKEN_QUERY, ctypes.byref(token)):
+        if not self.advapi32.OpenProcessToken(process, TOKEN_QUERY, ctypes.byref(token)):
             raise self.error("OpenProcessToken")
         try:
             size = w.DWORD()
@@ -284,10 +313,12 @@ async def serve_pipe(
     name: str,
     handler: Handler,
     *,
+    state_folder: Path | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Create the pipe (its first instance binds the name), report the name as started, then
-    serve each client in its own task. Windows only."""
+    serve each client in its own task. Windows only. `state_folder`: unused (a pipe has no
+    folder; the parameter keeps serve_unix's interface)."""
     if not is_pipe_name(name):
         raise ValueError(f"not a named pipe: {name!r}")
     win = _win32()
@@ -335,6 +366,7 @@ def _open_client(win: _Win32, name: str, flags: int) -> int | None:
     """The client end of `name`, or None while every instance is busy."""
     handle = win.kernel32.CreateFileW(name, GENERIC_READ | GENERIC_WRITE, 0, None, OPEN_EXISTING, flags, None)
     if handle is not None and handle != win.INVALID_HANDLE_VALUE:
+        check_server(win, int(handle), name)
         return int(handle)
     code = win.ctypes.get_last_error()
     if code == ERROR_PIPE_BUSY:
@@ -342,6 +374,21 @@ def _open_client(win: _Win32, name: str, flags: int) -> int | None:
     if code == ERROR_FILE_NOT_FOUND:
         raise FileNotFoundError(f"no broker pipe {name}")
     raise win.error(f"cannot open {name}")
+
+
+def check_server(win: _Win32, handle: int, name: str) -> None:
+    """The pipe's server runs as this user, or the handle is closed and NotOurBroker raised,
+    before a byte is sent: the Windows side of `ipc.peercred.check_server` (another account that
+    created the name first, or a squatter, is not the broker)."""
+    try:
+        theirs, mine = win.server_sid(handle), win.user_sid()
+    except OSError:
+        win.close(handle)
+        raise
+    if theirs != mine:
+        win.close(handle)
+        raise peercred.NotOurBroker(f"{name} is served by {theirs}, not by you ({mine}): not your broker; "
+                                    "refusing to talk to it")
 
 
 async def connect_pipe(name: str, *, timeout: float = 10.0) -> PipeStream:  # noqa: ASYNC109

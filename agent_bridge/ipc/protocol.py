@@ -55,6 +55,8 @@ import json
 import struct
 from typing import Any, NamedTuple
 
+from agent_bridge import jsonlimit
+
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
 HEADER = struct.Struct(">I")
@@ -117,9 +119,11 @@ def encode(obj: dict[str, Any]) -> bytes:
 
 def decode_payload(payload: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(payload.decode("utf-8"))
+        obj = jsonlimit.loads(payload)
     except UnicodeDecodeError:
         raise ProtocolError("frame is not valid UTF-8") from None
+    except jsonlimit.TooDeep as exc:
+        raise ProtocolError(f"frame: {exc}") from None
     except ValueError as exc:
         raise ProtocolError(f"frame is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

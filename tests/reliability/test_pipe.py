@@ -78,7 +78,7 @@ def test_security_descriptor_allows_only_the_user():
 def test_serve_pipe_has_the_listener_interface_of_serve_unix():
     unix, named = inspect.signature(serve_unix), inspect.signature(pipe.serve_pipe)
     assert [p.kind for p in unix.parameters.values()] == [p.kind for p in named.parameters.values()]
-    assert list(named.parameters)[1:] == list(unix.parameters)[1:] == ["handler", "task_status"]
+    assert list(named.parameters)[1:] == list(unix.parameters)[1:] == ["handler", "state_folder", "task_status"]
     assert named.parameters["task_status"].default is trio.TASK_STATUS_IGNORED
 
 
@@ -272,3 +272,46 @@ async def test_the_hooks_blocking_client_uses_a_fake_pipe_on_windows(tmp_path, m
                 blocking.call, home, "identify", timeout=10, hostSessionId="hook-session", agent="claude"))
             assert answer == {"session": None, "paired": False}
             nursery.cancel_scope.cancel()
+
+
+# --- the client's check of the server (issue 23): Win32 itself cannot run here ------------------
+
+
+class MockWin32:
+    """A MOCK of pipe._Win32, the ctypes layer that exists only on Windows: CreateFileW hands out
+    a handle, and the server's and this process's SIDs are what the test says. What runs for
+    real is pipe._open_client and pipe.check_server around it."""
+
+    INVALID_HANDLE_VALUE = -1
+
+    def __init__(self, server: str, me: str) -> None:
+        self.server, self.me = server, me
+        self.closed: list[int] = []
+
+        class Kernel32:
+            @staticmethod
+            def CreateFileW(*args: Any) -> int:  # noqa: N802 - the Win32 name
+                return 7
+
+        self.kernel32 = Kernel32()
+
+    def server_sid(self, handle: int) -> str:
+        return self.server
+
+    def user_sid(self) -> str:
+        return self.me
+
+    def close(self, handle: int) -> None:
+        self.closed.append(handle)
+
+
+def test_a_pipe_client_refuses_a_server_of_another_account_before_sending():
+    from agent_bridge.ipc.peercred import NotOurBroker
+
+    me = "S-1-5-21-1-2-3-1001"
+    ours = MockWin32(server=me, me=me)
+    assert pipe._open_client(ours, PIPE, pipe.client_flags()) == 7 and ours.closed == []
+    squatter = MockWin32(server="S-1-5-21-1-2-3-1002", me=me)
+    with pytest.raises(NotOurBroker, match="S-1-5-21-1-2-3-1002"):
+        pipe._open_client(squatter, PIPE, pipe.client_flags())
+    assert squatter.closed == [7]  # closed, nothing written to it

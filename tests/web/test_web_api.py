@@ -317,6 +317,8 @@ async def test_decisions_scope_is_literal_all_not_an_implicit_context(dashboard:
         ('{"sessions": [1]}', "scope.sessions[0]"),
         ('{"project": "/a", "sessions": ["x"]}', "exactly one key"),
         ("{not json", "not JSON"),
+        ("[" * 1500 + "]" * 1500, "nested deeper than 64 levels"),  # was a RecursionError: 500
+        ('{"sessions": ' + "[" * 70 + "]" * 70 + "}", "nested deeper than 64 levels"),
     ],
 )
 async def test_decisions_malformed_scope_is_400(dashboard: Running, scope: str, words: str) -> None:
