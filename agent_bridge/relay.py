@@ -834,7 +834,7 @@ class Relay:
             unanswered, self.waiting = self.waiting, []
             reason = self.unreachable()
         for request in unanswered:
-            rid = json.loads(request.key)
+            rid = request.rid
             if request.method == "tools/call":
                 self.tool_error(rid, request.tool or "", reason)
             else:
