@@ -566,11 +566,14 @@ class Relay:
         """Connect and say hello (`mcp`): the broker serves this session from now on."""
         resume = {"id": self.session_id, "secret": self.secret} if self.session_id and self.secret else None
         with self.cond:
-            acked = self.showing.due()[: ledger.IDS_MAX]  # the rest follows the hello (hand_over_acks)
+            # What this relay showed and no broker recorded: the hello carries up to IDS_MAX ids,
+            # recorded before the session's delivery starts; the rest follows it (replay_frames).
+            acked = self.showing.due()[: ledger.IDS_MAX]
+            offered = self.showing.unconfirmed()[0][: ledger.IDS_MAX - len(acked)]
         sock = blocking.connect(socket_path, HELLO_TIMEOUT)
         link = Link(sock)
         try:
-            link.send([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked)])
+            link.send([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked, offered=offered)])
             while True:
                 answer = link.receive()
                 if answer is None:
@@ -598,20 +601,24 @@ class Relay:
                 self.secret = hello["secret"]
             self.refused = self.start_failure = self.start_blocked = None
             self.start_attempts, self.next_start = 0, 0.0
-            frames = self.replay_frames(acked)
+            frames = self.replay_frames(acked, offered)
             self.send(link, frames)  # before any host line: the new broker's MCP session first
             self.link, self.joined = link, True
             self.cond.notify_all()
         return link
 
-    def replay_frames(self, acked: list[str]) -> list[dict[str, Any]]:
-        """What a new broker needs before the host's next line (its hello carried `acked`, which
-        it recorded before it answered): the rest of the acknowledgements kept while none
-        answered, the host's `initialize`, `notifications/initialized` and log level (their
-        answers dropped); then the requests that wait for it. Called under `cond`."""
+    def replay_frames(self, acked: list[str], offered: list[str]) -> list[dict[str, Any]]:
+        """What a new broker needs before the host's next line (its hello carried `acked` and
+        `offered`, which it recorded before it answered): the rest of the acknowledgements and
+        offers kept while none answered, the host's `initialize`, `notifications/initialized`
+        and log level (their answers dropped); then the requests that wait for it. Called under
+        `cond`."""
         self.showing.reported(acked)
         self.showing.recorded(acked)
-        frames = self.hand_over_acks()
+        carried = set(offered)
+        rest = [mid for mid in self.showing.unconfirmed()[0] if mid not in carried]
+        frames = [frame("offered", ids=rest[i:i + ledger.IDS_MAX]) for i in range(0, len(rest), ledger.IDS_MAX)]
+        frames += self.hand_over_acks()
         self.save_ledger()  # what is left unconfirmed, if a ledger file is kept
         self.showing.forget_queued()  # the new broker pushes what is still unacknowledged
         if self.init is not None and self.init_answered:

@@ -241,6 +241,7 @@ class Delivery(RuleBasedStateMachine):
         the relay forgets its queued copies (the broker pushes what is unacknowledged)."""
         self.broker = Showing()
         self.answers.clear()
+        self.offered_in_store |= set(self.relay.unconfirmed()[0])  # the hello carries the offers too
         due = self.relay.take_acks(self.now)
         self.store_ack(due)
         self.relay.recorded(due)

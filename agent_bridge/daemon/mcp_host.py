@@ -54,6 +54,7 @@ from agent_bridge.ipc import protocol
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.mcp_stdin import GuardedStdin
+from agent_bridge.store.writer import now_ms
 
 log = logging.getLogger("agent_bridge.mcp")
 # The SDK logs every tool error at INFO: each one already reached its agent; only its warnings
@@ -138,6 +139,7 @@ class Bridge:
 
     def __init__(self, broker: Broker, session: Session, relay: FramedStream) -> None:
         self.client = LocalClient(broker, session)
+        self.broker, self.session = broker, session
         self.relay = relay
         self.hop_limit = broker.settings.hop_limit
         # Every pushed message's state (queued, offered, on its way, settling, written,
@@ -276,6 +278,16 @@ class Bridge:
         self.showing.shown_directly(None, ids, reported=False)
         self.acks_due.set()
 
+    async def offered_by_relay(self, ids: list[str]) -> None:
+        """The relay offered these itself while no broker answered (or a cancel took back what
+        it wrote): shown again, they are repeats. Recorded in the store at once, as a ledger's
+        offers are: the relay keeps them no longer."""
+        self.showing.offered_elsewhere(ids)
+        try:
+            await self.broker.db.offer(self.session.id, ids, now_ms())
+        except STORAGE_ERRORS as exc:
+            log.warning("could not record a relay's offers: %s", exc)
+
     async def cancelled(self, rid: Any) -> None:
         """The host cancelled request `rid` (read in order with the relay's frames). Not
         written yet: it never will be (the SDK and mcp_fast drop it), so nothing counts as
@@ -349,6 +361,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     then the host's lines are served by the MCP SDK, beside the session's delivery task."""
     link = SessionLink(conn)
     acked = args.pop("acked", None)  # shown by the relay while no broker answered
+    offered = args.pop("offered", None)  # offered by it then, maybe shown: repeats if shown again
     session = await attach_session(broker, conn, request_id, args, to=cast(FramedStream, link))
     if session is None:
         return
@@ -356,11 +369,14 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     pipe = bridge.pipe = mcp_sdk.RelayPipe(conn)
     stdin_closed = False
     try:
-        if isinstance(acked, list) and acked:  # before the delivery task reads what is unacknowledged
+        # Before the delivery task reads what is unacknowledged (and marks what was offered).
+        if isinstance(acked, list) and acked:
             try:
                 await bridge.call("ack", ids=acked[: ledger.IDS_MAX])
             except RemoteError as exc:
                 log.warning("could not record a relay's acknowledgements: %s", exc)
+        if isinstance(offered, list) and offered:
+            await bridge.offered_by_relay([i for i in offered if isinstance(i, str)][: ledger.IDS_MAX])
         # The secret lets this relay resume exactly this session later (daemon.identity).
         hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
         await conn.send(protocol.ok(request_id, hello))
@@ -449,6 +465,8 @@ async def _read_relay(
             pipe.written(frame["seq"])
         elif kind == "acked" and isinstance(frame.get("ids"), list):  # the relay showed them itself
             bridge.shown_by_relay([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
+        elif kind == "offered" and isinstance(frame.get("ids"), list):  # and offered these, maybe shown
+            await bridge.offered_by_relay([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
         elif kind == "eof":
             return True
         elif kind != "ping":

@@ -28,6 +28,7 @@ connection carries the host's JSON-RPC lines, not requests:
 Relay -> broker:  {"v":1, "relay": "line", "line": "<one JSON-RPC line from the host>"}
                   {"v":1, "relay": "written", "seq": n}   (line n is in the host's pipe)
                   {"v":1, "relay": "acked", "ids": [...]} (it showed these while no broker answered)
+                  {"v":1, "relay": "offered", "ids": [...]} (it offered these then: maybe shown)
                   {"v":1, "relay": "ping"}                (keepalive, every 15 s)
                   {"v":1, "relay": "eof"}                 (the host closed stdin)
 Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdout>"}
@@ -40,7 +41,9 @@ Broker -> relay:  {"v":1, "push": "line", "line": "<one line for the host's stdo
 The relay keeps the held messages that it has not written, to answer `inbox` itself while no
 broker answers (offers and acknowledgements then go to the ledger file), and the ids it wrote
 that no "acked" has confirmed; the `mcp` request of its next connection carries those as
-"acked": [...], recorded before that session's delivery starts: nothing shown twice.
+"acked": [...] and what it offered as "offered": [...] (together at most 10,000 ids; the rest
+follows as frames), recorded before that session's delivery starts: nothing shown twice
+unmarked.
 A line longer than one frame takes comes in parts, each but the last with `"more": true`.
 The relay acknowledges nothing itself: "written" comes after the bytes are in the host's pipe,
 and ids it could not report (no broker) go to the ledger file, then to the next broker.
