@@ -529,9 +529,11 @@ class Relay:
         except subprocess.TimeoutExpired:
             return  # slow: the run loop connects once it runs
         said = done.stderr.decode("utf-8", "replace")
-        if done.returncode == 0 or paths.ALREADY_RUNNING in said or paths.lock_holder(self.options.home) is not None:
+        won_elsewhere = paths.PERMANENT not in said and paths.lock_holder(self.options.home) is not None
+        if done.returncode == 0 or paths.ALREADY_RUNNING in said or won_elsewhere:
             # started, or another relay's broker won the lock (it may still be starting, so the
-            # lock can look free for an instant): the run loop connects
+            # lock can look free for an instant): the run loop connects. A permanent refusal is
+            # ours whoever holds the lock now (another relay's `up`, refused the same way).
             return
         reason = said.strip().splitlines()
         text = reason[-1] if reason else f"`agent-bridge up` exited with status {done.returncode}"
