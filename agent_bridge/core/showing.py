@@ -81,15 +81,20 @@ class Showing:
     """The states of one session's messages in one process (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self.entries: OrderedDict[str, Entry] = OrderedDict()  # queue order: oldest first
-        self.acked = 0  # entries in ACKED, forgotten oldest first past ACKED_MEMORY
+        # Every message not acknowledged, in queue order (oldest first); the acknowledged ones
+        # only as ids (ACKED), forgotten oldest first past ACKED_MEMORY: every pass over
+        # `entries` stays as short as what is in flight.
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
+        self.acked: OrderedDict[str, None] = OrderedDict()
         self.cancelled: OrderedDict[str, None] = OrderedDict()
 
     # --- queries --------------------------------------------------------------------
 
     def state(self, mid: str) -> str | None:
         entry = self.entries.get(mid)
-        return entry.state if entry is not None else None
+        if entry is not None:
+            return entry.state
+        return ACKED if mid in self.acked else None
 
     def queued(self, limit: int | None = None) -> list[dict[str, Any]]:
         """What an answer may show now, oldest first, repeats marked."""
@@ -106,7 +111,7 @@ class Showing:
 
     def busy(self) -> set[str]:
         """Being shown or acknowledged here now: not for another path to show."""
-        return {mid for mid, e in self.entries.items() if e.state not in (QUEUED, ACKED)}
+        return {mid for mid, e in self.entries.items() if e.state != QUEUED}
 
     def unconfirmed(self) -> tuple[list[str], list[str]]:
         """(offered and maybe shown, written and not confirmed): the ledger's content. An answer
@@ -129,27 +134,29 @@ class Showing:
         """A message to show; False for one already here (a replay). With `reack`, a replay of
         one acknowledged here means its recording was lost: it is due again."""
         mid = str(message["id"])
+        if mid in self.acked:
+            if reack:
+                del self.acked[mid]
+                entry = self.entries[mid] = Entry(message)
+                entry.state, entry.repeat = WRITTEN, True
+            return False
         entry = self.entries.get(mid)
         if entry is None:
             self.entries[mid] = Entry(message)
             return True
         if not entry.known:
             entry.message, entry.known = message, True
-        if entry.state == ACKED and reack:
-            entry.state = WRITTEN
-            self.acked -= 1
-        elif entry.state == QUEUED and message.get("repeat"):
+        if entry.state == QUEUED and message.get("repeat"):
             entry.repeat = True
         return False
 
     def again(self, message: dict[str, Any]) -> None:
         """The broker withdrew this message (a cancel crossed its answer): first in line, a repeat."""
         mid = str(message["id"])
+        self.acked.pop(mid, None)
         entry = self.entries.get(mid)
         if entry is None:
             entry = self.entries[mid] = Entry(message)
-        elif entry.state == ACKED:
-            self.acked -= 1
         entry.message, entry.known = message, True
         entry.state, entry.by, entry.repeat = QUEUED, None, True
         self.entries.move_to_end(mid, last=False)
@@ -189,11 +196,11 @@ class Showing:
         """Written to the host for `by` by a path this machine did not offer (the relay writing
         the broker's answer), and `reported` to the recorder or not: acknowledged once confirmed."""
         for mid in ids:
+            if mid in self.acked:
+                continue
             entry = self.entries.get(mid)
             if entry is None:
                 entry = self.entries[mid] = Entry({"id": mid}, known=False)
-            elif entry.state == ACKED:
-                continue
             entry.state, entry.by, entry.repeat = RECORDING if reported else WRITTEN, by, True
 
     def reported(self, ids: list[str]) -> None:
@@ -262,7 +269,7 @@ class Showing:
         for mid in ids:
             entry = self.entries.get(mid)
             if entry is not None and entry.state == RECORDING:
-                self._ack(entry)
+                self._ack(mid)
         self._forget_acked()
 
     def not_recorded(self, ids: list[str]) -> None:
@@ -281,11 +288,7 @@ class Showing:
     def elsewhere(self, ids: list[str]) -> None:
         """Acknowledged through another path (a Stop hook, a ledger): done here too."""
         for mid in ids:
-            entry = self.entries.get(mid)
-            if entry is None:
-                entry = self.entries[mid] = Entry({"id": mid}, known=False)
-            if entry.state != ACKED:
-                self._ack(entry)
+            self._ack(mid)
         self._forget_acked()
 
     def offered_elsewhere(self, ids: list[str]) -> None:
@@ -305,13 +308,10 @@ class Showing:
     def _by(self, by: str, states: tuple[str, ...]) -> list[Entry]:
         return [e for e in self.entries.values() if e.by == by and e.state in states]
 
-    def _ack(self, entry: Entry) -> None:
-        entry.state, entry.by = ACKED, None
-        self.acked += 1
+    def _ack(self, mid: str) -> None:
+        self.entries.pop(mid, None)
+        self.acked[mid] = None
 
     def _forget_acked(self) -> None:
-        if self.acked <= ACKED_MEMORY:
-            return
-        for mid in [m for m, e in self.entries.items() if e.state == ACKED][: self.acked - ACKED_MEMORY]:
-            del self.entries[mid]
-        self.acked = ACKED_MEMORY
+        while len(self.acked) > ACKED_MEMORY:
+            self.acked.popitem(last=False)
