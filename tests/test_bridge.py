@@ -496,3 +496,25 @@ async def test_sigkill_the_broker_repeatedly_loses_nothing_and_duplicates_nothin
               f"p99={latencies[int(len(latencies) * 0.99)] * 1000:.1f}ms max={latencies[-1] * 1000:.0f}ms")
     finally:
         run_cli(env, "down")
+
+
+async def test_a_line_nested_too_deep_from_a_relay_client_is_refused_and_the_session_goes_on(home):
+    """A client speaking the relay protocol for itself (no relay to catch it first) sends a
+    `tools/call` whose scope nests 1,500 deep: it gets JSON-RPC -32600 with its id, and the
+    session answers its next call."""
+    from agent_bridge import jsonlimit
+    from tests.test_absorb_offers import broker_in_process
+
+    deep = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"decide","arguments":' \
+        '{"topic":"t","text":"x","scope":' + "[" * 1500 + "]" * 1500 + "}}}"
+    with trio.fail_after(60):
+        async with broker_in_process(home) as (broker, sock):
+            relay, _ = await play_relay(sock, "/w/deep")
+            await relay.send({"v": 1, "relay": "line", "line": deep})
+            answer = json.loads((await relay_answer(relay, 7))["line"])
+            assert answer["error"]["code"] == -32600
+            assert f"nested deeper than {jsonlimit.MAX_DEPTH} levels" in answer["error"]["message"]
+            await relay.send(relay_line({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+                                         "params": {"name": "whoami", "arguments": {}}}))
+            assert "result" in json.loads((await relay_answer(relay, 8))["line"])
+            await relay.aclose()

@@ -455,6 +455,11 @@ async def _read_relay(
             if not frame.get("more"):
                 line = "".join(parts)
                 parts.clear()
+                if jsonlimit.too_deep(line):  # the relay answers these; a client speaking for one may not
+                    answer = invalid_request_line(jsonlimit.members(line) or {}, str(jsonlimit.TooDeep()))
+                    if answer is not None:
+                        await pipe.send_line(answer)
+                    continue
                 if '"notifications/cancelled"' in line:
                     rid = cancelled_request(line)
                     if rid is not None:
@@ -472,6 +477,19 @@ async def _read_relay(
         elif kind != "ping":
             await _send_quietly(conn, protocol.error(None, "protocol", f"relay frame: unknown kind {kind!r}"))
             return False
+
+
+def invalid_request_line(message: dict[str, Any], problem: str) -> str | None:
+    """JSON-RPC "Invalid Request" for a line that is not parsed (`message`: its top-level
+    members, as far as they could be read), with the request's id when it has a usable one,
+    else null; None for a notification, which gets no answer."""
+    if "id" not in message and isinstance(message.get("method"), str):
+        return None
+    rid = message.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, (int, str)) or protocol.unstorable_text(rid):
+        rid = None
+    error = {"code": -32600, "message": f"Invalid Request: {problem}"}
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "error": error}, ensure_ascii=False)
 
 
 def render_for_agent(message: dict[str, Any]) -> str:
