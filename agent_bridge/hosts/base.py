@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -64,9 +65,15 @@ class Host:
         """The SessionStart hook's answer that adds `note` to the session's context."""
         return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}
 
-    def stop_output(self, reason: str) -> dict[str, Any]:
-        """The Stop hook's answer that keeps the session going with `reason` as its next input."""
+    def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
+        """The Stop hook's answer that keeps the session going with `reason` as its next input.
+        `hook`: the Stop hook's input, for a host whose answer depends on the running version."""
         return {"decision": "block", "reason": reason}
+
+    def post_tool_use_output(self, text: str) -> dict[str, Any]:
+        """The PostToolUse hook's answer that adds `text` to the model's next request of the turn
+        (SPEC §3 "Reach" item 1)."""
+        return {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": text}}
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         """Whether this host will use the MCP server and both hooks for `home`."""

@@ -9,9 +9,17 @@ Configuration (the files and keys Claude Code documents):
   (https://code.claude.com/docs/en/settings): the `hooks` object of `~/.claude/settings.json`
   (user) or `.claude/settings.json` (project): event -> [matcher group {"matcher"?, "hooks":
   [{"type": "command", "command", "timeout"}]}]. SessionStart and Stop need no matcher.
-- Hook answers ("Hooks reference", #sessionstart and #stop): SessionStart adds
-  `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block", "reason"}`, which
-  Claude reads as its next instruction.
+- Hook answers ("Hooks reference", #sessionstart, #posttooluse and #stop): SessionStart and
+  PostToolUse add `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block",
+  "reason"}`, which Claude reads as its next instruction. From 2.1.163 (its changelog) Stop also
+  takes `hookSpecificOutput.additionalContext`, which keeps the turn going without the TUI's
+  "Stop hook reported a problem" label and without the "blocking error from command" system
+  message that repeats the hook's command line to the model (both seen with 2.1.332): the Stop
+  hook answers so when the running Claude Code is that new (`stop_output`).
+- Which Claude Code runs the session: every entry Claude Code writes to the session transcript
+  (`transcript_path` in each hook input) carries `"version"` (seen with 2.1.197 and 2.1.332). The
+  transcript is the running host's own record of itself, so a Stop hook reads it there rather than
+  asking `claude --version` (another install may be on PATH, and it costs a process).
 
 Process: the `claude` program (its process name, seen with Claude Code 2.1.197). One conversation
 per process: `/clear` gives the same process a new session id, which replaces the old one.
@@ -27,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, Host
 
 if TYPE_CHECKING:
+    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
+
+Version = tuple[int, int, int]
+STOP_CONTEXT_SINCE: Version = (2, 1, 163)  # Stop takes hookSpecificOutput.additionalContext (changelog)
+TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
+TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
 
 class Claude(Host):
@@ -62,6 +76,14 @@ class Claude(Host):
         server_file = self.mcp_file(scope, cwd)
         return [install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
                 install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
+
+    def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
+        """additionalContext when the running Claude Code takes it on Stop (2.1.163+), else the
+        block decision, which every version takes."""
+        version = transcript_version(hook.transcript_path) if hook is not None else None
+        if stop_takes_context(version):
+            return {"hookSpecificOutput": {"hookEventName": "Stop", "additionalContext": reason}}
+        return {"decision": "block", "reason": reason}
 
     def next_step(self, scope: str) -> str:
         return (
@@ -112,6 +134,55 @@ class Claude(Host):
                                 "session runs the hook twice",
                                 "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
         return checks
+
+
+def stop_takes_context(version: Version | None) -> bool:
+    """Whether this Claude Code version takes `additionalContext` on Stop (unknown: no)."""
+    return version is not None and version >= STOP_CONTEXT_SINCE
+
+
+def parse_version(text: object) -> Version | None:
+    """"2.1.332" (or "2.1.332 (Claude Code)") -> (2, 1, 332); None for anything else."""
+    if not isinstance(text, str):
+        return None
+    parts = text.strip().split(" ", 1)[0].split(".")
+    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def transcript_version(path: str) -> Version | None:
+    """The version of the Claude Code that last wrote this session transcript (JSON lines, each
+    entry Claude Code writes carrying `"version"`), from its newest complete line that has one;
+    None when there is no such line (or no readable file)."""
+    import json
+
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            size = min(end, TRANSCRIPT_TAIL)
+            while True:
+                f.seek(end - size)
+                lines = f.read(size).split(b"\n")
+                if size < end:
+                    lines = lines[1:]  # the first one may be cut
+                for line in reversed(lines):
+                    if b'"version"' not in line:
+                        continue
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue
+                    version = parse_version(entry.get("version")) if isinstance(entry, dict) else None
+                    if version is not None:
+                        return version
+                if size >= end or size >= TRANSCRIPT_TAIL_MAX:
+                    return None
+                size = min(end, size * 4)
+    except OSError:
+        return None
 
 
 def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:
