@@ -1,6 +1,6 @@
 """`agent-bridge install` and `agent-bridge uninstall` (`[--claude] [--codex] … [--scope user|project] [--dry-run]`).
 
-Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart and Stop hooks in
+Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart, PostToolUse and Stop hooks in
 each host's own configuration files. Which files and keys a host uses, and the host-specific
 edits (Codex's `config.toml`), are in its module under agent_bridge/hosts; this module holds what
 they share: the command lines, the JSON edits, backups and writing.
@@ -45,7 +45,10 @@ from agent_bridge.tomledit import TomlText
 SERVER_NAME = "agent-bridge"
 PATH_COMMAND = "agent-bridge"  # what project-scope files name: found on PATH on every machine
 HOOK_TIMEOUT = 10  # seconds the host gives one hook run; ours take well under one
-EVENTS = (("SessionStart", "session-start"), ("Stop", "stop"))
+# The hook events install registers (host event name, `agent-bridge hook` argument). PostToolUse
+# is SPEC §3 "Reach" item 1; an install from before it has only the other two, and doctor says so.
+EVENTS = (("SessionStart", "session-start"), ("PostToolUse", "post-tool-use"), ("Stop", "stop"))
+REQUIRED_EVENTS = ("SessionStart", "Stop")  # without these the bridge's hooks do not work at all
 
 
 class InstallError(Exception):
@@ -106,7 +109,7 @@ def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]
 
 
 def hook_commands(run: list[str], agent: str, env: dict[str, str]) -> dict[str, str]:
-    """Event name (SessionStart, Stop) -> our hook's command line for this agent."""
+    """Event name (EVENTS) -> our hook's command line for this agent."""
     return {event: hook_command(run, arg, agent, env) for event, arg in EVENTS}
 
 
@@ -232,7 +235,9 @@ def _drop(groups: list[Any], pairs: list[tuple[dict[str, Any], dict[str, Any]]])
 
 
 def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, commands: dict[str, str]) -> None:
-    """`commands`: event name (SessionStart, Stop) -> our command line."""
+    """`commands`: event name (SessionStart, PostToolUse, Stop) -> our command line. No matcher:
+    SessionStart then runs for every source (startup, resume, clear, compact) and PostToolUse
+    after every tool, on both hosts."""
     hooks = _object_at(data, "hooks", path)
     for event, event_arg in EVENTS:
         groups = hooks.setdefault(event, [])
@@ -255,7 +260,7 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, comman
 
 
 def hooks_edit(path: Path, run: list[str], agent: str, env: dict[str, str], *, private: bool) -> FileEdit:
-    """Register our SessionStart and Stop hooks for `agent` in the JSON hooks file `path` (the
+    """Register our hooks (EVENTS) for `agent` in the JSON hooks file `path` (the
     event -> matcher group -> handler form Claude Code and Codex share)."""
     return edit_json(path, partial(ensure_json_hooks, path=path, commands=hook_commands(run, agent, env)), private=private)
 

@@ -280,7 +280,9 @@ def test_real_codex_hook_trust_and_project_trust(tmp_path, user_home, workdir):
     # Trust them as the fix says (the values are Codex's own, from hooks/list).
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
-    snippet = "\n".join(line.strip() for line in lines[at : at + 4]) + "\n"
+    end = max(i for i, line in enumerate(lines) if "trusted_hash" in line) + 1
+    snippet = "\n".join(line.strip() for line in lines[at:end]) + "\n"
+    assert snippet.count("trusted_hash") == 3  # SessionStart, PostToolUse, Stop
     config = user_home / ".codex" / "config.toml"
     config.write_text(config.read_text() + "\n" + snippet)
     result = run(env, workdir, "doctor")
@@ -393,6 +395,7 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
 
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
-    config.write_text(config.read_text() + "\n" + "\n".join(line.strip() for line in lines[at : at + 4]) + "\n")
+    end = max(i for i, line in enumerate(lines) if "trusted_hash" in line) + 1
+    config.write_text(config.read_text() + "\n" + "\n".join(line.strip() for line in lines[at:end]) + "\n")
     assert statuses(run(env, workdir, "doctor").stdout)["Codex hooks trust"] == "ok"
     assert session_start_ran()

@@ -41,7 +41,7 @@ class Host:
         raise NotImplementedError
 
     def hooks_file(self, scope: str, cwd: Path) -> Path:
-        """The JSON file whose `hooks` object registers SessionStart and Stop at this scope."""
+        """The JSON file whose `hooks` object registers our hooks (install.EVENTS) at this scope."""
         raise NotImplementedError
 
     def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],

@@ -8,7 +8,7 @@ Configuration (the files and keys Claude Code documents):
 - Hooks: "Hooks reference" (https://code.claude.com/docs/en/hooks#configuration) and "Settings"
   (https://code.claude.com/docs/en/settings): the `hooks` object of `~/.claude/settings.json`
   (user) or `.claude/settings.json` (project): event -> [matcher group {"matcher"?, "hooks":
-  [{"type": "command", "command", "timeout"}]}]. SessionStart and Stop need no matcher.
+  [{"type": "command", "command", "timeout"}]}]. SessionStart, PostToolUse and Stop need no matcher (none: every source, every tool).
 - Hook answers ("Hooks reference", #sessionstart, #posttooluse and #stop): SessionStart and
   PostToolUse add `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block",
   "reason"}`, which Claude reads as its next instruction. From 2.1.163 (its changelog) Stop also
@@ -89,7 +89,7 @@ class Claude(Host):
         return (
             "Claude Code: start a new session (or run /mcp to reconnect); "
             + ("approve the project's .mcp.json server when asked; " if scope == "project" else "")
-            + "/hooks lists the SessionStart and Stop hooks."
+            + "/hooks lists the SessionStart, PostToolUse and Stop hooks."
         )
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:

@@ -353,7 +353,8 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     return layers, hooks
 
 
-_CODEX_EVENTS = {"sessionStart": "session-start", "stop": "stop"}  # hooks/list eventName -> our hook
+# hooks/list eventName -> our hook (the names Codex 0.171's app-server gives)
+_CODEX_EVENTS = {"sessionStart": "session-start", "postToolUse": "post-tool-use", "stop": "stop"}
 
 
 def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: bool) -> list[Check]:
@@ -389,7 +390,7 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
         checks.append(Check(
             "Codex hooks trust", FAIL,
             f"{len(untrusted)} agent-bridge hook(s) not trusted ({states}): Codex skips them, `codex exec` without a word",
-            f"start `codex`, open /hooks and trust the agent-bridge SessionStart and Stop hooks; or, having read "
+            f"start `codex`, open /hooks and trust the agent-bridge SessionStart, PostToolUse and Stop hooks; or, having read "
             f"them, add to {config}:{snippet}",
         ))
     else:
