@@ -166,6 +166,16 @@ class World:
 
     # --- the bridge's own record -----------------------------------------------------------
 
+    def receipts(self, host_session_id: str) -> list[dict[str, Any]]:
+        """The receipts of the messages to the session with this host session id, oldest first."""
+        with reader.reading(self.bridge_home / "bridge.db") as conn:
+            assert conn is not None
+            cursor = conn.execute(
+                "SELECT r.message_id, r.delivered_at, r.acked_at FROM receipts r JOIN peers p ON p.id = r.peer_id "
+                "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < 100 ORDER BY r.rowid",
+                (host_session_id,))
+            return [dict(zip(("id", "deliveredAt", "ackedAt"), row, strict=True)) for row in cursor]
+
     def peers(self) -> list[dict[str, Any]]:
         with reader.reading(self.bridge_home / "bridge.db") as conn:
             assert conn is not None
@@ -241,12 +251,15 @@ def claude_tool_names(body: dict[str, Any]) -> set[str]:
 
 
 def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Claude: every `tool_result` block in the conversation, in order."""
-    found = []
+    """Claude: every `tool_result` block in the conversation, in order, but those of `ToolSearch`
+    (the loading of deferred tools that Claude Code 2.1.332 asks for)."""
+    found, searches = [], set()
     for message in body.get("messages") or ():
         content = message.get("content")
         for block in content if isinstance(content, list) else ():
-            if isinstance(block, dict) and block.get("type") == "tool_result":
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "ToolSearch":
+                searches.add(block.get("id"))
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in searches:
                 found.append(block)
     return found
 
