@@ -61,6 +61,12 @@ class Host:
     # documentation gives other forms overrides them (`tests/test_hosts.py` lists which hosts
     # were checked against their documentation).
 
+    def tools_sentence(self) -> str:
+        """One sentence of the SessionStart note (SPEC §4.5): which bridge tools to use, named as
+        this host shows them to the model, and why rather than the host's own messaging."""
+        return ("The agent-bridge tools `send`, `inbox` and `decisions` reach every agent session here, "
+                "Claude Code and Codex, running or not.")
+
     def session_start_output(self, note: str) -> dict[str, Any]:
         """The SessionStart hook's answer that adds `note` to the session's context."""
         return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}

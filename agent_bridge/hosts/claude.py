@@ -77,6 +77,12 @@ class Claude(Host):
         return [install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
                 install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
+    def tools_sentence(self) -> str:
+        # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
+        # them); its own SendMessage reaches running Claude Code sessions only.
+        return ("Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
+                "Codex and sessions not running too, which SendMessage does not.")
+
     def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
         """additionalContext when the running Claude Code takes it on Stop (2.1.163+), else the
         block decision, which every version takes."""

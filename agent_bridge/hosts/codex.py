@@ -80,6 +80,11 @@ class Codex(Host):
         return [remove_codex_config(self.config_file(scope, cwd), private=private),
                 install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
+    def tools_sentence(self) -> str:
+        # Codex 0.171 gives the model the MCP tools as functions of one namespace, mcp__agent_bridge.
+        return ("Message other agent sessions (Claude Code too, and sessions not running) with the "
+                "mcp__agent_bridge tools `send`, `inbox`, `decisions`.")
+
     def next_step(self, scope: str) -> str:
         return (
             "Codex: start a new session; review and trust the new hooks with /hooks when Codex asks"
