@@ -250,14 +250,15 @@ def claude_tool_names(body: dict[str, Any]) -> set[str]:
     return {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
 
 
-def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Claude: every `tool_result` block in the conversation, in order, but those of `ToolSearch`
-    (the loading of deferred tools that Claude Code 2.1.332 asks for)."""
+def tool_results(body: dict[str, Any], *, with_searches: bool = False) -> list[dict[str, Any]]:
+    """Claude: every `tool_result` block in the conversation, in order, but (unless `with_searches`)
+    those of `ToolSearch` (the loading of deferred tools that Claude Code 2.1.332 asks for)."""
     found, searches = [], set()
     for message in body.get("messages") or ():
         content = message.get("content")
         for block in content if isinstance(content, list) else ():
-            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "ToolSearch":
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "ToolSearch" \
+                    and not with_searches:
                 searches.add(block.get("id"))
             if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in searches:
                 found.append(block)

@@ -29,6 +29,7 @@ DONE_TEXT = "done."
 GATE = "=wait"  # a plan step ["=wait", {"gate": NAME}]: hold the answer until the test opens NAME
 GATE_TIMEOUT = 60.0
 SEARCH = "ToolSearch"  # Claude Code's loader of deferred tools (2.1.332)
+LOADING = "=load"  # marks, in one request's bookkeeping, the searches this server made to load a tool
 
 
 @dataclass
@@ -160,6 +161,12 @@ def _anthropic_texts(content: Any) -> list[str]:
     return [b.get("text", "") for b in content or () if isinstance(b, dict) and b.get("type") == "text"]
 
 
+def _loading(block: dict[str, Any]) -> bool:
+    """A ToolSearch call this server made to load a planned tool (not a planned search)."""
+    query = (block.get("input") or {}).get("query") if isinstance(block.get("input"), dict) else None
+    return block.get("name") == SEARCH and isinstance(query, str) and query.startswith("select:mcp__agent-bridge__")
+
+
 class AnthropicServer(ModelServer):
     """`POST /v1/messages` answered as a stream: the next planned `mcp__agent-bridge__*` call."""
 
@@ -180,13 +187,13 @@ class AnthropicServer(ModelServer):
         steps = plan_of(" ".join(_anthropic_texts(messages[start].get("content")))) if messages else []
         # Claude Code 2.1.332 defers MCP tools: the model must load a tool with ToolSearch before
         # it can call it, as a real model does. Those searches are not steps of the plan.
-        names = {b.get("id"): b.get("name") for m in messages if m.get("role") == "assistant"
+        names = {b.get("id"): LOADING if _loading(b) else b.get("name") for m in messages if m.get("role") == "assistant"
                  for b in (m.get("content") if isinstance(m.get("content"), list) else ())
                  if isinstance(b, dict) and b.get("type") == "tool_use"}
         results = [b for m in messages[start:] for b in (m.get("content") if isinstance(m.get("content"), list) else ())
                    if isinstance(b, dict) and b.get("type") == "tool_result"]
-        done = sum(1 for b in results if names.get(b.get("tool_use_id")) != SEARCH)
-        searched = bool(results) and names.get(results[-1].get("tool_use_id")) == SEARCH
+        done = sum(1 for b in results if names.get(b.get("tool_use_id")) != LOADING)  # planned searches count
+        searched = bool(results) and names.get(results[-1].get("tool_use_id")) == LOADING
         model = request.body.get("model", "claude")
         yield "message_start", {"type": "message_start", "message": {
             "id": f"msg_{len(self.requests)}", "type": "message", "role": "assistant", "model": model,

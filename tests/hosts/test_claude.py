@@ -135,3 +135,37 @@ def test_message_reaches_a_working_session_between_tool_calls(world: World) -> N
     assert [r["ackedAt"] is not None for r in world.receipts(a)] == [True]
     assert not any("Stop hook" in r.text and "the schema changed" in r.text.split("Stop hook", 1)[1] for r in after)
     assert_clean_log(run_a)
+
+
+def test_note_after_compaction_and_tools_found_by_search(world: World) -> None:
+    """Path 4: the SessionStart hook also runs when Claude Code compacts a session, so the
+    decisions survive compaction; and a model searching the deferred tools with the words a
+    user would use finds the bridge's tools."""
+    sid = str(uuid.uuid4())
+    searches = plan(("ToolSearch", {"query": "message another agent session"}), ("ToolSearch", {"query": "inbox"}),
+                    ("ToolSearch", {"query": "owner decision"}))
+    run = world.claude(searches, session_id=sid).wait()
+    found = []
+    for block in tool_results(world.claude_model.of_session(sid)[-1].body, with_searches=True):
+        content = block.get("content")
+        found.append({c.get("tool_name") for c in content if isinstance(c, dict)} if isinstance(content, list) else set())
+    assert len(found) == 3, found
+    assert "mcp__agent-bridge__send" in found[0], found
+    assert "mcp__agent-bridge__inbox" in found[1], found
+    assert {"mcp__agent-bridge__decisions", "mcp__agent-bridge__decide"} <= found[2], found
+    assert_clean_log(run)
+
+    world.bridge("decide", "db", "PostgreSQL 16", "--scope", "all")
+    compact = world.claude("/compact", resume=sid, tag="compact").wait()
+    started = [e for e in compact.events if e.get("subtype") == "hook_response" and e.get("hook_name") == "SessionStart:compact"]
+    assert len(started) == 1 and started[0].get("exit_code") == 0, started
+    note = json.loads(started[0]["stdout"])["hookSpecificOutput"]["additionalContext"]
+    assert note.startswith("agent-bridge: you are ") and "db: PostgreSQL 16" in note
+    assert any(e.get("subtype") == "compact_boundary" for e in compact.events)
+    before = len(world.claude_model.of_session(sid))
+    world.claude("go on", resume=sid, tag="after").wait()
+    first_after = world.claude_model.of_session(sid)[before]
+    # The compacted conversation keeps the note of the compaction; the resume adds its own.
+    assert first_after.text.count("SessionStart hook additional context: agent-bridge") == 2
+    assert first_after.text.count("db: PostgreSQL 16") == 2
+    assert_clean_log(compact)
