@@ -246,6 +246,27 @@ def hooks_check(name: str, files: list[Path], home: Path, fix: str) -> Check:
     return Check(name, OK, f"{', '.join(event for event, _ in install.EVENTS)} registered in {', '.join(where)}")
 
 
+def registered_events(files: list[Path]) -> set[str]:
+    """The host events (install.EVENTS) whose agent-bridge hook is registered in any of `files`."""
+    return set(_find_hooks(files, []))
+
+
+def reach_check(title: str, registered: set[str], stop: str, wake: str) -> Check:
+    """Which of the ways of SPEC §3 "Reach" the installed setup of one host will use: 1 between
+    tool calls (PostToolUse), 2 at Stop (`stop`: how), 3 when idle (`wake`: how, or why not), 4
+    at SessionStart, compaction included."""
+    parts = [
+        "1 between tool calls: " + ("PostToolUse hook" if "PostToolUse" in registered else "no (PostToolUse hook missing)"),
+        "2 at Stop: " + (stop if "Stop" in registered else "no (Stop hook missing)"),
+        "3 when idle: " + wake,
+        "4 at start, resume, compaction: " + ("SessionStart hook" if "SessionStart" in registered
+                                              else "no (SessionStart hook missing)"),
+    ]
+    missing = not {"PostToolUse", "Stop", "SessionStart"} <= registered
+    return Check(f"{title} reach", WARN if missing else OK, "; ".join(parts),
+                 "agent-bridge install" if missing else "")
+
+
 def our_hook_commands(files: list[Path]) -> dict[str, list[tuple[Path, str]]]:
     """Event -> (file, command line) of each of our hooks registered in those files."""
     found: dict[str, list[tuple[Path, str]]] = {}

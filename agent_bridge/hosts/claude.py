@@ -133,6 +133,7 @@ class Claude(Host):
                   doctor.hooks_check("Claude Code hooks", settings, home, fix)]
         if in_project:
             checks.append(project_approval(cwd, user_json, user_settings + project_settings))
+        checks.append(reach(doctor.registered_events(settings)))
         twice = doctor.duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
         if twice:
             checks.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
@@ -140,6 +141,41 @@ class Claude(Host):
                                 "session runs the hook twice",
                                 "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
         return checks
+
+
+VERSION_TIMEOUT = 10.0  # seconds for `claude --version`
+
+
+def claude_version() -> Version | None:
+    """The version of the `claude` on PATH ("2.1.332 (Claude Code)"), or None."""
+    import shutil
+    import subprocess
+
+    program = shutil.which("claude")
+    if program is None:
+        return None
+    try:
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_version(out.stdout) if out.returncode == 0 else None
+
+
+def reach(registered: set[str], version: Version | None = None, *, asked: bool = False) -> Check:
+    """doctor's line on which reach paths (SPEC §3) Claude Code will use, for the installed
+    version (`claude --version`; the Stop hook itself decides per session from its transcript)."""
+    from agent_bridge import doctor
+
+    version = version if asked else claude_version()
+    shown = ".".join(map(str, version)) if version else None
+    if version is None:
+        stop = "additionalContext on Claude Code 2.1.163 and later, else the block decision (no claude on PATH to ask)"
+    elif stop_takes_context(version):
+        stop = f"additionalContext, no error label (Claude Code {shown})"
+    else:
+        stop = f"the block decision, shown as a hook error (Claude Code {shown} is older than 2.1.163)"
+    return doctor.reach_check("Claude Code", registered, stop, "no (no waiter: the message waits for the next turn)")
 
 
 def stop_takes_context(version: Version | None) -> bool:

@@ -437,6 +437,10 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
         checks.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
     else:
         checks += codex_trust_checks(program, cwd, project_dir, in_project)
+    checks.append(doctor.reach_check(
+        "Codex", doctor.registered_events(user_hooks + project_hooks),
+        "the block decision (Codex has no additionalContext on Stop)",
+        "no (no `codex queue` helper: the message waits for the next turn)"))
     twice = doctor.duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
     if twice:
         checks.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
