@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
     for event, text in (("session-start", "SessionStart: add the session's identity and decisions"),
                         ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
-                        ("stop", "Stop: continue the session while active messages wait")):
+                        ("stop", "Stop: continue the session while active messages wait"),
+                        ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives")):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
                        help=f"the host (default: {hosts.DEFAULT.name})")
@@ -207,6 +208,10 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import post_tool_use
 
         return post_tool_use.main(ns.agent)
+    if ns.event == "wake":
+        from agent_bridge.hooks import wake
+
+        return wake.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -248,7 +253,7 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:

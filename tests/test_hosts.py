@@ -13,7 +13,7 @@ from agent_bridge.hooks.common import HookInput
 from agent_bridge.hosts import claude
 from agent_bridge.hosts.base import Host
 
-HOOK_ANSWERS = {"session_start_output", "stop_output", "post_tool_use_output"}  # Host's defaults: the form both hosts document
+HOOK_ANSWERS = {"session_start_output", "stop_output", "post_tool_use_output", "runs_waiter"}  # Host's defaults: the form both hosts document
 HOST_METHODS = sorted(
     name for name, value in vars(Host).items()
     if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS

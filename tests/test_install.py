@@ -134,7 +134,10 @@ def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir
     assert settings["hooks"]["PreToolUse"] == CLAUDE_SETTINGS["hooks"]["PreToolUse"]
     assert settings["hooks"]["SessionStart"][0] == CLAUDE_SETTINGS["hooks"]["SessionStart"][0]
     assert hook_commands(settings, "SessionStart") == ["echo hello", f"{RUN} hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude", f"{RUN} hook wake --agent claude"]
+    # The idle-wake waiter: in the background, waking the model on exit 2 (Claude Code's asyncRewake).
+    assert settings["hooks"]["Stop"][1]["hooks"][0] == {
+        "type": "command", "command": f"{RUN} hook wake --agent claude", "timeout": 86400, "asyncRewake": True}
     assert hook_commands(settings, "PostToolUse") == [f"{RUN} hook post-tool-use --agent claude"]
     assert "matcher" not in settings["hooks"]["PostToolUse"][0]  # after every tool
     assert settings["hooks"]["Stop"][0]["hooks"][0]["type"] == "command"
@@ -165,7 +168,7 @@ def test_claude_project_scope_writes_the_project_files_only(user_home, workdir):
                                                  "args": ["mcp", "--agent", "claude"]}
     settings = json.loads((workdir / ".claude" / "settings.json").read_text())
     assert hook_commands(settings, "SessionStart") == ["agent-bridge hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == ["agent-bridge hook stop --agent claude"]
+    assert hook_commands(settings, "Stop") == ["agent-bridge hook stop --agent claude", "agent-bridge hook wake --agent claude"]
     assert len(backups_of(workdir / ".mcp.json")) == 1
     assert backups_of(workdir / ".claude" / "settings.json") == []  # a new file has nothing to back up
     assert "nothing to change" in install(install_env(user_home), workdir, "--claude", "--scope", "project").stdout
@@ -268,7 +271,8 @@ def test_a_stale_registration_is_updated_in_place(user_home, workdir):
     assert result.returncode == 0, result.stderr
 
     settings = json.loads((user_home / ".claude" / "settings.json").read_text())
-    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]  # one left, updated
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude",  # one left, updated
+                                               f"{RUN} hook wake --agent claude"]
     assert settings["hooks"]["Stop"][0]["hooks"][0]["timeout"] == 30  # the user's own setting stays
     text = (user_home / ".codex" / "config.toml").read_text()
     assert "[mcp_servers.agent-bridge]  # the bridge" in text and "# My Codex setup" in text

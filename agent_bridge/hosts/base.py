@@ -76,6 +76,12 @@ class Host:
         `hook`: the Stop hook's input, for a host whose answer depends on the running version."""
         return {"decision": "block", "reason": reason}
 
+    def runs_waiter(self, hook: HookInput, env: Any) -> bool:
+        """Whether this host runs the idle-wake waiter (`agent-bridge hook wake`) in the
+        background, so that it may wait for the session's next message: never, unless the host
+        module knows it does (SPEC §3 "Reach" item 3)."""
+        return False
+
     def post_tool_use_output(self, text: str) -> dict[str, Any]:
         """The PostToolUse hook's answer that adds `text` to the model's next request of the turn
         (SPEC §3 "Reach" item 1)."""

@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 Version = tuple[int, int, int]
 STOP_CONTEXT_SINCE: Version = (2, 1, 163)  # Stop takes hookSpecificOutput.additionalContext (changelog)
+# `asyncRewake` hooks run in the background and wake the model on exit 2: seen with 2.1.332 (the
+# key is in 2.1.197's settings schema too, but no run of it was seen, so it is not relied on).
+ASYNC_REWAKE_SINCE: Version = (2, 1, 332)
+WAKE_TIMEOUT = 86_400  # seconds Claude Code lets the waiter run (its hook `timeout`); it ends with its host anyway
+# The waiter's Stop handler (agent_bridge/hooks/wake.py). Registered whatever the installed version:
+# the waiter itself leaves at once where the running Claude Code would not run it in the background.
+WAKE_HOOK = ("Stop", "wake", {"asyncRewake": True, "timeout": WAKE_TIMEOUT})
 TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
 TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
@@ -68,7 +75,8 @@ class Claude(Host):
         command, args = install.mcp_args(run, self.name)
         ensure = partial(install.ensure_json_server, path=server_file, command=command, args=args, env=env)
         return [install.edit_json(server_file, ensure, private=private),
-                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private)]
+                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
+                                   extra=(WAKE_HOOK,))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
@@ -82,6 +90,15 @@ class Claude(Host):
         # them); its own SendMessage reaches running Claude Code sessions only.
         return ("Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
                 "Codex and sessions not running too, which SendMessage does not.")
+
+    def runs_waiter(self, hook: HookInput, env: Any) -> bool:
+        """Claude Code 2.1.332+ runs an asyncRewake hook in the background, but not under `-p`:
+        there (CLAUDE_CODE_ENTRYPOINT=sdk-cli, seen with 2.1.332) it runs synchronously and
+        would hold the run open until the hook's timeout."""
+        if env.get("CLAUDE_CODE_ENTRYPOINT") == "sdk-cli":
+            return False
+        version = transcript_version(hook.transcript_path)
+        return version is not None and version >= ASYNC_REWAKE_SINCE
 
     def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
         """additionalContext when the running Claude Code takes it on Stop (2.1.163+), else the
@@ -175,7 +192,13 @@ def reach(registered: set[str], version: Version | None = None, *, asked: bool =
         stop = f"additionalContext, no error label (Claude Code {shown})"
     else:
         stop = f"the block decision, shown as a hook error (Claude Code {shown} is older than 2.1.163)"
-    return doctor.reach_check("Claude Code", registered, stop, "no (no waiter: the message waits for the next turn)")
+    if "wake" not in registered:
+        wake = "no (the waiter's Stop hook is not registered: run agent-bridge install)"
+    elif version is not None and version < ASYNC_REWAKE_SINCE:
+        wake = f"no (Claude Code {shown}: the waiter needs 2.1.332 or later)"
+    else:
+        wake = "the asyncRewake waiter (interactive sessions; not claude -p)"
+    return doctor.reach_check("Claude Code", registered, stop, wake)
 
 
 def stop_takes_context(version: Version | None) -> bool:

@@ -1,0 +1,191 @@
+"""`agent-bridge hook wake --agent HOST`: the idle-wake waiter (SPEC §3 "Reach" item 3).
+
+Claude Code runs it as an `asyncRewake` Stop hook: in the background, and when it exits 2 its
+stderr reaches the model as a new turn, with no keystroke, also between tool calls of a turn that
+is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
+
+1. leaves at once unless the host runs it in the background (`Host.runs_waiter`: Claude Code
+   2.1.332 or later, by its transcript, and not `claude -p`, which runs asyncRewake hooks
+   synchronously and would be held open);
+2. finds its host process (pid **and** start time) and watches it: it never outlives it;
+3. keeps one waiter per session: a lock in `<home>/waiters/` held for its life, so the Stop of
+   every turn does not add one;
+4. waits on the broker (`wait_active`) until an **active** message waits for its session (passive
+   ones never wake anyone);
+5. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
+   acknowledge), writing to stderr, and exits 2. Killed before its write, it acknowledges nothing.
+
+No broker: it waits for one (looking every few seconds) as long as its host lives. Any failure:
+exit 0, one line in broker.log.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from pathlib import Path
+from typing import Any
+
+from agent_bridge import hosts, paths, procinfo
+from agent_bridge.hooks import common
+
+EVENT = "Stop"
+WAIT_MS = 50_000  # one `wait_active` request; below the broker's limit (WAIT_ACTIVE_MAX_MS), then asked again
+ANSWER_SLACK = 10.0  # seconds past WAIT_MS a broker may take to answer before the waiter reconnects
+NO_BROKER_RETRY = 2.0  # seconds between looks for a broker when none runs
+HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not Linux)
+WAITERS_DIR = "waiters"
+
+
+def main(agent: str) -> int:
+    home = paths.home()
+    try:
+        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        hook = common.read_input()
+        target = hosts.by_name(agent) or hosts.DEFAULT
+        if not target.runs_waiter(hook, os.environ):
+            return 0
+        if host is None:
+            common.log(home, f"wake ({agent})", "no agent host among the ancestors to watch: not waiting")
+            return 0
+        watch = HostWatch(host)
+        try:
+            if not watch.alive():
+                return 0
+            lock = hold_lock(home, hook.session_id)
+            if lock is None:
+                return 0  # this session's waiter is already waiting
+            try:
+                return wait(home, agent, hook, host, chain, watch)
+            finally:
+                os.close(lock)
+        finally:
+            watch.close()
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the host goes on
+        common.log(home, f"wake ({agent})", f"not waiting: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, chain: list[procinfo.Proc],
+         watch: HostWatch) -> int:
+    """Until the host ends (0) or an active message was handed over (2)."""
+    from agent_bridge.hooks import handover
+
+    def write(text: str) -> None:
+        data = (text + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(2, view):]
+
+    while True:
+        found = wait_active(home, hook.session_id, watch)
+        if found is None:
+            return 0  # the host is gone
+        if found and handover.hand_over(home, agent, EVENT, hook, host, chain, write):
+            return 2
+
+
+def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | None:
+    """One `wait_active` round: True when an active message waits, False when the round ended
+    without one (ask again), None when the host is gone."""
+    from agent_bridge.ipc import blocking, protocol
+
+    address = blocking.broker_socket(home)
+    if address is None:
+        return None if watch.wait(NO_BROKER_RETRY) else False
+    try:
+        sock = blocking.connect(address, common.BROKER_TIMEOUT)
+    except OSError:
+        return None if watch.wait(NO_BROKER_RETRY) else False
+    try:
+        sock.settimeout(None)
+        sock.sendall(protocol.encode(protocol.request(1, "wait_active", hostSessionId=host_session_id, timeoutMs=WAIT_MS)))
+        decoder = protocol.FrameDecoder()
+        while True:
+            ready = watch.wait_readable(sock, WAIT_MS / 1000 + ANSWER_SLACK)
+            if ready is None:
+                return None
+            if not ready:
+                return False
+            data = sock.recv(65536)
+            if not data:  # the broker went away (a restart): ask the next one
+                return None if watch.wait(NO_BROKER_RETRY) else False
+            for frame in decoder.feed(data):
+                if frame.get("id") == 1:
+                    result: Any = frame.get("result") if frame.get("ok") else None
+                    if result is None:
+                        common.log(home, "wake", f"broker refused wait_active: {frame.get('error')}")
+                        return None if watch.wait(NO_BROKER_RETRY) else False
+                    return bool(result.get("active"))
+    except (OSError, protocol.ProtocolError):
+        return None if watch.wait(NO_BROKER_RETRY) else False
+    finally:
+        sock.close()
+
+
+def hold_lock(home: Path, host_session_id: str) -> int | None:
+    """This session's waiter lock (an open descriptor, flock held), or None when another waiter
+    holds it. The lock goes with the process, however it ends."""
+    import fcntl
+
+    paths.ensure_home(home)
+    folder = home / WAITERS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    name = common.report_path(home, host_session_id).name.replace(".json", ".lock")
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class HostWatch:
+    """The host process, watched by pid **and** start time: on Linux a pidfd that becomes
+    readable when it exits (so a reused pid cannot fool it), elsewhere a look every second."""
+
+    def __init__(self, host: procinfo.Proc) -> None:
+        self.host = host
+        self.fd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.fd = os.pidfd_open(host.pid)
+            except OSError:
+                self.fd = None  # already gone (alive() says so) or not allowed: look instead
+
+    def alive(self) -> bool:
+        """The same process as when the waiter started (checked after the pidfd was opened)."""
+        found = procinfo.describe(self.host.pid)
+        return found is not None and found[0].start == self.host.start
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to `seconds`; True when the host is gone."""
+        return self.wait_readable(None, seconds) is None
+
+    def wait_readable(self, sock: Any, seconds: float) -> bool | None:
+        """True when `sock` is readable, False after `seconds`, None when the host is gone."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            watched = [x for x in (sock, self.fd) if x is not None]
+            step = left if self.fd is not None else min(left, HOST_POLL)
+            ready, _, _ = select.select(watched, [], [], step)
+            if self.fd is not None and self.fd in ready:
+                return None
+            if self.fd is None and not self.alive():
+                return None
+            if sock is not None and sock in ready:
+                return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
