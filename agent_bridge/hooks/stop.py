@@ -19,6 +19,8 @@ acknowledged, so a second Stop continues only for messages that arrived since.
 
 from __future__ import annotations
 
+import os
+
 from agent_bridge import hosts, paths, procinfo
 from agent_bridge.hooks import common, handover
 
@@ -31,8 +33,14 @@ def main(agent: str) -> int:
         host, chain = procinfo.current_host()  # first: before anything in the chain detaches
         hook = common.read_input()
         target = hosts.by_name(agent) or hosts.DEFAULT
-        handover.hand_over(home, agent, EVENT, hook, host, chain,
-                           lambda text: common.emit(target.stop_output(text, hook)))
+        try:
+            handover.hand_over(home, agent, EVENT, hook, host, chain,
+                               lambda text: common.emit(target.stop_output(text, hook)))
+        finally:
+            if hook.prompt_id and target.runs_waiter(hook, os.environ):
+                from agent_bridge.hooks import wake
+
+                wake.mark_stop(home, hook)  # this Stop's waiter may start waiting now
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop
         common.log(home, f"stop ({agent})", f"no block: {type(exc).__name__}: {exc}")
     return 0

@@ -10,9 +10,13 @@ is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
 2. finds its host process (pid **and** start time) and watches it: it never outlives it;
 3. keeps one waiter per session: a lock in `<home>/waiters/` held for its life, so the Stop of
    every turn does not add one;
-4. waits on the broker (`wait_active`) until an **active** message waits for its session (passive
+4. lets the Stop hook of the same Stop go first: Claude Code starts both at once, and what waits
+   at the Stop is the Stop hook's to hand over (as additionalContext, with no error label). The
+   Stop hook marks its end with the Stop's `prompt_id` (`mark_stop`); the waiter waits for that
+   mark (at most STOP_HOOK_WAIT);
+5. waits on the broker (`wait_active`) until an **active** message waits for its session (passive
    ones never wake anyone);
-5. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
+6. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
    acknowledge), writing to stderr, and exits 2. Killed before its write, it acknowledges nothing.
 
 No broker: it waits for one (looking every few seconds) as long as its host lives. Any failure:
@@ -35,6 +39,8 @@ ANSWER_SLACK = 10.0  # seconds past WAIT_MS a broker may take to answer before t
 NO_BROKER_RETRY = 2.0  # seconds between looks for a broker when none runs
 HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not Linux)
 WAITERS_DIR = "waiters"
+STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go first (the hook's timeout is 10)
+STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
 
 
 def main(agent: str) -> int:
@@ -56,6 +62,8 @@ def main(agent: str) -> int:
             if lock is None:
                 return 0  # this session's waiter is already waiting
             try:
+                if not after_stop_hook(home, hook, watch):
+                    return 0  # the host ended first
                 return wait(home, agent, hook, host, chain, watch)
             finally:
                 os.close(lock)
@@ -121,6 +129,39 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
         return None if watch.wait(NO_BROKER_RETRY) else False
     finally:
         sock.close()
+
+
+def stop_mark(home: Path, host_session_id: str) -> Path:
+    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".stop")
+
+
+def mark_stop(home: Path, hook: common.HookInput) -> None:
+    """The Stop hook has handed over what waited at this Stop (or found nothing): the waiter
+    started by the same Stop may wait now."""
+    paths.ensure_home(home)
+    (home / WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
+    paths.write_private(stop_mark(home, hook.session_id), hook.prompt_id)
+
+
+def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> bool:
+    """Wait until the Stop hook of this Stop has marked its end (or STOP_HOOK_WAIT passed, or
+    the Stop carries no prompt id to match). False when the host ended meanwhile."""
+    import time
+
+    if not hook.prompt_id:
+        return True
+    mark = stop_mark(home, hook.session_id)
+    deadline = time.monotonic() + STOP_HOOK_WAIT
+    while time.monotonic() < deadline:
+        try:
+            if mark.read_text(encoding="utf-8") == hook.prompt_id:
+                return True
+        except OSError:
+            pass
+        if watch.wait(STOP_MARK_POLL):
+            return False
+    common.log(home, "wake", f"no end mark of the Stop hook within {STOP_HOOK_WAIT:g} s: waiting anyway")
+    return True
 
 
 def hold_lock(home: Path, host_session_id: str) -> int | None:

@@ -33,18 +33,22 @@ def transcript(folder: Path, version: str) -> str:
     return str(path)
 
 
-def stop_input(sid: str, project: Path, transcript_path: str) -> bytes:
-    return json.dumps({"session_id": sid, "transcript_path": transcript_path, "cwd": str(project),
-                       "hook_event_name": "Stop", "stop_hook_active": False}).encode()
+def stop_input(sid: str, project: Path, transcript_path: str, prompt_id: str | None = None) -> bytes:
+    data = {"session_id": sid, "transcript_path": transcript_path, "cwd": str(project),
+            "hook_event_name": "Stop", "stop_hook_active": False}
+    if prompt_id:
+        data["prompt_id"] = prompt_id
+    return json.dumps(data).encode()
 
 
 def start_waiter(home: Path, project: Path, sid: str, host: subprocess.Popen[bytes], *, version: str = "2.1.332",
-                 entrypoint: str = "cli", stderr: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+                 entrypoint: str = "cli", stderr: Any = subprocess.PIPE, prompt_id: str | None = None,
+                 ) -> subprocess.Popen[bytes]:
     env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT=entrypoint)
     proc = subprocess.Popen([*HOOK, "hook", "wake", "--agent", "claude"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=project)
     assert proc.stdin is not None
-    proc.stdin.write(stop_input(sid, project, transcript(project, version)))
+    proc.stdin.write(stop_input(sid, project, transcript(project, version), prompt_id))
     proc.stdin.close()
     proc.stdin = None  # communicate() must not flush it
     return proc
@@ -180,3 +184,29 @@ async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env
             code, _, err = await finished(again)
             assert code == 2 and "are you there?" in err.decode() and "a repeat" in err.decode()
             assert acked_at(home, mid) is not None
+
+
+async def test_what_waits_at_the_stop_is_the_stop_hooks_to_hand_over(broker, env, home, project, host):
+    """Claude Code starts the Stop hook and the waiter of one Stop together. The waiter waits for
+    the Stop hook's end mark (same prompt_id), so a message waiting at the Stop reaches the model
+    through the Stop hook (additionalContext, no error label), not through the waiter."""
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-stop"}):
+            mid = await send(home, "hs-stop", "waiting at the stop")
+            waiter = start_waiter(home, project, "hs-stop", host, prompt_id="prompt-1")
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            stop_env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+            stdin = stop_input("hs-stop", project, transcript(project, "2.1.332"), "prompt-1")
+            stop = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
+                capture_output=True, timeout=60))
+            answer = json.loads(stop.stdout)
+            assert "waiting at the stop" in answer["hookSpecificOutput"]["additionalContext"]
+            assert "a repeat" not in answer["hookSpecificOutput"]["additionalContext"]
+            assert acked_at(home, mid) is not None
+            later = await send(home, "hs-stop", "after the stop")  # the waiter's, once the session is idle
+            code, _, err = await finished(waiter)
+            assert code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
+            assert acked_at(home, later) is not None

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,12 +82,46 @@ class HostRun:
 
 
 @dataclass
+class Tui:
+    """A host's TUI in a private tmux server (`tmux -L NAME`), read from its screen."""
+
+    socket: str
+    log: Path
+    pid: int | None = None
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def start(self, script: str) -> None:
+        self.tmux("new-session", "-d", "-x", "200", "-y", "50", script)
+        self.pid = int(self.tmux("display-message", "-p", "#{pane_pid}").strip())
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-S", "-200")
+
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", "-l", text)
+        self.tmux("send-keys", "Enter")
+
+    def running(self) -> bool:
+        return self.pid is not None and os.path.exists(f"/proc/{self.pid}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        folder = Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}"
+        (folder / self.socket).unlink(missing_ok=True)  # the server is gone; its socket file stays
+
+
+@dataclass
 class World:
     root: Path
     host_bin: Path
     claude_model: AnthropicServer
     codex_model: OpenAIServer
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    tuis: list[Tui] = field(default_factory=list)
 
     @property
     def home(self) -> Path:
@@ -142,6 +178,36 @@ class World:
             args += ["--resume", resume]
         return self._start(args, env, cwd, log)
 
+    def claude_tui(self, session_id: str, *, cwd: Path | None = None) -> Tui:
+        """An interactive Claude Code (its TUI) in a private tmux server, offline (NOTES.md, "The
+        TUI offline"): onboarding done, the API key approved, the folder trusted, the
+        dangerous-mode prompt skipped. Only an interactive session can be idle."""
+        folder = cwd or self.project
+        key = CLAUDE_OFFLINE_ENV["ANTHROPIC_API_KEY"]
+        state_file = self.home / ".claude.json"
+        state = json.loads(state_file.read_text(encoding="utf-8")) if state_file.exists() else {}
+        state.update({"hasCompletedOnboarding": True,
+                      "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []}})
+        state.setdefault("projects", {}).setdefault(str(folder), {})["hasTrustDialogAccepted"] = True
+        state_file.write_text(json.dumps(state), encoding="utf-8")
+        settings_file = self.home / ".claude" / "settings.json"
+        settings = json.loads(settings_file.read_text(encoding="utf-8"))
+        settings["skipDangerousModePermissionPrompt"] = True
+        settings_file.write_text(json.dumps(settings), encoding="utf-8")
+        env = {**self.base_env(), **CLAUDE_OFFLINE_ENV, "ANTHROPIC_BASE_URL": self.claude_model.url,
+               "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"), "TERM": "xterm-256color"}
+        log = self.root / f"tui-{uuid.uuid4().hex[:8]}.debug"
+        script = self.root / f"tui-{uuid.uuid4().hex[:8]}.sh"
+        script.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+                          + f"cd {shlex.quote(str(folder))}\n"
+                          + shlex.join(["exec", str(self.host_bin / "claude"), "--dangerously-skip-permissions",
+                                        "--session-id", session_id, "--debug-file", str(log)]) + "\n")
+        script.chmod(0o755)
+        tui = Tui(f"ab-{uuid.uuid4().hex[:10]}", log)
+        self.tuis.append(tui)
+        tui.start(str(script))
+        return tui
+
     # --- Codex ---------------------------------------------------------------------------
 
     def codex(self, prompt: str, *, resume: str | None = None, extra: tuple[str, ...] = (),
@@ -183,6 +249,25 @@ class World:
             return [dict(zip(("id", "name", "agent", "project", "kind", "hostSessionId"), row, strict=True)) for row in cursor]
 
 
+def wait_gone(pid: int, timeout: float = 30) -> None:
+    """Until process `pid` has exited (a TUI's, after its tmux server was killed)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def poll_until(predicate: Any, what: str, timeout: float = 60) -> Any:
+    """Poll a condition with a deadline (returns as soon as it holds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 def codex_provider(url: str) -> str:
     """The offline model provider (NOTES.md, "Driving the real hosts offline")."""
     return (
@@ -210,6 +295,10 @@ def world(host_bin: Path) -> Iterator[World]:
         w.bridge("up", "--detach")
         yield w
     finally:
+        for tui in w.tuis:
+            tui.close()
+            if tui.pid is not None:
+                wait_gone(tui.pid)
         for proc in w.procs:
             if proc.poll() is None:
                 proc.kill()
