@@ -266,7 +266,8 @@ def hooks_edit(path: Path, run: list[str], agent: str, env: dict[str, str], *, p
     """Register our hooks (EVENTS, then the host's `extra`: (event, hook argument, more handler
     keys)) for `agent` in the JSON hooks file `path` (the event -> matcher group -> handler form
     Claude Code and Codex share)."""
-    entries = [(event, arg, hook_command(run, arg, agent, env), {}) for event, arg in EVENTS]
+    entries: list[tuple[str, str, str, dict[str, Any]]] = [
+        (event, arg, hook_command(run, arg, agent, env), {}) for event, arg in EVENTS]
     entries += [(event, arg, hook_command(run, arg, agent, env), dict(keys)) for event, arg, keys in extra]
     return edit_json(path, partial(ensure_json_hooks, path=path, entries=entries), private=private)
 

@@ -25,23 +25,26 @@ stdin `session_id`, `transcript_path`, `cwd`, `hook_event_name`, `tool_name`, `t
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from agent_bridge import domain, hosts, paths
-from agent_bridge.hooks import common
+from agent_bridge import paths
 
 EVENT = "PostToolUse"
 READ_BUSY_MS = 200  # a locked database costs the tool call at most this long, then no delivery this time
+STDIN_MAX = 8 << 20  # as hooks.common.STDIN_MAX (checked by tests/hooks): read past it, parse_input refuses it
+# With nothing waiting (nearly always) the hook imports no more than `paths` and the store's
+# reader: `common`, `domain`, `hosts` and the client cost milliseconds at every tool call.
 
 
 def main(agent: str) -> int:
     home = paths.home()
     try:
-        raw = common.read_raw()
+        raw = sys.stdin.buffer.read(STDIN_MAX + 1)
         if not waiting(home, raw):
             return 0
-        from agent_bridge import procinfo
-        from agent_bridge.hooks import handover
+        from agent_bridge import hosts, procinfo
+        from agent_bridge.hooks import common, handover
 
         host, chain = procinfo.current_host()
         hook = common.parse_input(raw)
@@ -49,7 +52,8 @@ def main(agent: str) -> int:
         handover.hand_over(home, agent, EVENT, hook, host, chain,
                            lambda text: common.emit(target.post_tool_use_output(text)))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the tool call's turn goes on
-        common.log(home, f"post-tool-use ({agent})", f"nothing handed over: {type(exc).__name__}: {exc}")
+        paths.append_log(home, f"hook post-tool-use ({agent}): nothing handed over: "
+                         + " ".join(f"{type(exc).__name__}: {exc}".split()))
     return 0
 
 
@@ -58,17 +62,18 @@ def waiting(home: Path, raw: bytes) -> bool:
     check, before anything costlier. Malformed input is left to `common.parse_input` to name."""
     try:
         data = json.loads(raw)
-        session_id = data.get("session_id").strip() if isinstance(data, dict) else None
-    except (ValueError, AttributeError):
+    except ValueError:
         return True  # let parse_input say what is wrong with it
-    if not session_id:
+    session_id = data.get("session_id") if isinstance(data, dict) else None
+    if not isinstance(session_id, str) or not session_id.strip():
         return True
+    session_id = session_id.strip()
     from agent_bridge.store import reader
 
     conn = reader.open_readonly(paths.db_path(home), busy_timeout_ms=READ_BUSY_MS)
     if conn is None:
         return False  # no database: no message can wait
     try:
-        return reader.active_waiting(conn, session_id, domain.HOP_MAX)
+        return reader.active_waiting(conn, session_id)
     finally:
         conn.close()

@@ -65,7 +65,10 @@ def reading(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Iter
         conn.close()
 
 
-def active_waiting(conn: apsw.Connection, host_session_id: str, hop_limit: int) -> bool:
+HOP_MAX = 100  # domain.HOP_MAX, the hop of every decision notice (tests/test_domain checks they agree)
+
+
+def active_waiting(conn: apsw.Connection, host_session_id: str, hop_limit: int = HOP_MAX) -> bool:
     """Whether a session known by this host session id has an unacknowledged message with
     hop < `hop_limit` (decision notifications carry the maximum hop, so they never count).
 

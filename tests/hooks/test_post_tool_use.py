@@ -102,6 +102,11 @@ async def test_waiting_messages_are_handed_over_then_acknowledged(agent, broker,
         assert not any("post-tool-use" in line for line in log_lines(home))
 
 
+def start_hook(home: Path, project: Path, stdout: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([*HOOK, "hook", "post-tool-use", "--agent", "claude"], stdin=subprocess.PIPE,
+                            stdout=stdout, stderr=subprocess.DEVNULL, env=hook_env(home), cwd=project)
+
+
 @pytest.mark.slow
 async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, home, project):
     """The hook's stdout is a full pipe, so its write cannot happen: once the broker has handed it
@@ -121,8 +126,7 @@ async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, 
             except BlockingIOError:
                 pass
             fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
-            proc = subprocess.Popen([*HOOK, "hook", "post-tool-use", "--agent", "claude"], stdin=subprocess.PIPE,
-                                    stdout=write_end, stderr=subprocess.DEVNULL, env=hook_env(home), cwd=project)
+            proc = start_hook(home, project, write_end)
             os.close(write_end)
             try:
                 assert proc.stdin is not None
@@ -147,3 +151,13 @@ async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, 
             text = context_of(await hook(home, project, "hs-kill"))
             assert "the build is red" in text and "a repeat" in text
             assert acked(home, [mid]) != [None]
+
+
+def test_the_light_path_keeps_the_shared_limits():
+    """post_tool_use and the store reader hold copies of two limits so that the path taken when
+    nothing waits imports neither `hooks.common` nor `domain`."""
+    from agent_bridge import domain
+    from agent_bridge.hooks import common, post_tool_use
+
+    assert post_tool_use.STDIN_MAX == common.STDIN_MAX
+    assert reader.HOP_MAX == domain.HOP_MAX == domain.DECISION_HOP

@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,8 +282,10 @@ def codex_provider(url: str) -> str:
     )
 
 
-@pytest.fixture
-def world(host_bin: Path) -> Iterator[World]:
+@contextmanager
+def open_world(host_bin: Path) -> Iterator[World]:
+    """A throw-away world (see the module docstring), torn down on exit: every host process,
+    TUI and the broker stopped, the folder removed (kept with AGENT_BRIDGE_KEEP_HOST_WORLD)."""
     root = Path(tempfile.mkdtemp(prefix="abh-"))  # short: the broker socket path must fit sun_path
     claude_model, codex_model = AnthropicServer().start(), OpenAIServer().start()
     w = World(root, host_bin, claude_model, codex_model)
@@ -308,6 +311,12 @@ def world(host_bin: Path) -> Iterator[World]:
         codex_model.close()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def world(host_bin: Path) -> Iterator[World]:
+    with open_world(host_bin) as w:
+        yield w
 
 
 # --- what the model saw -------------------------------------------------------------------
