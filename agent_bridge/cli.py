@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     for event, text in (("session-start", "SessionStart: add the session's identity and decisions"),
                         ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
                         ("stop", "Stop: continue the session while active messages wait"),
-                        ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives")):
+                        ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
+                        ("user-prompt-submit", "UserPromptSubmit (Claude Code): a turn starts, the waiter stands aside")):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
                        help=f"the host (default: {hosts.DEFAULT.name})")
@@ -212,6 +213,10 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import wake
 
         return wake.main(ns.agent)
+    if ns.event == "user-prompt-submit":
+        from agent_bridge.hooks import user_prompt_submit
+
+        return user_prompt_submit.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -253,7 +258,7 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:

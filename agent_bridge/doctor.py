@@ -248,14 +248,15 @@ def hooks_check(name: str, files: list[Path], home: Path, fix: str) -> Check:
 
 def registered_events(files: list[Path]) -> set[str]:
     """The host events (install.EVENTS) whose agent-bridge hook is registered in any of `files`,
-    plus "wake" when the idle-wake waiter (install.WAKE) is."""
+    plus "wake" and "user-prompt-submit" when the idle-wake waiter's hooks (install.WAKE,
+    install.PROMPT) are."""
     found = set(_find_hooks(files, []))
-    event, arg = install.WAKE
-    for path in files:
-        data, _ = load_json(path)
-        groups = data.get("hooks", {}).get(event) if data and isinstance(data.get("hooks"), dict) else None
-        if isinstance(groups, list) and install.our_handlers(groups, arg):
-            found.add(arg)
+    for event, arg in (install.WAKE, install.PROMPT):
+        for path in files:
+            data, _ = load_json(path)
+            groups = data.get("hooks", {}).get(event) if data and isinstance(data.get("hooks"), dict) else None
+            if isinstance(groups, list) and install.our_handlers(groups, arg):
+                found.add(arg)
     return found
 
 

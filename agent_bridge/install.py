@@ -52,7 +52,8 @@ REQUIRED_EVENTS = ("SessionStart", "Stop")  # without these the bridge's hooks d
 # A host may register more hooks (`Host.extra_hooks`): Claude Code's idle-wake waiter, a second
 # Stop handler. Uninstall removes every one of these, whichever host and version added it.
 WAKE = ("Stop", "wake")
-ALL_HOOKS = (*EVENTS, WAKE)
+PROMPT = ("UserPromptSubmit", "user-prompt-submit")  # marks a turn's start for the waiter
+ALL_HOOKS = (*EVENTS, WAKE, PROMPT)
 
 
 class InstallError(Exception):
@@ -243,7 +244,7 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path,
         groups = hooks.setdefault(event, [])
         if not isinstance(groups, list):
             raise InstallError(f'{path}: "hooks.{event}" must be a list. Nothing was changed.')
-        what = f"{event} hook" if event_arg not in ("wake",) else f"{event} hook ({event_arg})"
+        what = f"{event} hook" if (event, event_arg) != WAKE else f"{event} hook ({event_arg})"
         ours = our_handlers(groups, event_arg)
         if not ours:
             groups.append({"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT, **keys}]})

@@ -140,6 +140,7 @@ def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir
         "type": "command", "command": f"{RUN} hook wake --agent claude", "timeout": 86400, "asyncRewake": True}
     assert hook_commands(settings, "PostToolUse") == [f"{RUN} hook post-tool-use --agent claude"]
     assert "matcher" not in settings["hooks"]["PostToolUse"][0]  # after every tool
+    assert hook_commands(settings, "UserPromptSubmit") == [f"{RUN} hook user-prompt-submit --agent claude"]
     assert settings["hooks"]["Stop"][0]["hooks"][0]["type"] == "command"
     assert isinstance(settings["hooks"]["Stop"][0]["hooks"][0]["timeout"], int)
 

@@ -40,7 +40,7 @@ def main(agent: str) -> int:
             if hook.prompt_id and target.runs_waiter(hook, os.environ):
                 from agent_bridge.hooks import wake
 
-                wake.mark_stop(home, hook)  # this Stop's waiter may start waiting now
+                wake.mark_idle(home, hook)  # this Stop's waiter may start waiting now
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop
         common.log(home, f"stop ({agent})", f"no block: {type(exc).__name__}: {exc}")
     return 0

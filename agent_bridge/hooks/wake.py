@@ -12,11 +12,15 @@ is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
    every turn does not add one;
 4. lets the Stop hook of the same Stop go first: Claude Code starts both at once, and what waits
    at the Stop is the Stop hook's to hand over (as additionalContext, with no error label). The
-   Stop hook marks its end with the Stop's `prompt_id` (`mark_stop`); the waiter waits for that
+   Stop hook marks its end with the Stop's `prompt_id` (`mark_idle`); the waiter waits for that
    mark (at most STOP_HOOK_WAIT);
 5. waits on the broker (`wait_active`) until an **active** message waits for its session (passive
    ones never wake anyone);
-6. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
+6. leaves it to the PostToolUse and Stop hooks while the session is busy: the UserPromptSubmit
+   hook marks a turn's start (`mark_busy`), the Stop hook its end. A busy session gets the message
+   between tool calls or at its Stop without an error label; Claude Code would show the waiter's
+   as "Stop hook feedback" (seen with 2.1.332);
+7. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
    acknowledge), writing to stderr, and exits 2. Killed before its write, it acknowledges nothing.
 
 No broker: it waits for one (looking every few seconds) as long as its host lives. Any failure:
@@ -41,6 +45,8 @@ HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not 
 WAITERS_DIR = "waiters"
 STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go first (the hook's timeout is 10)
 STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
+BUSY_POLL = 0.1  # seconds between looks at the session's mark while it is busy and a message waits
+BUSY = "busy"
 
 
 def main(agent: str) -> int:
@@ -89,7 +95,14 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
         found = wait_active(home, hook.session_id, watch)
         if found is None:
             return 0  # the host is gone
-        if found and handover.hand_over(home, agent, EVENT, hook, host, chain, write):
+        if not found:
+            continue
+        if read_mark(home, hook.session_id) == BUSY:  # a turn runs: its PostToolUse or Stop hook hands it over
+            while read_mark(home, hook.session_id) == BUSY:
+                if watch.wait(BUSY_POLL):
+                    return 0
+            continue
+        if handover.hand_over(home, agent, EVENT, hook, host, chain, write):
             return 2
 
 
@@ -131,33 +144,58 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
         sock.close()
 
 
-def stop_mark(home: Path, host_session_id: str) -> Path:
-    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".stop")
+def session_mark(home: Path, host_session_id: str) -> Path:
+    """`<home>/waiters/<digest>.state`: "busy" while a turn runs, "idle <prompt id>" once a Stop
+    hook has finished."""
+    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".state")
 
 
-def mark_stop(home: Path, hook: common.HookInput) -> None:
+def _write_mark(home: Path, host_session_id: str, text: str) -> None:
+    """Advisory, so no fsync: a lost mark costs a message's way, never the message."""
+    folder = home / WAITERS_DIR
+    if not folder.is_dir():
+        paths.ensure_home(home)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    target = session_mark(home, host_session_id)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+
+
+def read_mark(home: Path, host_session_id: str) -> str:
+    try:
+        return session_mark(home, host_session_id).read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def mark_idle(home: Path, hook: common.HookInput) -> None:
     """The Stop hook has handed over what waited at this Stop (or found nothing): the waiter
-    started by the same Stop may wait now."""
-    paths.ensure_home(home)
-    (home / WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
-    paths.write_private(stop_mark(home, hook.session_id), hook.prompt_id)
+    started by the same Stop may wait now, and hand over what comes while the session is idle."""
+    _write_mark(home, hook.session_id, f"idle {hook.prompt_id}")
+
+
+def mark_busy(home: Path, hook: common.HookInput) -> None:
+    """A turn starts (UserPromptSubmit): messages are the PostToolUse and Stop hooks' until it ends."""
+    _write_mark(home, hook.session_id, BUSY)
 
 
 def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> bool:
-    """Wait until the Stop hook of this Stop has marked its end (or STOP_HOOK_WAIT passed, or
-    the Stop carries no prompt id to match). False when the host ended meanwhile."""
+    """Wait until the Stop hook of this Stop has marked its end, or a new turn has started (or
+    STOP_HOOK_WAIT passed, or the Stop carries no prompt id to match). False when the host ended
+    meanwhile."""
     import time
 
     if not hook.prompt_id:
         return True
-    mark = stop_mark(home, hook.session_id)
     deadline = time.monotonic() + STOP_HOOK_WAIT
     while time.monotonic() < deadline:
-        try:
-            if mark.read_text(encoding="utf-8") == hook.prompt_id:
-                return True
-        except OSError:
-            pass
+        if read_mark(home, hook.session_id) in (f"idle {hook.prompt_id}", BUSY):
+            return True
         if watch.wait(STOP_MARK_POLL):
             return False
     common.log(home, "wake", f"no end mark of the Stop hook within {STOP_HOOK_WAIT:g} s: waiting anyway")

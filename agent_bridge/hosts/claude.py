@@ -47,6 +47,8 @@ WAKE_TIMEOUT = 86_400  # seconds Claude Code lets the waiter run (its hook `time
 # The waiter's Stop handler (agent_bridge/hooks/wake.py). Registered whatever the installed version:
 # the waiter itself leaves at once where the running Claude Code would not run it in the background.
 WAKE_HOOK = ("Stop", "wake", {"asyncRewake": True, "timeout": WAKE_TIMEOUT})
+# Marks a turn's start, so that the waiter leaves a busy session's messages to PostToolUse and Stop.
+PROMPT_HOOK = ("UserPromptSubmit", "user-prompt-submit", {})
 TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
 TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
@@ -76,7 +78,7 @@ class Claude(Host):
         ensure = partial(install.ensure_json_server, path=server_file, command=command, args=args, env=env)
         return [install.edit_json(server_file, ensure, private=private),
                 install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                                   extra=(WAKE_HOOK,))]
+                                   extra=(WAKE_HOOK, PROMPT_HOOK))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
@@ -192,8 +194,8 @@ def reach(registered: set[str], version: Version | None = None, *, asked: bool =
         stop = f"additionalContext, no error label (Claude Code {shown})"
     else:
         stop = f"the block decision, shown as a hook error (Claude Code {shown} is older than 2.1.163)"
-    if "wake" not in registered:
-        wake = "no (the waiter's Stop hook is not registered: run agent-bridge install)"
+    if "wake" not in registered or "user-prompt-submit" not in registered:
+        wake = "no (the waiter's Stop and UserPromptSubmit hooks are not both registered: run agent-bridge install)"
     elif version is not None and version < ASYNC_REWAKE_SINCE:
         wake = f"no (Claude Code {shown}: the waiter needs 2.1.332 or later)"
     else:

@@ -210,3 +210,40 @@ async def test_what_waits_at_the_stop_is_the_stop_hooks_to_hand_over(broker, env
             code, _, err = await finished(waiter)
             assert code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
             assert acked_at(home, later) is not None
+
+
+async def test_a_busy_session_is_left_to_its_post_tool_use_and_stop_hooks(broker, env, home, project, host):
+    """While a turn runs (UserPromptSubmit marked it), the waiter leaves a message to the turn's
+    PostToolUse or Stop hook (no error label there); once the turn's Stop hook has run, it hands
+    over what comes next."""
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-busy"}):
+            hook_run = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+            version = transcript(project, "2.1.332")
+
+            def run(event: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+                return subprocess.run([*HOOK, "hook", event, "--agent", "claude"], input=stdin, env=hook_run,
+                                      cwd=project, capture_output=True, timeout=60)
+
+            stop_1 = stop_input("hs-busy", project, version, "prompt-1")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""  # idle, nothing waits
+            waiter = start_waiter(home, project, "hs-busy", host, prompt_id="prompt-1")
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            prompt = json.dumps({"session_id": "hs-busy", "cwd": str(project), "hook_event_name": "UserPromptSubmit",
+                                 "prompt": "go"}).encode()
+            submitted = await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)
+            assert (submitted.returncode, submitted.stdout, submitted.stderr) == (0, b"", b"")
+            mid = await send(home, "hs-busy", "for the busy turn")
+            post = json.dumps({"session_id": "hs-busy", "cwd": str(project), "hook_event_name": "PostToolUse",
+                               "tool_name": "Bash", "tool_input": {}, "tool_response": {}}).encode()
+            between = json.loads((await trio.to_thread.run_sync(run, "post-tool-use", post)).stdout)
+            assert "for the busy turn" in between["hookSpecificOutput"]["additionalContext"]
+            assert acked_at(home, mid) is not None and waiter.poll() is None
+            stop_2 = stop_input("hs-busy", project, version, "prompt-2")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_2)).stdout == b""  # the turn ends: idle
+            later = await send(home, "hs-busy", "for the idle session")
+            code, _, err = await finished(waiter)
+            assert code == 2 and "for the idle session" in err.decode() and "busy turn" not in err.decode()
+            assert acked_at(home, later) is not None

@@ -103,7 +103,11 @@ class Tui:
         return self.tmux("capture-pane", "-p", "-S", "-200")
 
     def type(self, text: str) -> None:
+        """Type `text` and press Enter once the TUI shows it (an Enter that arrives with the
+        typed text can be taken as part of a paste, and the prompt is not sent)."""
         self.tmux("send-keys", "-l", text)
+        tail = text[-30:]
+        poll_until(lambda: tail in self.screen().replace("\n", ""), "the typed text on the screen", timeout=30)
         self.tmux("send-keys", "Enter")
 
     def running(self) -> bool:

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.hosts.conftest import Tui, World, plan, poll_until
+from tests.hosts.conftest import Tui, World, claude_system_texts, plan, poll_until
 from tests.hosts.models import GATE
 
 pytestmark = pytest.mark.slow
@@ -83,9 +83,26 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     screen = tui.screen()
     assert "reported a problem" not in screen and "hook error" not in screen.lower(), screen
 
+    # Path 1 with the waiter armed: a message sent in the middle of a typed turn's tool calls is
+    # the PostToolUse hook's (a system message in the next request), not the waiter's.
+    poll_until(lambda: waiters_held(world) == 1, "the waiter armed at the Stop")
+    tui.type(plan(("whoami", {}), (GATE, {"gate": "busy"}), ("peers", {}), ("whoami", {})))
+    world.claude_model.wait_reached("busy")
+    known = len(world.claude_model.of_session(sid))
+    world.bridge("send", sid, "mid-turn: rebase first")
+    world.claude_model.open_gate("busy")
+    poll_until(lambda: any("rebase first" in r.text for r in world.claude_model.of_session(sid)), "the mid-turn message")
+    requests = world.claude_model.of_session(sid)
+    first = next(k for k, r in enumerate(requests) if "rebase first" in r.text)
+    assert first == known, "not in the next request after the send"
+    contexts = [t for t in claude_system_texts(requests[first].body) if "rebase first" in t]
+    assert contexts and contexts[0].startswith("PostToolUse:"), requests[first].text[-3000:]
+    assert "Stop hook feedback" not in requests[first].text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the mid-turn message acknowledged")
+
     # Path 3: the session is idle (its turn ended, the waiter armed at its Stop). A message
     # wakes it: a new turn with no keystroke, the message in the model's request.
-    poll_until(lambda: waiters_held(world) == 1, "the waiter armed at the Stop")
+    poll_until(lambda: waiters_held(world) == 1 and tui.screen().count("done.") >= 2, "the waiter armed at the Stop")
     before = len(world.claude_model.of_session(sid))
     started = time.monotonic()
     world.bridge("send", sid, "idle wake: are you there?")
