@@ -48,7 +48,7 @@ WAKE_TIMEOUT = 86_400  # seconds Claude Code lets the waiter run (its hook `time
 # the waiter itself leaves at once where the running Claude Code would not run it in the background.
 WAKE_HOOK = ("Stop", "wake", {"asyncRewake": True, "timeout": WAKE_TIMEOUT})
 # Marks a turn's start, so that the waiter leaves a busy session's messages to PostToolUse and Stop.
-PROMPT_HOOK = ("UserPromptSubmit", "user-prompt-submit", {})
+PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
 TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
 TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
