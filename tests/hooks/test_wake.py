@@ -247,3 +247,24 @@ async def test_a_busy_session_is_left_to_its_post_tool_use_and_stop_hooks(broker
             code, _, err = await finished(waiter)
             assert code == 2 and "for the idle session" in err.decode() and "busy turn" not in err.decode()
             assert acked_at(home, later) is not None
+
+
+async def test_wait_active_answers_at_its_timeout_and_refuses_bad_arguments(broker, env, home, project):
+    from agent_bridge.ipc import blocking, protocol
+
+    def call(**args: Any) -> Any:
+        return blocking.call(home, "wait_active", timeout=10, **args)
+
+    with trio.fail_after(60):
+        assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-none", timeoutMs=0)) == {"active": False}
+        for bad in ({"hostSessionId": "x", "timeoutMs": -1}, {"hostSessionId": "x", "timeoutMs": 60_001},
+                    {"hostSessionId": "x", "timeoutMs": True}, {"timeoutMs": 5}, {"hostSessionId": "x", "extra": 1}):
+            with pytest.raises(protocol.RemoteError):
+                await trio.to_thread.run_sync(lambda bad=bad: call(**bad))
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-wait"}):
+            mid = await send(home, "hs-wait", "already here")
+            assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-wait", timeoutMs=50_000)) == {
+                "active": True}
+            assert acked_at(home, mid) is None  # it only says so: nothing handed over, nothing acknowledged
