@@ -282,7 +282,7 @@ def test_real_codex_hook_trust_and_project_trust(tmp_path, user_home, workdir):
     at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
     end = max(i for i, line in enumerate(lines) if "trusted_hash" in line) + 1
     snippet = "\n".join(line.strip() for line in lines[at:end]) + "\n"
-    assert snippet.count("trusted_hash") == 3  # SessionStart, PostToolUse, Stop
+    assert snippet.count("trusted_hash") == 4  # SessionStart, PostToolUse, Stop, UserPromptSubmit
     config = user_home / ".codex" / "config.toml"
     config.write_text(config.read_text() + "\n" + snippet)
     result = run(env, workdir, "doctor")

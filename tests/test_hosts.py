@@ -112,3 +112,19 @@ def test_codex_stop_answer_is_always_the_block_decision(tmp_path):
     """Codex 0.171 documents no additionalContext on Stop (stop.command.output.schema.json)."""
     path = transcript(tmp_path, {"type": "assistant", "version": "2.1.332"})
     assert hosts.by_name("codex").stop_output("why", stop_hook_input(path)) == {"decision": "block", "reason": "why"}
+
+
+def test_codex_wakes_only_where_declared(tmp_path, monkeypatch):
+    """Codex's idle wake (a waiter running `codex queue`) is off unless AGENT_BRIDGE_CODEX_WAKE=1:
+    an interactive Codex's daemon outlives its TUI and would run a queued message's turn unwatched."""
+    (tmp_path / "codex").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "codex").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    codex = hosts.by_name("codex")
+    hook = HookInput("thread-1", "/w/app", "", False)
+    assert codex.spawned_waiter and not hosts.by_name("claude").spawned_waiter
+    assert not codex.runs_waiter(hook, {})
+    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "yes"})
+    assert codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})  # no codex to queue with

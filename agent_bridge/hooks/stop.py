@@ -31,16 +31,19 @@ def main(agent: str) -> int:
     home = paths.home()
     try:
         host, chain = procinfo.current_host()  # first: before anything in the chain detaches
-        hook = common.read_input()
+        raw = common.read_raw()
+        hook = common.parse_input(raw)
         target = hosts.by_name(agent) or hosts.DEFAULT
         try:
             handover.hand_over(home, agent, EVENT, hook, host, chain,
                                lambda text: common.emit(target.stop_output(text, hook)))
         finally:
-            if hook.prompt_id and target.runs_waiter(hook, os.environ):
+            if (hook.prompt_id or target.spawned_waiter) and target.runs_waiter(hook, os.environ):
                 from agent_bridge.hooks import wake
 
-                wake.mark_idle(home, hook)  # this Stop's waiter may start waiting now
+                wake.mark_idle(home, hook)  # the session goes idle: the waiter may hand over now
+                if target.spawned_waiter:
+                    wake.spawn(agent, raw, host)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop
         common.log(home, f"stop ({agent})", f"no block: {type(exc).__name__}: {exc}")
     return 0

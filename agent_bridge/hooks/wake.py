@@ -21,7 +21,12 @@ is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
    between tool calls or at its Stop without an error label; Claude Code would show the waiter's
    as "Stop hook feedback" (seen with 2.1.332);
 7. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
-   acknowledge), writing to stderr, and exits 2. Killed before its write, it acknowledges nothing.
+   acknowledge), the "write" being `Host.wake`: Claude Code, stderr and exit 2; Codex, `codex queue
+   --resume` (acknowledged once Codex says it queued it), after which the waiter marks the session
+   busy and goes on waiting. Killed before its write, it acknowledges nothing.
+
+Codex has no background hooks: its Stop hook starts the waiter as a detached process (`spawn`),
+naming the host (pid and start time) in AGENT_BRIDGE_WAKE_HOST.
 
 No broker: it waits for one (looking every few seconds) as long as its host lives. Any failure:
 exit 0, one line in broker.log.
@@ -43,6 +48,7 @@ ANSWER_SLACK = 10.0  # seconds past WAIT_MS a broker may take to answer before t
 NO_BROKER_RETRY = 2.0  # seconds between looks for a broker when none runs
 HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not Linux)
 WAITERS_DIR = "waiters"
+HOST_ENV = "AGENT_BRIDGE_WAKE_HOST"  # "pid:start" of the host, from a Stop hook that starts the waiter
 STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go first (the hook's timeout is 10)
 STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
 BUSY_POLL = 0.1  # seconds between looks at the session's mark while it is busy and a message waits
@@ -52,7 +58,8 @@ BUSY = "busy"
 def main(agent: str) -> int:
     home = paths.home()
     try:
-        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        given = os.environ.get(HOST_ENV)  # started by a Stop hook (Codex): its host, by pid and start time
+        host, chain = given_host(given) if given else procinfo.current_host()  # before anything detaches
         hook = common.read_input()
         target = hosts.by_name(agent) or hosts.DEFAULT
         if not target.runs_waiter(hook, os.environ):
@@ -85,11 +92,11 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
     """Until the host ends (0) or an active message was handed over (2)."""
     from agent_bridge.hooks import handover
 
+    target = hosts.by_name(agent) or hosts.DEFAULT
+
     def write(text: str) -> None:
-        data = (text + "\n").encode("utf-8")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(2, view):]
+        if not target.wake(text, hook):
+            raise WakeFailed(f"{target.title} did not take the message")  # so nothing is acknowledged
 
     while True:
         found = wait_active(home, hook.session_id, watch)
@@ -102,8 +109,52 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
                 if watch.wait(BUSY_POLL):
                     return 0
             continue
-        if handover.hand_over(home, agent, EVENT, hook, host, chain, write):
-            return 2
+        try:
+            handed = handover.hand_over(home, agent, EVENT, hook, host, chain, write)
+        except WakeFailed as exc:
+            common.log(home, f"wake ({agent})", f"{exc}; the message waits for the session's next hook")
+            return 0
+        if handed and not target.spawned_waiter:
+            return 2  # Claude Code's asyncRewake: exit 2 gives the model what was written to stderr
+        if handed:
+            mark_busy(home, hook)  # the woken turn runs; its Stop marks the session idle again
+
+
+class WakeFailed(Exception):
+    """The host did not take the message (`Host.wake` said so)."""
+
+
+def given_host(value: str) -> tuple[procinfo.Proc | None, list[procinfo.Proc]]:
+    """The host a Stop hook named ("pid:start"), if that process still runs with that start."""
+    try:
+        pid, start = (int(part) for part in value.split(":", 1))
+    except ValueError:
+        return None, []
+    found = procinfo.describe(pid)
+    if found is None or found[0].start != start:
+        return None, []
+    return found[0], [found[0]]
+
+
+def spawn(agent: str, raw: bytes, host: procinfo.Proc | None) -> None:
+    """Start this session's waiter as a detached process (for a host without background hooks:
+    Codex), handing it the Stop hook's input and its host. It holds none of the hook's pipes, so
+    the host does not wait for it; it ends with the host, and leaves at once when a waiter for the
+    session already waits."""
+    import subprocess
+    import sys
+
+    if host is None:
+        return
+    env = dict(os.environ, **{HOST_ENV: f"{host.pid}:{host.start}"})
+    proc = subprocess.Popen([sys.executable, "-m", "agent_bridge", "hook", "wake", "--agent", agent],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True, env=env)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(raw)
+    finally:
+        proc.stdin.close()
 
 
 def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | None:

@@ -82,6 +82,16 @@ class Host:
         module knows it does (SPEC §3 "Reach" item 3)."""
         return False
 
+    # How the waiter gets started: registered as a background hook (`spawned_waiter` False:
+    # Claude Code's asyncRewake), or started by the Stop hook as a detached process (True: Codex).
+    spawned_waiter = False
+
+    def wake(self, text: str, hook: HookInput) -> bool:
+        """Hand `text` to the idle session (the waiter's "write"); True once the host took it.
+        After a wake the waiter exits when `spawned_waiter` is False (the host starts the next one
+        at the next Stop), else it goes on waiting."""
+        raise NotImplementedError
+
     def post_tool_use_output(self, text: str) -> dict[str, Any]:
         """The PostToolUse hook's answer that adds `text` to the model's next request of the turn
         (SPEC §3 "Reach" item 1)."""

@@ -102,6 +102,15 @@ class Claude(Host):
         version = transcript_version(hook.transcript_path)
         return version is not None and version >= ASYNC_REWAKE_SINCE
 
+    def wake(self, text: str, hook: HookInput) -> bool:
+        """asyncRewake: the hook's stderr, given to the model when it exits 2 (which it does next)."""
+        import os
+
+        view = memoryview((text + "\n").encode("utf-8"))
+        while view:
+            view = view[os.write(2, view):]
+        return True
+
     def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
         """additionalContext when the running Claude Code takes it on Stop (2.1.163+), else the
         block decision, which every version takes."""

@@ -229,6 +229,59 @@ class World:
                  "--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true", *extra, prompt]
         return self._start(args, env, cwd, self.root / f"{tag}-{uuid.uuid4().hex[:8]}.err")
 
+    def codex_tui(self, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> Tui:
+        """An interactive Codex (its TUI) in a private tmux server, offline (NOTES.md, "The TUI
+        offline"): the folder trusted, plugins off, and the agent-bridge hooks trusted the way a
+        user's /hooks review records it (`[hooks.state."<key>"] trusted_hash`, the hashes asked of
+        this Codex's app-server, as doctor does). The TUI starts an app-server daemon that
+        outlives it: `open_world` ends it."""
+        from agent_bridge.hosts import codex as codex_host
+
+        folder = cwd or self.project
+        env = {**self.base_env(), "CODEX_HOME": str(self.codex_home), "FAKE_MODEL_KEY": "test-key", **(env or {})}
+        config = self.codex_home / "config.toml"
+        config.write_text(config.read_text(encoding="utf-8") + f'\n[projects."{folder}"]\ntrust_level = "trusted"\n',
+                          encoding="utf-8")
+        saved = dict(os.environ)
+        os.environ.update(env)  # codex_app_server runs the codex of this world with its CODEX_HOME
+        try:
+            _, hooks = codex_host.codex_app_server(str(self.host_bin / "codex"), folder)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        config.write_text(config.read_text(encoding="utf-8") + "".join(
+            f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n' for h in hooks), encoding="utf-8")
+        env["TERM"] = "xterm-256color"
+        script = self.root / f"codex-tui-{uuid.uuid4().hex[:8]}.sh"
+        script.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+                          + f"cd {shlex.quote(str(folder))}\n"
+                          + shlex.join(["exec", str(self.host_bin / "codex"), "--dangerously-bypass-approvals-and-sandbox"])
+                          + "\n")
+        script.chmod(0o755)
+        tui = Tui(f"ab-{uuid.uuid4().hex[:10]}", self.root / "codex-tui.log")
+        self.tuis.append(tui)
+        tui.start(str(script))
+        return tui
+
+    def leftovers(self) -> list[int]:
+        """Processes of this world still running: any whose program or environment names its
+        folder (a Codex app-server daemon, an agent-bridge hook or waiter, an MCP server)."""
+        found = []
+        marker = str(self.root).encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read()
+            except OSError:
+                continue
+            if marker in cmdline or marker in environ:
+                found.append(int(entry))
+        return found
+
     def _start(self, args: list[str], env: dict[str, str], cwd: Path | None, log: Path) -> HostRun:
         proc = subprocess.Popen(args, env=env, cwd=cwd or self.project, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -311,6 +364,11 @@ def open_world(host_bin: Path) -> Iterator[World]:
                 proc.kill()
                 proc.communicate(timeout=30)
         w.bridge("down", check=False)
+        for pid in w.leftovers():  # what a host left running (the Codex TUI's daemon): ours, by pid
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
         claude_model.close()
         codex_model.close()
         if not keep:
