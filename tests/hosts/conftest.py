@@ -96,6 +96,10 @@ class Tui:
         return done.stdout
 
     def start(self, script: str) -> None:
+        if shutil.which("tmux") is None:  # the interactive tests drive the TUIs through tmux
+            if os.environ.get("CI"):
+                pytest.fail("CI runs the interactive host tests, but tmux is not installed")
+            pytest.skip("tmux is not installed: the interactive host tests are skipped")
         self.tmux("new-session", "-d", "-x", "200", "-y", "50", script)
         self.pid = int(self.tmux("display-message", "-p", "#{pane_pid}").strip())
 
