@@ -55,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     hook = sub.add_parser("hook", help=f"hook commands for {titles} (JSON on stdin)")
     hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
     for event, text in (("session-start", "SessionStart: add the session's identity and decisions"),
-                        ("stop", "Stop: continue the session while active messages wait")):
+                        ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
+                        ("stop", "Stop: continue the session while active messages wait"),
+                        ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
+                        ("user-prompt-submit", "UserPromptSubmit (Claude Code): a turn starts, the waiter stands aside")):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
                        help=f"the host (default: {hosts.DEFAULT.name})")
@@ -202,6 +205,18 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import session_start
 
         return session_start.main(ns.agent)
+    if ns.event == "post-tool-use":
+        from agent_bridge.hooks import post_tool_use
+
+        return post_tool_use.main(ns.agent)
+    if ns.event == "wake":
+        from agent_bridge.hooks import wake
+
+        return wake.main(ns.agent)
+    if ns.event == "user-prompt-submit":
+        from agent_bridge.hooks import user_prompt_submit
+
+        return user_prompt_submit.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -243,11 +258,14 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit")
+
+
 def _hook_fast_path(args: Sequence[str]) -> int | None:
     """`agent-bridge hook EVENT [--agent HOST]` runs at every session start and stop:
     dispatch it without building the parser (argparse's setup costs several milliseconds).
     Anything else (help, a typo) goes through argparse for its usual messages."""
-    if len(args) < 2 or args[0] != "hook" or args[1] not in ("session-start", "stop"):
+    if len(args) < 2 or args[0] != "hook" or args[1] not in HOOK_EVENTS:
         return None
     rest = list(args[2:])
     if len(rest) == 1 and rest[0].startswith("--agent="):

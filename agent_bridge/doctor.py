@@ -257,14 +257,49 @@ def hooks_check(name: str, files: list[Path], home: Path, fix: str) -> Check:
     if errors:
         return Check(name, FAIL, "; ".join(errors), "fix the file by hand, then: " + fix)
     missing = [event for event, _ in install.EVENTS if event not in found]
-    if missing:
-        return Check(name, FAIL, f"{' and '.join(missing)} hook not registered (looked in {', '.join(map(str, files))})", fix)
+    required = [event for event in missing if event in install.REQUIRED_EVENTS]
+    looked = f"(looked in {', '.join(map(str, files))})"
+    if required:
+        return Check(name, FAIL, f"{' and '.join(required)} hook not registered {looked}", fix)
     for event, (path, command) in found.items():
         problem = _program_problem(_hook_program(command)) or _home_problem(_hook_home(command), home, f"the {event} hook")
         if problem:
             return Check(name, FAIL, f"{event} hook in {path}: {problem}", fix)
     where = sorted({str(p) for p, _ in found.values()})
-    return Check(name, OK, f"SessionStart and Stop registered in {', '.join(where)}")
+    if missing:  # an install from before PostToolUse: it works, but messages wait for the turn's end
+        return Check(name, WARN, f"{', '.join(sorted(found))} registered in {', '.join(where)}; {' and '.join(missing)} "
+                     f"not {looked}: messages reach a working session only when its turn ends", fix)
+    return Check(name, OK, f"{', '.join(event for event, _ in install.EVENTS)} registered in {', '.join(where)}")
+
+
+def registered_events(files: list[Path]) -> set[str]:
+    """The host events (install.EVENTS) whose agent-bridge hook is registered in any of `files`,
+    plus "wake" and "user-prompt-submit" when the idle-wake waiter's hooks (install.WAKE,
+    install.PROMPT) are."""
+    found = set(_find_hooks(files, []))
+    for event, arg in (install.WAKE, install.PROMPT):
+        for path in files:
+            data, _ = load_json(path)
+            groups = data.get("hooks", {}).get(event) if data and isinstance(data.get("hooks"), dict) else None
+            if isinstance(groups, list) and install.our_handlers(groups, arg):
+                found.add(arg)
+    return found
+
+
+def reach_check(title: str, registered: set[str], stop: str, wake: str) -> Check:
+    """Which of the ways of SPEC §3 "Reach" the installed setup of one host will use: 1 between
+    tool calls (PostToolUse), 2 at Stop (`stop`: how), 3 when idle (`wake`: how, or why not), 4
+    at SessionStart, compaction included."""
+    parts = [
+        "1 between tool calls: " + ("PostToolUse hook" if "PostToolUse" in registered else "no (PostToolUse hook missing)"),
+        "2 at Stop: " + (stop if "Stop" in registered else "no (Stop hook missing)"),
+        "3 when idle: " + wake,
+        "4 at start, resume, compaction: " + ("SessionStart hook" if "SessionStart" in registered
+                                              else "no (SessionStart hook missing)"),
+    ]
+    missing = not {"PostToolUse", "Stop", "SessionStart"} <= registered
+    return Check(f"{title} reach", WARN if missing else OK, "; ".join(parts),
+                 "agent-bridge install" if missing else "")
 
 
 def our_hook_commands(files: list[Path]) -> dict[str, list[tuple[Path, str]]]:

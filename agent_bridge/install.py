@@ -1,6 +1,6 @@
 """`agent-bridge install` and `agent-bridge uninstall` (`[--claude] [--codex] … [--scope user|project] [--dry-run]`).
 
-Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart and Stop hooks in
+Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart, PostToolUse and Stop hooks in
 each host's own configuration files. Which files and keys a host uses, and the host-specific
 edits (Codex's `config.toml`), are in its module under agent_bridge/hosts; this module holds what
 they share: the command lines, the JSON edits, backups and writing.
@@ -45,7 +45,15 @@ from agent_bridge.tomledit import TomlText
 SERVER_NAME = "agent-bridge"
 PATH_COMMAND = "agent-bridge"  # what project-scope files name: found on PATH on every machine
 HOOK_TIMEOUT = 10  # seconds the host gives one hook run; ours take well under one
-EVENTS = (("SessionStart", "session-start"), ("Stop", "stop"))
+# The hook events install registers (host event name, `agent-bridge hook` argument). PostToolUse
+# is SPEC §3 "Reach" item 1; an install from before it has only the other two, and doctor says so.
+EVENTS = (("SessionStart", "session-start"), ("PostToolUse", "post-tool-use"), ("Stop", "stop"))
+REQUIRED_EVENTS = ("SessionStart", "Stop")  # without these the bridge's hooks do not work at all
+# A host may register more hooks (`Host.extra_hooks`): Claude Code's idle-wake waiter, a second
+# Stop handler. Uninstall removes every one of these, whichever host and version added it.
+WAKE = ("Stop", "wake")
+PROMPT = ("UserPromptSubmit", "user-prompt-submit")  # marks a turn's start for the waiter
+ALL_HOOKS = (*EVENTS, WAKE, PROMPT)
 
 
 class InstallError(Exception):
@@ -105,17 +113,12 @@ def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]
     return prefix + shlex.join([*run, "hook", event_arg, "--agent", agent])
 
 
-def hook_commands(run: list[str], agent: str, env: dict[str, str]) -> dict[str, str]:
-    """Event name (SessionStart, Stop) -> our hook's command line for this agent."""
-    return {event: hook_command(run, arg, agent, env) for event, arg in EVENTS}
-
-
 def mcp_args(run: list[str], agent: str) -> tuple[str, list[str]]:
     return run[0], [*run[1:], "mcp", "--agent", agent]
 
 
 _HOOK_PATTERNS = {
-    event_arg: re.compile(rf"agent[-_]bridge\S*\s+hook\s+{event_arg}(\s|$)") for _, event_arg in EVENTS
+    event_arg: re.compile(rf"agent[-_]bridge\S*\s+hook\s+{event_arg}(\s|$)") for _, event_arg in ALL_HOOKS
 }
 
 
@@ -231,33 +234,43 @@ def _drop(groups: list[Any], pairs: list[tuple[dict[str, Any], dict[str, Any]]])
     groups[:] = [g for g in groups if id(g) not in emptied]
 
 
-def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path, commands: dict[str, str]) -> None:
-    """`commands`: event name (SessionStart, Stop) -> our command line."""
+def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path,
+                      entries: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    """`entries`: (event, hook argument, our command line, more handler keys) per hook. No
+    matcher: SessionStart then runs for every source (startup, resume, clear, compact) and
+    PostToolUse after every tool, on both hosts."""
     hooks = _object_at(data, "hooks", path)
-    for event, event_arg in EVENTS:
+    for event, event_arg, wanted, keys in entries:
         groups = hooks.setdefault(event, [])
         if not isinstance(groups, list):
             raise InstallError(f'{path}: "hooks.{event}" must be a list. Nothing was changed.')
+        what = f"{event} hook" if (event, event_arg) != WAKE else f"{event} hook ({event_arg})"
         ours = our_handlers(groups, event_arg)
-        wanted = commands[event]
         if not ours:
-            groups.append({"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT}]})
-            notes.append(f"added {event} hook")
+            groups.append({"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT, **keys}]})
+            notes.append(f"added {what}")
             continue
         _, first = ours[0]
-        if first.get("command") != wanted or first.get("type") != "command":
+        if first.get("command") != wanted or first.get("type") != "command" or any(
+                first.get(k) != v for k, v in keys.items()):
             first["type"] = "command"
             first["command"] = wanted
-            notes.append(f"updated {event} hook")
+            first.update(keys)
+            notes.append(f"updated {what}")
         if ours[1:]:  # one registration is enough: extra ones would run twice
             _drop(groups, ours[1:])
-            notes.extend(f"removed a duplicate {event} hook" for _ in ours[1:])
+            notes.extend(f"removed a duplicate {what}" for _ in ours[1:])
 
 
-def hooks_edit(path: Path, run: list[str], agent: str, env: dict[str, str], *, private: bool) -> FileEdit:
-    """Register our SessionStart and Stop hooks for `agent` in the JSON hooks file `path` (the
-    event -> matcher group -> handler form Claude Code and Codex share)."""
-    return edit_json(path, partial(ensure_json_hooks, path=path, commands=hook_commands(run, agent, env)), private=private)
+def hooks_edit(path: Path, run: list[str], agent: str, env: dict[str, str], *, private: bool,
+               extra: tuple[tuple[str, str, dict[str, Any]], ...] = ()) -> FileEdit:
+    """Register our hooks (EVENTS, then the host's `extra`: (event, hook argument, more handler
+    keys)) for `agent` in the JSON hooks file `path` (the event -> matcher group -> handler form
+    Claude Code and Codex share)."""
+    entries: list[tuple[str, str, str, dict[str, Any]]] = [
+        (event, arg, hook_command(run, arg, agent, env), {}) for event, arg in EVENTS]
+    entries += [(event, arg, hook_command(run, arg, agent, env), dict(keys)) for event, arg, keys in extra]
+    return edit_json(path, partial(ensure_json_hooks, path=path, entries=entries), private=private)
 
 
 def hooks_removal(path: Path, *, private: bool) -> FileEdit:
@@ -268,7 +281,7 @@ def remove_json_hooks(data: dict[str, Any], notes: list[str], path: Path) -> Non
     hooks = data.get("hooks")
     if not isinstance(hooks, dict):
         return
-    for event, event_arg in EVENTS:
+    for event, event_arg in ALL_HOOKS:
         groups = hooks.get(event)
         if not isinstance(groups, list):
             continue
@@ -276,7 +289,7 @@ def remove_json_hooks(data: dict[str, Any], notes: list[str], path: Path) -> Non
         if not ours:
             continue
         _drop(groups, ours)
-        notes.append(f"removed {event} hook")
+        notes.append(f"removed {event} hook" if (event, event_arg) != WAKE else f"removed {event} hook ({event_arg})")
         if not groups:
             del hooks[event]
     if not hooks:

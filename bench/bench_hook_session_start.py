@@ -39,7 +39,12 @@ def run(cmd: list[str], env: dict[str, str], stdin: bytes, cwd: Path) -> tuple[i
 
 
 def heavy_imports(env: dict[str, str], stdin: bytes, cwd: Path) -> list[str]:
-    _, _, err = run([*c.CLI, "hook", "session-start", "--agent", "claude"], {**env, "PYTHONPROFILEIMPORTTIME": "1"}, stdin, cwd)
+    return heavy_imports_of([*c.CLI, "hook", "session-start", "--agent", "claude"], env, stdin, cwd)
+
+
+def heavy_imports_of(cmd: list[str], env: dict[str, str], stdin: bytes, cwd: Path) -> list[str]:
+    """The heavy packages (HEAVY) that `cmd` imports, seen with -X importtime."""
+    _, _, err = run(cmd, {**env, "PYTHONPROFILEIMPORTTIME": "1"}, stdin, cwd)
     found = set()
     for line in err.decode(errors="replace").splitlines():
         if line.startswith("import time:") and "|" in line:

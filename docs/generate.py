@@ -134,13 +134,30 @@ def schema_versions() -> str:
 
 
 def hook_answers() -> str:
+    import tempfile
+
     from agent_bridge import hosts
+    from agent_bridge.hooks.common import HookInput
+
+    def dumped(answer: object) -> str:
+        return json.dumps(answer, ensure_ascii=False)
 
     out = []
-    for host in hosts.ALL:
-        out += [f"- {host.title} (`--agent {host.name}`):",
-                f"  - SessionStart: `{json.dumps(host.session_start_output('<the note>'), ensure_ascii=False)}`",
-                f"  - Stop: `{json.dumps(host.stop_output('<the messages, framed>'), ensure_ascii=False)}`"]
+    with tempfile.TemporaryDirectory() as folder:
+        transcript = Path(folder) / "t.jsonl"
+        transcript.write_text(json.dumps({"version": "2.1.332"}) + "\n", encoding="utf-8")
+        newest = HookInput("s", "/", "", False, str(transcript))
+        for host in hosts.ALL:
+            framed = "<the messages, framed>"
+            stop, stop_new = host.stop_output(framed), host.stop_output(framed, newest)
+            out += [f"- {host.title} (`--agent {host.name}`):",
+                    f"  - SessionStart: `{dumped(host.session_start_output('<the note>'))}`",
+                    f"  - PostToolUse: `{dumped(host.post_tool_use_output(framed))}`"]
+            if stop_new != stop:
+                out += [f"  - Stop, on a version that takes it (the transcript's `version`): `{dumped(stop_new)}`",
+                        f"  - Stop, otherwise: `{dumped(stop)}`"]
+            else:
+                out.append(f"  - Stop: `{dumped(stop)}`")
     return "\n".join(out) + "\n"
 
 

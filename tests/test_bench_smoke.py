@@ -21,6 +21,8 @@ EXPECTED = {
     "bench_context_cost.py",
     "bench_decide_fanout.py",
     "bench_decisions_query.py",
+    "bench_hook_post_tool_use.py",
+    "bench_reach.py",
     "bench_hook_session_start.py",
     "bench_mcp_tool_call.py",
     "bench_message_throughput.py",

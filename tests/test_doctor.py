@@ -70,8 +70,8 @@ def test_healthy_setup_passes_every_check(broker, env, home, user_home, workdir)
     found = statuses(result.stdout)
     assert found == {
         "home folder": "ok", "broker": "ok", "socket": "ok", "schema": "ok", "dashboard": "ok",
-        "Claude Code MCP server": "ok", "Claude Code hooks": "ok",
-        "Codex MCP server": "ok", "Codex hooks": "ok", "Codex hooks feature": "ok",
+        "Claude Code MCP server": "ok", "Claude Code hooks": "ok", "Claude Code reach": "ok",
+        "Codex MCP server": "ok", "Codex hooks": "ok", "Codex hooks feature": "ok", "Codex reach": "ok",
         "Codex hooks trust": "skip",  # no codex on PATH to ask
     }, result.stdout
     assert f"pid {broker.pid}" in result.stdout and "All checks passed" in result.stdout
@@ -104,9 +104,9 @@ def test_broken_setup_fails_and_says_what_to_fix(tmp_path, user_home, workdir):
     found = statuses(result.stdout)
     assert found == {
         "home folder": "FAIL", "broker": "FAIL", "socket": "skip", "schema": "FAIL", "dashboard": "skip",
-        "Claude Code MCP server": "FAIL", "Claude Code hooks": "FAIL",
+        "Claude Code MCP server": "FAIL", "Claude Code hooks": "FAIL", "Claude Code reach": "warn",
         "Codex MCP server": "FAIL", "Codex hooks": "FAIL", "Codex hooks feature": "FAIL",
-        "Codex hooks trust": "skip",
+        "Codex hooks trust": "skip", "Codex reach": "warn",
     }, result.stdout
     out = result.stdout
     assert f"chmod 700 {bridge}" in out
@@ -280,7 +280,9 @@ def test_real_codex_hook_trust_and_project_trust(tmp_path, user_home, workdir):
     # Trust them as the fix says (the values are Codex's own, from hooks/list).
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
-    snippet = "\n".join(line.strip() for line in lines[at : at + 4]) + "\n"
+    end = max(i for i, line in enumerate(lines) if "trusted_hash" in line) + 1
+    snippet = "\n".join(line.strip() for line in lines[at:end]) + "\n"
+    assert snippet.count("trusted_hash") == 4  # SessionStart, PostToolUse, Stop, UserPromptSubmit
     config = user_home / ".codex" / "config.toml"
     config.write_text(config.read_text() + "\n" + snippet)
     result = run(env, workdir, "doctor")
@@ -393,6 +395,47 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
 
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if "trusted_hash" in line) - 1
-    config.write_text(config.read_text() + "\n" + "\n".join(line.strip() for line in lines[at : at + 4]) + "\n")
+    end = max(i for i, line in enumerate(lines) if "trusted_hash" in line) + 1
+    config.write_text(config.read_text() + "\n" + "\n".join(line.strip() for line in lines[at:end]) + "\n")
     assert statuses(run(env, workdir, "doctor").stdout)["Codex hooks trust"] == "ok"
     assert session_start_ran()
+
+
+def reach_line(output: str, host: str) -> str:
+    return next(line for line in output.splitlines() if f"{host} reach" in line)
+
+
+def test_reach_says_per_host_which_paths_the_setup_uses(tmp_path, user_home, workdir):
+    """Claude Code 2.1.332 on PATH (the real one): additionalContext at Stop; an older version
+    string: the block decision; Codex: always the block decision. Without the PostToolUse hook
+    (an earlier install) path 1 is reported missing, as a warning."""
+    env = plain_env(user_home, tmp_path / "bridge")
+    (user_home / ".claude").mkdir(parents=True, exist_ok=True)
+    (user_home / ".codex").mkdir(parents=True, exist_ok=True)
+    assert run(env, workdir, "install", "--claude", "--codex").returncode == 0
+    old = tmp_path / "old-claude"
+    old.mkdir()
+    (old / "claude").write_text("#!/bin/sh\necho '2.1.162 (Claude Code)'\n")
+    (old / "claude").chmod(0o755)
+    out = run(with_path(env, old), workdir, "doctor").stdout
+    line = reach_line(out, "Claude Code")
+    assert line.split()[0] == "ok" and "2 at Stop: the block decision" in line and "2.1.162" in line, line
+    assert "1 between tool calls: PostToolUse hook" in line and "4 at start, resume, compaction: SessionStart hook" in line
+    codex = reach_line(out, "Codex")
+    assert "2 at Stop: the block decision" in codex and "1 between tool calls: PostToolUse hook" in codex, codex
+
+    settings = user_home / ".claude" / "settings.json"
+    data = json.loads(settings.read_text())
+    del data["hooks"]["PostToolUse"]
+    settings.write_text(json.dumps(data))
+    line = reach_line(run(with_path(env, old), workdir, "doctor").stdout, "Claude Code")
+    assert line.split()[0] == "warn" and "1 between tool calls: no (PostToolUse hook missing)" in line, line
+
+
+def test_reach_with_the_real_claude_code(tmp_path, user_home, workdir):
+    claude = host_program("claude")
+    env = with_path(plain_env(user_home, tmp_path / "bridge"), claude.parent)
+    (user_home / ".claude").mkdir(parents=True, exist_ok=True)
+    assert run(env, workdir, "install", "--claude").returncode == 0
+    line = reach_line(run(env, workdir, "doctor").stdout, "Claude Code")
+    assert "2 at Stop: additionalContext, no error label (Claude Code 2.1.332)" in line, line

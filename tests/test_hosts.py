@@ -4,13 +4,16 @@ and the CLI, install and the process matcher take their hosts from it."""
 from __future__ import annotations
 
 import inspect
+import json
 
 import pytest
 
 from agent_bridge import cli, hosts
+from agent_bridge.hooks.common import HookInput
+from agent_bridge.hosts import claude
 from agent_bridge.hosts.base import Host
 
-HOOK_ANSWERS = {"session_start_output", "stop_output"}  # Host's defaults: the form both hosts document
+HOOK_ANSWERS = {"session_start_output", "stop_output", "post_tool_use_output", "runs_waiter"}  # Host's defaults: the form both hosts document
 HOST_METHODS = sorted(
     name for name, value in vars(Host).items()
     if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS
@@ -57,3 +60,71 @@ def test_hook_outputs_are_the_documented_shapes(host):
         "hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": "note"}
     }
     assert host.stop_output("why") == {"decision": "block", "reason": "why"}
+    assert host.post_tool_use_output("mail") == {
+        "hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": "mail"}
+    }
+
+
+def transcript(tmp_path, *entries: object, junk: bytes = b"") -> str:
+    path = tmp_path / "session.jsonl"
+    path.write_bytes(junk + b"".join(json.dumps(e).encode() + b"\n" for e in entries))
+    return str(path)
+
+
+def stop_hook_input(transcript_path: str) -> HookInput:
+    return HookInput("sid", "/w/app", "", False, transcript_path)
+
+
+@pytest.mark.parametrize(("version", "answer"), [
+    ("2.1.332", "context"), ("2.1.163", "context"), ("3.0.0", "context"),
+    ("2.1.162", "block"), ("2.0.99", "block"), ("1.9.999", "block"),
+    (None, "block"), ("2.1", "block"), ("v2.1.332", "block"), (2.1, "block"),
+])
+def test_claude_stop_answer_follows_the_version_in_the_transcript(tmp_path, version, answer):
+    """Claude Code 2.1.163 and later take additionalContext on Stop (shown without an error
+    label, checked with 2.1.332 in tests/hosts); older or unknown versions get the block
+    decision, which every version takes. The version is the newest transcript entry's."""
+    entries: list[object] = [{"type": "user", "version": "1.0.0"}, {"type": "assistant", "version": version},
+                             {"type": "last-prompt", "lastPrompt": "hi"}]
+    if version is None:
+        entries[1] = {"type": "assistant"}
+    path = transcript(tmp_path, *entries)
+    got = hosts.by_name("claude").stop_output("why", stop_hook_input(path))
+    if answer == "context":
+        assert got == {"hookSpecificOutput": {"hookEventName": "Stop", "additionalContext": "why"}}
+    else:
+        assert got == {"decision": "block", "reason": "why"}
+
+
+def test_claude_transcript_version_reads_only_the_tail_and_skips_bad_lines(tmp_path):
+    big = {"type": "user", "version": "2.0.0", "text": "x" * (200 << 10)}  # a line longer than one tail step
+    path = transcript(tmp_path, big, {"type": "assistant", "version": "2.1.332"}, junk=b"garbage\n")
+    assert claude.transcript_version(path) == (2, 1, 332)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(json.dumps(big).encode() + b'\n{"type": "assistant", "version": "2.1.3')  # being written
+    assert claude.transcript_version(str(cut)) == (2, 0, 0)
+    assert claude.transcript_version(str(tmp_path / "missing.jsonl")) is None
+    assert claude.transcript_version("") is None
+    assert hosts.by_name("claude").stop_output("why") == {"decision": "block", "reason": "why"}
+
+
+def test_codex_stop_answer_is_always_the_block_decision(tmp_path):
+    """Codex 0.171 documents no additionalContext on Stop (stop.command.output.schema.json)."""
+    path = transcript(tmp_path, {"type": "assistant", "version": "2.1.332"})
+    assert hosts.by_name("codex").stop_output("why", stop_hook_input(path)) == {"decision": "block", "reason": "why"}
+
+
+def test_codex_wakes_only_where_declared(tmp_path, monkeypatch):
+    """Codex's idle wake (a waiter running `codex queue`) is off unless AGENT_BRIDGE_CODEX_WAKE=1:
+    an interactive Codex's daemon outlives its TUI and would run a queued message's turn unwatched."""
+    (tmp_path / "codex").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "codex").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    codex = hosts.by_name("codex")
+    hook = HookInput("thread-1", "/w/app", "", False)
+    assert codex.spawned_waiter and not hosts.by_name("claude").spawned_waiter
+    assert not codex.runs_waiter(hook, {})
+    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "yes"})
+    assert codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})  # no codex to queue with

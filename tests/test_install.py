@@ -134,7 +134,13 @@ def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir
     assert settings["hooks"]["PreToolUse"] == CLAUDE_SETTINGS["hooks"]["PreToolUse"]
     assert settings["hooks"]["SessionStart"][0] == CLAUDE_SETTINGS["hooks"]["SessionStart"][0]
     assert hook_commands(settings, "SessionStart") == ["echo hello", f"{RUN} hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude", f"{RUN} hook wake --agent claude"]
+    # The idle-wake waiter: in the background, waking the model on exit 2 (Claude Code's asyncRewake).
+    assert settings["hooks"]["Stop"][1]["hooks"][0] == {
+        "type": "command", "command": f"{RUN} hook wake --agent claude", "timeout": 86400, "asyncRewake": True}
+    assert hook_commands(settings, "PostToolUse") == [f"{RUN} hook post-tool-use --agent claude"]
+    assert "matcher" not in settings["hooks"]["PostToolUse"][0]  # after every tool
+    assert hook_commands(settings, "UserPromptSubmit") == [f"{RUN} hook user-prompt-submit --agent claude"]
     assert settings["hooks"]["Stop"][0]["hooks"][0]["type"] == "command"
     assert isinstance(settings["hooks"]["Stop"][0]["hooks"][0]["timeout"], int)
 
@@ -163,7 +169,7 @@ def test_claude_project_scope_writes_the_project_files_only(user_home, workdir):
                                                  "args": ["mcp", "--agent", "claude"]}
     settings = json.loads((workdir / ".claude" / "settings.json").read_text())
     assert hook_commands(settings, "SessionStart") == ["agent-bridge hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == ["agent-bridge hook stop --agent claude"]
+    assert hook_commands(settings, "Stop") == ["agent-bridge hook stop --agent claude", "agent-bridge hook wake --agent claude"]
     assert len(backups_of(workdir / ".mcp.json")) == 1
     assert backups_of(workdir / ".claude" / "settings.json") == []  # a new file has nothing to back up
     assert "nothing to change" in install(install_env(user_home), workdir, "--claude", "--scope", "project").stdout
@@ -191,6 +197,7 @@ def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_pat
         "notify-send done", f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook stop --agent codex"
     ]
     assert hook_commands(hooks, "SessionStart") == [f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook session-start --agent codex"]
+    assert hook_commands(hooks, "PostToolUse") == [f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook post-tool-use --agent codex"]
     assert [b.read_text() for b in backups_of(user_home / ".codex" / "config.toml")] == [CODEX_TOML]
     assert len(backups_of(user_home / ".codex" / "hooks.json")) == 1
     assert not (user_home / ".claude.json").exists()
@@ -265,7 +272,8 @@ def test_a_stale_registration_is_updated_in_place(user_home, workdir):
     assert result.returncode == 0, result.stderr
 
     settings = json.loads((user_home / ".claude" / "settings.json").read_text())
-    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude"]  # one left, updated
+    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude",  # one left, updated
+                                               f"{RUN} hook wake --agent claude"]
     assert settings["hooks"]["Stop"][0]["hooks"][0]["timeout"] == 30  # the user's own setting stays
     text = (user_home / ".codex" / "config.toml").read_text()
     assert "[mcp_servers.agent-bridge]  # the bridge" in text and "# My Codex setup" in text
@@ -574,3 +582,28 @@ def test_uninstall_keeps_the_comment_of_the_table_that_follows(user_home, workdi
     result = uninstall(install_env(user_home), workdir, "--codex")
     assert result.returncode == 0, result.stderr
     assert (user_home / ".codex" / "config.toml").read_text() == 'model = "o3"\n\n' + rest
+
+
+def test_an_install_from_before_post_tool_use_gets_only_that_hook_added(user_home, workdir):
+    """An earlier install registered SessionStart and Stop: doctor warns that messages then wait
+    for the end of a turn, and install adds the PostToolUse hook alone, once."""
+    claude_fixture(user_home)
+    env = install_env(user_home, user_home / "bridge")
+    assert install(env, workdir, "--claude").returncode == 0
+    path = user_home / ".claude" / "settings.json"
+    settings = json.loads(path.read_text())
+    del settings["hooks"]["PostToolUse"]
+    write_json(path, settings)
+    doctor = subprocess.run([*CLI, "doctor"], env=env, cwd=workdir, capture_output=True, text=True, timeout=60)
+    line = next(x for x in doctor.stdout.splitlines() if "Claude Code hooks " in x)
+    assert line.split()[0] == "warn" and "PostToolUse" in line and "turn ends" in line, doctor.stdout
+    again = install(env, workdir, "--claude")
+    assert again.returncode == 0 and "added PostToolUse hook" in again.stdout
+    assert "added Stop" not in again.stdout and "added SessionStart" not in again.stdout
+    assert json.loads(path.read_text())["hooks"]["PostToolUse"] == [{"hooks": [
+        {"type": "command", "command": f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude",
+         "timeout": 10}]}]
+    assert "nothing to change" in install(env, workdir, "--claude").stdout
+    removed = subprocess.run([*CLI, "uninstall", "--claude"], env=env, cwd=workdir, capture_output=True, text=True,
+                             timeout=60)
+    assert removed.returncode == 0 and "PostToolUse" not in json.loads(path.read_text()).get("hooks", {})

@@ -27,10 +27,13 @@ from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
+from agent_bridge.rows import Message
 from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key, now_ms
 
 RETRACTION_TOPICS_MAX = 2_000  # one `decisions` history answer's topics
 LAST_SEEN_GRACE = 5.0  # seconds a stopping broker gives the last-seen write of its sessions
+WAIT_ACTIVE_MAX_MS = 60_000  # longest `wait_active`: a waiter that died unseen holds a task at most this long
+WAIT_ACTIVE_POLL = 0.5  # seconds between looks when no change feed runs (no dashboard)
 
 log = logging.getLogger("agent_bridge.broker")
 
@@ -99,6 +102,9 @@ class Broker:
         # identity merge there deterministically. A no-op otherwise.
         self.pause = pause
         self.identity = Identity(self)
+        # The store's commit feed (web.changes.ChangeFeed, set by daemon.root with the
+        # dashboard): `wait_active` waits on it.
+        self.changes: Any = None
 
     # --- state -----------------------------------------------------------------------
 
@@ -516,14 +522,7 @@ class Broker:
         peer_id = await self._stop_peer(args["hostSessionId"])
         if peer_id is None:
             return {"session": result.get("session"), "messages": []}
-        pending = await self.db.unacked(peer_id, limit=1000)
-        # What the connected MCP server is showing right now is acknowledged by it: not again here.
-        showing = self.offered.get(peer_id, set()) if peer_id in self.sessions else set()
-        active = [
-            m
-            for m in pending
-            if m.kind != "decision" and domain.is_active(m.hop, self.settings.hop_limit) and m.id not in showing
-        ]
+        active = await self._active_unacked(peer_id)
         if active:
             ids = [m.id for m in active]
             before = set(await self.db.offer(peer_id, ids, now_ms()))
@@ -532,6 +531,48 @@ class Broker:
             if holder is not None:  # its MCP server marks its copies: shown again, they are repeats
                 holder.notify(protocol.push("offered", ids=ids))
         return {"session": result.get("session"), "sessionId": peer_id, "messages": [m.to_json() for m in active]}
+
+    async def _active_unacked(self, peer_id: str) -> list[Message]:
+        """The session's unacknowledged active messages, oldest first, but those its connected
+        MCP server is showing right now (acknowledged by it: not again by a hook)."""
+        pending = await self.db.unacked(peer_id, limit=1000)
+        showing = self.offered.get(peer_id, set()) if peer_id in self.sessions else set()
+        return [
+            m
+            for m in pending
+            if m.kind != "decision" and domain.is_active(m.hop, self.settings.hop_limit) and m.id not in showing
+        ]
+
+    @control_op("wait_active")
+    async def wait_active(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A wake waiter (`agent-bridge hook wake`) waits here until the session with this host
+        session id has an unacknowledged active message (`{"active": true}`), or `timeoutMs`
+        passes (`{"active": false}`; it asks again). It hands nothing over: the waiter then
+        fetches with `stop_check` and acknowledges with `stop_ack`, as a Stop hook does. Woken by
+        every store commit (`changes`, the dashboard's feed), else it looks twice a second."""
+        _no_unknown(args, {"hostSessionId", "timeoutMs"}, "wait_active")
+        hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
+        timeout = args.get("timeoutMs", WAIT_ACTIVE_MAX_MS)
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 <= timeout <= WAIT_ACTIVE_MAX_MS:
+            raise InputError(f"timeoutMs: expected an integer 0..{WAIT_ACTIVE_MAX_MS}")
+        feed = self.changes
+        if feed is not None:
+            feed.listeners += 1  # the store pokes the feed only while someone listens
+        try:
+            with trio.move_on_after(timeout / 1000):
+                while True:
+                    seen = feed.version if feed is not None else 0
+                    peer_id = await self._stop_peer(hsid)
+                    if peer_id is not None and await self._active_unacked(peer_id):
+                        return {"active": True}
+                    if feed is None:
+                        await trio.sleep(WAIT_ACTIVE_POLL)
+                    else:
+                        await feed.wait_beyond(seen)
+        finally:
+            if feed is not None:
+                feed.listeners -= 1
+        return {"active": False}
 
     @control_op("stop_ack")
     async def stop_ack(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -514,8 +514,8 @@ scope must follow (topic "db", text "PostgreSQL"). Research the owner's choice b
 it: record only what the user decided, never what another agent said. A later decision on the
 same topic supersedes the current one. source_message_id: the bridge message it answers."""
 
-DECISIONS_DOC = """Pinned owner decisions, newest first: check them before choosing what the owner
-may have decided. query: substring of topic or text. Omitted scope: this project, global ones and
+DECISIONS_DOC = """Pinned owner decisions shared by every agent session, newest first: check them
+before choosing what the owner may have decided. query: substring of topic or text. Omitted scope: this project, global ones and
 ones addressed to this session. history: include superseded revisions."""
 DECIDE_DOC, DECISIONS_DOC = (" ".join(doc.split()) for doc in (DECIDE_DOC, DECISIONS_DOC))
 
@@ -675,25 +675,28 @@ def build_server(bridge: Bridge) -> MCPServer:
     ) -> list[types.TextContent]:
         return _blocks(await tool_decisions(bridge, _sdk_call(ctx), query, scope, history))
 
-    @server.tool(description="This session: its id, name (its address), agent, project, kind.", structured_output=False)
+    @server.tool(description="This agent session's bridge identity: id, name (its address for messages), agent, "
+                 "project, kind.", structured_output=False)
     async def whoami(ctx: Context | None = None) -> str:
         (answer,) = await tool_whoami(bridge, _sdk_call(ctx))
         return answer
 
-    @server.tool(description="Agent sessions on this machine (connected or not); project: only that folder's.",
+    @server.tool(description="Agent sessions on this machine you can message (Claude Code, Codex; connected or not); "
+                 "project: only that folder's.",
                  structured_output=False)
     async def peers(project: str | None = None, ctx: Context | None = None) -> str:
         (answer,) = await tool_peers(bridge, _sdk_call(ctx), project)
         return answer
 
-    @server.tool(description="Send a durable message to another session (to: its name or id). reply_to: the "
-                 "message id you answer; long reply chains stop waking the recipient.", structured_output=False)
+    @server.tool(description="Send a durable message to another agent session (to: its name or id): Claude Code or "
+                 "Codex, running or not, which a host's own messaging does not reach. reply_to: the message id you "
+                 "answer; long reply chains stop waking the recipient.", structured_output=False)
     async def send(to: str, text: str, reply_to: str | None = None, ctx: Context | None = None) -> str:
         (answer,) = await tool_send(bridge, _sdk_call(ctx), to, text, reply_to)
         return answer
 
-    @server.tool(description="Messages from other agent sessions (not from the user), oldest first, marked "
-                 "read unless peek. wait_seconds (0-60): wait for one.", structured_output=False)
+    @server.tool(description="This session's inbox: messages from other agent sessions (not from the user), "
+                 "oldest first, marked read unless peek. wait_seconds (0-60): wait for one.", structured_output=False)
     async def inbox(wait_seconds: float = 0, peek: bool = False, ctx: Context | None = None) -> list[types.TextContent]:
         return _blocks(await tool_inbox(bridge, _sdk_call(ctx), wait_seconds, peek))
 

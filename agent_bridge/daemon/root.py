@@ -162,5 +162,6 @@ async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, we
     changes = ChangeFeed()  # the live stream learns of each commit from the store itself
     changes.bind()
     broker.store.on_change = changes.poke
+    broker.changes = changes  # `wait_active` (a wake waiter) waits on the same commits
     url: str = await serving.start(partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port))
     return url

@@ -47,13 +47,16 @@ class HookInput:
     """The fields of the hook input we use. (A plain class: `dataclasses` costs an import of
     `inspect`, several milliseconds at every session start.)"""
 
-    __slots__ = ("session_id", "cwd", "source", "stop_hook_active")
+    __slots__ = ("session_id", "cwd", "source", "stop_hook_active", "transcript_path", "prompt_id")
 
-    def __init__(self, session_id: str, cwd: str, source: str, stop_hook_active: bool) -> None:
+    def __init__(self, session_id: str, cwd: str, source: str, stop_hook_active: bool,
+                 transcript_path: str = "", prompt_id: str = "") -> None:
         self.session_id = session_id
         self.cwd = cwd  # normalized absolute folder (domain.normalize_folder)
         self.source = source  # SessionStart source, "" when absent
         self.stop_hook_active = stop_hook_active
+        self.transcript_path = transcript_path  # the host's transcript file, "" when absent
+        self.prompt_id = prompt_id  # Claude Code's id of the prompt a Stop ends (2.1.332), "" when absent
 
 
 def parse_input(raw: bytes) -> HookInput:
@@ -86,17 +89,26 @@ def parse_input(raw: bytes) -> HookInput:
     source = data.get("source")
     source = source if isinstance(source, str) and source in SOURCES else ""
     stop_hook_active = data.get("stop_hook_active") is True
+    transcript = data.get("transcript_path")
+    transcript = transcript if isinstance(transcript, str) and "\x00" not in transcript else ""
+    prompt_id = data.get("prompt_id")
+    prompt_id = prompt_id if isinstance(prompt_id, str) and 0 < len(prompt_id) <= SESSION_ID_MAX else ""
     lone = next((i for i, c in enumerate(session_id) if "\ud800" <= c <= "\udfff"), None)
     if lone is not None:  # valid JSON, but no UTF-8 for the report, the socket or the log
         raise SessionIdError(
             f"session_id is not valid Unicode: a lone surrogate U+{ord(session_id[lone]):04X} at position {lone}",
-            HookInput("", folder, source, stop_hook_active),
+            HookInput("", folder, source, stop_hook_active, transcript, prompt_id),
         )
-    return HookInput(session_id, folder, source, stop_hook_active)
+    return HookInput(session_id, folder, source, stop_hook_active, transcript, prompt_id)
+
+
+def read_raw() -> bytes:
+    """The hook's stdin, up to one byte past the limit (so that `parse_input` can refuse it)."""
+    return sys.stdin.buffer.read(STDIN_MAX + 1)
 
 
 def read_input() -> HookInput:
-    return parse_input(sys.stdin.buffer.read(STDIN_MAX + 1))
+    return parse_input(read_raw())
 
 
 def identify_args(

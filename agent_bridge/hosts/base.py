@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -40,7 +41,7 @@ class Host:
         raise NotImplementedError
 
     def hooks_file(self, scope: str, cwd: Path) -> Path:
-        """The JSON file whose `hooks` object registers SessionStart and Stop at this scope."""
+        """The JSON file whose `hooks` object registers our hooks (install.EVENTS) at this scope."""
         raise NotImplementedError
 
     def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],
@@ -60,13 +61,41 @@ class Host:
     # documentation gives other forms overrides them (`tests/test_hosts.py` lists which hosts
     # were checked against their documentation).
 
+    def tools_sentence(self) -> str:
+        """One sentence of the SessionStart note (SPEC §4.5): which bridge tools to use, named as
+        this host shows them to the model, and why rather than the host's own messaging."""
+        return ("The agent-bridge tools `send`, `inbox` and `decisions` reach every agent session here, "
+                "Claude Code and Codex, running or not.")
+
     def session_start_output(self, note: str) -> dict[str, Any]:
         """The SessionStart hook's answer that adds `note` to the session's context."""
         return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": note}}
 
-    def stop_output(self, reason: str) -> dict[str, Any]:
-        """The Stop hook's answer that keeps the session going with `reason` as its next input."""
+    def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
+        """The Stop hook's answer that keeps the session going with `reason` as its next input.
+        `hook`: the Stop hook's input, for a host whose answer depends on the running version."""
         return {"decision": "block", "reason": reason}
+
+    def runs_waiter(self, hook: HookInput, env: Any) -> bool:
+        """Whether this host runs the idle-wake waiter (`agent-bridge hook wake`) in the
+        background, so that it may wait for the session's next message: never, unless the host
+        module knows it does (SPEC §3 "Reach" item 3)."""
+        return False
+
+    # How the waiter gets started: registered as a background hook (`spawned_waiter` False:
+    # Claude Code's asyncRewake), or started by the Stop hook as a detached process (True: Codex).
+    spawned_waiter = False
+
+    def wake(self, text: str, hook: HookInput) -> bool:
+        """Hand `text` to the idle session (the waiter's "write"); True once the host took it.
+        After a wake the waiter exits when `spawned_waiter` is False (the host starts the next one
+        at the next Stop), else it goes on waiting."""
+        raise NotImplementedError
+
+    def post_tool_use_output(self, text: str) -> dict[str, Any]:
+        """The PostToolUse hook's answer that adds `text` to the model's next request of the turn
+        (SPEC §3 "Reach" item 1)."""
+        return {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": text}}
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         """Whether this host will use the MCP server and both hooks for `home`."""

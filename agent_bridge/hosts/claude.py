@@ -8,10 +8,18 @@ Configuration (the files and keys Claude Code documents):
 - Hooks: "Hooks reference" (https://code.claude.com/docs/en/hooks#configuration) and "Settings"
   (https://code.claude.com/docs/en/settings): the `hooks` object of `~/.claude/settings.json`
   (user) or `.claude/settings.json` (project): event -> [matcher group {"matcher"?, "hooks":
-  [{"type": "command", "command", "timeout"}]}]. SessionStart and Stop need no matcher.
-- Hook answers ("Hooks reference", #sessionstart and #stop): SessionStart adds
-  `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block", "reason"}`, which
-  Claude reads as its next instruction.
+  [{"type": "command", "command", "timeout"}]}]. SessionStart, PostToolUse and Stop need no matcher (none: every source, every tool).
+- Hook answers ("Hooks reference", #sessionstart, #posttooluse and #stop): SessionStart and
+  PostToolUse add `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block",
+  "reason"}`, which Claude reads as its next instruction. From 2.1.163 (its changelog) Stop also
+  takes `hookSpecificOutput.additionalContext`, which keeps the turn going without the TUI's
+  "Stop hook reported a problem" label and without the "blocking error from command" system
+  message that repeats the hook's command line to the model (both seen with 2.1.332): the Stop
+  hook answers so when the running Claude Code is that new (`stop_output`).
+- Which Claude Code runs the session: every entry Claude Code writes to the session transcript
+  (`transcript_path` in each hook input) carries `"version"` (seen with 2.1.197 and 2.1.332). The
+  transcript is the running host's own record of itself, so a Stop hook reads it there rather than
+  asking `claude --version` (another install may be on PATH, and it costs a process).
 
 Process: the `claude` program (its process name, seen with Claude Code 2.1.197). One conversation
 per process: `/clear` gives the same process a new session id, which replaces the old one.
@@ -27,7 +35,22 @@ from typing import TYPE_CHECKING, Any
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, Host
 
 if TYPE_CHECKING:
+    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
+
+Version = tuple[int, int, int]
+STOP_CONTEXT_SINCE: Version = (2, 1, 163)  # Stop takes hookSpecificOutput.additionalContext (changelog)
+# `asyncRewake` hooks run in the background and wake the model on exit 2: seen with 2.1.332 (the
+# key is in 2.1.197's settings schema too, but no run of it was seen, so it is not relied on).
+ASYNC_REWAKE_SINCE: Version = (2, 1, 332)
+WAKE_TIMEOUT = 86_400  # seconds Claude Code lets the waiter run (its hook `timeout`); it ends with its host anyway
+# The waiter's Stop handler (agent_bridge/hooks/wake.py). Registered whatever the installed version:
+# the waiter itself leaves at once where the running Claude Code would not run it in the background.
+WAKE_HOOK = ("Stop", "wake", {"asyncRewake": True, "timeout": WAKE_TIMEOUT})
+# Marks a turn's start, so that the waiter leaves a busy session's messages to PostToolUse and Stop.
+PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
+TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
+TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
 
 class Claude(Host):
@@ -54,7 +77,8 @@ class Claude(Host):
         command, args = install.mcp_args(run, self.name)
         ensure = partial(install.ensure_json_server, path=server_file, command=command, args=args, env=env)
         return [install.edit_json(server_file, ensure, private=private),
-                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private)]
+                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
+                                   extra=(WAKE_HOOK, PROMPT_HOOK))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
@@ -63,11 +87,43 @@ class Claude(Host):
         return [install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
                 install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
+    def tools_sentence(self) -> str:
+        # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
+        # them); its own SendMessage reaches running Claude Code sessions only.
+        return ("Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
+                "Codex and sessions not running too, which SendMessage does not.")
+
+    def runs_waiter(self, hook: HookInput, env: Any) -> bool:
+        """Claude Code 2.1.332+ runs an asyncRewake hook in the background, but not under `-p`:
+        there (CLAUDE_CODE_ENTRYPOINT=sdk-cli, seen with 2.1.332) it runs synchronously and
+        would hold the run open until the hook's timeout."""
+        if env.get("CLAUDE_CODE_ENTRYPOINT") == "sdk-cli":
+            return False
+        version = transcript_version(hook.transcript_path)
+        return version is not None and version >= ASYNC_REWAKE_SINCE
+
+    def wake(self, text: str, hook: HookInput) -> bool:
+        """asyncRewake: the hook's stderr, given to the model when it exits 2 (which it does next)."""
+        import os
+
+        view = memoryview((text + "\n").encode("utf-8"))
+        while view:
+            view = view[os.write(2, view):]
+        return True
+
+    def stop_output(self, reason: str, hook: HookInput | None = None) -> dict[str, Any]:
+        """additionalContext when the running Claude Code takes it on Stop (2.1.163+), else the
+        block decision, which every version takes."""
+        version = transcript_version(hook.transcript_path) if hook is not None else None
+        if stop_takes_context(version):
+            return {"hookSpecificOutput": {"hookEventName": "Stop", "additionalContext": reason}}
+        return {"decision": "block", "reason": reason}
+
     def next_step(self, scope: str) -> str:
         return (
             "Claude Code: start a new session (or run /mcp to reconnect); "
             + ("approve the project's .mcp.json server when asked; " if scope == "project" else "")
-            + "/hooks lists the SessionStart and Stop hooks."
+            + "/hooks lists the SessionStart, PostToolUse and Stop hooks."
         )
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
@@ -105,6 +161,7 @@ class Claude(Host):
                   doctor.hooks_check("Claude Code hooks", settings, home, fix)]
         if in_project:
             checks.append(project_approval(cwd, user_json, user_settings + project_settings))
+        checks.append(reach(doctor.registered_events(settings)))
         twice = doctor.duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
         if twice:
             checks.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
@@ -112,6 +169,96 @@ class Claude(Host):
                                 "session runs the hook twice",
                                 "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
         return checks
+
+
+VERSION_TIMEOUT = 10.0  # seconds for `claude --version`
+
+
+def claude_version() -> Version | None:
+    """The version of the `claude` on PATH ("2.1.332 (Claude Code)"), or None."""
+    import shutil
+    import subprocess
+
+    program = shutil.which("claude")
+    if program is None:
+        return None
+    try:
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_version(out.stdout) if out.returncode == 0 else None
+
+
+def reach(registered: set[str], version: Version | None = None, *, asked: bool = False) -> Check:
+    """doctor's line on which reach paths (SPEC §3) Claude Code will use, for the installed
+    version (`claude --version`; the Stop hook itself decides per session from its transcript)."""
+    from agent_bridge import doctor
+
+    version = version if asked else claude_version()
+    shown = ".".join(map(str, version)) if version else None
+    if version is None:
+        stop = "additionalContext on Claude Code 2.1.163 and later, else the block decision (no claude on PATH to ask)"
+    elif stop_takes_context(version):
+        stop = f"additionalContext, no error label (Claude Code {shown})"
+    else:
+        stop = f"the block decision, shown as a hook error (Claude Code {shown} is older than 2.1.163)"
+    if "wake" not in registered or "user-prompt-submit" not in registered:
+        wake = "no (the waiter's Stop and UserPromptSubmit hooks are not both registered: run agent-bridge install)"
+    elif version is not None and version < ASYNC_REWAKE_SINCE:
+        wake = f"no (Claude Code {shown}: the waiter needs 2.1.332 or later)"
+    else:
+        wake = "the asyncRewake waiter (interactive sessions; not claude -p)"
+    return doctor.reach_check("Claude Code", registered, stop, wake)
+
+
+def stop_takes_context(version: Version | None) -> bool:
+    """Whether this Claude Code version takes `additionalContext` on Stop (unknown: no)."""
+    return version is not None and version >= STOP_CONTEXT_SINCE
+
+
+def parse_version(text: object) -> Version | None:
+    """"2.1.332" (or "2.1.332 (Claude Code)") -> (2, 1, 332); None for anything else."""
+    if not isinstance(text, str):
+        return None
+    parts = text.strip().split(" ", 1)[0].split(".")
+    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def transcript_version(path: str) -> Version | None:
+    """The version of the Claude Code that last wrote this session transcript (JSON lines, each
+    entry Claude Code writes carrying `"version"`), from its newest complete line that has one;
+    None when there is no such line (or no readable file)."""
+    import json
+
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            size = min(end, TRANSCRIPT_TAIL)
+            while True:
+                f.seek(end - size)
+                lines = f.read(size).split(b"\n")
+                if size < end:
+                    lines = lines[1:]  # the first one may be cut
+                for line in reversed(lines):
+                    if b'"version"' not in line:
+                        continue
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue
+                    version = parse_version(entry.get("version")) if isinstance(entry, dict) else None
+                    if version is not None:
+                        return version
+                if size >= end or size >= TRANSCRIPT_TAIL_MAX:
+                    return None
+                size = min(end, size * 4)
+    except OSError:
+        return None
 
 
 def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:

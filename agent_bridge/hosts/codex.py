@@ -39,14 +39,19 @@ from typing import TYPE_CHECKING, Any
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, Host
 
 if TYPE_CHECKING:
+    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
     from agent_bridge.tomledit import TomlText
 
 VERSION_TIMEOUT = 10.0  # seconds for `codex --version`; it answers in well under one
+QUEUE_TIMEOUT = 30.0  # seconds for `codex queue`; it answered in 0.16 s here
+WAKE_ENV = "AGENT_BRIDGE_CODEX_WAKE"  # "1": the user accepts idle wakes through `codex queue` (see runs_waiter)
 HOOKS_KEY_SINCE = (0, 130, 0)  # Codex renamed [features] codex_hooks to hooks (on by default)
 TABLE_MARK = "agent-bridge: added by `agent-bridge install`"  # comment above our [mcp_servers] table
 ADDED_MARK = "added by agent-bridge install"  # trailing comment of a feature key install added
 SWITCHED_MARK = "switched on by agent-bridge install (was false)"
+# Marks a turn's start, so that the idle-wake waiter leaves a busy session's messages to PostToolUse and Stop.
+PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
 
 
 class Codex(Host):
@@ -72,13 +77,48 @@ class Codex(Host):
         version = codex_version() if version is None else version
         command, args = install.mcp_args(run, self.name)
         return [edit_codex_config(self.config_file(scope, cwd), command, args, env, private=private, version=version),
-                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private)]
+                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
+                                   extra=(PROMPT_HOOK,))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge import install
 
         return [remove_codex_config(self.config_file(scope, cwd), private=private),
                 install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
+
+    spawned_waiter = True  # Codex hooks have no background mode: the Stop hook starts the waiter
+
+    def runs_waiter(self, hook: HookInput, env: Any) -> bool:
+        """Only when declared (AGENT_BRIDGE_CODEX_WAKE=1 where Codex runs), and with a codex on PATH
+        for `codex queue`. Why not always (seen with Codex 0.171.0): an interactive Codex runs its
+        hooks, and keeps its threads, in its app-server daemon, which outlives the TUI; a message
+        queued after the TUI has quit still runs a turn there, with nobody watching. The waiter's
+        host is that daemon, and nothing the hook sees tells an idle TUI from a closed one. In
+        `codex exec` the waiter ends with the exec run (its host), having nothing to wake."""
+        return env.get(WAKE_ENV) == "1" and codex_program() is not None and bool(hook.session_id)
+
+    def wake(self, text: str, hook: HookInput) -> bool:
+        """`codex queue --thread ID --message TEXT --resume` (Codex 0.171): an idle interactive
+        session runs it as a new turn at once (seen 0.18 s after the call), as a user message, so
+        `text` is framed as not coming from the user. True when Codex says it queued it (exit 0).
+        It cannot reach a running `codex exec` ("already has an active writer"), and without an
+        app-server daemon it only queues for the next resume."""
+        import subprocess
+
+        program = codex_program()
+        if program is None:
+            return False
+        try:
+            done = subprocess.run([program, "queue", "--thread", hook.session_id, "--message", text, "--resume"],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=QUEUE_TIMEOUT)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return done.returncode == 0
+
+    def tools_sentence(self) -> str:
+        # Codex 0.171 gives the model the MCP tools as functions of one namespace, mcp__agent_bridge.
+        return ("Message other agent sessions (Claude Code too, and sessions not running) with the "
+                "mcp__agent_bridge tools `send`, `inbox`, `decisions`.")
 
     def next_step(self, scope: str) -> str:
         return (
@@ -355,7 +395,9 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     return layers, hooks
 
 
-_CODEX_EVENTS = {"sessionStart": "session-start", "stop": "stop"}  # hooks/list eventName -> our hook
+# hooks/list eventName -> our hook (the names Codex 0.171's app-server gives)
+_CODEX_EVENTS = {"sessionStart": "session-start", "postToolUse": "post-tool-use", "stop": "stop",
+                 "userPromptSubmit": "user-prompt-submit"}
 
 
 def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: bool) -> list[Check]:
@@ -391,7 +433,7 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
         checks.append(Check(
             "Codex hooks trust", FAIL,
             f"{len(untrusted)} agent-bridge hook(s) not trusted ({states}): Codex skips them, `codex exec` without a word",
-            f"start `codex`, open /hooks and trust the agent-bridge SessionStart and Stop hooks; or, having read "
+            f"start `codex`, open /hooks and trust the agent-bridge SessionStart, PostToolUse and Stop hooks; or, having read "
             f"them, add to {config}:{snippet}",
         ))
     else:
@@ -433,6 +475,12 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
         checks.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
     else:
         checks += codex_trust_checks(program, cwd, project_dir, in_project)
+    checks.append(doctor.reach_check(
+        "Codex", doctor.registered_events(user_hooks + project_hooks),
+        "the block decision (Codex has no additionalContext on Stop)",
+        "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for Codex "
+        f"({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's daemon outlives it "
+        "and a queued message would run a turn there)"))
     twice = doctor.duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
     if twice:
         checks.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)

@@ -13,7 +13,7 @@ Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a d
                              {"v":1, "push": "identity", "session": {...}}  (who this is now)
 
 The first request on a connection is either `hello` (it becomes a session's connection) or a
-control request (`identify`, `stop_check`, `stop_ack`, `status`, `shutdown`, `ping`; from the command
+control request (`identify`, `stop_check`, `stop_ack`, `wait_active`, `status`, `shutdown`, `ping`; from the command
 line also `decide`, `send`, `retract`, `forget`, `connected`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
 `hello` answers {"session": {...}, "hopLimit": n, "secret": "..."}: presenting
@@ -94,6 +94,7 @@ OPS: dict[str, Op] = {
     "identify": Op(session=False, control=True, idempotent=False),
     "stop_check": Op(session=False, control=True, idempotent=False),
     "stop_ack": Op(session=False, control=True, idempotent=False),
+    "wait_active": Op(session=False, control=True, idempotent=True),  # a wake waiter: until a message waits
     "shutdown": Op(session=False, control=True, idempotent=False),
     "retract": Op(session=False, control=True, idempotent=False),  # `agent-bridge retract`
     "forget": Op(session=False, control=True, idempotent=False),  # `agent-bridge forget`

@@ -63,3 +63,25 @@ def reading(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Iter
             conn.execute("COMMIT")
     finally:
         conn.close()
+
+
+HOP_MAX = 100  # domain.HOP_MAX, the hop of every decision notice (tests/test_domain checks they agree)
+
+
+def active_waiting(conn: apsw.Connection, host_session_id: str, hop_limit: int = HOP_MAX) -> bool:
+    """Whether a session known by this host session id has an unacknowledged message with
+    hop < `hop_limit` (decision notifications carry the maximum hop, so they never count).
+
+    The PostToolUse hook asks this after every tool call before it contacts the broker, so it
+    is one indexed lookup (peers_host_session, receipts_peer_unacked, the messages key). A
+    database from before receipts (version < 2) has nothing to hand over that way: False.
+    """
+    try:
+        row = conn.execute(
+            "SELECT 1 FROM peers p JOIN receipts r ON r.peer_id = p.id AND r.acked_at IS NULL "
+            "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < ? LIMIT 1",
+            (host_session_id, hop_limit),
+        ).fetchone()
+    except apsw.SQLError:  # no such table/column: an old schema the broker has not upgraded yet
+        return False
+    return row is not None

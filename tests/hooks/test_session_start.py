@@ -97,6 +97,14 @@ def test_no_decisions_gives_the_identity_line_only(hook_home, project):
     build_db(hook_home, [("deploy", "Ship with Fly", {"project": "/work/other"})])
     note = note_of(run_hook("session-start", "codex", payload(project), hook_env(hook_home), cwd=project))
     assert note.count("\n") == 0 and "`whoami`" in note and "codex-app" not in note  # no guessed name
+    # SPEC §4.5: which tools reach other sessions, named as Codex shows them.
+    assert "mcp__agent_bridge tools `send`, `inbox`, `decisions`" in note and "not running" in note
+
+
+def test_the_note_names_the_bridge_tools_as_claude_code_lists_them(hook_home, project):
+    build_db(hook_home, [])
+    note = note_of(run_hook("session-start", "claude", payload(project), hook_env(hook_home), cwd=project))
+    assert "`mcp__agent-bridge__send`, `…inbox`, `…decisions`" in note and "SendMessage" in note
 
 
 def test_ten_thousand_decisions_count_exactly(hook_home, project):

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLAUDE_PACKAGE, CLAUDE_VERSION = "@anthropic-ai/claude-code", "2.1.197"
+CLAUDE_PACKAGE, CLAUDE_VERSION = "@anthropic-ai/claude-code", "2.1.332"
 CODEX_PACKAGE, CODEX_VERSION = "@openai/codex", "0.171.0"
 PINNED = (f"{CLAUDE_PACKAGE}@{CLAUDE_VERSION}", f"{CODEX_PACKAGE}@{CODEX_VERSION}")
 BIN_ENV = "AGENT_BRIDGE_HOST_BIN"

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,12 +83,54 @@ class HostRun:
 
 
 @dataclass
+class Tui:
+    """A host's TUI in a private tmux server (`tmux -L NAME`), read from its screen."""
+
+    socket: str
+    log: Path
+    pid: int | None = None
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def start(self, script: str) -> None:
+        if shutil.which("tmux") is None:  # the interactive tests drive the TUIs through tmux
+            if os.environ.get("CI"):
+                pytest.fail("CI runs the interactive host tests, but tmux is not installed")
+            pytest.skip("tmux is not installed: the interactive host tests are skipped")
+        self.tmux("new-session", "-d", "-x", "200", "-y", "50", script)
+        self.pid = int(self.tmux("display-message", "-p", "#{pane_pid}").strip())
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-S", "-200")
+
+    def type(self, text: str) -> None:
+        """Type `text` and press Enter once the TUI shows it (an Enter that arrives with the
+        typed text can be taken as part of a paste, and the prompt is not sent)."""
+        self.tmux("send-keys", "-l", text)
+        tail = text[-30:]
+        poll_until(lambda: tail in self.screen().replace("\n", ""), "the typed text on the screen", timeout=30)
+        self.tmux("send-keys", "Enter")
+
+    def running(self) -> bool:
+        return self.pid is not None and os.path.exists(f"/proc/{self.pid}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        folder = Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}"
+        (folder / self.socket).unlink(missing_ok=True)  # the server is gone; its socket file stays
+
+
+@dataclass
 class World:
     root: Path
     host_bin: Path
     claude_model: AnthropicServer
     codex_model: OpenAIServer
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    tuis: list[Tui] = field(default_factory=list)
 
     @property
     def home(self) -> Path:
@@ -142,6 +187,36 @@ class World:
             args += ["--resume", resume]
         return self._start(args, env, cwd, log)
 
+    def claude_tui(self, session_id: str, *, cwd: Path | None = None) -> Tui:
+        """An interactive Claude Code (its TUI) in a private tmux server, offline (NOTES.md, "The
+        TUI offline"): onboarding done, the API key approved, the folder trusted, the
+        dangerous-mode prompt skipped. Only an interactive session can be idle."""
+        folder = cwd or self.project
+        key = CLAUDE_OFFLINE_ENV["ANTHROPIC_API_KEY"]
+        state_file = self.home / ".claude.json"
+        state = json.loads(state_file.read_text(encoding="utf-8")) if state_file.exists() else {}
+        state.update({"hasCompletedOnboarding": True,
+                      "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []}})
+        state.setdefault("projects", {}).setdefault(str(folder), {})["hasTrustDialogAccepted"] = True
+        state_file.write_text(json.dumps(state), encoding="utf-8")
+        settings_file = self.home / ".claude" / "settings.json"
+        settings = json.loads(settings_file.read_text(encoding="utf-8"))
+        settings["skipDangerousModePermissionPrompt"] = True
+        settings_file.write_text(json.dumps(settings), encoding="utf-8")
+        env = {**self.base_env(), **CLAUDE_OFFLINE_ENV, "ANTHROPIC_BASE_URL": self.claude_model.url,
+               "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"), "TERM": "xterm-256color"}
+        log = self.root / f"tui-{uuid.uuid4().hex[:8]}.debug"
+        script = self.root / f"tui-{uuid.uuid4().hex[:8]}.sh"
+        script.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+                          + f"cd {shlex.quote(str(folder))}\n"
+                          + shlex.join(["exec", str(self.host_bin / "claude"), "--dangerously-skip-permissions",
+                                        "--session-id", session_id, "--debug-file", str(log)]) + "\n")
+        script.chmod(0o755)
+        tui = Tui(f"ab-{uuid.uuid4().hex[:10]}", log)
+        self.tuis.append(tui)
+        tui.start(str(script))
+        return tui
+
     # --- Codex ---------------------------------------------------------------------------
 
     def codex(self, prompt: str, *, resume: str | None = None, extra: tuple[str, ...] = (),
@@ -158,6 +233,59 @@ class World:
                  "--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true", *extra, prompt]
         return self._start(args, env, cwd, self.root / f"{tag}-{uuid.uuid4().hex[:8]}.err")
 
+    def codex_tui(self, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> Tui:
+        """An interactive Codex (its TUI) in a private tmux server, offline (NOTES.md, "The TUI
+        offline"): the folder trusted, plugins off, and the agent-bridge hooks trusted the way a
+        user's /hooks review records it (`[hooks.state."<key>"] trusted_hash`, the hashes asked of
+        this Codex's app-server, as doctor does). The TUI starts an app-server daemon that
+        outlives it: `open_world` ends it."""
+        from agent_bridge.hosts import codex as codex_host
+
+        folder = cwd or self.project
+        env = {**self.base_env(), "CODEX_HOME": str(self.codex_home), "FAKE_MODEL_KEY": "test-key", **(env or {})}
+        config = self.codex_home / "config.toml"
+        config.write_text(config.read_text(encoding="utf-8") + f'\n[projects."{folder}"]\ntrust_level = "trusted"\n',
+                          encoding="utf-8")
+        saved = dict(os.environ)
+        os.environ.update(env)  # codex_app_server runs the codex of this world with its CODEX_HOME
+        try:
+            _, hooks = codex_host.codex_app_server(str(self.host_bin / "codex"), folder)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        config.write_text(config.read_text(encoding="utf-8") + "".join(
+            f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n' for h in hooks), encoding="utf-8")
+        env["TERM"] = "xterm-256color"
+        script = self.root / f"codex-tui-{uuid.uuid4().hex[:8]}.sh"
+        script.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+                          + f"cd {shlex.quote(str(folder))}\n"
+                          + shlex.join(["exec", str(self.host_bin / "codex"), "--dangerously-bypass-approvals-and-sandbox"])
+                          + "\n")
+        script.chmod(0o755)
+        tui = Tui(f"ab-{uuid.uuid4().hex[:10]}", self.root / "codex-tui.log")
+        self.tuis.append(tui)
+        tui.start(str(script))
+        return tui
+
+    def leftovers(self) -> list[int]:
+        """Processes of this world still running: any whose program or environment names its
+        folder (a Codex app-server daemon, an agent-bridge hook or waiter, an MCP server)."""
+        found = []
+        marker = str(self.root).encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read()
+            except OSError:
+                continue
+            if marker in cmdline or marker in environ:
+                found.append(int(entry))
+        return found
+
     def _start(self, args: list[str], env: dict[str, str], cwd: Path | None, log: Path) -> HostRun:
         proc = subprocess.Popen(args, env=env, cwd=cwd or self.project, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -166,11 +294,40 @@ class World:
 
     # --- the bridge's own record -----------------------------------------------------------
 
+    def receipts(self, host_session_id: str) -> list[dict[str, Any]]:
+        """The receipts of the messages to the session with this host session id, oldest first."""
+        with reader.reading(self.bridge_home / "bridge.db") as conn:
+            assert conn is not None
+            cursor = conn.execute(
+                "SELECT r.message_id, r.delivered_at, r.acked_at FROM receipts r JOIN peers p ON p.id = r.peer_id "
+                "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < 100 ORDER BY r.rowid",
+                (host_session_id,))
+            return [dict(zip(("id", "deliveredAt", "ackedAt"), row, strict=True)) for row in cursor]
+
     def peers(self) -> list[dict[str, Any]]:
         with reader.reading(self.bridge_home / "bridge.db") as conn:
             assert conn is not None
             cursor = conn.execute("SELECT id, name, agent, project, kind, host_session_id FROM peers")
             return [dict(zip(("id", "name", "agent", "project", "kind", "hostSessionId"), row, strict=True)) for row in cursor]
+
+
+def wait_gone(pid: int, timeout: float = 30) -> None:
+    """Until process `pid` has exited (a TUI's, after its tmux server was killed)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def poll_until(predicate: Any, what: str, timeout: float = 60) -> Any:
+    """Poll a condition with a deadline (returns as soon as it holds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def codex_provider(url: str) -> str:
@@ -186,8 +343,10 @@ def codex_provider(url: str) -> str:
     )
 
 
-@pytest.fixture
-def world(host_bin: Path) -> Iterator[World]:
+@contextmanager
+def open_world(host_bin: Path) -> Iterator[World]:
+    """A throw-away world (see the module docstring), torn down on exit: every host process,
+    TUI and the broker stopped, the folder removed (kept with AGENT_BRIDGE_KEEP_HOST_WORLD)."""
     root = Path(tempfile.mkdtemp(prefix="abh-"))  # short: the broker socket path must fit sun_path
     claude_model, codex_model = AnthropicServer().start(), OpenAIServer().start()
     w = World(root, host_bin, claude_model, codex_model)
@@ -200,15 +359,30 @@ def world(host_bin: Path) -> Iterator[World]:
         w.bridge("up", "--detach")
         yield w
     finally:
+        for tui in w.tuis:
+            tui.close()
+            if tui.pid is not None:
+                wait_gone(tui.pid)
         for proc in w.procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate(timeout=30)
         w.bridge("down", check=False)
+        for pid in w.leftovers():  # what a host left running (the Codex TUI's daemon): ours, by pid
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
         claude_model.close()
         codex_model.close()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def world(host_bin: Path) -> Iterator[World]:
+    with open_world(host_bin) as w:
+        yield w
 
 
 # --- what the model saw -------------------------------------------------------------------
@@ -240,13 +414,17 @@ def claude_tool_names(body: dict[str, Any]) -> set[str]:
     return {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
 
 
-def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Claude: every `tool_result` block in the conversation, in order."""
-    found = []
+def tool_results(body: dict[str, Any], *, with_searches: bool = False) -> list[dict[str, Any]]:
+    """Claude: every `tool_result` block in the conversation, in order, but (unless `with_searches`)
+    those of `ToolSearch` (the loading of deferred tools that Claude Code 2.1.332 asks for)."""
+    found, searches = [], set()
     for message in body.get("messages") or ():
         content = message.get("content")
         for block in content if isinstance(content, list) else ():
-            if isinstance(block, dict) and block.get("type") == "tool_result":
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "ToolSearch" \
+                    and not with_searches:
+                searches.add(block.get("id"))
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in searches:
                 found.append(block)
     return found
 

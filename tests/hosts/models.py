@@ -5,8 +5,10 @@ The model is a script, not a model: the first user prompt of a conversation may 
 `PLAN [["tool", {args}], ...]`, and each request answers with the next planned tool call (the
 number of tool results already in the conversation says which), then a short text. A step
 `["=wait", {"gate": NAME}]` holds the next answer until the test opens NAME, so a session can be
-kept "working" while another acts. Every request is recorded with its headers, so a test
-asserts what the model was shown.
+kept "working" while another acts. A step named with a capital ("Bash") calls that built-in tool
+of the host. A planned bridge tool that Claude Code lists only by name (it defers MCP tools from
+2.1.332) is first loaded with `ToolSearch`, as a model must. Every request is recorded with its
+headers, so a test asserts what the model was shown.
 
 Standard library only (a threading HTTP server): the hosts are Node and Rust programs talking
 plain HTTP/1.1; nothing here needs the bridge's own async stack.
@@ -26,6 +28,8 @@ PLAN = re.compile(r"PLAN (\[.*\])", re.S)
 DONE_TEXT = "done."
 GATE = "=wait"  # a plan step ["=wait", {"gate": NAME}]: hold the answer until the test opens NAME
 GATE_TIMEOUT = 60.0
+SEARCH = "ToolSearch"  # Claude Code's loader of deferred tools (2.1.332)
+LOADING = "=load"  # marks, in one request's bookkeeping, the searches this server made to load a tool
 
 
 @dataclass
@@ -157,6 +161,12 @@ def _anthropic_texts(content: Any) -> list[str]:
     return [b.get("text", "") for b in content or () if isinstance(b, dict) and b.get("type") == "text"]
 
 
+def _loading(block: dict[str, Any]) -> bool:
+    """A ToolSearch call this server made to load a planned tool (not a planned search)."""
+    query = (block.get("input") or {}).get("query") if isinstance(block.get("input"), dict) else None
+    return block.get("name") == SEARCH and isinstance(query, str) and query.startswith("select:mcp__agent-bridge__")
+
+
 class AnthropicServer(ModelServer):
     """`POST /v1/messages` answered as a stream: the next planned `mcp__agent-bridge__*` call."""
 
@@ -175,10 +185,15 @@ class AnthropicServer(ModelServer):
             ):
                 start = i
         steps = plan_of(" ".join(_anthropic_texts(messages[start].get("content")))) if messages else []
-        done = sum(
-            1 for m in messages[start:] for b in (m.get("content") if isinstance(m.get("content"), list) else ())
-            if isinstance(b, dict) and b.get("type") == "tool_result"
-        )
+        # Claude Code 2.1.332 defers MCP tools: the model must load a tool with ToolSearch before
+        # it can call it, as a real model does. Those searches are not steps of the plan.
+        names = {b.get("id"): LOADING if _loading(b) else b.get("name") for m in messages if m.get("role") == "assistant"
+                 for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+                 if isinstance(b, dict) and b.get("type") == "tool_use"}
+        results = [b for m in messages[start:] for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+                   if isinstance(b, dict) and b.get("type") == "tool_result"]
+        done = sum(1 for b in results if names.get(b.get("tool_use_id")) != LOADING)  # planned searches count
+        searched = bool(results) and names.get(results[-1].get("tool_use_id")) == LOADING
         model = request.body.get("model", "claude")
         yield "message_start", {"type": "message_start", "message": {
             "id": f"msg_{len(self.requests)}", "type": "message", "role": "assistant", "model": model,
@@ -187,8 +202,15 @@ class AnthropicServer(ModelServer):
         step = self.next_step(steps, done)
         if step is not None:
             tool, args = step
+            name = tool if tool[:1].isupper() else f"mcp__agent-bridge__{tool}"  # "Bash": a built-in tool
+            listed = {t.get("name") for t in request.body.get("tools") or () if isinstance(t, dict)}
+            loaded = {r.get("tool_name") for m in messages for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+                      if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("content"), list)
+                      for r in b["content"] if isinstance(r, dict) and r.get("type") == "tool_reference"}
+            if name not in listed and name not in loaded and SEARCH in listed and not searched:
+                name, args = SEARCH, {"query": f"select:{name}"}
             yield "content_block_start", {"type": "content_block_start", "index": 0, "content_block": {
-                "type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": f"mcp__agent-bridge__{tool}",
+                "type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": name,
                 "input": {}}}
             yield "content_block_delta", {"type": "content_block_delta", "index": 0,
                                           "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}}

@@ -34,7 +34,7 @@ def test_messages_and_decisions_cross_between_the_hosts(world: World) -> None:
     assert any("deploy: Fly.io" in t for t in codex_messages(codex_first, "developer")), \
         "Claude Code's decision is not in the Codex session's SessionStart note"
     to_claude = [r for r in world.claude_model.of_session(claude_id) if "codex here: tests pass" in r.text]
-    assert to_claude and "Stop hook feedback" in to_claude[0].text, "the message never reached Claude Code's model"
+    assert to_claude and "Stop hook additional context" in to_claude[0].text, "the message never reached Claude Code's model"
 
     # Both sessions have finished. A new Claude Code session sees Codex's decision at its
     # start and sends a message to each of them.

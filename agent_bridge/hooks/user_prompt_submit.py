@@ -1,0 +1,28 @@
+"""`agent-bridge hook user-prompt-submit --agent HOST` (Claude Code): a turn starts.
+
+Marks the session busy for its idle-wake waiter (`agent_bridge.hooks.wake`): while a turn runs,
+a waiting message is the PostToolUse and Stop hooks' to hand over (as additionalContext, with no
+error label), not the waiter's. The Stop hook marks the session idle again. Prints nothing
+(Claude Code would add UserPromptSubmit output to the model's context); writes one small file;
+talks to nobody. Any failure: exit 0, one line in broker.log.
+
+Host documentation: Claude Code "Hooks reference" (https://code.claude.com/docs/en/hooks#userpromptsubmit):
+stdin `session_id`, `transcript_path`, `cwd`, `hook_event_name`, `prompt`.
+"""
+
+from __future__ import annotations
+
+from agent_bridge import paths
+from agent_bridge.hooks import common
+
+
+def main(agent: str) -> int:
+    home = paths.home()
+    try:
+        hook = common.read_input()
+        from agent_bridge.hooks import wake
+
+        wake.mark_busy(home, hook)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the prompt goes to the model
+        common.log(home, f"user-prompt-submit ({agent})", f"not marked: {type(exc).__name__}: {exc}")
+    return 0

@@ -1,0 +1,321 @@
+"""`agent-bridge hook wake --agent HOST`: the idle-wake waiter (SPEC §3 "Reach" item 3).
+
+Claude Code runs it as an `asyncRewake` Stop hook: in the background, and when it exits 2 its
+stderr reaches the model as a new turn, with no keystroke, also between tool calls of a turn that
+is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
+
+1. leaves at once unless the host runs it in the background (`Host.runs_waiter`: Claude Code
+   2.1.332 or later, by its transcript, and not `claude -p`, which runs asyncRewake hooks
+   synchronously and would be held open);
+2. finds its host process (pid **and** start time) and watches it: it never outlives it;
+3. keeps one waiter per session: a lock in `<home>/waiters/` held for its life, so the Stop of
+   every turn does not add one;
+4. lets the Stop hook of the same Stop go first: Claude Code starts both at once, and what waits
+   at the Stop is the Stop hook's to hand over (as additionalContext, with no error label). The
+   Stop hook marks its end with the Stop's `prompt_id` (`mark_idle`); the waiter waits for that
+   mark (at most STOP_HOOK_WAIT);
+5. waits on the broker (`wait_active`) until an **active** message waits for its session (passive
+   ones never wake anyone);
+6. leaves it to the PostToolUse and Stop hooks while the session is busy: the UserPromptSubmit
+   hook marks a turn's start (`mark_busy`), the Stop hook its end. A busy session gets the message
+   between tool calls or at its Stop without an error label; Claude Code would show the waiter's
+   as "Stop hook feedback" (seen with 2.1.332);
+7. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
+   acknowledge), the "write" being `Host.wake`: Claude Code, stderr and exit 2; Codex, `codex queue
+   --resume` (acknowledged once Codex says it queued it), after which the waiter marks the session
+   busy and goes on waiting. Killed before its write, it acknowledges nothing.
+
+Codex has no background hooks: its Stop hook starts the waiter as a detached process (`spawn`),
+naming the host (pid and start time) in AGENT_BRIDGE_WAKE_HOST.
+
+No broker: it waits for one (looking every few seconds) as long as its host lives. Any failure:
+exit 0, one line in broker.log.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from pathlib import Path
+from typing import Any
+
+from agent_bridge import hosts, paths, procinfo
+from agent_bridge.hooks import common
+
+EVENT = "Stop"
+WAIT_MS = 50_000  # one `wait_active` request; below the broker's limit (WAIT_ACTIVE_MAX_MS), then asked again
+ANSWER_SLACK = 10.0  # seconds past WAIT_MS a broker may take to answer before the waiter reconnects
+NO_BROKER_RETRY = 2.0  # seconds between looks for a broker when none runs
+HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not Linux)
+WAITERS_DIR = "waiters"
+HOST_ENV = "AGENT_BRIDGE_WAKE_HOST"  # "pid:start" of the host, from a Stop hook that starts the waiter
+STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go first (the hook's timeout is 10)
+STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
+BUSY_POLL = 0.1  # seconds between looks at the session's mark while it is busy and a message waits
+BUSY = "busy"
+
+
+def main(agent: str) -> int:
+    home = paths.home()
+    try:
+        given = os.environ.get(HOST_ENV)  # started by a Stop hook (Codex): its host, by pid and start time
+        host, chain = given_host(given) if given else procinfo.current_host()  # before anything detaches
+        hook = common.read_input()
+        target = hosts.by_name(agent) or hosts.DEFAULT
+        if not target.runs_waiter(hook, os.environ):
+            return 0
+        if host is None:
+            common.log(home, f"wake ({agent})", "no agent host among the ancestors to watch: not waiting")
+            return 0
+        watch = HostWatch(host)
+        try:
+            if not watch.alive():
+                return 0
+            lock = hold_lock(home, hook.session_id)
+            if lock is None:
+                return 0  # this session's waiter is already waiting
+            try:
+                if not after_stop_hook(home, hook, watch):
+                    return 0  # the host ended first
+                return wait(home, agent, hook, host, chain, watch)
+            finally:
+                os.close(lock)
+        finally:
+            watch.close()
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the host goes on
+        common.log(home, f"wake ({agent})", f"not waiting: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, chain: list[procinfo.Proc],
+         watch: HostWatch) -> int:
+    """Until the host ends (0) or an active message was handed over (2)."""
+    from agent_bridge.hooks import handover
+
+    target = hosts.by_name(agent) or hosts.DEFAULT
+
+    def write(text: str) -> None:
+        if not target.wake(text, hook):
+            raise WakeFailed(f"{target.title} did not take the message")  # so nothing is acknowledged
+
+    while True:
+        found = wait_active(home, hook.session_id, watch)
+        if found is None:
+            return 0  # the host is gone
+        if not found:
+            continue
+        if read_mark(home, hook.session_id) == BUSY:  # a turn runs: its PostToolUse or Stop hook hands it over
+            while read_mark(home, hook.session_id) == BUSY:
+                if watch.wait(BUSY_POLL):
+                    return 0
+            continue
+        try:
+            handed = handover.hand_over(home, agent, EVENT, hook, host, chain, write)
+        except WakeFailed as exc:
+            common.log(home, f"wake ({agent})", f"{exc}; the message waits for the session's next hook")
+            return 0
+        if handed and not target.spawned_waiter:
+            return 2  # Claude Code's asyncRewake: exit 2 gives the model what was written to stderr
+        if handed:
+            mark_busy(home, hook)  # the woken turn runs; its Stop marks the session idle again
+
+
+class WakeFailed(Exception):
+    """The host did not take the message (`Host.wake` said so)."""
+
+
+def given_host(value: str) -> tuple[procinfo.Proc | None, list[procinfo.Proc]]:
+    """The host a Stop hook named ("pid:start"), if that process still runs with that start."""
+    try:
+        pid, start = (int(part) for part in value.split(":", 1))
+    except ValueError:
+        return None, []
+    found = procinfo.describe(pid)
+    if found is None or found[0].start != start:
+        return None, []
+    return found[0], [found[0]]
+
+
+def spawn(agent: str, raw: bytes, host: procinfo.Proc | None) -> None:
+    """Start this session's waiter as a detached process (for a host without background hooks:
+    Codex), handing it the Stop hook's input and its host. It holds none of the hook's pipes, so
+    the host does not wait for it; it ends with the host, and leaves at once when a waiter for the
+    session already waits."""
+    import subprocess
+    import sys
+
+    if host is None:
+        return
+    env = dict(os.environ, **{HOST_ENV: f"{host.pid}:{host.start}"})
+    proc = subprocess.Popen([sys.executable, "-m", "agent_bridge", "hook", "wake", "--agent", agent],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True, env=env)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(raw)
+    finally:
+        proc.stdin.close()
+
+
+def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | None:
+    """One `wait_active` round: True when an active message waits, False when the round ended
+    without one (ask again), None when the host is gone."""
+    from agent_bridge.ipc import blocking, protocol
+
+    address = blocking.broker_socket(home)
+    if address is None:
+        return None if watch.wait(NO_BROKER_RETRY) else False
+    try:
+        sock = blocking.connect(address, common.BROKER_TIMEOUT)
+    except OSError:
+        return None if watch.wait(NO_BROKER_RETRY) else False
+    try:
+        sock.settimeout(None)
+        sock.sendall(protocol.encode(protocol.request(1, "wait_active", hostSessionId=host_session_id, timeoutMs=WAIT_MS)))
+        decoder = protocol.FrameDecoder()
+        while True:
+            ready = watch.wait_readable(sock, WAIT_MS / 1000 + ANSWER_SLACK)
+            if ready is None:
+                return None
+            if not ready:
+                return False
+            data = sock.recv(65536)
+            if not data:  # the broker went away (a restart): ask the next one
+                return None if watch.wait(NO_BROKER_RETRY) else False
+            for frame in decoder.feed(data):
+                if frame.get("id") == 1:
+                    result: Any = frame.get("result") if frame.get("ok") else None
+                    if result is None:
+                        common.log(home, "wake", f"broker refused wait_active: {frame.get('error')}")
+                        return None if watch.wait(NO_BROKER_RETRY) else False
+                    return bool(result.get("active"))
+    except (OSError, protocol.ProtocolError):
+        return None if watch.wait(NO_BROKER_RETRY) else False
+    finally:
+        sock.close()
+
+
+def session_mark(home: Path, host_session_id: str) -> Path:
+    """`<home>/waiters/<digest>.state`: "busy" while a turn runs, "idle <prompt id>" once a Stop
+    hook has finished."""
+    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".state")
+
+
+def _write_mark(home: Path, host_session_id: str, text: str) -> None:
+    """Advisory, so no fsync: a lost mark costs a message's way, never the message."""
+    folder = home / WAITERS_DIR
+    if not folder.is_dir():
+        paths.ensure_home(home)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    target = session_mark(home, host_session_id)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+
+
+def read_mark(home: Path, host_session_id: str) -> str:
+    try:
+        return session_mark(home, host_session_id).read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def mark_idle(home: Path, hook: common.HookInput) -> None:
+    """The Stop hook has handed over what waited at this Stop (or found nothing): the waiter
+    started by the same Stop may wait now, and hand over what comes while the session is idle."""
+    _write_mark(home, hook.session_id, f"idle {hook.prompt_id}")
+
+
+def mark_busy(home: Path, hook: common.HookInput) -> None:
+    """A turn starts (UserPromptSubmit): messages are the PostToolUse and Stop hooks' until it ends."""
+    _write_mark(home, hook.session_id, BUSY)
+
+
+def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> bool:
+    """Wait until the Stop hook of this Stop has marked its end, or a new turn has started (or
+    STOP_HOOK_WAIT passed, or the Stop carries no prompt id to match). False when the host ended
+    meanwhile."""
+    import time
+
+    if not hook.prompt_id:
+        return True
+    deadline = time.monotonic() + STOP_HOOK_WAIT
+    while time.monotonic() < deadline:
+        if read_mark(home, hook.session_id) in (f"idle {hook.prompt_id}", BUSY):
+            return True
+        if watch.wait(STOP_MARK_POLL):
+            return False
+    common.log(home, "wake", f"no end mark of the Stop hook within {STOP_HOOK_WAIT:g} s: waiting anyway")
+    return True
+
+
+def hold_lock(home: Path, host_session_id: str) -> int | None:
+    """This session's waiter lock (an open descriptor, flock held), or None when another waiter
+    holds it. The lock goes with the process, however it ends."""
+    import fcntl
+
+    paths.ensure_home(home)
+    folder = home / WAITERS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    name = common.report_path(home, host_session_id).name.replace(".json", ".lock")
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class HostWatch:
+    """The host process, watched by pid **and** start time: on Linux a pidfd that becomes
+    readable when it exits (so a reused pid cannot fool it), elsewhere a look every second."""
+
+    def __init__(self, host: procinfo.Proc) -> None:
+        self.host = host
+        self.fd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.fd = os.pidfd_open(host.pid)
+            except OSError:
+                self.fd = None  # already gone (alive() says so) or not allowed: look instead
+
+    def alive(self) -> bool:
+        """The same process as when the waiter started (checked after the pidfd was opened)."""
+        found = procinfo.describe(self.host.pid)
+        return found is not None and found[0].start == self.host.start
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to `seconds`; True when the host is gone."""
+        return self.wait_readable(None, seconds) is None
+
+    def wait_readable(self, sock: Any, seconds: float) -> bool | None:
+        """True when `sock` is readable, False after `seconds`, None when the host is gone."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            watched = [x for x in (sock, self.fd) if x is not None]
+            step = left if self.fd is not None else min(left, HOST_POLL)
+            ready, _, _ = select.select(watched, [], [], step)
+            if self.fd is not None and self.fd in ready:
+                return None
+            if self.fd is None and not self.alive():
+                return None
+            if sock is not None and sock in ready:
+                return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,270 @@
+"""`agent-bridge hook wake` (SPEC §3 "Reach" item 3): the idle-wake waiter Claude Code runs as an
+asyncRewake Stop hook. It waits on the broker until an active message waits for its session,
+hands it over on stderr and exits 2 (fetch, write, then acknowledge); one per session; it ends
+with its host; it does not wait under `claude -p` or on a Claude Code that would not run it in
+the background. The host is a stand-in process named by AGENT_BRIDGE_HOST_PID; tests/hosts
+drive the real Claude Code."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from agent_bridge import paths
+from agent_bridge.ipc.client import open_bridge_client
+from agent_bridge.store import reader
+from tests.conftest import wait_for
+from tests.hooks.conftest import HOOK, hook_env, log_lines
+
+pytestmark = pytest.mark.slow
+
+
+def transcript(folder: Path, version: str) -> str:
+    path = folder / "t.jsonl"
+    path.write_text(json.dumps({"type": "assistant", "version": version}) + "\n")
+    return str(path)
+
+
+def stop_input(sid: str, project: Path, transcript_path: str, prompt_id: str | None = None) -> bytes:
+    data = {"session_id": sid, "transcript_path": transcript_path, "cwd": str(project),
+            "hook_event_name": "Stop", "stop_hook_active": False}
+    if prompt_id:
+        data["prompt_id"] = prompt_id
+    return json.dumps(data).encode()
+
+
+def start_waiter(home: Path, project: Path, sid: str, host: subprocess.Popen[bytes], *, version: str = "2.1.332",
+                 entrypoint: str = "cli", stderr: Any = subprocess.PIPE, prompt_id: str | None = None,
+                 ) -> subprocess.Popen[bytes]:
+    env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT=entrypoint)
+    proc = subprocess.Popen([*HOOK, "hook", "wake", "--agent", "claude"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=project)
+    assert proc.stdin is not None
+    proc.stdin.write(stop_input(sid, project, transcript(project, version), prompt_id))
+    proc.stdin.close()
+    proc.stdin = None  # communicate() must not flush it
+    return proc
+
+
+@pytest.fixture
+def host() -> Any:
+    """A stand-in agent host process: alive until the test ends it (or ends)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+async def send(home: Path, to: str, text: str) -> str:
+    record = paths.read_broker_json(home)
+    assert record is not None
+    async with open_bridge_client(record["socket"], {"agent": "codex", "project": "/w/s", "hostSessionId": "hs-s"}) as (tx, _):
+        return (await tx.request("send", to=to, text=text))["message"]["id"]
+
+
+def acked_at(home: Path, mid: str) -> Any:
+    with reader.reading(home / "bridge.db") as conn:
+        return conn.execute("SELECT acked_at FROM receipts WHERE message_id = ?", (mid,)).fetchone()[0]
+
+
+def holders(home: Path) -> int:
+    """How many waiter locks are held now (a lock held means a waiter waits)."""
+    folder = home / "waiters"
+    held = 0
+    for lock in folder.iterdir() if folder.exists() else ():
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held += 1
+        finally:
+            os.close(fd)
+    return held
+
+
+async def finished(proc: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
+    out, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=60))
+    return proc.returncode, out, err
+
+
+async def test_an_active_message_wakes_the_waiter_which_exits_2_with_it(broker, env, home, project, host):
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-idle"}):
+            waiter = start_waiter(home, project, "hs-idle", host)
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            second = start_waiter(home, project, "hs-idle", host)  # a later Stop: one waiter per session
+            assert await finished(second) == (0, b"", b"")
+            assert waiter.poll() is None
+            mid = await send(home, "hs-idle", "wake up: the build is red")
+            code, out, err = await finished(waiter)
+            assert (code, out) == (2, b""), err
+            text = err.decode()
+            assert "wake up: the build is red" in text and "not from the user" in text and mid in text
+            assert acked_at(home, mid) is not None
+            assert holders(home) == 0
+
+
+async def test_the_waiter_ends_with_its_host(broker, env, home, project, host):
+    with trio.fail_after(120):
+        waiter = start_waiter(home, project, "hs-gone", host)
+        await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+        host.kill()
+        assert await finished(waiter) == (0, b"", b"")
+
+
+async def test_no_broker_the_waiter_still_ends_with_its_host(home, project, host):
+    with trio.fail_after(120):
+        waiter = start_waiter(home, project, "hs-nobroker", host)
+        await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+        host.kill()
+        assert await finished(waiter) == (0, b"", b"")
+        assert log_lines(home) == []
+
+
+@pytest.mark.parametrize(("version", "entrypoint"), [("2.1.332", "sdk-cli"), ("2.1.331", "cli"), ("", "cli")])
+async def test_no_waiting_where_the_host_would_not_run_it_in_the_background(
+        broker, env, home, project, host, version, entrypoint):
+    """`claude -p` (CLAUDE_CODE_ENTRYPOINT=sdk-cli) runs an asyncRewake hook synchronously; an
+    older or unknown Claude Code is not known to run it in the background: leave at once."""
+    waiter = start_waiter(home, project, "hs-p", host, version=version or "not a version", entrypoint=entrypoint)
+    assert await finished(waiter) == (0, b"", b"")
+    assert not (home / "waiters").exists()
+
+
+async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env, home, project, host):
+    """Its stderr is a full pipe: once it has fetched the message (offered), it is killed."""
+    with trio.fail_after(120):
+        read_end, write_end = os.pipe()
+        fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
+        filler = 0
+        try:
+            while True:
+                filler += os.write(write_end, b"x")
+        except BlockingIOError:
+            pass
+        fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-killed"}):
+            waiter = start_waiter(home, project, "hs-killed", host, stderr=write_end)
+            os.close(write_end)
+            try:
+                await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+                mid = await send(home, "hs-killed", "are you there?")
+
+                async def offered() -> bool:
+                    with reader.reading(home / "bridge.db") as conn:
+                        row = conn.execute("SELECT delivered_at FROM receipts WHERE message_id = ?", (mid,)).fetchone()
+                    return row[0] is not None
+
+                await wait_for(offered, what="the waiter fetched the message")
+                waiter.kill()
+                waiter.wait(timeout=30)
+                with os.fdopen(read_end, "rb") as pipe:
+                    assert pipe.read() == b"x" * filler
+            finally:
+                if waiter.poll() is None:
+                    waiter.kill()
+                    waiter.wait(timeout=30)
+            assert acked_at(home, mid) is None
+            again = start_waiter(home, project, "hs-killed", host)  # the next Stop's waiter shows it, a repeat
+            code, _, err = await finished(again)
+            assert code == 2 and "are you there?" in err.decode() and "a repeat" in err.decode()
+            assert acked_at(home, mid) is not None
+
+
+async def test_what_waits_at_the_stop_is_the_stop_hooks_to_hand_over(broker, env, home, project, host):
+    """Claude Code starts the Stop hook and the waiter of one Stop together. The waiter waits for
+    the Stop hook's end mark (same prompt_id), so a message waiting at the Stop reaches the model
+    through the Stop hook (additionalContext, no error label), not through the waiter."""
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-stop"}):
+            mid = await send(home, "hs-stop", "waiting at the stop")
+            waiter = start_waiter(home, project, "hs-stop", host, prompt_id="prompt-1")
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            stop_env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+            stdin = stop_input("hs-stop", project, transcript(project, "2.1.332"), "prompt-1")
+            stop = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
+                capture_output=True, timeout=60))
+            answer = json.loads(stop.stdout)
+            assert "waiting at the stop" in answer["hookSpecificOutput"]["additionalContext"]
+            assert "a repeat" not in answer["hookSpecificOutput"]["additionalContext"]
+            assert acked_at(home, mid) is not None
+            later = await send(home, "hs-stop", "after the stop")  # the waiter's, once the session is idle
+            code, _, err = await finished(waiter)
+            assert code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
+            assert acked_at(home, later) is not None
+
+
+async def test_a_busy_session_is_left_to_its_post_tool_use_and_stop_hooks(broker, env, home, project, host):
+    """While a turn runs (UserPromptSubmit marked it), the waiter leaves a message to the turn's
+    PostToolUse or Stop hook (no error label there); once the turn's Stop hook has run, it hands
+    over what comes next."""
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-busy"}):
+            hook_run = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+            version = transcript(project, "2.1.332")
+
+            def run(event: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+                return subprocess.run([*HOOK, "hook", event, "--agent", "claude"], input=stdin, env=hook_run,
+                                      cwd=project, capture_output=True, timeout=60)
+
+            stop_1 = stop_input("hs-busy", project, version, "prompt-1")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""  # idle, nothing waits
+            waiter = start_waiter(home, project, "hs-busy", host, prompt_id="prompt-1")
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            prompt = json.dumps({"session_id": "hs-busy", "cwd": str(project), "hook_event_name": "UserPromptSubmit",
+                                 "prompt": "go"}).encode()
+            submitted = await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)
+            assert (submitted.returncode, submitted.stdout, submitted.stderr) == (0, b"", b"")
+            mid = await send(home, "hs-busy", "for the busy turn")
+            post = json.dumps({"session_id": "hs-busy", "cwd": str(project), "hook_event_name": "PostToolUse",
+                               "tool_name": "Bash", "tool_input": {}, "tool_response": {}}).encode()
+            between = json.loads((await trio.to_thread.run_sync(run, "post-tool-use", post)).stdout)
+            assert "for the busy turn" in between["hookSpecificOutput"]["additionalContext"]
+            assert acked_at(home, mid) is not None and waiter.poll() is None
+            stop_2 = stop_input("hs-busy", project, version, "prompt-2")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_2)).stdout == b""  # the turn ends: idle
+            later = await send(home, "hs-busy", "for the idle session")
+            code, _, err = await finished(waiter)
+            assert code == 2 and "for the idle session" in err.decode() and "busy turn" not in err.decode()
+            assert acked_at(home, later) is not None
+
+
+async def test_wait_active_answers_at_its_timeout_and_refuses_bad_arguments(broker, env, home, project):
+    from agent_bridge.ipc import blocking, protocol
+
+    def call(**args: Any) -> Any:
+        return blocking.call(home, "wait_active", timeout=10, **args)
+
+    with trio.fail_after(60):
+        assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-none", timeoutMs=0)) == {"active": False}
+        for bad in ({"hostSessionId": "x", "timeoutMs": -1}, {"hostSessionId": "x", "timeoutMs": 60_001},
+                    {"hostSessionId": "x", "timeoutMs": True}, {"timeoutMs": 5}, {"hostSessionId": "x", "extra": 1}):
+            with pytest.raises(protocol.RemoteError):
+                await trio.to_thread.run_sync(lambda bad=bad: call(**bad))
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-wait"}):
+            mid = await send(home, "hs-wait", "already here")
+            assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-wait", timeoutMs=50_000)) == {
+                "active": True}
+            assert acked_at(home, mid) is None  # it only says so: nothing handed over, nothing acknowledged

@@ -1,0 +1,122 @@
+"""The interactive Claude Code (its TUI, in tmux) on the bridge: a Stop delivery shows no error
+label on the screen (path 2), and an idle session is woken by a message with no keystroke
+(path 3, the asyncRewake waiter). Only an interactive session can be idle."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from tests.hosts.conftest import Tui, World, claude_system_texts, plan, poll_until
+from tests.hosts.models import GATE
+
+pytestmark = pytest.mark.slow
+
+
+def ready(world: World, tui: Tui, sid: str) -> bool:
+    """The prompt is on the screen and the session's MCP server has joined the bridge (before
+    that, Claude Code 2.1.332 drops what is typed)."""
+    return "bypass permissions" in tui.screen() and any(p["hostSessionId"] == sid for p in world.peers())
+
+
+def waiters_held(world: World) -> int:
+    """How many idle-wake waiters hold their session's lock (one waits per session)."""
+    import fcntl
+
+    folder = world.bridge_home / "waiters"
+    held = 0
+    for lock in folder.iterdir() if folder.exists() else ():
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held += 1
+        finally:
+            os.close(fd)
+    return held
+
+
+def bridge_processes(world: World) -> list[str]:
+    """Command lines of agent-bridge hook and MCP processes of this world still running."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if ("hook" in cmd or " mcp" in cmd) and "agent-bridge" in cmd and str(world.bridge_home).encode() in env:
+            found.append(cmd)
+    return found
+
+
+def exit_tui(world: World, tui: Tui) -> None:
+    tui.type("/exit")
+    poll_until(lambda: not tui.running(), "Claude Code to exit")
+    poll_until(lambda: not bridge_processes(world), "no agent-bridge hook or MCP process left", timeout=30)
+
+
+def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_label(world: World) -> None:
+    sid = str(uuid.uuid4())
+    tui = world.claude_tui(sid)
+    poll_until(lambda: ready(world, tui, sid), "the TUI's prompt and its MCP server")
+
+    # Path 2: a message arrives while the turn runs; the Stop hook hands it over as
+    # additionalContext: the screen shows no "Stop hook reported a problem".
+    tui.type(plan(("whoami", {}), (GATE, {"gate": "works"})))
+    world.claude_model.wait_reached("works")
+    world.bridge("send", sid, "while you work: the schema changed")
+    world.claude_model.open_gate("works")
+    poll_until(lambda: any("the schema changed" in r.text for r in world.claude_model.of_session(sid)),
+               "the message at the Stop")
+    seen = next(r for r in world.claude_model.of_session(sid) if "the schema changed" in r.text)
+    assert "Stop hook additional context" in seen.text and "blocking error" not in seen.text
+    poll_until(lambda: "done." in tui.screen() and world.receipts(sid) and all(
+        r["ackedAt"] for r in world.receipts(sid)), "the turn to end, the message acknowledged")
+    screen = tui.screen()
+    assert "reported a problem" not in screen and "hook error" not in screen.lower(), screen
+
+    # Path 1 with the waiter armed: a message sent in the middle of a typed turn's tool calls is
+    # the PostToolUse hook's (a system message in the next request), not the waiter's.
+    poll_until(lambda: waiters_held(world) == 1, "the waiter armed at the Stop")
+    tui.type(plan(("whoami", {}), (GATE, {"gate": "busy"}), ("peers", {}), ("whoami", {})))
+    world.claude_model.wait_reached("busy")
+    known = len(world.claude_model.of_session(sid))
+    world.bridge("send", sid, "mid-turn: rebase first")
+    world.claude_model.open_gate("busy")
+    poll_until(lambda: any("rebase first" in r.text for r in world.claude_model.of_session(sid)), "the mid-turn message")
+    requests = world.claude_model.of_session(sid)
+    first = next(k for k, r in enumerate(requests) if "rebase first" in r.text)
+    assert first == known, "not in the next request after the send"
+    contexts = [t for t in claude_system_texts(requests[first].body) if "rebase first" in t]
+    assert contexts and contexts[0].startswith("PostToolUse:"), requests[first].text[-3000:]
+    assert "Stop hook feedback" not in requests[first].text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the mid-turn message acknowledged")
+
+    # Path 3: the session is idle (its turn ended, the waiter armed at its Stop). A message
+    # wakes it: a new turn with no keystroke, the message in the model's request.
+    poll_until(lambda: waiters_held(world) == 1 and tui.screen().count("done.") >= 2, "the waiter armed at the Stop")
+    before = len(world.claude_model.of_session(sid))
+    started = time.monotonic()
+    world.bridge("send", sid, "idle wake: are you there?")
+    sent = time.monotonic()
+    woke = poll_until(lambda: next((r for r in world.claude_model.of_session(sid)[before:]
+                                    if "are you there?" in r.text), None), "the idle session woken")
+    woke_at = time.monotonic()
+    print(f"\nreach (Claude Code TUI, idle, asyncRewake): {woke_at - sent:.3f} s after send returned "
+          f"({woke_at - started:.3f} s after it was called)")
+    assert "not from the user" in woke.text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")
+    poll_until(lambda: "are you there?" in tui.screen() or "done." in tui.screen(), "the woken turn on screen")
+    # After the woken turn's Stop, one waiter again (not one per Stop).
+    poll_until(lambda: waiters_held(world) == 1 and len(world.claude_model.of_session(sid)) > before,
+               "the next waiter armed")
+    exit_tui(world, tui)
+    assert waiters_held(world) == 0
