@@ -137,8 +137,8 @@ class Showing:
         if mid in self.acked:
             if reack:
                 del self.acked[mid]
-                entry = self.entries[mid] = Entry(message)
-                entry.state, entry.repeat = WRITTEN, True
+                again = self.entries[mid] = Entry(message)
+                again.state, again.repeat = WRITTEN, True
             return False
         entry = self.entries.get(mid)
         if entry is None:

@@ -129,7 +129,7 @@ def identify_args(
 def report_path(home: Path, host_session_id: str) -> Path:
     """`<home>/reports/<sha256(host session id)[:32]>.json`: one report per host session."""
     try:  # CPython's built-in SHA-256: `hashlib` loads OpenSSL, ~2 ms at every session start
-        from _sha256 import sha256  # type: ignore[import-not-found]
+        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
     except ImportError:  # other interpreters, Python >= 3.12 (`_sha2`)
         from hashlib import sha256
 
