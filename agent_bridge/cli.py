@@ -233,10 +233,11 @@ def _mcp(ns: argparse.Namespace) -> int:
 
 # Commands that use the state folder named by AGENT_BRIDGE_HOME (or the default): each refuses a
 # folder another user owns before touching anything in it (paths.check_home). `demo` checks the
-# folder it is given itself; `doctor` reports such a folder and reads nothing in it; `install` does
-# not use the folder as state.
+# folder it is given itself; `doctor` reports such a folder and reads nothing in it; `install` and
+# `uninstall` keep their backups and record there.
 HOME_COMMANDS = frozenset({
     "up", "down", "status", "mcp", "hook", "dashboard", "decisions", "decide", "send", "retract", "sessions", "forget",
+    "install", "uninstall",
 })
 
 
