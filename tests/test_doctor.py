@@ -396,3 +396,32 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
     config.write_text(config.read_text() + "\n" + "\n".join(line.strip() for line in lines[at : at + 4]) + "\n")
     assert statuses(run(env, workdir, "doctor").stdout)["Codex hooks trust"] == "ok"
     assert session_start_ran()
+
+
+@pytest.mark.slow
+def test_nothing_connected_is_said_not_all_checks_passed(broker, env, tmp_path, workdir):
+    bare = tmp_path / "bare-user"  # neither ~/.claude nor ~/.codex
+    bare.mkdir()
+    result = run(with_user(env, bare), workdir, "doctor")
+    assert result.returncode == 0, result.stdout
+    found = statuses(result.stdout)
+    assert found["Claude Code"] == "skip" and found["Codex"] == "skip" and found["broker"] == "ok"
+    assert "All checks passed" not in result.stdout
+    assert "nothing is connected yet" in result.stdout and "agent-bridge install --claude" in result.stdout
+    # the dashboard answers 403 to a request without its cookie: it works, and opens with its URL
+    line = next(ln for ln in result.stdout.splitlines() if "dashboard" in ln and "answers" in ln)
+    assert "HTTP 403" not in line and "tokenized URL" in line and "agent-bridge dashboard --open" in line
+
+
+def test_a_project_server_whose_command_is_not_on_path_fails(tmp_path, user_home, workdir):
+    env = plain_env(user_home, tmp_path / "bridge")
+    assert run(env, workdir, "install", "--claude").returncode == 0  # user scope: an absolute path, fine
+    (workdir / ".mcp.json").write_text(json.dumps(
+        {"mcpServers": {"agent-bridge": {"type": "stdio", "command": "agent-bridge", "args": ["mcp", "--agent", "claude"]}}}))
+    folders = env["PATH"].split(os.pathsep)
+    env["PATH"] = os.pathsep.join(f for f in folders if not (Path(f) / "agent-bridge").exists())
+    result = run(env, workdir, "doctor")
+    found = statuses(result.stdout)
+    assert found["Claude Code MCP server"] == "FAIL", result.stdout
+    line = next(ln for ln in result.stdout.splitlines() if "Claude Code MCP server" in ln)
+    assert str(workdir / ".mcp.json") in line and "agent-bridge is not on PATH" in line
