@@ -75,13 +75,15 @@ def ensure_broker(home: Path) -> None:
     print(f"agent-bridge: started a broker for {home} (stop it with `agent-bridge down`)", file=sys.stderr)
 
 
-def broker_call(op: str, **args: Any) -> Any:
+def broker_call(op: str, home: Path | None = None, **args: Any) -> Any:
+    """`op` done by the broker of `home` (default: this environment's), as the command line
+    does it: a broker is started when none runs. The dashboard's owner actions come here too."""
     from agent_bridge.ipc.protocol import unstorable_text
 
     where = unstorable_text(args)
     if where is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates
         raise CommandError(f"{where}: not valid text (is it UTF-8?); nothing was sent", BAD_ARGUMENTS)
-    home = paths.ensure_home(paths.home())
+    home = paths.ensure_home(home or paths.home())
     ensure_broker(home)
     try:
         return blocking.call(home, op, timeout=CALL_TIMEOUT, **args)
