@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import paths
+from agent_bridge import domain, paths
 from agent_bridge.display import age, names, scope_words, visible, when
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
@@ -35,7 +35,6 @@ UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_80
 
 
 BAD_ARGUMENTS = 2  # the exit code for bad arguments, everywhere (argparse's own)
-UNMATCHED = "unmatchedAddresses"  # daemon.broker.UNMATCHED (not imported: that module needs trio)
 
 
 class CommandError(Exception):
@@ -101,7 +100,7 @@ def decide(topic: str, text: str, scope: str | None, as_json: bool = False) -> i
         result = _call("decide", args)
     except CommandError as exc:
         return _fail("decide", str(exc), exc.code)
-    unmatched = result.pop(UNMATCHED, None)
+    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
     if unmatched:
         print(f"agent-bridge decide: no known session is addressed by {names(unmatched)}; "
               "recorded for the scope as given", file=sys.stderr)

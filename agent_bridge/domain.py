@@ -335,6 +335,12 @@ def normalize_agent(agent: object) -> str:
 _NOTICE_KINDS = {"decision": "a pinned owner decision notice", "retraction": "a notice that a pinned owner decision was retracted"}
 
 
+# The key of a decide result (broker -> MCP tool, CLI, dashboard) that lists the addresses of a
+# `{"sessions": [...]}` scope naming no known session (SPEC §4.1). Each surface takes it out before
+# it shows the seed's object: the tool puts them in a second text block, the CLI on stderr.
+UNMATCHED_ADDRESSES = "unmatchedAddresses"
+
+
 def frame_message(sender_name: str, sender_agent: str, text: str, *, kind: str = "message", own: bool = False) -> str:
     """How a bridge message is shown to an agent (SPEC §3 Framing). One sent with the
     `agent-bridge` command line is framed as what it is: anything on this machine that can run

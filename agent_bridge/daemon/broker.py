@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 import apsw
 import trio
 
-from agent_bridge import domain, ledger
+from agent_bridge import display, domain, ledger
 from agent_bridge.config import Settings
 from agent_bridge.daemon.args import ADDRESS_MAX
 from agent_bridge.daemon.args import no_unknown as _no_unknown
@@ -226,7 +225,7 @@ class Broker:
         result: dict[str, Any] = {"decision": decision.to_json(), "deliveredTo": delivered}
         unmatched = await self._unmatched_addresses(scope)
         if unmatched:  # beside the seed's object, never in it: the tool shows them in a second block
-            result[UNMATCHED] = unmatched
+            result[domain.UNMATCHED_ADDRESSES] = unmatched
         return result
 
     async def _unmatched_addresses(self, scope: domain.Scope) -> list[str]:
@@ -603,9 +602,6 @@ def check_handlers() -> None:
 check_handlers()
 
 
-# The key of a decide result that lists the scope's addresses naming no known session; the
-# tool, the CLI and the dashboard take it out before they show the seed's object.
-UNMATCHED = "unmatchedAddresses"
 SESSIONS_COMMAND = "`agent-bridge sessions`"
 CANDIDATES_SHOWN = 10  # sessions named in one ambiguity error
 
@@ -619,15 +615,11 @@ def _one_session(field: str, address: str, found: list[Peer], listing: str) -> P
         return exact[0]
     if len(found) == 1:
         return found[0]
-    shown = "; ".join(f"{p.id} ({p.agent}, {p.project}, last seen {_local_time(p.last_seen_at)})"
+    shown = "; ".join(f"{p.id} ({p.agent}, {p.project}, last seen {display.when(p.last_seen_at)})"
                       for p in found[:CANDIDATES_SHOWN])
     more = f"; and {len(found) - CANDIDATES_SHOWN} more" if len(found) > CANDIDATES_SHOWN else ""
     raise InputError(f"{field}: {address!r} names {len(found)} sessions that are not connected: "
                      f"{shown}{more}; give the id of the one you mean (see {listing})")
-
-
-def _local_time(epoch_ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms / 1000))
 
 
 def _message_ids(args: dict[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from agent_bridge import __version__, domain, ledger, mcp_sdk
-from agent_bridge.daemon.broker import UNMATCHED, Broker
+from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.connection import (
     IDLE_TIMEOUT,
     STORAGE_ERRORS,
@@ -602,7 +602,7 @@ async def tool_decide(bridge: Bridge, call: ToolCall | None, topic: str, text: s
     if source_message_id is not None:
         args["source_message_id"] = source_message_id
     result = await _op(bridge, call, "decide", **args)
-    unmatched = result.pop(UNMATCHED, None)
+    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
     texts = [_json(result)]  # exactly the seed's object (SPEC §4.1)
     if unmatched:
         texts.append(UNMATCHED_NOTE + ", ".join(json.dumps(a, ensure_ascii=False) for a in unmatched)

@@ -33,7 +33,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
-from agent_bridge import config, domain, paths
+from agent_bridge import commands, config, domain, paths
 from agent_bridge.store import queries, reader
 from agent_bridge.store.schema import SchemaError
 from agent_bridge.web import auth, reads
@@ -59,7 +59,6 @@ ACTION_BODY_MAX = 64 * 1024  # an owner action's JSON body: a decision text is a
 ACTION_TOKEN_HEADER = "X-AB-Token"
 TOKEN_META = b'<meta name="ab-token" content="">'
 RETRACT_SUFFIX = b"/retract"
-UNMATCHED = "unmatchedAddresses"  # daemon.broker.UNMATCHED: beside the CLI's JSON, never in it
 log = logging.getLogger("agent_bridge.web")
 
 Live = Callable[[], Collection[str]]
@@ -375,8 +374,6 @@ def create_app(
         return body
 
     async def owner_action(op: str, args: dict[str, Any]) -> Response:
-        from agent_bridge import commands  # the command line's path to the broker
-
         if live is None:
             return error(503, "this dashboard is read-only: no broker was running when it started; "
                          "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)")
@@ -387,7 +384,7 @@ def create_app(
         except OSError as exc:
             return error(503, f"{type(exc).__name__}: {exc}")
         if isinstance(result, dict):
-            result.pop(UNMATCHED, None)  # what `--json` prints
+            result.pop(domain.UNMATCHED_ADDRESSES, None)  # what `--json` prints
         return json_response(result)
 
     @app.post("/api/decisions")

@@ -330,3 +330,19 @@ async def test_owner_actions_in_headless_chromium(web_home: Path, facts: Facts) 
     # fetch (its preflight refused; Chromium reports it as a CORS error).
     expected = ("status of 400", "status of 403", "CORS", "Failed to fetch", "status of 405")
     assert [p for p in problems if not any(e in p for e in expected)] == []
+
+
+async def test_a_standalone_dashboard_refuses_actions(nursery: trio.Nursery, web_home: Path, facts: Facts) -> None:
+    """No broker: the dashboard is read-only (SPEC §1); an action says how to get one, stores nothing."""
+    from webfixtures import start_dashboard
+
+    with trio.fail_after(TIMEOUT):
+        running = await start_dashboard(nursery, web_home, standalone=True)
+        async with running.client() as client:
+            page_token = re.search(r'<meta name="ab-token" content="([^"]+)">', (await client.get("/")).text).group(1)
+            before = decisions_in(web_home)
+            answer = await client.post("/api/decisions", content='{"topic": "t", "text": "x"}', headers={
+                "X-AB-Token": page_token, "Origin": running.base, "Content-Type": "application/json"})
+    assert answer.status_code == 503 and "read-only" in answer.json()["error"]
+    assert "agent-bridge up --detach" in answer.json()["error"]
+    assert decisions_in(web_home) == before and not (web_home / "broker.json").exists()

@@ -19,6 +19,7 @@
     messageKind: "",
     hopLimit: null,
     denied: false, // the dashboard answered 403: this page's token is no longer valid
+    canAct: false, // a broker serves this page: the owner's actions work
     stream: null,
     streamLive: false,
     streamFailures: 0,
@@ -465,7 +466,7 @@
     line.textContent = retractedNow ? "No current decision: its last revision was retracted." : "";
     show(line, Boolean(retractedNow));
     const current = result.decisions.length > 0 && result.decisions[0].current;
-    show($("history-actions"), true);
+    show($("history-actions"), state.canAct);
     show($("retract"), current);
     show($("retract-reason"), current);
     setCount("history-count", result.decisions.length + (result.decisions.length === 1 ? " revision" : " revisions"));
@@ -489,7 +490,7 @@
       el("div", { className: "session-title" }, parts),
       status,
       el("div", { className: "session-meta", text: meta.join(" · ") }),
-      s.connected ? null : el("div", { className: "session-actions" }, [forgetButton(s)]),
+      s.connected || !state.canAct ? null : el("div", { className: "session-actions" }, [forgetButton(s)]),
     ]);
   }
 
@@ -636,6 +637,7 @@
       // Sessions first: decision scopes name sessions by id, shown by name.
       const [status, sessions] = await Promise.all([api("/api/status"), api("/api/sessions")]);
       state.hopLimit = status.hopLimit;
+      state.canAct = status.mode === "broker"; // a standalone dashboard is read-only
       renderSessions(sessions.sessions);
       await Promise.all([loadMessages(), loadDecisions(), loadHistory()]);
       const mode = $("mode");
@@ -647,7 +649,7 @@
       $("hop-note").textContent = status.hopLimit
         ? "A message can wake its session; replies of a long back-and-forth and decision notices wait until the session checks."
         : "";
-      for (const id of ["decide-box", "send-box"]) show($(id), status.mode === "broker");
+      for (const id of ["decide-box", "send-box"]) show($(id), state.canAct);
       show($("hop-note"), Boolean(status.hopLimit));
       banner("");
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
