@@ -357,7 +357,8 @@ def test_real_claude_runs_hooks_of_both_scopes(tmp_path, user_home, workdir):
 def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tmp_path, user_home, workdir):
     """The trust check stands for what `codex exec` does: an untrusted hook is skipped without a
     word, a trusted one runs (seen here as the SessionStart hook's report appearing in the state
-    folder; the MCP server is switched off for these runs so that only the hook can create it)."""
+    folder, beside what install keeps there; the MCP server is switched off for these runs so that
+    only the hook can write there)."""
     codex = host_program("codex")
     bridge = tmp_path / "bridge"
     env = with_path(plain_env(user_home, bridge), codex.parent)
@@ -368,6 +369,7 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
         '[model_providers.fake]\nname = "fake"\nbase_url = "http://127.0.0.1:9/v1"\nwire_api = "responses"\n'
         'env_key = "FAKE_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
         "request_max_retries = 0\nstream_max_retries = 0\n\n" + config.read_text())
+    installed = set(os.listdir(bridge)) if bridge.exists() else set()  # install's backups and record
 
     def session_start_ran() -> bool:
         proc = subprocess.Popen(
@@ -385,7 +387,7 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
         finally:
             os.killpg(proc.pid, 9)
             proc.wait()
-        return bridge.exists()
+        return bridge.exists() and bool(set(os.listdir(bridge)) - installed)
 
     result = run(env, workdir, "doctor")
     assert statuses(result.stdout)["Codex hooks trust"] == "FAIL", result.stdout
