@@ -64,6 +64,12 @@ async def test_optional_arguments_given_as_null_count_as_absent(broker, env):
             assert await call(a, "peers", project=None)
             got = await call(a, "inbox", wait_seconds=None, peek=None)  # peek null: not a peek
             assert any(m["text"] == "hello" for m in got)
+            # the same through the MCP SDK's own path (a call the fast path leaves to it: a protocol `_meta` key)
+            sdk_only = {"io.modelcontextprotocol/related-task": {"taskId": "t"}}
+            via_sdk = await a.call_tool("send", {"to": me["name"], "text": "again", "reply_to": None}, meta=sdk_only)
+            assert not via_sdk.is_error, via_sdk.content[0].text
+            waited = await a.call_tool("inbox", {"wait_seconds": None, "peek": True}, meta=sdk_only)
+            assert not waited.is_error and "again" in waited.content[0].text
             # a required argument given as null is still refused, in one line
             refused = await a.call_tool("send", {"to": None, "text": "x"})
             assert refused.is_error and "to:" in refused.content[0].text and "\n" not in refused.content[0].text
