@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, CHROMIUM, CHROMIUM_ARGS, STEP_TIMEOUT_MS
-from webfixtures import PROJECT, BrokerInProcess, Facts
+from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts
 
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
@@ -42,23 +42,25 @@ def message_count(home: Path) -> int:
 
 
 class LiveBroker:
-    """The broker with one session holding an IPC connection (so a decide is delivered)."""
+    """The broker with two sessions holding IPC connections (so a decide is delivered, twice)."""
 
     def __init__(self, home: Path) -> None:
         self.broker = BrokerInProcess(home)
         self.leave = trio.Event()
         self.session: dict[str, Any] = {}
+        self.names: list[str] = []  # of both, sorted (as deliveredTo)
 
     async def start(self, nursery: trio.Nursery) -> str:
         record = await self.broker.start(nursery)
 
-        async def hold(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-            hello = {"agent": "codex", "project": PROJECT, "hostSessionId": "actions-live-1"}
+        async def hold(hello: dict[str, Any], task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
             async with open_bridge_client(record["socket"], hello) as (client, _pushes):
                 task_status.started(await client.request("whoami"))
                 await self.leave.wait()
 
-        self.session = await nursery.start(hold)
+        self.session = await nursery.start(hold, {"agent": "codex", "project": PROJECT, "hostSessionId": "actions-live-1"})
+        other = await nursery.start(hold, {"agent": "claude", "project": OTHER, "hostSessionId": "actions-live-2"})
+        self.names = sorted([self.session["name"], other["name"]])
         return self.broker.dashboard_url()
 
     async def stop(self) -> None:
@@ -121,7 +123,7 @@ async def test_actions_need_the_cookie_the_page_token_the_origin_and_json(web_ho
                 assert made.status_code == 200, made.text
                 result = made.json()
                 assert set(result) == {"decision", "deliveredTo"} and result["decision"]["author"] == CLI_AUTHOR
-                assert result["decision"]["topic"] == "db" and result["deliveredTo"] == [live.session["name"]]
+                assert result["decision"]["topic"] == "db" and result["deliveredTo"] == live.names
                 ghost = await client.post("/api/decisions", headers=good, content=json.dumps(
                     {"topic": "ci", "text": "nox", "scope": {"sessions": ["ghost"]}}))
                 assert set(ghost.json()) == {"decision", "deliveredTo"}  # as --json: the unknown address beside it
@@ -191,7 +193,7 @@ def overflow(page: Any, selector: str) -> list[int]:
     return page.locator(selector).evaluate("e => [e.scrollWidth, e.clientWidth]")
 
 
-def drive_actions(url: str, home: Path, session: dict[str, Any], gone: str, artifacts: Path) -> list[str]:
+def drive_actions(url: str, home: Path, session: dict[str, Any], told: str, gone: str, artifacts: Path) -> list[str]:
     from playwright.sync_api import expect, sync_playwright
 
     problems: list[str] = []
@@ -216,10 +218,11 @@ def drive_actions(url: str, home: Path, session: dict[str, Any], gone: str, arti
             page.fill("#decide-text", "PostgreSQL 16, no ORM.")
             page.get_by_role("button", name="Record", exact=True).click()
             expect(page.locator("#decide-result")).to_have_text(
-                f"Recorded “release train” for everyone (all sessions); told {name}.")
+                f"Recorded “release train” for everyone (all sessions); told {told}.")
             row = rows.filter(has_text="PostgreSQL 16, no ORM.")
             expect(row).to_have_count(1)
-            expect(row.locator(".receipt.pending")).to_contain_text(name)
+            expect(row.locator(".receipt.pending")).to_have_count(2)
+            expect(row.locator(".receipt.pending").filter(has_text=name)).to_have_count(1)
             assert [d for d in decisions_in(home) if d["topic"] == "release train"] == [
                 {"topic": "release train", "text": "PostgreSQL 16, no ORM.", "author": "cli"}]
 
@@ -252,7 +255,7 @@ def drive_actions(url: str, home: Path, session: dict[str, Any], gone: str, arti
             # Retract it, with a reason.
             page.fill("#retract-reason", "decided too early")
             page.get_by_role("button", name="Retract this decision").click()
-            expect(page.locator("#retract-result")).to_have_text(f"Retracted “release train”; told {name}.")
+            expect(page.locator("#retract-result")).to_have_text(f"Retracted “release train”; told {told}.")
             expect(rows.filter(has_text="SQLite for now.")).to_have_count(0)
             expect(page.locator("#history-retracted")).to_contain_text("No current decision")
 
@@ -275,7 +278,10 @@ def drive_actions(url: str, home: Path, session: dict[str, Any], gone: str, arti
             # Decision notices: one line per decision, not one per receiving session.
             page.get_by_role("button", name="Notices", exact=True).click()
             notices = page.locator("#messages li")
-            expect(notices.filter(has_text="Decision “release train” for everyone")).to_have_count(2)  # two revisions
+            folded = notices.filter(has_text="Decision “release train” for everyone")
+            expect(folded).to_have_count(2)  # one line per revision, each sent to both sessions
+            expect(folded.first.locator(".route")).to_have_text(f"cli → {told}")
+            expect(folded.first).to_contain_text("2 of 2 not read yet")
             expect(page.locator("#messages")).not_to_contain_text("hop 100")
             expect(notices.first).to_contain_text("waits until the session checks its messages")
 
@@ -320,9 +326,10 @@ async def test_owner_actions_in_headless_chromium(web_home: Path, facts: Facts) 
             url = await live.start(nursery)
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             count = message_count(web_home)
-            gone = next(n for n, p in facts.peers.items() if p["id"] != live.session["id"] and n != live.session["name"])
+            gone = next(n for n, p in facts.peers.items() if n not in live.names)
             problems = await trio.to_thread.run_sync(
-                partial(drive_actions, url, web_home, live.session, gone, ARTIFACTS), abandon_on_cancel=True
+                partial(drive_actions, url, web_home, live.session, ", ".join(live.names), gone, ARTIFACTS),
+                abandon_on_cancel=True,
             )
             assert message_count(web_home) > count
             await live.stop()
