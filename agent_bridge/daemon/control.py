@@ -343,6 +343,13 @@ def _already_up(home: Path, deadline: float) -> int:
                 return 0
         except (blocking.BrokerUnavailable, RemoteError, OSError):
             pass
+        if paths.lock_holder(home) is None:  # the one that was starting gave up: it is not up
+            try:
+                why = (home / paths.START_FAILURE).read_text(encoding="utf-8").strip()
+            except OSError:
+                why = f"see {paths.log_path(home)}"
+            print(f"agent-bridge up: the broker that was starting for {home} exited: {why}", file=sys.stderr)
+            return 1
         if time.monotonic() >= deadline:
             print(_already_running(home) + f"; it did not answer in {DETACH_TIMEOUT:.0f}s", file=sys.stderr)
             return 1
