@@ -30,10 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     from agent_bridge import __version__
 
     parser.add_argument("--version", action="version", version=f"agent-bridge {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # bare `agent-bridge`: the help (_main)
 
     up = sub.add_parser("up", help="run the broker (foreground unless --detach)")
-    up.add_argument("--detach", action="store_true", help="start in the background; return once it accepts connections")
+    up.add_argument("--detach", action="store_true",
+                    help="start in the background and return once it accepts connections; "
+                    "when one already runs, say so and exit 0")
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="stop the running broker")
@@ -98,7 +100,61 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--home", help="use this state folder (and its running broker) instead of a temporary one")
     demo.add_argument("--no-wait", action="store_true", help="exit at the end instead of waiting for Ctrl-C")
     demo.set_defaults(func=_demo)
+    _describe(sub)
     return parser
+
+
+# What each command does, said once more in its own `--help`, with one example.
+DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    "up": ("Run the broker that sessions connect to. In the foreground it runs until Ctrl-C or "
+           "`agent-bridge down`; with --detach it starts in the background and returns once it accepts "
+           "connections (exit 0 also when one already runs).", "agent-bridge up --detach"),
+    "down": ("Stop this state folder's running broker gracefully (connected sessions reconnect to the "
+             "next one); says so when none runs.", "agent-bridge down"),
+    "status": ("Say whether a broker runs for this state folder, and where it serves. Exit status 0 when "
+               "one runs, 3 when none does.", "agent-bridge status --json"),
+    "mcp": ("The stdio MCP server of one agent session. The agent host starts it (see `agent-bridge "
+            "install`); you do not run it yourself.", "claude mcp add agent-bridge -- agent-bridge mcp --agent claude"),
+    "hook": ("Hook commands the agent hosts run at session start and stop, with the event's JSON on "
+             "stdin (see `agent-bridge install`).", "agent-bridge hook session-start --agent codex < event.json"),
+    "dashboard": ("Print the dashboard's URL, which carries its access token. With no broker running it "
+                  "serves the dashboard itself, read-only, until Ctrl-C.", "agent-bridge dashboard --open"),
+    "decisions": ("List the pinned owner decisions, read straight from bridge.db (no broker needed).",
+                  "agent-bridge decisions db --history"),
+    "install": ("Register the MCP server and hooks in the hosts' own config files. Run it again at any "
+                "time: it changes nothing that is already right. Backups go to <home>/backups/.",
+                "agent-bridge install --claude --codex --dry-run"),
+    "uninstall": ("Remove exactly what install added; every other entry stays as it was.",
+                  "agent-bridge uninstall --claude --codex"),
+    "doctor": ("Check the state folder, the broker, the database and each host's registration, and say "
+               "what to fix.", "agent-bridge doctor"),
+    "decide": ("Record a pinned owner decision, as the decide tool does, with author `cli`; every connected "
+               "session in scope gets one notice, and sessions that start later see it in their start note.",
+               "agent-bridge decide db 'PostgreSQL 16, no ORM' --scope all"),
+    "send": ("Send a durable message to a session, as the send tool does, with sender `cli`; a session that "
+             "is not connected gets it when it connects.", "agent-bridge send claude-myproj 'please rebase on main'"),
+    "retract": ("Withdraw a topic's pinned decision: it stops being current, history keeps every revision, "
+                "and sessions in scope get one notice.", "agent-bridge retract db --reason 'decided too early'"),
+    "sessions": ("List every known session, connected or gone, with what waits for it (read-only; no broker "
+                 "needed).", "agent-bridge sessions"),
+    "forget": ("Forget sessions that are not connected, dropping what was queued to them. A name that several "
+               "gone sessions share is refused: give an id.", "agent-bridge forget --gone-for 7d"),
+    "demo": ("A guided run with simulated sessions, for trying the bridge without Claude Code or Codex.",
+             "agent-bridge demo"),
+}
+
+
+def _describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    import argparse
+    import textwrap
+
+    for name, command in sub.choices.items():
+        if name not in DESCRIPTIONS:
+            continue
+        text, example = DESCRIPTIONS[name]
+        command.description = textwrap.fill(text, 78)
+        command.epilog = f"example:\n  {example}"
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,17 +164,20 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dcd.add_argument("text", help="the decision, at most 4000 characters")
     dcd.add_argument("--scope", help='"all", or JSON: {"project": "/abs/dir"} or {"sessions": ["name", ...]} '
                      "(default: the current folder as a project)")
-    dcd.set_defaults(func=lambda ns: _commands().decide(ns.topic, ns.text, ns.scope))
+    dcd.add_argument("--json", action="store_true", help="print the decide tool's JSON result")
+    dcd.set_defaults(func=lambda ns: _commands().decide(ns.topic, ns.text, ns.scope, ns.json))
 
     snd = sub.add_parser("send", help="send a durable message to a session (sender: cli), as the send tool does")
     snd.add_argument("to", help="the session's name, id or host session id (see `agent-bridge sessions`)")
     snd.add_argument("text", help="the message")
-    snd.set_defaults(func=lambda ns: _commands().send(ns.to, ns.text))
+    snd.add_argument("--json", action="store_true", help="print the send tool's JSON result")
+    snd.set_defaults(func=lambda ns: _commands().send(ns.to, ns.text, ns.json))
 
     ret = sub.add_parser("retract", help="withdraw a topic's pinned decision (history keeps every revision)")
     ret.add_argument("topic", help="the decision's topic")
     ret.add_argument("--reason", help="why, shown in history and in the notice sessions get")
-    ret.set_defaults(func=lambda ns: _commands().retract(ns.topic, ns.reason))
+    ret.add_argument("--json", action="store_true", help="print the retraction and who was told, as JSON")
+    ret.set_defaults(func=lambda ns: _commands().retract(ns.topic, ns.reason, ns.json))
 
     ses = sub.add_parser("sessions", help="every known session, connected or gone (read-only; works with the broker down)")
     ses.add_argument("--json", action="store_true", help="print JSON")
@@ -177,10 +236,11 @@ def _mcp(ns: argparse.Namespace) -> int:
 
 # Commands that use the state folder named by AGENT_BRIDGE_HOME (or the default): each refuses a
 # folder another user owns before touching anything in it (paths.check_home). `demo` checks the
-# folder it is given itself; `doctor` reports such a folder and reads nothing in it; `install` does
-# not use the folder as state.
+# folder it is given itself; `doctor` reports such a folder and reads nothing in it; `install` and
+# `uninstall` keep their backups and record there.
 HOME_COMMANDS = frozenset({
     "up", "down", "status", "mcp", "hook", "dashboard", "decisions", "decide", "send", "retract", "sessions", "forget",
+    "install", "uninstall",
 })
 
 
@@ -295,6 +355,9 @@ def _main(args: list[str]) -> int:
         return fast
     parser = build_parser()
     ns = parser.parse_args(args)
+    if ns.command is None:  # bare `agent-bridge`: what it can do, not an error
+        parser.print_help()
+        return 0
     if ns.command in HOME_COMMANDS and ns.command != "hook":  # `_hook` checks for itself (fast path)
         refused = _refuse_foreign_home(ns.command)
         if refused is not None:

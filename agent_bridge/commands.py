@@ -5,8 +5,11 @@ writer), starting one when none runs, as an MCP server does: the command then be
 the MCP tools (same rules, limits, errors, fan-out and notices). `sessions` only reads, so it
 reads bridge.db directly and works with the broker down.
 
-Results go to stdout as JSON (exit 0); a refusal is one line on stderr and a non-zero exit.
-Standard library and the blocking client only: no Trio, no MCP.
+Results go to stdout as one or two lines for people, or with `--json` as the tool's JSON
+(exit 0); a refusal is one line on stderr and a non-zero exit: 2 for a bad argument (what the
+broker refuses as bad input), 1 for anything else. Text that came from agents goes through
+display.visible before it reaches a terminal. Standard library and the blocking client only:
+no Trio, no MCP.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_bridge import paths
+from agent_bridge.display import age, names, scope_words, visible, when
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
 
@@ -31,13 +35,20 @@ UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_80
 DURATION_MAX_MS = 36_500 * UNIT_MS["d"]
 
 
+BAD_ARGUMENTS = 2  # the exit code for bad arguments, everywhere (argparse's own)
+
+
 class CommandError(Exception):
-    """A refusal, said in one line."""
+    """A refusal, said in one line; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def _fail(command: str, message: str) -> int:
-    print(f"agent-bridge {command}: {message}", file=sys.stderr)
-    return 1
+def _fail(command: str, message: str, code: int = 1) -> int:
+    print(f"agent-bridge {command}: {visible(message)}", file=sys.stderr)
+    return code
 
 
 def _print_json(value: Any) -> None:
@@ -64,23 +75,25 @@ def ensure_broker(home: Path) -> None:
     print(f"agent-bridge: started a broker for {home} (stop it with `agent-bridge down`)", file=sys.stderr)
 
 
-def broker_call(op: str, **args: Any) -> Any:
+def broker_call(op: str, home: Path | None = None, **args: Any) -> Any:
+    """`op` done by the broker of `home` (default: this environment's), as the command line
+    does it: a broker is started when none runs. The dashboard's owner actions come here too."""
     from agent_bridge.ipc.protocol import unstorable_text
 
     where = unstorable_text(args)
     if where is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates
-        raise CommandError(f"{where}: not valid text (is it UTF-8?); nothing was sent")
-    home = paths.ensure_home(paths.home())
+        raise CommandError(f"{where}: not valid text (is it UTF-8?); nothing was sent", BAD_ARGUMENTS)
+    home = paths.ensure_home(home or paths.home())
     ensure_broker(home)
     try:
         return blocking.call(home, op, timeout=CALL_TIMEOUT, **args)
     except RemoteError as exc:
-        raise CommandError(exc.message) from None
+        raise CommandError(exc.message, BAD_ARGUMENTS if exc.code == "bad_request" else 1) from None
     except blocking.BrokerUnavailable as exc:
         raise CommandError(f"the broker did not answer: {exc}") from None
 
 
-def decide(topic: str, text: str, scope: str | None) -> int:
+def decide(topic: str, text: str, scope: str | None, as_json: bool = False) -> int:
     args: dict[str, Any] = {"topic": topic, "text": text, "project": os.path.abspath(os.getcwd())}
     if scope is not None:
         from agent_bridge import domain
@@ -91,29 +104,110 @@ def decide(topic: str, text: str, scope: str | None) -> int:
             _fail("decide", str(exc))
             return 2
         args["scope"] = scope  # a string: "all" or JSON, parsed by the broker's rules
-    return _run("decide", args)
+    try:
+        result = _call("decide", args)
+    except CommandError as exc:
+        return _fail("decide", str(exc), exc.code)
+    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
+    if unmatched:
+        print(f"agent-bridge decide: no known session is addressed by {names(unmatched)}; "
+              "recorded for the scope as given", file=sys.stderr)
+    if as_json:
+        _print_json(result)
+    else:
+        print(decided_summary(result, _superseded(result["decision"].get("supersedes"))))
+    return 0
 
 
-def send(to: str, text: str) -> int:
-    return _run("send", {"to": to, "text": text})
+def send(to: str, text: str, as_json: bool = False) -> int:
+    try:
+        result = _call("send", {"to": to, "text": text})
+    except CommandError as exc:
+        return _fail("send", str(exc), exc.code)
+    if as_json:
+        _print_json(result)
+    else:
+        print(sent_summary(result))
+    return 0
 
 
-def retract(topic: str, reason: str | None) -> int:
+def retract(topic: str, reason: str | None, as_json: bool = False) -> int:
     args: dict[str, Any] = {"topic": topic}
     if reason is not None:
         args["reason"] = reason
-    return _run("retract", args)
-
-
-def _run(op: str, args: dict[str, Any]) -> int:
     try:
-        result = broker_call(op, **args)
+        result = _call("retract", args)
     except CommandError as exc:
-        return _fail(op, str(exc))
-    except OSError as exc:
-        return _fail(op, f"{type(exc).__name__}: {exc}")
-    _print_json(result)
+        return _fail("retract", str(exc), exc.code)
+    if as_json:
+        _print_json(result)
+    else:
+        print(retracted_summary(result))
     return 0
+
+
+def _call(op: str, args: dict[str, Any]) -> Any:
+    try:
+        return broker_call(op, **args)
+    except OSError as exc:
+        raise CommandError(f"{type(exc).__name__}: {exc}") from None
+
+
+# --- the summaries people read (the dashboard shows the same results itself) -----------
+
+
+def _told(notified: list[str], *, later: str) -> str:
+    if notified:
+        return f"told {names(notified)}"
+    return f"no session in scope is connected; {later}"
+
+
+def decided_summary(result: dict[str, Any], replaced: dict[str, Any] | None = None) -> str:
+    """`Recorded db for project /w/app (supersedes "MySQL" by claude-app); told claude-app, codex-app.`"""
+    d = result["decision"]
+    supersedes = ""
+    if replaced is not None:
+        supersedes = f" (supersedes {_quoted(replaced['text'])} by {visible(replaced['author']['name'])})"
+    elif d.get("supersedes"):
+        supersedes = f" (supersedes revision {visible(d['supersedes'])})"
+    told = _told(result.get("deliveredTo") or [], later="sessions that start later see it in their start note")
+    return f"Recorded {visible(d['topic'])} for {scope_words(d['scope'])}{supersedes}; {told}."
+
+
+def sent_summary(result: dict[str, Any]) -> str:
+    m = result["message"]
+    to = visible((m.get("to") or {}).get("name") or "?")
+    if result.get("recipientConnected"):
+        return f"Sent to {to} (connected); message {m['id']}."
+    seen = result.get("recipientLastSeen")
+    gone = f"last seen {when(seen)}" if seen else "never seen connected"
+    return f"Queued for {to} (not connected, {gone}); it gets it when it connects. Message {m['id']}."
+
+
+def retracted_summary(result: dict[str, Any]) -> str:
+    r = result["retraction"]
+    reason = f" ({visible(r['reason'])})" if r.get("reason") else ""
+    told = _told(result.get("notified") or [], later="sessions that start later no longer see it")
+    return f"Retracted {visible(r['topic'])}{reason}; {told}."
+
+
+def _quoted(text: str, limit: int = 60) -> str:
+    one = " ".join(text.split())
+    return "\u201c" + visible(one if len(one) <= limit else one[: limit - 1] + "…") + "\u201d"
+
+
+def _superseded(decision_id: str | None) -> dict[str, Any] | None:
+    """The revision a new one replaced, read from bridge.db (None when it cannot be read)."""
+    if not decision_id:
+        return None
+    from agent_bridge.store import queries, reader
+
+    try:
+        with reader.reading(paths.db_path(paths.home())) as conn:
+            found = None if conn is None else queries.decision_by_id(conn, decision_id)
+    except Exception:  # noqa: BLE001 - only a nicer summary is lost; the decision is recorded
+        return None
+    return None if found is None else found.to_json()
 
 
 # --- sessions and forget -------------------------------------------------------------
@@ -123,10 +217,12 @@ def parse_duration(text: str) -> int:
     """`90s`, `30m`, `12h`, `7d`, `2w` -> milliseconds."""
     match = DURATION.match(text)
     if not match:
-        raise CommandError(f"--gone-for: expected a number and a unit s, m, h, d or w (e.g. 7d), got {text!r}")
+        raise CommandError(f"--gone-for: expected a number and a unit s, m, h, d or w (e.g. 7d), got {text!r}",
+                           BAD_ARGUMENTS)
     ms = float(match.group(1)) * UNIT_MS[match.group(2)]
     if not ms <= DURATION_MAX_MS:  # (also inf, from a number too long for a float)
-        raise CommandError(f"--gone-for: at most {DURATION_MAX_MS // UNIT_MS['d']}d (100 years), got {text!r}")
+        raise CommandError(f"--gone-for: at most {DURATION_MAX_MS // UNIT_MS['d']}d (100 years), got {text!r}",
+                           BAD_ARGUMENTS)
     return int(ms)
 
 
@@ -168,27 +264,22 @@ def sessions(as_json: bool) -> int:
         return 0
     now = time.time_ns() // 1_000_000
     for s in found:
-        state = "connected" if s["connected"] else f"gone, last seen {_age(now - int(s['lastSeen'] or 0))} ago"
+        state = "connected" if s["connected"] else f"gone, last seen {age(now - int(s['lastSeen'] or 0))} ago"
         waiting = f", {s['unacknowledged']} unacknowledged" if s["unacknowledged"] else ""
-        print(f"{s['name']:<24} {s['agent']:<8} {s['kind']:<11} {state}{waiting}")
-        print(f"    {s['project']}  id {s['id']}" + (f"  host {s['hostSessionId']}" if s["hostSessionId"] else ""))
+        print(f"{visible(s['name']):<24} {visible(s['agent']):<8} {s['kind']:<11} {state}{waiting}")
+        host = f"  host {visible(s['hostSessionId'])}" if s["hostSessionId"] else ""
+        print(f"    {visible(s['project'])}  id {visible(s['id'])}{host}")
     return 0
 
 
 def forget(addresses: list[str], gone_for: str | None, as_json: bool) -> int:
     if bool(addresses) == (gone_for is not None):
-        return _fail("forget", "give session names/ids, or --gone-for DURATION (not both)")
+        return _fail("forget", "give session names/ids, or --gone-for DURATION (not both)", BAD_ARGUMENTS)
     try:
         args: dict[str, Any] = {"sessions": addresses} if addresses else {"goneForMs": parse_duration(gone_for or "")}
-    except CommandError as exc:  # a bad argument: exit 2, as everywhere (SPEC §2)
-        _fail("forget", str(exc))
-        return 2
-    try:
-        result = broker_call("forget", **args)
+        result = _call("forget", args)
     except CommandError as exc:
-        return _fail("forget", str(exc))
-    except OSError as exc:
-        return _fail("forget", f"{type(exc).__name__}: {exc}")
+        return _fail("forget", str(exc), exc.code)
     if as_json:
         _print_json(result)
         return 0
@@ -197,17 +288,11 @@ def forget(addresses: list[str], gone_for: str | None, as_json: bool) -> int:
         print("Nothing to forget.")
     for item in forgotten:
         s, dropped = item["session"], item["dropped"]
-        print(f"Forgot {s['name']} ({s['id']}); {len(dropped)} queued message(s) dropped" + (":" if dropped else "."))
+        print(f"Forgot {visible(s['name'])} ({visible(s['id'])}); {len(dropped)} queued message(s) dropped"
+              + (":" if dropped else "."))
         for m in dropped:
             sender = (m.get("from") or {}).get("name") or "?"
             text = " ".join(str(m.get("text", "")).split())
-            print(f"    [{m.get('kind')}] from {sender}: {text[:120] + ('…' if len(text) > 120 else '')}")
+            text = text[:120] + ("…" if len(text) > 120 else "")
+            print(f"    [{visible(m.get('kind'))}] from {visible(sender)}: {visible(text)}")
     return 0
-
-
-def _age(ms: int) -> str:
-    seconds = max(ms, 0) // 1000
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"

@@ -161,6 +161,8 @@ def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
         status = exc.code  # 403 without the cookie: it answers, which is what we check
     except (urllib.error.URLError, OSError) as exc:
         return Check("dashboard", FAIL, f"{base} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach")
+    if status == 403:  # what a browser without the login cookie gets: the server is fine
+        return Check("dashboard", OK, f"{base} answers; it opens with its tokenized URL: agent-bridge dashboard --open")
     return Check("dashboard", OK, f"{base} answers (HTTP {status}); open it with: agent-bridge dashboard --open")
 
 
@@ -346,15 +348,23 @@ def server_check(
         return Check(name, FAIL, "; ".join(errors), "fix the file by hand, then: " + fix)
     if not entries:
         return Check(name, FAIL, f'no "{SERVER}" MCP server registered', fix)
-    where, entry = entries[0]
+    for where, entry in entries:  # every registration the host may start, not only the first found
+        problem = _server_problem(entry, home, env_required=env_required)
+        if problem:
+            return Check(name, FAIL, f"{where}: {problem}", fix)
+    return Check(name, OK, f"registered in {', '.join(where for where, _ in entries)}")
+
+
+def _server_problem(entry: Any, home: Path, *, env_required: bool) -> str | None:
+    """Why the host could not start this MCP server entry for this home, or None."""
     if not isinstance(entry, dict):
-        return Check(name, FAIL, f'{where}: the "{SERVER}" entry is not an object/table', fix)
+        return f'the "{SERVER}" entry is not an object/table'
     args = entry.get("args") or []
     if not isinstance(args, list) or "mcp" not in args:
-        return Check(name, FAIL, f"{where}: it does not run `agent-bridge mcp` (args {args!r})", fix)
+        return f"it does not run `agent-bridge mcp` (args {args!r})"
     problem = _program_problem(entry.get("command"))
     if problem:
-        return Check(name, FAIL, f"{where}: {problem}", fix)
+        return problem
     raw_env = entry.get("env")
     env = raw_env if isinstance(raw_env, dict) else {}
     registered = env.get("AGENT_BRIDGE_HOME")
@@ -362,9 +372,7 @@ def server_check(
     if problem is None and env_required and registered is None and install.bridge_env():
         # Codex starts MCP servers with a cleared environment: without `env` it uses the default home.
         problem = f"the MCP server gets no AGENT_BRIDGE_HOME (Codex clears the environment), but this home is {home}"
-    if problem:
-        return Check(name, FAIL, f"{where}: {problem}", fix)
-    return Check(name, OK, f"registered in {where}")
+    return problem
 
 
 def run_checks(home: Path, cwd: Path) -> list[Check]:
@@ -387,6 +395,12 @@ def run_checks(home: Path, cwd: Path) -> list[Check]:
     return checks
 
 
+def nothing_connected(checks: list[Check]) -> bool:
+    """No host is set up to use the bridge: every host check was skipped (no host folder)."""
+    titles = tuple(h.title for h in hosts.ALL)
+    return all(c.status == SKIP for c in checks if c.name.startswith(titles))
+
+
 def main() -> int:
     home = paths.home()
     checks = run_checks(home, Path.cwd())
@@ -407,6 +421,10 @@ def main() -> int:
     if warned:  # the hosts may not use the setup as it stands: say so, never "all passed"
         print(f"No check failed; {len(warned)} warning{'s' if len(warned) != 1 else ''}: "
               f"{', '.join(c.name for c in warned)}.")
+        return 0
+    if nothing_connected(checks):  # the bridge works, but no session will ever use it
+        print("No check failed, but nothing is connected yet: neither Claude Code nor Codex is set up to use "
+              "agent-bridge.\nConnect them: agent-bridge install --claude (and/or --codex), then start a session.")
         return 0
     print("All checks passed.")
     return 0

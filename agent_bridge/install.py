@@ -14,11 +14,18 @@ Uninstall removes what install adds: our server entry, our hook handlers (found 
 command line), any host setting install switched on, and containers left empty by that; a file left holding nothing is deleted (after its backup).
 
 Editing rules: a file that does not parse is refused (clear error, nothing written, also not the
-other files). JSON files are rewritten from their parsed form (JSON has no comments) in their
-own indentation; only our keys change. TOML files are edited as text (agent_bridge.tomledit):
-tables are appended or removed, keys inserted, replaced or removed in place, so comments and
-layout stay; the result must parse to exactly the expected document, else the edit is refused.
-Every changed file is backed up to `<file>.agent-bridge-backup-<timestamp>` first.
+other files). JSON files are edited in place (agent_bridge.jsonedit): only the values that change
+are written, in the file's own layout, and everything else stays byte for byte. TOML files are
+edited as text (agent_bridge.tomledit): tables are appended or removed, keys inserted, replaced
+or removed in place, so comments and layout stay. Either way the result must parse to exactly
+the expected document, else the edit is refused.
+
+Leaving no trace: `install` then `uninstall` gives every file back byte for byte when nothing else
+touched it. A container that was there empty before install (`"mcpServers": {}`, a file holding
+`{}`) is one uninstall would otherwise drop as "emptied": install notes such containers in
+`<home>/install-record.json`, and uninstall puts them back. Every changed file that existed is
+backed up first, into `<home>/backups/<time>/<its absolute path>` (printed), never beside the
+file (project files would show up in `git status`); a file install created needs no backup.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import hostconfig, hosts, paths
+from agent_bridge import hostconfig, hosts, jsonedit, paths
 from agent_bridge.tomledit import TomlText
 
 SERVER_NAME = "agent-bridge"
@@ -56,6 +63,11 @@ PROMPT = ("UserPromptSubmit", "user-prompt-submit")  # marks a turn's start for 
 ALL_HOOKS = (*EVENTS, WAKE, PROMPT)
 
 
+JsonPath = tuple[str, ...]  # keys from the document's root to a value
+RECORD = "install-record.json"  # in the state folder: the empty containers install filled, per file
+BACKUPS = "backups"  # in the state folder: one folder per install or uninstall run that changed a file
+
+
 class InstallError(Exception):
     """A file we must not or cannot edit. Nothing is written."""
 
@@ -67,6 +79,8 @@ class FileEdit:
     after: str | None  # None: the file is to be deleted
     notes: list[str] = field(default_factory=list)
     private: bool = True  # a new file gets 0600 (user scope) or 0644 (project files, shared)
+    was_empty: list[JsonPath] = field(default_factory=list)  # containers install filled (see the module's docstring)
+    exact: bool = False  # `before`/`after` keep the file's own line ends (JSON edited in place)
 
     @property
     def changed(self) -> bool:
@@ -152,16 +166,118 @@ def dump_json_like(data: dict[str, Any], original: str | None) -> str:
     return json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
 
 
+def _read_exact(path: Path) -> str | None:
+    """The file's text with its own line ends (CRLF stays CRLF), or None when it does not exist."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InstallError(f"cannot read {path}: {exc}; {NOTHING_CHANGED}") from None
+
+
 def edit_json(path: Path, mutate: Callable[[dict[str, Any], list[str]], None], *, private: bool) -> FileEdit:
-    before, data = _load(hostconfig.parse_json_object, path)
+    before = _read_exact(path)
+    try:
+        data = hostconfig.parse_json_object(path, before)
+    except hostconfig.ConfigError as exc:
+        raise InstallError(f"{exc}; {NOTHING_CHANGED}") from None
     updated = copy.deepcopy(data)
     notes: list[str] = []
     mutate(updated, notes)
+    restored = _restore_empty(path, data, updated)
     if updated == data:
-        return FileEdit(path, before, before, [], private)
-    if not updated and before is not None:
-        return FileEdit(path, before, None, [*notes, "deleted the file (nothing else was in it)"], private)
-    return FileEdit(path, before, dump_json_like(updated, before), notes, private)
+        return FileEdit(path, before, before, [], private, exact=True)
+    if not updated and before is not None and not restored:
+        return FileEdit(path, before, None, [*notes, "deleted the file (nothing else was in it)"], private, exact=True)
+    filled = filled_empty(data, updated) if before is not None and before.strip() else []  # a new file: none
+    return FileEdit(path, before, json_text(path, before, data, updated), notes, private, filled, exact=True)
+
+
+def json_text(path: Path, before: str | None, data: dict[str, Any], updated: dict[str, Any]) -> str:
+    """The file's new text: `before` edited in place, or for a new (or blank) file, indented JSON."""
+    if before is None or not before.strip():
+        return dump_json_like(updated, before)
+    try:
+        after = jsonedit.rewrite(before, data, updated)
+        if json.loads(after) == updated:
+            return after
+    except (jsonedit.EditError, ValueError, RecursionError):
+        pass
+    return dump_json_like(updated, before)  # a layout the in-place editor cannot follow: the old way
+
+
+def filled_empty(data: Any, updated: Any, at: JsonPath = ()) -> list[JsonPath]:
+    """The paths of the objects and lists that were empty in `data` and hold something in `updated`."""
+    if isinstance(data, dict) and isinstance(updated, dict):
+        if not data and updated:
+            return [at]
+        return [p for k, v in data.items() if k in updated for p in filled_empty(v, updated[k], (*at, k))]
+    if isinstance(data, list) and isinstance(updated, list) and not data and updated:
+        return [at]
+    return []
+
+
+def _restore_empty(path: Path, data: dict[str, Any], updated: dict[str, Any]) -> bool:
+    """Put back the containers install found empty (install-record.json) that removing our entries
+    dropped as emptied; True when the file itself was one (it is kept, holding `{}`)."""
+    restored = False
+    for at in sorted(read_record().get(str(path), []), key=len):
+        if not at:
+            restored = not updated  # the file was `{}`: it stays so
+            continue
+        old = _get(data, at)
+        if not isinstance(old, (dict, list)) or _get(updated, at) is not None:
+            continue  # gone before uninstall, or still there (holding something else)
+        parent = updated
+        for key in at[:-1]:
+            if not isinstance(parent.get(key), dict):
+                parent[key] = {}
+            parent = parent[key]
+        parent[at[-1]] = type(old)()
+    return restored
+
+
+def _get(doc: Any, at: JsonPath) -> Any:
+    for key in at:
+        if not isinstance(doc, dict) or key not in doc:
+            return None
+        doc = doc[key]
+    return doc
+
+
+def record_path() -> Path:
+    return paths.home() / RECORD
+
+
+def read_record() -> dict[str, list[JsonPath]]:
+    """File path -> the containers install found empty and filled (missing or unreadable: none)."""
+    try:
+        raw = json.loads(record_path().read_text(encoding="utf-8"))
+        return {str(f): [tuple(p) for p in ps if isinstance(p, list) and all(isinstance(k, str) for k in p)]
+                for f, ps in raw.get("files", {}).items() if isinstance(ps, list)}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def write_record(command: str, edits: list[FileEdit]) -> None:
+    """After the edits are written: install adds what it filled; uninstall forgets its files."""
+    record = read_record()
+    for edit in edits:
+        if not edit.changed:
+            continue
+        key = str(edit.path)
+        if command == "uninstall":
+            record.pop(key, None)
+        elif edit.was_empty:
+            record[key] = sorted(set(record.get(key, [])) | set(edit.was_empty))
+    try:
+        home = paths.ensure_home(paths.home())
+        paths.write_private(home / RECORD, json.dumps({"files": {f: [list(p) for p in ps] for f, ps in record.items()}},
+                                                      ensure_ascii=False, indent=2) + "\n")
+    except OSError as exc:
+        print(f"agent-bridge {command}: warning: cannot write {record_path()}: {exc}", file=sys.stderr)
 
 
 def _object_at(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
@@ -339,18 +455,32 @@ def removal_plan(chosen: list[hosts.Host], scope: str, cwd: Path | None = None) 
     return [edit for host in chosen for edit in host.uninstall_edits(scope, root, private=private)]
 
 
-def backup_path(path: Path) -> Path:
+def backup_folder() -> Path:
+    """`<home>/backups/<time>`: this run's backups, one folder (0700) per run."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime())
-    return paths.free_path(path.parent, f"{path.name}.agent-bridge-backup-{stamp}")
+    root = paths.ensure_home(paths.home()) / BACKUPS
+    root.mkdir(mode=0o700, exist_ok=True)
+    folder = paths.free_path(root, stamp)
+    folder.mkdir(mode=0o700)
+    return folder
 
 
-def apply(edit: FileEdit) -> Path | None:
-    """Write (or delete) one file atomically, after backing the old one up. Returns the backup's path."""
+def backup_path(folder: Path, path: Path) -> Path:
+    """Where `path` is kept in `folder`: under its absolute path, so the same name in two places
+    cannot collide (`backups/<time>/home/me/.claude.json`)."""
+    absolute = path.absolute()
+    return folder.joinpath(*absolute.parts[1:]) if absolute.anchor else folder / absolute.name
+
+
+def apply(edit: FileEdit, backups: Callable[[], Path]) -> Path | None:
+    """Write (or delete) one file atomically, after backing the old one up into `backups()`.
+    Returns the backup's path."""
     backup = None
     mode = 0o600 if edit.private else 0o644
     if edit.path.exists():
         mode = edit.path.stat().st_mode & 0o7777
-        backup = backup_path(edit.path)
+        backup = backup_path(backups(), edit.path)
+        backup.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copy2(edit.path, backup)
     if edit.after is None:
         edit.path.unlink(missing_ok=True)
@@ -359,7 +489,7 @@ def apply(edit: FileEdit) -> Path | None:
     tmp = edit.path.with_name(f".{edit.path.name}.agent-bridge-{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="" if edit.exact else None) as f:
             f.write(edit.after)
             f.flush()
             os.fsync(f.fileno())
@@ -380,14 +510,24 @@ def unified_diff(edit: FileEdit) -> str:
 
 
 def _write_all(command: str, edits: list[FileEdit]) -> int:
+    folder: list[Path] = []
+
+    def backups() -> Path:  # made when the first file is backed up
+        if not folder:
+            folder.append(backup_folder())
+        return folder[0]
+
     for edit in [e for e in edits if e.changed]:
         try:
-            backup = apply(edit)
+            backup = apply(edit, backups)
         except OSError as exc:
             print(f"agent-bridge {command}: cannot write {edit.path}: {exc}", file=sys.stderr)
             return 1
-        saved = f" (backup: {backup})" if backup else " (new file)"
+        saved = "" if backup else " (new file)"
         print(f"  {edit.path}: {'; '.join(edit.notes)}{saved}")
+    write_record(command, edits)
+    if folder:
+        print(f"  backups of the files as they were: {folder[0]}")
     for edit in edits:
         if not edit.changed:
             print(f"  {edit.path}: {'already up to date' if command == 'install' else 'nothing of ours'}")
@@ -414,7 +554,7 @@ def main(ns: argparse.Namespace) -> int:
     except InstallError as exc:
         print(f"agent-bridge install: refused: {exc}", file=sys.stderr)
         return 1
-    for warning in scope_warnings(ns.scope, env):
+    for warning in [*scope_warnings(ns.scope, env), *other_scope_warnings(chosen, ns.scope)]:
         print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
     done = _carry_out("install", edits, ns.dry_run, titles, f"{titles}, running {shlex.join(run)}",
                       nothing=f"{titles} already set up with {shlex.join(run)}")
@@ -454,6 +594,21 @@ def scope_warnings(scope: str, env: dict[str, str]) -> list[str]:
         found.append(f"`{PATH_COMMAND}` is not on PATH here; the project files name it, so the hosts will not "
                      "find it until it is (install it with pipx, or activate its virtualenv before starting them)")
     return found
+
+
+def other_scope_warnings(chosen: list[hosts.Host], scope: str) -> list[str]:
+    """A host already set up at the other scope would start two bridge servers in every session
+    of this project (and run each hook twice): say so now, before `doctor` has to."""
+    other = "project" if scope == "user" else "user"
+    try:
+        found = [e for e in removal_plan(chosen, other) if e.changed]
+    except InstallError:
+        return []  # a file that does not parse there: doctor says so
+    if not found:
+        return []
+    files = ", ".join(str(e.path) for e in found)
+    return [f"agent-bridge is also installed at {other} scope ({files}); sessions here would start it twice. "
+            f"Keep one: `agent-bridge uninstall --scope {other}`"]
 
 
 def uninstall_main(ns: argparse.Namespace) -> int:

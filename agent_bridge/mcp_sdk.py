@@ -75,12 +75,14 @@ def on_cancelled(server: MCPServer, handler: Callable[[types.RequestId], Any]) -
     lowlevel(server).add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, cancelled)
 
 
-def check_tool_calls(server: MCPServer, problem: Callable[[str, Any, Any], str | None]) -> None:
+def check_tool_calls(server: MCPServer, problem: Callable[[str, Any, Any], str | None],
+                     drop_nulls: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> None:
     """Look at every `tools/call` before the SDK validates it: an unknown tool is a JSON-RPC
     error (-32602, invalid params, as the MCP specification says); `problem(name, schema,
     arguments)` (the tool's advertised input schema and the raw arguments) naming a problem
     makes the call a tool error with that text. The SDK's own validation is lax (pydantic
-    turns "yes" into true and "0" into 0, and drops arguments it does not know)."""
+    turns "yes" into true and "0" into 0, and drops arguments it does not know). Before both,
+    `drop_nulls(schema, arguments)` takes out what counts as absent."""
 
     async def check(ctx: ServerRequestContext[Any, Any], call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         params = ctx.params
@@ -89,7 +91,10 @@ def check_tool_calls(server: MCPServer, problem: Callable[[str, Any, Any], str |
             schemas = {tool.name: tool.parameters for tool in tool_schemas(server)}
             if not isinstance(name, str) or name not in schemas:
                 raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name!r}")
-            text = problem(name, schemas[name], params.get("arguments"))
+            arguments = params.get("arguments")
+            if isinstance(arguments, dict) and isinstance(params, dict):  # optional nulls count as absent (SPEC §5)
+                params["arguments"] = arguments = drop_nulls(schemas[name], arguments)
+            text = problem(name, schemas[name], arguments)
             if text is not None:  # worded as every other tool error (the SDK's ToolError form)
                 text = f"Error executing tool {name}: {text}"
                 return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 import apsw
 
 from agent_bridge import domain, paths
+from agent_bridge.display import scope_words, visible, when
+from agent_bridge.rows import Decision, Retraction
 from agent_bridge.store import queries, reader
 from agent_bridge.store.schema import SchemaError
 
@@ -37,23 +39,34 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
     if not found:
         print("No decisions." if not (needle or lookup) else "No matching decisions.")
         return 0
-    retracted = {r.retracts: r for r in retractions}  # newest first: each just above what it withdrew
+    if history:
+        _print_history(found, retractions)
+        return 0
     for d in found:
-        r = retracted.get(d.id)
-        if r is not None:
-            reason = f": {r.reason}" if r.reason else ""
-            print(f"{r.topic} (retracted {_when(r.created_at)} by {r.author.name}){reason}")
-        scope_text = "all" if d.scope == "all" else json.dumps(d.scope, ensure_ascii=False)
-        mark = "" if d.current else " (retracted)" if r is not None else " (superseded)"
-        print(f"{d.topic}{mark}  [{scope_text}]  by {d.author.name}  {_when(d.created_at)}")
-        print(f"    {d.text}")
+        print(f"{visible(d.topic)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  {when(d.created_at)}")
+        print(f"    {visible(d.text)}")
     return 0
 
 
-def _when(epoch_ms: int) -> str:
-    import time
-
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms / 1000))
+def _print_history(found: list[Decision], retractions: list[Retraction]) -> None:
+    """Each topic once (the topic with the newest revision first), its revisions under it, newest
+    first, with each retraction just above the revision it withdrew."""
+    topics: dict[str, list[Decision]] = {}
+    for d in found:  # newest first, so a topic's first revision seen is its newest
+        topics.setdefault(d.topic, []).append(d)
+    retracted = {r.retracts: r for r in retractions}
+    for topic, revisions in topics.items():
+        state = "current" if revisions[0].current else "no current decision"
+        count = f"{len(revisions)} revision{'s' if len(revisions) != 1 else ''}"
+        print(f"{visible(topic)}  ({state}; {count})")
+        for d in revisions:
+            r = retracted.get(d.id)
+            if r is not None:
+                reason = f": {visible(r.reason)}" if r.reason else ""
+                print(f"  retracted {when(r.created_at)} by {visible(r.author.name)}{reason}")
+            mark = "current" if d.current else "retracted" if r is not None else "superseded"
+            print(f"  {when(d.created_at)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  ({mark})")
+            print(f"      {visible(d.text)}")
 
 
 def _cannot_read(db: Path, exc: BaseException) -> int:

@@ -359,7 +359,8 @@ def test_real_claude_runs_hooks_of_both_scopes(tmp_path, user_home, workdir):
 def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tmp_path, user_home, workdir):
     """The trust check stands for what `codex exec` does: an untrusted hook is skipped without a
     word, a trusted one runs (seen here as the SessionStart hook's report appearing in the state
-    folder; the MCP server is switched off for these runs so that only the hook can create it)."""
+    folder, beside what install keeps there; the MCP server is switched off for these runs so that
+    only the hook can write there)."""
     codex = host_program("codex")
     bridge = tmp_path / "bridge"
     env = with_path(plain_env(user_home, bridge), codex.parent)
@@ -370,6 +371,7 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
         '[model_providers.fake]\nname = "fake"\nbase_url = "http://127.0.0.1:9/v1"\nwire_api = "responses"\n'
         'env_key = "FAKE_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
         "request_max_retries = 0\nstream_max_retries = 0\n\n" + config.read_text())
+    installed = set(os.listdir(bridge)) if bridge.exists() else set()  # install's backups and record
 
     def session_start_ran() -> bool:
         proc = subprocess.Popen(
@@ -387,7 +389,7 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
         finally:
             os.killpg(proc.pid, 9)
             proc.wait()
-        return bridge.exists()
+        return bridge.exists() and bool(set(os.listdir(bridge)) - installed)
 
     result = run(env, workdir, "doctor")
     assert statuses(result.stdout)["Codex hooks trust"] == "FAIL", result.stdout
@@ -439,3 +441,32 @@ def test_reach_with_the_real_claude_code(tmp_path, user_home, workdir):
     assert run(env, workdir, "install", "--claude").returncode == 0
     line = reach_line(run(env, workdir, "doctor").stdout, "Claude Code")
     assert "2 at Stop: additionalContext, no error label (Claude Code 2.1.332)" in line, line
+
+
+@pytest.mark.slow
+def test_nothing_connected_is_said_not_all_checks_passed(broker, env, tmp_path, workdir):
+    bare = tmp_path / "bare-user"  # neither ~/.claude nor ~/.codex
+    bare.mkdir()
+    result = run(with_user(env, bare), workdir, "doctor")
+    assert result.returncode == 0, result.stdout
+    found = statuses(result.stdout)
+    assert found["Claude Code"] == "skip" and found["Codex"] == "skip" and found["broker"] == "ok"
+    assert "All checks passed" not in result.stdout
+    assert "nothing is connected yet" in result.stdout and "agent-bridge install --claude" in result.stdout
+    # the dashboard answers 403 to a request without its cookie: it works, and opens with its URL
+    line = next(ln for ln in result.stdout.splitlines() if "dashboard" in ln and "answers" in ln)
+    assert "HTTP 403" not in line and "tokenized URL" in line and "agent-bridge dashboard --open" in line
+
+
+def test_a_project_server_whose_command_is_not_on_path_fails(tmp_path, user_home, workdir):
+    env = plain_env(user_home, tmp_path / "bridge")
+    assert run(env, workdir, "install", "--claude").returncode == 0  # user scope: an absolute path, fine
+    (workdir / ".mcp.json").write_text(json.dumps(
+        {"mcpServers": {"agent-bridge": {"type": "stdio", "command": "agent-bridge", "args": ["mcp", "--agent", "claude"]}}}))
+    folders = env["PATH"].split(os.pathsep)
+    env["PATH"] = os.pathsep.join(f for f in folders if not (Path(f) / "agent-bridge").exists())
+    result = run(env, workdir, "doctor")
+    found = statuses(result.stdout)
+    assert found["Claude Code MCP server"] == "FAIL", result.stdout
+    line = next(ln for ln in result.stdout.splitlines() if "Claude Code MCP server" in ln)
+    assert str(workdir / ".mcp.json") in line and "agent-bridge is not on PATH" in line

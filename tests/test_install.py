@@ -86,12 +86,21 @@ def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+STATE = Path(".local", "state", "agent-bridge")  # the default state folder under HOME
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file under `root` but the state folder (where install keeps its backups and record)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and STATE not in p.relative_to(root).parents}
 
 
 def backups_of(path: Path) -> list[Path]:
-    return sorted(path.parent.glob(path.name + ".agent-bridge-backup-*"))
+    """The backups of `path`, oldest first: `<state>/backups/<time>/<its absolute path>`, in any
+    state folder of the test (they all live in its temporary folder, beside `home`)."""
+    root = next(p for p in path.parents if (p / "home").is_dir())
+    rel = Path(*path.absolute().parts[1:])
+    return sorted(b for b in root.rglob(f"backups/*/{rel}") if b.is_file())
 
 
 def hook_commands(data: dict, event: str) -> list[str]:
@@ -607,3 +616,90 @@ def test_an_install_from_before_post_tool_use_gets_only_that_hook_added(user_hom
     removed = subprocess.run([*CLI, "uninstall", "--claude"], env=env, cwd=workdir, capture_output=True, text=True,
                              timeout=60)
     assert removed.returncode == 0 and "PostToolUse" not in json.loads(path.read_text()).get("hooks", {})
+
+
+# Hand-written layouts, as people and hosts write them: 4 spaces and compact arrays, tabs and CRLF,
+# one line, no final newline, empty containers that must still be there after uninstall.
+CLAUDE_JSON_TEXT = (
+    '{\n    "numStartups": 12,\n    "tipsHistory": {"a": 1, "b": 2},\n    "mcpServers": {},\n'
+    '    "projects": {\n        "/work/app": {"allowedTools": [], "mcpServers": {}}\n    }\n}'
+)
+CLAUDE_SETTINGS_TEXT = (
+    '{\r\n\t"permissions": {"allow": ["Bash(ls:*)"]},\r\n\t"hooks": {\r\n\t\t"SessionStart": [],\r\n'
+    '\t\t"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "check.sh"}]}]\r\n\t}\r\n}\r\n'
+)
+CODEX_HOOKS_TEXT = '{"hooks":{"Stop":[{"hooks":[{"type":"command","command":"notify-send done"}]}]}}\n'
+MCP_JSON_TEXT = '{\n  "mcpServers": {}\n}\n'
+
+
+def test_install_then_uninstall_gives_every_file_back_byte_for_byte(user_home, workdir, tmp_path):
+    files = {user_home / ".claude.json": CLAUDE_JSON_TEXT, user_home / ".claude" / "settings.json": CLAUDE_SETTINGS_TEXT,
+             user_home / ".codex" / "config.toml": CODEX_TOML, user_home / ".codex" / "hooks.json": CODEX_HOOKS_TEXT}
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text.encode())
+    state = tmp_path / "state"
+    env = install_env(user_home, state)
+    done = install(env, workdir, "--claude", "--codex")
+    assert done.returncode == 0, done.stderr
+
+    # only our entries were added, in each file's own layout; every original line is still there
+    claude = (user_home / ".claude.json").read_text()
+    assert json.loads(claude)["mcpServers"]["agent-bridge"]["args"][-2:] == ["--agent", "claude"]
+    assert '    "tipsHistory": {"a": 1, "b": 2},\n' in claude and '\n        "agent-bridge": {\n' in claude
+    settings = (user_home / ".claude" / "settings.json").read_bytes().decode()
+    assert "\r\n\t\t\"Stop\": [\r\n" in settings and "\n" not in settings.replace("\r\n", "")  # CRLF and tabs kept
+    assert [c.endswith(f"{RUN} hook session-start --agent claude")
+            for c in hook_commands(json.loads(settings), "SessionStart")] == [True]
+    codex_hooks = (user_home / ".codex" / "hooks.json").read_text()
+    assert codex_hooks.startswith('{"hooks":{"Stop":[{"hooks":[{"type":"command","command":"notify-send done"}]}')
+    assert codex_hooks.count("\n") == 1  # still one line
+
+    # backups in the state folder, printed; nothing beside the files
+    (folder,) = (state / "backups").iterdir()
+    assert f"backups of the files as they were: {folder}" in done.stdout
+    for path, text in files.items():
+        assert [b.read_bytes().decode() for b in backups_of(path)] == [text]
+    assert not [p for p in user_home.rglob("*") if "backup" in p.name]
+
+    removed = uninstall(env, workdir)
+    assert removed.returncode == 0, removed.stderr
+    for path, text in files.items():  # byte for byte, empty "mcpServers": {} and "SessionStart": [] included
+        assert path.read_bytes().decode() == text, path
+
+
+def test_project_scope_leaves_nothing_for_git_status(user_home, workdir):
+    (workdir / ".mcp.json").write_text(MCP_JSON_TEXT)
+    env = install_env(user_home)
+    before = snapshot(workdir)
+    assert install(env, workdir, "--claude", "--codex", "--scope", "project").returncode == 0
+    assert backups_of(workdir / ".claude" / "settings.json") == []  # a file install created has no backup
+    assert len(backups_of(workdir / ".mcp.json")) == 1
+    removed = uninstall(env, workdir, "--claude", "--codex", "--scope", "project")
+    assert removed.returncode == 0, removed.stderr
+    assert snapshot(workdir) == before  # `{"mcpServers": {}}` as it was; the files install made are gone
+    files = sorted(p.relative_to(workdir) for p in workdir.rglob("*") if not p.is_dir())
+    assert files == [Path(".mcp.json")]  # no backups here (git does not list the empty folders left)
+    assert (user_home / STATE / "backups").is_dir()
+
+
+def test_a_file_holding_an_empty_object_is_kept(user_home, workdir):
+    (user_home / ".claude").mkdir()
+    (user_home / ".claude" / "settings.json").write_text("{}\n")
+    env = install_env(user_home)
+    assert install(env, workdir, "--claude").returncode == 0
+    assert uninstall(env, workdir, "--claude").returncode == 0
+    assert (user_home / ".claude" / "settings.json").read_text() == "{}\n"
+
+
+def test_install_warns_when_the_other_scope_is_installed(user_home, workdir):
+    env = install_env(user_home)
+    assert install(env, workdir, "--claude").returncode == 0
+    project = install(env, workdir, "--claude", "--scope", "project")
+    assert project.returncode == 0
+    assert "also installed at user scope" in project.stderr and str(user_home / ".claude.json") in project.stderr
+    assert "agent-bridge uninstall --scope user" in project.stderr
+    again = install(env, workdir, "--claude")
+    assert "also installed at project scope" in again.stderr and str(workdir / ".mcp.json") in again.stderr
+    assert uninstall(env, workdir, "--claude", "--scope", "project").returncode == 0
+    assert "also installed" not in install(env, workdir, "--claude").stderr

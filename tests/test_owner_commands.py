@@ -74,12 +74,13 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
             b = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", other))
             for session in (a, b):  # sessions in use (one never used is a health check: tests/test_identity.py)
                 await call(session, "whoami")
-            first = cli_json(env, "decide", "Database", "PostgreSQL 16, no ORM", "--scope", json.dumps({"project": proj}))
+            first = cli_json(env, "decide", "Database", "PostgreSQL 16, no ORM", "--scope", json.dumps({"project": proj}),
+                             "--json")
             assert first["decision"]["author"] == CLI_AUTHOR and first["deliveredTo"] == ["claude-app"]
             assert [d["topic"] for d in await call(a, "decisions")] == ["database"]
             assert "database: PostgreSQL 16" in session_start_note(env, proj, "host-x")
 
-            done = cli_json(env, "retract", " DATABASE ", "--reason", "the demo pinned it by mistake")
+            done = cli_json(env, "retract", " DATABASE ", "--reason", "the demo pinned it by mistake", "--json")
             retraction = done["retraction"]
             assert done["notified"] == ["claude-app"]  # in the revision's scope; b is in another folder
             assert retraction["topic"] == "database" and retraction["retracts"] == first["decision"]["id"]
@@ -105,8 +106,11 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
             # CLI
             assert cli_json(env, "decisions", "--json") == []
             text = run_cli(env, "decisions", "--history").stdout
-            assert "database (retracted" in text and "the demo pinned it by mistake" in text
-            assert "database (retracted)  [" in text  # the revision, marked
+            # grouped under its topic: the retraction (when, by whom, why) just above the revision it withdrew
+            lines = text.splitlines()
+            assert lines[0] == "database  (no current decision; 1 revision)", text
+            assert lines[1].startswith("  retracted ") and lines[1].endswith(" by cli: the demo pinned it by mistake")
+            assert lines[2].endswith(f"  for project {proj}  by cli  (retracted)")  # the revision, marked
             # SessionStart note
             assert "database" not in session_start_note(env, proj, "host-y")
             # dashboard history endpoint: the retraction beside the decisions, not inside them
@@ -117,7 +121,7 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
                                                  "sourceMessageId", "supersedes", "current"}
 
             # a later decide starts the topic again; supersedes is the retracted revision
-            again = cli_json(env, "decide", "database", "SQLite", "--scope", "all")
+            again = cli_json(env, "decide", "database", "SQLite", "--scope", "all", "--json")
             assert again["decision"]["supersedes"] == first["decision"]["id"]
             assert sorted(again["deliveredTo"]) == ["claude-app", "codex-other"]
             assert [d["text"] for d in await call(b, "decisions")] == ["SQLite"]
@@ -126,7 +130,7 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
             before = counts(home)
             assert "already retracted" not in cli_refused(env, "retract", "nothing-here")
             assert "no decision" in cli_refused(env, "retract", "nothing-here")
-            cli_json(env, "retract", "database")
+            cli_json(env, "retract", "database", "--json")
             assert "already retracted" in cli_refused(env, "retract", "database")
             assert counts(home)[0] == before[0]
 
@@ -162,7 +166,7 @@ async def test_cli_decide_and_send_follow_the_tools_rules(broker, env, home, tmp
             assert counts(home) == before  # nothing stored
 
             # omitted scope: the folder the command runs in, as the tool's is its session's project
-            made = cli_json(env, "decide", "Camera", "hold to look", cwd=proj)
+            made = cli_json(env, "decide", "Camera", "hold to look", "--json", cwd=proj)
             assert made["decision"]["scope"] == {"project": proj} and made["decision"]["topic"] == "camera"
             assert made["decision"]["author"] == CLI_AUTHOR and made["deliveredTo"] == ["claude-proj"]
             assert set(made["decision"]) == {"id", "topic", "text", "scope", "author", "createdAt",
@@ -171,7 +175,7 @@ async def test_cli_decide_and_send_follow_the_tools_rules(broker, env, home, tmp
             assert [(m["kind"], m["from"]["id"], m["hop"]) for m in got] == [("decision", "cli", 100)]
             assert await call(job, "inbox", peek=True) == []  # a job runner is never notified
 
-            sent = cli_json(env, "send", "claude-proj", "please rebase")
+            sent = cli_json(env, "send", "claude-proj", "please rebase", "--json")
             assert sent["message"]["from"] == CLI_AUTHOR and sent["message"]["hop"] == 1
             result = await a.call_tool("inbox", {"wait_seconds": 10})
             got = json.loads(result.content[0].text)
@@ -199,8 +203,8 @@ async def test_sessions_and_forget(env, home, tmp_path):
                     gone_id = (await call(gone, "whoami"))["id"]
                 wait_until(lambda: not [s for s in cli_json(env, "sessions", "--json") if s["connected"] and
                                         s["id"] == gone_id], what="the closed session to be gone")
-                cli_json(env, "send", gone_id, "one")
-                cli_json(env, "send", gone_id, "two")
+                cli_json(env, "send", gone_id, "one", "--json")
+                cli_json(env, "send", gone_id, "two", "--json")
                 live_me = await call(live, "whoami")
 
                 listed = cli_json(env, "sessions", "--json")
@@ -237,7 +241,7 @@ async def test_sessions_and_forget(env, home, tmp_path):
 
 
 def test_writes_start_a_broker_when_none_runs(env, home):
-    done = run_cli(env, "decide", "ci", "nox", "--scope", "all")
+    done = run_cli(env, "decide", "ci", "nox", "--scope", "all", "--json")
     try:
         assert done.returncode == 0, done.stderr
         assert "started a broker" in done.stderr

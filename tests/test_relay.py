@@ -50,7 +50,7 @@ async def test_a_broker_killed_mid_call_answers_every_request_exactly_once(env, 
             failed = (await host.answer(sent))["result"]
             assert failed["isError"] and "may or may not have been recorded" in failed["content"][0]["text"], failed
             # The poll now waits in the new broker: a message wakes it.
-            done = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "after the crash"))
+            done = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "after the crash", "--json"))
             assert done.returncode == 0, done.stderr
             shown = json.loads((await host.answer(poll))["result"]["content"][0]["text"])
             assert [m["text"] for m in shown] == ["after the crash"]
@@ -128,7 +128,7 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
     with trio.fail_after(60):
         host = await RawHost.start(env, "--project", "/w/relay-eof", "--host-session-id", "hs-relay-eof")
         me = await host.tool("whoami")
-        first = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown")))
+        first = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown", "--json")))
         first_id = json.loads(first.stdout)["message"]["id"]
 
         async def arrived() -> bool:
@@ -136,7 +136,7 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
 
         await wait_for(arrived, what="the first message in the inbox")
         assert [m["id"] for m in await host.tool("inbox")] == [first_id]
-        second = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "never shown")))
+        second = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "never shown", "--json")))
         second_id = json.loads(second.stdout)["message"]["id"]
 
         async def second_held() -> bool:
@@ -174,7 +174,7 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
             return bool(await host.tool("inbox", peek=True, wait_seconds=1))
 
         for _ in range(5):  # paused within CANCEL_GRACE of the result: almost always the first time
-            sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown at the end"))
+            sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown at the end", "--json"))
             mid = json.loads(sent.stdout)["message"]["id"]
             await wait_for(arrived, what="the message in the inbox")
             rid = await host.call_request("inbox")
@@ -253,7 +253,7 @@ async def test_a_signal_ends_the_relay_at_once_and_acknowledges_nothing_unwritte
     with trio.fail_after(60):
         host = await RawHost.start(env, "--project", "/w/relay-sig", "--host-session-id", "hs-relay-sig")
         me = await host.tool("whoami")
-        sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "pending"))
+        sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "pending", "--json"))
         mid = json.loads(sent.stdout)["message"]["id"]
 
         async def held() -> bool:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import apsw
 import trio
 
-from agent_bridge import domain, ledger
+from agent_bridge import display, domain, ledger
 from agent_bridge.config import Settings
 from agent_bridge.daemon.args import ADDRESS_MAX
 from agent_bridge.daemon.args import no_unknown as _no_unknown
@@ -27,7 +27,7 @@ from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.rows import Message
+from agent_bridge.rows import Message, Peer
 from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key, now_ms
 
 RETRACTION_TOPICS_MAX = 2_000  # one `decisions` history answer's topics
@@ -227,7 +227,19 @@ class Broker:
         # A tentative session is a connected session in scope (SPEC §4.1): it is named, and its one
         # notice is queued at its first tool call; a health check that leaves first keeps nothing.
         delivered = sorted({*delivered, *(s.name for s in held_back)})
-        return {"decision": decision.to_json(), "deliveredTo": delivered}
+        result: dict[str, Any] = {"decision": decision.to_json(), "deliveredTo": delivered}
+        unmatched = await self._unmatched_addresses(scope)
+        if unmatched:  # beside the seed's object, never in it: the tool shows them in a second block
+            result[domain.UNMATCHED_ADDRESSES] = unmatched
+        return result
+
+    async def _unmatched_addresses(self, scope: domain.Scope) -> list[str]:
+        """The addresses of a `{"sessions": [...]}` scope that name no known session (SPEC §4.1)."""
+        if domain.scope_kind(scope) != "sessions":
+            return []
+        assert isinstance(scope, dict)
+        return [a for a in scope["sessions"]
+                if self.find_connected(a) is None and not await self.db.find_peers_by_address(a)]
 
     @session_op("decisions")
     async def op_decisions(self, session: Session, args: dict[str, Any]) -> Any:
@@ -269,7 +281,7 @@ class Broker:
         results: list[tuple[Outgoing | InputError, int | None]] = []
         for args in batch:
             try:
-                results.append(await self._plan_send(args))
+                results.append(await self._plan_send(args, "peers" if session is not None else SESSIONS_COMMAND))
             except InputError as exc:
                 results.append((exc, None))
         planned = [r for r, _ in results if isinstance(r, Outgoing)]
@@ -300,8 +312,10 @@ class Broker:
                 out.append(r)
         return out
 
-    async def _plan_send(self, args: dict[str, Any]) -> tuple[Outgoing, int | None]:
-        """The message to store, and when its recipient was last seen (for one not connected)."""
+    async def _plan_send(self, args: dict[str, Any], listing: str) -> tuple[Outgoing, int | None]:
+        """The message to store, and when its recipient was last seen (for one not connected).
+        `listing`: where the sender finds the sessions' addresses (the peers tool, or
+        `agent-bridge sessions` for the command line)."""
         _no_unknown(args, {"to", "text", "reply_to"}, "send")
         to = _req_str(args, "to", ADDRESS_MAX)
         text = domain.normalize_message_text(args.get("text"))
@@ -314,11 +328,12 @@ class Broker:
             tentative = {s.id for s in self.sessions.values() if s.tentative}
             found = [p for p in await self.db.find_peers_by_address(to) if p.id not in tentative]
             if found:
-                to_id, last_seen = found[0].id, found[0].last_seen_at
+                chosen = _one_session("to", to, found, listing)
+                to_id, last_seen = chosen.id, chosen.last_seen_at
             elif target is not None:
                 to_id = target.id
             else:
-                raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from peers)")
+                raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from {listing})")
         parent_hop = None
         if reply_to is not None:
             parent_hop = await self.db.message_hop(reply_to)
@@ -481,8 +496,10 @@ class Broker:
                         )
                     found = await self.db.find_peers_by_address(address)
                     if not found:
-                        raise InputError(f"no session is addressed by {address!r} (see `agent-bridge sessions`)")
-                    ids.extend(p.id for p in found if p.id not in ids)
+                        raise InputError(f"no session is addressed by {address!r} (see {SESSIONS_COMMAND})")
+                    chosen = _one_session("sessions", address, found, SESSIONS_COMMAND)
+                    if chosen.id not in ids:
+                        ids.append(chosen.id)
             else:
                 if isinstance(gone_for, bool) or not isinstance(gone_for, int) or gone_for < 0:
                     raise InputError("goneForMs: expected a non-negative integer (milliseconds)")
@@ -622,6 +639,26 @@ def check_handlers() -> None:
 
 
 check_handlers()
+
+
+SESSIONS_COMMAND = "`agent-bridge sessions`"
+CANDIDATES_SHOWN = 10  # sessions named in one ambiguity error
+
+
+def _one_session(field: str, address: str, found: list[Peer], listing: str) -> Peer:
+    """The one session `address` names among `found` (its matches, most recently seen first): an
+    exact id wins; a name or host session id held by several gone sessions is refused with the
+    candidates, never guessed (a name is reused once its session is gone)."""
+    exact = [p for p in found if p.id == address]
+    if exact:
+        return exact[0]
+    if len(found) == 1:
+        return found[0]
+    shown = "; ".join(f"{p.id} ({p.agent}, {p.project}, last seen {display.when(p.last_seen_at)})"
+                      for p in found[:CANDIDATES_SHOWN])
+    more = f"; and {len(found) - CANDIDATES_SHOWN} more" if len(found) > CANDIDATES_SHOWN else ""
+    raise InputError(f"{field}: {address!r} names {len(found)} sessions that are not connected: "
+                     f"{shown}{more}; give the id of the one you mean (see {listing})")
 
 
 def _message_ids(args: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ E = TypeVar("E", bound=BaseException)
 LOCK_NAME = paths.LOCK_NAME
 DETACH_TIMEOUT = 20.0  # seconds `up --detach` waits for the broker to accept connections
 DOWN_TIMEOUT = 10.0
+NOT_RUNNING = 3  # `status` with no broker: the exit status service managers use for "not running"
 LOG_MAX_BYTES = 5_000_000  # broker.log, then one older broker.log.1: whatever clients make it log
 DETACHED_MARK = "AGENT_BRIDGE_DETACHED_CHILD"  # set by `up --detach` for the broker it spawns
 
@@ -159,7 +160,7 @@ def up(*, detach: bool) -> int:
         def on_ready(record: dict[str, Any]) -> None:
             (home / paths.START_FAILURE).unlink(missing_ok=True)
             if reasons is None:
-                _print_ready(record)
+                _print_ready(record, detached=False)
             else:  # its stdout is broker.log; the parent, now reading nothing more, prints the ready lines
                 channel[0] = None
                 os.close(reasons)
@@ -271,7 +272,7 @@ def _tell_parent(reasons: int | None, line: str) -> None:
             pass
 
 
-def _print_ready(record: dict[str, Any]) -> None:
+def _print_ready(record: dict[str, Any], *, detached: bool) -> None:
     """What a person starting the broker needs: where the dashboard is, how to connect hosts.
     Printed to the terminal only, never to broker.log (the URL carries the dashboard token)."""
     home = Path(record["home"])
@@ -285,14 +286,13 @@ def _print_ready(record: dict[str, Any]) -> None:
         print(f"  dashboard: {url}")
     print("  connect Claude Code: agent-bridge install --claude   (or: claude mcp add agent-bridge -- agent-bridge mcp --agent claude)")
     print("  connect Codex:       agent-bridge install --codex")
-    print("  stop:                agent-bridge down   (or Ctrl-C)", flush=True)
+    print("  stop:                agent-bridge down" + ("" if detached else "   (or Ctrl-C)"), flush=True)
 
 
 def _up_detached(home: Path) -> int:
     probe = BrokerLock(home)
     if not probe.acquire():
-        print(_already_running(home), file=sys.stderr)
-        return 1
+        return _already_up(home, time.monotonic() + DETACH_TIMEOUT)
     probe.release()
     log_fd = os.open(paths.log_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     read_reasons, write_reasons = os.pipe()  # the child writes why it could not start, if so
@@ -325,10 +325,10 @@ def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> 
         code = child.poll()
         if code is not None:
             said = _read_all(reasons)
+            if paths.ALREADY_RUNNING in said or (not said and code == 1 and not BrokerLock(home).acquire()):
+                return _already_up(home, deadline)  # another one started at the same moment: it is up
             if said:
                 sys.stderr.write(said if said.endswith("\n") else said + "\n")
-            elif code == 1 and not BrokerLock(home).acquire():
-                print(_already_running(home), file=sys.stderr)
             else:
                 print(f"agent-bridge up: the broker exited with status {code}; see {paths.log_path(home)}", file=sys.stderr)
             return 1
@@ -339,11 +339,35 @@ def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> 
             except (blocking.BrokerUnavailable, RemoteError):
                 pass
             else:
-                _print_ready(record)
+                _print_ready(record, detached=True)
                 return 0
         time.sleep(0.05)
     print(f"agent-bridge up: the broker did not become ready in {DETACH_TIMEOUT:.0f}s; see {paths.log_path(home)}", file=sys.stderr)
     return 1
+
+
+def _already_up(home: Path, deadline: float) -> int:
+    """`up --detach` while a broker runs (or is starting) for `home`: once it answers, say so and
+    exit 0, so scripts can use `up --detach` as "make sure one is up" (SPEC §2)."""
+    while True:
+        record = paths.read_broker_json(home)
+        try:
+            if record and blocking.call(home, "ping", timeout=1.0) == "pong":
+                print(f"agent-bridge: {paths.ALREADY_RUNNING} {home} (pid {record.get('pid')})")
+                return 0
+        except (blocking.BrokerUnavailable, RemoteError, OSError):
+            pass
+        if paths.lock_holder(home) is None:  # the one that was starting gave up: it is not up
+            try:
+                why = (home / paths.START_FAILURE).read_text(encoding="utf-8").strip()
+            except OSError:
+                why = f"see {paths.log_path(home)}"
+            print(f"agent-bridge up: the broker that was starting for {home} exited: {why}", file=sys.stderr)
+            return 1
+        if time.monotonic() >= deadline:
+            print(_already_running(home) + f"; it did not answer in {DETACH_TIMEOUT:.0f}s", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
 
 
 def _read_all(fd: int) -> str:
@@ -410,10 +434,10 @@ def status(*, as_json: bool) -> int:
             info["running"] = True
     if as_json:
         print(json.dumps(info))
-        return 0
+        return 0 if info["running"] else NOT_RUNNING
     if not info["running"]:
         print(f"agent-bridge: no broker running for {home}" + (f" ({info['error']})" if "error" in info else ""))
-        return 0
+        return NOT_RUNNING
     print(f"agent-bridge broker running (pid {info['pid']}) for {home}")
     print(f"  socket: {info['socket']}")
     print(f"  dashboard: {info.get('web') or 'not serving'} (tokenized URL in {home / paths.DASHBOARD_URL})")

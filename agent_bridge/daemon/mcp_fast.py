@@ -85,6 +85,15 @@ def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
     return None
 
 
+def drop_null_optionals(schema: Any, arguments: Any) -> Any:
+    """The arguments without the optional ones given as JSON null, which count as absent (SPEC
+    §5: models send that). A required one given as null stays, for `argument_problem` to refuse."""
+    if not isinstance(arguments, dict) or None not in arguments.values():
+        return arguments
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    return {k: v for k, v in arguments.items() if v is not None or k in required}
+
+
 def result_line(request_id: int | str, texts: list[str], *, is_error: bool) -> str:
     """A `tools/call` answer of text blocks, byte for byte as the SDK puts it on the wire on a
     handshake-era connection: shaped by the version's result model (which lists `text` before
@@ -169,6 +178,7 @@ class FastCalls:
             return False
         body = self.bodies[name]
         schema = self.schemas.get(name)
+        arguments = drop_null_optionals(schema, arguments)
         required = schema.get("required", []) if isinstance(schema, dict) else []
         if argument_problem(name, schema, arguments) is not None or not set(required) <= set(arguments):
             return False

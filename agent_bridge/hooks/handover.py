@@ -75,7 +75,8 @@ def render(messages: list[dict[str, Any]]) -> str:
     for m in messages:
         sender = m.get("from") or {}
         name = sender.get("name") or sender.get("id") or "an unknown session"
-        framed = domain.frame_message(str(name), str(sender.get("agent") or "unknown agent"), str(m.get("text", "")))
+        framed = domain.frame_message(str(name), str(sender.get("agent") or "unknown agent"), str(m.get("text", "")),
+                                      own=domain.sent_to_self(m))
         repeat = "; a repeat: offered before, maybe already shown to you" if m.get("repeat") else ""
         parts.append(f"{framed}\n(message id {m.get('id')}; hop {m.get('hop')}{repeat})")
     parts.append(

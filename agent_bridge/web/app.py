@@ -1,8 +1,12 @@
-"""The dashboard app (SPEC §6): a Quart-Trio app over read-only reads of bridge.db.
+"""The dashboard app (SPEC §6): a Quart-Trio app over read-only reads of bridge.db, and the
+owner's actions.
 
-The app never writes: every handler opens its own read-only connection through
+The app never writes bridge.db itself: every read opens its own read-only connection through
 `store.reader.reading` (no migration, no broker needed) on a worker thread, so SQLite never
-blocks the Trio loop. Decision lookups are `domain` + `store.queries`, the same functions the
+blocks the Trio loop. The owner's actions (record, retract, send, forget) are POSTs that go to
+the broker exactly as the command line does (`commands.broker_call` on a worker thread, author
+`cli`), after three checks on top of the cookie: the page's own token in `X-AB-Token`, an
+`Origin` that is the dashboard's, and a JSON body. Every other method gets 405. Decision lookups are `domain` + `store.queries`, the same functions the
 MCP tools and the CLI use; what only the dashboard asks (receipts, notices) is `web.reads`.
 
 `GET /api/events` is the one long-lived response: a server-sent event stream that says
@@ -29,7 +33,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
-from agent_bridge import config, domain, paths
+from agent_bridge import commands, config, domain, paths
 from agent_bridge.store import queries, reader
 from agent_bridge.store.schema import SchemaError
 from agent_bridge.web import auth, reads
@@ -51,6 +55,10 @@ STREAMS_PER_CLIENT = 4  # live streams one client address may hold; a browser al
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle stream (finds clients that left)
 CHANGE_GAP = 0.5  # at least this long between two change events: a busy broker commits thousands a second
 RETRY_MS = 2000  # what the stream asks EventSource to wait before reconnecting
+ACTION_BODY_MAX = 64 * 1024  # an owner action's JSON body: a decision text is at most 4,000 characters
+ACTION_TOKEN_HEADER = "X-AB-Token"
+TOKEN_META = b'<meta name="ab-token" content="">'
+RETRACT_SUFFIX = b"/retract"
 log = logging.getLogger("agent_bridge.web")
 
 Live = Callable[[], Collection[str]]
@@ -135,7 +143,7 @@ def create_app(
     live streams, which would otherwise hold the shutdown until its deadline.
     """
     app = QuartTrio(__name__, static_folder=None)
-    app.config["MAX_CONTENT_LENGTH"] = 0  # read-only: no request bodies
+    app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
     app.url_map.merge_slashes = False  # `a//b` is a topic, not a redirect
     app.url_map.converters["anypath"] = _AnyPath
     db = paths.db_path(home)
@@ -146,6 +154,11 @@ def create_app(
     stopping = closing if closing is not None else trio.Event()
     streams: weakref.WeakSet[_EventStream] = weakref.WeakSet()
     static_files = {name: (STATIC / name).read_bytes() for name in ("index.html", *STATIC_TYPES)}
+    # The page's token for actions (SPEC §6): fresh per start, only ever inside the page, which
+    # another origin cannot read; the cookie alone (sent with a cross-site form too) is not enough.
+    page_token = auth.new_token()
+    page = static_files["index.html"].replace(TOKEN_META, f'<meta name="ab-token" content="{page_token}">'.encode())
+    assert page != static_files["index.html"], "index.html lacks the ab-token meta tag"
 
     def json_response(data: Any, status: int = 200) -> Response:
         body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
@@ -183,6 +196,8 @@ def create_app(
             page=is_page,
         ):
             return forbidden()
+        if request.method not in ("GET", "HEAD") and request.routing_exception is not None:
+            return not_allowed_response()  # PUT, DELETE, OPTIONS…, and POST where no action is
         if is_page and auth.TOKEN_PARAM in request.args:
             return None  # `index` checks the token and swaps it for the cookie
         if not auth.token_matches(request.cookies.get(auth.COOKIE), token):
@@ -212,9 +227,12 @@ def create_app(
     async def not_found(exc: Exception) -> Response:
         return error(404, "not found") if request.path.startswith("/api/") else Response("not found", 404)
 
+    def not_allowed_response() -> Response:
+        return error(405, "method not allowed: GET reads; the owner's actions are POSTs from the page")
+
     @app.errorhandler(405)
     async def not_allowed(exc: Exception) -> Response:
-        return error(405, "method not allowed: the dashboard is read-only (GET)")
+        return not_allowed_response()
 
     @app.errorhandler(500)
     async def internal(exc: Exception) -> Response:
@@ -233,7 +251,7 @@ def create_app(
                 response = Response("", status=303, headers={"Location": "/"})
             response.set_cookie(auth.COOKIE, token, httponly=True, samesite="Strict", path="/")
             return response
-        return Response(static_files["index.html"], content_type="text/html; charset=utf-8")
+        return Response(page, content_type="text/html; charset=utf-8")
 
     @app.get("/static/<name>")
     async def static(name: str) -> Response:
@@ -249,7 +267,7 @@ def create_app(
                 "mode": "standalone" if live is None else "broker",
                 "home": str(home),
                 "database": paths.db_path(home).exists(),
-                "readOnly": True,
+                "readOnly": live is None,  # standalone (no broker): reads only (SPEC §1)
                 "hopLimit": hop_limit,
             }
         )
@@ -331,6 +349,77 @@ def create_app(
             partial(reads.recent_messages, limit=limit, kind=kind or None, hop_limit=hop_limit), []
         )
         return json_response({"messages": found})
+
+    # --- the owner's actions (SPEC §6): the command line's code path, author `cli` -----------
+
+    async def action_body(allowed: set[str]) -> dict[str, Any] | Response:
+        """The checked JSON object of an action, or the refusal to answer."""
+        if not auth.token_matches(request.headers.get(ACTION_TOKEN_HEADER), page_token):
+            return error(403, f"forbidden: an action needs the page's token in {ACTION_TOKEN_HEADER} (reload the page)")
+        origin = request.headers.get("Origin")
+        if origin is None or origin.lower() not in auth.allowed_origins(port):
+            return error(403, "forbidden: an action must come from the dashboard's own page (Origin)")
+        if request.mimetype != "application/json":
+            return error(400, f"Content-Type: expected application/json, got {_short(request.mimetype or 'nothing')}")
+        raw = await request.get_data(as_text=False)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (ValueError, RecursionError):
+            return error(400, "body: not a JSON object")
+        if not isinstance(body, dict):
+            return error(400, "body: expected a JSON object")
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            return error(400, f"body: unknown field {_short(unknown[0])} (it takes: {', '.join(sorted(allowed)) or 'none'})")
+        return body
+
+    async def owner_action(op: str, args: dict[str, Any]) -> Response:
+        if live is None:
+            return error(503, "this dashboard is read-only: no broker was running when it started; "
+                         "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)")
+        try:
+            result = await trio.to_thread.run_sync(partial(commands.broker_call, op, home=home, **args))
+        except commands.CommandError as exc:
+            return error(400 if exc.code == commands.BAD_ARGUMENTS else 503, str(exc))
+        except OSError as exc:
+            return error(503, f"{type(exc).__name__}: {exc}")
+        if isinstance(result, dict):
+            result.pop(domain.UNMATCHED_ADDRESSES, None)  # what `--json` prints
+        return json_response(result)
+
+    @app.post("/api/decisions")
+    async def record_decision() -> Response:
+        body = await action_body({"topic", "text", "scope"})
+        if isinstance(body, Response):
+            return body
+        args = {"topic": body.get("topic"), "text": body.get("text"), "scope": body.get("scope", "all"),
+                "project": "/"}  # the CLI's folder, used only for an omitted scope, which here is "all"
+        return await owner_action("decide", args)
+
+    @app.post("/api/decisions/<anypath:topic>/retract")
+    async def retract_decision(topic: str) -> Response:
+        body = await action_body({"reason"})
+        if isinstance(body, Response):
+            return body
+        try:
+            raw = _raw_topic(topic, RETRACT_SUFFIX)
+        except domain.InputError as exc:
+            return error(400, str(exc))
+        return await owner_action("retract", {"topic": raw, **body})
+
+    @app.post("/api/messages")
+    async def send_message() -> Response:
+        body = await action_body({"to", "text"})
+        if isinstance(body, Response):
+            return body
+        return await owner_action("send", {"to": body.get("to"), "text": body.get("text")})
+
+    @app.post("/api/sessions/<anypath:session>/forget")
+    async def forget_session(session: str) -> Response:
+        body = await action_body(set())
+        if isinstance(body, Response):
+            return body
+        return await owner_action("forget", {"sessions": [session]})
 
     @app.get("/api/events")
     async def events() -> Response:

@@ -89,9 +89,9 @@ def _prepare(home: Path) -> tuple[str, list[str]]:
 @pytest.mark.parametrize(
     ("point", "command"),
     [
-        ("retract:after-record", ("retract", "db", "--reason", "r")),
-        ("retract:mid-notices", ("retract", "db", "--reason", "r")),
-        ("retract:before-commit", ("retract", "db", "--reason", "r")),
+        ("retract:after-record", ("retract", "db", "--reason", "r", "--json")),
+        ("retract:mid-notices", ("retract", "db", "--reason", "r", "--json")),
+        ("retract:before-commit", ("retract", "db", "--reason", "r", "--json")),
         ("forget:before-commit", ("forget", "claude-a", "codex-b", "--json")),
     ],
 )

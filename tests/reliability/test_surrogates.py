@@ -126,7 +126,7 @@ def test_cli_arguments_that_are_not_utf8_are_a_clear_error(env, home):
         done = subprocess.run([*CLI, "decide", "topic", b"bad \xff text"], env=env, capture_output=True, timeout=60)
     finally:
         subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # if it started one after all
-    assert done.returncode == 1
+    assert done.returncode == 2  # a bad argument (SPEC §2: exit 2 everywhere)
     assert b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
     assert b"text: not valid text" in done.stderr
     assert not home.exists() or not (home / "broker.json").exists()  # nothing was started or stored

@@ -204,18 +204,20 @@ async def test_every_response_is_hardened(dashboard: Running, web_home) -> None:
                 await client.get("/api/decisions?scope=nonsense"),
                 await client.get("/api/nothing"),
                 await client.get("/static/../server.py"),
-                await client.post("/api/decisions"),
+                await client.put("/api/decisions"),
                 await client.options("/api/decisions", headers={"Origin": "http://evil.example",
                                                                 "Access-Control-Request-Method": "GET"}),
                 await client.get("/api/decisions", headers={"Origin": "http://evil.example"}),
+                await client.post("/api/decisions"),  # an action without the page's token
             ]
     statuses = [r.status_code for r in responses]
-    assert statuses == [200, 200, 200, 200, 400, 404, 404, 405, 403, 403]
+    assert statuses == [200, 200, 200, 200, 400, 404, 404, 405, 403, 403, 403]
     for response in responses:
         assert_hardened(response)
     assert responses[1].headers["content-type"].startswith("text/javascript")
     assert responses[2].headers["content-type"].startswith("text/css")
     assert responses[7].json()["error"].startswith("method not allowed")
+    assert "token" in responses[10].json()["error"]
 
 
 # --- GET /api/decisions ---------------------------------------------------------------------
@@ -477,4 +479,4 @@ async def test_status(dashboard: Running) -> None:
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, "/api/status")
-    assert body == {"mode": "broker", "home": str(dashboard.home), "database": True, "readOnly": True, "hopLimit": 10}
+    assert body == {"mode": "broker", "home": str(dashboard.home), "database": True, "readOnly": False, "hopLimit": 10}

@@ -83,7 +83,8 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(ci_row.locator(".receipt-summary")).to_have_text("1 of 1 pending")
             expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
             expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
-            expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text("none yet")
+            expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text(
+                "none yet: no session in scope was connected; sessions that start later see it in their start note")
             # Scopes in words, not JSON.
             expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(f"sessions in {OTHER}")
             expect(ci_row.locator(".scope")).to_have_text("everyone (all sessions)")
@@ -99,7 +100,8 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(notice).to_contain_text("decision notice")
             expect(notice.locator(".tag.passive")).to_have_text("passive")
             expect(notice).to_contain_text("Decision “build / ci” for everyone (all sessions)")
-            expect(notice).to_contain_text("hop 100, at or over the limit 10")
+            expect(notice).to_contain_text("waits until the session checks its messages")  # plain words
+            expect(notice).not_to_contain_text("hop 100")
             page.get_by_role("button", name="Conversation", exact=True).click()
             expect(page.locator("#messages li")).to_have_count(2)
             expect(page.locator("#messages .tag.active")).to_have_count(2)

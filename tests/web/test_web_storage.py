@@ -46,7 +46,7 @@ async def test_no_database_reads_as_empty(nursery: trio.Nursery, web_home: Path)
         got = await answers(running, [*EMPTY, "/api/status"])
     assert {p: got[p] for p in EMPTY} == {p: (200, body) for p, body in EMPTY.items()}
     assert got["/api/status"] == (200, {"mode": "broker", "home": str(web_home), "database": False,
-                                        "readOnly": True, "hopLimit": 10})
+                                        "readOnly": False, "hopLimit": 10})  # the owner's actions: SPEC §6
     assert not (web_home / "bridge.db").exists()  # reading never creates the database
 
 

@@ -19,6 +19,7 @@
     messageKind: "",
     hopLimit: null,
     denied: false, // the dashboard answered 403: this page's token is no longer valid
+    canAct: false, // a broker serves this page: the owner's actions work
     stream: null,
     streamLive: false,
     streamFailures: 0,
@@ -125,6 +126,138 @@
       throw new ApiError(response.status, message);
     }
     return body;
+  }
+
+  // The owner's actions (SPEC §6): POSTs with the page's token, JSON, from this origin.
+  const PAGE_TOKEN = (document.querySelector('meta[name="ab-token"]') || {}).content || "";
+
+  async function post(path, body) {
+    const response = await fetch(path, {
+      method: "POST",
+      credentials: "same-origin",
+      cache: "no-store",
+      headers: { "Content-Type": "application/json", "X-AB-Token": PAGE_TOKEN },
+      body: JSON.stringify(body),
+    });
+    let result = null;
+    try {
+      result = await response.json();
+    } catch (_) {
+      result = null;
+    }
+    if (!response.ok) {
+      const message = result && typeof result.error === "string" ? result.error : "HTTP " + response.status;
+      throw new ApiError(response.status, message);
+    }
+    return result;
+  }
+
+  function names(list) {
+    return list.length ? list.join(", ") : "";
+  }
+
+  // What an action did, in one line, as the command line says it.
+  function toldWords(told, later) {
+    return told && told.length ? "told " + names(told) : "no session in scope is connected; " + later;
+  }
+
+  function say(id, message, isError) {
+    const line = $(id);
+    line.textContent = message;
+    line.className = isError ? "action-result error" : "action-result";
+    show(line, Boolean(message));
+  }
+
+  async function act(resultId, run) {
+    try {
+      say(resultId, await run(), false);
+      refresh();
+      return true;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 403 && /token|Origin/.test(error.message) === false) deny();
+      say(resultId, error instanceof ApiError ? error.message : explain(error), true);
+      return false;
+    }
+  }
+
+  function decideScope() {
+    const kind = $("decide-scope-kind").value;
+    const value = $("decide-scope-value").value.trim();
+    if (kind === "project") return { project: value };
+    if (kind === "sessions") return { sessions: value.split(",").map((x) => x.trim()).filter((x) => x) };
+    return "all";
+  }
+
+  function syncDecideScope() {
+    const kind = $("decide-scope-kind").value;
+    const input = $("decide-scope-value");
+    show(input, kind !== "all");
+    input.placeholder = kind === "project" ? "/absolute/project/folder" : "session names or ids, comma-separated";
+    input.setAttribute("list", kind === "project" ? "projects" : "sessions-list");
+  }
+
+  async function recordDecision(event) {
+    event.preventDefault();
+    const done = await act("decide-result", async () => {
+      const r = await post("/api/decisions", {
+        topic: $("decide-topic").value, text: $("decide-text").value, scope: decideScope(),
+      });
+      const d = r.decision;
+      return "Recorded “" + d.topic + "” for " + scopeWords(d.scope) + (d.supersedes ? " (replacing the earlier one)" : "") +
+        "; " + toldWords(r.deliveredTo, "sessions that start later see it in their start note") + ".";
+    });
+    if (done) {
+      $("decide-text").value = "";
+    }
+  }
+
+  async function retractDecision() {
+    const topic = state.topic;
+    if (topic === null) return;
+    const reason = $("retract-reason").value.trim();
+    const done = await act("retract-result", async () => {
+      const r = await post("/api/decisions/" + encodeURIComponent(topic) + "/retract", reason ? { reason: reason } : {});
+      return "Retracted “" + r.retraction.topic + "”; " +
+        toldWords(r.notified, "sessions that start later no longer see it") + ".";
+    });
+    if (done) $("retract-reason").value = "";
+  }
+
+  function changeDecision() {
+    if (state.topic === null) return;
+    $("decide-topic").value = state.topic;
+    $("decide-box").open = true;
+    $("decide-text").focus();
+  }
+
+  async function sendMessage(event) {
+    event.preventDefault();
+    const done = await act("send-result", async () => {
+      const r = await post("/api/messages", { to: $("send-to").value.trim(), text: $("send-text").value });
+      const to = r.message.to && r.message.to.name ? r.message.to.name : $("send-to").value;
+      return r.recipientConnected ? "Sent to " + to + " (connected)."
+        : "Queued for " + to + " (not connected); it gets it when it connects.";
+    });
+    if (done) $("send-text").value = "";
+  }
+
+  function forgetButton(s) {
+    const button = el("button", { className: "button quiet small forget", type: "button", text: "Forget" });
+    button.title = "Forget this gone session and what was queued to it";
+    button.addEventListener("click", async () => {
+      if (button.dataset.armed !== "1") { // two clicks: nothing is forgotten by a stray one
+        button.dataset.armed = "1";
+        button.textContent = "Forget " + s.name + "?";
+        return;
+      }
+      button.disabled = true;
+      await act("sessions-result", async () => {
+        const r = await post("/api/sessions/" + encodeURIComponent(s.id) + "/forget", {});
+        const n = r.forgotten.reduce((sum, f) => sum + f.dropped.length, 0);
+        return "Forgot " + s.name + (n ? "; " + n + " queued message" + (n === 1 ? "" : "s") + " dropped." : ".");
+      });
+    });
+    return button;
   }
 
   function banner(message) {
@@ -239,7 +372,10 @@
 
   function receiptsCell(receipts) {
     if (!receipts || receipts.length === 0) {
-      return el("span", { className: "muted small", text: "none yet", title: "Not queued for any session yet: none in scope was connected when it was recorded (sessions that connect later get it then)" });
+      return el("span", {
+        className: "muted small",
+        text: "none yet: no session in scope was connected; sessions that start later see it in their start note",
+      });
     }
     const pending = receipts.filter((r) => r.pending).length;
     const summary = pending
@@ -267,10 +403,9 @@
         el("td", { className: "for" }, [scopeBadge(d.scope)]),
         el("td", { className: "delivered" }, [receiptsCell(mine)]),
         el("td", { className: "by" }, [
-          el("span", { text: d.author.name }),
-          el("div", { className: "agent", text: d.author.agent }),
+          el("span", { className: "author", text: d.author.name }),
+          el("div", { className: "when" }, [when(d.createdAt)]),
         ]),
-        el("td", { className: "when" }, [when(d.createdAt)]),
       ]);
       row.dataset.topic = d.topic;
       row.classList.toggle("has-pending", mine.some((r) => r.pending));
@@ -330,6 +465,10 @@
     const line = $("history-retracted");
     line.textContent = retractedNow ? "No current decision: its last revision was retracted." : "";
     show(line, Boolean(retractedNow));
+    const current = result.decisions.length > 0 && result.decisions[0].current;
+    show($("history-actions"), state.canAct);
+    show($("retract"), current);
+    show($("retract-reason"), current);
     setCount("history-count", result.decisions.length + (result.decisions.length === 1 ? " revision" : " revisions"));
     show($("history-empty"), result.decisions.length === 0);
     show($("history"), true);
@@ -351,6 +490,7 @@
       el("div", { className: "session-title" }, parts),
       status,
       el("div", { className: "session-meta", text: meta.join(" · ") }),
+      s.connected || !state.canAct ? null : el("div", { className: "session-actions" }, [forgetButton(s)]),
     ]);
   }
 
@@ -370,18 +510,46 @@
     fillDatalist("sessions-list", new Set(sessions.map((s) => s.name)));
   }
 
+  // What a message does to its recipient, in plain words; the hop count is in the tooltip.
   function hopWords(m) {
-    if (m.active === true) return "hop " + m.hop + " of " + state.hopLimit + " · active: may wake the session";
-    if (m.active === false) return "hop " + m.hop + ", at or over the limit " + state.hopLimit + " · passive: read when the session looks";
-    return "hop " + m.hop;
+    if (m.active === true) return "can wake the session";
+    if (m.active === false && m.notice) return "waits until the session checks its messages";
+    if (m.active === false) return "a long reply chain: waits until the session checks its messages";
+    return "";
+  }
+
+  function hopTitle(m) {
+    return "hop " + m.hop + (state.hopLimit ? " (messages below hop " + state.hopLimit + " can wake a session)" : "");
+  }
+
+  // Decision and retraction notices go out once per receiving session: one line each.
+  function foldNotices(messages) {
+    const out = [];
+    const groups = new Map();
+    for (const m of messages) {
+      const key = m.decision ? "d:" + m.decision.id : m.retraction ? "r:" + m.retraction.id : null;
+      if (key === null) {
+        out.push(m);
+        continue;
+      }
+      let group = groups.get(key);
+      if (!group) {
+        group = Object.assign({}, m, { recipients: [] });
+        groups.set(key, group);
+        out.push(group);
+      }
+      group.recipients.push({ name: m.to && m.to.name ? m.to.name : "(unknown)", acked: m.acked });
+    }
+    return out;
   }
 
   function renderMessages(messages) {
     const list = $("messages");
     list.replaceChildren();
-    for (const m of messages) {
+    const shownItems = foldNotices(messages);
+    for (const m of shownItems) {
       const from = m.from && m.from.name ? m.from.name : "(unknown)";
-      const to = m.to && m.to.name ? m.to.name : "(unknown)";
+      const to = m.recipients ? m.recipients.map((r) => r.name).join(", ") : m.to && m.to.name ? m.to.name : "(unknown)";
       const head = el("div", { className: "msg-head" }, [
         el("span", { className: "route", text: from + " → " + to }),
         m.notice ? el("span", { className: "tag decision", text: NOTICE_TAGS[m.kind] || "notice" }) : null,
@@ -403,13 +571,16 @@
         const open = body.classList.toggle("open");
         if (m.decision) body.textContent = open ? m.text : shown;
       });
-      const foot = el("div", {
-        className: "msg-foot",
-        text: hopWords(m) + " · " + (m.acked ? "acknowledged" : "not yet acknowledged"),
-      });
+      let read = m.acked ? "read" : "not read yet";
+      if (m.recipients) {
+        const unread = m.recipients.filter((r) => !r.acked).length;
+        read = unread ? unread + " of " + m.recipients.length + " not read yet" : "read by all";
+      }
+      const foot = el("div", { className: "msg-foot", text: [hopWords(m), read].filter((x) => x).join(" · ") });
+      foot.title = hopTitle(m);
       list.appendChild(el("li", { className: m.notice ? "notice" : "" }, [head, about, body, foot]));
     }
-    setCount("message-count", messages.length);
+    setCount("message-count", shownItems.length);
     const empty = { "": "No messages yet.", message: "No conversation yet.", notice: "No notices yet." };
     $("messages-empty").textContent = empty[state.messageKind];
     show($("messages-empty"), messages.length === 0);
@@ -466,6 +637,7 @@
       // Sessions first: decision scopes name sessions by id, shown by name.
       const [status, sessions] = await Promise.all([api("/api/status"), api("/api/sessions")]);
       state.hopLimit = status.hopLimit;
+      state.canAct = status.mode === "broker"; // a standalone dashboard is read-only
       renderSessions(sessions.sessions);
       await Promise.all([loadMessages(), loadDecisions(), loadHistory()]);
       const mode = $("mode");
@@ -475,8 +647,9 @@
       $("home").textContent = status.home;
       $("home").title = "state folder: " + status.home;
       $("hop-note").textContent = status.hopLimit
-        ? "Active messages (hop below " + status.hopLimit + ") may wake a session; passive ones wait to be read."
+        ? "A message can wake its session; replies of a long back-and-forth and decision notices wait until the session checks."
         : "";
+      for (const id of ["decide-box", "send-box"]) show($(id), state.canAct);
       show($("hop-note"), Boolean(status.hopLimit));
       banner("");
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
@@ -598,6 +771,12 @@
     $("scope-value").addEventListener("input", searchSoon);
     $("refresh").addEventListener("click", refresh);
     $("history-close").addEventListener("click", closeHistory);
+    $("decide-form").addEventListener("submit", recordDecision);
+    $("decide-scope-kind").addEventListener("change", syncDecideScope);
+    $("send-form").addEventListener("submit", sendMessage);
+    $("retract").addEventListener("click", retractDecision);
+    $("change").addEventListener("click", changeDecision);
+    syncDecideScope();
     for (const button of $("message-kinds").querySelectorAll("button")) {
       button.addEventListener("click", () => chooseMessageKind(button.dataset.kind));
     }
