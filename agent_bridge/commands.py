@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import paths
+from agent_bridge import domain, paths
 from agent_bridge.display import age, names, scope_words, visible, when
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
@@ -96,8 +96,6 @@ def broker_call(op: str, home: Path | None = None, **args: Any) -> Any:
 def decide(topic: str, text: str, scope: str | None, as_json: bool = False) -> int:
     args: dict[str, Any] = {"topic": topic, "text": text, "project": os.path.abspath(os.getcwd())}
     if scope is not None:
-        from agent_bridge import domain
-
         try:  # a bad argument is refused here (exit 2), before a broker is started for it
             domain.parse_scope(scope)
         except domain.InputError as exc:

@@ -229,10 +229,12 @@ async def test_a_cancelled_inbox_acknowledges_nothing(broker, env, home):
             await rx.close()
 
 
-async def test_a_cancel_that_crossed_the_written_result_acknowledges_nothing(broker, env, home):
+@pytest.mark.parametrize("named", ["as-sent", "as-a-string"])
+async def test_a_cancel_that_crossed_the_written_result_acknowledges_nothing(broker, env, home, named):
     """The host cancels a call whose result the server had already written (the two crossed
     in the pipes; the host ignores that result): the messages are offered again, not
-    acknowledged."""
+    acknowledged. A cancel naming request 7 as "7" is the same cancel (the SDK correlates
+    the two, SPEC §3)."""
     with trio.fail_after(90):
         rx = await RawHost.start(env, "--project", "/w/crossed", "--host-session-id", "hs-crossed")
         try:
@@ -246,7 +248,8 @@ async def test_a_cancel_that_crossed_the_written_result_acknowledges_nothing(bro
             rid = await rx.request("tools/call", rx.call_tool("inbox"))
             assert sent["id"] in json.dumps(await rx.response(rid))
             await rx.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                           "params": {"requestId": rid, "reason": "user pressed Esc"}})
+                           "params": {"requestId": str(rid) if named == "as-a-string" else rid,
+                                      "reason": "user pressed Esc"}})
             await rx.response(await rx.request("ping", {}))
             again = await rx.tool("inbox", peek=True)
             assert [(m["id"], m.get("repeat")) for m in again] == [(sent["id"], True)]

@@ -124,21 +124,25 @@ async def test_a_permanent_refusal_is_tried_once_per_relay_until_the_file_change
                 return True
 
             await wait_for(all_gave_up, timeout=60, interval=0.1, what="every relay to give up")
-            # one try per relay (plus the `up` above), not START_ATTEMPTS each
-            assert start_attempts(home) == 1 + len(hosts)
+            # at most one try per relay (plus the `up` above), not START_ATTEMPTS each; relays
+            # whose `up` ran while another's held the lock share that one's refusal
+            first_round = start_attempts(home)
+            assert 2 <= first_round <= 1 + len(hosts)
             stat = db.stat()
             os.utime(db, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a new identity
 
             async def tried_again() -> bool:
-                return start_attempts(home) == 1 + 2 * len(hosts)
+                return start_attempts(home) > first_round
 
-            await wait_for(tried_again, timeout=60, interval=0.1, what="one more try per relay")
+            await wait_for(tried_again, timeout=60, interval=0.1, what="one more try once the file changed")
             await wait_for(all_gave_up, timeout=60, interval=0.1, what="every relay to give up again")
+            second_round = start_attempts(home) - first_round
+            assert 1 <= second_round <= len(hosts)
             for host in hosts:
                 assert await host.end() == 0
     finally:
         for host in hosts:
             with trio.CancelScope(shield=True):
                 await host.kill()
-    assert start_attempts(home) == 1 + 2 * len(hosts)
+    assert start_attempts(home) == first_round + second_round  # none after the last refusal
     assert "Traceback" not in (home / "broker.log").read_text()

@@ -208,32 +208,3 @@ async def test_stray_files_in_the_ledger_folder_block_no_session(env, home):
     finally:
         broker.stop()
 
-
-async def test_a_cancel_naming_the_request_as_a_string_is_the_same_cancel(env, home):
-    """A host cancels request 7 as "7" (the SDK correlates the two, SPEC §3) after its result
-    was written: the result is taken back as if the ids matched exactly."""
-    broker = BrokerProcess(env, home).start()
-    try:
-        with trio.fail_after(90):
-            rx = await RawHost.start(env, "--project", "/w/str-id", "--host-session-id", "hs-str-id")
-            try:
-                async with open_bridge_client(socket_of(home), hello("hs-str-id-tx")) as (tx, _):
-                    sent = (await tx.request("send", to="hs-str-id", text="deploy is blocked"))["message"]
-
-                async def pending() -> bool:
-                    return [m["id"] for m in await rx.tool("inbox", peek=True, wait_seconds=1)] == [sent["id"]]
-
-                await wait_for(pending, what="the message in the receiver's inbox")
-                rid = await rx.request("tools/call", rx.call_tool("inbox"))
-                assert sent["id"] in json.dumps(await rx.response(rid))
-                await rx.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                               "params": {"requestId": str(rid), "reason": "user pressed Esc"}})
-                await rx.response(await rx.request("ping", {}))
-                again = await rx.tool("inbox", peek=True)
-                assert [(m["id"], m.get("repeat")) for m in again] == [(sent["id"], True)]
-                await rx.tool("whoami")
-                assert receipts(home, [sent["id"]])[sent["id"]][1] is None
-            finally:
-                await rx.close()
-    finally:
-        broker.stop()
