@@ -452,12 +452,16 @@ class Relay:
                     wake = min((r.deadline for r in self.waiting), default=now + 3600)
                     self.cond.wait(max(0.0, wake - now))
                     continue
-            for request in due:
-                rid = request.rid
-                if request.method == "tools/call":
-                    self.tool_error(rid, request.tool or "", reason)
-                else:
-                    self.answer(rid, error={"code": INTERNAL_ERROR, "message": reason})
+            self.answer_unreachable(due, reason)
+
+    def answer_unreachable(self, requests: list[Request], reason: str) -> None:
+        """Requests no broker will carry out: each answered with `reason` (a tool error for a
+        tool call, else a JSON-RPC error)."""
+        for request in requests:
+            if request.method == "tools/call":
+                self.tool_error(request.rid, request.tool or "", reason)
+            else:
+                self.answer(request.rid, error={"code": INTERNAL_ERROR, "message": reason})
 
     def send(self, link: Link, frames: list[dict[str, Any]]) -> None:
         """Frames to the broker; a broken connection is the reading thread's to handle."""
@@ -842,12 +846,7 @@ class Relay:
             link = self.link
             unanswered, self.waiting = self.waiting, []
             reason = self.unreachable()
-        for request in unanswered:
-            rid = request.rid
-            if request.method == "tools/call":
-                self.tool_error(rid, request.tool or "", reason)
-            else:
-                self.answer(rid, error={"code": INTERNAL_ERROR, "message": reason})
+        self.answer_unreachable(unanswered, reason)
         if link is None:
             return
         if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first

@@ -15,6 +15,21 @@ if TYPE_CHECKING:
     from agent_bridge.install import FileEdit
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
+VERSION_TIMEOUT = 10.0  # seconds for a host's `--version`; both answer in well under one
+
+
+def version_output(program: str | None) -> str | None:
+    """What `program --version` prints, or None when there is no program or it does not answer."""
+    import subprocess
+
+    if program is None:
+        return None
+    try:
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
 
 
 class Check(NamedTuple):

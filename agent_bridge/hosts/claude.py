@@ -171,23 +171,16 @@ class Claude(Host):
         return checks
 
 
-VERSION_TIMEOUT = 10.0  # seconds for `claude --version`
 
 
 def claude_version() -> Version | None:
     """The version of the `claude` on PATH ("2.1.332 (Claude Code)"), or None."""
     import shutil
-    import subprocess
 
-    program = shutil.which("claude")
-    if program is None:
-        return None
-    try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_version(out.stdout) if out.returncode == 0 else None
+    from agent_bridge.hosts.base import version_output
+
+    printed = version_output(shutil.which("claude"))
+    return parse_version(printed) if printed is not None else None
 
 
 def reach(registered: set[str], version: Version | None = None, *, asked: bool = False) -> Check:

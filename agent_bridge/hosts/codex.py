@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from agent_bridge.install import FileEdit
     from agent_bridge.tomledit import TomlText
 
-VERSION_TIMEOUT = 10.0  # seconds for `codex --version`; it answers in well under one
 QUEUE_TIMEOUT = 30.0  # seconds for `codex queue`; it answered in 0.16 s here
 WAKE_ENV = "AGENT_BRIDGE_CODEX_WAKE"  # "1": the user accepts idle wakes through `codex queue` (see runs_waiter)
 HOOKS_KEY_SINCE = (0, 130, 0)  # Codex renamed [features] codex_hooks to hooks (on by default)
@@ -153,18 +152,12 @@ def codex_version(program: str | None = None) -> tuple[int, int, int] | None:
     """The installed Codex's version from `codex --version` ("codex-cli 0.171.0"), or None when
     there is no codex on PATH or it does not answer with a version."""
     import re
-    import subprocess
 
-    program = program or codex_program()
-    if program is None:
-        return None
-    try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r"(\d+)\.(\d+)\.(\d+)", out.stdout)
-    if out.returncode != 0 or match is None:
+    from agent_bridge.hosts.base import version_output
+
+    printed = version_output(program or codex_program())
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", printed) if printed is not None else None
+    if match is None:
         return None
     major, minor, patch = (int(g) for g in match.groups())
     return major, minor, patch
