@@ -2,12 +2,15 @@
 
 Marks the session busy for its idle-wake waiter (`agent_bridge.hooks.wake`): while a turn runs,
 a waiting message is the PostToolUse and Stop hooks' to hand over (as additionalContext, with no
-error label), not the waiter's. The Stop hook marks the session idle again. Prints nothing
+error label), not the waiter's. The mark names the prompt (`prompt_id`, Claude Code 2.1.332), so
+that a Stop hook of the previous turn still running (Claude Code runs this hook for a prompt
+typed meanwhile) does not mark the new turn idle. Its own Stop hook does. Prints nothing
 (Claude Code would add UserPromptSubmit output to the model's context); writes one small file;
 talks to nobody. Any failure: exit 0, one line in broker.log.
 
 Host documentation: Claude Code "Hooks reference" (https://code.claude.com/docs/en/hooks#userpromptsubmit):
-stdin `session_id`, `transcript_path`, `cwd`, `hook_event_name`, `prompt`.
+stdin `session_id`, `transcript_path`, `cwd`, `hook_event_name`, `prompt`; 2.1.332 adds `prompt_id`
+(the same id as the Stop hook of that turn gets, seen with a toy hook).
 """
 
 from __future__ import annotations

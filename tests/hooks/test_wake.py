@@ -268,3 +268,64 @@ async def test_wait_active_answers_at_its_timeout_and_refuses_bad_arguments(brok
             assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-wait", timeoutMs=50_000)) == {
                 "active": True}
             assert acked_at(home, mid) is None  # it only says so: nothing handed over, nothing acknowledged
+
+
+def test_a_late_stop_of_the_previous_turn_leaves_the_next_turns_busy_mark(tmp_path):
+    """Claude Code 2.1.332 runs the UserPromptSubmit hook of a prompt typed while the previous
+    turn's Stop hooks still run (seen in the TUI: the Stop hook of a continued turn ended after
+    the next prompt's UserPromptSubmit hook). The late Stop must not mark the new turn idle."""
+    from agent_bridge.hooks import common, wake
+
+    def hook(prompt_id: str) -> common.HookInput:
+        return common.HookInput("hs-late", str(tmp_path), "", False, "", prompt_id)
+
+    wake.mark_idle(tmp_path, hook("prompt-1"))
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-1"
+    wake.mark_busy(tmp_path, hook("prompt-2"))  # the next prompt's UserPromptSubmit
+    wake.mark_idle(tmp_path, hook("prompt-1"))  # the previous turn's Stop hook, ending late
+    assert wake.read_mark(tmp_path, "hs-late") == "busy prompt-2"
+    wake.mark_idle(tmp_path, hook("prompt-2"))  # the turn's own Stop
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-2"
+
+
+async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the_next_turns_message(
+        broker, env, home, project, host):
+    """The order the hooks ran in one loaded TUI run (tests/hosts/test_claude_tui.py): the Stop
+    of turn 1 (its waiter arms), the UserPromptSubmit of turn 2, then a second Stop hook of turn
+    1 (the one after its continued turn) ending late. A message sent now is turn 2's PostToolUse
+    hook's, not the waiter's (Claude Code would label the waiter's "Stop hook feedback")."""
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-late"}):
+            hook_run = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+            version = transcript(project, "2.1.332")
+
+            def run(event: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+                return subprocess.run([*HOOK, "hook", event, "--agent", "claude"], input=stdin, env=hook_run,
+                                      cwd=project, capture_output=True, timeout=60)
+
+            stop_1 = stop_input("hs-late", project, version, "prompt-1")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""
+            waiter = start_waiter(home, project, "hs-late", host, prompt_id="prompt-1")
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            prompt = json.dumps({"session_id": "hs-late", "transcript_path": version, "cwd": str(project),
+                                 "hook_event_name": "UserPromptSubmit", "prompt_id": "prompt-2",
+                                 "prompt": "go"}).encode()
+            assert (await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)).returncode == 0
+            assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""  # turn 1's late Stop
+            mid = await send(home, "hs-late", "for turn 2")
+            await trio.sleep(1.5)  # the waiter would have taken it by now (it answers in milliseconds)
+            assert waiter.poll() is None and acked_at(home, mid) is None
+            post = json.dumps({"session_id": "hs-late", "cwd": str(project), "hook_event_name": "PostToolUse",
+                               "prompt_id": "prompt-2", "tool_name": "Bash", "tool_input": {},
+                               "tool_response": {}}).encode()
+            between = json.loads((await trio.to_thread.run_sync(run, "post-tool-use", post)).stdout)
+            assert "for turn 2" in between["hookSpecificOutput"]["additionalContext"]
+            assert acked_at(home, mid) is not None and waiter.poll() is None
+            stop_2 = stop_input("hs-late", project, version, "prompt-2")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_2)).stdout == b""  # turn 2 ends: idle
+            later = await send(home, "hs-late", "for the idle session")
+            code, _, err = await finished(waiter)
+            assert code == 2 and "for the idle session" in err.decode() and "for turn 2" not in err.decode()
+            assert acked_at(home, later) is not None
