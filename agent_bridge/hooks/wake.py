@@ -22,7 +22,8 @@ is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
    would show the waiter's as "Stop hook feedback" (seen with 2.1.332). Claude Code 2.1.332 runs
    the UserPromptSubmit hook of a prompt typed while the previous turn's Stop hooks still run, so
    a Stop hook may end after the next turn began: it leaves a busy mark of another prompt as it
-   is (seen under load: the late "idle" let the waiter take a mid-turn message);
+   is (seen under load: the late "idle" let the waiter take a mid-turn message). A Stop hook that
+   handed messages over continued the turn: it marks it busy, and the turn's next Stop ends it;
 7. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
    acknowledge), the "write" being `Host.wake`: Claude Code, stderr and exit 2; Codex, `codex queue
    --resume` (acknowledged once Codex says it queued it), after which the waiter marks the session

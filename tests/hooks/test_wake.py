@@ -206,9 +206,22 @@ async def test_what_waits_at_the_stop_is_the_stop_hooks_to_hand_over(broker, env
             assert "waiting at the stop" in answer["hookSpecificOutput"]["additionalContext"]
             assert "a repeat" not in answer["hookSpecificOutput"]["additionalContext"]
             assert acked_at(home, mid) is not None
+            # The answer continued the turn: a message now is the turn's, at its next Stop.
+            during = await send(home, "hs-stop", "while the turn goes on")
+            await trio.sleep(1.5)  # the waiter would have taken it by now (it answers in milliseconds)
+            assert waiter.poll() is None and acked_at(home, during) is None
+            again = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
+                capture_output=True, timeout=60))  # the continued turn's Stop (the same prompt)
+            assert "while the turn goes on" in json.loads(again.stdout)["hookSpecificOutput"]["additionalContext"]
+            last = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
+                capture_output=True, timeout=60))  # nothing waits: the turn ends, the session is idle
+            assert last.stdout == b""
             later = await send(home, "hs-stop", "after the stop")  # the waiter's, once the session is idle
             code, _, err = await finished(waiter)
             assert code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
+            assert "while the turn goes on" not in err.decode()
             assert acked_at(home, later) is not None
 
 
