@@ -47,10 +47,11 @@ def main(agent: str) -> int:
             if (hook.prompt_id or target.spawned_waiter) and target.runs_waiter(hook, os.environ):
                 from agent_bridge.hooks import wake
 
+                launched = wake.launch_stamp(host, chain)
                 if wrote:
-                    wake.mark_busy(home, hook)  # what it handed over continues the turn; its next Stop ends it
+                    wake.mark_busy(home, hook, launched)  # what it handed over continues the turn; its next Stop ends it
                 else:
-                    wake.mark_idle(home, hook)  # the session goes idle: the waiter may hand over now
+                    wake.mark_idle(home, hook, launched)  # the session goes idle: the waiter may hand over now
                 if target.spawned_waiter:
                     wake.spawn(agent, raw, host)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop

@@ -286,19 +286,24 @@ async def test_wait_active_answers_at_its_timeout_and_refuses_bad_arguments(brok
 def test_a_late_stop_of_the_previous_turn_leaves_the_next_turns_busy_mark(tmp_path):
     """Claude Code 2.1.332 runs the UserPromptSubmit hook of a prompt typed while the previous
     turn's Stop hooks still run (seen in the TUI: the Stop hook of a continued turn ended after
-    the next prompt's UserPromptSubmit hook). The late Stop must not mark the new turn idle."""
+    the next prompt's UserPromptSubmit hook). The late Stop must not mark the new turn idle: the
+    host started it before the UserPromptSubmit hook (the stamps: start times in clock ticks)."""
     from agent_bridge.hooks import common, wake
 
     def hook(prompt_id: str) -> common.HookInput:
         return common.HookInput("hs-late", str(tmp_path), "", False, "", prompt_id)
 
-    wake.mark_idle(tmp_path, hook("prompt-1"))
-    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-1"
-    wake.mark_busy(tmp_path, hook("prompt-2"))  # the next prompt's UserPromptSubmit
-    wake.mark_idle(tmp_path, hook("prompt-1"))  # the previous turn's Stop hook, ending late
-    assert wake.read_mark(tmp_path, "hs-late") == "busy prompt-2"
-    wake.mark_idle(tmp_path, hook("prompt-2"))  # the turn's own Stop
-    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-2"
+    wake.mark_busy(tmp_path, hook("prompt-0"), 100)  # turn 1's UserPromptSubmit (the id is the previous prompt's)
+    wake.mark_idle(tmp_path, hook("prompt-1"), 200)  # turn 1's Stop
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-1 200"
+    wake.mark_busy(tmp_path, hook("prompt-1"), 300)  # turn 2's UserPromptSubmit
+    wake.mark_idle(tmp_path, hook("prompt-1"), 250)  # turn 1's second Stop hook, started before it, ending late
+    assert wake.read_mark(tmp_path, "hs-late") == "busy 300"
+    wake.mark_idle(tmp_path, hook("prompt-2"), 400)  # turn 2's own Stop
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-2 400"
+    wake.mark_busy(tmp_path, hook("prompt-2"), None)  # where nothing tells when a hook started: as before
+    wake.mark_idle(tmp_path, hook("prompt-3"), 500)
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-3 500"
 
 
 async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the_next_turns_message(
@@ -322,16 +327,23 @@ async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the
             assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""
             waiter = start_waiter(home, project, "hs-late", host, prompt_id="prompt-1")
             await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
-            prompt = json.dumps({"session_id": "hs-late", "transcript_path": version, "cwd": str(project),
-                                 "hook_event_name": "UserPromptSubmit", "prompt_id": "prompt-2",
-                                 "prompt": "go"}).encode()
+            # Turn 1's second Stop hook: started now, slow to end (its input comes later).
+            def start_late() -> subprocess.Popen[bytes]:
+                return subprocess.Popen([*HOOK, "hook", "stop", "--agent", "claude"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hook_run, cwd=project)
+
+            late = start_late()
+            await trio.sleep(0.1)  # a later clock tick for the next hook's start
+            prompt = json.dumps({"session_id": "hs-late", "cwd": str(project), "hook_event_name": "UserPromptSubmit",
+                                 "prompt_id": "prompt-1", "prompt": "go"}).encode()  # the TUI gives the previous id
             assert (await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)).returncode == 0
-            assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""  # turn 1's late Stop
+            out, _ = await trio.to_thread.run_sync(lambda: late.communicate(stop_1, timeout=60))
+            assert (late.returncode, out) == (0, b"")  # it ended after turn 2 began
             mid = await send(home, "hs-late", "for turn 2")
             await trio.sleep(1.5)  # the waiter would have taken it by now (it answers in milliseconds)
             assert waiter.poll() is None and acked_at(home, mid) is None
             post = json.dumps({"session_id": "hs-late", "cwd": str(project), "hook_event_name": "PostToolUse",
-                               "prompt_id": "prompt-2", "tool_name": "Bash", "tool_input": {},
+                               "tool_name": "Bash", "tool_input": {},
                                "tool_response": {}}).encode()
             between = json.loads((await trio.to_thread.run_sync(run, "post-tool-use", post)).stdout)
             assert "for turn 2" in between["hookSpecificOutput"]["additionalContext"]
