@@ -48,8 +48,10 @@ def main(agent: str) -> int:
                 from agent_bridge.hooks import wake
 
                 launched = wake.launch_stamp(host, chain)
-                if wrote:
-                    wake.mark_busy(home, hook, launched)  # what it handed over continues the turn; its next Stop ends it
+                if wrote or target.prompt_queued(hook):
+                    # What it handed over continues the turn, or a prompt typed meanwhile runs next
+                    # (its UserPromptSubmit hook has already run): the next Stop ends it.
+                    wake.mark_busy(home, hook, launched)
                 else:
                     wake.mark_idle(home, hook, launched)  # the session goes idle: the waiter may hand over now
                 if target.spawned_waiter:

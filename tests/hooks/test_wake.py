@@ -354,3 +354,21 @@ async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the
             code, _, err = await finished(waiter)
             assert code == 2 and "for the idle session" in err.decode() and "for turn 2" not in err.decode()
             assert acked_at(home, later) is not None
+
+
+@pytest.mark.parametrize(("operations", "mark"), [(("enqueue",), "busy"), (("enqueue", "dequeue"), "idle")])
+def test_a_stop_with_a_prompt_queued_leaves_the_session_busy(env, home, project, host, operations, mark):
+    """A prompt typed while the turn ran (its UserPromptSubmit hook ran then, and marked the turn
+    busy before this Stop's hook started) runs as the next turn once the Stop hooks are done: no
+    UserPromptSubmit marks it then, so this Stop does not mark the session idle. Claude Code's
+    transcript says so: a `queue-operation` "enqueue" not yet dequeued (seen with 2.1.332)."""
+    path = project / "t.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [{"type": "assistant", "version": "2.1.332"}, *(
+        {"type": "queue-operation", "operation": op, "content": "next"} for op in operations)]))
+    stop_env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+    done = subprocess.run([*HOOK, "hook", "stop", "--agent", "claude"], input=stop_input("hs-q", project, str(path),
+                          "prompt-1"), env=stop_env, cwd=project, capture_output=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, b"")
+    from agent_bridge.hooks import wake
+
+    assert wake.read_mark(home, "hs-q").split(" ")[0] == mark
