@@ -128,3 +128,23 @@ def test_codex_wakes_only_where_declared(tmp_path, monkeypatch):
     assert codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})  # no codex to queue with
+
+
+def test_claude_queued_prompts_counts_the_transcripts_queue_operations(tmp_path):
+    """A prompt typed while a turn runs: "enqueue" once its UserPromptSubmit hook has run,
+    "dequeue" when it runs (Claude Code 2.1.332 TUI)."""
+    path = tmp_path / "t.jsonl"
+
+    def write(*ops: str) -> str:
+        lines = [json.dumps({"type": "assistant", "version": "2.1.332"}), "not json {\"queue-operation\""]
+        lines += [json.dumps({"type": "queue-operation", "operation": op, "content": "x"}) for op in ops]
+        path.write_text("\n".join(lines) + "\n")
+        return str(path)
+
+    assert claude.queued_prompts(write()) == 0
+    assert claude.queued_prompts(write("enqueue")) == 1
+    assert claude.queued_prompts(write("enqueue", "dequeue")) == 0
+    assert claude.queued_prompts(write("dequeue", "enqueue")) == 1  # a dequeue of what came before the tail
+    assert claude.queued_prompts(write("enqueue", "enqueue", "remove")) == 1
+    assert claude.queued_prompts(str(tmp_path / "missing.jsonl")) == 0
+    assert claude.queued_prompts("") == 0

@@ -34,14 +34,26 @@ def main(agent: str) -> int:
         raw = common.read_raw()
         hook = common.parse_input(raw)
         target = hosts.by_name(agent) or hosts.DEFAULT
+        wrote = False
+
+        def write(text: str) -> None:
+            nonlocal wrote
+            common.emit(target.stop_output(text, hook))
+            wrote = True
+
         try:
-            handover.hand_over(home, agent, EVENT, hook, host, chain,
-                               lambda text: common.emit(target.stop_output(text, hook)))
+            handover.hand_over(home, agent, EVENT, hook, host, chain, write)
         finally:
             if (hook.prompt_id or target.spawned_waiter) and target.runs_waiter(hook, os.environ):
                 from agent_bridge.hooks import wake
 
-                wake.mark_idle(home, hook)  # the session goes idle: the waiter may hand over now
+                launched = wake.launch_stamp(host, chain)
+                if wrote or target.prompt_queued(hook):
+                    # What it handed over continues the turn, or a prompt typed meanwhile runs next
+                    # (its UserPromptSubmit hook has already run): the next Stop ends it.
+                    wake.mark_busy(home, hook, launched)
+                else:
+                    wake.mark_idle(home, hook, launched)  # the session goes idle: the waiter may hand over now
                 if target.spawned_waiter:
                     wake.spawn(agent, raw, host)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop

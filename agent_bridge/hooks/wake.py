@@ -13,13 +13,18 @@ is running (seen with Claude Code 2.1.332, NOTES.md). So the waiter:
 4. lets the Stop hook of the same Stop go first: Claude Code starts both at once, and what waits
    at the Stop is the Stop hook's to hand over (as additionalContext, with no error label). The
    Stop hook marks its end with the Stop's `prompt_id` (`mark_idle`); the waiter waits for that
-   mark (at most STOP_HOOK_WAIT);
+   mark, or for a busy one (at most STOP_HOOK_WAIT);
 5. waits on the broker (`wait_active`) until an **active** message waits for its session (passive
    ones never wake anyone);
 6. leaves it to the PostToolUse and Stop hooks while the session is busy: the UserPromptSubmit
    hook marks a turn's start (`mark_busy`), the Stop hook its end. A busy session gets the message
    between tool calls or at its Stop without an error label; Claude Code would show the waiter's
-   as "Stop hook feedback" (seen with 2.1.332);
+   as "Stop hook feedback" (seen with 2.1.332). Claude Code 2.1.332 runs the UserPromptSubmit
+   hook of a prompt typed while the previous turn's Stop hooks still run, so a Stop hook may end
+   after the next turn began: it leaves a busy mark written by a hook that the host started after
+   it (`launch_stamp`) as it is (seen under load: the late "idle" let the waiter take a mid-turn
+   message). A Stop hook that handed messages over continued the turn: it marks it busy, and the
+   turn's next Stop ends it;
 7. hands it over as the Stop and PostToolUse hooks do (`handover`: fetch, write, then
    acknowledge), the "write" being `Host.wake`: Claude Code, stderr and exit 2; Codex, `codex queue
    --resume` (acknowledged once Codex says it queued it), after which the waiter marks the session
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import os
 import select
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +110,8 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
             return 0  # the host is gone
         if not found:
             continue
-        if read_mark(home, hook.session_id) == BUSY:  # a turn runs: its PostToolUse or Stop hook hands it over
-            while read_mark(home, hook.session_id) == BUSY:
+        if is_busy(read_mark(home, hook.session_id)):  # a turn runs: its PostToolUse or Stop hook hands it over
+            while is_busy(read_mark(home, hook.session_id)):
                 if watch.wait(BUSY_POLL):
                     return 0
             continue
@@ -117,7 +123,7 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
         if handed and not target.spawned_waiter:
             return 2  # Claude Code's asyncRewake: exit 2 gives the model what was written to stderr
         if handed:
-            mark_busy(home, hook)  # the woken turn runs; its Stop marks the session idle again
+            mark_busy(home, hook, None)  # the woken turn runs; its Stop marks the session idle again
 
 
 class WakeFailed(Exception):
@@ -196,25 +202,64 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
 
 
 def session_mark(home: Path, host_session_id: str) -> Path:
-    """`<home>/waiters/<digest>.state`: "busy" while a turn runs, "idle <prompt id>" once a Stop
-    hook has finished."""
+    """`<home>/waiters/<digest>.state`: "busy <launch>" while a turn runs, "idle <prompt id>
+    <launch>" once its Stop hook has finished; <launch> is when the host started the hook that
+    wrote it (`launch_stamp`, "-" when unknown)."""
     return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".state")
 
 
-def _write_mark(home: Path, host_session_id: str, text: str) -> None:
-    """Advisory, so no fsync: a lost mark costs a message's way, never the message."""
+def launch_stamp(host: procinfo.Proc | None, chain: list[procinfo.Proc]) -> int | None:
+    """When the host started this hook: the start time of the process it spawned for it (the one
+    below it in the ancestor chain: the hook's shell, or the hook when the shell exec'd it),
+    else of this process. In clock ticks since boot on Linux (10 ms), so two hooks' stamps tell
+    which one the host started first; None when unknown."""
+    below = [p for p, parent in zip(chain, chain[1:], strict=False) if host is not None and parent == host]
+    if below:
+        return below[0].start
+    found = procinfo.describe(os.getpid())  # the host spawned this process itself (or is not an ancestor)
+    return found[0].start if found else None
+
+
+def _write_mark(home: Path, host_session_id: str, text: str, unless: Callable[[str], bool] | None = None) -> bool:
+    """Advisory, so no fsync: a lost mark costs a message's way, never the message. Every writer
+    holds a lock on the waiters folder meanwhile, so with `unless` the look at the mark and the
+    write are one step: the mark stays when `unless(mark)` holds. True when written."""
     folder = home / WAITERS_DIR
     if not folder.is_dir():
         paths.ensure_home(home)
         folder.mkdir(mode=0o700, exist_ok=True)
     target = session_mark(home, host_session_id)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    held = _lock_folder(folder)
     try:
-        os.write(fd, text.encode("utf-8"))
+        if unless is not None and unless(read_mark(home, host_session_id)):
+            return False
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, text.encode("utf-8"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        return True
     finally:
+        if held is not None:
+            os.close(held)  # releases the flock
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """An exclusive flock on the folder itself (a descriptor to close), held for microseconds by
+    each mark writer; None where there is no flock (the waiter does not run there either)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
         os.close(fd)
-    os.replace(tmp, target)
+        raise
+    return fd
 
 
 def read_mark(home: Path, host_session_id: str) -> str:
@@ -224,28 +269,61 @@ def read_mark(home: Path, host_session_id: str) -> str:
         return ""
 
 
-def mark_idle(home: Path, hook: common.HookInput) -> None:
+def is_busy(mark: str) -> bool:
+    return mark.split(" ", 1)[0] == BUSY
+
+
+def is_idle_after(mark: str, prompt_id: str) -> bool:
+    """The mark of the Stop hook of the Stop that ends `prompt_id`."""
+    parts = mark.split(" ")
+    return len(parts) >= 2 and parts[0] == "idle" and parts[1] == prompt_id
+
+
+def _stamp(mark: str) -> int | None:
+    parts = mark.split(" ")
+    last = parts[-1] if len(parts) >= 2 else ""
+    return int(last) if last.isdigit() else None
+
+
+def mark_idle(home: Path, hook: common.HookInput, launched: int | None) -> bool:
     """The Stop hook has handed over what waited at this Stop (or found nothing): the waiter
-    started by the same Stop may wait now, and hand over what comes while the session is idle."""
-    _write_mark(home, hook.session_id, f"idle {hook.prompt_id}")
+    started by the same Stop may wait now, and hand over what comes while the session is idle.
+
+    Unless the next turn already runs: Claude Code 2.1.332 (TUI) runs the UserPromptSubmit hook
+    of a prompt typed while the previous turn's Stop hooks still run, so a slow Stop hook can end
+    after the next turn was marked busy (seen under load: the waiter then took a message of the
+    next turn). A busy mark written by a hook the host started after this one stays. Its
+    `prompt_id` cannot tell: a UserPromptSubmit hook gets the previous prompt's id there (seen).
+    False when the mark stayed."""
+    def later_turn(mark: str) -> bool:
+        stamp = _stamp(mark)
+        return is_busy(mark) and stamp is not None and launched is not None and stamp > launched
+
+    return _write_mark(home, hook.session_id, f"idle {hook.prompt_id or '-'} {_show(launched)}", unless=later_turn)
 
 
-def mark_busy(home: Path, hook: common.HookInput) -> None:
-    """A turn starts (UserPromptSubmit): messages are the PostToolUse and Stop hooks' until it ends."""
-    _write_mark(home, hook.session_id, BUSY)
+def mark_busy(home: Path, hook: common.HookInput, launched: int | None) -> None:
+    """A turn starts (UserPromptSubmit) or goes on (a Stop hook handed messages over, which
+    continues the turn): messages are the PostToolUse and Stop hooks' until it ends."""
+    _write_mark(home, hook.session_id, f"{BUSY} {_show(launched)}")
+
+
+def _show(stamp: int | None) -> str:
+    return "-" if stamp is None else str(stamp)
 
 
 def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> bool:
-    """Wait until the Stop hook of this Stop has marked its end, or a new turn has started (or
-    STOP_HOOK_WAIT passed, or the Stop carries no prompt id to match). False when the host ended
-    meanwhile."""
+    """Wait until the Stop hook of this Stop has marked its end, or a turn runs (or
+    STOP_HOOK_WAIT passed, or the Stop carries no prompt id to match); while the session is
+    busy, `wait` stands aside anyway. False when the host ended meanwhile."""
     import time
 
     if not hook.prompt_id:
         return True
     deadline = time.monotonic() + STOP_HOOK_WAIT
     while time.monotonic() < deadline:
-        if read_mark(home, hook.session_id) in (f"idle {hook.prompt_id}", BUSY):
+        mark = read_mark(home, hook.session_id)
+        if is_idle_after(mark, hook.prompt_id) or is_busy(mark):
             return True
         if watch.wait(STOP_MARK_POLL):
             return False

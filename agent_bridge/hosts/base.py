@@ -97,6 +97,11 @@ class Host:
         module knows it does (SPEC §3 "Reach" item 3)."""
         return False
 
+    def prompt_queued(self, hook: HookInput) -> bool:
+        """Whether a prompt submitted while the turn ran waits to run as the next turn, so that
+        the session does not go idle at this Stop (unknown: no)."""
+        return False
+
     # How the waiter gets started: registered as a background hook (`spawned_waiter` False:
     # Claude Code's asyncRewake), or started by the Stop hook as a detached process (True: Codex).
     spawned_waiter = False

@@ -102,6 +102,12 @@ class Claude(Host):
         version = transcript_version(hook.transcript_path)
         return version is not None and version >= ASYNC_REWAKE_SINCE
 
+    def prompt_queued(self, hook: HookInput) -> bool:
+        """A prompt typed while a turn runs is queued, its UserPromptSubmit hook run at once, and it
+        runs as the next turn once the Stop hooks are done (seen with 2.1.332 in the TUI: the
+        transcript's `queue-operation` entries "enqueue" after that hook, "dequeue" when it runs)."""
+        return queued_prompts(hook.transcript_path) > 0
+
     def wake(self, text: str, hook: HookInput) -> bool:
         """asyncRewake: the hook's stderr, given to the model when it exits 2 (which it does next)."""
         import os
@@ -252,6 +258,43 @@ def transcript_version(path: str) -> Version | None:
                 size = min(end, size * 4)
     except OSError:
         return None
+
+
+def queued_prompts(path: str) -> int:
+    """How many prompts wait in the session's queue, from the `queue-operation` entries in the
+    last TRANSCRIPT_TAIL bytes of its transcript ("enqueue" adds one; "dequeue" and "remove" take
+    one; a "dequeue" of what was queued before the tail counts for nothing). 0 when unreadable."""
+    import json
+
+    if not path:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            f.seek(max(0, end - TRANSCRIPT_TAIL))
+            lines = f.read(TRANSCRIPT_TAIL).split(b"\n")
+    except OSError:
+        return 0
+    if end > TRANSCRIPT_TAIL:
+        lines = lines[1:]  # the first one may be cut
+    pending = 0
+    for line in lines:
+        if b'"queue-operation"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or entry.get("type") != "queue-operation":
+            continue
+        operation = entry.get("operation")
+        if operation == "enqueue":
+            pending += 1
+        elif operation in ("dequeue", "remove"):
+            pending = max(0, pending - 1)
+        elif operation == "clear":
+            pending = 0
+    return pending
 
 
 def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:

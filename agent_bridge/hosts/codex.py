@@ -96,6 +96,12 @@ class Codex(Host):
         `codex exec` the waiter ends with the exec run (its host), having nothing to wake."""
         return env.get(WAKE_ENV) == "1" and codex_program() is not None and bool(hook.session_id)
 
+    def prompt_queued(self, hook: HookInput) -> bool:
+        """Not known for Codex: nothing it shows a Stop hook was seen to say so (0.171.0). A prompt
+        typed during a turn there runs as the next turn, marked busy by its UserPromptSubmit hook
+        only if that runs when it starts (not verified)."""
+        return False
+
     def wake(self, text: str, hook: HookInput) -> bool:
         """`codex queue --thread ID --message TEXT --resume` (Codex 0.171): an idle interactive
         session runs it as a new turn at once (seen 0.18 s after the call), as a user message, so

@@ -206,9 +206,22 @@ async def test_what_waits_at_the_stop_is_the_stop_hooks_to_hand_over(broker, env
             assert "waiting at the stop" in answer["hookSpecificOutput"]["additionalContext"]
             assert "a repeat" not in answer["hookSpecificOutput"]["additionalContext"]
             assert acked_at(home, mid) is not None
+            # The answer continued the turn: a message now is the turn's, at its next Stop.
+            during = await send(home, "hs-stop", "while the turn goes on")
+            await trio.sleep(1.5)  # the waiter would have taken it by now (it answers in milliseconds)
+            assert waiter.poll() is None and acked_at(home, during) is None
+            again = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
+                capture_output=True, timeout=60))  # the continued turn's Stop (the same prompt)
+            assert "while the turn goes on" in json.loads(again.stdout)["hookSpecificOutput"]["additionalContext"]
+            last = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
+                capture_output=True, timeout=60))  # nothing waits: the turn ends, the session is idle
+            assert last.stdout == b""
             later = await send(home, "hs-stop", "after the stop")  # the waiter's, once the session is idle
             code, _, err = await finished(waiter)
             assert code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
+            assert "while the turn goes on" not in err.decode()
             assert acked_at(home, later) is not None
 
 
@@ -268,3 +281,94 @@ async def test_wait_active_answers_at_its_timeout_and_refuses_bad_arguments(brok
             assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-wait", timeoutMs=50_000)) == {
                 "active": True}
             assert acked_at(home, mid) is None  # it only says so: nothing handed over, nothing acknowledged
+
+
+def test_a_late_stop_of_the_previous_turn_leaves_the_next_turns_busy_mark(tmp_path):
+    """Claude Code 2.1.332 runs the UserPromptSubmit hook of a prompt typed while the previous
+    turn's Stop hooks still run (seen in the TUI: the Stop hook of a continued turn ended after
+    the next prompt's UserPromptSubmit hook). The late Stop must not mark the new turn idle: the
+    host started it before the UserPromptSubmit hook (the stamps: start times in clock ticks)."""
+    from agent_bridge.hooks import common, wake
+
+    def hook(prompt_id: str) -> common.HookInput:
+        return common.HookInput("hs-late", str(tmp_path), "", False, "", prompt_id)
+
+    wake.mark_busy(tmp_path, hook("prompt-0"), 100)  # turn 1's UserPromptSubmit (the id is the previous prompt's)
+    wake.mark_idle(tmp_path, hook("prompt-1"), 200)  # turn 1's Stop
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-1 200"
+    wake.mark_busy(tmp_path, hook("prompt-1"), 300)  # turn 2's UserPromptSubmit
+    wake.mark_idle(tmp_path, hook("prompt-1"), 250)  # turn 1's second Stop hook, started before it, ending late
+    assert wake.read_mark(tmp_path, "hs-late") == "busy 300"
+    wake.mark_idle(tmp_path, hook("prompt-2"), 400)  # turn 2's own Stop
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-2 400"
+    wake.mark_busy(tmp_path, hook("prompt-2"), None)  # where nothing tells when a hook started: as before
+    wake.mark_idle(tmp_path, hook("prompt-3"), 500)
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-3 500"
+
+
+async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the_next_turns_message(
+        broker, env, home, project, host):
+    """The order the hooks ran in one loaded TUI run (tests/hosts/test_claude_tui.py): the Stop
+    of turn 1 (its waiter arms), the UserPromptSubmit of turn 2, then a second Stop hook of turn
+    1 (the one after its continued turn) ending late. A message sent now is turn 2's PostToolUse
+    hook's, not the waiter's (Claude Code would label the waiter's "Stop hook feedback")."""
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-late"}):
+            hook_run = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+            version = transcript(project, "2.1.332")
+
+            def run(event: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+                return subprocess.run([*HOOK, "hook", event, "--agent", "claude"], input=stdin, env=hook_run,
+                                      cwd=project, capture_output=True, timeout=60)
+
+            stop_1 = stop_input("hs-late", project, version, "prompt-1")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""
+            waiter = start_waiter(home, project, "hs-late", host, prompt_id="prompt-1")
+            await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+            # Turn 1's second Stop hook: started now, slow to end (its input comes later).
+            def start_late() -> subprocess.Popen[bytes]:
+                return subprocess.Popen([*HOOK, "hook", "stop", "--agent", "claude"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hook_run, cwd=project)
+
+            late = start_late()
+            await trio.sleep(0.1)  # a later clock tick for the next hook's start
+            prompt = json.dumps({"session_id": "hs-late", "cwd": str(project), "hook_event_name": "UserPromptSubmit",
+                                 "prompt_id": "prompt-1", "prompt": "go"}).encode()  # the TUI gives the previous id
+            assert (await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)).returncode == 0
+            out, _ = await trio.to_thread.run_sync(lambda: late.communicate(stop_1, timeout=60))
+            assert (late.returncode, out) == (0, b"")  # it ended after turn 2 began
+            mid = await send(home, "hs-late", "for turn 2")
+            await trio.sleep(1.5)  # the waiter would have taken it by now (it answers in milliseconds)
+            assert waiter.poll() is None and acked_at(home, mid) is None
+            post = json.dumps({"session_id": "hs-late", "cwd": str(project), "hook_event_name": "PostToolUse",
+                               "tool_name": "Bash", "tool_input": {},
+                               "tool_response": {}}).encode()
+            between = json.loads((await trio.to_thread.run_sync(run, "post-tool-use", post)).stdout)
+            assert "for turn 2" in between["hookSpecificOutput"]["additionalContext"]
+            assert acked_at(home, mid) is not None and waiter.poll() is None
+            stop_2 = stop_input("hs-late", project, version, "prompt-2")
+            assert (await trio.to_thread.run_sync(run, "stop", stop_2)).stdout == b""  # turn 2 ends: idle
+            later = await send(home, "hs-late", "for the idle session")
+            code, _, err = await finished(waiter)
+            assert code == 2 and "for the idle session" in err.decode() and "for turn 2" not in err.decode()
+            assert acked_at(home, later) is not None
+
+
+@pytest.mark.parametrize(("operations", "mark"), [(("enqueue",), "busy"), (("enqueue", "dequeue"), "idle")])
+def test_a_stop_with_a_prompt_queued_leaves_the_session_busy(env, home, project, host, operations, mark):
+    """A prompt typed while the turn ran (its UserPromptSubmit hook ran then, and marked the turn
+    busy before this Stop's hook started) runs as the next turn once the Stop hooks are done: no
+    UserPromptSubmit marks it then, so this Stop does not mark the session idle. Claude Code's
+    transcript says so: a `queue-operation` "enqueue" not yet dequeued (seen with 2.1.332)."""
+    path = project / "t.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [{"type": "assistant", "version": "2.1.332"}, *(
+        {"type": "queue-operation", "operation": op, "content": "next"} for op in operations)]))
+    stop_env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
+    done = subprocess.run([*HOOK, "hook", "stop", "--agent", "claude"], input=stop_input("hs-q", project, str(path),
+                          "prompt-1"), env=stop_env, cwd=project, capture_output=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, b"")
+    from agent_bridge.hooks import wake
+
+    assert wake.read_mark(home, "hs-q").split(" ")[0] == mark

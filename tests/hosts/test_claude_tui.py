@@ -4,12 +4,14 @@ label on the screen (path 2), and an idle session is woken by a message with no 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 
 import pytest
 
+from agent_bridge.hooks import wake
 from tests.hosts.conftest import Tui, World, claude_system_texts, plan, poll_until
 from tests.hosts.models import GATE
 
@@ -57,6 +59,12 @@ def bridge_processes(world: World) -> list[str]:
     return found
 
 
+def session_mark(world: World, sid: str) -> str:
+    """The session's mark for its waiter: "busy …" while a turn runs, "idle …" once the turn's
+    Stop hook has finished (agent_bridge.hooks.wake)."""
+    return wake.read_mark(world.bridge_home, sid)
+
+
 def exit_tui(world: World, tui: Tui) -> None:
     tui.type("/exit")
     poll_until(lambda: not tui.running(), "Claude Code to exit")
@@ -88,6 +96,8 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     poll_until(lambda: waiters_held(world) == 1, "the waiter armed at the Stop")
     tui.type(plan(("whoami", {}), (GATE, {"gate": "busy"}), ("peers", {}), ("whoami", {})))
     world.claude_model.wait_reached("busy")
+    second_turn = session_mark(world, sid)  # its UserPromptSubmit hook ran before its first request
+    assert wake.is_busy(second_turn), second_turn  # not the first turn's "idle …" (a late Stop hook's)
     known = len(world.claude_model.of_session(sid))
     world.bridge("send", sid, "mid-turn: rebase first")
     world.claude_model.open_gate("busy")
@@ -101,8 +111,11 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the mid-turn message acknowledged")
 
     # Path 3: the session is idle (its turn ended, the waiter armed at its Stop). A message
-    # wakes it: a new turn with no keystroke, the message in the model's request.
-    poll_until(lambda: waiters_held(world) == 1 and tui.screen().count("done.") >= 2, "the waiter armed at the Stop")
+    # wakes it: a new turn with no keystroke, the message in the model's request, through the
+    # waiter. The turn has ended when its Stop hook has marked it idle: its "done." is on the
+    # screen before that (and the first turn's two "done." were there before it began).
+    poll_until(lambda: waiters_held(world) == 1 and session_mark(world, sid).startswith("idle "),
+               "the second turn's Stop hook finished, the waiter armed")
     before = len(world.claude_model.of_session(sid))
     started = time.monotonic()
     world.bridge("send", sid, "idle wake: are you there?")
@@ -113,6 +126,10 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     print(f"\nreach (Claude Code TUI, idle, asyncRewake): {woke_at - sent:.3f} s after send returned "
           f"({woke_at - started:.3f} s after it was called)")
     assert "not from the user" in woke.text
+    # The waiter's (Claude Code queues its stderr as a new turn's message), not a hook's additionalContext.
+    carrying = [json.dumps(m, ensure_ascii=False) for m in woke.body.get("messages") or ()
+                if "are you there?" in json.dumps(m, ensure_ascii=False)]
+    assert carrying and "Stop hook feedback" in carrying[0] and "additional context" not in carrying[0], carrying
     poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")
     poll_until(lambda: "are you there?" in tui.screen() or "done." in tui.screen(), "the woken turn on screen")
     # After the woken turn's Stop, one waiter again (not one per Stop).
