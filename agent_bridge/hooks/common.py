@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_bridge import jsonlimit, paths, procinfo
+from agent_bridge.hosts.base import HookInput  # (defined beside the hosts, which read it)
 
 BROKER_TIMEOUT = 0.8  # seconds for one broker request: a hook must never hold up its host
 STDIN_MAX = 8 << 20  # bytes of hook input we accept (a Stop input carries the last reply)
@@ -41,22 +42,6 @@ class SessionIdError(HookInputError):
     def __init__(self, message: str, hook: HookInput) -> None:
         super().__init__(message)
         self.hook = hook
-
-
-class HookInput:
-    """The fields of the hook input we use. (A plain class: `dataclasses` costs an import of
-    `inspect`, several milliseconds at every session start.)"""
-
-    __slots__ = ("session_id", "cwd", "source", "stop_hook_active", "transcript_path", "prompt_id")
-
-    def __init__(self, session_id: str, cwd: str, source: str, stop_hook_active: bool,
-                 transcript_path: str = "", prompt_id: str = "") -> None:
-        self.session_id = session_id
-        self.cwd = cwd  # normalized absolute folder (domain.normalize_folder)
-        self.source = source  # SessionStart source, "" when absent
-        self.stop_hook_active = stop_hook_active
-        self.transcript_path = transcript_path  # the host's transcript file, "" when absent
-        self.prompt_id = prompt_id  # Claude Code's id of the prompt a Stop ends (2.1.332), "" when absent
 
 
 def parse_input(raw: bytes) -> HookInput:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -30,6 +29,22 @@ def version_output(program: str | None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
+
+
+class HookInput:
+    """The fields of the hook input we use. (A plain class: `dataclasses` costs an import of
+    `inspect`, several milliseconds at every session start.)"""
+
+    __slots__ = ("session_id", "cwd", "source", "stop_hook_active", "transcript_path", "prompt_id")
+
+    def __init__(self, session_id: str, cwd: str, source: str, stop_hook_active: bool,
+                 transcript_path: str = "", prompt_id: str = "") -> None:
+        self.session_id = session_id
+        self.cwd = cwd  # normalized absolute folder (domain.normalize_folder)
+        self.source = source  # SessionStart source, "" when absent
+        self.stop_hook_active = stop_hook_active
+        self.transcript_path = transcript_path  # the host's transcript file, "" when absent
+        self.prompt_id = prompt_id  # Claude Code's id of the prompt a Stop ends (2.1.332), "" when absent
 
 
 class Check(NamedTuple):

@@ -32,10 +32,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, Host
+from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host
 
 if TYPE_CHECKING:
-    from agent_bridge.hooks.common import HookInput
     from agent_bridge.install import FileEdit
 
 Version = tuple[int, int, int]

@@ -107,3 +107,37 @@ def fake_host() -> Iterator[subprocess.Popen[bytes]]:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def full_pipe() -> tuple[int, int, int]:
+    """A pipe whose write end is full (a host that stopped reading): (read end, write end, the
+    number of filler bytes in it). The write end blocks again, as a hook's stdout does."""
+    import fcntl
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
+    filler = 0
+    try:
+        while True:
+            filler += os.write(write_end, b"x")
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
+    return read_end, write_end, filler
+
+
+def waiter_locks_held(home: Path) -> int:
+    """How many idle-wake waiters hold their session's lock in `home` (one waits per session)."""
+    import fcntl
+
+    folder = home / "waiters"
+    held = 0
+    for lock in folder.iterdir() if folder.exists() else ():
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held += 1
+        finally:
+            os.close(fd)
+    return held

@@ -4,7 +4,6 @@ fetch, write, then acknowledge; with nothing waiting it reads bridge.db and cont
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ from agent_bridge import paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import wait_for
-from tests.hooks.conftest import HOOK, build_db, hook_env, log_lines, run_hook
+from tests.hooks.conftest import HOOK, build_db, full_pipe, hook_env, log_lines, run_hook
 
 
 def post_input(sid: str, project: Path) -> dict[str, Any]:
@@ -117,15 +116,7 @@ async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, 
         async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
                                                          "hostSessionId": "hs-kill"}):
             [mid] = await send(home, "hs-kill", ["the build is red"])
-            read_end, write_end = os.pipe()
-            fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
-            filler = 0
-            try:
-                while True:
-                    filler += os.write(write_end, b"x")
-            except BlockingIOError:
-                pass
-            fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
+            read_end, write_end, filler = full_pipe()
             proc = start_hook(home, project, write_end)
             os.close(write_end)
             try:

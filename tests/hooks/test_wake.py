@@ -7,7 +7,6 @@ drive the real Claude Code."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from agent_bridge import paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import wait_for
-from tests.hooks.conftest import HOOK, hook_env, log_lines
+from tests.hooks.conftest import HOOK, full_pipe, hook_env, log_lines, waiter_locks_held
 
 pytestmark = pytest.mark.slow
 
@@ -78,19 +77,7 @@ def acked_at(home: Path, mid: str) -> Any:
         return conn.execute("SELECT acked_at FROM receipts WHERE message_id = ?", (mid,)).fetchone()[0]
 
 
-def holders(home: Path) -> int:
-    """How many waiter locks are held now (a lock held means a waiter waits)."""
-    folder = home / "waiters"
-    held = 0
-    for lock in folder.iterdir() if folder.exists() else ():
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held += 1
-        finally:
-            os.close(fd)
-    return held
+holders = waiter_locks_held
 
 
 async def finished(proc: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
@@ -147,15 +134,7 @@ async def test_no_waiting_where_the_host_would_not_run_it_in_the_background(
 async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env, home, project, host):
     """Its stderr is a full pipe: once it has fetched the message (offered), it is killed."""
     with trio.fail_after(120):
-        read_end, write_end = os.pipe()
-        fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
-        filler = 0
-        try:
-            while True:
-                filler += os.write(write_end, b"x")
-        except BlockingIOError:
-            pass
-        fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
+        read_end, write_end, filler = full_pipe()
         record = paths.read_broker_json(home)
         async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
                                                          "hostSessionId": "hs-killed"}):

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from agent_bridge.hooks import wake
+from tests.hooks.conftest import waiter_locks_held
 from tests.hosts.conftest import Tui, World, claude_system_texts, plan, poll_until
 from tests.hosts.models import GATE
 
@@ -26,19 +27,7 @@ def ready(world: World, tui: Tui, sid: str) -> bool:
 
 def waiters_held(world: World) -> int:
     """How many idle-wake waiters hold their session's lock (one waits per session)."""
-    import fcntl
-
-    folder = world.bridge_home / "waiters"
-    held = 0
-    for lock in folder.iterdir() if folder.exists() else ():
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held += 1
-        finally:
-            os.close(fd)
-    return held
+    return waiter_locks_held(world.bridge_home)
 
 
 def bridge_processes(world: World) -> list[str]:
