@@ -241,15 +241,22 @@
     if (done) $("send-text").value = "";
   }
 
+  // Sessions whose Forget was clicked once: kept here, not on the button, so that a live
+  // refresh of the list (which builds new buttons) does not undo the first click.
+  const armedForget = new Set();
+
   function forgetButton(s) {
-    const button = el("button", { className: "button quiet small forget", type: "button", text: "Forget" });
+    const armedText = "Forget " + s.name + "?";
+    const button = el("button", { className: "button quiet small forget", type: "button",
+                                  text: armedForget.has(s.id) ? armedText : "Forget" });
     button.title = "Forget this gone session and what was queued to it";
     button.addEventListener("click", async () => {
-      if (button.dataset.armed !== "1") { // two clicks: nothing is forgotten by a stray one
-        button.dataset.armed = "1";
-        button.textContent = "Forget " + s.name + "?";
+      if (!armedForget.has(s.id)) { // two clicks: nothing is forgotten by a stray one
+        armedForget.add(s.id);
+        button.textContent = armedText;
         return;
       }
+      armedForget.delete(s.id);
       button.disabled = true;
       await act("sessions-result", async () => {
         const r = await post("/api/sessions/" + encodeURIComponent(s.id) + "/forget", {});
