@@ -40,7 +40,8 @@ WORDS = (
 def build(db: Path, revisions: int, topics: int, projects: int, seed: int = 6) -> list[str]:
     """Write the rows; returns the project folders."""
     from agent_bridge import domain
-    from agent_bridge.store.writer import Store, new_id
+    from agent_bridge.store.ids import new_id
+    from agent_bridge.store.writer import Store
 
     rng = random.Random(seed)
     folders = [f"/home/dev/src/project-{p:02d}" for p in range(projects)]

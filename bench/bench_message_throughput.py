@@ -73,7 +73,9 @@ from pathlib import Path
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Author, Message
-from agent_bridge.store.writer import Outgoing, Store, new_id
+from agent_bridge.store.ids import new_id
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.writer import Store
 
 store = None if sys.argv[2] == "-" else Store.open(Path(sys.argv[2]))
 connected = {}

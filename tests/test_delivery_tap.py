@@ -1,4 +1,4 @@
-"""The store's delivery tap (store.writer.DeliveryTap) and the delivery task's reading side
+"""The store's delivery tap (store.tap.DeliveryTap) and the delivery task's reading side
 (daemon.connection.Backlog, which `deliver` runs): what `send_messages` committed for a
 session since its delivery task read the database, pushed without reading it back. Only a
 shortcut: these tests hold the real Backlog, over a real StoreRunner thread and a real SQLite
@@ -17,7 +17,10 @@ from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import SessionView
 from agent_bridge.rows import Author, Message
 from agent_bridge.store import queries
-from agent_bridge.store.writer import TAP_LIMIT, DeliveryTap, Outgoing, Recipient, Store
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.tap import TAP_LIMIT, DeliveryTap
+from agent_bridge.store.writer import Store
 
 
 @pytest.fixture

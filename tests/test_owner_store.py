@@ -10,8 +10,10 @@ import pytest
 from agent_bridge import domain
 from agent_bridge.domain import SessionView
 from agent_bridge.store import queries, reader
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.peers import CLI_AUTHOR
 from agent_bridge.store.schema import V1, V2, V3
-from agent_bridge.store.writer import CLI_AUTHOR, Recipient, Store
+from agent_bridge.store.writer import Store
 
 
 def build_v3(path: Path) -> None:
@@ -182,7 +184,7 @@ def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp
 
 
 def store_outgoing(to_id: str, text: str):
-    from agent_bridge.store.writer import Outgoing
+    from agent_bridge.store.messages import Outgoing
 
     return Outgoing(to_id, text, 1, None)
 

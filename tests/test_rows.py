@@ -12,7 +12,10 @@ import pytest
 
 from agent_bridge.rows import Peer
 from agent_bridge.store import queries
-from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, Store
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.peers import CLI_AUTHOR
+from agent_bridge.store.writer import Store
 
 WHOAMI_FIELDS = {"id", "name", "agent", "project", "hostSessionId", "kind"}  # SPEC §5 whoami
 INBOX_FIELDS = {"id", "from", "to", "text", "hop", "replyTo", "kind", "createdAt"}  # SPEC §5 inbox, decision? aside

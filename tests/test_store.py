@@ -12,8 +12,9 @@ import pytest
 
 from agent_bridge.domain import SessionView
 from agent_bridge.store import queries, reader
+from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.schema import CURRENT_VERSION, V1, V2, SchemaTooNew
-from agent_bridge.store.writer import Recipient, Store
+from agent_bridge.store.writer import Store
 
 # The pinned DDL, exactly as SPEC §7 prints it (not imported from the code under test).
 SPEC_V1 = """
@@ -224,7 +225,8 @@ def test_a_decide_that_dies_mid_transaction_leaves_nothing(tmp_path):
         import os, signal
         from pathlib import Path
         from agent_bridge.domain import SessionView
-        from agent_bridge.store.writer import Recipient, Store
+        from agent_bridge.store.decisions import Recipient
+        from agent_bridge.store.writer import Store
         store = Store.open(Path({str(db)!r}))
         views = [SessionView(i, "s" + str(n), "/x", "h" + str(n)) for n, i in enumerate({ids!r})]
         def fault(point):
@@ -258,7 +260,7 @@ def test_ids_are_time_ordered_uuids_and_a_forked_child_draws_its_own() -> None:
     import time
     import uuid
 
-    from agent_bridge.store.writer import new_id
+    from agent_bridge.store.ids import new_id
 
     before = time.time_ns() // 1_000_000
     ids = [new_id() for _ in range(20_000)]

@@ -17,7 +17,8 @@ import trio
 from agent_bridge.daemon import storage
 from agent_bridge.daemon.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
 from agent_bridge.rows import Message
-from agent_bridge.store.writer import Outgoing, Store
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.writer import Store
 from tests.conftest import wait_for
 
 BASE = "unix"

@@ -28,7 +28,10 @@ from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Message, Peer
-from agent_bridge.store.writer import CLI_AUTHOR, Outgoing, Recipient, host_key, now_ms
+from agent_bridge.store.decisions import Recipient, host_key
+from agent_bridge.store.ids import now_ms
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.peers import CLI_AUTHOR
 
 RETRACTION_TOPICS_MAX = 2_000  # one `decisions` history answer's topics
 LAST_SEEN_GRACE = 5.0  # seconds a stopping broker gives the last-seen write of its sessions

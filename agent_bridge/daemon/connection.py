@@ -16,7 +16,7 @@ from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Message, Queued
-from agent_bridge.store.writer import DeliveryTap
+from agent_bridge.store.tap import DeliveryTap
 
 log = logging.getLogger("agent_bridge.connection")
 
@@ -271,7 +271,7 @@ class Backlog:
     """What a session's delivery task pushes next: its unacknowledged messages, read from a
     cursor (the last receipt pushed on this connection), or, once a read has reached the end,
     taken from the store's tap: what the store committed for this session since
-    (store.writer.DeliveryTap). Nothing lives only in memory: a replay is a cursor reset, and
+    (store.tap.DeliveryTap). Nothing lives only in memory: a replay is a cursor reset, and
     a closed tap means reading from the cursor again."""
 
     def __init__(self, db: StoreCalls, limit: int = DELIVERY_BATCH) -> None:

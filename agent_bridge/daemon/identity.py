@@ -53,7 +53,7 @@ from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Peer
-from agent_bridge.store.writer import now_ms
+from agent_bridge.store.ids import now_ms
 
 if TYPE_CHECKING:
     from agent_bridge.daemon.broker import Broker

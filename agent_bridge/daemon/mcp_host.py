@@ -55,7 +55,7 @@ from agent_bridge.ipc import protocol
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.mcp_stdin import GuardedStdin
-from agent_bridge.store.writer import now_ms
+from agent_bridge.store.ids import now_ms
 
 log = logging.getLogger("agent_bridge.mcp")
 # The SDK logs every tool error at INFO: each one already reached its agent; only its warnings

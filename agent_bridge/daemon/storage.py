@@ -18,7 +18,8 @@ import apsw
 import outcome  # trio's own dependency: trio.lowlevel.reschedule takes an outcome
 import trio
 
-from agent_bridge.store.writer import Outgoing, Store
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.writer import Store
 
 T = TypeVar("T")
 P = ParamSpec("P")

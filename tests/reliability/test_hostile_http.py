@@ -22,7 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_bridge import domain
-from agent_bridge.store.writer import Outgoing, Recipient, Store, now_ms
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.ids import now_ms
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.writer import Store
 from agent_bridge.web import auth
 from agent_bridge.web.app import FORBIDDEN_CSP
 from agent_bridge.web.server import serve_dashboard

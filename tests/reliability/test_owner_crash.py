@@ -13,8 +13,10 @@ import pytest
 import trio
 
 from agent_bridge import domain, paths
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.schema import CURRENT_VERSION
-from agent_bridge.store.writer import Outgoing, Recipient, Store
+from agent_bridge.store.writer import Store
 from tests.conftest import CLI, BrokerProcess, run_cli
 from tests.reliability.harness import KILLED, start_faulty_broker, wait_killed
 from tests.test_owner_store import build_v3

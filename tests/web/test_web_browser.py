@@ -17,7 +17,8 @@ from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts, Running, start_d
 
 from agent_bridge import domain
 from agent_bridge.ipc import blocking
-from agent_bridge.store.writer import Store, now_ms
+from agent_bridge.store.ids import now_ms
+from agent_bridge.store.writer import Store
 from agent_bridge.web.standalone import write_open_page
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,9 @@ import trio
 from webfixtures import PROJECT, TIMEOUT, BrokerInProcess, Facts, Running, start_dashboard
 
 from agent_bridge.ipc.client import open_bridge_client
-from agent_bridge.store.writer import Outgoing, Store, now_ms
+from agent_bridge.store.ids import now_ms
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.writer import Store
 from agent_bridge.web import app as web_app
 from agent_bridge.web import auth
 

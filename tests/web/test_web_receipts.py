@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_bridge.store.writer import Recipient, Store
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.writer import Store
 from agent_bridge.web import reads
 
 

@@ -20,7 +20,10 @@ import trio
 from agent_bridge import domain, paths
 from agent_bridge.config import Settings
 from agent_bridge.store import schema
-from agent_bridge.store.writer import Outgoing, Recipient, Store, now_ms
+from agent_bridge.store.decisions import Recipient
+from agent_bridge.store.ids import now_ms
+from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.writer import Store
 from agent_bridge.web import auth
 from agent_bridge.web.server import serve_dashboard
 

@@ -1,0 +1,73 @@
+"""The store's forgetting: dropping sessions the owner (or a health check) no longer wants, and
+finding the ones not seen for a while. What decisions still reference stays as a tombstone.
+
+Every method is one transaction (or a read); see store.writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from agent_bridge.rows import Forgotten
+from agent_bridge.store import queries
+from agent_bridge.store.peers import CLI_AUTHOR, Peers
+
+
+class Forgetting(Peers):
+    """Forgetting sessions: each method one transaction, deleting what only the session held."""
+
+    def forget_unused_peer(self, peer_id: str) -> bool:
+        """A session that never became anyone (a health check: no host identity, no tool
+        call) leaves nothing behind, unless something was already sent to it."""
+        with self.conn:
+            forgotten = self._delete_if_unreferenced(peer_id)
+        return forgotten
+    def forget_peers(
+        self, peer_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
+    ) -> list[Forgotten]:
+        """Forget sessions (the caller checked none is connected): what was queued to each is
+        returned, then dropped with it. One transaction.
+
+        Pinned decisions and their deliveries are append-only history: a session they (or
+        messages it sent) still reference stays as a tombstone, unlisted, unaddressable, its host
+        session id cleared; any other session's row is deleted."""
+        out = []
+        with self.conn:
+            for peer_id in peer_ids:
+                peer = self.get_peer(peer_id)
+                if peer is None or peer_id == CLI_AUTHOR.id:
+                    continue
+                queued = [q.message for q in queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)]
+                self._close_tap(peer_id)
+                self.conn.execute("DELETE FROM receipts WHERE peer_id = ?", (peer_id,))
+                # Messages to it that nothing else holds: no receipt left, no notice or decision naming them.
+                self.conn.execute(
+                    "DELETE FROM messages WHERE to_peer = ?1 "
+                    "AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM retraction_notices rn WHERE rn.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.source_message_id = messages.id)",
+                    (peer_id,),
+                )
+                if peer.host_session_id:
+                    self.conn.execute(
+                        "DELETE FROM host_instances WHERE host_session_id = ?", (peer.host_session_id,)
+                    )
+                self._drop_identity(peer_id)
+                if self._referenced(peer_id):
+                    self.conn.execute(
+                        "UPDATE peers SET host_session_id = NULL, forgotten_at = ? WHERE id = ?", (now, peer_id)
+                    )
+                else:
+                    self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))
+                out.append(Forgotten(peer, queued))
+            fault("forget:before-commit")
+        return out
+
+    def sessions_last_seen_before(self, cutoff: int) -> list[str]:
+        """Listed sessions last seen before `cutoff` (epoch ms), oldest first."""
+        rows = self.conn.execute(
+            f"SELECT id FROM peers WHERE last_seen_at < ? AND {queries.LISTED_PEERS} ORDER BY last_seen_at, rowid",
+            (cutoff,),
+        )
+        return [r[0] for r in rows]
