@@ -16,6 +16,8 @@ from agent_bridge.store.tap import DeliveryTap
 
 
 class StoreBase:
+    """The connection, the path and the taps; `_close_tap` for every concern that changes receipts."""
+
     def __init__(self, conn: apsw.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path

@@ -29,6 +29,7 @@ class Recipient:
 def host_key(session: SessionView) -> str:
     return session.host_session_id or f"peer:{session.id}"
 
+
 class Decisions(Messages):
     """Pinned decisions, their notifications and deliveries, and retractions."""
 

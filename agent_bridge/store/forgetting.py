@@ -14,7 +14,7 @@ from agent_bridge.store.peers import CLI_AUTHOR, Peers
 
 
 class Forgetting(Peers):
-    """Forgetting sessions: each method one transaction, deleting what only the session held."""
+    """Forgetting session records, and finding the ones not seen for a while."""
 
     def forget_unused_peer(self, peer_id: str) -> bool:
         """A session that never became anyone (a health check: no host identity, no tool
@@ -22,6 +22,7 @@ class Forgetting(Peers):
         with self.conn:
             forgotten = self._delete_if_unreferenced(peer_id)
         return forgotten
+
     def forget_peers(
         self, peer_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
     ) -> list[Forgotten]:

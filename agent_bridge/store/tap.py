@@ -74,4 +74,3 @@ class DeliveryTap:
             self._open = False
             self._messages.clear()
             return False
-
