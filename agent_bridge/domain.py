@@ -145,22 +145,9 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
 
     Accepts the JSON value itself, or (MCP and HTTP) a string holding JSON or the literal `all`.
     """
-    value = raw
-    if isinstance(raw, str):
-        _check_unicode(raw, "scope")
-        text = raw.strip()
-        if text == ALL:
-            return ALL
-        if not allow_string_json:
-            raise InputError(f"scope: {SCOPE_HELP}; got {_short(raw)}")
-        try:
-            value = jsonlimit.loads(text)
-        except jsonlimit.TooDeep as exc:
-            raise InputError(f"scope: {exc}; {SCOPE_HELP}") from None
-        except ValueError:
-            raise InputError(f"scope: not JSON and not the literal all; {SCOPE_HELP}; got {_short(raw)}") from None
-        if value == ALL:
-            return ALL
+    value = _scope_value(raw, allow_string_json=allow_string_json) if isinstance(raw, str) else raw
+    if value == ALL:
+        return ALL
     if isinstance(value, str):
         raise InputError(f"scope: {SCOPE_HELP}; got the string {_short(value)}")
     if not isinstance(value, Mapping):
@@ -169,29 +156,49 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
     if keys == ["project"]:
         return {"project": normalize_folder(value["project"], what="scope.project")}
     if keys == ["sessions"]:
-        sessions = value["sessions"]
-        if not isinstance(sessions, list):
-            raise InputError(f"scope.sessions: expected a non-empty list of strings, got {_type_name(sessions)}")
-        if not sessions:
-            raise InputError("scope.sessions: expected a non-empty list of strings, got an empty list")
-        cleaned: list[str] = []
-        for i, item in enumerate(sessions):
-            if not isinstance(item, str):
-                raise InputError(f"scope.sessions[{i}]: expected a string, got {_type_name(item)}")
-            item = item.strip()
-            if not item:
-                raise InputError(f"scope.sessions[{i}]: must not be empty")
-            if len(item) > TOPIC_MAX:
-                raise InputError(f"scope.sessions[{i}]: at most {TOPIC_MAX} characters")
-            if item not in cleaned:
-                cleaned.append(item)
-        return {"sessions": cleaned}
+        return {"sessions": _scope_sessions(value["sessions"])}
     if not keys:
         raise InputError(f"scope: {SCOPE_HELP}; got an empty object")
     unknown = [k for k in keys if k not in ("project", "sessions")]
     if unknown:
         raise InputError(f"scope: unknown key {json.dumps(unknown[0])}; {SCOPE_HELP}")
     raise InputError(f"scope: exactly one key allowed, got {', '.join(json.dumps(k) for k in keys)}; {SCOPE_HELP}")
+
+
+def _scope_value(raw: str, *, allow_string_json: bool) -> object:
+    """A scope given as a string: the literal `all`, or (where allowed) JSON text."""
+    _check_unicode(raw, "scope")
+    text = raw.strip()
+    if text == ALL:
+        return ALL
+    if not allow_string_json:
+        raise InputError(f"scope: {SCOPE_HELP}; got {_short(raw)}")
+    try:
+        return jsonlimit.loads(text)
+    except jsonlimit.TooDeep as exc:
+        raise InputError(f"scope: {exc}; {SCOPE_HELP}") from None
+    except ValueError:
+        raise InputError(f"scope: not JSON and not the literal all; {SCOPE_HELP}; got {_short(raw)}") from None
+
+
+def _scope_sessions(sessions: object) -> list[str]:
+    """`scope.sessions`: a non-empty list of names or ids, stripped, duplicates dropped."""
+    if not isinstance(sessions, list):
+        raise InputError(f"scope.sessions: expected a non-empty list of strings, got {_type_name(sessions)}")
+    if not sessions:
+        raise InputError("scope.sessions: expected a non-empty list of strings, got an empty list")
+    cleaned: list[str] = []
+    for i, item in enumerate(sessions):
+        if not isinstance(item, str):
+            raise InputError(f"scope.sessions[{i}]: expected a string, got {_type_name(item)}")
+        item = item.strip()
+        if not item:
+            raise InputError(f"scope.sessions[{i}]: must not be empty")
+        if len(item) > TOPIC_MAX:
+            raise InputError(f"scope.sessions[{i}]: at most {TOPIC_MAX} characters")
+        if item not in cleaned:
+            cleaned.append(item)
+    return cleaned
 
 
 def scope_kind(scope: Scope) -> str:

@@ -55,45 +55,9 @@ def _value(text: str, i: int) -> tuple[Node, int]:
         raise EditError("unexpected end of the text")
     ch = text[i]
     if ch == "{":
-        node = Node(i, i, "object")
-        j = _skip(text, i + 1)
-        if text.startswith("}", j):
-            node.end = j + 1
-            return node, j + 1
-        while True:
-            key, after_key = _DECODER.raw_decode(text, j)
-            if not isinstance(key, str):
-                raise EditError("an object key that is not a string")
-            colon = _skip(text, after_key)
-            if not text.startswith(":", colon):
-                raise EditError("':' expected")
-            value, after = _value(text, _skip(text, colon + 1))
-            node.members.append((key, j, value))
-            j = _skip(text, after)
-            if text.startswith(",", j):
-                j = _skip(text, j + 1)
-                continue
-            if text.startswith("}", j):
-                node.end = j + 1
-                return node, j + 1
-            raise EditError("',' or '}' expected")
+        return _object(text, i)
     if ch == "[":
-        node = Node(i, i, "array")
-        j = _skip(text, i + 1)
-        if text.startswith("]", j):
-            node.end = j + 1
-            return node, j + 1
-        while True:
-            value, after = _value(text, j)
-            node.items.append(value)
-            j = _skip(text, after)
-            if text.startswith(",", j):
-                j = _skip(text, j + 1)
-                continue
-            if text.startswith("]", j):
-                node.end = j + 1
-                return node, j + 1
-            raise EditError("',' or ']' expected")
+        return _array(text, i)
     if ch == '"':
         _, end = _DECODER.raw_decode(text, i)
         return Node(i, end, "scalar"), end
@@ -104,6 +68,52 @@ def _value(text: str, i: int) -> tuple[Node, int]:
     if match and match.end() > i:
         return Node(i, match.end(), "scalar"), match.end()
     raise EditError(f"unexpected character {ch!r}")
+
+
+def _object(text: str, i: int) -> tuple[Node, int]:
+    """The object whose `{` is at `i`."""
+    node = Node(i, i, "object")
+    j = _skip(text, i + 1)
+    if text.startswith("}", j):
+        node.end = j + 1
+        return node, j + 1
+    while True:
+        key, after_key = _DECODER.raw_decode(text, j)
+        if not isinstance(key, str):
+            raise EditError("an object key that is not a string")
+        colon = _skip(text, after_key)
+        if not text.startswith(":", colon):
+            raise EditError("':' expected")
+        value, after = _value(text, _skip(text, colon + 1))
+        node.members.append((key, j, value))
+        j = _skip(text, after)
+        if text.startswith(",", j):
+            j = _skip(text, j + 1)
+            continue
+        if text.startswith("}", j):
+            node.end = j + 1
+            return node, j + 1
+        raise EditError("',' or '}' expected")
+
+
+def _array(text: str, i: int) -> tuple[Node, int]:
+    """The array whose `[` is at `i`."""
+    node = Node(i, i, "array")
+    j = _skip(text, i + 1)
+    if text.startswith("]", j):
+        node.end = j + 1
+        return node, j + 1
+    while True:
+        value, after = _value(text, j)
+        node.items.append(value)
+        j = _skip(text, after)
+        if text.startswith(",", j):
+            j = _skip(text, j + 1)
+            continue
+        if text.startswith("]", j):
+            node.end = j + 1
+            return node, j + 1
+        raise EditError("',' or ']' expected")
 
 
 # --- the file's layout ------------------------------------------------------------------

@@ -180,7 +180,7 @@ class EchoLoop:
         self.proc.wait(timeout=10)
 
 
-async def drive(
+async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds are closures over its state, which mccabe counts into it
     socket_path: str, floors: dict[str, str], rounds: int, per_round: int, warmup: int, echo: EchoLoop
 ) -> dict:
     import trio

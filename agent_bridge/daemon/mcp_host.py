@@ -422,7 +422,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         await broker.detach(session)
 
 
-async def _read_relay(
+async def _read_relay(  # noqa: C901  a ladder over relay frame kinds: typed frames with a dispatch table replace it (issue 24)
     bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.MemorySendChannel[str], fast: FastCalls
 ) -> bool:
     """The relay's frames: host lines to the MCP server (or served by `fast`), "written"

@@ -141,50 +141,169 @@ def create_app(
     `changes`: the broker's feed of store commits; None: the app watches bridge.db itself while
     a live stream is open. `closing`: set when the server stops taking requests; it ends the
     live streams, which would otherwise hold the shutdown until its deadline.
+
+    The routes are registered by area, each from one function: the request guard, the response
+    headers, the error answers, the page itself, the reads, the owner's actions, the live stream.
     """
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
     app.url_map.merge_slashes = False  # `a//b` is a topic, not a redirect
     app.url_map.converters["anypath"] = _AnyPath
-    db = paths.db_path(home)
-    reader_pool = Reads(db)
-    hop_limit = _hop_limit(home)
-    feed = changes if changes is not None else ChangeFeed()
-    watcher = _DatabaseWatcher(db, feed) if changes is None else None
-    stopping = closing if closing is not None else trio.Event()
-    streams: weakref.WeakSet[_EventStream] = weakref.WeakSet()
-    static_files = {name: (STATIC / name).read_bytes() for name in ("index.html", *STATIC_TYPES)}
-    # The page's token for actions (SPEC §6): fresh per start, only ever inside the page, which
-    # another origin cannot read; the cookie alone (sent with a cross-site form too) is not enough.
-    page_token = auth.new_token()
-    page = static_files["index.html"].replace(TOKEN_META, f'<meta name="ab-token" content="{page_token}">'.encode())
-    assert page != static_files["index.html"], "index.html lacks the ab-token meta tag"
+    dash = _Dashboard(app, home, port=port, token=token, live=live, changes=changes, closing=closing)
+    _guard(app, dash)
+    _harden(app)
+    _errors(app)
+    _page(app, dash)
+    _reads(app, dash)
+    _decision_reads(app, dash)
+    _actions(app, dash)
+    _events(app, dash)
+    return app
 
-    def json_response(data: Any, status: int = 200) -> Response:
-        body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        return Response(body, status=status, content_type="application/json; charset=utf-8")
 
-    def error(status: int, message: str) -> Response:
-        return json_response({"error": message}, status)
+class _Dashboard:
+    """What the routes share: the state folder, the secrets the guard checks, the read pool,
+    what is connected, and the change feed behind the live stream."""
 
-    def forbidden() -> Response:
-        if request.path.startswith("/api/"):
-            return error(403, "forbidden")
-        return Response(FORBIDDEN_PAGE, status=403, content_type="text/html; charset=utf-8")
+    def __init__(
+        self,
+        app: QuartTrio,
+        home: Path,
+        *,
+        port: int,
+        token: str,
+        live: Live | None,
+        changes: ChangeFeed | None,
+        closing: trio.Event | None,
+    ) -> None:
+        self.app = app
+        self.home = home
+        self.port = port
+        self.token = token
+        self.live = live
+        db = paths.db_path(home)
+        self.reader_pool = Reads(db)
+        self.hop_limit = _hop_limit(home)
+        self.feed = changes if changes is not None else ChangeFeed()
+        self.watcher = _DatabaseWatcher(db, self.feed) if changes is None else None
+        self.stopping = closing if closing is not None else trio.Event()
+        self.streams: weakref.WeakSet[_EventStream] = weakref.WeakSet()
+        self.static_files = {name: (STATIC / name).read_bytes() for name in ("index.html", *STATIC_TYPES)}
+        # The page's token for actions (SPEC §6): fresh per start, only ever inside the page, which
+        # another origin cannot read; the cookie alone (sent with a cross-site form too) is not enough.
+        self.page_token = auth.new_token()
+        index = self.static_files["index.html"]
+        self.page = index.replace(TOKEN_META, f'<meta name="ab-token" content="{self.page_token}">'.encode())
+        assert self.page != index, "index.html lacks the ab-token meta tag"
 
-    async def read(fn: Callable[[apsw.Connection], Any], empty: Any) -> Any:
+    def mode(self) -> str:
+        return "standalone" if self.live is None else "broker"
+
+    def connected(self) -> set[str]:
+        return set(self.live()) if self.live is not None else set()
+
+    async def read(self, fn: Callable[[apsw.Connection], Any], empty: Any) -> Any:
         """Run a read, or raise _Unreadable with a message for people."""
         try:
-            return await reader_pool.run(fn, empty)
+            return await self.reader_pool.run(fn, empty)
         except SchemaError as exc:
             raise _Unreadable(str(exc)) from None
         except apsw.Error as exc:
             raise _Unreadable(f"bridge.db could not be read: {type(exc).__name__}: {exc}") from None
 
+    def with_connected(self, found: list[reads.DecisionReceipt]) -> list[dict[str, Any]]:
+        connected = self.connected()
+        return [entry.to_json(connected=entry.session.id in connected) for entry in found]
+
+    async def action_body(self, allowed: set[str]) -> dict[str, Any] | Response:
+        """The checked JSON object of an action, or the refusal to answer."""
+        if not auth.token_matches(request.headers.get(ACTION_TOKEN_HEADER), self.page_token):
+            return _error(403, f"forbidden: an action needs the page's token in {ACTION_TOKEN_HEADER} (reload the page)")
+        origin = request.headers.get("Origin")
+        if origin is None or origin.lower() not in auth.allowed_origins(self.port):
+            return _error(403, "forbidden: an action must come from the dashboard's own page (Origin)")
+        if request.mimetype != "application/json":
+            return _error(400, f"Content-Type: expected application/json, got {_short(request.mimetype or 'nothing')}")
+        raw = await request.get_data(as_text=False)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (ValueError, RecursionError):
+            return _error(400, "body: not a JSON object")
+        if not isinstance(body, dict):
+            return _error(400, "body: expected a JSON object")
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            return _error(400, f"body: unknown field {_short(unknown[0])} (it takes: {', '.join(sorted(allowed)) or 'none'})")
+        return body
+
+    async def owner_action(self, op: str, args: dict[str, Any]) -> Response:
+        if self.live is None:
+            return _error(503, "this dashboard is read-only: no broker was running when it started; "
+                          "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)")
+        try:
+            result = await trio.to_thread.run_sync(partial(commands.broker_call, op, home=self.home, **args))
+        except commands.CommandError as exc:
+            return _error(400 if exc.code == commands.BAD_ARGUMENTS else 503, str(exc))
+        except OSError as exc:
+            return _error(503, f"{type(exc).__name__}: {exc}")
+        if isinstance(result, dict):
+            result.pop(domain.UNMATCHED_ADDRESSES, None)  # what `--json` prints
+        return _json_response(result)
+
+    async def stream_events(self, stream: _EventStream) -> AsyncIterator[bytes]:
+        feed, watcher, stopping = self.feed, self.watcher, self.stopping
+        feed.listeners += 1
+        try:
+            if watcher is not None and not await watcher.ensure_running(self.app):
+                return  # no way to see changes: the page falls back to polling
+            seen = feed.version
+            hello = json.dumps({"version": seen, "mode": self.mode()})
+            yield f"retry: {RETRY_MS}\nevent: hello\ndata: {hello}\n\n".encode()
+            while not stopping.is_set():
+                with trio.move_on_after(HEARTBEAT):
+                    await _first_of(partial(feed.wait_beyond, seen), stopping.wait)
+                if stopping.is_set() or (watcher is not None and watcher.failed):
+                    return
+                if feed.version == seen:
+                    yield b": keep-alive\n\n"
+                    continue
+                seen = feed.version
+                yield f"event: change\ndata: {json.dumps({'version': seen})}\n\n".encode()
+                with trio.move_on_after(CHANGE_GAP):
+                    await stopping.wait()
+        finally:
+            feed.listeners -= 1
+            stream.closed = True
+
+
+def _json_response(data: Any, status: int = 200) -> Response:
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return Response(body, status=status, content_type="application/json; charset=utf-8")
+
+
+def _error(status: int, message: str) -> Response:
+    return _json_response({"error": message}, status)
+
+
+def _forbidden() -> Response:
+    if request.path.startswith("/api/"):
+        return _error(403, "forbidden")
+    return Response(FORBIDDEN_PAGE, status=403, content_type="text/html; charset=utf-8")
+
+
+def _not_allowed() -> Response:
+    return _error(405, "method not allowed: GET reads; the owner's actions are POSTs from the page")
+
+
+def _guard(app: QuartTrio, dash: _Dashboard) -> None:
+    """Every request: the Host and cross-site checks first, then the cookie (or the printed URL's
+    token, which only `index` takes)."""
+    port, token = dash.port, dash.token
+
     @app.before_request
     async def guard() -> Response | None:
         if not auth.host_ok(request.headers.getlist("Host"), port):
-            return forbidden()
+            return _forbidden()
         is_page = request.path == "/"
         headers = request.headers
         if auth.cross_site(
@@ -195,14 +314,18 @@ def create_app(
             port=port,
             page=is_page,
         ):
-            return forbidden()
+            return _forbidden()
         if request.method not in ("GET", "HEAD") and request.routing_exception is not None:
-            return not_allowed_response()  # PUT, DELETE, OPTIONS…, and POST where no action is
+            return _not_allowed()  # PUT, DELETE, OPTIONS…, and POST where no action is
         if is_page and auth.TOKEN_PARAM in request.args:
             return None  # `index` checks the token and swaps it for the cookie
         if not auth.token_matches(request.cookies.get(auth.COOKIE), token):
-            return forbidden()
+            return _forbidden()
         return None
+
+
+def _harden(app: QuartTrio) -> None:
+    """Every response: no CORS, the security headers, no keep-alive."""
 
     @app.after_request
     async def harden(response: Response) -> Response:
@@ -219,31 +342,37 @@ def create_app(
         response.headers["Connection"] = "close"
         return response
 
+
+def _errors(app: QuartTrio) -> None:
+    """The error answers: JSON under /api/, text elsewhere."""
+
     @app.errorhandler(_Unreadable)
     async def unreadable(exc: _Unreadable) -> Response:
-        return error(503, str(exc))
+        return _error(503, str(exc))
 
     @app.errorhandler(404)
     async def not_found(exc: Exception) -> Response:
-        return error(404, "not found") if request.path.startswith("/api/") else Response("not found", 404)
-
-    def not_allowed_response() -> Response:
-        return error(405, "method not allowed: GET reads; the owner's actions are POSTs from the page")
+        return _error(404, "not found") if request.path.startswith("/api/") else Response("not found", 404)
 
     @app.errorhandler(405)
     async def not_allowed(exc: Exception) -> Response:
-        return not_allowed_response()
+        return _not_allowed()
 
     @app.errorhandler(500)
     async def internal(exc: Exception) -> Response:
-        return error(500, "internal error; see the broker log")
+        return _error(500, "internal error; see the broker log")
+
+
+def _page(app: QuartTrio, dash: _Dashboard) -> None:
+    """The page, its static files, and the way in: the printed URL's token becomes the cookie."""
+    token = dash.token
 
     @app.get("/")
     async def index() -> Response:
         if auth.TOKEN_PARAM in request.args:
             given = request.args.get(auth.TOKEN_PARAM)
             if not auth.token_matches(given, token):
-                return forbidden()
+                return _forbidden()
             from_elsewhere = request.headers.get("Sec-Fetch-Site", "none").lower() not in ("none", "same-origin")
             if from_elsewhere:
                 response = Response(ENTER_PAGE, status=200, content_type="text/html; charset=utf-8")
@@ -251,35 +380,66 @@ def create_app(
                 response = Response("", status=303, headers={"Location": "/"})
             response.set_cookie(auth.COOKIE, token, httponly=True, samesite="Strict", path="/")
             return response
-        return Response(page, content_type="text/html; charset=utf-8")
+        return Response(dash.page, content_type="text/html; charset=utf-8")
 
     @app.get("/static/<name>")
     async def static(name: str) -> Response:
         content_type = STATIC_TYPES.get(name)
         if content_type is None:
             return Response("not found", 404)
-        return Response(static_files[name], content_type=content_type)
+        return Response(dash.static_files[name], content_type=content_type)
+
+
+def _reads(app: QuartTrio, dash: _Dashboard) -> None:
+    """GET /api/status, /api/sessions, /api/messages: read-only reads of bridge.db and of what is
+    connected now."""
+    read = dash.read
 
     @app.get("/api/status")
     async def status() -> Response:
-        return json_response(
+        return _json_response(
             {
-                "mode": "standalone" if live is None else "broker",
-                "home": str(home),
-                "database": paths.db_path(home).exists(),
-                "readOnly": live is None,  # standalone (no broker): reads only (SPEC §1)
-                "hopLimit": hop_limit,
+                "mode": dash.mode(),
+                "home": str(dash.home),
+                "database": paths.db_path(dash.home).exists(),
+                "readOnly": dash.live is None,  # standalone (no broker): reads only (SPEC §1)
+                "hopLimit": dash.hop_limit,
             }
         )
+
+    @app.get("/api/sessions")
+    async def sessions() -> Response:
+        peers = await read(queries.list_peers, [])
+        connected = dash.connected()
+        return _json_response({"sessions": [{**p.to_json(), "connected": p.id in connected} for p in peers]})
+
+    @app.get("/api/messages")
+    async def messages() -> Response:
+        try:
+            limit = _messages_limit(request.args.get("limit", ""))
+        except domain.InputError as exc:
+            return _error(400, str(exc))
+        kind = request.args.get("kind", "")
+        if kind not in ("", *reads.MESSAGE_KINDS):
+            return _error(400, f"kind: expected \"message\" or \"notice\" (or nothing for both), got {_short(kind)}")
+        found = await read(
+            partial(reads.recent_messages, limit=limit, kind=kind or None, hop_limit=dash.hop_limit), []
+        )
+        return _json_response({"messages": found})
+
+
+def _decision_reads(app: QuartTrio, dash: _Dashboard) -> None:
+    """GET /api/decisions…, /api/receipts: decisions, a topic's history, who got what."""
+    read = dash.read
 
     @app.get("/api/decisions")
     async def decisions() -> Response:
         try:
             needle, lookup = _filters()
         except domain.InputError as exc:
-            return error(400, str(exc))
+            return _error(400, str(exc))
         found = await read(partial(reads.decisions_json, needle=needle, lookup=lookup), [])
-        return json_response({"decisions": found})
+        return _json_response({"decisions": found})
 
     @app.get("/api/decisions/<anypath:topic>/history")
     async def history(topic: str) -> Response:
@@ -287,13 +447,13 @@ def create_app(
             normalized = domain.normalize_topic(_raw_topic(topic))
             needle, lookup = _filters()
         except domain.InputError as exc:
-            return error(400, str(exc))
+            return _error(400, str(exc))
         found = await read(
             partial(reads.decisions_json, needle=needle, lookup=lookup, history=True, topic=normalized), []
         )
         # Beside the decision objects, never inside them: the topic's retractions, newest first.
         retracted = await read(partial(reads.retractions_json, topic=normalized), [])
-        return json_response({"topic": normalized, "decisions": found, "retractions": retracted})
+        return _json_response({"topic": normalized, "decisions": found, "retractions": retracted})
 
     @app.get("/api/decisions/<anypath:topic>/receipts")
     async def topic_receipts(topic: str) -> Response:
@@ -301,91 +461,42 @@ def create_app(
         try:
             normalized = domain.normalize_topic(_raw_topic(topic, RECEIPTS_SUFFIX))
         except domain.InputError as exc:
-            return error(400, str(exc))
-
-        def read_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
-            revisions = queries.query_decisions(conn, history=True, topic=normalized)
-            return reads.decision_receipts(conn, [d.id for d in revisions])
-
-        found = await read(read_receipts, [])
-        return json_response({"topic": normalized, "receipts": with_connected(found)})
+            return _error(400, str(exc))
+        found = await read(partial(_topic_receipts, topic=normalized), [])
+        return _json_response({"topic": normalized, "receipts": dash.with_connected(found)})
 
     @app.get("/api/receipts")
     async def receipts() -> Response:
         """Receipts of every current decision (the decisions table shows them per row)."""
+        found = await read(_current_receipts, [])
+        return _json_response({"receipts": dash.with_connected(found)})
 
-        def read_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
-            return reads.decision_receipts(conn, [d.id for d in queries.query_decisions(conn)])
 
-        found = await read(read_receipts, [])
-        return json_response({"receipts": with_connected(found)})
+def _topic_receipts(conn: apsw.Connection, *, topic: str) -> list[reads.DecisionReceipt]:
+    revisions = queries.query_decisions(conn, history=True, topic=topic)
+    return reads.decision_receipts(conn, [d.id for d in revisions])
 
-    def with_connected(found: list[reads.DecisionReceipt]) -> list[dict[str, Any]]:
-        connected = set(live()) if live is not None else set()
-        return [entry.to_json(connected=entry.session.id in connected) for entry in found]
 
-    @app.get("/api/sessions")
-    async def sessions() -> Response:
-        peers = await read(queries.list_peers, [])
-        connected = set(live()) if live is not None else set()
-        return json_response({"sessions": [{**p.to_json(), "connected": p.id in connected} for p in peers]})
+def _current_receipts(conn: apsw.Connection) -> list[reads.DecisionReceipt]:
+    return reads.decision_receipts(conn, [d.id for d in queries.query_decisions(conn)])
 
-    @app.get("/api/messages")
-    async def messages() -> Response:
-        raw = request.args.get("limit", "")
-        if raw == "":
-            limit = MESSAGES_DEFAULT
-        else:
-            try:
-                limit = int(raw)
-            except ValueError:
-                limit = 0
-            if not 1 <= limit <= MESSAGES_MAX:
-                return error(400, f"limit: expected an integer 1..{MESSAGES_MAX}, got {_short(raw)}")
-        kind = request.args.get("kind", "")
-        if kind not in ("", *reads.MESSAGE_KINDS):
-            return error(400, f"kind: expected \"message\" or \"notice\" (or nothing for both), got {_short(kind)}")
-        found = await read(
-            partial(reads.recent_messages, limit=limit, kind=kind or None, hop_limit=hop_limit), []
-        )
-        return json_response({"messages": found})
 
-    # --- the owner's actions (SPEC §6): the command line's code path, author `cli` -----------
+def _messages_limit(raw: str) -> int:
+    """`limit` of /api/messages: MESSAGES_DEFAULT when absent or empty."""
+    if raw == "":
+        return MESSAGES_DEFAULT
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MESSAGES_MAX:
+        raise domain.InputError(f"limit: expected an integer 1..{MESSAGES_MAX}, got {_short(raw)}")
+    return limit
 
-    async def action_body(allowed: set[str]) -> dict[str, Any] | Response:
-        """The checked JSON object of an action, or the refusal to answer."""
-        if not auth.token_matches(request.headers.get(ACTION_TOKEN_HEADER), page_token):
-            return error(403, f"forbidden: an action needs the page's token in {ACTION_TOKEN_HEADER} (reload the page)")
-        origin = request.headers.get("Origin")
-        if origin is None or origin.lower() not in auth.allowed_origins(port):
-            return error(403, "forbidden: an action must come from the dashboard's own page (Origin)")
-        if request.mimetype != "application/json":
-            return error(400, f"Content-Type: expected application/json, got {_short(request.mimetype or 'nothing')}")
-        raw = await request.get_data(as_text=False)
-        try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (ValueError, RecursionError):
-            return error(400, "body: not a JSON object")
-        if not isinstance(body, dict):
-            return error(400, "body: expected a JSON object")
-        unknown = sorted(set(body) - allowed)
-        if unknown:
-            return error(400, f"body: unknown field {_short(unknown[0])} (it takes: {', '.join(sorted(allowed)) or 'none'})")
-        return body
 
-    async def owner_action(op: str, args: dict[str, Any]) -> Response:
-        if live is None:
-            return error(503, "this dashboard is read-only: no broker was running when it started; "
-                         "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)")
-        try:
-            result = await trio.to_thread.run_sync(partial(commands.broker_call, op, home=home, **args))
-        except commands.CommandError as exc:
-            return error(400 if exc.code == commands.BAD_ARGUMENTS else 503, str(exc))
-        except OSError as exc:
-            return error(503, f"{type(exc).__name__}: {exc}")
-        if isinstance(result, dict):
-            result.pop(domain.UNMATCHED_ADDRESSES, None)  # what `--json` prints
-        return json_response(result)
+def _actions(app: QuartTrio, dash: _Dashboard) -> None:
+    """The owner's actions (SPEC §6): POSTs that take the command line's code path, author `cli`."""
+    action_body, owner_action = dash.action_body, dash.owner_action
 
     @app.post("/api/decisions")
     async def record_decision() -> Response:
@@ -404,7 +515,7 @@ def create_app(
         try:
             raw = _raw_topic(topic, RETRACT_SUFFIX)
         except domain.InputError as exc:
-            return error(400, str(exc))
+            return _error(400, str(exc))
         return await owner_action("retract", {"topic": raw, **body})
 
     @app.post("/api/messages")
@@ -421,47 +532,25 @@ def create_app(
             return body
         return await owner_action("forget", {"sessions": [session]})
 
+
+def _events(app: QuartTrio, dash: _Dashboard) -> None:
+    """GET /api/events: the live stream."""
+
     @app.get("/api/events")
     async def events() -> Response:
         """Server-sent events: `hello` once, then `change` whenever bridge.db changed (at most
         one per CHANGE_GAP), and a keep-alive comment when idle. The stream ends when the
         dashboard stops; a restarted one has a new token, so a reconnect gets 403."""
         client = request.remote_addr or "?"
-        if sum(1 for s in streams if s.client == client and not s.closed) >= STREAMS_PER_CLIENT:
-            return error(
+        if sum(1 for s in dash.streams if s.client == client and not s.closed) >= STREAMS_PER_CLIENT:
+            return _error(
                 429, f"too many live streams from this client (at most {STREAMS_PER_CLIENT}); the page polls instead"
             )
-        stream = _EventStream(client, lambda s: stream_events(s))
-        streams.add(stream)
+        stream = _EventStream(client, dash.stream_events)
+        dash.streams.add(stream)
         response = Response(stream, content_type="text/event-stream; charset=utf-8")
         response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut the stream after a minute
         return response
-
-    async def stream_events(stream: _EventStream) -> AsyncIterator[bytes]:
-        feed.listeners += 1
-        try:
-            if watcher is not None and not await watcher.ensure_running(app):
-                return  # no way to see changes: the page falls back to polling
-            seen = feed.version
-            hello = json.dumps({"version": seen, "mode": "standalone" if live is None else "broker"})
-            yield f"retry: {RETRY_MS}\nevent: hello\ndata: {hello}\n\n".encode()
-            while not stopping.is_set():
-                with trio.move_on_after(HEARTBEAT):
-                    await _first_of(partial(feed.wait_beyond, seen), stopping.wait)
-                if stopping.is_set() or (watcher is not None and watcher.failed):
-                    return
-                if feed.version == seen:
-                    yield b": keep-alive\n\n"
-                    continue
-                seen = feed.version
-                yield f"event: change\ndata: {json.dumps({'version': seen})}\n\n".encode()
-                with trio.move_on_after(CHANGE_GAP):
-                    await stopping.wait()
-        finally:
-            feed.listeners -= 1
-            stream.closed = True
-
-    return app
 
 
 class _EventStream:
