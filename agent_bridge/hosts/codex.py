@@ -26,8 +26,8 @@ Process: the `codex` program (seen with Codex 0.171). One process may run severa
 (conversations), so a new thread id does not replace the others. It passes the thread id in
 each tool call's `_meta["x-codex-turn-metadata"]`.
 
-Light at import (the hooks load it): subprocess, json and the install/doctor helpers are
-imported inside the functions that use them.
+Light at import (the hooks load it): subprocess, json and the edit and check helpers
+(hosts.edits, hosts.checks) are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host
 
 if TYPE_CHECKING:
-    from agent_bridge.install import FileEdit
+    from agent_bridge.hosts.edits import FileEdit
     from agent_bridge.tomledit import TomlText
 
 QUEUE_TIMEOUT = 30.0  # seconds for `codex queue`; it answered in 0.16 s here
@@ -70,19 +70,19 @@ class Codex(Host):
     def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],
                       *, private: bool, version: tuple[int, int, int] | None = None) -> list[FileEdit]:
         """`version`: the installed Codex's, asked of `codex --version` when not given."""
-        from agent_bridge import install
+        from agent_bridge.hosts.edits import hooks_edit, mcp_args
 
         version = codex_version() if version is None else version
-        command, args = install.mcp_args(run, self.name)
+        command, args = mcp_args(run, self.name)
         return [edit_codex_config(self.config_file(scope, cwd), command, args, env, private=private, version=version),
-                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
+                hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
                                    extra=(PROMPT_HOOK,))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
-        from agent_bridge import install
+        from agent_bridge.hosts.edits import hooks_removal
 
         return [remove_codex_config(self.config_file(scope, cwd), private=private),
-                install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
+                hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
     spawned_waiter = True  # Codex hooks have no background mode: the Stop hook starts the waiter
 
@@ -177,7 +177,7 @@ def edit_codex_config(
 ) -> FileEdit:
     import copy
 
-    from agent_bridge.install import SERVER_NAME, InstallError, finish_toml, merge_env, toml_doc
+    from agent_bridge.hosts.edits import SERVER_NAME, InstallError, finish_toml, merge_env, toml_doc
     from agent_bridge.tomledit import toml_string, toml_value
 
     before, data, doc = toml_doc(path)
@@ -242,7 +242,7 @@ def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, 
     """Make the installed Codex run hooks, in the key it reads (see the module docstring).
     `feature` None: the version is unknown (no codex on PATH), so the spelling the user has is
     kept; only a key that switches hooks off is switched on."""
-    from agent_bridge.install import InstallError
+    from agent_bridge.hosts.edits import InstallError
 
     features = expected.get("features", {})
     if not isinstance(features, dict):
@@ -289,7 +289,7 @@ def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, 
 def remove_codex_config(path: Path, *, private: bool) -> FileEdit:
     import copy
 
-    from agent_bridge.install import SERVER_NAME, InstallError, finish_toml, toml_doc
+    from agent_bridge.hosts.edits import SERVER_NAME, InstallError, finish_toml, toml_doc
 
     before, data, doc = toml_doc(path)
     expected = copy.deepcopy(data)
@@ -399,7 +399,7 @@ _CODEX_EVENTS = {"sessionStart": "session-start", "postToolUse": "post-tool-use"
 
 
 def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: bool) -> list[Check]:
-    from agent_bridge.install import is_our_hook
+    from agent_bridge.hosts.edits import is_our_hook
     from agent_bridge.tomledit import toml_string
 
     try:
@@ -440,7 +440,16 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
 
 
 def codex_checks(home: Path, cwd: Path) -> list[Check]:
-    from agent_bridge import doctor
+    from agent_bridge.hosts.checks import (
+        SERVER,
+        duplicate_hooks,
+        hooks_check,
+        load_toml,
+        our_hook_commands,
+        reach_check,
+        registered_events,
+        server_check,
+    )
 
     user_dir = codex_home()
     project_dir = cwd / ".codex"
@@ -451,40 +460,40 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
     features: list[tuple[Path, dict[str, Any]]] = []
     in_project = False
     for config in (user_dir / "config.toml", project_dir / "config.toml"):
-        data, error = doctor.load_toml(config)
+        data, error = load_toml(config)
         if error:
             candidates.append((str(config), None, error))
         if not data:
             continue
         servers = data.get("mcp_servers")
-        if isinstance(servers, dict) and doctor.SERVER in servers:
-            candidates.append((str(config), servers[doctor.SERVER], None))
+        if isinstance(servers, dict) and SERVER in servers:
+            candidates.append((str(config), servers[SERVER], None))
             in_project = in_project or config.parent == project_dir
         if isinstance(data.get("features"), dict):
             features.append((config, data["features"]))
     user_hooks, project_hooks = [user_dir / "hooks.json"], [project_dir / "hooks.json"]
-    in_project = in_project or bool(doctor.our_hook_commands(project_hooks))
-    checks = [doctor.server_check("Codex MCP server", candidates, home, fix, env_required=True),
-              doctor.hooks_check("Codex hooks", user_hooks + project_hooks, home, fix)]
+    in_project = in_project or bool(our_hook_commands(project_hooks))
+    found = [server_check("Codex MCP server", candidates, home, fix, env_required=True),
+             hooks_check("Codex hooks", user_hooks + project_hooks, home, fix)]
     program = codex_program()
     version = codex_version(program) if program else None
-    checks.append(_codex_feature_check(features, version, fix))
+    found.append(_codex_feature_check(features, version, fix))
     if program is None:
-        checks.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
+        found.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
     else:
-        checks += codex_trust_checks(program, cwd, project_dir, in_project)
-    checks.append(doctor.reach_check(
-        "Codex", doctor.registered_events(user_hooks + project_hooks),
+        found += codex_trust_checks(program, cwd, project_dir, in_project)
+    found.append(reach_check(
+        "Codex", registered_events(user_hooks + project_hooks),
         "the block decision (Codex has no additionalContext on Stop)",
         "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for Codex "
         f"({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's daemon outlives it "
         "and a queued message would run a turn there)"))
-    twice = doctor.duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
+    twice = duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
     if twice:
-        checks.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
-                            + "): Codex runs the matching hooks of every file, so each runs twice",
-                            "keep one: agent-bridge uninstall --codex --scope project (or --scope user)"))
-    return checks
+        found.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
+                           + "): Codex runs the matching hooks of every file, so each runs twice",
+                           "keep one: agent-bridge uninstall --codex --scope project (or --scope user)"))
+    return found
 
 
 def _codex_feature_check(features: list[tuple[Path, dict[str, Any]]], version: tuple[int, int, int] | None,
