@@ -1,5 +1,5 @@
-"""Editing a JSON file in place, the way agent_bridge.tomledit edits TOML: only the values that
-change are rewritten, and everything else (indentation, key order, compact arrays, blank lines,
+"""Editing a JSON file in place, the way tomlkit edits TOML: only the values that change are
+rewritten, and everything else (indentation, key order, compact arrays, blank lines,
 a missing final newline, CRLF line ends) stays byte for byte.
 
 `rewrite(text, old, new)` takes the file's text, the document it parses to (`old`) and the
