@@ -47,8 +47,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    """Ruff, then import-linter's contracts on the module layers ([tool.importlinter] in pyproject.toml)."""
+    session.install("ruff", "import-linter")
     session.run("ruff", "check", "agent_bridge", "tests", "bench", "docs", "noxfile.py")
+    session.run("lint-imports")
 
 
 @nox.session

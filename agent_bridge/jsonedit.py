@@ -1,5 +1,5 @@
-"""Editing a JSON file in place, the way agent_bridge.tomledit edits TOML: only the values that
-change are rewritten, and everything else (indentation, key order, compact arrays, blank lines,
+"""Editing a JSON file in place, the way tomlkit edits TOML: only the values that change are
+rewritten, and everything else (indentation, key order, compact arrays, blank lines,
 a missing final newline, CRLF line ends) stays byte for byte.
 
 `rewrite(text, old, new)` takes the file's text, the document it parses to (`old`) and the
@@ -8,7 +8,7 @@ after the last member of their object, in the object's own layout; members and e
 are cut out with their separator, so an install followed by an uninstall gives back the original
 bytes. What it cannot place in the file's layout (an element inserted in the middle of a list)
 is written as that whole value again, in the file's indentation. The caller checks the result
-parses to `new` (install.edit_json).
+parses to `new` (hosts.edits.edit_json).
 """
 
 from __future__ import annotations

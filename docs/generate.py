@@ -163,12 +163,13 @@ def hook_answers() -> str:
 
 def home_files() -> str:
     from agent_bridge import install, ledger, paths
+    from agent_bridge.hosts import edits
 
     names = [(f"paths.{name}", value) for name, value in vars(paths).items()
              if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING", "PERMANENT")]
     names.append(("ledger.FOLDER", ledger.FOLDER))
     names.append(("ledger.IGNORED", ledger.IGNORED))
-    names.extend([("install.BACKUPS", install.BACKUPS), ("install.RECORD", install.RECORD)])
+    names.extend([("install.BACKUPS", install.BACKUPS), ("hosts.edits.RECORD", edits.RECORD)])
     rows = [f"| `{value}` | `{name}` |" for name, value in names]
     return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
 

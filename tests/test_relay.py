@@ -29,7 +29,7 @@ from tests.test_delivery import PROTOCOL, RawHost, receipts
 
 pytestmark = pytest.mark.slow
 
-HEAVY = ("trio", "mcp", "mcp_types", "pydantic", "pydantic_core", "anyio")
+HEAVY = ("trio", "mcp", "mcp_types", "pydantic", "pydantic_core", "anyio", "tomlkit")
 
 
 async def test_a_broker_killed_mid_call_answers_every_request_exactly_once(env, home):

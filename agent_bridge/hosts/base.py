@@ -2,7 +2,8 @@
 
 Light: the hooks import the host modules, so nothing here may import more than the standard
 library's cheapest parts (no `dataclasses`: it loads `inspect`, several milliseconds at every
-session start). The install and doctor helpers a host needs are imported inside its methods.
+session start). The edit and check helpers a host needs (hosts.edits, hosts.checks, beneath the
+host modules) are imported inside its methods, for the same reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from agent_bridge.install import FileEdit
+    from agent_bridge.hosts.edits import FileEdit
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 VERSION_TIMEOUT = 10.0  # seconds for a host's `--version`; both answer in well under one
@@ -71,7 +72,7 @@ class Host:
         raise NotImplementedError
 
     def hooks_file(self, scope: str, cwd: Path) -> Path:
-        """The JSON file whose `hooks` object registers our hooks (install.EVENTS) at this scope."""
+        """The JSON file whose `hooks` object registers our hooks (edits.EVENTS) at this scope."""
         raise NotImplementedError
 
     def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],

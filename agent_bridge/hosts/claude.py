@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host
 
 if TYPE_CHECKING:
-    from agent_bridge.install import FileEdit
+    from agent_bridge.hosts.edits import FileEdit
 
 Version = tuple[int, int, int]
 STOP_CONTEXT_SINCE: Version = (2, 1, 163)  # Stop takes hookSpecificOutput.additionalContext (changelog)
@@ -70,21 +70,21 @@ class Claude(Host):
 
     def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],
                       *, private: bool) -> list[FileEdit]:
-        from agent_bridge import install
+        from agent_bridge.hosts.edits import edit_json, ensure_json_server, hooks_edit, mcp_args
 
         server_file = self.mcp_file(scope, cwd)
-        command, args = install.mcp_args(run, self.name)
-        ensure = partial(install.ensure_json_server, path=server_file, command=command, args=args, env=env)
-        return [install.edit_json(server_file, ensure, private=private),
-                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
+        command, args = mcp_args(run, self.name)
+        ensure = partial(ensure_json_server, path=server_file, command=command, args=args, env=env)
+        return [edit_json(server_file, ensure, private=private),
+                hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
                                    extra=(WAKE_HOOK, PROMPT_HOOK))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
-        from agent_bridge import install
+        from agent_bridge.hosts.edits import edit_json, hooks_removal, remove_json_server
 
         server_file = self.mcp_file(scope, cwd)
-        return [install.edit_json(server_file, partial(install.remove_json_server, path=server_file), private=private),
-                install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
+        return [edit_json(server_file, partial(remove_json_server, path=server_file), private=private),
+                hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
     def tools_sentence(self) -> str:
         # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
@@ -132,7 +132,14 @@ class Claude(Host):
         )
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
-        from agent_bridge import doctor
+        from agent_bridge.hosts.checks import (
+            SERVER,
+            duplicate_hooks,
+            hooks_check,
+            load_json,
+            registered_events,
+            server_check,
+        )
 
         user_json = Path.home() / ".claude.json"
         project_mcp = cwd / ".mcp.json"
@@ -142,10 +149,10 @@ class Claude(Host):
         installed = (Path.home() / ".claude").is_dir() or user_json.exists() or project_mcp.exists()
         if not installed:
             return [Check("Claude Code", SKIP, "no ~/.claude folder: Claude Code not set up for this user")]
-        server = doctor.SERVER
+        server = SERVER
         fix = "agent-bridge install --claude"
         candidates: list[tuple[str, Any, str | None]] = []  # (where, entry, parse error)
-        data, error = doctor.load_json(user_json)
+        data, error = load_json(user_json)
         if error:
             candidates.append((str(user_json), None, error))
         if data:
@@ -156,24 +163,24 @@ class Claude(Host):
             local = projects.get(str(cwd)) if isinstance(projects, dict) else None
             if isinstance(local, dict) and isinstance(local.get("mcpServers"), dict) and server in local["mcpServers"]:
                 candidates.append((f"{user_json} (local scope of {cwd})", local["mcpServers"][server], None))
-        data, error = doctor.load_json(project_mcp)
+        data, error = load_json(project_mcp)
         if error:
             candidates.append((str(project_mcp), None, error))
         in_project = bool(data and isinstance(data.get("mcpServers"), dict) and server in data["mcpServers"])
         if in_project:
             candidates.append((f"{project_mcp} (project scope)", data["mcpServers"][server], None))  # type: ignore[index]
-        checks = [doctor.server_check("Claude Code MCP server", candidates, home, fix, env_required=False),
-                  doctor.hooks_check("Claude Code hooks", settings, home, fix)]
+        found = [server_check("Claude Code MCP server", candidates, home, fix, env_required=False),
+                 hooks_check("Claude Code hooks", settings, home, fix)]
         if in_project:
-            checks.append(project_approval(cwd, user_json, user_settings + project_settings))
-        checks.append(reach(doctor.registered_events(settings)))
-        twice = doctor.duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
+            found.append(project_approval(cwd, user_json, user_settings + project_settings))
+        found.append(reach(registered_events(settings)))
+        twice = duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
         if twice:
-            checks.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
-                                "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
-                                "session runs the hook twice",
-                                "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
-        return checks
+            found.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
+                               "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
+                               "session runs the hook twice",
+                               "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
+        return found
 
 
 
@@ -191,7 +198,7 @@ def claude_version() -> Version | None:
 def reach(registered: set[str], version: Version | None = None, *, asked: bool = False) -> Check:
     """doctor's line on which reach paths (SPEC §3) Claude Code will use, for the installed
     version (`claude --version`; the Stop hook itself decides per session from its transcript)."""
-    from agent_bridge import doctor
+    from agent_bridge.hosts.checks import reach_check
 
     version = version if asked else claude_version()
     shown = ".".join(map(str, version)) if version else None
@@ -207,7 +214,7 @@ def reach(registered: set[str], version: Version | None = None, *, asked: bool =
         wake = f"no (Claude Code {shown}: the waiter needs 2.1.332 or later)"
     else:
         wake = "the asyncRewake waiter (interactive sessions; not claude -p)"
-    return doctor.reach_check("Claude Code", registered, stop, wake)
+    return reach_check("Claude Code", registered, stop, wake)
 
 
 def stop_takes_context(version: Version | None) -> bool:
@@ -306,16 +313,16 @@ def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:
     list` shows "Pending approval" until both hold). Pending is a warning, not a failure: an
     interactive session asks for the approval at its start, and a `claude -p` run starts the
     server without it (seen with 2.1.197); only a rejection keeps every session from it."""
-    from agent_bridge import doctor
+    from agent_bridge.hosts.checks import SERVER, load_json
 
-    server = doctor.SERVER
+    server = SERVER
     name = "Claude Code project server"
     sources: list[tuple[str, dict[str, Any]]] = []
     for path in settings:
-        data, _ = doctor.load_json(path)
+        data, _ = load_json(path)
         if data:
             sources.append((str(path), data))
-    data, _ = doctor.load_json(user_json)
+    data, _ = load_json(user_json)
     projects = data.get("projects") if data else None
     entry = projects.get(str(cwd)) if isinstance(projects, dict) else None
     if isinstance(entry, dict):

@@ -26,8 +26,8 @@ Process: the `codex` program (seen with Codex 0.171). One process may run severa
 (conversations), so a new thread id does not replace the others. It passes the thread id in
 each tool call's `_meta["x-codex-turn-metadata"]`.
 
-Light at import (the hooks load it): subprocess, json and the install/doctor helpers are
-imported inside the functions that use them.
+Light at import (the hooks load it): subprocess, json and the edit and check helpers
+(hosts.edits, hosts.checks) are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host
 
 if TYPE_CHECKING:
-    from agent_bridge.install import FileEdit
-    from agent_bridge.tomledit import TomlText
+    from tomlkit.toml_document import TOMLDocument
+
+    from agent_bridge.hosts.edits import FileEdit
 
 QUEUE_TIMEOUT = 30.0  # seconds for `codex queue`; it answered in 0.16 s here
 WAKE_ENV = "AGENT_BRIDGE_CODEX_WAKE"  # "1": the user accepts idle wakes through `codex queue` (see runs_waiter)
@@ -70,19 +71,19 @@ class Codex(Host):
     def install_edits(self, scope: str, cwd: Path, run: list[str], env: dict[str, str],
                       *, private: bool, version: tuple[int, int, int] | None = None) -> list[FileEdit]:
         """`version`: the installed Codex's, asked of `codex --version` when not given."""
-        from agent_bridge import install
+        from agent_bridge.hosts.edits import hooks_edit, mcp_args
 
         version = codex_version() if version is None else version
-        command, args = install.mcp_args(run, self.name)
+        command, args = mcp_args(run, self.name)
         return [edit_codex_config(self.config_file(scope, cwd), command, args, env, private=private, version=version),
-                install.hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
+                hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
                                    extra=(PROMPT_HOOK,))]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
-        from agent_bridge import install
+        from agent_bridge.hosts.edits import hooks_removal
 
         return [remove_codex_config(self.config_file(scope, cwd), private=private),
-                install.hooks_removal(self.hooks_file(scope, cwd), private=private)]
+                hooks_removal(self.hooks_file(scope, cwd), private=private)]
 
     spawned_waiter = True  # Codex hooks have no background mode: the Stop hook starts the waiter
 
@@ -168,7 +169,7 @@ def codex_version(program: str | None = None) -> tuple[int, int, int] | None:
     return major, minor, patch
 
 
-# --- install: config.toml, edited as text so that comments and layout stay ---------------
+# --- install: config.toml, edited with tomlkit so that comments and layout stay ------------
 
 
 def edit_codex_config(
@@ -177,18 +178,24 @@ def edit_codex_config(
 ) -> FileEdit:
     import copy
 
-    from agent_bridge.install import SERVER_NAME, InstallError, finish_toml, merge_env, toml_doc
-    from agent_bridge.tomledit import toml_string, toml_value
+    from agent_bridge.hosts.edits import (
+        SERVER_NAME,
+        InstallError,
+        append_table,
+        finish_toml,
+        merge_env,
+        set_value,
+        toml_doc,
+        toml_table,
+    )
 
     before, data, doc = toml_doc(path)
     expected = copy.deepcopy(data)
     notes: list[str] = []
     feature = hooks_feature_key(version)
-    manual = (
-        f'add this to {path} by hand:\n[mcp_servers.{SERVER_NAME}]\ncommand = {toml_string(command)}\n'
-        f"args = {toml_value(args)}\n" + (f"env = {toml_value(env)}\n" if env else "")
-        + (f"\n[features]\n{feature} = true" if feature == "codex_hooks" else "")
-    )
+    at = ("mcp_servers", SERVER_NAME)
+    manual = f"add this to {path} by hand:\n" + by_hand(
+        {"command": command, "args": args, **({"env": env} if env else {})}, feature == "codex_hooks")
 
     servers = expected.setdefault("mcp_servers", {})
     if not isinstance(servers, dict):
@@ -201,30 +208,27 @@ def edit_codex_config(
         values: dict[str, object] = {"command": command, "args": args}
         if merged_env:
             values["env"] = merged_env
-        doc.append_table(["mcp_servers", SERVER_NAME], values, TABLE_MARK)
+        append_table(doc, at, values, TABLE_MARK)
         servers[SERVER_NAME] = dict(values)
         notes.append(f'added MCP server "{SERVER_NAME}"')
     elif (current.get("command"), current.get("args"), current.get("env") or {}) != (command, args, merged_env):
-        section = doc.section(["mcp_servers", SERVER_NAME])
-        if section is None:
+        table = toml_table(doc, at)
+        if table is None:
             raise InstallError(f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}")
-        doc.set_key(section, "command", command)
-        section = doc.section(["mcp_servers", SERVER_NAME])
-        doc.set_key(section, "args", args)  # type: ignore[arg-type]
-        env_section = doc.section(["mcp_servers", SERVER_NAME, "env"])
-        if env_section is not None:
+        set_value(doc, at, "command", command)
+        set_value(doc, at, "args", args)
+        env_table = toml_table(doc, (*at, "env"))
+        if env_table is not None:
             if "AGENT_BRIDGE_HOME" in env:
-                doc.set_key(env_section, "AGENT_BRIDGE_HOME", env["AGENT_BRIDGE_HOME"])
-            else:
-                doc.remove_key(env_section, "AGENT_BRIDGE_HOME")
-        else:
-            section = doc.section(["mcp_servers", SERVER_NAME])
-            if merged_env:
-                doc.set_key(section, "env", merged_env)  # type: ignore[arg-type]
-            else:
-                doc.remove_key(section, "env")  # type: ignore[arg-type]
+                set_value(doc, (*at, "env"), "AGENT_BRIDGE_HOME", env["AGENT_BRIDGE_HOME"])
+            elif "AGENT_BRIDGE_HOME" in env_table:
+                del env_table["AGENT_BRIDGE_HOME"]
+        elif merged_env:
+            set_value(doc, at, "env", merged_env)
+        elif "env" in table:
+            del table["env"]
         entry = dict(current, command=command, args=args)
-        if merged_env or env_section is not None:
+        if merged_env or env_table is not None:
             entry["env"] = merged_env
         else:
             entry.pop("env", None)
@@ -237,12 +241,25 @@ def edit_codex_config(
     return finish_toml(path, before, doc, expected, notes, manual, private)
 
 
-def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, Any], doc: TomlText,
+def by_hand(server: dict[str, object], codex_hooks: bool) -> str:
+    """The TOML a user adds by hand when install cannot edit the file itself."""
+    import tomlkit
+
+    from agent_bridge.hosts.edits import SERVER_NAME, append_table
+
+    sample = tomlkit.document()
+    append_table(sample, ("mcp_servers", SERVER_NAME), server)
+    if codex_hooks:
+        append_table(sample, ("features",), {"codex_hooks": True})
+    return sample.as_string().rstrip("\n")
+
+
+def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, Any], doc: TOMLDocument,
                           notes: list[str], feature: str | None, manual: str) -> None:
     """Make the installed Codex run hooks, in the key it reads (see the module docstring).
     `feature` None: the version is unknown (no codex on PATH), so the spelling the user has is
     kept; only a key that switches hooks off is switched on."""
-    from agent_bridge.install import InstallError
+    from agent_bridge.hosts.edits import InstallError, append_table, rename_key, set_value, toml_table
 
     features = expected.get("features", {})
     if not isinstance(features, dict):
@@ -258,30 +275,28 @@ def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, 
     )
     if not needs_edit:
         return
-    section = doc.section(["features"])
-    if section is None and "features" in data:
+    table = toml_table(doc, ("features",))
+    if table is None and "features" in data:
         raise InstallError(f"{path}: [features] is not a table this command can edit; {manual}")
-    if section is None:
-        doc.append_table(["features"], {})
-        section = doc.section(["features"])
-        assert section is not None
+    if table is None:
+        table = append_table(doc, ("features",), {})
     expected["features"] = features
     if deprecated is not None and deprecated in features:
         if feature in features:
-            doc.remove_key(section, deprecated)
+            del table[deprecated]
             notes.append(f"removed the deprecated [features] {deprecated} ({feature} is set)")
         else:
-            doc.rename_key(section, deprecated, feature)
+            rename_key(doc, ("features",), deprecated, feature)
             notes.append(f"renamed the deprecated [features] {deprecated} to {feature}")
             features[feature] = features[deprecated]
         del features[deprecated]
-        section = doc.section(["features"])
-        assert section is not None
+        table = toml_table(doc, ("features",))
+        assert table is not None
     if features.get(feature) is False:
-        doc.set_key(section, feature, True, SWITCHED_MARK)
+        set_value(doc, ("features",), feature, True, SWITCHED_MARK)
         notes.append(f"turned on hooks: [features] {feature} = true (was false)")
     elif feature not in features:  # only for a Codex that gates hooks behind the flag
-        doc.set_key(section, feature, True, ADDED_MARK)
+        set_value(doc, ("features",), feature, True, ADDED_MARK)
         notes.append(f"turned on hooks: [features] {feature} = true")
     features[feature] = True
 
@@ -289,40 +304,49 @@ def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, 
 def remove_codex_config(path: Path, *, private: bool) -> FileEdit:
     import copy
 
-    from agent_bridge.install import SERVER_NAME, InstallError, finish_toml, toml_doc
+    from agent_bridge.hosts.edits import (
+        SERVER_NAME,
+        InstallError,
+        finish_toml,
+        is_blank,
+        key_comment,
+        remove_table,
+        set_value,
+        toml_doc,
+        toml_table,
+    )
 
     before, data, doc = toml_doc(path)
     expected = copy.deepcopy(data)
     notes: list[str] = []
     manual = f"remove [mcp_servers.{SERVER_NAME}] from {path} by hand"
+    at = ("mcp_servers", SERVER_NAME)
     servers = expected.get("mcp_servers")
     if isinstance(servers, dict) and SERVER_NAME in servers:
-        tables = doc.tables_under(["mcp_servers", SERVER_NAME])
-        if doc.section(["mcp_servers", SERVER_NAME]) is None:
+        if toml_table(doc, at) is None:
             raise InstallError(f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}")
-        for table in reversed(tables):
-            doc.remove_section(table, marker=TABLE_MARK)
+        remove_table(doc, at, marker=TABLE_MARK)
         del servers[SERVER_NAME]
-        if not servers and doc.section(["mcp_servers"]) is None:
+        if not servers and toml_table(doc, ("mcp_servers",)) is None:
             del expected["mcp_servers"]
         notes.append(f'removed MCP server "{SERVER_NAME}"')
     features = expected.get("features")
-    section = doc.section(["features"])
-    if isinstance(features, dict) and section is not None:
+    table = toml_table(doc, ("features",))
+    if isinstance(features, dict) and table is not None:
         for key in ("hooks", "codex_hooks"):
-            text = doc.key_text(section, key) or ""
-            if ADDED_MARK in text:
-                doc.remove_key(section, key)
+            comment = key_comment(table, key)
+            if ADDED_MARK in comment:
+                del table[key]
                 del features[key]
                 notes.append(f"removed [features] {key} (added by install)")
-            elif SWITCHED_MARK in text:
-                doc.set_key(section, key, False)
+            elif SWITCHED_MARK in comment:
+                set_value(doc, ("features",), key, False)
+                table = toml_table(doc, ("features",))
+                assert table is not None
                 features[key] = False
                 notes.append(f"switched [features] {key} back to false")
-            section = doc.section(["features"])
-            assert section is not None
-        if not features and doc.section_is_empty(section) and notes:
-            doc.remove_section(section)
+        if not features and is_blank(table) and notes:
+            remove_table(doc, ("features",))
             del expected["features"]
     return finish_toml(path, before, doc, expected, notes, manual, private)
 
@@ -399,8 +423,9 @@ _CODEX_EVENTS = {"sessionStart": "session-start", "postToolUse": "post-tool-use"
 
 
 def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: bool) -> list[Check]:
-    from agent_bridge.install import is_our_hook
-    from agent_bridge.tomledit import toml_string
+    import tomlkit
+
+    from agent_bridge.hosts.edits import is_our_hook
 
     try:
         layers, hooks = codex_app_server(program, cwd)
@@ -425,8 +450,8 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
     if not ours:
         checks.append(Check("Codex hooks trust", SKIP, "Codex lists no agent-bridge hook here"))
     elif untrusted:
-        snippet = "".join(f'\n  [hooks.state.{toml_string(str(h.get("key")))}]\n  trusted_hash = '
-                          f'{toml_string(str(h.get("currentHash")))}' for h in untrusted)
+        snippet = "".join(f'\n  [hooks.state.{tomlkit.string(str(h.get("key"))).as_string()}]\n  trusted_hash = '
+                          f'{tomlkit.string(str(h.get("currentHash"))).as_string()}' for h in untrusted)
         states = ", ".join(sorted({str(h.get("trustStatus")) for h in untrusted}))
         checks.append(Check(
             "Codex hooks trust", FAIL,
@@ -440,7 +465,16 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
 
 
 def codex_checks(home: Path, cwd: Path) -> list[Check]:
-    from agent_bridge import doctor
+    from agent_bridge.hosts.checks import (
+        SERVER,
+        duplicate_hooks,
+        hooks_check,
+        load_toml,
+        our_hook_commands,
+        reach_check,
+        registered_events,
+        server_check,
+    )
 
     user_dir = codex_home()
     project_dir = cwd / ".codex"
@@ -451,40 +485,40 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
     features: list[tuple[Path, dict[str, Any]]] = []
     in_project = False
     for config in (user_dir / "config.toml", project_dir / "config.toml"):
-        data, error = doctor.load_toml(config)
+        data, error = load_toml(config)
         if error:
             candidates.append((str(config), None, error))
         if not data:
             continue
         servers = data.get("mcp_servers")
-        if isinstance(servers, dict) and doctor.SERVER in servers:
-            candidates.append((str(config), servers[doctor.SERVER], None))
+        if isinstance(servers, dict) and SERVER in servers:
+            candidates.append((str(config), servers[SERVER], None))
             in_project = in_project or config.parent == project_dir
         if isinstance(data.get("features"), dict):
             features.append((config, data["features"]))
     user_hooks, project_hooks = [user_dir / "hooks.json"], [project_dir / "hooks.json"]
-    in_project = in_project or bool(doctor.our_hook_commands(project_hooks))
-    checks = [doctor.server_check("Codex MCP server", candidates, home, fix, env_required=True),
-              doctor.hooks_check("Codex hooks", user_hooks + project_hooks, home, fix)]
+    in_project = in_project or bool(our_hook_commands(project_hooks))
+    found = [server_check("Codex MCP server", candidates, home, fix, env_required=True),
+             hooks_check("Codex hooks", user_hooks + project_hooks, home, fix)]
     program = codex_program()
     version = codex_version(program) if program else None
-    checks.append(_codex_feature_check(features, version, fix))
+    found.append(_codex_feature_check(features, version, fix))
     if program is None:
-        checks.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
+        found.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
     else:
-        checks += codex_trust_checks(program, cwd, project_dir, in_project)
-    checks.append(doctor.reach_check(
-        "Codex", doctor.registered_events(user_hooks + project_hooks),
+        found += codex_trust_checks(program, cwd, project_dir, in_project)
+    found.append(reach_check(
+        "Codex", registered_events(user_hooks + project_hooks),
         "the block decision (Codex has no additionalContext on Stop)",
         "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for Codex "
         f"({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's daemon outlives it "
         "and a queued message would run a turn there)"))
-    twice = doctor.duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
+    twice = duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
     if twice:
-        checks.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
-                            + "): Codex runs the matching hooks of every file, so each runs twice",
-                            "keep one: agent-bridge uninstall --codex --scope project (or --scope user)"))
-    return checks
+        found.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
+                           + "): Codex runs the matching hooks of every file, so each runs twice",
+                           "keep one: agent-bridge uninstall --codex --scope project (or --scope user)"))
+    return found
 
 
 def _codex_feature_check(features: list[tuple[Path, dict[str, Any]]], version: tuple[int, int, int] | None,

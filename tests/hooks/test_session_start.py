@@ -18,7 +18,7 @@ from agent_bridge import domain, paths
 from tests.hooks.conftest import build_db, hook_env, log_lines, note_of, run_hook
 
 SID = "hs-7f3a"  # the host's session_id
-HEAVY = ("trio", "mcp", "quart", "quart_trio", "hypercorn", "anyio", "pydantic", "starlette", "httpx")
+HEAVY = ("trio", "mcp", "quart", "quart_trio", "hypercorn", "anyio", "pydantic", "starlette", "httpx", "tomlkit")
 
 
 def payload(project: Path, **extra: object) -> dict[str, object]:
