@@ -1,8 +1,8 @@
 """Every contact with the MCP SDK beyond its documented surface, in one place.
 
-The SDK (2.x) offers no public way to advertise a hand-edited tool schema, to add a handler for
-`notifications/initialized`, to serve an `MCPServer` over streams we own, or to learn when a
-response has reached the host. The acknowledgement rule (SPEC §3, "What 'shown' means") needs
+The broker's MCP server (daemon.mcp_host) is the SDK's low-level `Server`, registered through
+its public handlers. What the SDK (2.x) has no public way for is learning when a response has
+reached the host. The acknowledgement rule (SPEC §3, "What 'shown' means") needs
 that last one: a message counts as shown once the bytes carrying it are written to the host's
 pipe. So this module owns the stdout side of the stdio transport (`RelayPipe`): the SDK's stdio
 writer hands each outgoing line to it, it sends the line to the session's relay, and it reports
@@ -18,7 +18,7 @@ import inspect
 import itertools
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,9 +27,7 @@ import mcp_types as types
 import trio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
-from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
 
 from agent_bridge.core import showing
 from agent_bridge.ipc import protocol
@@ -48,108 +46,21 @@ class SDKDrift(RuntimeError):
     """The installed MCP SDK no longer has what this module relies on."""
 
 
-def lowlevel(server: MCPServer) -> Server[Any]:
-    """The low-level `Server` under an `MCPServer` (its initialization options, its run loop)."""
-    return server._lowlevel_server
-
-
-def tool_schemas(server: MCPServer) -> list[Any]:
-    """The registered tools whose `parameters` (the advertised input schema) may be edited."""
-    return list(server._tool_manager.list_tools())
-
-
-def on_initialized(server: MCPServer, handler: Callable[[Any, Any], Any]) -> None:
-    """Call `handler(ctx, params)` when the host sends `notifications/initialized`."""
-    lowlevel(server).add_notification_handler("notifications/initialized", types.NotificationParams, handler)
-
-
-def on_cancelled(server: MCPServer, handler: Callable[[types.RequestId], Any]) -> None:
-    """Call `await handler(request_id)` when the host sends `notifications/cancelled`. The SDK
-    itself stops the request's handler and never answers it; this is for a request whose
-    answer was already written when the cancel came (the host then ignores that answer)."""
-
-    async def cancelled(ctx: Any, params: types.CancelledNotificationParams) -> None:
-        if params.request_id is not None:
-            await handler(params.request_id)
-
-    lowlevel(server).add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, cancelled)
-
-
-def check_tool_calls(server: MCPServer, problem: Callable[[str, Any, Any], str | None],
-                     drop_nulls: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> None:
-    """Look at every `tools/call` before the SDK validates it: an unknown tool is a JSON-RPC
-    error (-32602, invalid params, as the MCP specification says); `problem(name, schema,
-    arguments)` (the tool's advertised input schema and the raw arguments) naming a problem
-    makes the call a tool error with that text. The SDK's own validation is lax (pydantic
-    turns "yes" into true and "0" into 0, and drops arguments it does not know). Before both,
-    `drop_nulls(schema, arguments)` takes out what counts as absent."""
-
-    async def check(ctx: ServerRequestContext[Any, Any], call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-        params = ctx.params
-        if ctx.method == "tools/call" and ctx.request_id is not None and isinstance(params, Mapping):
-            name = params.get("name")
-            schemas = {tool.name: tool.parameters for tool in tool_schemas(server)}
-            if not isinstance(name, str) or name not in schemas:
-                raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name!r}")
-            arguments = params.get("arguments")
-            if isinstance(arguments, dict) and isinstance(params, dict):  # optional nulls count as absent (SPEC §5)
-                params["arguments"] = arguments = drop_nulls(schemas[name], arguments)
-            text = problem(name, schemas[name], arguments)
-            if text is not None:  # worded as every other tool error (the SDK's ToolError form)
-                text = f"Error executing tool {name}: {text}"
-                return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-        return await call_next(ctx)
-
-    server.middleware.append(check)
-
-
-def on_set_level(server: MCPServer, handler: Callable[[str], None]) -> None:
-    """Serve `logging/setLevel` (which declares the `logging` capability): `handler(level)`."""
-
-    async def set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
-        handler(params.level)
-        return types.EmptyResult()
-
-    lowlevel(server).add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
-
-
-def request_id(ctx: Context) -> types.RequestId | None:
-    """The JSON-RPC id of the request a tool call is answering, as the host sent it."""
-    return ctx.request_context.request_id
-
-
 def check() -> None:
     """Raise SDKDrift naming every assumption the installed SDK breaks."""
-    server = MCPServer("drift-check")
     problems = []
-    if not isinstance(getattr(server, "_lowlevel_server", None), Server):
-        problems.append("MCPServer._lowlevel_server is no longer the low-level Server")
-    list_tools = getattr(getattr(server, "_tool_manager", None), "list_tools", None)
-    if list_tools is None:
-        problems.append("MCPServer._tool_manager.list_tools is gone")
-    else:
-        server.add_tool(lambda x: str(x), name="probe", structured_output=False)
-        if not all(isinstance(getattr(t, "parameters", None), dict) for t in list_tools()):
-            problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `parameters` dict")
-    if not callable(getattr(Server, "add_notification_handler", None)):
-        problems.append("Server.add_notification_handler is gone")
-    if not callable(getattr(Server, "add_request_handler", None)):
-        problems.append("Server.add_request_handler is gone")
-    if not isinstance(getattr(server, "middleware", None), list):
-        problems.append("MCPServer.middleware is no longer a list of middleware")
+    for method in ("add_notification_handler", "add_request_handler", "create_initialization_options", "run"):
+        if not callable(getattr(Server, method, None)):
+            problems.append(f"Server.{method} is gone")
     context_fields = getattr(ServerRequestContext, "__dataclass_fields__", {})
-    if not {"method", "params", "request_id"} <= set(context_fields):
-        problems.append("ServerRequestContext no longer has method, params and request_id")
-    if not all(getattr(t, "name", None) == "probe" for t in (list_tools() if list_tools else [])):
-        problems.append("MCPServer._tool_manager.list_tools() no longer yields tools with a `name`")
+    if not {"session", "meta", "request_id"} <= set(context_fields):
+        problems.append("ServerRequestContext no longer has session, meta and request_id")
     if getattr(types, "INVALID_PARAMS", None) != -32602:
         problems.append("mcp_types.INVALID_PARAMS is no longer -32602")
     if "request_id" not in getattr(types.CancelledNotificationParams, "model_fields", {}):
         problems.append("CancelledNotificationParams.request_id is gone")
-    if not isinstance(inspect.getattr_static(Context, "request_context", None), property):
-        problems.append("Context.request_context is no longer a property")
-    if "stdout" not in inspect.signature(stdio_server).parameters:
-        problems.append("stdio_server() no longer takes an explicit stdout")
+    if not {"stdin", "stdout"} <= set(inspect.signature(stdio_server).parameters):
+        problems.append("stdio_server() no longer takes an explicit stdin and stdout")
     source = inspect.getsource(stdio_server)
     if "await stdout.write(" not in source or "await stdout.flush()" not in source:
         problems.append("stdio_server() no longer writes each message with stdout.write() then stdout.flush()")

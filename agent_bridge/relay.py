@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent_bridge import domain, hosts, jsonlimit, ledger, paths, procinfo
+from agent_bridge import domain, hosts, jsonlimit, ledger, paths, procinfo, tools
 from agent_bridge.core import showing
 from agent_bridge.core.showing import Showing
 from agent_bridge.ipc import blocking, peercred, protocol
@@ -67,11 +67,6 @@ UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
 STATIC = Path(__file__).with_name("mcp_static.json")
 
-# What to do after a request the broker may or may not have carried out, per tool.
-UNSURE_ADVICE = {
-    "decide": "check with `decisions` before retrying",
-    "send": "no tool shows what this session sent, so if you send it again say that it may arrive twice",
-}
 NOT_REACHABLE = "the agent-bridge broker is not reachable right now; it is being restarted, try again shortly"
 INTERNAL_ERROR = -32603  # JSON-RPC 2.0
 INVALID_REQUEST = -32600
@@ -753,7 +748,7 @@ class Relay:
             link.alive = False
             again = []
             for request in self.forwarded.values():
-                if request.method == "tools/call" and not self.idempotent(request.tool):
+                if request.method == "tools/call" and not tools.idempotent(request.tool):
                     unsure.append(request)
                 else:
                     request.deadline = time.monotonic() + CALL_TIMEOUT
@@ -767,12 +762,8 @@ class Relay:
             tool = request.tool or "decide"
             self.tool_error(request.rid, tool, (
                 f"the broker connection was lost during {tool}; it may or may not have been recorded: "
-                f"{UNSURE_ADVICE.get(tool, UNSURE_ADVICE['decide'])}"
+                f"{tools.unsure_advice(tool)}"
             ))
-
-    def idempotent(self, tool: str | None) -> bool:
-        """An unknown tool is answered with an error by the broker, which changes nothing."""
-        return bool(self.static_answers()["idempotentTools"].get(tool, True))
 
     def take_back(self, key: str) -> None:
         """Called under `cond`: the host cancelled request `key`. If its result was already

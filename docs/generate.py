@@ -99,17 +99,14 @@ def _table(rows: list[str]) -> list[str]:
 
 
 def mcp_tools() -> str:
-    """The tools exactly as `tools/list` advertises them (name, description, input schema)."""
-    import trio
+    """The tools as `tools/list` advertises them (name, description, input schema): the tool
+    table (agent_bridge.tools), which the server lists as it is."""
+    from agent_bridge import tools
 
-    from agent_bridge.daemon import mcp_host
-
-    server = mcp_host.build_server(None)  # type: ignore[arg-type]  # listing the tools touches no session
-    tools = trio.run(server.list_tools)
     out = []
-    for tool in tools:
-        out += [f"### `{tool.name}`", "", tool.description or "", "", "```json",
-                json.dumps(tool.input_schema, indent=2, ensure_ascii=False, sort_keys=True), "```", ""]
+    for tool in tools.TOOLS.values():
+        out += [f"### `{tool.name}`", "", tool.description, "", "```json",
+                json.dumps(tool.schema, indent=2, ensure_ascii=False, sort_keys=True), "```", ""]
     return "\n".join(out)
 
 

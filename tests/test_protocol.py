@@ -191,13 +191,14 @@ async def test_sending_to_a_closed_peer_is_a_broken_stream():
 def test_every_op_of_the_protocol_table_has_its_broker_handlers_and_no_more():
     """The protocol's op table is the one list: the broker's handlers and the MCP server's
     resend rule derive from it (a handler for an op it lacks, or the reverse, fails loading)."""
-    from agent_bridge.daemon import broker, mcp_host
+    from agent_bridge import tools
+    from agent_bridge.daemon import broker
 
     assert set(broker.SESSION_HANDLERS) == {n for n, op in protocol.OPS.items() if op.session}
     assert set(broker.CONTROL_HANDLERS) == {n for n, op in protocol.OPS.items() if op.control}
     # The relay resends a tool call after a lost connection exactly when its op is idempotent.
-    resent = {tool for tool in mcp_host.TOOL_OPS if mcp_host.tool_is_idempotent(tool)}
-    assert resent == {tool for tool, op in mcp_host.TOOL_OPS.items() if op is None or op in protocol.IDEMPOTENT_OPS}
+    resent = {name for name in tools.TOOLS if tools.idempotent(name)}
+    assert resent == {name for name, t in tools.TOOLS.items() if t.op is None or t.op in protocol.IDEMPOTENT_OPS}
     assert {"send", "decide"}.isdisjoint(resent)
     assert {"send", "decide"} <= protocol.SESSION_OPS & protocol.CONTROL_OPS  # the command line's too
     assert not protocol.OPS["send"].idempotent and not protocol.OPS["decide"].idempotent

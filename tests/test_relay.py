@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import ledger, relay
+from agent_bridge import ledger, relay, tools
 from agent_bridge.daemon import mcp_host
 from tests.conftest import run_cli, wait_for
 from tests.reliability.harness import (
@@ -113,7 +113,7 @@ async def test_with_no_broker_the_relay_answers_what_needs_none_and_says_why_for
         host = await RawHost.start(env, "--agent", "codex", "--project", "/w/alone")
         listed = (await host.answer(await host.request("tools/list", {})))["result"]
         assert listed == json.loads(relay.STATIC.read_text())["tools/list"]
-        assert {t["name"] for t in listed["tools"]} == set(mcp_host.TOOL_OPS)
+        assert {t["name"] for t in listed["tools"]} == set(tools.TOOLS)
         assert (await host.answer(await host.request("ping", {})))["result"] == {}
         failed = (await host.answer(await host.call_request("whoami")))["result"]
         assert failed["isError"] and "schema version 99" in failed["content"][0]["text"], failed

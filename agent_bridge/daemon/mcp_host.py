@@ -20,16 +20,18 @@ import json
 import logging
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 import mcp_types as types
 import trio
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
+from mcp.shared.exceptions import MCPError
 
-from agent_bridge import __version__, domain, jsonlimit, ledger, mcp_sdk
+from agent_bridge import __version__, domain, jsonlimit, ledger, mcp_sdk, tools
 from agent_bridge.core import showing
 from agent_bridge.core.showing import Showing
 from agent_bridge.daemon.broker import Broker
@@ -47,6 +49,7 @@ from agent_bridge.daemon.mcp_fast import (
     argument_problem,
     cancelled_request,
     drop_null_optionals,
+    error_text,
     log_line,
 )
 from agent_bridge.daemon.sessions import Session
@@ -56,13 +59,13 @@ from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.mcp_stdin import GuardedStdin
 from agent_bridge.store.ids import now_ms
+from agent_bridge.tools import INBOX_WAIT_MAX, Tool
 
 log = logging.getLogger("agent_bridge.mcp")
 # The SDK logs every tool error at INFO: each one already reached its agent; only its warnings
 # and worse belong in broker.log.
 logging.getLogger("mcp").setLevel(logging.WARNING)
 
-INBOX_WAIT_MAX = 60
 CHANNEL_CAPABILITY = "claude/channel"
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 READ_FIRST_TURNS = 20  # turns of the scheduler given to the relay's reader before results come due
@@ -72,20 +75,6 @@ DELIVERY_FIRST = 5.0  # seconds the host's lines wait for the session's backlog 
 LINES_BUFFER = 16  # host lines read ahead of the MCP server: a relay that outruns it waits
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")  # RFC 5424, as MCP
 REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "
-
-# The bridge op each tool carries out (None: served from this session's inbox). The relay
-# resends a call in flight when the broker went away only if its op is idempotent.
-TOOL_OPS: dict[str, str | None] = {
-    "decide": "decide", "decisions": "decisions", "whoami": "whoami", "peers": "peers", "send": "send", "inbox": None,
-}
-
-
-def tool_is_idempotent(tool: str) -> bool:
-    """Carrying the call out twice changes nothing: an `inbox` result never written acknowledges
-    nothing, the other tools follow their op (ipc.protocol.OPS)."""
-    op = TOOL_OPS.get(tool)
-    return op is None or protocol.OPS[op].idempotent
-
 
 class LocalClient:
     """The broker's op handlers, called in-process as this session; errors as the bridge
@@ -382,12 +371,10 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
         await conn.send(protocol.ok(request_id, hello))
         server = build_server(bridge)
-        lowlevel = mcp_sdk.lowlevel(server)
-        init = lowlevel.create_initialization_options(
+        init = server.create_initialization_options(
             experimental_capabilities={CHANNEL_CAPABILITY: {}} if session.peer.agent == "claude" else None
         )
         lines_in, lines_out = trio.open_memory_channel[str](LINES_BUFFER)
-        schemas = {tool.name: tool.parameters for tool in mcp_sdk.tool_schemas(server)}
 
         async def read_relay(fast: FastCalls) -> None:
             nonlocal stdin_closed
@@ -395,7 +382,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
                 stdin_closed = await _read_relay(bridge, pipe, lines_in, fast)
 
         async with trio.open_nursery() as nursery:
-            fast = FastCalls(bridge, nursery, TOOL_BODIES, schemas)
+            fast = FastCalls(bridge, nursery, TOOL_BODIES, {name: tool.schema for name, tool in tools.TOOLS.items()})
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)
             with trio.move_on_after(DELIVERY_FIRST):  # the host's first `inbox` sees the backlog
@@ -404,7 +391,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
             guard = GuardedStdin()  # answers the lines the SDK would drop (lone surrogates)
             async with mcp_sdk.open_relay_stdio(guard.lines(lines_out), pipe) as (read_stream, write_stream):
                 guard.answer_through(write_stream)
-                await lowlevel.run(read_stream, write_stream, init)
+                await server.run(read_stream, write_stream, init)
             if stdin_closed:
                 bridge.showing.eof()  # the host closed stdin: no cancel can follow
             with trio.move_on_after(ACK_FLUSH_AT_EXIT):
@@ -513,38 +500,6 @@ INBOX_FRAMING = (
 OWN_FRAMING = (" An item whose `from` is this session is your own: the notice of a decision you recorded, "
                "or a message you sent yourself.")
 
-SCOPE_FIELD = 'omit: this project; "all"; {"project":"/abs/dir"}; {"sessions":["name-or-id"]}'
-
-DECIDE_DOC = """Record a pinned owner decision: the human owner's answer, which every session in
-scope must follow (topic "db", text "PostgreSQL"). Research the owner's choice before recording
-it: record only what the user decided, never what another agent said. A later decision on the
-same topic supersedes the current one. source_message_id: the bridge message it answers."""
-
-DECISIONS_DOC = """Pinned owner decisions shared by every agent session, newest first: check them
-before choosing what the owner may have decided. query: substring of topic or text. Omitted scope: this project, global ones and
-ones addressed to this session. history: include superseded revisions."""
-DECIDE_DOC, DECISIONS_DOC = (" ".join(doc.split()) for doc in (DECIDE_DOC, DECISIONS_DOC))
-
-
-def compact_schema(schema: Any) -> Any:
-    """What the host shows the model, without pydantic's noise: no `title`s, and an optional
-    `X | None` advertised as plain X (it is optional by not being required). Validation still
-    uses the typed signature."""
-    if isinstance(schema, list):
-        return [compact_schema(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: compact_schema(v) for k, v in schema.items() if k != "title"}
-    variants = out.get("anyOf")
-    if isinstance(variants, list) and {"type": "null"} in variants and len(variants) == 2:
-        out.pop("anyOf")
-        out.update(next(v for v in variants if v != {"type": "null"}))
-    if out.get("default", 0) is None:
-        out.pop("default")
-    return out
-
-
-
 async def _op(bridge: Bridge, call: ToolCall | None, op: str, **args: Any) -> Any:
     """The bridge op behind a tool, as this session; its error is the tool's."""
     if call is not None:
@@ -555,8 +510,18 @@ async def _op(bridge: Bridge, call: ToolCall | None, op: str, **args: Any) -> An
         raise ToolError(exc.message) from None
 
 
-# The tools' bodies: run by the SDK's registration (build_server) and by mcp_fast alike, each
-# returning its result's text blocks. `call` is None only for a call made on a tool's behalf.
+# The tools' bodies (agent_bridge.tools names them): run by the SDK's registration
+# (build_server) and by mcp_fast alike, each returning its result's text blocks. `call` is None
+# only for a call made on a tool's behalf.
+
+def op_body(op: str) -> Body:
+    """The body of a tool that is its op: the arguments given, the op's answer as JSON."""
+
+    async def body(bridge: Bridge, call: ToolCall | None, **args: Any) -> list[str]:
+        return [_json(await _op(bridge, call, op, **args))]
+
+    return body
+
 
 async def tool_decide(bridge: Bridge, call: ToolCall | None, topic: str, text: str, scope: Any = None,
                       source_message_id: str | None = None) -> list[str]:
@@ -590,21 +555,6 @@ async def tool_decisions(bridge: Bridge, call: ToolCall | None, query: str | Non
     return texts
 
 
-async def tool_whoami(bridge: Bridge, call: ToolCall | None) -> list[str]:
-    return [_json(await _op(bridge, call, "whoami"))]
-
-
-async def tool_peers(bridge: Bridge, call: ToolCall | None, project: str | None = None) -> list[str]:
-    return [_json(await _op(bridge, call, "peers", **({"project": project} if project is not None else {})))]
-
-
-async def tool_send(bridge: Bridge, call: ToolCall | None, to: str, text: str, reply_to: str | None = None) -> list[str]:
-    args: dict[str, Any] = {"to": to, "text": text}
-    if reply_to is not None:
-        args["reply_to"] = reply_to
-    return [_json(await _op(bridge, call, "send", **args))]
-
-
 async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float = 0, peek: bool = False) -> list[str]:
     if call is not None:
         await _observe(bridge, call)
@@ -636,96 +586,104 @@ async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float 
     return texts
 
 
-TOOL_BODIES: dict[str, Body] = {
-    "decide": tool_decide, "decisions": tool_decisions, "whoami": tool_whoami, "peers": tool_peers,
-    "send": tool_send, "inbox": tool_inbox,
-}
+CUSTOM_BODIES: dict[str, Body] = {"tool_decide": tool_decide, "tool_decisions": tool_decisions, "tool_inbox": tool_inbox}
 
 
-def _sdk_call(ctx: Context | None) -> ToolCall | None:
-    """A tool call as the SDK hands it over (its Context)."""
-    if ctx is None:
-        return None
+def body_of(tool: Tool) -> Body:
+    if tool.body:
+        return CUSTOM_BODIES[tool.body]
+    assert tool.op is not None, f"{tool.name}: a tool without an op needs its own body"
+    return op_body(tool.op)
+
+
+TOOL_BODIES: dict[str, Body] = {name: body_of(tool) for name, tool in tools.TOOLS.items()}
+
+INSTRUCTIONS = (
+    "agent-bridge connects this session with other agent sessions on this machine. "
+    "Check `decisions` before choosing something the owner may have decided; use `inbox` to read "
+    "messages from other sessions (they are not from the user)."
+)
+
+
+async def call_tool(bridge: Bridge, tool: Tool, body: Body, arguments: Any, call: ToolCall | None) -> tuple[list[str], bool]:
+    """One tool call as the host made it: its result's text blocks, and whether it failed.
+    Arguments are judged by the tool's schema as the host reads it (SPEC §5): an optional one
+    given as null is absent; an unknown one, a value not of its JSON type, a missing one is a
+    tool error in one line. A failure is worded as the SDK's tool layer words it."""
+    arguments = drop_null_optionals(tool.schema, {} if arguments is None else arguments)
+    problem = argument_problem(tool.name, tool.schema, arguments)
+    if problem is not None:
+        return [f"Error executing tool {tool.name}: {problem}"], True
     try:
-        return ToolCall(mcp_sdk.request_id(ctx), ctx.request_context.meta, ctx.session)
-    except Exception as exc:  # noqa: BLE001 - SDK drift: the call still works, but say so loudly
-        log.error("could not read this tool call's context from the MCP SDK (%s: %s)", type(exc).__name__, exc)
-        return ToolCall(None, None, None)
+        return await body(bridge, call, **arguments), False
+    except ToolError as exc:
+        return [error_text(tool.name, exc)], True
+    except Exception as exc:  # noqa: BLE001 - a bug: logged, and the host learns nothing of it
+        log.exception("tool %r raised an unexpected exception", tool.name)
+        return [error_text(tool.name, exc)], True
 
 
-def _blocks(texts: list[str]) -> list[types.TextContent]:
+def _blocks(texts: list[str]) -> list[types.ContentBlock]:
     return [types.TextContent(type="text", text=text) for text in texts]
 
 
-def build_server(bridge: Bridge) -> MCPServer:
-    server = MCPServer(
-        "agent-bridge",
-        version=__version__,
-        instructions=(
-            "agent-bridge connects this session with other agent sessions on this machine. "
-            "Check `decisions` before choosing something the owner may have decided; use `inbox` to read "
-            "messages from other sessions (they are not from the user)."
-        ),
-    )
+def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
+                 bodies: Mapping[str, Body] = TOOL_BODIES) -> Server[Any]:
+    """The session's MCP server: the SDK's low-level `Server` with the tools of `table`, served
+    by `bodies`. It declares what the SDK's `MCPServer` declared for this server before (empty
+    prompts and resources, so hosts that list them get empty lists) and `logging`."""
 
-    @server.tool(description=DECIDE_DOC, structured_output=False)
-    async def decide(
-        topic: str,
-        text: Annotated[str, Field(description="the owner's decision, in their words")],
-        scope: Annotated[Any, Field(description=SCOPE_FIELD)] = None,
-        source_message_id: str | None = None,
-        ctx: Context | None = None,
-    ) -> list[types.TextContent]:
-        return _blocks(await tool_decide(bridge, _sdk_call(ctx), topic, text, scope, source_message_id))
+    async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[
+            types.Tool(name=tool.name, description=tool.description, input_schema=tool.schema) for tool in table.values()
+        ])
 
-    @server.tool(description=DECISIONS_DOC, structured_output=False)
-    async def decisions(
-        query: str | None = None,
-        scope: Annotated[Any, Field(description=SCOPE_FIELD)] = None,
-        history: bool = False,
-        ctx: Context | None = None,
-    ) -> list[types.TextContent]:
-        return _blocks(await tool_decisions(bridge, _sdk_call(ctx), query, scope, history))
+    async def on_call(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        tool = table.get(params.name)
+        if tool is None:  # JSON-RPC invalid params, as the MCP specification says
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name!r}")
+        texts, failed = await call_tool(bridge, tool, bodies[tool.name], params.arguments,
+                                        ToolCall(ctx.request_id, ctx.meta, ctx.session))
+        return types.CallToolResult(content=_blocks(texts), is_error=failed)
 
-    @server.tool(description="This agent session's bridge identity: id, name (its address for messages), agent, "
-                 "project, kind.", structured_output=False)
-    async def whoami(ctx: Context | None = None) -> str:
-        (answer,) = await tool_whoami(bridge, _sdk_call(ctx))
-        return answer
+    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        bridge.log_level = params.level
+        return types.EmptyResult()
 
-    @server.tool(description="Agent sessions on this machine you can message (Claude Code, Codex; connected or not); "
-                 "project: only that folder's.",
-                 structured_output=False)
-    async def peers(project: str | None = None, ctx: Context | None = None) -> str:
-        (answer,) = await tool_peers(bridge, _sdk_call(ctx), project)
-        return answer
-
-    @server.tool(description="Send a durable message to another agent session (to: its name or id): Claude Code or "
-                 "Codex, running or not, which a host's own messaging does not reach. reply_to: the message id you "
-                 "answer; long reply chains stop waking the recipient.", structured_output=False)
-    async def send(to: str, text: str, reply_to: str | None = None, ctx: Context | None = None) -> str:
-        (answer,) = await tool_send(bridge, _sdk_call(ctx), to, text, reply_to)
-        return answer
-
-    @server.tool(description="This session's inbox: messages from other agent sessions (not from the user), "
-                 "oldest first, marked read unless peek. wait_seconds (0-60): wait for one.", structured_output=False)
-    async def inbox(wait_seconds: float = 0, peek: bool = False, ctx: Context | None = None) -> list[types.TextContent]:
-        return _blocks(await tool_inbox(bridge, _sdk_call(ctx), wait_seconds, peek))
-
-    for tool in mcp_sdk.tool_schemas(server):
-        tool.parameters = compact_schema(tool.parameters)
-    mcp_sdk.check_tool_calls(server, argument_problem, drop_null_optionals)
-
-    def set_level(level: str) -> None:
-        bridge.log_level = level
-
-    mcp_sdk.on_set_level(server, set_level)
-
-    async def on_initialized(ctx: Any, params: Any) -> None:
+    async def on_initialized(ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         await _capture(bridge, ctx.session)
 
-    mcp_sdk.on_initialized(server, on_initialized)
-    mcp_sdk.on_cancelled(server, lambda rid: bridge.cancelled(rid))  # read first by _read_relay: a no-op then
+    async def on_cancelled(ctx: ServerRequestContext[Any], params: types.CancelledNotificationParams) -> None:
+        if params.request_id is not None:
+            await bridge.cancelled(params.request_id)  # read first by _read_relay: a no-op then
+
+    async def no_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[])
+
+    async def no_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[])
+
+    async def no_templates(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[])
+
+    async def no_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
+
+    async def no_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown resource: {params.uri}", data={"uri": str(params.uri)})
+
+    server: Server[Any] = Server(
+        "agent-bridge", version=__version__, instructions=INSTRUCTIONS,
+        on_list_tools=list_tools, on_call_tool=on_call, on_list_prompts=no_prompts, on_get_prompt=no_prompt,
+        on_list_resources=no_resources, on_list_resource_templates=no_templates, on_read_resource=no_resource,
+    )
+    # Public, but not as constructor arguments: `on_set_logging_level` warns that the 2026
+    # protocol drops logging, which hosts of the handshake era still use.
+    server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+    server.add_notification_handler("notifications/initialized", types.NotificationParams, on_initialized)
+    server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
     return server
 
 
@@ -803,8 +761,7 @@ TOOL_MARK, REASON_MARK = "agent_bridge_tool", "<the reason>"  # filled in by the
 def static_answers() -> dict[str, Any]:
     """The answers `agent-bridge mcp` gives with no broker, produced by this server through the
     SDK: `initialize` per agent kind (claude declares channels) and requested protocol version,
-    `tools/list`, the shape of a tool error, and which tools may be resent after a lost
-    connection, and an `inbox` result. `tests/test_relay.py` checks that the shipped file is this."""
+    `tools/list`, the shape of a tool error, and an `inbox` result. `tests/test_relay.py` checks that the shipped file is this."""
     return trio.run(_static_answers)
 
 
@@ -824,41 +781,39 @@ async def _static_answers() -> dict[str, Any]:
     listed = await _serve_lines(build_server(cast(Bridge, None)), "other", [
         initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ], 2)
-    probe = MCPServer("probe")
+    # The shapes of a failed call and of an `inbox` result, from probe tools served alike.
+    probes = {TOOL_MARK: Tool(TOOL_MARK, None, "", {"type": "object", "properties": {}}, idempotent=True),
+              TOOL_MARK + "_blocks": Tool(TOOL_MARK + "_blocks", None, "", {"type": "object", "properties": {}}, True)}
 
-    @probe.tool(name=TOOL_MARK, structured_output=False)
-    async def fail() -> str:
+    async def fail(bridge: Bridge, call: ToolCall | None) -> list[str]:
         raise ToolError(REASON_MARK)
 
-    failed = await _serve_lines(probe, "other", [
-        initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": TOOL_MARK, "arguments": {}}},
-    ], 2)
-    @probe.tool(name=TOOL_MARK + "_blocks", structured_output=False)
-    async def blocks() -> list[types.TextContent]:
-        return [types.TextContent(type="text", text=REASON_MARK), types.TextContent(type="text", text=INBOX_FRAMING)]
+    async def blocks(bridge: Bridge, call: ToolCall | None) -> list[str]:
+        return [REASON_MARK, INBOX_FRAMING]
 
-    shown = await _serve_lines(probe, "other", [
-        initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": TOOL_MARK + "_blocks", "arguments": {}}},
-    ], 2)
-    tools = [tool["name"] for tool in listed[1]["result"]["tools"]]
+    results = []
+    for name in probes:
+        answered = await _serve_lines(build_server(cast(Bridge, None), probes, {TOOL_MARK: fail, TOOL_MARK + "_blocks": blocks}),
+                                      "other", [
+            initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": {}}},
+        ], 2)
+        results.append(answered[1]["result"])
+    failed, shown = results
     return {
         "generatedBy": "python -m agent_bridge.daemon.mcp_host",
         "initialize": answers,
         "tools/list": listed[1]["result"],
-        "toolError": {"marks": {"tool": TOOL_MARK, "reason": REASON_MARK}, "result": failed[1]["result"]},
-        "idempotentTools": {name: tool_is_idempotent(name) for name in tools},
+        "toolError": {"marks": {"tool": TOOL_MARK, "reason": REASON_MARK}, "result": failed},
         # An `inbox` result the relay writes itself (messages it held when the broker went away).
-        "inboxResult": {"marks": {"messages": REASON_MARK}, "result": shown[1]["result"]},
+        "inboxResult": {"marks": {"messages": REASON_MARK}, "result": shown},
         "inboxIdsMax": ledger.IDS_MAX,
     }
 
 
-async def _serve_lines(server: MCPServer, agent: str, requests: list[dict[str, Any]], answers: int) -> list[Any]:
+async def _serve_lines(server: Server[Any], agent: str, requests: list[dict[str, Any]], answers: int) -> list[Any]:
     """Feed `requests` to `server` as a host would; its first `answers` lines, parsed."""
-    lowlevel = mcp_sdk.lowlevel(server)
-    init = lowlevel.create_initialization_options(
+    init = server.create_initialization_options(
         experimental_capabilities={CHANNEL_CAPABILITY: {}} if agent == "claude" else None
     )
     out: list[Any] = []
@@ -880,7 +835,7 @@ async def _serve_lines(server: MCPServer, agent: str, requests: list[dict[str, A
 
     async def serve() -> None:
         async with mcp_sdk.open_relay_stdio(lines(), cast(mcp_sdk.RelayPipe, Capture())) as (read, write):
-            await lowlevel.run(read, write, init)
+            await server.run(read, write, init)
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

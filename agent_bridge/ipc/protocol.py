@@ -58,7 +58,7 @@ import json
 import struct
 from typing import Any, NamedTuple
 
-from agent_bridge import jsonlimit
+from agent_bridge import jsonlimit, tools
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
@@ -75,16 +75,14 @@ class Op(NamedTuple):
     idempotent: bool  # carrying it out twice changes nothing: resent after a lost connection
 
 
-# Every request of the protocol: the one list to extend for a new op.
+# Every request of the protocol: the one list to extend for a new op. A tool's op comes from
+# its entry in agent_bridge.tools (a session's request; a control request too for the CLI's).
 OPS: dict[str, Op] = {
     "hello": Op(session=False, control=False, idempotent=False),  # turns a connection into a session's
     "mcp": Op(session=False, control=False, idempotent=False),  # the same, for a relay: the broker serves MCP
-    "whoami": Op(session=True, control=False, idempotent=True),
-    "peers": Op(session=True, control=False, idempotent=True),
-    "decide": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge decide`
-    "decisions": Op(session=True, control=False, idempotent=True),
+    **{tool.op: Op(session=True, control=tool.cli, idempotent=tool.idempotent)
+       for tool in tools.TOOLS.values() if tool.op is not None},
     "retractions": Op(session=True, control=False, idempotent=True),  # beside `decisions` with history
-    "send": Op(session=True, control=True, idempotent=False),  # control: `agent-bridge send`
     "offer": Op(session=True, control=False, idempotent=True),
     "withdraw": Op(session=True, control=False, idempotent=False),
     "ack": Op(session=True, control=False, idempotent=True),

@@ -1,0 +1,107 @@
+"""The MCP tools (SPEC §5), one entry each: the one table to extend for a new tool.
+
+Standard library only: the relay reads its retry rules and its advice from here. Everything
+else is derived from this table:
+- the tools the broker's MCP server lists and calls (daemon.mcp_host: `build_server`), with
+  the arguments each takes judged by its `schema` (unknown ones refused, JSON types strict);
+- the tool ops of the bridge protocol (ipc.protocol: `OPS`) and the broker's handler check;
+- the relay's rule for a call in flight when the broker went away (`idempotent`, `unsure`);
+- the relay's answers with no broker (agent_bridge/mcp_static.json) and docs/mcp-tools.md.
+
+Adding a tool: an entry here, and its op's handler in daemon.broker (see docs/mcp-tools.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from agent_bridge import domain
+
+
+class Tool(NamedTuple):
+    name: str
+    op: str | None  # the bridge op it carries out as the calling session (None: served from its inbox)
+    description: str  # what the model reads: the words an agent searching deferred tools would use
+    schema: dict[str, Any]  # the input schema as advertised, limits included; arguments are judged by it
+    idempotent: bool  # carrying it out twice changes nothing: the relay resends it after a lost connection
+    unsure: str = ""  # not idempotent: what to do when it may or may not have been carried out
+    cli: bool = False  # its op is also a control request (an `agent-bridge` command sends it)
+    body: str = ""  # "" the op with the given arguments, its answer as JSON; else the body in daemon.mcp_host
+
+
+def _object(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+STRING: dict[str, Any] = {"type": "string"}
+BOOLEAN: dict[str, Any] = {"type": "boolean"}
+# Any JSON value, or a string holding JSON or `all`; the broker judges it (domain.normalize_scope).
+SCOPE: dict[str, Any] = {"description": "all, {project: dir} or {sessions: [name or id]}; omit: this project"}
+INBOX_WAIT_MAX = 60  # seconds an `inbox` call may wait for a first message
+
+_TOOLS = (
+    Tool(
+        "decide", "decide",
+        "Record a pinned owner decision every agent session in scope must follow, replacing the topic's last "
+        "one. Research the owner's choice before recording it: what the user decided, not an agent.",
+        _object(
+            ("topic", "text"),
+            topic={**STRING, "maxLength": domain.TOPIC_MAX},
+            text={**STRING, "maxLength": domain.TEXT_MAX},
+            scope=SCOPE,
+            source_message_id=STRING,
+        ),
+        idempotent=False, unsure="check with `decisions` before retrying", cli=True, body="tool_decide",
+    ),
+    Tool(
+        "decisions", "decisions",
+        "Pinned owner decisions for agent sessions, newest first: look here before asking the owner. "
+        "query: in topic or text; history: superseded ones too.",
+        _object(query={**STRING, "maxLength": domain.QUERY_MAX}, scope=SCOPE, history=BOOLEAN),
+        idempotent=True, body="tool_decisions",
+    ),
+    Tool(
+        "whoami", "whoami",
+        "This agent session's identity: id, name (its message address), agent, project.",
+        _object(),
+        idempotent=True,
+    ),
+    Tool(
+        "peers", "peers",
+        "Agent sessions you can message (Claude Code, Codex; running or not). project: only that folder's.",
+        _object(project=STRING),
+        idempotent=True,
+    ),
+    Tool(
+        "send", "send",
+        "Send a durable message to another agent session: Claude Code or Codex, running or not, unlike a host's "
+        "own messaging. to: name or id; reply_to: message id you answer.",
+        _object(("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING),
+        idempotent=False, cli=True,
+        unsure="no tool shows what this session sent, so if you send it again say that it may arrive twice",
+    ),
+    Tool(
+        "inbox", None,
+        "Your inbox: messages from other agent sessions (not the user), oldest first, marked read unless peek. "
+        "wait_seconds: wait for one.",
+        _object(wait_seconds={"type": "number", "minimum": 0, "maximum": INBOX_WAIT_MAX}, peek=BOOLEAN),
+        # An `inbox` result never written to the host acknowledges nothing.
+        idempotent=True, body="tool_inbox",
+    ),
+)
+TOOLS: dict[str, Tool] = {tool.name: tool for tool in _TOOLS}
+
+
+def unsure_advice(name: str | None) -> str:
+    """What the agent should do after a call of `name` that may or may not have been carried out."""
+    tool = TOOLS.get(name or "")
+    return tool.unsure if tool is not None and tool.unsure else TOOLS["decide"].unsure
+
+
+def idempotent(name: str | None) -> bool:
+    """Resent after a lost connection? An unknown tool is refused by the broker, which changes nothing."""
+    tool = TOOLS.get(name or "")
+    return tool is None or tool.idempotent

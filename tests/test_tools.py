@@ -1,0 +1,75 @@
+"""The tool table (agent_bridge.tools) is the one place a tool is defined: the MCP server's
+tool list, its argument checks, the protocol's tool ops, the relay's retry rule and advice, the
+shipped static answers and the documented tool list all agree with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from agent_bridge import relay, tools
+from agent_bridge.daemon import mcp_host
+from agent_bridge.ipc import protocol
+
+REPO = Path(__file__).resolve().parent.parent
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+def _listed() -> list[dict]:
+    answers = trio.run(mcp_host._serve_lines, mcp_host.build_server(None), "other",  # type: ignore[arg-type]
+                       [INIT, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}], 2)
+    return answers[1]["result"]["tools"]
+
+
+def test_the_server_lists_exactly_the_table():
+    listed = _listed()
+    assert [t["name"] for t in listed] == list(tools.TOOLS)
+    for tool in listed:
+        entry = tools.TOOLS[tool["name"]]
+        assert tool == {"name": entry.name, "description": entry.description, "inputSchema": entry.schema}
+
+
+def test_the_shipped_static_answers_list_the_table():
+    static = json.loads(relay.STATIC.read_text(encoding="utf-8"))
+    assert static["tools/list"]["tools"] == _listed()
+
+
+def test_every_tool_has_a_body_and_its_op_in_the_protocol():
+    assert set(mcp_host.TOOL_BODIES) == set(tools.TOOLS)
+    for tool in tools.TOOLS.values():
+        if tool.op is None:
+            assert tool.body, f"{tool.name}: served without an op, so it needs its own body"
+            continue
+        op = protocol.OPS[tool.op]
+        assert op.session and op.idempotent == tool.idempotent and op.control == tool.cli, tool.name
+
+
+def test_the_relay_resends_only_idempotent_tools_and_advises_on_the_others():
+    for tool in tools.TOOLS.values():
+        assert tools.idempotent(tool.name) == tool.idempotent
+        assert tool.idempotent or tool.unsure, f"{tool.name}: say what to do when it may have been done"
+    assert tools.idempotent("no-such-tool")  # refused by the broker: changes nothing
+    assert tools.unsure_advice("send") == tools.TOOLS["send"].unsure
+
+
+def test_every_schema_names_its_arguments_types_and_limits():
+    """SPEC §5: arguments are judged by the advertised schema, so each names its type (scope:
+    any JSON value, described), and text limits and the wait range are in it."""
+    for tool in tools.TOOLS.values():
+        assert tool.schema["type"] == "object"
+        assert set(tool.schema.get("required", [])) <= set(tool.schema["properties"])
+        for name, prop in tool.schema["properties"].items():
+            assert "type" in prop or "description" in prop, (tool.name, name)
+    assert tools.TOOLS["decide"].schema["properties"]["text"]["maxLength"] == 4000
+    assert tools.TOOLS["send"].schema["properties"]["text"]["maxLength"] == 16_000
+    wait = tools.TOOLS["inbox"].schema["properties"]["wait_seconds"]
+    assert (wait["minimum"], wait["maximum"]) == (0, mcp_host.INBOX_WAIT_MAX)
+
+
+def test_the_docs_list_the_table():
+    documented = (REPO / "docs" / "mcp-tools.md").read_text(encoding="utf-8")
+    for tool in tools.TOOLS.values():
+        assert f"### `{tool.name}`\n\n{tool.description}\n" in documented, tool.name
