@@ -12,6 +12,9 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mcp.client import Client
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import methods
@@ -69,21 +72,22 @@ def test_a_log_line_is_the_sdks_to_the_byte(text: str) -> None:
 
 def test_the_sdk_line_helper_is_what_the_sdk_writes_for_a_tool() -> None:
     """The comparison above is only as good as `sdk_line`: here it is checked against a real
-    tool call served by the SDK over the relay's stdio (the same writer the broker uses)."""
-    server = MCPServer("probe")
+    tool call served by the SDK's low-level Server (the broker's) over the relay's stdio (the
+    same writer the broker uses)."""
     text = 'a "quoted" line\u2028with a separator, é, 🙂, \x01 and a \\ backslash'
 
-    @server.tool(structured_output=False)
-    async def probe() -> list[types.TextContent]:
-        return [types.TextContent(type="text", text=text), types.TextContent(type="text", text="second")]
+    async def probe(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text),
+                                             types.TextContent(type="text", text="second")])
 
-    answers = _sdk_answers(server, {"name": "probe", "arguments": {}})
+    answers = _sdk_answers(Server("probe", on_call_tool=probe), {"name": "probe", "arguments": {}})
     assert answers[-1] == json.loads(sdk_line(2, [text, "second"], is_error=False, version=VERSION))
 
 
 def test_a_failure_is_worded_as_the_sdk_words_it() -> None:
     """A ToolError keeps its reason after the SDK's prefix; anything else (a bug) tells the
-    host nothing of itself. Both against the SDK's own tool layer."""
+    host nothing of itself. Both against the SDK's own tool layer (MCPServer's, which served
+    the broker's tools before; its words are what hosts have seen since)."""
     server = MCPServer("probe")
 
     @server.tool(structured_output=False)
@@ -94,18 +98,22 @@ def test_a_failure_is_worded_as_the_sdk_words_it() -> None:
     async def crashes() -> str:
         raise RuntimeError("a secret from inside the broker")
 
-    refused = _sdk_answers(server, {"name": "refuses", "arguments": {}})[-1]
-    expected = result_line(2, [error_text("refuses", ToolError("to: no session is addressed by 'nobody'"))], is_error=True)
-    assert refused == json.loads(expected)
-    crashed = _sdk_answers(server, {"name": "crashes", "arguments": {}})[-1]
-    assert crashed == json.loads(result_line(2, [error_text("crashes", RuntimeError("a secret"))], is_error=True))
-    assert "secret" not in json.dumps(crashed)
+    async def call(name: str) -> types.CallToolResult:
+        async with Client(server) as client:  # the SDK's in-process client
+            return await client.call_tool(name, {})
+
+    refused = trio.run(call, "refuses")
+    expected = error_text("refuses", ToolError("to: no session is addressed by 'nobody'"))
+    assert refused.is_error and [c.text for c in refused.content] == [expected]  # type: ignore[union-attr]
+    crashed = trio.run(call, "crashes")
+    assert crashed.is_error and [c.text for c in crashed.content] == [error_text("crashes", RuntimeError("a secret"))]  # type: ignore[union-attr]
+    assert "secret" not in crashed.model_dump_json()
 
 
 VERSION = "2025-06-18"  # a handshake-era version (each is checked byte for byte above)
 
 
-def _sdk_answers(server: MCPServer, params: dict[str, Any]) -> list[Any]:
+def _sdk_answers(server: Server[Any], params: dict[str, Any]) -> list[Any]:
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}

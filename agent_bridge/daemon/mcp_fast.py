@@ -1,20 +1,22 @@
 """Tool calls served straight from the host's line, beside the MCP SDK (daemon.mcp_host).
 
 The SDK's way from a line to its answer (parse the line into pydantic models, a task and a
-context per request, its middleware, the tool layer's validation, result models, serialize
-them again) cost the broker 0.5 ms of CPU for a `whoami` whose own work takes 0.07 ms: most of
-a `send` + `inbox` pair (bench/bench_mcp_tool_call.py). So a `tools/call` of one of the
-session's own tools is served here when everything about it is plain: the host has
-initialized (so the connection speaks a handshake-era version, whose answers are all shaped
+context per request, its middleware, result models, serialize them again) costs more than the
+tool's own work. Measured through the relays (bench/bench_mcp_tool_call.py, the same run, with
+and without this module, alternately three times, 2026-12): a `send` + `inbox` pair's p50 was
+1.7-2.2 ms with it and 2.7-3.9 ms without, `decisions` 4.8-6.4 ms against 5.5-8.1 ms. So a
+`tools/call` of one of the session's own tools is served here when everything about it is
+plain: the host has initialized (so the connection speaks a handshake-era version, whose answers are all shaped
 alike), the line holds no escaped surrogate, the request has only the fields JSON-RPC gives
 it and none of the protocol's reserved `_meta` keys, the tool is ours, and its arguments are exactly what the tool's advertised schema
 asks for (`argument_problem` finds nothing, nothing required is missing). The tool's body is
-the one the SDK runs (mcp_host's `tool_*` functions), and the answer is the one the SDK would
+the one the SDK runs (mcp_host's `TOOL_BODIES`), and the answer is the one the SDK would
 write (`result_line`: tests/test_mcp_fast.py checks it against the SDK's own serialization).
 
 Everything else goes to the SDK as before: the handshake, `tools/list`, every notification,
 a call to another tool or with anything unusual in it (an unknown argument, a value of the
-wrong type, a missing one, a reused request id), which the SDK answers with its own errors.
+wrong type, a missing one, a reused request id), answered through the SDK by the server's
+own handler (mcp_host.call_tool: the same argument checks and words).
 A `notifications/cancelled` for a call served here stops it (it is then never answered, as
 the SDK does for its own), and still goes on to the SDK, whose cancel hook does the rest
 (Bridge.request_cancelled: an answer already written is offered again as a repeat).
