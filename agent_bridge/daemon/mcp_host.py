@@ -805,6 +805,8 @@ async def _static_answers() -> dict[str, Any]:
         "initialize": answers,
         "tools/list": listed[1]["result"],
         "toolError": {"marks": {"tool": TOOL_MARK, "reason": REASON_MARK}, "result": failed},
+        # Read by relays older than agent_bridge.tools, still running across an upgrade.
+        "idempotentTools": {name: tool.idempotent for name, tool in tools.TOOLS.items()},
         # An `inbox` result the relay writes itself (messages it held when the broker went away).
         "inboxResult": {"marks": {"messages": REASON_MARK}, "result": shown},
         "inboxIdsMax": ledger.IDS_MAX,
