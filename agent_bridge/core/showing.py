@@ -26,6 +26,8 @@ and the processes only feed it events and carry out what it returns:
     lost()                     the recorder went away before it confirmed: due again
     elsewhere(ids)             acknowledged through another path (a Stop hook, a ledger)
     offered_elsewhere(ids)     offered through another path: shown again, they are repeats
+    client_offers(ids)         a client that holds the messages itself (a bridge-protocol
+                               session) is about to show these; client_withdraws(ids): it won't
     unconfirmed()              what a ledger must keep: (offered, acknowledged, not confirmed)
 
 Request ids are keyed once, as the MCP SDK correlates them (`key`: "7" and 7 are one request).
@@ -47,6 +49,7 @@ QUEUED, OFFERED, ON_ITS_WAY, SETTLING, WRITTEN, RECORDING, ACKED = (
 UNWRITTEN = (OFFERED, ON_ITS_WAY)
 UNCONFIRMED = (SETTLING, WRITTEN, RECORDING)  # written to the host, acknowledgement not confirmed
 ACKED_MEMORY = 50_000  # acknowledged ids kept to drop replays; unconfirmed ones are never dropped
+CLIENT = "client"  # `by` of what a bridge-protocol client offered (it holds the messages itself)
 CANCELLED_MEMORY = 1_000  # requests cancelled before they offered anything: they never will
 
 
@@ -297,6 +300,33 @@ class Showing:
             entry = self.entries.get(mid)
             if entry is not None:
                 entry.repeat = True
+
+    def client_offers(self, ids: list[str]) -> list[str]:
+        """A client that holds the messages itself (a bridge-protocol session, not the MCP side
+        here) is about to show these: maybe written from now on. Returns the ones it offered
+        before without an acknowledgement: shown again, they are repeats."""
+        before = []
+        for mid in ids:
+            if mid in self.acked:
+                continue
+            entry = self.entries.get(mid)
+            if entry is not None and entry.state != QUEUED:
+                before.append(mid)
+                continue
+            if entry is None:
+                entry = self.entries[mid] = Entry({"id": mid}, known=False)
+            entry.state, entry.by = ON_ITS_WAY, CLIENT
+        return before
+
+    def client_withdraws(self, ids: list[str]) -> None:
+        """That client's host cancelled the call that offered these: not shown after all."""
+        for mid in ids:
+            entry = self.entries.get(mid)
+            if entry is not None and entry.by == CLIENT and entry.state in UNWRITTEN:
+                if entry.known:
+                    entry.state, entry.by = QUEUED, None
+                else:
+                    del self.entries[mid]
 
     def forget_queued(self) -> None:
         """A new broker pushes what is still unacknowledged: drop the queued copies."""

@@ -22,6 +22,7 @@ from agent_bridge.daemon.args import no_unknown as _no_unknown
 from agent_bridge.daemon.args import opt_str as _opt_str
 from agent_bridge.daemon.args import req_str as _req_str
 from agent_bridge.daemon.identity import Identity
+from agent_bridge.daemon.registry import Registry
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
@@ -91,20 +92,16 @@ class Broker:
         self.home = home
         self.stop = stop
         self.fault = fault
-        self.sessions: dict[str, Session] = {}  # peer id -> the connected session
+        self.registry = Registry()  # the connected sessions
+        self.sessions = self.registry.sessions  # peer id -> the connected session (read here)
         self.started_at = now_ms()
         self.socket_path = ""
         self.web_url: str | None = None
-        # Messages a session's MCP server is showing its host and has not acknowledged yet
-        # (peer id -> message ids): kept here, so an offer costs no commit; an acknowledgement
-        # writes receipts.delivered_at with acked_at, and what is left when a connection ends
-        # is written then (persist_offers). Pushes of these are marked as repeats.
-        self.offered: dict[str, set[str]] = {}
         # Tests only: awaited at points where a request has resolved its addresses and not
         # yet stored anything ("send:resolved", "decide:resolved"), to run a concurrent
         # identity merge there deterministically. A no-op otherwise.
         self.pause = pause
-        self.identity = Identity(self)
+        self.identity = Identity(self.registry, self.db, home, stop)
         # The store's commit feed (web.changes.ChangeFeed, set by daemon.root with the
         # dashboard): `wait_active` waits on it.
         self.changes: Any = None
@@ -122,27 +119,13 @@ class Broker:
             except (OSError, apsw.Error) as exc:  # a courtesy: a failing disk must not stop the shutdown
                 log.warning("could not record when the connected sessions were last seen: %s", exc)
 
-    def connected_names(self, *, excluding: Session | None = None) -> set[str]:
-        return {s.name for s in self.sessions.values() if s is not excluding}
-
     def find_connected(self, address: str) -> Session | None:
-        """The connected session `address` names; a tentative one only if no other matches."""
-        found = None
-        for s in self.sessions.values():
-            if address in (s.id, s.name, s.host_session_id):
-                if not s.tentative:
-                    return s
-                found = found or s
-        return found
+        return self.registry.find_connected(address)
 
     # --- identity (SPEC §3): daemon.identity has the rules --------------------------------
 
     async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
         return await self.identity.attach(conn, args)
-
-    def _drop(self, session: Session) -> None:
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
 
     async def detach(self, session: Session) -> None:
         await self.identity.detach(session)
@@ -346,24 +329,19 @@ class Broker:
 
     @session_op("offer")
     async def op_offer(self, session: Session, args: dict[str, Any]) -> Any:
-        """The MCP server is about to show these messages to its host (SPEC §3): remember it,
-        so that shown again after an acknowledgement that never came, they are marked. The MCP
-        server does not wait for this answer: the frame is in the socket before it writes."""
+        """A bridge-protocol client is about to show these messages to its host (SPEC §3): its
+        showing machine has them as maybe written, so that shown again after an acknowledgement
+        that never came, they are marked. The client does not wait for this answer: the frame
+        is in the socket before it writes."""
         _no_unknown(args, {"ids"}, "offer")
-        ids = _message_ids(args)
-        offered = self.offered.setdefault(session.id, set())
-        before = [i for i in ids if i in offered]
-        offered.update(ids)
-        return {"repeat": before}
+        return {"repeat": session.showing.client_offers(_message_ids(args))}
 
     @session_op("withdraw")
     async def op_withdraw(self, session: Session, args: dict[str, Any]) -> Any:
         """The host cancelled the call that offered these: they are not being shown after all."""
         _no_unknown(args, {"ids"}, "withdraw")
         ids = _message_ids(args)
-        offered = self.offered.get(session.id)
-        if offered is not None:
-            offered.difference_update(ids)
+        session.showing.client_withdraws(ids)
         return {"withdrawn": len(ids)}
 
     @session_op("ack")
@@ -371,24 +349,31 @@ class Broker:
         _no_unknown(args, {"ids"}, "ack")
         ids = _message_ids(args)
         acked = await self.db.ack(session.id, ids, now_ms(), fault=self.fault)
-        offered = self.offered.get(session.id)
-        if offered is not None:
-            offered.difference_update(ids)
-            if not offered:
-                del self.offered[session.id]
+        session.showing.elsewhere(ids)  # recorded: done
         return {"acked": acked}
 
-    async def persist_offers(self, peer_id: str) -> None:
-        """Write the session's offers that no acknowledgement followed (its MCP server died
-        between showing and acknowledging) to receipts.delivered_at, for a later broker."""
-        offered = self.offered.get(peer_id)
-        if not offered:
+    async def persist_offers(self, session: Session) -> None:
+        """The connection ended: what it offered or wrote and no recorded acknowledgement
+        followed (its MCP server died between showing and acknowledging) goes to
+        receipts.delivered_at, so a later connection shows them as repeats. If the store
+        cannot take them now, they are written before that record is served again."""
+        offered, written = session.showing.unconfirmed()
+        ids = [*self.registry.offers_to_record.pop(session.id, []), *offered, *written]
+        if not ids:
             return
-        persisted = sorted(offered)
-        await self.db.offer(peer_id, persisted, now_ms())
-        offered.difference_update(persisted)  # receipts.delivered_at marks them from now on
-        if not offered and self.offered.get(peer_id) is offered:
-            del self.offered[peer_id]
+        try:
+            await self.db.offer(session.id, ids, now_ms())
+        except BaseException:
+            self.registry.park_offers(session.id, ids)
+            raise
+
+    async def record_parked_offers(self, peer_id: str) -> None:
+        """Offers an earlier connection of `peer_id` left unrecorded (a store failure): written
+        before this record's messages are pushed again (a failure here refuses the hello)."""
+        parked = self.registry.offers_to_record.get(peer_id)
+        if parked:
+            await self.db.offer(peer_id, parked, now_ms())
+            self.registry.offers_to_record.pop(peer_id, None)
 
     async def ingest_ledgers(self) -> int:
         """Offers and acknowledgements that processes now gone (an MCP server killed while the
@@ -556,7 +541,7 @@ class Broker:
         """The session's unacknowledged active messages, oldest first, but those its connected
         MCP server is showing right now (acknowledged by it: not again by a hook)."""
         pending = await self.db.unacked(peer_id, limit=1000)
-        showing = self.offered.get(peer_id, set()) if peer_id in self.sessions else set()
+        showing = self.registry.showing_now(peer_id)
         return [
             m
             for m in pending

@@ -8,6 +8,7 @@ from typing import Any
 import apsw
 import trio
 
+from agent_bridge.core.showing import QUEUED
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.identity import Refused
 from agent_bridge.daemon.sessions import Session
@@ -99,7 +100,13 @@ async def attach_session(
     client backs off; the store failing)."""
     try:
         await broker.ingest_ledgers()  # an earlier server's acknowledgements first: never replay those
-        return await broker.attach(conn if to is None else to, args)
+        session = await broker.attach(conn if to is None else to, args)
+        try:
+            await broker.record_parked_offers(session.id)  # before its messages are pushed again
+        except BaseException:
+            await broker.detach(session)
+            raise
+        return session
     except InputError as exc:
         await conn.send(protocol.error(request_id, "bad_request", f"hello: {exc}"))
     except Refused as exc:
@@ -128,7 +135,7 @@ async def _serve_session(broker: Broker, conn: FramedStream, request_id: int, ar
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
                 await _take_last_offers(broker, session)
-                await broker.persist_offers(session.id)
+                await broker.persist_offers(session)
             except STORAGE_ERRORS as exc:  # kept in memory; the next connection's pushes are still marked
                 log.warning("could not record the offers of %s: %s", session.name, exc)
         await broker.detach(session)
@@ -321,10 +328,9 @@ async def deliver(broker: Broker, session: Session) -> None:
             if session.replay or peer_id != session.id:
                 continue  # the session became another record meanwhile: read again
             pushes = []
-            offered = broker.offered.get(peer_id, ())
             for message in backlog.advance(batch):
-                if message.id in offered:
-                    message = message._replace(repeat=True)  # an earlier connection offered it; no ack came
+                if session.showing.state(message.id) not in (None, QUEUED):
+                    message = message._replace(repeat=True)  # offered before (a replay); no ack came
                 pushes.append(protocol.push("message", message=message.to_json()))
             await _send_notices(session)  # an "acked" goes out before the messages it covers
             await session.conn.send_many(pushes)

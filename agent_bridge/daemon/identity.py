@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import apsw
@@ -41,6 +42,7 @@ from agent_bridge.daemon.args import (
     parse_resume,
     req_str,
 )
+from agent_bridge.daemon.registry import Registry
 from agent_bridge.daemon.sessions import (
     RANK_CLAUDE_ENV,
     RANK_CODEX_META,
@@ -56,7 +58,6 @@ from agent_bridge.rows import Peer
 from agent_bridge.store.ids import now_ms
 
 if TYPE_CHECKING:
-    from agent_bridge.daemon.broker import Broker
     from agent_bridge.daemon.storage import StoreCalls
 
 log = logging.getLogger("agent_bridge.identity")
@@ -112,14 +113,16 @@ def takes_over(rank: int, incumbent_rank: int) -> bool:
 
 
 class Identity:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    """The rules above, over the connected sessions (`registry`), the store (`db`), the home
+    folder (hooks' reports) and the broker's `stop` (set once it is shutting down)."""
+
+    def __init__(self, registry: Registry, db: StoreCalls, home: Path, stop: trio.Event) -> None:
+        self.registry = registry
+        self._db = db
+        self.home = home
+        self.stop = stop
         self.lock = trio.Lock()  # attach/learn/identify change who is who: one at a time
         self._said: set[str] = set()
-
-    @property
-    def _db(self) -> StoreCalls:
-        return self.broker.db
 
     # --- hello ---------------------------------------------------------------------
 
@@ -139,7 +142,7 @@ class Identity:
         instance = host or parse_parent(args.get("chain"))
         resume = parse_resume(args.get("resume"))
         pid = args.get("pid") if isinstance(args.get("pid"), int) else None
-        db, broker = self._db, self.broker
+        db, registry = self._db, self.registry
 
         async with self.lock:
             await self.ingest_reports()
@@ -151,12 +154,12 @@ class Identity:
             ):
                 raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
             if peer is not None:
-                held = broker.sessions.get(peer.id)
+                held = registry.get(peer.id)
                 if held is not None:
                     if how != "resumed" and not takes_over(rank, held.rank):
                         raise self._refusal(hsid, held, rank, pid)
                     log.info("session %s: a new connection (%s) replaces its previous one", held.name, how)
-                    broker._drop(held)
+                    registry.drop(held)
                     await held.conn.aclose()
             now = now_ms()
             if peer is not None:
@@ -189,12 +192,12 @@ class Identity:
             session = Session(conn=conn, peer=peer, host=host, rank=rank if hsid else RANK_NONE)
             session.secret, session.instance = secret, instance
             session.tentative = is_tentative(how, rank)
-            broker.sessions[session.id] = session
+            registry.add(session)
             if hsid is not None and not session.tentative:
                 try:
                     await self.catch_up(session)
                 except BaseException:
-                    broker._drop(session)  # the hello fails: no session without a connection task
+                    registry.drop(session)  # the hello fails: no session without a connection task
                     raise
         log.info("session %s connected (%s, %s)", session.name, session.id, hsid or f"no host session id, {how}")
         return session
@@ -229,7 +232,7 @@ class Identity:
             return peer, "host session" if peer is not None else "new", hsid, rank, False
         if instance is not None and not ambiguous:
             ran = await db.instance_sessions(*instance, agent=agent, project=project, kind=kind)
-            free = [p for p in ran if p not in self.broker.sessions]
+            free = [p for p in ran if p not in self.registry]
             if len(free) == 1:
                 return await db.get_peer(free[0]), "host instance", None, RANK_NONE, False
         return None, "new", None, RANK_NONE, ambiguous
@@ -246,7 +249,7 @@ class Identity:
         """`base` deduplicated against connected sessions' names and every session's id and
         host session id (a name must never capture another session's address)."""
         db = self._db
-        taken = self.broker.connected_names()
+        taken = self.registry.connected_names()
         while True:
             name = domain.dedupe_name(base, taken)
             if not await db.session_addresses_taken(name, excluding=own_id):
@@ -273,20 +276,19 @@ class Identity:
     # --- the end of a connection, and its first tool call ----------------------------
 
     async def detach(self, session: Session) -> None:
-        broker = self.broker
-        if broker.sessions.get(session.id) is not session:
+        if not self.registry.holds(session):
             return
-        broker._drop(session)
+        self.registry.drop(session)
         db = self._db
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
                 # Only a connection that left: at a broker shutdown its MCP server will resume it.
-                leaving = session.tentative and not broker.stop.is_set()
+                leaving = session.tentative and not self.stop.is_set()
                 if leaving and await db.forget_unused_peer(session.id):
                     log.info("session %s left without a host identity or a tool call; nothing kept", session.name)
                     return
                 log.info("session %s disconnected", session.name)
-                if not broker.stop.is_set():  # at a shutdown, written for every session at once
+                if not self.stop.is_set():  # at a shutdown, written for every session at once
                     await db.touch_peers([session.id], now_ms())
             except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
                 log.warning("could not record when %s was last seen: %s", session.name, exc)
@@ -327,7 +329,7 @@ class Identity:
 
     async def learn(self, session: Session, hsid: str, rank: int) -> bool:
         """`session` is host session `hsid` (by a source of strength `rank`). Caller holds the lock."""
-        broker, db = self.broker, self._db
+        registry, db = self.registry, self._db
         if session.host_session_id == hsid:
             session.rank = max(session.rank, rank)
             await self._confirm(session)
@@ -345,7 +347,7 @@ class Identity:
             return False
         other = await db.peer_by_host_session(hsid)
         if other is not None and other.id != session.id:
-            if other.id in broker.sessions:
+            if other.id in registry:
                 self._say_once(
                     f"held:{hsid}:{session.id}",
                     "host session %s is already connected as %s; not pairing %s",
@@ -357,7 +359,7 @@ class Identity:
             # The connection is that earlier session: same id, same name if free, same receipts.
             old_id = session.id
             await db.absorb_peer(old_id, other.id)
-            name = domain.dedupe_name(other.name, broker.connected_names(excluding=session))
+            name = domain.dedupe_name(other.name, registry.connected_names(excluding=session))
             peer = await db.update_peer(
                 other.id,
                 name=name,
@@ -366,14 +368,11 @@ class Identity:
                 kind=session.peer.kind,
                 last_seen_at=now_ms(),
             )
-            broker._drop(session)  # registered under its old id until here: never unregistered while connected
+            registry.drop(session)  # registered under its old id until here: never unregistered while connected
             session.peer = peer
-            broker.sessions[session.id] = session
-            # What the connection is showing now is the merged record's: its ack, a Stop check
-            # and a crash before the ack (persist_offers) all look under the new id.
-            offered = broker.offered.pop(old_id, None)
-            if offered:
-                broker.offered.setdefault(session.id, set()).update(offered)
+            registry.add(session)
+            # What the connection is showing now (session.showing) is the merged record's: its
+            # ack, a Stop check and a crash before the ack (persist_offers) all look under the new id.
             log.info("connection of %s is the earlier session %s (%s)", old_id, session.name, hsid)
         else:
             previous = session.host_session_id
@@ -409,17 +408,17 @@ class Identity:
             return await self._identify(hsid, agent, host)
 
     async def _identify(self, hsid: str, agent: str, host: tuple[int, int] | None) -> dict[str, Any]:
-        broker, db = self.broker, self._db
+        registry, db = self.registry, self._db
         if host is not None:
             await db.record_host_instance(
                 host[0], host[1], hsid, agent, now_ms(), exclusive=agent in hosts.EXCLUSIVE
             )
-        bound = broker.find_connected(hsid)
+        bound = registry.find_connected(hsid)
         if bound is not None and bound.host_session_id == hsid:
             bound.rank = max(bound.rank, RANK_HOOK)
             await self._confirm(bound)
             return {"session": bound.public(), "paired": True}
-        candidates = [s for s in broker.sessions.values() if host is not None and s.host == host]
+        candidates = [s for s in registry.sessions.values() if host is not None and s.host == host]
         if len(candidates) == 1:
             paired = await self.learn(candidates[0], hsid, RANK_HOOK)
             return {"session": candidates[0].public() if paired else None, "paired": paired}
@@ -431,7 +430,7 @@ class Identity:
 
     async def ingest_reports(self) -> int:
         """Identity reports hooks left in the home folder while no broker ran."""
-        folder = self.broker.home / paths.REPORTS_DIR
+        folder = self.home / paths.REPORTS_DIR
         try:
             names = sorted(os.listdir(folder))
         except OSError:

@@ -33,7 +33,6 @@ from mcp.shared.exceptions import MCPError
 
 from agent_bridge import __version__, domain, jsonlimit, ledger, mcp_sdk, tools
 from agent_bridge.core import showing
-from agent_bridge.core.showing import Showing
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.connection import (
     IDLE_TIMEOUT,
@@ -133,8 +132,9 @@ class Bridge:
         self.relay = relay
         self.hop_limit = broker.settings.hop_limit
         # Every pushed message's state (queued, offered, on its way, settling, written,
-        # recording, acknowledged), keyed by the request or notification that shows it.
-        self.showing = Showing()
+        # recording, acknowledged), keyed by the request or notification that shows it: the
+        # session's own machine, which the broker's Stop check and persist_offers read.
+        self.showing = session.showing
         self.arrived = trio.Event()  # set (and replaced) whenever a message is queued
         self.learned_host_session: str | None = None
         self.mcp_session: Any = None  # the MCP ServerSession, once the host initialized
@@ -226,7 +226,7 @@ class Bridge:
         assert self.pipe is not None
         self.notifications += 1
         by = f"notification {self.notifications}"
-        shown = await self.offer(by, [mid])
+        shown = self.offer(by, [mid])
         if not shown:
             return  # shown or being shown already
         meta = {"source": "agent-bridge", "from": str(shown[0]["from"].get("name")), "message_id": mid,
@@ -244,17 +244,13 @@ class Bridge:
             self.showing.withdraw(by)
             log.info("channel notification failed: %s", exc)
 
-    async def offer(self, by: str, ids: list[str]) -> list[dict[str, Any]]:
+    def offer(self, by: str, ids: list[str]) -> list[dict[str, Any]]:
         """Offer these queued messages in the answer `by`, before it is written to the host;
-        returns them as offered (repeats marked). The broker remembers the offer, so shown
-        again after an acknowledgement that never came, they are marked in a later session."""
-        shown = self.showing.offer(by, ids)
-        if shown:
-            try:
-                await self.client.request("offer", ids=[str(m["id"]) for m in shown])
-            except RemoteError as exc:  # only in memory here: they are still marked as repeats in this session
-                log.warning("could not record an offer: %s", exc)
-        return shown
+        returns them as offered (repeats marked). The session's machine holds the offer: the
+        broker's Stop check skips them, and if the connection ends before their acknowledgement
+        is recorded, they are written to the store as offered (Broker.persist_offers), so a
+        later session shows them marked."""
+        return self.showing.offer(by, ids)
 
     def written(self, by: str, ids: list[str], grace: float) -> None:
         """The bytes of answer `by` are in the host's pipe (the relay reported it): shown, and
@@ -287,13 +283,9 @@ class Bridge:
         by = showing.key(rid)
         if self.pipe is not None and self.pipe.forget(rid):
             self.showing.on_its_way(by)  # with the relay: written, as far as anyone knows
-        withdrawn, again = self.showing.cancel(by)
+        withdrawn, again = self.showing.cancel(by)  # the broker's Stop check may show them now
         if not withdrawn and not again:
             return
-        try:  # the broker's Stop check may show them now
-            await self.client.request("withdraw", ids=withdrawn + [str(m["id"]) for m in again])
-        except RemoteError:
-            pass
         self.queued_more()
         if again:
             await self.relay.send_many([protocol.push("held", message=m, again=True) for m in again])
@@ -403,7 +395,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
                 await bridge.flush_acks()
-                await broker.persist_offers(session.id)
+                await broker.persist_offers(session)
             except STORAGE_ERRORS as exc:  # kept in memory; the next connection's pushes are still marked
                 log.warning("could not record the offers of %s: %s", session.name, exc)
         await broker.detach(session)
@@ -571,7 +563,7 @@ async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float 
         rid = call.request_id
         by = showing.key(rid)
         try:
-            messages = await bridge.offer(by, [str(m["id"]) for m in messages])
+            messages = bridge.offer(by, [str(m["id"]) for m in messages])
         except BaseException:  # cancelled before its result existed: nothing is on its way
             bridge.showing.withdraw(by)
             raise

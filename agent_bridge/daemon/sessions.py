@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from agent_bridge.core.showing import Showing
 from agent_bridge.domain import SessionView
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Peer
@@ -41,6 +42,10 @@ class Session:
     instance: tuple[int, int] | None = None
     tentative: bool = False
     missed: list[str] = field(default_factory=list)
+    # What this connection is showing its host, message by message (agent_bridge.core.showing):
+    # driven by its MCP side (daemon.mcp_host.Bridge) or, for a bridge-protocol client, by its
+    # offer / withdraw / ack requests. It moves with the session when its record changes.
+    showing: Showing = field(default_factory=Showing)
 
     @property
     def id(self) -> str:
