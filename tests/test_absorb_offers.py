@@ -120,3 +120,31 @@ async def test_an_acknowledgement_left_for_a_merged_record_still_applies(home, g
                 await broker.ingest_ledgers()
     assert rows(home, "SELECT peer_id, acked_at IS NOT NULL FROM receipts") == [(earlier, 1)]
     assert not list((home / ledger.FOLDER).iterdir())
+
+
+async def test_offers_the_store_could_not_take_at_a_disconnect_are_written_before_the_next_connection(home):
+    """The connection ends while the store fails (a full disk): its offer is written before
+    that record's messages are pushed to its next connection, which shows it marked."""
+    with trio.fail_after(30):
+        async with broker_in_process(home) as (broker, sock):
+            again = {"agent": "codex", "project": "/w/absorb", "hostSessionId": "disk"}
+            async with open_bridge_client(sock, again, keepalive=False) as (client, pushes):
+                own = client.hello["session"]["id"]  # type: ignore[index]
+                await client.request("send", to=own, text="being shown")
+                message = await active_push(pushes)
+                await client.request("offer", ids=[message["id"]])
+                real_offer = broker.db.offer
+
+                async def failing_offer(*args: Any, **kwargs: Any) -> Any:
+                    raise OSError(28, "No space left on device")
+
+                broker.db.offer = failing_offer  # type: ignore[method-assign]  # a fault at this one write
+            while own in broker.sessions:
+                await trio.sleep(0.01)
+            assert rows(home, "SELECT delivered_at IS NOT NULL FROM receipts") == [(0,)], "the write failed"
+            broker.db.offer = real_offer  # type: ignore[method-assign]
+            async with open_bridge_client(sock, again, keepalive=False) as (client, pushes):
+                pushed = await active_push(pushes)
+                assert pushed["id"] == message["id"]
+                assert pushed.get("repeat") is True, "offered before the disconnect, shown again unmarked"
+    assert rows(home, "SELECT delivered_at IS NOT NULL FROM receipts") == [(1,)]

@@ -62,3 +62,18 @@ def test_the_ledger_part_is_every_unconfirmed_id_however_many():
     assert machine.take_acks(0.0) == ids
     machine.lost()  # the recorder went away before it confirmed
     assert machine.due() == ids
+
+
+def test_a_bridge_protocol_client_offers_withdraws_and_is_acknowledged_by_id():
+    """Offers of a client that holds the messages itself (the broker's `offer`, `withdraw`
+    and `ack` ops): maybe shown from the offer on, so a second offer is a repeat; a withdrawn
+    one was never shown; an acknowledged one is done."""
+    machine = Showing()
+    assert machine.client_offers(["a", "b"]) == []
+    assert machine.busy() == {"a", "b"}
+    assert machine.client_offers(["a"]) == ["a"], "offered twice without an ack: a repeat"
+    machine.client_withdraws(["b"])
+    assert machine.state("b") is None and machine.unconfirmed() == (["a"], [])
+    machine.elsewhere(["a"])
+    assert machine.state("a") == ACKED and machine.busy() == set()
+    assert machine.client_offers(["a"]) == [], "acknowledged: never offered again"

@@ -37,9 +37,9 @@ class Delivery(RuleBasedStateMachine):
         self.unacked: dict[str, dict[str, Any]] = {}
         self.acked: set[str] = set()
         self.offered_in_store: set[str] = set()  # receipts.delivered_at
-        # the broker (None while down) and its memory of offers (lost with it)
+        # the broker's machine for this session's connection (None while the broker is down;
+        # a new one per connection: what the old one left unconfirmed goes to the store)
         self.broker: Showing | None = Showing()
-        self.broker_offered: set[str] = set()
         self.pushed: set[str] = set()  # the delivery task's cursor: pushed once per broker connection
         # the relay (always running: a killed relay is replaced by a new one at once)
         self.relay = Showing()
@@ -77,11 +77,13 @@ class Delivery(RuleBasedStateMachine):
         due = self.broker.take_acks(self.now)
         self.store_ack(due)
         self.broker.recorded(due)
-        self.broker_offered.difference_update(due)
         self.relay.elsewhere(due)
 
     def stored_repeat(self, mid: str) -> bool:
-        return mid in self.offered_in_store or mid in self.broker_offered
+        """Pushed marked (daemon.connection.deliver): offered before in the store, or by this
+        connection (a replay)."""
+        offered_here = self.broker is not None and self.broker.state(mid) not in (None, showing.QUEUED)
+        return mid in self.offered_in_store or offered_here
 
     # --- rules ------------------------------------------------------------------------
 
@@ -118,7 +120,6 @@ class Delivery(RuleBasedStateMachine):
         key = showing.key(self.calls)
         ids = [m["id"] for m in queued]
         shown = self.broker.offer(key, ids)
-        self.broker_offered.update(ids)
         self.answers[key] = {"by": "broker", "ids": ids, "messages": shown, "stage": "offered"}
         if sent:
             self.broker.on_its_way(key)
@@ -212,9 +213,9 @@ class Delivery(RuleBasedStateMachine):
         if self.broker is not None:  # the broker's session ends: its offers are persisted
             for key in list(self.answers):
                 self.broker.cancel(key)  # the host never sees another answer of this connection
-            self.offered_in_store |= self.broker_offered | set(self.broker.busy())
+            offered, written = self.broker.unconfirmed()  # Broker.persist_offers
+            self.offered_in_store |= set(offered) | set(written)
             self.broker = Showing()
-            self.broker_offered = set()
             self.pushed = set()
         self.answers.clear()
         self.relay = Showing()
@@ -226,7 +227,6 @@ class Delivery(RuleBasedStateMachine):
         """kill -9 of the broker: its memory is gone; the relay keeps what it wrote and was not
         confirmed, in its ledger."""
         self.broker = None
-        self.broker_offered = set()
         self.pushed = set()
         for key, answer in list(self.answers.items()):
             if answer["stage"] != "written":
@@ -287,7 +287,6 @@ class Delivery(RuleBasedStateMachine):
         self.calls += 1
         key = f"channel{self.calls}"
         shown = self.broker.offer(key, [queued[0]["id"]])
-        self.broker_offered.add(queued[0]["id"])
         self.broker.on_its_way(key)
         if written:  # the relay writes it, then reports it
             self.host_gets(key, shown)
