@@ -22,10 +22,11 @@ import trio
 from agent_bridge import ledger, paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import handle_connection
+from agent_bridge.daemon.routing import handle_connection
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.ipc.listener import serve_unix
+from tests.conftest import wait_for
 from tests.reliability.harness import rows
 
 HOST = {"pid": 4343, "start": 23, "exe": "codex"}  # the host instance the pending connection runs under
@@ -139,8 +140,11 @@ async def test_offers_the_store_could_not_take_at_a_disconnect_are_written_befor
                     raise OSError(28, "No space left on device")
 
                 broker.db.offer = failing_offer  # type: ignore[method-assign]  # a fault at this one write
-            while own in broker.sessions:
-                await trio.sleep(0.01)
+
+            async def ended() -> bool:
+                return own not in broker.sessions
+
+            await wait_for(ended, what="the connection ended")
             assert rows(home, "SELECT delivered_at IS NOT NULL FROM receipts") == [(0,)], "the write failed"
             broker.db.offer = real_offer  # type: ignore[method-assign]
             async with open_bridge_client(sock, again, keepalive=False) as (client, pushes):

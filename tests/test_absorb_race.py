@@ -19,7 +19,7 @@ import trio
 from agent_bridge import paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import handle_connection
+from agent_bridge.daemon.routing import handle_connection
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.ipc.listener import serve_unix

@@ -23,11 +23,10 @@ from agent_bridge.daemon.args import opt_str as _opt_str
 from agent_bridge.daemon.args import req_str as _req_str
 from agent_bridge.daemon.identity import Identity
 from agent_bridge.daemon.registry import Registry
-from agent_bridge.daemon.sessions import Session
+from agent_bridge.daemon.sessions import Link, Session
 from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
-from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Message, Peer
 from agent_bridge.store.decisions import Recipient, host_key
 from agent_bridge.store.ids import now_ms
@@ -124,7 +123,7 @@ class Broker:
 
     # --- identity (SPEC §3): daemon.identity has the rules --------------------------------
 
-    async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
+    async def attach(self, conn: Link, args: dict[str, Any]) -> Session:
         return await self.identity.attach(conn, args)
 
     async def detach(self, session: Session) -> None:

@@ -49,11 +49,11 @@ from agent_bridge.daemon.sessions import (
     RANK_EXPLICIT,
     RANK_HOOK,
     RANK_NONE,
+    Link,
     Session,
 )
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
-from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Peer
 from agent_bridge.store.ids import now_ms
 
@@ -126,7 +126,7 @@ class Identity:
 
     # --- hello ---------------------------------------------------------------------
 
-    async def attach(self, conn: FramedStream, args: dict[str, Any]) -> Session:
+    async def attach(self, conn: Link, args: dict[str, Any]) -> Session:
         no_unknown(args, HELLO_ARGS, "hello")
         agent = domain.normalize_agent(args.get("agent", hosts.DEFAULT.name))
         project = domain.normalize_folder(args.get("project"), what="project")

@@ -34,13 +34,7 @@ from mcp.shared.exceptions import MCPError
 from agent_bridge import __version__, domain, jsonlimit, ledger, mcp_sdk, tools
 from agent_bridge.core import showing
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import (
-    IDLE_TIMEOUT,
-    STORAGE_ERRORS,
-    _send_quietly,
-    attach_session,
-    deliver,
-)
+from agent_bridge.daemon.delivery import deliver
 from agent_bridge.daemon.mcp_fast import (
     Body,
     FastCalls,
@@ -51,12 +45,14 @@ from agent_bridge.daemon.mcp_fast import (
     error_text,
     log_line,
 )
+from agent_bridge.daemon.serving import IDLE_TIMEOUT, STORAGE_ERRORS, attach_session, send_quietly
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.mcp_stdin import GuardedStdin
+from agent_bridge.rows import Message
 from agent_bridge.store.ids import now_ms
 from agent_bridge.tools import INBOX_WAIT_MAX, Tool
 
@@ -107,15 +103,15 @@ class SessionLink:
     def closed(self) -> bool:
         return self.relay.closed
 
-    async def send(self, frame: dict[str, Any], **_: Any) -> None:
+    async def push_notice(self, frame: dict[str, Any]) -> None:
         if self.bridge is not None:
-            await self.bridge.on_push(frame)
+            await self.bridge.on_notice(frame)
 
-    async def send_many(self, frames: list[dict[str, Any]], **_: Any) -> None:
+    async def push_messages(self, messages: list[Message]) -> None:
         """The delivery task's batch (empty when nothing is due): every message is in the
         inbox before the first is announced, so no `inbox` call sees half a batch."""
         if self.bridge is not None:
-            await self.bridge.on_pushes(frames)
+            await self.bridge.on_messages([m.to_json() for m in messages])
         self.delivered.set()
 
     async def aclose(self) -> None:
@@ -166,14 +162,10 @@ class Bridge:
         self.arrived.set()
         self.arrived = trio.Event()
 
-    async def on_push(self, frame: dict[str, Any]) -> None:
-        await self.on_pushes([frame])
-
-    async def on_pushes(self, frames: list[dict[str, Any]]) -> None:
-        """The delivery task's pushes. A message kept in the inbox is also held by the relay,
+    async def on_messages(self, messages: list[dict[str, Any]]) -> None:
+        """The delivery task's messages. A message kept in the inbox is also held by the relay,
         which shows it from there if this broker goes away before the agent reads it."""
-        added = [f["message"] for f in frames
-                 if f.get("push") == "message" and isinstance(f.get("message"), dict) and self.showing.arrive(f["message"])]
+        added = [m for m in messages if self.showing.arrive(m)]
         if added:
             self.queued_more()
             await self.relay.send_many([protocol.push("held", message=m) for m in added])
@@ -181,11 +173,8 @@ class Bridge:
                 await self._announce(message)
         if self.showing.due():  # a replay of one shown here: its acknowledgement was lost
             self.acks_due.set()
-        for frame in frames:
-            if frame.get("push") != "message":
-                await self._on_notice(frame)
 
-    async def _on_notice(self, frame: dict[str, Any]) -> None:
+    async def on_notice(self, frame: dict[str, Any]) -> None:
         kind = frame.get("push")
         if kind == "acked":
             self.showing.elsewhere([i for i in frame.get("ids", []) if isinstance(i, str)])
@@ -344,7 +333,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     link = SessionLink(conn)
     acked = args.pop("acked", None)  # shown by the relay while no broker answered
     offered = args.pop("offered", None)  # offered by it then, maybe shown: repeats if shown again
-    session = await attach_session(broker, conn, request_id, args, to=cast(FramedStream, link))
+    session = await attach_session(broker, conn, request_id, args, to=link)
     if session is None:
         return
     bridge = link.bridge = Bridge(broker, session, conn)
@@ -414,7 +403,7 @@ async def _read_relay(  # noqa: C901  a ladder over relay frame kinds: typed fra
             with trio.move_on_after(IDLE_TIMEOUT) as idle:
                 frame = await conn.receive()
         except protocol.ProtocolError as exc:
-            await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
+            await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
             return False
         if idle.cancelled_caught or frame is None:
             return False
@@ -426,7 +415,7 @@ async def _read_relay(  # noqa: C901  a ladder over relay frame kinds: typed fra
                 await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
                 continue
             except protocol.ProtocolError as exc:
-                await _send_quietly(conn, protocol.error(None, "protocol", str(exc)))
+                await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
                 return False
             await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on an MCP relay connection"))
             continue
@@ -455,7 +444,7 @@ async def _read_relay(  # noqa: C901  a ladder over relay frame kinds: typed fra
         elif kind == "eof":
             return True
         elif kind != "ping":
-            await _send_quietly(conn, protocol.error(None, "protocol", f"relay frame: unknown kind {kind!r}"))
+            await send_quietly(conn, protocol.error(None, "protocol", f"relay frame: unknown kind {kind!r}"))
             return False
 
 

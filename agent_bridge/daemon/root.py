@@ -33,8 +33,8 @@ import trio
 from agent_bridge import paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import handle_connection
 from agent_bridge.daemon.faults import fault_injector
+from agent_bridge.daemon.routing import handle_connection
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc.listener import serve_unix
 from agent_bridge.ipc.pipe import serve_pipe

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from agent_bridge.core.showing import Showing
 from agent_bridge.domain import SessionView
-from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.rows import Peer
+from agent_bridge.rows import Message, Peer
 
 # How strongly a session's host session id is known (SPEC §3, strongest first).
 RANK_NONE = 0
@@ -21,9 +20,27 @@ RANK_HOOK = 3
 RANK_EXPLICIT = 4
 
 
+class Link(Protocol):
+    """What a connected session's delivery task pushes to (daemon.delivery), and what ends its
+    connection when another connection takes the session over: the wire for a
+    bridge-protocol client (daemon.connection.WireLink), the MCP side's inbox for a relay
+    (daemon.mcp_host.SessionLink)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def push_messages(self, messages: list[Message]) -> None:
+        """The delivery task's batch, in order (empty when a read found nothing new)."""
+
+    async def push_notice(self, frame: dict[str, Any]) -> None:
+        """An "identity", "acked" or "offered" push (Session.notify)."""
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass(eq=False)
 class Session:
-    conn: FramedStream
+    conn: Link
     peer: Peer  # its record as last read or written
     host: tuple[int, int] | None = None
     rank: int = RANK_NONE

@@ -29,7 +29,7 @@ from agent_bridge import paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon import root
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.connection import handle_connection
+from agent_bridge.daemon.routing import handle_connection
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc import blocking, client, pipe
 from agent_bridge.ipc.client import open_bridge_client
