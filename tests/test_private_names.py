@@ -11,10 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agent_bridge"
 
 # (module, where the name is defined, name): uses still to be cut. Each entry must still be found,
 # so that it is removed when its cut lands.
-ALLOWED = {
-    # cut in issue 24 (registry / delivery split); remove then
-    ("agent_bridge.daemon.mcp_host", "agent_bridge.daemon.connection", "_send_quietly"),
-}
+ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def module_names() -> dict[str, Path]:
