@@ -139,11 +139,26 @@ def _line_indent(text: str, pos: int) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-def _dump(value: Any, indent: str | None, base: str, nl: str) -> str:
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _separators(*samples: str) -> tuple[str, str]:
+    """The separators one-line JSON uses in the first of `samples` that shows them (`","` or
+    `", "`, `":"` or `": "`); json's own where none does."""
+    item = key = None
+    for sample in (_STRING.sub('""', s) for s in samples):  # a comma inside a string says nothing
+        if item is None and (found := re.search(r",(\s?)", sample)):
+            item = "," + found.group(1)
+        if key is None and (found := re.search(r":(\s?)", sample)):
+            key = ":" + found.group(1)
+    return item or ", ", key or ": "
+
+
+def _dump(value: Any, indent: str | None, base: str, nl: str, separators: tuple[str, str] = (", ", ": ")) -> str:
     """`value` as JSON in the file's layout: indented by `indent` from `base` (its line's
-    indentation), or on one line when `indent` is None."""
+    indentation), or on one line with `separators` when `indent` is None."""
     if indent is None:
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False, separators=separators)
     lines = json.dumps(value, ensure_ascii=False, indent=indent).split("\n")
     return (nl + base).join(lines)
 
@@ -160,7 +175,9 @@ class _Editor:
         indent = self.unit if self.multiline or node.kind == "scalar" else None
         if node.kind != "scalar" and "\n" not in self.text[node.start:node.end]:
             indent = None  # a value written on one line stays on one line
-        self.cuts.append((node.start, node.end, _dump(value, indent, _line_indent(self.text, node.start), self.nl)))
+        # On one line, in the separators the value had (else the file's): an undo then gives back its bytes.
+        separators = _separators(self.text[node.start:node.end], self.text)
+        self.cuts.append((node.start, node.end, _dump(value, indent, _line_indent(self.text, node.start), self.nl, separators)))
 
     def edit(self, node: Node, old: Any, new: Any) -> None:
         if old == new and type(old) is type(new):

@@ -67,3 +67,16 @@ def test_any_change_parses_to_the_document_wanted(doc, other, layout):
     text = render(doc, layout)
     wanted = {**{k: v for i, (k, v) in enumerate(doc.items()) if i % 2}, **other}
     assert json.loads(rewrite(text, doc, wanted)) == wanted
+
+
+def test_a_one_line_array_rewritten_whole_keeps_its_separators_so_the_undo_gives_the_bytes_back():
+    """Found by the property above: appending into the first of two empty arrays in compact
+    JSON rewrote the outer array with json's default `", "`, so install then uninstall did
+    not give back the file's bytes. Separators inside strings say nothing about the layout."""
+    for text, doc, added in (
+        ('{"_":[[],[]]}\n', {"_": [[], []]}, {"_": [[None], []]}),
+        ('{"k":"x, y: z","_":[[],[]]}\n', {"k": "x, y: z", "_": [[], []]}, {"k": "x, y: z", "_": [[None], []]}),
+    ):
+        out = rewrite(text, doc, added)
+        assert json.loads(out) == added
+        assert rewrite(out, added, doc) == text
