@@ -24,6 +24,10 @@ HOP_LIMIT_DEFAULT = 10
 DECISION_HOP = HOP_MAX  # decision notifications are always passive
 NOTE_TOPICS = 5
 NOTE_TEXT_MAX = 160
+QUESTION_MAX = 1000  # characters of a question for the owner (SPEC §4.6)
+OPTIONS_MAX = 10  # options a question offers
+OPTION_MAX = 200  # characters of one option
+QUESTION_TOPIC_WORDS = 80  # characters of a topic made from a question that had none
 
 SCOPE_HELP = 'expected "all", {"project": "/absolute/folder"} or {"sessions": ["name-or-id", ...]}'
 
@@ -93,6 +97,79 @@ def normalize_message_text(text: object) -> str:
     if len(text) > MESSAGE_TEXT_MAX:
         raise InputError(f"text: at most {MESSAGE_TEXT_MAX} characters, got {len(text)}")
     return text
+
+
+# --- questions for the owner (SPEC §4.6) ---------------------------------------
+
+
+def normalize_question(question: object) -> str:
+    """A question for the owner: trimmed; 1..1000 characters."""
+    if not isinstance(question, str):
+        raise InputError(f"question: expected a string, got {_type_name(question)}")
+    _check_unicode(question, "question")
+    normalized = question.strip()
+    if not normalized:
+        raise InputError("question: must not be empty")
+    if len(normalized) > QUESTION_MAX:
+        raise InputError(f"question: at most {QUESTION_MAX} characters, got {len(normalized)}")
+    return normalized
+
+
+def normalize_options(options: object) -> tuple[str, ...]:
+    """The answers a question offers: at most 10 strings of 1..200 characters (trimmed, each
+    once); None or [] for none."""
+    if options is None:
+        return ()
+    if not isinstance(options, list):
+        raise InputError(f"options: expected a list of strings, got {_type_name(options)}")
+    if len(options) > OPTIONS_MAX:
+        raise InputError(f"options: at most {OPTIONS_MAX}, got {len(options)}")
+    out: list[str] = []
+    for i, item in enumerate(options):
+        if not isinstance(item, str):
+            raise InputError(f"options[{i}]: expected a string, got {_type_name(item)}")
+        _check_unicode(item, f"options[{i}]")
+        item = " ".join(item.split())
+        if not item:
+            raise InputError(f"options[{i}]: must not be empty")
+        if len(item) > OPTION_MAX:
+            raise InputError(f"options[{i}]: at most {OPTION_MAX} characters, got {len(item)}")
+        if item not in out:
+            out.append(item)
+    return tuple(out)
+
+
+def topic_from_question(question: str) -> str:
+    """The topic of the decision that answers a question asked without one: its first words,
+    lowercased, on one line, cut at a word within QUESTION_TOPIC_WORDS characters."""
+    words = " ".join(question.split()).lower().rstrip("?").strip() or "question"
+    if len(words) > QUESTION_TOPIC_WORDS:
+        cut = words[:QUESTION_TOPIC_WORDS + 1].rsplit(" ", 1)[0] if " " in words[:QUESTION_TOPIC_WORDS] else ""
+        words = (cut or words[:QUESTION_TOPIC_WORDS]).rstrip(" ,;:.") + "…"
+    return words
+
+
+def option_number(option: object, options: tuple[str, ...]) -> str:
+    """The text of option N (numbered from 1, as `agent-bridge questions` shows them)."""
+    if isinstance(option, bool) or not isinstance(option, int):
+        raise InputError(f"option: expected a number from 1 to {len(options)}, got {option!r:.40}")
+    if not options:
+        raise InputError("option: this question offers no options; answer it with a text")
+    if not 1 <= option <= len(options):
+        raise InputError(f"option: expected a number from 1 to {len(options)}, got {option}")
+    return options[option - 1]
+
+
+def normalize_reason(reason: object, what: str = "reason") -> str:
+    """A reason the owner gives (declining a question): trimmed; 1..4000 characters."""
+    if not isinstance(reason, str):
+        raise InputError(f"{what}: expected a string, got {_type_name(reason)}")
+    normalized = reason.strip()
+    if not normalized:
+        raise InputError(f"{what}: must not be empty")
+    if len(normalized) > TEXT_MAX:
+        raise InputError(f"{what}: at most {TEXT_MAX} characters, got {len(normalized)}")
+    return normalized
 
 
 # --- folders ----------------------------------------------------------------
@@ -354,7 +431,8 @@ def normalize_agent(agent: object) -> str:
     return agent.lower()
 
 
-_NOTICE_KINDS = {"decision": "a pinned owner decision notice", "retraction": "a notice that a pinned owner decision was retracted"}
+_NOTICE_KINDS = {"decision": "a pinned owner decision notice", "retraction": "a notice that a pinned owner decision was retracted",
+                 "answer": "the owner's reply to a question this session asked (ask_owner)"}
 
 
 # The key of a decide result (broker -> MCP tool, CLI, dashboard) that lists the addresses of a

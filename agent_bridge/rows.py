@@ -1,4 +1,5 @@
-"""The rows the process passes around: sessions, messages, receipts, decisions, retractions.
+"""The rows the process passes around: sessions, messages, receipts, decisions, retractions,
+owner questions.
 
 Read from bridge.db by `store.queries` and the writer, handed between the store, the broker,
 the dashboard and the hooks as these small immutable tuples, and turned into the SPEC's JSON
@@ -139,10 +140,47 @@ class Retraction(NamedTuple):
         }
 
 
+class Question(NamedTuple):
+    """A question for the human owner and what became of it (SPEC §4.6). `id` is the id of the
+    bridge message (kind question) that carries it; `asked_by`: the first asker, then each
+    session that joined, under the names they had then."""
+
+    id: str
+    question: str
+    topic: str | None
+    options: tuple[str, ...]
+    scope: Scope
+    asked_by: tuple[Author, ...]
+    created_at: int
+    state: str  # "open", "answered" or "declined"
+    decision_id: str | None = None
+    reason: str | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.state == "open"
+
+    def to_json(self) -> JSON:
+        """The question object: exactly these fields, nullable ones null (SPEC §4.6)."""
+        return {
+            "id": self.id,
+            "question": self.question,
+            "topic": self.topic,
+            "options": list(self.options),
+            "scope": self.scope,
+            "askedBy": [a.to_json() for a in self.asked_by],
+            "createdAt": self.created_at,
+            "state": self.state,
+            "decisionId": self.decision_id,
+            "reason": self.reason,
+        }
+
+
 class Message(NamedTuple):
     """A bridge message as one recipient gets it (SPEC §5 `inbox`): `kind` is "message",
-    "decision" (a decision notice, carrying `decision`) or "retraction" (carrying
-    `retraction`); `repeat`: offered to the host before and not acknowledged since (SPEC §3)."""
+    "decision" (a decision notice, carrying `decision`), "retraction" (carrying `retraction`)
+    or "answer" (the owner answered or declined a question the recipient asked, carrying
+    `question`); `repeat`: offered to the host before and not acknowledged since (SPEC §3)."""
 
     id: str
     sender: Author
@@ -156,6 +194,7 @@ class Message(NamedTuple):
     decision: Decision | None = None
     retraction: Retraction | None = None
     repeat: bool = False
+    question: Question | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -172,6 +211,8 @@ class Message(NamedTuple):
             out["decision"] = self.decision.to_json()
         if self.retraction is not None:
             out["retraction"] = self.retraction.to_json()
+        if self.question is not None:
+            out["question"] = self.question.to_json()
         if self.repeat:
             out["repeat"] = True
         return out

@@ -47,6 +47,7 @@ class Forgetting(Peers):
                     "AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = messages.id) "
                     "AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = messages.id) "
                     "AND NOT EXISTS (SELECT 1 FROM retraction_notices rn WHERE rn.message_id = messages.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM question_notices qn WHERE qn.message_id = messages.id) "
                     "AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.source_message_id = messages.id)",
                     (peer_id,),
                 )

@@ -133,7 +133,9 @@ class Peers(StoreBase):
             "OR EXISTS(SELECT 1 FROM decisions WHERE author_id = ?1) "
             "OR EXISTS(SELECT 1 FROM decision_deliveries WHERE peer_id = ?1) "
             "OR EXISTS(SELECT 1 FROM decision_retractions WHERE author_id = ?1) "
-            "OR EXISTS(SELECT 1 FROM retraction_notices WHERE peer_id = ?1)",
+            "OR EXISTS(SELECT 1 FROM retraction_notices WHERE peer_id = ?1) "
+            "OR EXISTS(SELECT 1 FROM question_askers WHERE peer_id = ?1) "
+            "OR EXISTS(SELECT 1 FROM question_notices WHERE peer_id = ?1)",
             (peer_id,),
         ).fetchone()
         return row is None or bool(row[0])

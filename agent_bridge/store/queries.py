@@ -14,7 +14,7 @@ import apsw
 
 from agent_bridge import domain
 from agent_bridge.domain import Scope
-from agent_bridge.rows import Author, Decision, Message, Peer, Queued, Receipt, Retraction
+from agent_bridge.rows import Author, Decision, Message, Peer, Question, Queued, Receipt, Retraction
 
 DECISION_COLUMNS = (
     "seq",
@@ -188,15 +188,19 @@ def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: 
     the row's first, thirteenth and fourteenth values, are the caller's to read)."""
     (_, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id) = values[:12]
     decision = None if not decision_id else decision_by_id(conn, decision_id)
-    retraction = None
+    retraction = question = None
     if decision_id is None and hop == domain.DECISION_HOP:
         # Only notices carry the maximum hop (an ordinary reply chain rarely gets there), so
         # this lookup stays off the delivery path of ordinary messages.
         retraction = retraction_for_message(conn, mid)
-    kind = "decision" if decision_id else "retraction" if retraction is not None else "message"
+    elif decision_id is None and from_id == CLI_ID:
+        # Only the owner answers questions: sessions' messages never pay for this lookup.
+        question = question_for_message(conn, mid)
+    kind = ("decision" if decision_id else "retraction" if retraction is not None
+            else "answer" if question is not None else "message")
     return Message(
         mid, Author(from_id, from_name, from_agent), to_id, to_name, body, hop, reply_to, kind, created,
-        decision, retraction, repeat,
+        decision, retraction, repeat, question,
     )
 
 
@@ -311,6 +315,38 @@ def retraction_for_message(conn: apsw.Connection, message_id: str) -> Retraction
         (message_id,),
     ).fetchone()
     return None if row is None else retraction_from_row(row)
+
+
+# A question with its askers (oldest first) and its outcome, if it has one (SPEC §4.6).
+SELECT_QUESTION = (
+    "SELECT q.id, q.question, q.topic, q.options, q.scope, q.created_at, o.state, o.decision_id, o.reason, "
+    "(SELECT json_group_array(json_array(a.peer_id, a.name, a.agent)) FROM "
+    "(SELECT peer_id, name, agent FROM question_askers WHERE question_id = q.id ORDER BY seq) a) "
+    "FROM questions q LEFT JOIN question_outcomes o ON o.question_id = q.id "
+)
+
+
+def question_from_row(values: tuple[Any, ...]) -> Question:
+    qid, text, topic, options, scope, created, state, decision_id, reason, askers = values
+    return Question(
+        qid, text, topic, tuple(json.loads(options)), domain.scope_from_json(scope),
+        tuple(Author(*a) for a in json.loads(askers or "[]")), created, state or "open", decision_id, reason,
+    )
+
+
+def question_by_id(conn: apsw.Connection, question_id: str) -> Question | None:
+    if not has_table(conn, "questions"):
+        return None
+    row = conn.execute(SELECT_QUESTION + "WHERE q.id = ?", (question_id,)).fetchone()
+    return None if row is None else question_from_row(row)
+
+
+def question_for_message(conn: apsw.Connection, message_id: str) -> Question | None:
+    """The question an answer message (kind answer) tells its asker about, if it is one."""
+    if not has_table(conn, "question_notices"):
+        return None
+    row = conn.execute("SELECT question_id FROM question_notices WHERE message_id = ?", (message_id,)).fetchone()
+    return None if row is None else question_by_id(conn, row[0])
 
 
 def retraction_by_id(conn: apsw.Connection, retraction_id: str) -> Retraction | None:

@@ -7,6 +7,8 @@ Version 4 adds the owner's controls: append-only retractions of a topic's decisi
 notices they queued) and forgotten sessions (a tombstone where history still names them).
 Version 5 adds identity without a host session id (SPEC §3): each session's resume secret
 (hashed), the sessions each host instance ran, and where a merged record's address now leads.
+Version 6 adds owner questions (SPEC §4.6): append-only questions, who asked each, the one answer
+or decline each gets, and the active messages that told the askers.
 """
 
 from __future__ import annotations
@@ -158,7 +160,65 @@ CREATE TABLE peer_merges (
 PRAGMA user_version = 5;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5)
+V6 = """
+-- A question for the human owner (ask_owner). Its id is the id of the bridge message (kind
+-- question, from the first asker to the owner `cli`) that carries it: an answer's decision
+-- names it as its sourceMessageId. Appended, never updated or deleted.
+CREATE TABLE questions (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE REFERENCES messages(id),
+  question TEXT NOT NULL CHECK (length(question) BETWEEN 1 AND 1000),
+  topic TEXT CHECK (topic IS NULL OR length(topic) BETWEEN 1 AND 200),
+  options TEXT NOT NULL,             -- a JSON array of at most 10 strings
+  scope TEXT NOT NULL,               -- canonical JSON, as decisions.scope
+  created_at INTEGER NOT NULL);
+CREATE INDEX questions_topic ON questions(topic, scope) WHERE topic IS NOT NULL;
+CREATE TRIGGER questions_no_update BEFORE UPDATE ON questions
+  BEGIN SELECT RAISE(ABORT, 'questions are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER questions_no_delete BEFORE DELETE ON questions
+  BEGIN SELECT RAISE(ABORT, 'questions are append-only: DELETE is not allowed'); END;
+
+-- Every session that asked a question (the first asker, then each that joined it), under the
+-- name it had then. Appended, never updated or deleted.
+CREATE TABLE question_askers (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  question_id TEXT NOT NULL REFERENCES questions(id),
+  peer_id TEXT NOT NULL REFERENCES peers(id),
+  name TEXT NOT NULL,
+  agent TEXT NOT NULL,
+  asked_at INTEGER NOT NULL,
+  UNIQUE (question_id, peer_id));
+CREATE INDEX question_askers_peer ON question_askers(peer_id);
+CREATE TRIGGER question_askers_no_update BEFORE UPDATE ON question_askers
+  BEGIN SELECT RAISE(ABORT, 'question_askers are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER question_askers_no_delete BEFORE DELETE ON question_askers
+  BEGIN SELECT RAISE(ABORT, 'question_askers are append-only: DELETE is not allowed'); END;
+
+-- What became of a question: answered (with the pinned decision that answer recorded) or
+-- declined (with the owner's reason). At most one per question; appended, never changed.
+CREATE TABLE question_outcomes (
+  question_id TEXT PRIMARY KEY REFERENCES questions(id),
+  state TEXT NOT NULL CHECK (state IN ('answered','declined')),
+  decision_id TEXT REFERENCES decisions(id),
+  reason TEXT CHECK (reason IS NULL OR length(reason) BETWEEN 1 AND 4000),
+  created_at INTEGER NOT NULL,
+  CHECK ((state = 'answered') = (decision_id IS NOT NULL)),
+  CHECK ((state = 'declined') = (reason IS NOT NULL)));
+CREATE TRIGGER question_outcomes_no_update BEFORE UPDATE ON question_outcomes
+  BEGIN SELECT RAISE(ABORT, 'question_outcomes are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER question_outcomes_no_delete BEFORE DELETE ON question_outcomes
+  BEGIN SELECT RAISE(ABORT, 'question_outcomes are append-only: DELETE is not allowed'); END;
+
+-- The active message (kind answer) an outcome queued for one asker.
+CREATE TABLE question_notices (
+  message_id TEXT PRIMARY KEY REFERENCES messages(id),
+  question_id TEXT NOT NULL REFERENCES questions(id),
+  peer_id TEXT NOT NULL REFERENCES peers(id));
+CREATE INDEX question_notices_peer ON question_notices(peer_id);
+PRAGMA user_version = 6;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6)
 CURRENT_VERSION = len(STEPS)
 
 
