@@ -135,6 +135,12 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
              "is not connected gets it when it connects.", "agent-bridge send claude-myproj 'please rebase on main'"),
     "retract": ("Withdraw a topic's pinned decision: it stops being current, history keeps every revision, "
                 "and sessions in scope get one notice.", "agent-bridge retract db --reason 'decided too early'"),
+    "questions": ("List the questions agents asked the owner with ask_owner, oldest first (read-only; no "
+                  "broker needed). Answer one with `agent-bridge answer`.", "agent-bridge questions --all"),
+    "answer": ("Answer an agent's question: the answer is recorded as a pinned decision (author `cli`, the "
+               "question's topic and scope unless --scope says otherwise), and every session that asked gets it "
+               "as a message. --decline tells them you will not decide it, and why.",
+               "agent-bridge answer 0199a3f2 --option 1"),
     "sessions": ("List every known session, connected or gone, with what waits for it (read-only; no broker "
                  "needed).", "agent-bridge sessions"),
     "forget": ("Forget sessions that are not connected, dropping what was queued to them. A name that several "
@@ -158,7 +164,8 @@ def _describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """decide, send, retract, sessions, forget: the owner's controls (agent_bridge.commands)."""
+    """decide, send, retract, questions, answer, sessions, forget: the owner's controls
+    (agent_bridge.commands)."""
     dcd = sub.add_parser("decide", help="record a pinned owner decision (author: cli), as the decide tool does")
     dcd.add_argument("topic", help="what it is about (case-insensitive identity, at most 200 characters)")
     dcd.add_argument("text", help="the decision, at most 4000 characters")
@@ -178,6 +185,21 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ret.add_argument("--reason", help="why, shown in history and in the notice sessions get")
     ret.add_argument("--json", action="store_true", help="print the retraction and who was told, as JSON")
     ret.set_defaults(func=lambda ns: _commands().retract(ns.topic, ns.reason, ns.json))
+
+    qst = sub.add_parser("questions", help="questions agents asked the owner (read-only; works with the broker down)")
+    qst.add_argument("--all", action="store_true", help="answered and declined ones too")
+    qst.add_argument("--json", action="store_true", help="print JSON")
+    qst.set_defaults(func=lambda ns: _commands().questions(ns.all, ns.json))
+
+    ans = sub.add_parser("answer", help="answer an agent's question as a pinned decision, or decline it")
+    ans.add_argument("id", metavar="ID", help="the question's id, or its start (see `agent-bridge questions`)")
+    ans.add_argument("text", nargs="?", help="the answer, at most 4000 characters")
+    ans.add_argument("--option", type=int, metavar="N", help="answer with the question's option N (from 1)")
+    ans.add_argument("--decline", metavar="REASON", help="decline the question; the askers are told why")
+    ans.add_argument("--scope", help='the decision\'s scope instead of the question\'s: "all", or JSON: '
+                     '{"project": "/abs/dir"} or {"sessions": ["name", ...]}')
+    ans.add_argument("--json", action="store_true", help="print the question, the decision and who was told, as JSON")
+    ans.set_defaults(func=lambda ns: _commands().answer(ns.id, ns.text, ns.option, ns.decline, ns.scope, ns.json))
 
     ses = sub.add_parser("sessions", help="every known session, connected or gone (read-only; works with the broker down)")
     ses.add_argument("--json", action="store_true", help="print JSON")
@@ -240,6 +262,7 @@ def _mcp(ns: argparse.Namespace) -> int:
 # `uninstall` keep their backups and record there.
 HOME_COMMANDS = frozenset({
     "up", "down", "status", "mcp", "hook", "dashboard", "decisions", "decide", "send", "retract", "sessions", "forget",
+    "questions", "answer",
     "install", "uninstall",
 })
 

@@ -1,9 +1,9 @@
-"""The owner's commands: `agent-bridge decide | send | retract | forget | sessions`.
+"""The owner's commands: `agent-bridge decide | send | retract | answer | forget | sessions | questions`.
 
-`decide`, `send`, `retract` and `forget` change bridge.db, so they go through the broker (the only
-writer), starting one when none runs, as an MCP server does: the command then behaves exactly as
-the MCP tools (same rules, limits, errors, fan-out and notices). `sessions` only reads, so it
-reads bridge.db directly and works with the broker down.
+`decide`, `send`, `retract`, `answer` and `forget` change bridge.db, so they go through the broker
+(the only writer), starting one when none runs, as an MCP server does: the command then behaves
+exactly as the MCP tools (same rules, limits, errors, fan-out and notices). `sessions` and
+`questions` only read, so they read bridge.db directly and work with the broker down.
 
 Results go to stdout as one or two lines for people, or with `--json` as the tool's JSON
 (exit 0); a refusal is one line on stderr and a non-zero exit: 2 for a bad argument (what the
@@ -144,6 +144,43 @@ def retract(topic: str, reason: str | None, as_json: bool = False) -> int:
     return 0
 
 
+def answer(question_id: str, text: str | None, option: int | None, decline: str | None, scope: str | None,
+           as_json: bool = False) -> int:
+    """`agent-bridge answer ID TEXT | --option N | --decline REASON [--scope SCOPE]`."""
+    given = [name for name, value in (("TEXT", text), ("--option", option), ("--decline", decline)) if value is not None]
+    if len(given) != 1:
+        return _fail("answer", "give exactly one of TEXT, --option N or --decline REASON"
+                     + (f" (got {' and '.join(given)})" if given else ""), BAD_ARGUMENTS)
+    args: dict[str, Any] = {"questionId": question_id}
+    if decline is not None:
+        if scope is not None:
+            return _fail("answer", "--scope: a declined question records no decision", BAD_ARGUMENTS)
+        args["decline"] = decline
+    elif option is not None:
+        args["option"] = option
+    else:
+        args["text"] = text
+    if scope is not None:
+        try:  # a bad argument is refused here (exit 2), before a broker is started for it
+            domain.parse_scope(scope)
+        except domain.InputError as exc:
+            return _fail("answer", str(exc), BAD_ARGUMENTS)
+        args["scope"] = scope
+    try:
+        result = _call("answer", args)
+    except CommandError as exc:
+        return _fail("answer", str(exc), exc.code)
+    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
+    if unmatched:
+        print(f"agent-bridge answer: no known session is addressed by {names(unmatched)}; "
+              "recorded for the scope as given", file=sys.stderr)
+    if as_json:
+        _print_json(result)
+    else:
+        print(answered_summary(result))
+    return 0
+
+
 def _call(op: str, args: dict[str, Any]) -> Any:
     try:
         return broker_call(op, **args)
@@ -187,6 +224,19 @@ def retracted_summary(result: dict[str, Any]) -> str:
     reason = f" ({visible(r['reason'])})" if r.get("reason") else ""
     told = _told(result.get("notified") or [], later="sessions that start later no longer see it")
     return f"Retracted {visible(r['topic'])}{reason}; {told}."
+
+
+def answered_summary(result: dict[str, Any]) -> str:
+    """`Answered "Which database?" (0199…): recorded db for project /w/app; told claude-app. Asked by: codex-app.`"""
+    q = result["question"]
+    asked = f" Sent to {names(result['askersTold'])}, who asked." if result.get("askersTold") else (
+        " Nobody who asked is still known.")
+    if result.get("decision") is None:
+        return f"Declined {_quoted(q['question'])} ({visible(q['id'])}).{asked}"
+    d = result["decision"]
+    told = _told(result.get("deliveredTo") or [], later="sessions that start later see it in their start note")
+    return (f"Answered {_quoted(q['question'])} ({visible(q['id'])}): recorded {visible(d['topic'])} for "
+            f"{scope_words(d['scope'])}; {told}.{asked}")
 
 
 def _quoted(text: str, limit: int = 60) -> str:
@@ -252,11 +302,14 @@ def sessions(as_json: bool) -> int:
 
     try:
         found = list_sessions(paths.home())
+        asked = 0 if as_json else open_question_count(paths.home())
     except SchemaError as exc:
         return _fail("sessions", str(exc))
     if as_json:
         _print_json(found)
         return 0
+    if asked:
+        print(f"{asked} open question{'s' if asked != 1 else ''} for you: see `agent-bridge questions`.")
     if not found:
         print("No sessions.")
         return 0
@@ -293,4 +346,48 @@ def forget(addresses: list[str], gone_for: str | None, as_json: bool) -> int:
             text = " ".join(str(m.get("text", "")).split())
             text = text[:120] + ("…" if len(text) > 120 else "")
             print(f"    [{visible(m.get('kind'))}] from {visible(sender)}: {visible(text)}")
+    return 0
+
+
+# --- questions ------------------------------------------------------------------------
+
+
+def open_question_count(home: Path) -> int:
+    from agent_bridge.store import question_queries, reader
+
+    with reader.reading(paths.db_path(home)) as conn:
+        return 0 if conn is None else question_queries.open_count(conn)
+
+
+def questions(include_closed: bool, as_json: bool) -> int:
+    """`agent-bridge questions [--all] [--json]`: read-only, oldest first."""
+    from agent_bridge.store import question_queries, reader
+    from agent_bridge.store.schema import SchemaError
+
+    try:
+        with reader.reading(paths.db_path(paths.home())) as conn:
+            found = [] if conn is None else question_queries.list_questions(conn, include_closed=include_closed)
+    except SchemaError as exc:
+        return _fail("questions", str(exc))
+    if as_json:
+        _print_json([q.to_json() for q in found])
+        return 0
+    if not found:
+        print("No questions." if include_closed else "No open questions.")
+        return 0
+    for q in found:
+        state = "" if q.open else f"  ({q.state})"
+        askers = names([a.name or "?" for a in q.asked_by])
+        print(f"{visible(q.id)}  from {askers}  {when(q.created_at)}  for {scope_words(q.scope)}{state}")
+        print(f"    {visible(q.question)}")
+        if q.topic:
+            print(f"    topic: {visible(q.topic)}")
+        for n, option in enumerate(q.options, start=1):
+            print(f"    {n}. {visible(option)}")
+        if q.state == "answered":
+            print(f"    answered: decision {visible(q.decision_id)}")
+        elif q.state == "declined":
+            print(f"    declined: {visible(q.reason)}")
+    if not include_closed:
+        print("Answer with `agent-bridge answer ID TEXT`, `--option N` or `--decline REASON`.")
     return 0

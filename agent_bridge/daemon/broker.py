@@ -17,6 +17,7 @@ import trio
 
 from agent_bridge import display, domain, ledger
 from agent_bridge.config import Settings
+from agent_bridge.daemon import questions
 from agent_bridge.daemon.args import ADDRESS_MAX
 from agent_bridge.daemon.args import no_unknown as _no_unknown
 from agent_bridge.daemon.args import opt_str as _opt_str
@@ -27,7 +28,7 @@ from agent_bridge.daemon.sessions import Link, Session
 from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
-from agent_bridge.rows import Message, Peer
+from agent_bridge.rows import Decision, Message, Peer
 from agent_bridge.store.decisions import Recipient, host_key
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.messages import Outgoing
@@ -188,10 +189,7 @@ class Broker:
         source = args.get("source_message_id")
         if not isinstance(source, str) or len(source) > ADDRESS_MAX:
             source = None  # provenance that names no bridge message is stored as null (SPEC §4.1)
-        in_scope = [s for s in self.sessions.values() if not s.is_job and domain.scope_applies(scope, s.view())]
-        notified = [s for s in in_scope if not s.tentative]
-        held_back = [s for s in in_scope if s.tentative]
-        recipients = [Recipient(s.view(), host_key(s.view())) for s in notified]
+        notified, held_back, recipients = self.decision_recipients(scope)
         await self.pause("decide:resolved")
         decision, delivered = await self.db.record_decision(
             author=author,
@@ -204,6 +202,26 @@ class Broker:
             now=now_ms(),
             fault=self.fault,
         )
+        delivered = await self.decision_recorded(decision, delivered, notified, held_back)
+        result: dict[str, Any] = {"decision": decision.to_json(), "deliveredTo": delivered}
+        unmatched = await self._unmatched_addresses(scope)
+        if unmatched:  # beside the seed's object, never in it: the tool shows them in a second block
+            result[domain.UNMATCHED_ADDRESSES] = unmatched
+        return result
+
+    def decision_recipients(self, scope: domain.Scope) -> tuple[list[Session], list[Session], list[Recipient]]:
+        """The connected non-job sessions in a decision's scope: (those notified now, those held
+        back while tentative, the notified ones' receipts' keys). `decide` and `answer` alike."""
+        in_scope = [s for s in self.sessions.values() if not s.is_job and domain.scope_applies(scope, s.view())]
+        notified = [s for s in in_scope if not s.tentative]
+        held_back = [s for s in in_scope if s.tentative]
+        return notified, held_back, [Recipient(s.view(), host_key(s.view())) for s in notified]
+
+    async def decision_recorded(
+        self, decision: Decision, delivered: list[str], notified: list[Session], held_back: list[Session]
+    ) -> list[str]:
+        """After a decision's commit: wake the notified sessions, queue the held-back ones' notices
+        for their first tool call; the sorted names of the sessions in scope (`deliveredTo`)."""
         for s in notified:  # the session objects: one may have been merged into another record meanwhile
             s.poke()
         for s in held_back:  # no notice while tentative: queued if it becomes a real session
@@ -211,12 +229,7 @@ class Broker:
             await self.identity.queue_missed(s)
         # A tentative session is a connected session in scope (SPEC §4.1): it is named, and its one
         # notice is queued at its first tool call; a health check that leaves first keeps nothing.
-        delivered = sorted({*delivered, *(s.name for s in held_back)})
-        result: dict[str, Any] = {"decision": decision.to_json(), "deliveredTo": delivered}
-        unmatched = await self._unmatched_addresses(scope)
-        if unmatched:  # beside the seed's object, never in it: the tool shows them in a second block
-            result[domain.UNMATCHED_ADDRESSES] = unmatched
-        return result
+        return sorted({*delivered, *(s.name for s in held_back)})
 
     async def _unmatched_addresses(self, scope: domain.Scope) -> list[str]:
         """The addresses of a `{"sessions": [...]}` scope that name no known session (SPEC §4.1)."""
@@ -612,6 +625,11 @@ class Broker:
             "home": str(self.home),
             "schemaVersion": self.db.schema_version,
         }
+
+
+# Owner questions (SPEC §4.6): their handlers live in daemon.questions.
+session_op("ask_owner")(questions.ask_owner)
+control_op("answer")(questions.answer)
 
 
 def check_handlers() -> None:

@@ -14,7 +14,7 @@ Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a d
 
 The first request on a connection is either `hello` (it becomes a session's connection) or a
 control request (`identify`, `stop_check`, `stop_ack`, `wait_active`, `status`, `shutdown`, `ping`; from the command
-line also `decide`, `send`, `retract`, `forget`, `connected`) from a hook or the CLI.
+line also `decide`, `send`, `retract`, `forget`, `connected`, `answer`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
 `hello` answers {"session": {...}, "hopLimit": n, "secret": "..."}: presenting
 "resume": {"id": <session id>, "secret": <that secret>} in a later hello gets that session back.
@@ -97,6 +97,9 @@ OPS: dict[str, Op] = {
     "retract": Op(session=False, control=True, idempotent=False),  # `agent-bridge retract`
     "forget": Op(session=False, control=True, idempotent=False),  # `agent-bridge forget`
     "connected": Op(session=False, control=True, idempotent=True),  # `agent-bridge sessions`
+    # Asked again, a question joins the open one it repeats: the same question, nobody added.
+    "ask_owner": Op(session=True, control=False, idempotent=True),
+    "answer": Op(session=False, control=True, idempotent=False),  # `agent-bridge answer`
 }
 SESSION_OPS = frozenset(name for name, op in OPS.items() if op.session)
 CONTROL_OPS = frozenset(name for name, op in OPS.items() if op.control)
