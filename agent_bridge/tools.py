@@ -91,6 +91,19 @@ _TOOLS = (
         # An `inbox` result never written to the host acknowledges nothing.
         idempotent=True, body="tool_inbox",
     ),
+    Tool(
+        "ask_owner", "ask_owner",
+        "Ask the human owner only what they must decide; check `decisions` first.",
+        _object(
+            ("question",),
+            question={**STRING, "maxLength": domain.QUESTION_MAX},
+            topic={**STRING, "maxLength": domain.TOPIC_MAX},
+            options={"type": "array", "maxItems": domain.OPTIONS_MAX, "items": {**STRING, "maxLength": domain.OPTION_MAX}},
+            scope=SCOPE,
+        ),
+        # Asked again, a question joins the open one it repeats: the same question, nobody added.
+        idempotent=True,
+    ),
 )
 TOOLS: dict[str, Tool] = {tool.name: tool for tool in _TOOLS}
 

@@ -24,9 +24,11 @@ async def test_tools_and_their_descriptions(broker, env):
     with trio.fail_after(60):
         async with mcp_session(env, "--project", "/w/t") as s:
             tools = {t.name: t for t in (await s.list_tools()).tools}
-            assert set(tools) == {"decide", "decisions", "whoami", "peers", "send", "inbox"}
+            assert set(tools) == {"decide", "decisions", "whoami", "peers", "send", "inbox", "ask_owner"}
             assert "Research the owner's choice before recording it" in tools["decide"].description
-            for name, required in {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set()}.items():
+            assert "check `decisions` first" in tools["ask_owner"].description
+            for name, required in {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set(),
+                                   "ask_owner": {"question"}}.items():
                 assert set(tools[name].input_schema.get("required", [])) == required
 
 

@@ -97,8 +97,6 @@ OPS: dict[str, Op] = {
     "retract": Op(session=False, control=True, idempotent=False),  # `agent-bridge retract`
     "forget": Op(session=False, control=True, idempotent=False),  # `agent-bridge forget`
     "connected": Op(session=False, control=True, idempotent=True),  # `agent-bridge sessions`
-    # Asked again, a question joins the open one it repeats: the same question, nobody added.
-    "ask_owner": Op(session=True, control=False, idempotent=True),
     "answer": Op(session=False, control=True, idempotent=False),  # `agent-bridge answer`
 }
 SESSION_OPS = frozenset(name for name, op in OPS.items() if op.session)

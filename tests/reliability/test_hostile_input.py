@@ -341,6 +341,7 @@ TOOLS = {
     "peers": ["project"],
     "send": ["to", "text", "reply_to"],
     "inbox": ["wait_seconds", "peek"],
+    "ask_owner": ["question", "topic", "options", "scope"],
 }
 tool_values = json_values | st.text(min_size=3000, max_size=20000) | st.sampled_from(
     ["all", '"all"', '{"project": "/w/fuzz"}', '{"sessions": []}', "{", "/w/fuzz", "witness-b", "fuzzer"]
