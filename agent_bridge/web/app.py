@@ -3,7 +3,7 @@ owner's actions.
 
 The app never writes bridge.db itself: every read opens its own read-only connection through
 `store.reader.reading` (no migration, no broker needed) on a worker thread, so SQLite never
-blocks the Trio loop. The owner's actions (record, retract, send, forget) are POSTs that go to
+blocks the Trio loop. The owner's actions (record, retract, send, forget, answer) are POSTs that go to
 the broker exactly as the command line does (`commands.broker_call` on a worker thread, author
 `cli`), after three checks on top of the cookie: the page's own token in `X-AB-Token`, an
 `Origin` that is the dashboard's, and a JSON body. Every other method gets 405. Decision lookups are `domain` + `store.queries`, the same functions the
@@ -34,7 +34,7 @@ from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
 from agent_bridge import commands, config, domain, paths
-from agent_bridge.store import queries, reader
+from agent_bridge.store import queries, question_queries, reader
 from agent_bridge.store.schema import SchemaError
 from agent_bridge.web import auth, reads
 from agent_bridge.web.changes import ChangeFeed, watch_database
@@ -143,7 +143,7 @@ def create_app(
     live streams, which would otherwise hold the shutdown until its deadline.
 
     The routes are registered by area, each from one function: the request guard, the response
-    headers, the error answers, the page itself, the reads, the owner's actions, the live stream.
+    headers, the error answers, the page itself, the reads, the owner's actions, the questions, the live stream.
     """
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
@@ -157,6 +157,7 @@ def create_app(
     _reads(app, dash)
     _decision_reads(app, dash)
     _actions(app, dash)
+    _questions(app, dash)
     _events(app, dash)
     return app
 
@@ -531,6 +532,29 @@ def _actions(app: QuartTrio, dash: _Dashboard) -> None:
         if isinstance(body, Response):
             return body
         return await owner_action("forget", {"sessions": [session]})
+
+
+def _questions(app: QuartTrio, dash: _Dashboard) -> None:
+    """Owner questions (SPEC §4.6): GET /api/questions, read-only; POST
+    /api/questions/<id>/answer, an owner action (`agent-bridge answer`'s code path)."""
+
+    @app.get("/api/questions")
+    async def questions() -> Response:
+        """Questions agents asked the owner, oldest first: the open ones (every one with `all=1`)."""
+        every = request.args.get("all", "")
+        if every not in ("", "0", "1"):
+            return _error(400, f"all: expected 1 (every question) or 0 (open ones), got {_short(every)}")
+        found = await dash.read(partial(question_queries.list_questions, include_closed=every == "1"), [])
+        return _json_response({"questions": [q.to_json() for q in found]})
+
+    @app.post("/api/questions/<anypath:question>/answer")
+    async def answer_question(question: str) -> Response:
+        """`{"text"}`, `{"option": N}` (from 1) or `{"decline": "reason"}`, as `agent-bridge answer`;
+        `scope` with an answer records the decision for that scope instead of the question's."""
+        body = await dash.action_body({"text", "option", "decline", "scope"})
+        if isinstance(body, Response):
+            return body
+        return await dash.owner_action("answer", {"questionId": question, **body})
 
 
 def _events(app: QuartTrio, dash: _Dashboard) -> None:

@@ -7,6 +7,7 @@
   const STREAM_RETRY_MS = [2000, 5000, 10000]; // waits before trying the stream again
   const SEARCH_DELAY_MS = 250;
   const NOTICE_TAGS = { decision: "decision notice", retraction: "retraction notice" };
+  const ANSWER_TAGS = { answered: "answer", declined: "declined" };
 
   const $ = (id) => document.getElementById(id);
   const state = {
@@ -265,6 +266,101 @@
       });
     });
     return button;
+  }
+
+  // --- questions for the owner (ask_owner) ---------------------------------------------------
+
+  // One item per open question, kept across live refreshes (keyed by id), so that an answer being
+  // typed is neither lost nor blurred when something else changes; only the askers are updated.
+  const questionItems = new Map();
+
+  function askersWords(q) {
+    return "from " + q.askedBy.map((a) => a.name || "(unknown)").join(", ");
+  }
+
+  async function answerQuestion(q, body, item) {
+    for (const button of item.querySelectorAll("button")) button.disabled = true;
+    const done = await act("questions-result", async () => {
+      const r = await post("/api/questions/" + encodeURIComponent(q.id) + "/answer", body);
+      const asked = r.askersTold && r.askersTold.length ? " Sent to " + names(r.askersTold) + ", who asked." : "";
+      if (!r.decision) return "Declined “" + r.question.question + "”." + asked;
+      return "Answered “" + r.question.question + "”: recorded “" + r.decision.topic + "” for " +
+        scopeWords(r.decision.scope) + "; " + toldWords(r.deliveredTo, "sessions that start later see it in their start note") +
+        "." + asked;
+    });
+    if (!done) for (const button of item.querySelectorAll("button")) button.disabled = false;
+  }
+
+  function questionItem(q) {
+    const askers = el("span", { className: "askers", text: askersWords(q) });
+    const head = el("div", { className: "q-head" }, [
+      askers,
+      el("span", { text: "for" }),
+      scopeBadge(q.scope),
+      q.topic ? el("span", { className: "tag decision", text: "topic: " + q.topic }) : null,
+      el("span", { className: "when" }, [when(q.createdAt)]),
+    ]);
+    const item = el("li", { className: "question" }, [head, el("p", { className: "q-text", text: q.question })]);
+    item.dataset.question = q.id;
+    if (state.canAct) {
+      if (q.options.length) {
+        const options = el("div", { className: "q-options" });
+        q.options.forEach((option, i) => {
+          const button = el("button", { className: "button option", type: "button", text: option,
+                                        title: "Answer with this option (" + (i + 1) + ")" });
+          button.addEventListener("click", () => answerQuestion(q, { option: i + 1 }, item));
+          options.appendChild(button);
+        });
+        item.appendChild(options);
+      }
+      const answerText = el("input", { className: "q-answer", type: "text" });
+      answerText.maxLength = 4000;
+      answerText.placeholder = q.options.length ? "or answer in your words…" : "your answer…";
+      answerText.setAttribute("aria-label", "Answer to: " + q.question);
+      const answerButton = el("button", { className: "button primary", type: "button", text: "Answer" });
+      answerButton.addEventListener("click", () => {
+        if (answerText.value.trim()) answerQuestion(q, { text: answerText.value }, item);
+        else answerText.focus();
+      });
+      answerText.addEventListener("keydown", (event) => {
+        if (event.key === "Enter") answerButton.click();
+      });
+      const reason = el("input", { className: "q-reason", type: "text" });
+      reason.maxLength = 4000;
+      reason.placeholder = "why not (to decline)";
+      reason.setAttribute("aria-label", "Reason for declining: " + q.question);
+      const decline = el("button", { className: "button danger", type: "button", text: "Decline" });
+      decline.addEventListener("click", () => {
+        if (reason.value.trim()) answerQuestion(q, { decline: reason.value }, item);
+        else reason.focus();
+      });
+      item.appendChild(el("div", { className: "action-row q-actions" }, [answerText, answerButton]));
+      item.appendChild(el("div", { className: "action-row q-actions" }, [reason, decline]));
+    }
+    return { item: item, askers: askers, canAct: state.canAct };
+  }
+
+  function renderQuestions(questions) {
+    const list = $("questions");
+    const open = new Set(questions.map((q) => q.id));
+    for (const [id, kept] of questionItems) {
+      if (!open.has(id) || kept.canAct !== state.canAct) {
+        kept.item.remove();
+        questionItems.delete(id);
+      }
+    }
+    for (const q of questions) { // oldest first: a new question is the newest, so it goes last
+      const kept = questionItems.get(q.id);
+      if (kept) {
+        kept.askers.textContent = askersWords(q);
+        continue;
+      }
+      const made = questionItem(q);
+      questionItems.set(q.id, made);
+      list.appendChild(made.item);
+    }
+    setCount("question-count", questions.length);
+    show($("questions-card"), questions.length > 0 || !$("questions-result").hidden);
   }
 
   function banner(message) {
@@ -560,6 +656,7 @@
       const head = el("div", { className: "msg-head" }, [
         el("span", { className: "route", text: from + " → " + to }),
         m.notice ? el("span", { className: "tag decision", text: NOTICE_TAGS[m.kind] || "notice" }) : null,
+        m.question ? el("span", { className: "tag decision", text: ANSWER_TAGS[m.question.state] || "answer" }) : null,
         m.active === null || m.active === undefined ? null
           : el("span", { className: m.active ? "tag active" : "tag passive", text: m.active ? "active" : "passive" }),
         el("span", { className: "when" }, [when(m.createdAt)]),
@@ -627,6 +724,11 @@
     renderHistory(result, receipts.receipts);
   }
 
+  async function loadQuestions() {
+    const result = await api("/api/questions");
+    renderQuestions(result.questions);
+  }
+
   async function loadMessages() {
     const kind = state.messageKind ? "&kind=" + state.messageKind : "";
     const result = await api("/api/messages?limit=50" + kind);
@@ -646,7 +748,7 @@
       state.hopLimit = status.hopLimit;
       state.canAct = status.mode === "broker"; // a standalone dashboard is read-only
       renderSessions(sessions.sessions);
-      await Promise.all([loadMessages(), loadDecisions(), loadHistory()]);
+      await Promise.all([loadQuestions(), loadMessages(), loadDecisions(), loadHistory()]);
       const mode = $("mode");
       mode.textContent = status.mode === "broker" ? "broker running" : "broker down · read-only";
       mode.className = status.mode === "broker" ? "pill" : "pill standalone";
