@@ -18,6 +18,7 @@ SOCKET_NAME = "broker.sock"
 LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole life
 START_FAILURE = "broker.failed"  # why the last `up` could not start a broker (for `doctor`); removed once one runs
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
+PROMPTED_DIR = "prompted"  # per host session: the owner questions its UserPromptSubmit hook has shown
 
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on the BSDs and macOS (including the NUL).
 SOCKET_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107

@@ -133,6 +133,18 @@ class Host:
         (SPEC §3 "Reach" item 1)."""
         return {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": text}}
 
+    def user_prompt_output(self, text: str) -> dict[str, Any]:
+        """The UserPromptSubmit hook's answer that adds `text` to the model's context beside the
+        prompt the user just typed (Claude Code documents it; Codex 0.171's
+        user-prompt-submit.command.output schema has the same hookSpecificOutput)."""
+        return {"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": text}}
+
+    def owner_types(self, env: Any) -> bool:
+        """Whether a prompt in this hook's session was typed by a person (an interactive session),
+        not handed over by a script (`claude -p`, `codex exec`): unknown, yes; a job runner's
+        session record says so as well."""
+        return True
+
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         """Whether this host will use the MCP server and both hooks for `home`."""
         raise NotImplementedError

@@ -101,6 +101,10 @@ class Claude(Host):
         version = transcript_version(hook.transcript_path)
         return version is not None and version >= ASYNC_REWAKE_SINCE
 
+    def owner_types(self, env: Any) -> bool:
+        """Not under `claude -p` (CLAUDE_CODE_ENTRYPOINT=sdk-cli, seen with 2.1.332): a script's prompt."""
+        return env.get("CLAUDE_CODE_ENTRYPOINT") != "sdk-cli"
+
     def prompt_queued(self, hook: HookInput) -> bool:
         """A prompt typed while a turn runs is queued, its UserPromptSubmit hook run at once, and it
         runs as the next turn once the Stop hooks are done (seen with 2.1.332 in the TUI: the
