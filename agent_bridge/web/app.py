@@ -143,7 +143,8 @@ def create_app(
     live streams, which would otherwise hold the shutdown until its deadline.
 
     The routes are registered by area, each from one function: the request guard, the response
-    headers, the error answers, the page itself, the reads, the owner's actions, the questions, the live stream.
+    headers, the error answers, the page itself, the reads, the owner's actions, the owner's
+    questions, the live stream.
     """
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
