@@ -34,7 +34,7 @@ from tests.hosts.models import AnthropicServer, OpenAIServer
 
 AGENT_BRIDGE = str(Path(sys.executable).parent / "agent-bridge")
 RUN_TIMEOUT = 90  # seconds one host run may take; a few at most when all is well
-BRIDGE_TOOLS = ("decide", "decisions", "whoami", "peers", "send", "inbox")
+BRIDGE_TOOLS = ("decide", "decisions", "whoami", "peers", "send", "inbox", "ask_owner")
 
 
 @pytest.fixture(scope="session")
