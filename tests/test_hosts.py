@@ -13,7 +13,7 @@ from agent_bridge.hooks.common import HookInput
 from agent_bridge.hosts import claude
 from agent_bridge.hosts.base import Host
 
-HOOK_ANSWERS = {"session_start_output", "stop_output", "post_tool_use_output", "runs_waiter"}  # Host's defaults: the form both hosts document
+HOOK_ANSWERS = {"session_start_output", "stop_output", "post_tool_use_output", "runs_waiter", "user_prompt_output"}  # Host's defaults: the form both hosts document
 HOST_METHODS = sorted(
     name for name, value in vars(Host).items()
     if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS
@@ -63,6 +63,14 @@ def test_hook_outputs_are_the_documented_shapes(host):
     assert host.post_tool_use_output("mail") == {
         "hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": "mail"}
     }
+    assert host.user_prompt_output("asked") == {
+        "hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": "asked"}
+    }
+
+
+def test_only_a_person_types_claude_codes_prompts_outside_p():
+    assert claude.HOST.owner_types({"CLAUDE_CODE_ENTRYPOINT": "cli"}) is True
+    assert claude.HOST.owner_types({"CLAUDE_CODE_ENTRYPOINT": "sdk-cli"}) is False
 
 
 def transcript(tmp_path, *entries: object, junk: bytes = b"") -> str:

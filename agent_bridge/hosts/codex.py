@@ -96,6 +96,12 @@ class Codex(Host):
         `codex exec` the waiter ends with the exec run (its host), having nothing to wake."""
         return env.get(WAKE_ENV) == "1" and codex_program() is not None and bool(hook.session_id)
 
+    def owner_types(self, env: Any) -> bool:
+        """Nothing a Codex 0.171 hook sees tells `codex exec` from its TUI (both run the hooks with
+        the same input): yes. A `codex exec` started with `--job` has a job record, which the
+        UserPromptSubmit hook checks besides."""
+        return True
+
     def prompt_queued(self, hook: HookInput) -> bool:
         """Not known for Codex: nothing it shows a Stop hook was seen to say so (0.171.0). A prompt
         typed during a turn there runs as the next turn, marked busy by its UserPromptSubmit hook
