@@ -63,7 +63,7 @@ def open_session(env: dict[str, str], index: int) -> subprocess.Popen[bytes]:
     proc.stdin.write(INITIALIZED + request(1, "tools/list"))
     proc.stdin.flush()
     tools = answer(proc, 1)["result"]["tools"]
-    assert len(tools) == 6, tools
+    assert len(tools) == 7, tools
     return proc
 
 

@@ -362,6 +362,8 @@ PLAUSIBLE = {
     "reply_to": st.text(max_size=40),
     "wait_seconds": st.sampled_from([0, 0.05]),
     "peek": st.booleans(),
+    "question": st.text(min_size=1, max_size=60),
+    "options": st.lists(st.text(min_size=1, max_size=20), max_size=4),
 }
 
 
