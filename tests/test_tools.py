@@ -67,6 +67,15 @@ def test_every_schema_names_its_arguments_types_and_limits():
     assert tools.TOOLS["send"].schema["properties"]["text"]["maxLength"] == 16_000
     wait = tools.TOOLS["inbox"].schema["properties"]["wait_seconds"]
     assert (wait["minimum"], wait["maximum"]) == (0, mcp_host.INBOX_WAIT_MAX)
+    ask, decide = tools.TOOLS["ask_owner"].schema["properties"], tools.TOOLS["decide"].schema["properties"]
+    assert ask["question"]["maxLength"] == 1000  # SPEC §4.6
+    assert (ask["options"]["maxItems"], ask["options"]["items"]) == (10, {"type": "string", "maxLength": 200})
+    assert (ask["topic"], ask["scope"]) == (decide["topic"], decide["scope"])
+
+
+def test_ask_owner_says_to_look_at_decisions_and_ask_only_what_the_owner_must_decide():
+    description = tools.TOOLS["ask_owner"].description
+    assert "`decisions` first" in description and "only what they must decide" in description
 
 
 def test_the_docs_list_the_table():
