@@ -65,15 +65,17 @@ def key(rid: Any) -> str:
 
 
 class Entry:
-    __slots__ = ("message", "known", "state", "by", "due", "repeat")
+    __slots__ = ("mid", "message", "known", "state", "by", "due", "repeat", "order")
 
     def __init__(self, message: dict[str, Any], known: bool = True) -> None:
+        self.mid = str(message["id"])
         self.message = message
         self.known = known  # False: only its id is known here (the relay wrote what the broker sent)
         self.state = QUEUED
         self.by: str | None = None
         self.due = 0.0
         self.repeat = bool(message.get("repeat"))  # offered before (elsewhere) without a confirmed acknowledgement
+        self.order = 0  # its place in the queue (Showing._place)
 
     def shown(self) -> dict[str, Any]:
         """The message as it is offered now."""
@@ -81,13 +83,21 @@ class Entry:
 
 
 class Showing:
-    """The states of one session's messages in one process (see the module's docstring)."""
+    """The states of one session's messages in one process (see the module's docstring).
+
+    Every message not acknowledged has one Entry, indexed by its state and by the answer that
+    shows it, so that each event and query touches only the entries it concerns: a busy
+    session's answers settling for their grace period are many, and none of them is looked at
+    by the next `inbox`. Queue order is each entry's `order` (arrival, or the front for one
+    offered again). The acknowledged ones are kept only as ids (ACKED), forgotten oldest first
+    past ACKED_MEMORY."""
 
     def __init__(self) -> None:
-        # Every message not acknowledged, in queue order (oldest first); the acknowledged ones
-        # only as ids (ACKED), forgotten oldest first past ACKED_MEMORY: every pass over
-        # `entries` stays as short as what is in flight.
-        self.entries: OrderedDict[str, Entry] = OrderedDict()
+        self.entries: dict[str, Entry] = {}
+        self._in: dict[str, dict[str, Entry]] = {state: {} for state in (QUEUED, *UNWRITTEN, *UNCONFIRMED)}
+        self._of: dict[str, dict[str, Entry]] = {}  # by -> its entries
+        self._back = 0  # the last arrival's order
+        self._front = 0  # the order of the last entry put first in line
         self.acked: OrderedDict[str, None] = OrderedDict()
         self.cancelled: OrderedDict[str, None] = OrderedDict()
 
@@ -101,35 +111,34 @@ class Showing:
 
     def queued(self, limit: int | None = None) -> list[dict[str, Any]]:
         """What an answer may show now, oldest first, repeats marked."""
-        out = []
-        for entry in self.entries.values():
-            if entry.state == QUEUED:
-                out.append(entry.shown())
-                if limit is not None and len(out) >= limit:
-                    break
-        return out
+        waiting = self._in[QUEUED]
+        if not waiting:
+            return []
+        ordered = sorted(waiting.values(), key=_order)
+        return [e.shown() for e in (ordered if limit is None else ordered[:limit])]
 
     def has_queued(self) -> bool:
-        return any(e.state == QUEUED for e in self.entries.values())
+        return bool(self._in[QUEUED])
 
     def busy(self) -> set[str]:
         """Being shown or acknowledged here now: not for another path to show."""
-        return {mid for mid, e in self.entries.items() if e.state != QUEUED}
+        return {mid for state, entries in self._in.items() if state != QUEUED for mid in entries}
 
     def unconfirmed(self) -> tuple[list[str], list[str]]:
         """(offered and maybe shown, written and not confirmed): the ledger's content. An answer
         on its way may have been written, and one the host cancelled after it was written may
         have been read: both count as offered, so they come back as repeats."""
-        offered = [m for m, e in self.entries.items() if e.state in UNWRITTEN or (e.state == QUEUED and e.repeat)]
-        acked = [m for m, e in self.entries.items() if e.state in UNCONFIRMED]
-        return offered, acked
+        maybe = [*self._in[OFFERED].values(), *self._in[ON_ITS_WAY].values(),
+                 *(e for e in self._in[QUEUED].values() if e.repeat)]
+        written = [e for state in UNCONFIRMED for e in self._in[state].values()]
+        return [e.mid for e in sorted(maybe, key=_order)], [e.mid for e in sorted(written, key=_order)]
 
     def due(self) -> list[str]:
         """Written, acknowledgement due, not handed to a recorder yet."""
-        return [m for m, e in self.entries.items() if e.state == WRITTEN]
+        return [e.mid for e in sorted(self._in[WRITTEN].values(), key=_order)]
 
     def settling_due(self) -> float | None:
-        return min((e.due for e in self.entries.values() if e.state == SETTLING), default=None)
+        return min((e.due for e in self._in[SETTLING].values()), default=None)
 
     # --- events ---------------------------------------------------------------------
 
@@ -140,12 +149,13 @@ class Showing:
         if mid in self.acked:
             if reack:
                 del self.acked[mid]
-                again = self.entries[mid] = Entry(message)
-                again.state, again.repeat = WRITTEN, True
+                again = self._new(message)
+                again.repeat = True
+                self._put(again, WRITTEN)
             return False
         entry = self.entries.get(mid)
         if entry is None:
-            self.entries[mid] = Entry(message)
+            self._new(message)
             return True
         if not entry.known:
             entry.message, entry.known = message, True
@@ -159,10 +169,10 @@ class Showing:
         self.acked.pop(mid, None)
         entry = self.entries.get(mid)
         if entry is None:
-            entry = self.entries[mid] = Entry(message)
-        entry.message, entry.known = message, True
-        entry.state, entry.by, entry.repeat = QUEUED, None, True
-        self.entries.move_to_end(mid, last=False)
+            entry = self._new(message)
+        entry.message, entry.known, entry.repeat = message, True, True
+        self._put(entry, QUEUED)
+        self._first([entry])
 
     def offer(self, by: str, ids: list[str]) -> list[dict[str, Any]]:
         """An answer for `by` will show these queued messages: returned as shown, repeats marked.
@@ -175,12 +185,12 @@ class Showing:
             if entry is None or entry.state != QUEUED:
                 continue
             out.append(entry.shown())
-            entry.state, entry.by = OFFERED, by
+            self._put(entry, OFFERED, by)
         return out
 
     def on_its_way(self, by: str) -> None:
         for entry in self._by(by, (OFFERED,)):
-            entry.state = ON_ITS_WAY
+            self._put(entry, ON_ITS_WAY, by)
 
     def written(self, by: str, ids: list[str], now: float, grace: float = 0.0) -> list[str]:
         """The answer for `by` showing `ids` is in the host's pipe. With a `grace`, a cancel may
@@ -191,7 +201,12 @@ class Showing:
             if entry is None or entry.state not in UNWRITTEN or entry.by != by:
                 continue
             entry.repeat = True  # written once: if it is ever offered again, maybe seen
-            entry.state, entry.due = (SETTLING, now + grace) if grace > 0 else (WRITTEN, now)
+            if grace > 0:
+                entry.due = now + grace
+                self._put(entry, SETTLING, by)
+            else:
+                entry.due = now
+                self._put(entry, WRITTEN, by)
             done.append(mid)
         return done
 
@@ -203,15 +218,16 @@ class Showing:
                 continue
             entry = self.entries.get(mid)
             if entry is None:
-                entry = self.entries[mid] = Entry({"id": mid}, known=False)
-            entry.state, entry.by, entry.repeat = RECORDING if reported else WRITTEN, by, True
+                entry = self._new({"id": mid}, known=False)
+            entry.repeat = True
+            self._put(entry, RECORDING if reported else WRITTEN, by)
 
     def reported(self, ids: list[str]) -> None:
         """Written ones handed to the recorder (the relay's hand-over to a new broker)."""
         for mid in ids:
             entry = self.entries.get(mid)
             if entry is not None and entry.state == WRITTEN:
-                entry.state = RECORDING
+                self._put(entry, RECORDING, entry.by)
 
     def cancel(self, by: str) -> tuple[list[str], list[dict[str, Any]]]:
         """The host cancelled request `by`. Returns (withdrawn: offered but never written, now
@@ -224,18 +240,17 @@ class Showing:
             while len(self.cancelled) > CANCELLED_MEMORY:
                 self.cancelled.popitem(last=False)
         for entry in found:
-            mid = str(entry.message["id"])
             if entry.state == OFFERED:
-                withdrawn.append(mid)
-                entry.state, entry.by = QUEUED, None
+                withdrawn.append(entry.mid)
+                self._put(entry, QUEUED)
                 continue
-            entry.state, entry.by, entry.repeat = QUEUED, None, True
+            entry.repeat = True
+            self._put(entry, QUEUED)
             again.append(entry)
         for entry in [e for e in again if not e.known]:  # the broker offers it again, whole
-            del self.entries[str(entry.message["id"])]
+            self._drop(entry)
         again = [e for e in again if e.known]
-        for entry in reversed(again):
-            self.entries.move_to_end(str(entry.message["id"]), last=False)
+        self._first(again)
         return withdrawn, [e.shown() for e in again]
 
     def withdraw(self, by: str) -> list[str]:
@@ -243,15 +258,14 @@ class Showing:
         what it offered is queued again as it was."""
         out = []
         for entry in self._by(by, UNWRITTEN):
-            entry.state, entry.by = QUEUED, None
-            out.append(str(entry.message["id"]))
+            self._put(entry, QUEUED)
+            out.append(entry.mid)
         return out
 
     def tick(self, now: float) -> None:
         """Settled answers (grace over by `now`) come due."""
-        for entry in self.entries.values():
-            if entry.state == SETTLING and entry.due <= now:
-                entry.state = WRITTEN
+        for entry in [e for e in self._in[SETTLING].values() if e.due <= now]:
+            self._put(entry, WRITTEN, entry.by)
 
     def eof(self) -> None:
         """The host closed its input: no cancel can follow; every settling answer is due."""
@@ -260,12 +274,10 @@ class Showing:
     def take_acks(self, now: float) -> list[str]:
         """The acknowledgements due by `now`, handed to the recorder (RECORDING)."""
         self.tick(now)
-        out = []
-        for mid, entry in self.entries.items():
-            if entry.state == WRITTEN:
-                entry.state = RECORDING
-                out.append(mid)
-        return out
+        out = sorted(self._in[WRITTEN].values(), key=_order)
+        for entry in out:
+            self._put(entry, RECORDING, entry.by)
+        return [e.mid for e in out]
 
     def recorded(self, ids: list[str]) -> None:
         """The recorder confirmed these acknowledgements."""
@@ -280,13 +292,12 @@ class Showing:
         for mid in ids:
             entry = self.entries.get(mid)
             if entry is not None and entry.state == RECORDING:
-                entry.state = WRITTEN
+                self._put(entry, WRITTEN, entry.by)
 
     def lost(self) -> None:
         """The recorder went away: what it did not confirm is due again (for the next one)."""
-        for entry in self.entries.values():
-            if entry.state == RECORDING:
-                entry.state = WRITTEN
+        for entry in list(self._in[RECORDING].values()):
+            self._put(entry, WRITTEN, entry.by)
 
     def elsewhere(self, ids: list[str]) -> None:
         """Acknowledged through another path (a Stop hook, a ledger): done here too."""
@@ -314,8 +325,8 @@ class Showing:
                 before.append(mid)
                 continue
             if entry is None:
-                entry = self.entries[mid] = Entry({"id": mid}, known=False)
-            entry.state, entry.by = ON_ITS_WAY, CLIENT
+                entry = self._new({"id": mid}, known=False)
+            self._put(entry, ON_ITS_WAY, CLIENT)
         return before
 
     def client_withdraws(self, ids: list[str]) -> None:
@@ -324,24 +335,64 @@ class Showing:
             entry = self.entries.get(mid)
             if entry is not None and entry.by == CLIENT and entry.state in UNWRITTEN:
                 if entry.known:
-                    entry.state, entry.by = QUEUED, None
+                    self._put(entry, QUEUED)
                 else:
-                    del self.entries[mid]
+                    self._drop(entry)
 
     def forget_queued(self) -> None:
         """A new broker pushes what is still unacknowledged: drop the queued copies."""
-        for mid in [m for m, e in self.entries.items() if e.state == QUEUED]:
-            del self.entries[mid]
+        for entry in list(self._in[QUEUED].values()):
+            self._drop(entry)
 
     # --- inside ---------------------------------------------------------------------
 
+    def _new(self, message: dict[str, Any], known: bool = True) -> Entry:
+        """A new entry, last in line, queued."""
+        entry = Entry(message, known)
+        self._back += 1
+        entry.order = self._back
+        self.entries[entry.mid] = entry
+        self._in[QUEUED][entry.mid] = entry
+        return entry
+
+    def _put(self, entry: Entry, state: str, by: str | None = None) -> None:
+        """Move `entry` to `state`, shown by `by` (None when queued): every index follows."""
+        self._in[entry.state].pop(entry.mid, None)
+        if entry.by is not None:
+            shown_by = self._of.get(entry.by)
+            if shown_by is not None:
+                shown_by.pop(entry.mid, None)
+                if not shown_by:
+                    del self._of[entry.by]
+        entry.state, entry.by = state, by
+        self._in[state][entry.mid] = entry
+        if by is not None:
+            self._of.setdefault(by, {})[entry.mid] = entry
+
+    def _first(self, entries: list[Entry]) -> None:
+        """Put these first in line, in the order given."""
+        for entry in reversed(entries):
+            self._front -= 1
+            entry.order = self._front
+
+    def _drop(self, entry: Entry) -> None:
+        self._put(entry, QUEUED)
+        del self._in[QUEUED][entry.mid]
+        del self.entries[entry.mid]
+
     def _by(self, by: str, states: tuple[str, ...]) -> list[Entry]:
-        return [e for e in self.entries.values() if e.by == by and e.state in states]
+        return sorted((e for e in self._of.get(by, {}).values() if e.state in states), key=_order)
 
     def _ack(self, mid: str) -> None:
-        self.entries.pop(mid, None)
+        entry = self.entries.get(mid)
+        if entry is not None:
+            self._drop(entry)
         self.acked[mid] = None
 
     def _forget_acked(self) -> None:
         while len(self.acked) > ACKED_MEMORY:
             self.acked.popitem(last=False)
+
+
+def _order(entry: Entry) -> int:
+    return entry.order
