@@ -30,7 +30,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 
 from agent_bridge.core import showing
-from agent_bridge.ipc import protocol
+from agent_bridge.ipc.frames import line_frames, push_frame
 
 WATCH_MAX = 256  # responses awaited at once; a cancelled request's watch is dropped eventually
 
@@ -70,22 +70,6 @@ def check() -> None:
 
 def _key(rid: object) -> str:
     return showing.key(rid)  # "7" and 7 are one request, as the SDK correlates them
-
-
-LINE_PART = 200_000  # characters of a line per frame: at most 800 KB of UTF-8, under MAX_FRAME
-
-
-def line_frames(kind: str, line: str, **fields: Any) -> list[dict[str, Any]]:
-    """One line as frames of the relay protocol (ipc.protocol): a line longer than a frame
-    takes, in parts, each but the last marked `"more": true`."""
-    if len(line) <= LINE_PART:
-        return [{"v": protocol.PROTOCOL_VERSION, kind: "line", "line": line, **fields}]
-    parts = [line[i:i + LINE_PART] for i in range(0, len(line), LINE_PART)]
-    frames: list[dict[str, Any]] = [
-        {"v": protocol.PROTOCOL_VERSION, kind: "line", "line": part, "more": True} for part in parts[:-1]
-    ]
-    frames.append({"v": protocol.PROTOCOL_VERSION, kind: "line", "line": parts[-1], **fields})
-    return frames
 
 
 class RelayPipe:
@@ -174,14 +158,12 @@ class RelayPipe:
         await self._send(line, ids or [], written)
 
     async def _send(self, line: str, ids: list[str], written: Callable[[], None] | None) -> int | None:
-        fields: dict[str, Any] = {}
         seq = None
         if written is not None:
             seq = next(self._seq)
             self._sent[seq] = written
-            fields = {"seq": seq, "ids": ids}
         try:
-            await self._conn.send_many(line_frames("push", line, **fields))
+            await self._conn.send_many([push_frame(frame) for frame in line_frames(line, seq, ids)])
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if seq is not None:
                 self._sent.pop(seq, None)

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,22 @@ from agent_bridge import domain, hosts, jsonlimit, ledger, paths, procinfo, tool
 from agent_bridge.core import showing
 from agent_bridge.core.showing import Showing
 from agent_bridge.ipc import blocking, peercred, protocol
+from agent_bridge.ipc.frames import (
+    EOF,
+    PING,
+    Acked,
+    Held,
+    Identity,
+    Line,
+    LineParts,
+    Offered,
+    RelayFrame,
+    Written,
+    line_frames,
+    read_push,
+    relay_frame,
+)
+from agent_bridge.ipc.protocol import Refused
 
 log = logging.getLogger("agent_bridge.mcp")
 
@@ -61,7 +77,6 @@ ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledg
 # stops reading at "eof", and an answer it has not written by then is never written).
 ANSWERS_AT_EXIT = 5.0
 READ_CHUNK = 1 << 16
-LINE_PART = 200_000  # characters of a host line per frame: at most 800 KB of UTF-8, under MAX_FRAME
 SIGNAL_WAIT = 0.5  # seconds a signal's handler waits for another thread before it writes the ledger
 UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
@@ -128,10 +143,6 @@ def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] 
     )
 
 
-class Refused(Exception):
-    """The broker will not take this session now (another connection holds its host session id)."""
-
-
 class BadHello(Exception):
     """The broker refused this session's hello as bad input (say, --name): fix it, do not retry."""
 
@@ -157,9 +168,13 @@ class Link:
         self._send_lock = threading.Lock()
         self._decoder = protocol.FrameDecoder()
         self._ready: list[dict[str, Any]] = []
+        self.parts = LineParts()  # a broker's line that comes in parts
 
-    def send(self, frames: list[dict[str, Any]]) -> None:
-        data = b"".join(protocol.encode(f) for f in frames)
+    def send(self, frames: Sequence[RelayFrame]) -> None:
+        self.send_json([relay_frame(f) for f in frames])
+
+    def send_json(self, objs: list[dict[str, Any]]) -> None:
+        data = b"".join(protocol.encode(obj) for obj in objs)
         with self._send_lock:
             self.sock.sendall(data)
 
@@ -179,20 +194,10 @@ class Link:
             pass
 
 
-def frame(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"v": protocol.PROTOCOL_VERSION, "relay": kind, **fields}
-
-
 def cancelled_key(message: dict[str, Any]) -> str:
     """The request a host's `notifications/cancelled` names (showing.key: the key of its answer)."""
     params = message.get("params")
     return showing.key(params.get("requestId") if isinstance(params, dict) else None)
-
-
-def line_frames(line: str) -> list[dict[str, Any]]:
-    """A host line as relay frames: a line longer than a frame takes goes in parts."""
-    parts = [line[i:i + LINE_PART] for i in range(0, len(line), LINE_PART)] or [""]
-    return [frame("line", line=part, more=True) for part in parts[:-1]] + [frame("line", line=parts[-1])]
 
 
 @dataclass
@@ -412,11 +417,11 @@ class Relay:
                     self.send(self.link, self.hand_over_acks())
         return True
 
-    def hand_over_acks(self) -> list[dict[str, Any]]:
+    def hand_over_acks(self) -> list[RelayFrame]:
         """Called under `cond` with a link up: the acknowledgements kept while no broker
         answered, as "acked" frames; they wait for its confirmation like written ones."""
         due = self.showing.take_acks(time.monotonic())
-        return [frame("acked", ids=due[i:i + ledger.IDS_MAX]) for i in range(0, len(due), ledger.IDS_MAX)]
+        return [Acked(due[i:i + ledger.IDS_MAX]) for i in range(0, len(due), ledger.IDS_MAX)]
 
     def unreachable(self) -> str:
         """Why a tool call gets no broker (today's reason, as the tool error the agent reads)."""
@@ -458,7 +463,7 @@ class Relay:
             else:
                 self.answer(request.rid, error={"code": INTERNAL_ERROR, "message": reason})
 
-    def send(self, link: Link, frames: list[dict[str, Any]]) -> None:
+    def send(self, link: Link, frames: Sequence[RelayFrame]) -> None:
         """Frames to the broker; a broken connection is the reading thread's to handle."""
         try:
             link.send(frames)
@@ -574,7 +579,7 @@ class Relay:
         sock = blocking.connect(socket_path, HELLO_TIMEOUT)
         link = Link(sock)
         try:
-            link.send([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked, offered=offered)])
+            link.send_json([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked, offered=offered)])
             while True:
                 answer = link.receive()
                 if answer is None:
@@ -608,7 +613,7 @@ class Relay:
             self.cond.notify_all()
         return link
 
-    def replay_frames(self, acked: list[str], offered: list[str]) -> list[dict[str, Any]]:
+    def replay_frames(self, acked: list[str], offered: list[str]) -> list[RelayFrame]:
         """What a new broker needs before the host's next line (its hello carried `acked` and
         `offered`, which it recorded before it answered): the rest of the acknowledgements and
         offers kept while none answered, the host's `initialize`, `notifications/initialized`
@@ -618,7 +623,7 @@ class Relay:
         self.showing.recorded(acked)
         carried = set(offered)
         rest = [mid for mid in self.showing.unconfirmed()[0] if mid not in carried]
-        frames = [frame("offered", ids=rest[i:i + ledger.IDS_MAX]) for i in range(0, len(rest), ledger.IDS_MAX)]
+        frames: list[RelayFrame] = [Offered(rest[i:i + ledger.IDS_MAX]) for i in range(0, len(rest), ledger.IDS_MAX)]
         frames += self.hand_over_acks()
         self.save_ledger()  # what is left unconfirmed, if a ledger file is kept
         self.showing.forget_queued()  # the new broker pushes what is still unacknowledged
@@ -634,7 +639,7 @@ class Relay:
         self.waiting = []
         return frames
 
-    def replayed(self, method: str, params: Any) -> list[dict[str, Any]]:
+    def replayed(self, method: str, params: Any) -> list[Line]:
         self.replays += 1
         rid = REPLAY_ID.format(self.replays)
         self.swallow.add(showing.key(rid))
@@ -645,52 +650,53 @@ class Relay:
 
     def serve_link(self, link: Link) -> None:
         """Write the broker's lines to the host until the connection ends; then settle what
-        was in flight on it."""
-        parts: list[str] = []
+        was in flight on it. Each push (ipc.frames.read_push) goes to its handler
+        (PUSH_HANDLERS); one this relay has no use for is skipped."""
         try:
             while True:
                 try:
                     incoming = link.receive()
                 except TimeoutError:
-                    self.send(link, [frame("ping")])
+                    self.send(link, [PING])
                     continue
                 if incoming is None:
                     break
-                if incoming.get("push") == "identity" and isinstance(incoming.get("session"), dict):
-                    sid = incoming["session"].get("id")
-                    if isinstance(sid, str):
-                        self.session_id = sid
-                    continue
-                if incoming.get("push") == "held" and isinstance(incoming.get("message"), dict):
-                    with self.cond:
-                        message = incoming["message"]
-                        if "id" not in message:
-                            continue
-                        if incoming.get("again"):  # its result was cancelled: not shown, first in line
-                            self.showing.again(message)
-                        else:
-                            self.showing.arrive(message, reack=False)
-                    continue
-                if incoming.get("push") == "acked" and isinstance(incoming.get("ids"), list):
-                    with self.cond:  # recorded by the broker (here or by a Stop hook)
-                        self.showing.elsewhere([str(mid) for mid in incoming["ids"]])
-                        if self.ledger_peer is not None:
-                            self.save_ledger()
-                    continue
-                if incoming.get("push") != "line" or not isinstance(incoming.get("line"), str):
-                    continue
-                parts.append(incoming["line"])
-                if incoming.get("more"):
-                    continue
-                line, parts = "".join(parts), []
-                self.to_host(link, line, incoming)
+                push = read_push(incoming)
+                handler = PUSH_HANDLERS.get(type(push))
+                if handler is not None:
+                    handler(self, link, push)
         except (OSError, protocol.ProtocolError) as exc:
             log.info("broker connection lost: %s", exc)
         finally:
             link.close()
             self.lost(link)
 
-    def to_host(self, link: Link, line: str, incoming: dict[str, Any]) -> None:
+    def on_identity(self, link: Link, push: Identity) -> None:
+        sid = push.session.get("id")
+        if isinstance(sid, str):
+            self.session_id = sid
+
+    def on_held(self, link: Link, push: Held) -> None:
+        with self.cond:
+            if "id" not in push.message:
+                return
+            if push.again:  # its result was cancelled: not shown, first in line
+                self.showing.again(push.message)
+            else:
+                self.showing.arrive(push.message, reack=False)
+
+    def on_acked(self, link: Link, push: Acked) -> None:
+        with self.cond:  # recorded by the broker (here or by a Stop hook)
+            self.showing.elsewhere(push.ids)
+            if self.ledger_peer is not None:
+                self.save_ledger()
+
+    def on_line(self, link: Link, push: Line) -> None:
+        line = link.parts.add(push)
+        if line is not None:
+            self.to_host(link, line, push)
+
+    def to_host(self, link: Link, line: str, incoming: Line) -> None:
         key = self.answer_key(line)
         with self.cond:
             if key is not None and key in self.swallow:
@@ -709,18 +715,17 @@ class Relay:
                     self.answering -= 1
                     self.cond.notify_all()
 
-    def write_host_line(self, link: Link, line: str, incoming: dict[str, Any], key: str | None) -> None:
-        seq, ids = incoming.get("seq"), incoming.get("ids")
-        if not isinstance(seq, int):
+    def write_host_line(self, link: Link, line: str, incoming: Line, key: str | None) -> None:
+        seq = incoming.seq
+        if seq is None:
             self.write_out(line)
             return
         with self.reporting:
             self.write_out(line)
-            shown = [i for i in ids or [] if isinstance(i, str)]
             with self.cond:  # reported below; until the broker confirms it recorded them
-                self.showing.shown_directly(key, shown, reported=True)
+                self.showing.shown_directly(key, list(incoming.ids), reported=True)
             try:
-                link.send([frame("written", seq=seq)])
+                link.send([Written(seq)])
             except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
                 pass
 
@@ -842,10 +847,19 @@ class Relay:
             return
         if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first
             self.reporting.release()
-        self.send(link, [frame("eof")])
+        self.send(link, [EOF])
         with self.cond:
             if not self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT):
                 self.keep_written()  # no answer in time: a broker that reads the ledger records them
+
+
+# What the relay does with each push it uses (Relay.serve_link).
+PUSH_HANDLERS: dict[type, Callable[[Relay, Link, Any], None]] = {
+    Identity: Relay.on_identity,
+    Held: Relay.on_held,
+    Acked: Relay.on_acked,
+    Line: Relay.on_line,
+}
 
 
 LEAVING_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # hosts end their MCP servers with these

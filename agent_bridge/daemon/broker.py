@@ -28,6 +28,7 @@ from agent_bridge.daemon.sessions import Link, Session
 from agent_bridge.daemon.storage import StoreCalls, StoreRunner
 from agent_bridge.domain import CLI_AGENT, InputError, SessionView
 from agent_bridge.ipc import protocol
+from agent_bridge.ipc.frames import Acked, Offered
 from agent_bridge.rows import Decision, Message, Peer
 from agent_bridge.store.decisions import Recipient, host_key
 from agent_bridge.store.ids import now_ms
@@ -403,7 +404,7 @@ class Broker:
                 holder = self.sessions.get(peer_id)
                 if holder is not None:
                     for i in range(0, len(record.acked), ledger.IDS_MAX):
-                        holder.notify(protocol.push("acked", ids=record.acked[i:i + ledger.IDS_MAX]))
+                        holder.notify(Acked(record.acked[i:i + ledger.IDS_MAX]))
             log.info("applied %d offer(s) and %d acknowledgement(s) left for %s in %s",
                      len(record.offered), len(record.acked), peer_id, record.path.name)
             record.path.unlink(missing_ok=True)
@@ -546,7 +547,7 @@ class Broker:
             active = [m._replace(repeat=True) if m.id in before else m for m in active]
             holder = self.sessions.get(peer_id)
             if holder is not None:  # its MCP server marks its copies: shown again, they are repeats
-                holder.notify(protocol.push("offered", ids=ids))
+                holder.notify(Offered(ids))
         return {"session": result.get("session"), "sessionId": peer_id, "messages": [m.to_json() for m in active]}
 
     async def _active_unacked(self, peer_id: str) -> list[Message]:
@@ -604,7 +605,7 @@ class Broker:
         acked = await self.db.ack(peer_id, ids, now_ms(), fault=self.fault)
         holder = self.sessions.get(peer_id)
         if holder is not None and ids:
-            holder.notify(protocol.push("acked", ids=ids))
+            holder.notify(Acked(ids))
         return {"acked": acked}
 
     async def _stop_peer(self, hsid: str) -> str | None:

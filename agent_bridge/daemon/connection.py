@@ -4,6 +4,7 @@ path, tests): its requests, answered in order, beside its delivery task."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -21,6 +22,7 @@ from agent_bridge.daemon.serving import (
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
+from agent_bridge.ipc.frames import Delivery, Notice, push_frame
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Message
 
@@ -40,10 +42,10 @@ class WireLink:
         return self.conn.closed
 
     async def push_messages(self, messages: list[Message]) -> None:
-        await self.conn.send_many([protocol.push("message", message=m.to_json()) for m in messages])
+        await self.conn.send_many([push_frame(Delivery(m.to_json())) for m in messages])
 
-    async def push_notice(self, frame: dict[str, Any]) -> None:
-        await self.conn.send(frame)
+    async def push_notice(self, notice: Notice) -> None:
+        await self.conn.send(push_frame(notice))
 
     async def aclose(self) -> None:
         await self.conn.aclose()
@@ -60,7 +62,7 @@ async def serve_session(broker: Broker, conn: FramedStream, request_id: int, arg
         async with trio.open_nursery() as nursery:
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(_close_when_silent, session, conn)
-            await _receive_requests(broker, session, conn)
+            await Requests(broker, session, conn).serve()
             nursery.cancel_scope.cancel()
     except* (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client went away, maybe while its delivery task was pushing: a group, hence except*
@@ -110,39 +112,66 @@ async def _close_when_silent(session: Session, conn: FramedStream) -> None:
             return
 
 
-async def _receive_requests(broker: Broker, session: Session, conn: FramedStream) -> None:
-    held: list[dict[str, Any]] = []  # answers to offers, sent with the next answer
-    while True:
-        if held and conn.peek() is None:
-            await conn.send_many(held)
-            held.clear()
-        try:
-            frame = await conn.receive()
-            if frame is None:
+class Requests:
+    """A session connection's requests, carried out and answered in the order they came: each
+    op by its handler in BY_OP, any other by `answer_one`."""
+
+    def __init__(self, broker: Broker, session: Session, conn: FramedStream) -> None:
+        self.broker, self.session, self.conn = broker, session, conn
+        self.held: list[dict[str, Any]] = []  # answers to offers, sent with the next answer
+
+    async def serve(self) -> None:
+        conn = self.conn
+        while True:
+            if self.held and conn.peek() is None:
+                await self.flush()
+            try:
+                frame = await conn.receive()
+                if frame is None:
+                    return
+                request = protocol.parse_request(frame)
+            except protocol.ProtocolError as exc:  # answered here: raised, it would leave the nursery as a group
+                await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
                 return
-            request_id, op, args = protocol.parse_request(frame)
-        except protocol.ProtocolError as exc:  # answered here: raised, it would leave the nursery as a group
-            await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
+            except protocol.BadArguments as exc:  # this request only: the connection goes on
+                self.held.append(protocol.error(exc.request_id, "bad_request", str(exc)))
+                await self.flush()
+                continue
+            await BY_OP.get(request.op, Requests.answer_one)(self, request)
+
+    async def flush(self) -> None:
+        """The answers held back, in one write."""
+        if self.held:
+            await self.conn.send_many(self.held)
+            self.held.clear()
+
+    async def offer(self, request: protocol.Request) -> None:
+        """Answered from memory. With more already read behind it (an MCP server's ack), the
+        answer is held and leaves in one write with the answers held before the next one.
+        Answers stay in request order."""
+        if self.conn.peek() is None:
+            await self.answer_one(request)
             return
-        except protocol.BadArguments as exc:  # this request only: the connection goes on
-            await conn.send_many([*held, protocol.error(exc.request_id, "bad_request", str(exc))])
-            held.clear()
-            continue
-        if op == "offer" and conn.peek() is not None:
-            # Answered from memory; an MCP server's next request (its ack) is right behind:
-            # both answers leave in one write. Answers stay in request order.
-            held.append(await answer(broker, session, request_id, op, args))
-            continue
-        if held:
-            await conn.send_many(held)
-            held.clear()
-        if op not in protocol.SESSION_OPS:
-            await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on a session connection"))
-            continue
-        if op == "send":
-            await _answer_sends(broker, session, conn, [(request_id, args), *_more_sends(conn)])
-            continue
-        await conn.send(await answer(broker, session, request_id, op, args))
+        self.held.append(await answer(self.broker, self.session, *request))
+
+    async def send(self, request: protocol.Request) -> None:
+        """With the sends right behind it: one commit (_answer_sends)."""
+        await self.flush()
+        await _answer_sends(self.broker, self.session, self.conn, [(request.id, request.args), *_more_sends(self.conn)])
+
+    async def answer_one(self, request: protocol.Request) -> None:
+        await self.flush()
+        if request.op not in protocol.SESSION_OPS:
+            await self.conn.send(protocol.error(request.id, "bad_request", f"{request.op}: not available on a session connection"))
+            return
+        await self.conn.send(await answer(self.broker, self.session, *request))
+
+
+# The requests a session connection carries out otherwise than one at a time (Requests.serve).
+BY_OP: dict[str, Callable[[Requests, protocol.Request], Awaitable[None]]] = {
+    "offer": Requests.offer,
+    "send": Requests.send,
+}
 
 
 def _more_sends(conn: FramedStream) -> list[tuple[int, dict[str, Any]]]:

@@ -53,7 +53,8 @@ from agent_bridge.daemon.sessions import (
     Session,
 )
 from agent_bridge.domain import InputError
-from agent_bridge.ipc import protocol
+from agent_bridge.ipc import frames
+from agent_bridge.ipc.protocol import Refused
 from agent_bridge.rows import Peer
 from agent_bridge.store.ids import now_ms
 
@@ -72,11 +73,6 @@ SOURCE_NAMES = {
     RANK_EXPLICIT: "--host-session-id",
 }
 HELLO_ARGS = {"agent", "project", "kind", "name", "hostSessionId", "claudeSessionId", "host", "chain", "pid", "resume"}
-
-
-class Refused(Exception):
-    """A hello this broker will not serve now: another connection holds the host session id
-    with an equal or stronger claim. Not bad input: the MCP server backs off and tries later."""
 
 
 def hash_secret(secret: str) -> str:
@@ -384,7 +380,7 @@ class Identity:
         session.missed.clear()  # the catch-up below queues every current decision it has not had
         await self.catch_up(session)
         session.poke(replay=True)
-        session.notify(protocol.push("identity", session=session.public()))
+        session.notify(frames.Identity(session.public()))
         return True
 
     async def catch_up(self, session: Session) -> None:

@@ -20,7 +20,7 @@ import json
 import logging
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,6 +49,20 @@ from agent_bridge.daemon.serving import IDLE_TIMEOUT, STORAGE_ERRORS, attach_ses
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
+from agent_bridge.ipc.frames import (
+    Acked,
+    Eof,
+    Held,
+    Identity,
+    Line,
+    LineParts,
+    Notice,
+    Offered,
+    Ping,
+    Written,
+    push_frame,
+    read_relay,
+)
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.mcp_stdin import GuardedStdin
@@ -103,9 +117,9 @@ class SessionLink:
     def closed(self) -> bool:
         return self.relay.closed
 
-    async def push_notice(self, frame: dict[str, Any]) -> None:
+    async def push_notice(self, notice: Notice) -> None:
         if self.bridge is not None:
-            await self.bridge.on_notice(frame)
+            await self.bridge.on_notice(notice)
 
     async def push_messages(self, messages: list[Message]) -> None:
         """The delivery task's batch (empty when nothing is due): every message is in the
@@ -168,21 +182,24 @@ class Bridge:
         added = [m for m in messages if self.showing.arrive(m)]
         if added:
             self.queued_more()
-            await self.relay.send_many([protocol.push("held", message=m) for m in added])
+            await self.relay.send_many([push_frame(Held(m)) for m in added])
             for message in added:
                 await self._announce(message)
         if self.showing.due():  # a replay of one shown here: its acknowledgement was lost
             self.acks_due.set()
 
-    async def on_notice(self, frame: dict[str, Any]) -> None:
-        kind = frame.get("push")
-        if kind == "acked":
-            self.showing.elsewhere([i for i in frame.get("ids", []) if isinstance(i, str)])
-            await self.relay.send(frame)  # the relay holds them no longer
-        elif kind == "offered":  # the Stop hook is showing these: shown again here, they are repeats
-            self.showing.offered_elsewhere([i for i in frame.get("ids", []) if isinstance(i, str)])
-        elif kind == "identity" and isinstance(frame.get("session"), dict):
-            await self.relay.send(frame)  # the relay resumes (and keeps its ledger as) this session
+    async def on_notice(self, notice: Notice) -> None:
+        await NOTICE_HANDLERS[type(notice)](self, notice)
+
+    async def acked_elsewhere(self, notice: Acked) -> None:
+        self.showing.elsewhere(notice.ids)
+        await self.relay.send(push_frame(notice))  # the relay holds them no longer
+
+    async def offered_elsewhere(self, notice: Offered) -> None:
+        self.showing.offered_elsewhere(notice.ids)  # the Stop hook is showing these: shown again here, they are repeats
+
+    async def new_identity(self, notice: Identity) -> None:
+        await self.relay.send(push_frame(notice))  # the relay resumes (and keeps its ledger as) this session
 
     async def _announce(self, message: dict[str, Any]) -> None:
         """Tell the host a message arrived: a channel event for an active one to a host that
@@ -277,7 +294,7 @@ class Bridge:
             return
         self.queued_more()
         if again:
-            await self.relay.send_many([protocol.push("held", message=m, again=True) for m in again])
+            await self.relay.send_many([push_frame(Held(m, again=True)) for m in again])
 
     async def read_first(self) -> None:
         """Before written results come due, what the relay has sent already is read: a host
@@ -321,10 +338,18 @@ class Bridge:
             self.showing.recorded(acks)
         if not self.relay.closed:
             try:  # recorded: the relay need not hand them to a next broker
-                await self.relay.send(protocol.push("acked", ids=acks))
+                await self.relay.send(push_frame(Acked(acks)))
             except (trio.BrokenResourceError, trio.ClosedResourceError, protocol.ProtocolError):
                 pass
         return True
+
+
+# How a session's MCP side carries out a notice another request queued for it (Session.notify).
+NOTICE_HANDLERS: dict[type, Callable[[Bridge, Any], Awaitable[None]]] = {
+    Acked: Bridge.acked_elsewhere,
+    Offered: Bridge.offered_elsewhere,
+    Identity: Bridge.new_identity,
+}
 
 
 async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args: dict[str, Any]) -> None:
@@ -360,7 +385,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         async def read_relay(fast: FastCalls) -> None:
             nonlocal stdin_closed
             async with lines_in:
-                stdin_closed = await _read_relay(bridge, pipe, lines_in, fast)
+                stdin_closed = await RelayReader(bridge, pipe, lines_in, fast).run()
 
         async with trio.open_nursery() as nursery:
             fast = FastCalls(bridge, nursery, TOOL_BODIES, {name: tool.schema for name, tool in tools.TOOLS.items()})
@@ -390,62 +415,98 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         await broker.detach(session)
 
 
-async def _read_relay(  # noqa: C901  a ladder over relay frame kinds: typed frames with a dispatch table replace it (issue 24)
-    bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.MemorySendChannel[str], fast: FastCalls
-) -> bool:
-    """The relay's frames: host lines to the MCP server (or served by `fast`), "written"
-    reports to the pipe.
-    Returns True when the relay said its host closed stdin, False when the relay went away."""
-    conn = bridge.relay
-    parts: list[str] = []
-    while True:
-        try:
-            with trio.move_on_after(IDLE_TIMEOUT) as idle:
-                frame = await conn.receive()
-        except protocol.ProtocolError as exc:
-            await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
-            return False
-        if idle.cancelled_caught or frame is None:
-            return False
-        kind = frame.get("relay")
-        if kind is None:  # a request where the host's lines belong: answered, the session goes on
+class RelayReader:
+    """The relay's frames (ipc.frames.read_relay), each carried out by its handler
+    (RELAY_HANDLERS): host lines to the MCP server (or served by `fast`), "written" reports to
+    the pipe, what the relay showed or offered while no broker answered to the showing machine.
+    A handler returns None to go on reading, or how the reading ends."""
+
+    def __init__(self, bridge: Bridge, pipe: mcp_sdk.RelayPipe, lines: trio.MemorySendChannel[str],
+                 fast: FastCalls) -> None:
+        self.bridge, self.pipe, self.lines, self.fast = bridge, pipe, lines, fast
+        self.conn = bridge.relay
+        self.parts = LineParts()
+
+    async def run(self) -> bool:
+        """Until the relay says its host closed stdin (True) or goes away (False)."""
+        conn = self.conn
+        while True:
+            obj = None  # also when nothing came in for IDLE_TIMEOUT: a dead relay
             try:
-                request_id, op, _ = protocol.parse_request(frame)
-            except protocol.BadArguments as exc:
-                await conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
-                continue
+                with trio.move_on_after(IDLE_TIMEOUT):
+                    obj = await conn.receive()
+                if obj is None:
+                    return False
+                frame = read_relay(obj)
             except protocol.ProtocolError as exc:
                 await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
                 return False
-            await conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on an MCP relay connection"))
-            continue
-        if kind == "line" and isinstance(frame.get("line"), str):
-            parts.append(frame["line"])
-            if not frame.get("more"):
-                line = "".join(parts)
-                parts.clear()
-                if jsonlimit.too_deep(line):  # the relay answers these; a client speaking for one may not
-                    answer = invalid_request_line(jsonlimit.members(line) or {}, str(jsonlimit.TooDeep()))
-                    if answer is not None:
-                        await pipe.send_line(answer)
-                    continue
-                if '"notifications/cancelled"' in line:
-                    rid = cancelled_request(line)
-                    if rid is not None:
-                        await bridge.cancelled(rid)
-                if not fast.take(line):
-                    await lines.send(line)
-        elif kind == "written" and isinstance(frame.get("seq"), int):
-            pipe.written(frame["seq"])
-        elif kind == "acked" and isinstance(frame.get("ids"), list):  # the relay showed them itself
-            bridge.shown_by_relay([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
-        elif kind == "offered" and isinstance(frame.get("ids"), list):  # and offered these, maybe shown
-            await bridge.offered_by_relay([i for i in frame["ids"] if isinstance(i, str)][: ledger.IDS_MAX])
-        elif kind == "eof":
-            return True
-        elif kind != "ping":
-            await send_quietly(conn, protocol.error(None, "protocol", f"relay frame: unknown kind {kind!r}"))
+            if frame is None:
+                ended = await self.stray_request(obj)
+            else:
+                ended = await RELAY_HANDLERS[type(frame)](self, frame)
+            if ended is not None:
+                return ended
+
+    async def stray_request(self, obj: dict[str, Any]) -> bool | None:
+        """A request where the host's lines belong: answered, the session goes on."""
+        try:
+            request_id, op, _ = protocol.parse_request(obj)
+        except protocol.BadArguments as exc:
+            await self.conn.send(protocol.error(exc.request_id, "bad_request", str(exc)))
+            return None
+        except protocol.ProtocolError as exc:
+            await send_quietly(self.conn, protocol.error(None, "protocol", str(exc)))
             return False
+        await self.conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on an MCP relay connection"))
+        return None
+
+    async def on_line(self, frame: Line) -> bool | None:
+        line = self.parts.add(frame)
+        if line is None:
+            return None
+        if jsonlimit.too_deep(line):  # the relay answers these; a client speaking for one may not
+            answer = invalid_request_line(jsonlimit.members(line) or {}, str(jsonlimit.TooDeep()))
+            if answer is not None:
+                await self.pipe.send_line(answer)
+            return None
+        if '"notifications/cancelled"' in line:
+            rid = cancelled_request(line)
+            if rid is not None:
+                await self.bridge.cancelled(rid)
+        if not self.fast.take(line):
+            await self.lines.send(line)
+        return None
+
+    async def on_written(self, frame: Written) -> bool | None:
+        self.pipe.written(frame.seq)
+        return None
+
+    async def on_acked(self, frame: Acked) -> bool | None:
+        """The relay showed these itself while no broker answered."""
+        self.bridge.shown_by_relay(frame.ids[: ledger.IDS_MAX])
+        return None
+
+    async def on_offered(self, frame: Offered) -> bool | None:
+        """And offered these then: maybe shown."""
+        await self.bridge.offered_by_relay(frame.ids[: ledger.IDS_MAX])
+        return None
+
+    async def on_ping(self, frame: Ping) -> bool | None:
+        return None
+
+    async def on_eof(self, frame: Eof) -> bool | None:
+        return True
+
+
+RELAY_HANDLERS: dict[type, Callable[[RelayReader, Any], Awaitable[bool | None]]] = {
+    Line: RelayReader.on_line,
+    Written: RelayReader.on_written,
+    Acked: RelayReader.on_acked,
+    Offered: RelayReader.on_offered,
+    Ping: RelayReader.on_ping,
+    Eof: RelayReader.on_eof,
+}
 
 
 def invalid_request_line(message: dict[str, Any], problem: str) -> str | None:
@@ -636,7 +697,7 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
 
     async def on_cancelled(ctx: ServerRequestContext[Any], params: types.CancelledNotificationParams) -> None:
         if params.request_id is not None:
-            await bridge.cancelled(params.request_id)  # read first by _read_relay: a no-op then
+            await bridge.cancelled(params.request_id)  # read first by RelayReader: a no-op then
 
     async def no_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
         return types.ListPromptsResult(prompts=[])

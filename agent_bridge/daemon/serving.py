@@ -11,10 +11,10 @@ import apsw
 import trio
 
 from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.identity import Refused
 from agent_bridge.daemon.sessions import Link, Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
+from agent_bridge.ipc.protocol import Refused
 from agent_bridge.ipc.stream import FramedStream
 
 log = logging.getLogger("agent_bridge.connection")

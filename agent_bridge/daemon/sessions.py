@@ -10,6 +10,7 @@ import trio
 
 from agent_bridge.core.showing import Showing
 from agent_bridge.domain import SessionView
+from agent_bridge.ipc.frames import Identity, Notice
 from agent_bridge.rows import Message, Peer
 
 # How strongly a session's host session id is known (SPEC §3, strongest first).
@@ -32,8 +33,8 @@ class Link(Protocol):
     async def push_messages(self, messages: list[Message]) -> None:
         """The delivery task's batch, in order (empty when a read found nothing new)."""
 
-    async def push_notice(self, frame: dict[str, Any]) -> None:
-        """An "identity", "acked" or "offered" push (Session.notify)."""
+    async def push_notice(self, notice: Notice) -> None:
+        """An identity, "acked" or "offered" push (Session.notify)."""
 
     async def aclose(self) -> None: ...
 
@@ -49,7 +50,7 @@ class Session:
     # Pushes other than messages ("identity", "acked"), sent by the delivery task: a request
     # that produces one never waits on this session's socket. Bounded: one identity (the
     # latest) and one "acked" holding the ids acknowledged elsewhere since the last send.
-    notices: deque[dict[str, Any]] = field(default_factory=deque)
+    notices: deque[Notice] = field(default_factory=deque)
     # Identity without a host session id (daemon.identity): the resume secret handed out at
     # hello (kept only for that answer), the host instance (pid, start time) the connection
     # runs under, and whether it is still tentative: a new record with no host identity and
@@ -87,18 +88,18 @@ class Session:
         """The `whoami` object (SPEC §5)."""
         return self.peer.public()
 
-    def notify(self, frame: dict[str, Any]) -> None:
-        """Queue a push for the delivery task (coalesced per kind) and wake it."""
-        kind = frame.get("push")
-        for queued in self.notices:
-            if queued.get("push") == kind == "identity":
-                queued.update(frame)
-                break
-            if queued.get("push") == kind and kind in ("acked", "offered"):
-                queued["ids"] = [*queued["ids"], *(i for i in frame.get("ids", ()) if i not in queued["ids"])]
-                break
+    def notify(self, notice: Notice) -> None:
+        """Queue a push for the delivery task (coalesced per kind: the latest identity, one
+        "acked" and one "offered" holding every id since the last send) and wake it."""
+        for i, queued in enumerate(self.notices):
+            if type(queued) is not type(notice):
+                continue
+            if not isinstance(notice, Identity) and not isinstance(queued, Identity):
+                notice = notice._replace(ids=[*queued.ids, *(m for m in notice.ids if m not in queued.ids)])
+            self.notices[i] = notice
+            break
         else:
-            self.notices.append(frame)
+            self.notices.append(notice)
         self.wake.set()
 
     def poke(self, *, replay: bool = False) -> None:

@@ -23,7 +23,7 @@ the error code "refused" (try again later), not "bad_request" (fix the request).
 
 An `agent-bridge mcp` relay's first request is `mcp`, with hello's arguments and answer; the
 broker then serves the MCP session of the relay's host itself (daemon.mcp_host), and the
-connection carries the host's JSON-RPC lines, not requests:
+connection carries the host's JSON-RPC lines, not requests (ipc.frames has them as types):
 
 Relay -> broker:  {"v":1, "relay": "line", "line": "<one JSON-RPC line from the host>"}
                   {"v":1, "relay": "written", "seq": n}   (line n is in the host's pipe)
@@ -210,8 +210,16 @@ def unstorable_text(value: Any, where: str = "") -> str | None:
     return None
 
 
-def parse_request(obj: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
-    """Split a request into (id, op, arguments). Raises ProtocolError, or BadArguments for
+class Request(NamedTuple):
+    """A request as its handler takes it."""
+
+    id: int
+    op: str
+    args: dict[str, Any]  # its arguments: JSON, as the op's handler reads them
+
+
+def parse_request(obj: dict[str, Any]) -> Request:
+    """A request object as (id, op, arguments). Raises ProtocolError, or BadArguments for
     arguments holding text that cannot be stored."""
     request_id = obj.get("id")
     if not isinstance(request_id, int) or isinstance(request_id, bool) or not 0 <= request_id < 2**53:
@@ -225,7 +233,7 @@ def parse_request(obj: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
         raise BadArguments(
             request_id, f"{op}: {where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); text must be valid Unicode"
         )
-    return request_id, op, args
+    return Request(request_id, op, args)
 
 
 def request(request_id: int, op: str, **args: Any) -> dict[str, Any]:
@@ -242,6 +250,12 @@ def error(request_id: int | None, code: str, message: str) -> dict[str, Any]:
 
 def push(kind: str, **fields: Any) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "push": kind, **fields}
+
+
+class Refused(Exception):
+    """The broker will not take this session now: another connection holds its host session id
+    with an equal or stronger claim (daemon.identity). Answered with the error code "refused":
+    the client tries again later."""
 
 
 class RemoteError(Exception):
