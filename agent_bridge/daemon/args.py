@@ -1,10 +1,13 @@
-"""Checks of request arguments shared by the broker's handlers (each error names the argument)."""
+"""Checks of request arguments shared by the broker's handlers (each error names the argument),
+and the one session an address names."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from agent_bridge import display, ledger
 from agent_bridge.domain import InputError
+from agent_bridge.rows import Peer
 
 ADDRESS_MAX = 200
 
@@ -71,3 +74,32 @@ def parse_resume(raw: object) -> tuple[str, str] | None:
     if len(peer_id) > ADDRESS_MAX or len(secret) > ADDRESS_MAX:
         raise InputError(f"resume: id and secret have at most {ADDRESS_MAX} characters")
     return peer_id, secret
+
+
+SESSIONS_COMMAND = "`agent-bridge sessions`"
+CANDIDATES_SHOWN = 10  # sessions named in one ambiguity error
+
+
+def one_session(field: str, address: str, found: list[Peer], listing: str) -> Peer:
+    """The one session `address` names among `found` (its matches, most recently seen first): an
+    exact id wins; a name or host session id held by several gone sessions is refused with the
+    candidates, never guessed (a name is reused once its session is gone)."""
+    exact = [p for p in found if p.id == address]
+    if exact:
+        return exact[0]
+    if len(found) == 1:
+        return found[0]
+    shown = "; ".join(f"{p.id} ({p.agent}, {p.project}, last seen {display.when(p.last_seen_at)})"
+                      for p in found[:CANDIDATES_SHOWN])
+    more = f"; and {len(found) - CANDIDATES_SHOWN} more" if len(found) > CANDIDATES_SHOWN else ""
+    raise InputError(f"{field}: {address!r} names {len(found)} sessions that are not connected: "
+                     f"{shown}{more}; give the id of the one you mean (see {listing})")
+
+
+def message_ids(args: dict[str, Any]) -> list[str]:
+    ids = args.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= ADDRESS_MAX for i in ids):
+        raise InputError("ids: expected a list of message ids")
+    if len(ids) > ledger.IDS_MAX:
+        raise InputError(f"ids: at most {ledger.IDS_MAX} per request")
+    return ids

@@ -11,6 +11,7 @@ import trio
 
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.delivery import deliver
+from agent_bridge.daemon.ops_messages import op_offer, send_batch
 from agent_bridge.daemon.serving import (
     IDLE_TIMEOUT,
     STORAGE_ERRORS,
@@ -95,7 +96,7 @@ async def _take_last_offers(broker: Broker, session: Session, conn: FramedStream
                     return
                 _, op, args = protocol.parse_request(frame)
                 if op == "offer":
-                    await broker.op_offer(session, args)
+                    await op_offer(broker, session, args)
             except (protocol.ProtocolError, InputError, trio.BrokenResourceError, trio.ClosedResourceError):
                 return
 
@@ -194,7 +195,7 @@ async def _answer_sends(
     broker: Broker, session: Session, conn: FramedStream, sends: list[tuple[int, dict[str, Any]]]
 ) -> None:
     try:
-        results = await broker.send_batch(session, [args for _, args in sends])
+        results = await send_batch(broker, session, [args for _, args in sends])
     except STORAGE_ERRORS as exc:
         answers = [unavailable(request_id, "send", exc) for request_id, _ in sends]
     else:

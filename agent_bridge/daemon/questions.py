@@ -2,29 +2,29 @@
 `answer` as a control request (`agent-bridge answer`, the dashboard's owner action).
 
 An answer is a pinned decision recorded by the owner (`cli`) with the rules and fan-out of
-`decide` (daemon.broker: the same recipients, the same notices to sessions held back while
+`decide` (daemon.ops_decisions: the same recipients, the same notices to sessions held back while
 they identify), the question marked answered, and one active message to every asker, which
 wakes an idle asker where its host's reach allows: all in one transaction (store.questions).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_bridge import domain
 from agent_bridge.daemon.args import ADDRESS_MAX
 from agent_bridge.daemon.args import no_unknown as _no_unknown
+from agent_bridge.daemon.broker import Broker, control_op, session_op
+from agent_bridge.daemon.ops_decisions import decision_recipients, decision_recorded, unmatched_addresses
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.peers import CLI_AUTHOR
 
-if TYPE_CHECKING:
-    from agent_bridge.daemon.broker import Broker
-
 QUESTIONS_COMMAND = "`agent-bridge questions`"
 
 
+@session_op("ask_owner")
 async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
     """Record a question for the owner, join the open one it repeats, or answer with the
     current decision on its topic (then nothing is recorded)."""
@@ -43,6 +43,7 @@ async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> A
             "current": None if current is None else current.to_json()}
 
 
+@control_op("answer")
 async def answer(broker: Broker, args: dict[str, Any]) -> Any:
     """`agent-bridge answer ID TEXT | --option N | --decline REASON`: exactly one of `text`,
     `option` (numbered from 1) or `decline`; `scope` (with an answer) replaces the question's.
@@ -70,17 +71,17 @@ async def answer(broker: Broker, args: dict[str, Any]) -> Any:
     raw_scope = args.get("scope")
     scope = question.scope if raw_scope is None else domain.parse_scope(raw_scope)
     topic = question.topic or domain.topic_from_question(question.question)
-    notified, held_back, recipients = broker.decision_recipients(scope)
+    notified, held_back, recipients = decision_recipients(broker, scope)
     await broker.pause("decide:resolved")
     answered, decision, delivered, told = await broker.db.answer_question(
         question_id=question.id, author=CLI_AUTHOR, topic=topic, text=text, scope=scope, recipients=recipients,
         now=now_ms(), fault=broker.fault,
     )
-    delivered = await broker.decision_recorded(decision, delivered, notified, held_back)
+    delivered = await decision_recorded(broker, decision, delivered, notified, held_back)
     _poke(broker, told)
     result: dict[str, Any] = {"question": answered.to_json(), "decision": decision.to_json(),
                               "deliveredTo": delivered, "askersTold": [name for _, name in told]}
-    unmatched = await broker._unmatched_addresses(scope)
+    unmatched = await unmatched_addresses(broker, scope)
     if unmatched:
         result[domain.UNMATCHED_ADDRESSES] = unmatched
     return result

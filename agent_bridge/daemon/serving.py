@@ -10,6 +10,7 @@ from typing import Any
 import apsw
 import trio
 
+from agent_bridge.daemon import handlers  # noqa: F401  every op's handler, registered with the broker's table
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.sessions import Link, Session
 from agent_bridge.domain import InputError

@@ -67,8 +67,9 @@ HEADER = struct.Struct(">I")
 
 
 class Op(NamedTuple):
-    """Where a request may come and what resending it does. The broker's handlers
-    (daemon.broker: `session_op`, `control_op`) are checked against this table when it loads."""
+    """Where a request may come and what resending it does. The broker's handlers (in the
+    daemon.ops_* modules, registered with daemon.broker's `session_op` and `control_op`) are
+    checked against this table when they load (daemon.handlers)."""
 
     session: bool  # answered on a session's connection (after `hello`)
     control: bool  # answered as a control request (hooks, the command line)

@@ -1,0 +1,13 @@
+"""Every op's handler, each in the module of its domain, registered with the broker's table
+(daemon.broker: `session_op`, `control_op`) as its module loads; checked here against the
+protocol's op table (ipc.protocol.OPS) when the broker loads: a handler missing or one too
+many stops it. The sessions' connections import this module, so the broker they serve has them all."""
+
+from __future__ import annotations
+
+from agent_bridge.daemon import ops_decisions, ops_hooks, ops_messages, ops_sessions, questions
+from agent_bridge.daemon.broker import check_handlers
+
+MODULES = (ops_messages, ops_decisions, ops_sessions, ops_hooks, questions)
+
+check_handlers()
