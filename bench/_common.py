@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,135 @@ def rss_mb(pid: int) -> float:
 def hello(project: str, index: int, *, agent: str = "claude", kind: str = "interactive") -> dict[str, Any]:
     """A session's hello, with an explicit host session id (an identified session)."""
     return {"agent": agent, "project": project, "kind": kind, "hostSessionId": f"bench-host-{index}"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far, all its threads (Linux /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- sessions through the relay, as hosts run them -----------------------------------------
+
+INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+
+
+def relay_command(name: str, project: str) -> list[str]:
+    """`agent-bridge mcp` for a session `name` (also its host session id) in `project`."""
+    return [*CLI, "mcp", "--agent", "claude", "--project", project, "--name", name, "--host-session-id", name]
+
+
+def tool_result(result: dict[str, Any]) -> Any:
+    """A `tools/call` result's JSON payload; a tool error is a failed benchmark."""
+    assert not result.get("isError"), result
+    return json.loads(result["content"][0]["text"])
+
+
+class McpSession:
+    """One `agent-bridge mcp` process, spoken to by hand over its stdio (raw JSON-RPC, one call
+    at a time, blocking: no client library in the measurement)."""
+
+    def __init__(self, env: dict[str, str], name: str, project: str) -> None:
+        self.proc = subprocess.Popen(
+            relay_command(name, project), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.ids = count(1)
+        self.call("initialize", INITIALIZE)
+        self.write(INITIALIZED)
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        rid = next(self.ids)
+        self.write((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode())
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("agent-bridge mcp closed stdout")
+            message = json.loads(line)
+            if message.get("id") == rid:
+                return message["result"]  # type: ignore[no-any-return]
+
+    def tool(self, name: str, **arguments: object) -> Any:
+        return tool_result(self.call("tools/call", {"name": name, "arguments": arguments}))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+class Relay:
+    """One `agent-bridge mcp` process spoken to over its stdio with raw JSON-RPC from Trio, calls
+    overlapping as a host's parallel tool calls do (answers are matched by request id)."""
+
+    def __init__(self, process: Any) -> None:
+        import trio
+
+        self.process = process
+        self.ids = count(1)
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.arrived = trio.Event()  # set (and replaced) whenever answers arrive
+        self.writing = trio.Lock()  # one writer at a time on the relay's stdin
+
+    async def _read(self) -> None:
+        import trio
+
+        rest = b""
+        while chunk := await self.process.stdout.receive_some(1 << 16):
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "id" in message:
+                    self.answers[message["id"]] = message
+            self.arrived.set()
+            self.arrived = trio.Event()
+        raise RuntimeError("agent-bridge mcp closed stdout")
+
+    async def write(self, data: bytes) -> None:
+        async with self.writing:
+            await self.process.stdin.send_all(data)
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        rid = next(self.ids)
+        await self.write((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode())
+        while rid not in self.answers:
+            await self.arrived.wait()
+        return self.answers.pop(rid)["result"]  # type: ignore[no-any-return]
+
+    async def tool(self, name: str, **arguments: object) -> Any:
+        return tool_result(await self.call("tools/call", {"name": name, "arguments": arguments}))
+
+
+@asynccontextmanager
+async def open_relay(env: dict[str, str], name: str, project: str) -> AsyncIterator[Relay]:
+    """A started and initialized `agent-bridge mcp` session; leaving the block closes its stdin
+    (the host leaving) and waits for it to exit."""
+    import trio
+
+    process = await trio.lowlevel.open_process(
+        relay_command(name, project), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            relay = Relay(process)
+            nursery.start_soon(relay._read)
+            await relay.call("initialize", INITIALIZE)
+            await relay.write(INITIALIZED)
+            yield relay
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(10) as waiting:
+            waiting.shield = True
+            await process.stdin.aclose()
+            await process.wait()
+        if waiting.cancelled_caught:
+            process.kill()

@@ -13,11 +13,8 @@ JSON-RPC, no stdio process). Target (issue 16): pair p50 <= 1.5 ms.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import time
-from itertools import count
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,49 +25,8 @@ PROJECT = "/bench/mcp-project"
 TARGET_MS = 1.5
 
 
-class Session:
-    """One `agent-bridge mcp` process, spoken to by hand over its stdio."""
-
-    def __init__(self, env: dict[str, str], name: str) -> None:
-        self.proc = subprocess.Popen(
-            [*c.CLI, "mcp", "--agent", "claude", "--project", PROJECT, "--name", name, "--host-session-id", name],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )
-        self.ids = count(1)
-        self.call("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
-                                 "clientInfo": {"name": "bench", "version": "1"}})
-        self.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-
-    def write(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def call(self, method: str, params: dict) -> dict:
-        rid = next(self.ids)
-        self.write((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode())
-        assert self.proc.stdout is not None
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("agent-bridge mcp closed stdout")
-            message = json.loads(line)
-            if message.get("id") == rid:
-                return message["result"]
-
-    def tool(self, name: str, **arguments: object) -> object:
-        result = self.call("tools/call", {"name": name, "arguments": arguments})
-        assert not result.get("isError"), result
-        return json.loads(result["content"][0]["text"])
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=10)
-
-
 def through_mcp(env: dict[str, str], pairs: int, decisions: int, warmup: int) -> dict[str, list[int]]:
-    a, b = Session(env, "bench-a"), Session(env, "bench-b")
+    a, b = c.McpSession(env, "bench-a", PROJECT), c.McpSession(env, "bench-b", PROJECT)
     try:
         for i in range(decisions):
             a.tool("decide", topic=f"topic {i}", text=f"Decision number {i}: keep it simple and written down.")
