@@ -19,6 +19,7 @@ BENCH = REPO / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("bench_*.py"))
 EXPECTED = {
     "bench_context_cost.py",
+    "bench_cpu_per_pair.py",
     "bench_decide_fanout.py",
     "bench_decisions_query.py",
     "bench_hook_post_tool_use.py",
