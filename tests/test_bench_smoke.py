@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,65 @@ def test_benchmark_quick_run_prints_one_json_line(script: str, tmp_path: Path) -
     assert line["quick"] is True
 
     assert results.read_text(encoding="utf-8").splitlines() == lines  # appended, same line
+
+
+def _compare_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_compare", BENCH / "compare.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _line(value: float, unit: str, **details: float) -> dict:
+    return {"value": value, "unit": unit, "details": {"rounds": 3, **details}}
+
+
+def test_compare_judges_the_median_in_the_direction_of_its_unit() -> None:
+    judge = _compare_module().judge
+    scripts = {"base": "base:bench/bench_x.py", "current": "current:bench/bench_x.py"}
+    slower = judge("x", {"base": [_line(1.0, "ms"), _line(1.2, "ms"), _line(0.9, "ms")],
+                         "current": [_line(1.06, "ms"), _line(1.02, "ms"), _line(5.0, "ms")]}, scripts)
+    assert (slower["base"], slower["current"], slower["better"]) == (1.0, 1.06, "lower")
+    assert slower["ok"] is False  # 6 % slower: beyond the 5 % of noise
+    within = judge("x", {"base": [_line(1.0, "ms")], "current": [_line(1.04, "ms")]}, scripts)
+    assert within["ok"] is True
+    rate = judge("x", {"base": [_line(100.0, "messages/s")], "current": [_line(90.0, "messages/s")]}, scripts)
+    assert (rate["better"], rate["ok"]) == ("higher", False)
+    assert judge("x", {"base": [_line(100.0, "messages/s")], "current": [_line(120.0, "messages/s")]},
+                 scripts)["ok"] is True
+
+
+def test_compare_falls_back_to_a_reading_both_lines_carry() -> None:
+    judge = _compare_module().judge
+    scripts = {"base": "base:bench/bench_message_throughput.py", "current": "current:bench/bench_message_throughput.py"}
+    old = _line(10_000.0, "messages/s broker-only", one_at_a_time_p50=0.6)
+    new = _line(2_500.0, "messages/s through relays", broker_only_rate=9_000.0, one_at_a_time_p50=0.5)
+    line = judge("message_throughput", {"base": [old], "current": [new]}, scripts)
+    assert (line["metric"], line["base"], line["current"], line["ok"]) == ("details.broker_only_rate", 10_000, 9_000, False)
+    assert line["details"] == {"one_at_a_time_p50": [0.6, 0.5]}  # settings (rounds) left out
+    assert line["current_value"]["median"] == 2_500.0
+    unknown = judge("other", {"base": [old], "current": [new]}, scripts)
+    assert unknown["ok"] is None and "different things" in unknown["note"]
+
+
+@pytest.mark.slow
+def test_compare_runs_a_bench_for_both_trees(tmp_path: Path) -> None:
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "compare.py"), "--base", "HEAD", "--rounds", "1", "--quick", "mcp_tool_call"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 1: worse beyond noise, which tiny runs may well be
+    (text,) = proc.stdout.splitlines()
+    line = json.loads(text)
+    assert line["bench"] == "mcp_tool_call"
+    assert line["scripts"] == {"base": "base:bench/bench_mcp_tool_call.py", "current": "current:bench/bench_mcp_tool_call.py"}
+    assert isinstance(line["ok"], bool) and _number(line["ratio"]) and line["better"] == "lower"
+    assert f"a relay imports {REPO / 'agent_bridge' / '__init__.py'}" in proc.stderr
+    # and the base's relay, the temporary worktree's copy
+    assert re.search(r"base \(\w+\): a relay imports /\S+/abcmp-\w+/tree/agent_bridge/__init__\.py", proc.stderr)
