@@ -156,24 +156,26 @@ class Broker:
         """The connection ended: what it offered or wrote and no recorded acknowledgement
         followed (its MCP server died between showing and acknowledging) goes to
         receipts.delivered_at, so a later connection shows them as repeats. If the store
-        cannot take them now, they are written before that record is served again."""
+        cannot take them now, the machine is parked and written before the next session is
+        served (`record_parked_offers`)."""
         offered, written = session.showing.unconfirmed()
-        ids = [*self.registry.offers_to_record.pop(session.id, []), *offered, *written]
-        if not ids:
+        if not offered and not written:
             return
         try:
-            await self.db.offer(session.id, ids, now_ms())
+            await self.db.offer(session.id, [*offered, *written], now_ms())
         except BaseException:
-            self.registry.park_offers(session.id, ids)
+            self.registry.park(session.id, session.showing)
             raise
 
-    async def record_parked_offers(self, peer_id: str) -> None:
-        """Offers an earlier connection of `peer_id` left unrecorded (a store failure): written
-        before this record's messages are pushed again (a failure here refuses the hello)."""
-        parked = self.registry.offers_to_record.get(peer_id)
-        if parked:
-            await self.db.offer(peer_id, parked, now_ms())
-            self.registry.offers_to_record.pop(peer_id, None)
+    async def record_parked_offers(self) -> None:
+        """What ended connections left unrecorded (a store failure), written before a hello is
+        served (a failure here refuses that hello), under the record each showed for as it
+        is now (it may have been merged since)."""
+        while self.registry.parked:
+            peer_id, machine = self.registry.parked[0]
+            offered, written = machine.unconfirmed()
+            await self.db.offer(await self.db.resolve_peer(peer_id), [*offered, *written], now_ms())
+            self.registry.parked.pop(0)
 
     async def ingest_ledgers(self) -> int:
         """Offers and acknowledgements that processes now gone (an MCP server killed while the

@@ -8,16 +8,18 @@ agent_bridge.core.showing), which moves with the session object when its record 
 
 from __future__ import annotations
 
+from agent_bridge.core.showing import Showing
 from agent_bridge.daemon.sessions import Session
 
 
 class Registry:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}  # peer id -> the connected session
-        # Offers of a connection that ended while the store could not record them (its disk
-        # failed): written before the next connection of that record is served (SPEC §3: shown
-        # again, they are repeats). Only a store write waiting to be tried again.
-        self.offers_to_record: dict[str, list[str]] = {}
+        # The showing machines of connections that ended while the store could not record
+        # what they had offered (its disk failed), by the record they showed for: their
+        # unconfirmed part is written before the next session is served (SPEC §3: shown
+        # again, those messages are repeats).
+        self.parked: list[tuple[str, Showing]] = []
 
     def add(self, session: Session) -> None:
         self.sessions[session.id] = session
@@ -58,7 +60,5 @@ class Registry:
         session = self.sessions.get(peer_id)
         return session.showing.busy() if session is not None else set()
 
-    def park_offers(self, peer_id: str, ids: list[str]) -> None:
-        if ids:
-            parked = self.offers_to_record.setdefault(peer_id, [])
-            parked.extend(i for i in ids if i not in parked)
+    def park(self, peer_id: str, machine: Showing) -> None:
+        self.parked.append((peer_id, machine))

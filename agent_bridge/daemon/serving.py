@@ -34,7 +34,7 @@ async def attach_session(
         await broker.ingest_ledgers()  # an earlier server's acknowledgements first: never replay those
         session = await broker.attach(to, args)
         try:
-            await broker.record_parked_offers(session.id)  # before its messages are pushed again
+            await broker.record_parked_offers()  # before its messages are pushed again
         except BaseException:
             await broker.detach(session)
             raise
