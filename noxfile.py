@@ -22,7 +22,9 @@ def ensure_chromium(session: nox.Session) -> None:
         session.run("apt-get", "install", "-y", "-qq", "chromium", external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     else:
-        session.error(f"the browser test needs Debian's chromium at {CHROMIUM}: sudo apt-get install chromium")
+        session.error(
+            f"the browser test needs Debian's chromium at {CHROMIUM}: sudo apt-get install chromium"
+        )
 
 
 def ensure_host_clis(session: nox.Session) -> dict[str, str]:
@@ -33,7 +35,8 @@ def ensure_host_clis(session: nox.Session) -> dict[str, str]:
             session.error("CI runs the real-host tests (tests/hosts): install Node.js and npm")
         session.warn("npm not found: the real-host tests (tests/hosts) will be skipped")
         return {}
-    out = session.run("python", "-m", "tests.hosts.clis", silent=True)  # prints the bin folder it made sure of
+    # prints the bin folder it made sure of
+    out = session.run("python", "-m", "tests.hosts.clis", silent=True)
     return {"AGENT_BRIDGE_HOST_BIN": str(out).strip().splitlines()[-1]}
 
 

@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_status)
 
     mcp = sub.add_parser("mcp", help="the stdio MCP server for one agent session (started by the agent host)")
-    mcp.add_argument("--agent", help=AGENTS_HELP + f" (default: detected from the host, else {hosts.DEFAULT.name})")
+    mcp.add_argument(
+        "--agent", help=AGENTS_HELP + f" (default: detected from the host, else {hosts.DEFAULT.name})"
+    )
     mcp.add_argument("--name", help="session name (default: <agent>-<basename of the project folder>)")
     mcp.add_argument("--project", help="project folder (default: the current working directory)")
     mcp.add_argument("--job", action="store_true", help="a headless job runner (claude -p, codex exec)")
@@ -56,38 +58,50 @@ def build_parser() -> argparse.ArgumentParser:
     titles = " and ".join(h.title for h in hosts.ALL)
     hook = sub.add_parser("hook", help=f"hook commands for {titles} (JSON on stdin)")
     hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
-    for event, text in (("session-start", "SessionStart: add the session's identity and decisions"),
-                        ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
-                        ("stop", "Stop: continue the session while active messages wait"),
-                        ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
-                        ("user-prompt-submit", "UserPromptSubmit (Claude Code): a turn starts, the waiter stands aside")):
+    for event, text in (
+        ("session-start", "SessionStart: add the session's identity and decisions"),
+        ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
+        ("stop", "Stop: continue the session while active messages wait"),
+        ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
+        ("user-prompt-submit", "UserPromptSubmit (Claude Code): a turn starts, the waiter stands aside"),
+    ):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
                        help=f"the host (default: {hosts.DEFAULT.name})")
         h.set_defaults(func=_hook)
 
-    dash = sub.add_parser("dashboard", help="print the authenticated dashboard URL (serve it if no broker runs)")
+    dash = sub.add_parser(
+        "dashboard", help="print the authenticated dashboard URL (serve it if no broker runs)"
+    )
     dash.add_argument("--open", action="store_true", help="open it in a browser")
     dash.set_defaults(func=_dashboard)
 
-    dec = sub.add_parser("decisions", help="list pinned owner decisions (read-only; works with the broker down)")
+    dec = sub.add_parser(
+        "decisions", help="list pinned owner decisions (read-only; works with the broker down)"
+    )
     dec.add_argument("query", nargs="?", help="case-insensitive substring of topic or text")
     dec.add_argument("--scope", help='"all", or JSON: {"project": "/abs/dir"} or {"sessions": ["name", ...]}')
     dec.add_argument("--history", action="store_true", help="include superseded revisions")
     dec.add_argument("--json", action="store_true", help="print JSON")
     dec.set_defaults(func=_decisions)
 
-    inst = sub.add_parser("install", help=f"register the MCP server and hooks with {titles.replace(' and ', ' and/or ')}")
+    inst = sub.add_parser(
+        "install", help=f"register the MCP server and hooks with {titles.replace(' and ', ' and/or ')}"
+    )
     for host in hosts.ALL:
         inst.add_argument(f"--{host.name}", action="store_true", help=f"configure {host.title}")
-    inst.add_argument("--scope", choices=("user", "project"), default="user", help="where to register (default: user)")
+    inst.add_argument(
+        "--scope", choices=("user", "project"), default="user", help="where to register (default: user)"
+    )
     inst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
     inst.set_defaults(func=_install)
 
     uninst = sub.add_parser("uninstall", help="remove what install added (other entries stay)")
     for host in hosts.ALL:
         uninst.add_argument(f"--{host.name}", action="store_true", help=host.title)
-    uninst.add_argument("--scope", choices=("user", "project"), default="user", help="which files (default: user)")
+    uninst.add_argument(
+        "--scope", choices=("user", "project"), default="user", help="which files (default: user)"
+    )
     uninst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
     uninst.set_defaults(func=_uninstall)
 
@@ -97,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_owner_commands(sub)
 
     demo = sub.add_parser("demo", help="a guided run with simulated sessions")
-    demo.add_argument("--home", help="use this state folder (and its running broker) instead of a temporary one")
+    demo.add_argument(
+        "--home", help="use this state folder (and its running broker) instead of a temporary one"
+    )
     demo.add_argument("--no-wait", action="store_true", help="exit at the end instead of waiting for Ctrl-C")
     demo.set_defaults(func=_demo)
     _describe(sub)
@@ -106,47 +122,93 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What each command does, said once more in its own `--help`, with one example.
 DESCRIPTIONS: dict[str, tuple[str, str]] = {
-    "up": ("Run the broker that sessions connect to. In the foreground it runs until Ctrl-C or "
-           "`agent-bridge down`; with --detach it starts in the background and returns once it accepts "
-           "connections (exit 0 also when one already runs).", "agent-bridge up --detach"),
-    "down": ("Stop this state folder's running broker gracefully (connected sessions reconnect to the "
-             "next one); says so when none runs.", "agent-bridge down"),
-    "status": ("Say whether a broker runs for this state folder, and where it serves. Exit status 0 when "
-               "one runs, 3 when none does.", "agent-bridge status --json"),
-    "mcp": ("The stdio MCP server of one agent session. The agent host starts it (see `agent-bridge "
-            "install`); you do not run it yourself.", "claude mcp add agent-bridge -- agent-bridge mcp --agent claude"),
-    "hook": ("Hook commands the agent hosts run at session start and stop, with the event's JSON on "
-             "stdin (see `agent-bridge install`).", "agent-bridge hook session-start --agent codex < event.json"),
-    "dashboard": ("Print the dashboard's URL, which carries its access token. With no broker running it "
-                  "serves the dashboard itself, read-only, until Ctrl-C.", "agent-bridge dashboard --open"),
-    "decisions": ("List the pinned owner decisions, read straight from bridge.db (no broker needed).",
-                  "agent-bridge decisions db --history"),
-    "install": ("Register the MCP server and hooks in the hosts' own config files. Run it again at any "
-                "time: it changes nothing that is already right. Backups go to <home>/backups/.",
-                "agent-bridge install --claude --codex --dry-run"),
-    "uninstall": ("Remove exactly what install added; every other entry stays as it was.",
-                  "agent-bridge uninstall --claude --codex"),
-    "doctor": ("Check the state folder, the broker, the database and each host's registration, and say "
-               "what to fix.", "agent-bridge doctor"),
-    "decide": ("Record a pinned owner decision, as the decide tool does, with author `cli`; every connected "
-               "session in scope gets one notice, and sessions that start later see it in their start note.",
-               "agent-bridge decide db 'PostgreSQL 16, no ORM' --scope all"),
-    "send": ("Send a durable message to a session, as the send tool does, with sender `cli`; a session that "
-             "is not connected gets it when it connects.", "agent-bridge send claude-myproj 'please rebase on main'"),
-    "retract": ("Withdraw a topic's pinned decision: it stops being current, history keeps every revision, "
-                "and sessions in scope get one notice.", "agent-bridge retract db --reason 'decided too early'"),
-    "questions": ("List the questions agents asked the owner with ask_owner, oldest first (read-only; no "
-                  "broker needed). Answer one with `agent-bridge answer`.", "agent-bridge questions --all"),
-    "answer": ("Answer an agent's question: the answer is recorded as a pinned decision (author `cli`, the "
-               "question's topic and scope unless --scope says otherwise), and every session that asked gets it "
-               "as a message. --decline tells them you will not decide it, and why.",
-               "agent-bridge answer 0199a3f2 --option 1"),
-    "sessions": ("List every known session, connected or gone, with what waits for it (read-only; no broker "
-                 "needed).", "agent-bridge sessions"),
-    "forget": ("Forget sessions that are not connected, dropping what was queued to them. A name that several "
-               "gone sessions share is refused: give an id.", "agent-bridge forget --gone-for 7d"),
-    "demo": ("A guided run with simulated sessions, for trying the bridge without Claude Code or Codex.",
-             "agent-bridge demo"),
+    "up": (
+        "Run the broker that sessions connect to. In the foreground it runs until Ctrl-C or "
+        "`agent-bridge down`; with --detach it starts in the background and returns once it accepts "
+        "connections (exit 0 also when one already runs).",
+        "agent-bridge up --detach",
+    ),
+    "down": (
+        "Stop this state folder's running broker gracefully (connected sessions reconnect to the "
+        "next one); says so when none runs.",
+        "agent-bridge down",
+    ),
+    "status": (
+        "Say whether a broker runs for this state folder, and where it serves. Exit status 0 when "
+        "one runs, 3 when none does.",
+        "agent-bridge status --json",
+    ),
+    "mcp": (
+        "The stdio MCP server of one agent session. The agent host starts it (see `agent-bridge "
+        "install`); you do not run it yourself.",
+        "claude mcp add agent-bridge -- agent-bridge mcp --agent claude",
+    ),
+    "hook": (
+        "Hook commands the agent hosts run at session start and stop, with the event's JSON on "
+        "stdin (see `agent-bridge install`).",
+        "agent-bridge hook session-start --agent codex < event.json",
+    ),
+    "dashboard": (
+        "Print the dashboard's URL, which carries its access token. With no broker running it "
+        "serves the dashboard itself, read-only, until Ctrl-C.",
+        "agent-bridge dashboard --open",
+    ),
+    "decisions": (
+        "List the pinned owner decisions, read straight from bridge.db (no broker needed).",
+        "agent-bridge decisions db --history",
+    ),
+    "install": (
+        "Register the MCP server and hooks in the hosts' own config files. Run it again at any "
+        "time: it changes nothing that is already right. Backups go to <home>/backups/.",
+        "agent-bridge install --claude --codex --dry-run",
+    ),
+    "uninstall": (
+        "Remove exactly what install added; every other entry stays as it was.",
+        "agent-bridge uninstall --claude --codex",
+    ),
+    "doctor": (
+        "Check the state folder, the broker, the database and each host's registration, and say what to fix.",
+        "agent-bridge doctor",
+    ),
+    "decide": (
+        "Record a pinned owner decision, as the decide tool does, with author `cli`; every connected "
+        "session in scope gets one notice, and sessions that start later see it in their start note.",
+        "agent-bridge decide db 'PostgreSQL 16, no ORM' --scope all",
+    ),
+    "send": (
+        "Send a durable message to a session, as the send tool does, with sender `cli`; a session that "
+        "is not connected gets it when it connects.",
+        "agent-bridge send claude-myproj 'please rebase on main'",
+    ),
+    "retract": (
+        "Withdraw a topic's pinned decision: it stops being current, history keeps every revision, "
+        "and sessions in scope get one notice.",
+        "agent-bridge retract db --reason 'decided too early'",
+    ),
+    "questions": (
+        "List the questions agents asked the owner with ask_owner, oldest first (read-only; no "
+        "broker needed). Answer one with `agent-bridge answer`.",
+        "agent-bridge questions --all",
+    ),
+    "answer": (
+        "Answer an agent's question: the answer is recorded as a pinned decision (author `cli`, the "
+        "question's topic and scope unless --scope says otherwise), and every session that asked gets it "
+        "as a message. --decline tells them you will not decide it, and why.",
+        "agent-bridge answer 0199a3f2 --option 1",
+    ),
+    "sessions": (
+        "List every known session, connected or gone, with what waits for it (read-only; no broker needed).",
+        "agent-bridge sessions",
+    ),
+    "forget": (
+        "Forget sessions that are not connected, dropping what was queued to them. A name that several "
+        "gone sessions share is refused: give an id.",
+        "agent-bridge forget --gone-for 7d",
+    ),
+    "demo": (
+        "A guided run with simulated sessions, for trying the bridge without Claude Code or Codex.",
+        "agent-bridge demo",
+    ),
 }
 
 
@@ -166,7 +228,9 @@ def _describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """decide, send, retract, questions, answer, sessions, forget: the owner's controls
     (agent_bridge.commands)."""
-    dcd = sub.add_parser("decide", help="record a pinned owner decision (author: cli), as the decide tool does")
+    dcd = sub.add_parser(
+        "decide", help="record a pinned owner decision (author: cli), as the decide tool does"
+    )
     dcd.add_argument("topic", help="what it is about (case-insensitive identity, at most 200 characters)")
     dcd.add_argument("text", help="the decision, at most 4000 characters")
     dcd.add_argument("--scope", help='"all", or JSON: {"project": "/abs/dir"} or {"sessions": ["name", ...]} '
@@ -174,7 +238,9 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dcd.add_argument("--json", action="store_true", help="print the decide tool's JSON result")
     dcd.set_defaults(func=lambda ns: _commands().decide(ns.topic, ns.text, ns.scope, ns.json))
 
-    snd = sub.add_parser("send", help="send a durable message to a session (sender: cli), as the send tool does")
+    snd = sub.add_parser(
+        "send", help="send a durable message to a session (sender: cli), as the send tool does"
+    )
     snd.add_argument("to", help="the session's name, id or host session id (see `agent-bridge sessions`)")
     snd.add_argument("text", help="the message")
     snd.add_argument("--json", action="store_true", help="print the send tool's JSON result")
@@ -186,28 +252,42 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ret.add_argument("--json", action="store_true", help="print the retraction and who was told, as JSON")
     ret.set_defaults(func=lambda ns: _commands().retract(ns.topic, ns.reason, ns.json))
 
-    qst = sub.add_parser("questions", help="questions agents asked the owner (read-only; works with the broker down)")
+    qst = sub.add_parser(
+        "questions", help="questions agents asked the owner (read-only; works with the broker down)"
+    )
     qst.add_argument("--all", action="store_true", help="answered and declined ones too")
     qst.add_argument("--json", action="store_true", help="print JSON")
     qst.set_defaults(func=lambda ns: _commands().questions(ns.all, ns.json))
 
     ans = sub.add_parser("answer", help="answer an agent's question as a pinned decision, or decline it")
-    ans.add_argument("id", metavar="ID", help="the question's id, or its start (see `agent-bridge questions`)")
+    ans.add_argument(
+        "id", metavar="ID", help="the question's id, or its start (see `agent-bridge questions`)"
+    )
     ans.add_argument("text", nargs="?", help="the answer, at most 4000 characters")
     ans.add_argument("--option", type=int, metavar="N", help="answer with the question's option N (from 1)")
     ans.add_argument("--decline", metavar="REASON", help="decline the question; the askers are told why")
     ans.add_argument("--scope", help='the decision\'s scope instead of the question\'s: "all", or JSON: '
                      '{"project": "/abs/dir"} or {"sessions": ["name", ...]}')
-    ans.add_argument("--json", action="store_true", help="print the question, the decision and who was told, as JSON")
-    ans.set_defaults(func=lambda ns: _commands().answer(ns.id, ns.text, ns.option, ns.decline, ns.scope, ns.json))
+    ans.add_argument(
+        "--json", action="store_true", help="print the question, the decision and who was told, as JSON"
+    )
+    ans.set_defaults(
+        func=lambda ns: _commands().answer(ns.id, ns.text, ns.option, ns.decline, ns.scope, ns.json)
+    )
 
-    ses = sub.add_parser("sessions", help="every known session, connected or gone (read-only; works with the broker down)")
+    ses = sub.add_parser(
+        "sessions", help="every known session, connected or gone (read-only; works with the broker down)"
+    )
     ses.add_argument("--json", action="store_true", help="print JSON")
     ses.set_defaults(func=lambda ns: _commands().sessions(ns.json))
 
-    fgt = sub.add_parser("forget", help="forget sessions that are not connected, dropping what was queued to them")
+    fgt = sub.add_parser(
+        "forget", help="forget sessions that are not connected, dropping what was queued to them"
+    )
     fgt.add_argument("sessions", nargs="*", metavar="SESSION", help="a session's name, id or host session id")
-    fgt.add_argument("--gone-for", metavar="DURATION", help="every session gone this long: 90s, 30m, 12h, 7d, 2w")
+    fgt.add_argument(
+        "--gone-for", metavar="DURATION", help="every session gone this long: 90s, 30m, 12h, 7d, 2w"
+    )
     fgt.add_argument("--json", action="store_true", help="print JSON")
     fgt.set_defaults(func=lambda ns: _commands().forget(ns.sessions, ns.gone_for, ns.json))
 
@@ -260,11 +340,26 @@ def _mcp(ns: argparse.Namespace) -> int:
 # folder another user owns before touching anything in it (paths.check_home). `demo` checks the
 # folder it is given itself; `doctor` reports such a folder and reads nothing in it; `install` and
 # `uninstall` keep their backups and record there.
-HOME_COMMANDS = frozenset({
-    "up", "down", "status", "mcp", "hook", "dashboard", "decisions", "decide", "send", "retract", "sessions", "forget",
-    "questions", "answer",
-    "install", "uninstall",
-})
+HOME_COMMANDS = frozenset(
+    {
+        "up",
+        "down",
+        "status",
+        "mcp",
+        "hook",
+        "dashboard",
+        "decisions",
+        "decide",
+        "send",
+        "retract",
+        "sessions",
+        "forget",
+        "questions",
+        "answer",
+        "install",
+        "uninstall",
+    }
+)
 
 
 def _refuse_foreign_home(command: str) -> int | None:
@@ -363,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             code = _main(sys.argv[1:] if argv is None else list(argv))
         finally:
-            sys.stdout.flush()  # so that a reader gone early (`| head -1`) shows here, not at interpreter exit
+            # so that a reader gone early (`| head -1`) shows here, not at interpreter exit
+            sys.stdout.flush()
     except BrokenPipeError:
         import os
 

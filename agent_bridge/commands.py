@@ -147,7 +147,11 @@ def retract(topic: str, reason: str | None, as_json: bool = False) -> int:
 def answer(question_id: str, text: str | None, option: int | None, decline: str | None, scope: str | None,
            as_json: bool = False) -> int:
     """`agent-bridge answer ID TEXT | --option N | --decline REASON [--scope SCOPE]`."""
-    given = [name for name, value in (("TEXT", text), ("--option", option), ("--decline", decline)) if value is not None]
+    given = [
+        name
+        for name, value in (("TEXT", text), ("--option", option), ("--decline", decline))
+        if value is not None
+    ]
     if len(given) != 1:
         return _fail("answer", "give exactly one of TEXT, --option N or --decline REASON"
                      + (f" (got {' and '.join(given)})" if given else ""), BAD_ARGUMENTS)
@@ -205,7 +209,9 @@ def decided_summary(result: dict[str, Any], replaced: dict[str, Any] | None = No
         supersedes = f" (supersedes {_quoted(replaced['text'])} by {visible(replaced['author']['name'])})"
     elif d.get("supersedes"):
         supersedes = f" (supersedes revision {visible(d['supersedes'])})"
-    told = _told(result.get("deliveredTo") or [], later="sessions that start later see it in their start note")
+    told = _told(
+        result.get("deliveredTo") or [], later="sessions that start later see it in their start note"
+    )
     return f"Recorded {visible(d['topic'])} for {scope_words(d['scope'])}{supersedes}; {told}."
 
 
@@ -234,7 +240,9 @@ def answered_summary(result: dict[str, Any]) -> str:
     if result.get("decision") is None:
         return f"Declined {_quoted(q['question'])} ({visible(q['id'])}).{asked}"
     d = result["decision"]
-    told = _told(result.get("deliveredTo") or [], later="sessions that start later see it in their start note")
+    told = _told(
+        result.get("deliveredTo") or [], later="sessions that start later see it in their start note"
+    )
     return (f"Answered {_quoted(q['question'])} ({visible(q['id'])}): recorded {visible(d['topic'])} for "
             f"{scope_words(d['scope'])}; {told}.{asked}")
 
@@ -265,12 +273,14 @@ def parse_duration(text: str) -> int:
     """`90s`, `30m`, `12h`, `7d`, `2w` -> milliseconds."""
     match = DURATION.match(text)
     if not match:
-        raise CommandError(f"--gone-for: expected a number and a unit s, m, h, d or w (e.g. 7d), got {text!r}",
-                           BAD_ARGUMENTS)
+        raise CommandError(
+            f"--gone-for: expected a number and a unit s, m, h, d or w (e.g. 7d), got {text!r}", BAD_ARGUMENTS
+        )
     ms = float(match.group(1)) * UNIT_MS[match.group(2)]
     if not ms <= DURATION_MAX_MS:  # (also inf, from a number too long for a float)
-        raise CommandError(f"--gone-for: at most {DURATION_MAX_MS // UNIT_MS['d']}d (100 years), got {text!r}",
-                           BAD_ARGUMENTS)
+        raise CommandError(
+            f"--gone-for: at most {DURATION_MAX_MS // UNIT_MS['d']}d (100 years), got {text!r}", BAD_ARGUMENTS
+        )
     return int(ms)
 
 
@@ -327,7 +337,9 @@ def forget(addresses: list[str], gone_for: str | None, as_json: bool) -> int:
     if bool(addresses) == (gone_for is not None):
         return _fail("forget", "give session names/ids, or --gone-for DURATION (not both)", BAD_ARGUMENTS)
     try:
-        args: dict[str, Any] = {"sessions": addresses} if addresses else {"goneForMs": parse_duration(gone_for or "")}
+        args: dict[str, Any] = (
+            {"sessions": addresses} if addresses else {"goneForMs": parse_duration(gone_for or "")}
+        )
         result = _call("forget", args)
     except CommandError as exc:
         return _fail("forget", str(exc), exc.code)
@@ -366,7 +378,9 @@ def questions(include_closed: bool, as_json: bool) -> int:
 
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:
-            found = [] if conn is None else question_queries.list_questions(conn, include_closed=include_closed)
+            found = (
+                [] if conn is None else question_queries.list_questions(conn, include_closed=include_closed)
+            )
     except SchemaError as exc:
         return _fail("questions", str(exc))
     if as_json:

@@ -30,7 +30,9 @@ def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{config_file}: cannot parse: {exc}") from None
         except (jsonlimit.TooDeep, RecursionError):  # tomllib recurses once per level of nesting
-            raise ConfigError(f"{config_file}: values nested deeper than {jsonlimit.MAX_DEPTH} levels") from None
+            raise ConfigError(
+                f"{config_file}: values nested deeper than {jsonlimit.MAX_DEPTH} levels"
+            ) from None
         unknown = sorted(set(file_values) - {"hop_limit"})
         if unknown:
             raise ConfigError(f"{config_file}: unknown setting {unknown[0]!r}; known settings: hop_limit")

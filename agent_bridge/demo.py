@@ -29,7 +29,11 @@ def say(text: str = "") -> None:
 
 def main(ns: argparse.Namespace) -> int:
     own_home = ns.home is None  # never the real state folder unless asked for by name
-    home = Path(tempfile.mkdtemp(prefix="agent-bridge-demo-")) if own_home else Path(ns.home).expanduser().absolute()
+    home = (
+        Path(tempfile.mkdtemp(prefix="agent-bridge-demo-"))
+        if own_home
+        else Path(ns.home).expanduser().absolute()
+    )
     if not own_home:
         try:
             paths.check_home(home)  # never another user's folder: neither its broker nor its database
@@ -68,7 +72,9 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     finally:
         if started:
-            subprocess.run([sys.executable, "-m", "agent_bridge", "down"], env=env, capture_output=True, timeout=60)
+            subprocess.run(
+                [sys.executable, "-m", "agent_bridge", "down"], env=env, capture_output=True, timeout=60
+            )
             say("Stopped the demo broker.")
         if own_home:
             shutil.rmtree(home, ignore_errors=True)
@@ -135,8 +141,11 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
         if wait:
             say("\n5. The dashboard shows the sessions, the messages and the decision:")
             say(f"   {_read(url_file) or web or 'not serving'}")
-            say(f"   Look at: Sessions (three connected), Messages (the reply chain), Decisions ({DEMO_TOPIC}).")
-            with trio.open_signal_receiver(signal.SIGINT) as interrupts:  # the asked-for Ctrl-C ends it quietly
+            say(
+                f"   Look at: Sessions (three connected), Messages (the reply chain), Decisions ({DEMO_TOPIC})."
+            )
+            # the asked-for Ctrl-C ends it quietly
+            with trio.open_signal_receiver(signal.SIGINT) as interrupts:
                 say("\nPress Ctrl-C to end the demo.")
                 async for _ in interrupts:
                     break
@@ -152,7 +161,9 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
         nursery.cancel_scope.cancel()
 
 
-async def _connect(socket: str, agent: str, kind: str, project: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _connect(
+    socket: str, agent: str, kind: str, project: str, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     hello = {"agent": agent, "project": project, "kind": kind}
     async with open_bridge_client(socket, hello) as (client, pushes):
         await client.request("whoami")  # a session in use, as an agent's first tool call makes it

@@ -28,18 +28,31 @@ PROBE_TIMEOUT = 1.0  # seconds for the broker ping and the dashboard request
 
 def check_home(home: Path) -> Check:
     if not home.exists():
-        return Check("home folder", FAIL, f"{home} does not exist", "agent-bridge up --detach (creates it, 0700)")
+        return Check(
+            "home folder", FAIL, f"{home} does not exist", "agent-bridge up --detach (creates it, 0700)"
+        )
     if not home.is_dir():
-        return Check("home folder", FAIL, f"{home} is not a folder", f"move {home} aside, or set AGENT_BRIDGE_HOME")
+        return Check(
+            "home folder", FAIL, f"{home} is not a folder", f"move {home} aside, or set AGENT_BRIDGE_HOME"
+        )
     if sys.platform == "win32":
         return Check("home folder", OK, str(home))
     st = home.stat()
     if st.st_uid != os.getuid():
-        return Check("home folder", FAIL, f"{home} belongs to uid {st.st_uid}, not you", "use a folder of your own (AGENT_BRIDGE_HOME)")
+        return Check(
+            "home folder",
+            FAIL,
+            f"{home} belongs to uid {st.st_uid}, not you",
+            "use a folder of your own (AGENT_BRIDGE_HOME)",
+        )
     mode = st.st_mode & 0o777
     if mode & 0o077:
-        return Check("home folder", FAIL, f"{home} has mode {mode:04o}; others can reach the socket and database",
-                     f"chmod 700 {shlex.quote(str(home))}")
+        return Check(
+            "home folder",
+            FAIL,
+            f"{home} has mode {mode:04o}; others can reach the socket and database",
+            f"chmod 700 {shlex.quote(str(home))}",
+        )
     return Check("home folder", OK, f"{home} (mode {mode:04o})")
 
 
@@ -54,8 +67,12 @@ def check_broker(home: Path) -> tuple[Check, dict[str, Any] | None]:
                      "agent-bridge up --detach (an MCP server also starts one when it connects)"), None
     pid = record.get("pid")
     if not isinstance(pid, int) or not paths.pid_alive(pid):
-        return Check("broker", FAIL, f"not running: broker.json names pid {pid}, which is gone (stale record)",
-                     "agent-bridge up --detach (replaces the stale record)"), None
+        return Check(
+            "broker",
+            FAIL,
+            f"not running: broker.json names pid {pid}, which is gone (stale record)",
+            "agent-bridge up --detach (replaces the stale record)",
+        ), None
     return Check("broker", OK, f"running, pid {pid}"), record
 
 
@@ -76,13 +93,25 @@ def check_socket(home: Path, record: dict[str, Any] | None) -> Check:
     try:
         blocking.call(home, "ping", timeout=PROBE_TIMEOUT)
     except (blocking.BrokerUnavailable, OSError, protocol.ProtocolError) as exc:
-        return Check("socket", FAIL, f"{sock} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach")
+        return Check(
+            "socket", FAIL, f"{sock} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach"
+        )
     except protocol.RemoteError as exc:
-        return Check("socket", FAIL, f"{sock} answered with an error: {exc.message}", "agent-bridge down; agent-bridge up --detach")
+        return Check(
+            "socket",
+            FAIL,
+            f"{sock} answered with an error: {exc.message}",
+            "agent-bridge down; agent-bridge up --detach",
+        )
     if sys.platform != "win32" and os.path.exists(sock):
         mode = os.stat(sock).st_mode & 0o777
         if mode & 0o077:
-            return Check("socket", FAIL, f"{sock} answers but has mode {mode:04o}", "agent-bridge down; agent-bridge up --detach")
+            return Check(
+                "socket",
+                FAIL,
+                f"{sock} answers but has mode {mode:04o}",
+                "agent-bridge down; agent-bridge up --detach",
+            )
     return Check("socket", OK, f"{sock} answers")
 
 
@@ -100,15 +129,23 @@ def check_socket_folder(home: Path, record: dict[str, Any] | None) -> Check | No
     if actual is not None and actual != home:
         problem = paths.socket_folder_problem(actual)
         if problem:
-            return Check("socket folder", FAIL, f"the broker's socket folder {problem}: another user may pose as "
-                         "the broker", "agent-bridge down; remove it (ask an administrator if it is not yours); "
-                         "agent-bridge up --detach")
+            return Check(
+                "socket folder",
+                FAIL,
+                f"the broker's socket folder {problem}: another user may pose as the broker",
+                "agent-bridge down; remove it (ask an administrator if it is not yours); "
+                "agent-bridge up --detach",
+            )
     problem = paths.socket_folder_problem(preferred)
     if problem:
         where = f"; the broker uses {actual} instead" if actual is not None and actual != preferred else ""
-        return Check("socket folder", FAIL, f"{problem}: another user may be trying to deny or pose as your broker"
-                     f"{where}", f"remove {preferred} (ask an administrator if it is not yours), or set "
-                     "XDG_RUNTIME_DIR or a shorter AGENT_BRIDGE_HOME")
+        return Check(
+            "socket folder",
+            FAIL,
+            f"{problem}: another user may be trying to deny or pose as your broker{where}",
+            f"remove {preferred} (ask an administrator if it is not yours), or set "
+            "XDG_RUNTIME_DIR or a shorter AGENT_BRIDGE_HOME",
+        )
     return Check("socket folder", OK, str(actual or preferred))
 
 
@@ -122,7 +159,9 @@ def check_schema(home: Path) -> Check:
     except SchemaTooNew as exc:
         return Check("schema", FAIL, str(exc), "upgrade agent-bridge (pip install -U agent-bridge)")
     except Exception as exc:  # noqa: BLE001 - any database error is a finding here
-        return Check("schema", FAIL, f"cannot read {db}: {exc}", f"move {db} aside; the broker creates a new one")
+        return Check(
+            "schema", FAIL, f"cannot read {db}: {exc}", f"move {db} aside; the broker creates a new one"
+        )
     if conn is None:
         return Check("schema", WARN, f"no database yet at {db}", "agent-bridge up --detach (creates it)")
     try:
@@ -130,8 +169,12 @@ def check_schema(home: Path) -> Check:
     finally:
         conn.close()
     if version < CURRENT_VERSION:
-        return Check("schema", WARN, f"version {version}; the next broker start upgrades it to {CURRENT_VERSION} (with a backup)",
-                     "agent-bridge down; agent-bridge up --detach")
+        return Check(
+            "schema",
+            WARN,
+            f"version {version}; the next broker start upgrades it to {CURRENT_VERSION} (with a backup)",
+            "agent-bridge down; agent-bridge up --detach",
+        )
     return Check("schema", OK, f"version {version}")
 
 
@@ -142,14 +185,20 @@ def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
     try:
         url = url_file.read_text(encoding="utf-8").strip()
     except OSError:
-        return Check("dashboard", FAIL, f"{url_file} is missing", "agent-bridge down; agent-bridge up --detach")
+        return Check(
+            "dashboard", FAIL, f"{url_file} is missing", "agent-bridge down; agent-bridge up --detach"
+        )
     if sys.platform != "win32" and url_file.stat().st_mode & 0o077:
         return Check("dashboard", FAIL, f"{url_file} is readable by others (it holds the login token)",
                      f"chmod 600 {shlex.quote(str(url_file))}")
     base = str(record.get("web") or "").rstrip("/")
     if not base or not url.startswith(base + "/"):
-        return Check("dashboard", FAIL, f"{url_file} does not match the broker's web address {base or '(none)'}",
-                     "agent-bridge down; agent-bridge up --detach")
+        return Check(
+            "dashboard",
+            FAIL,
+            f"{url_file} does not match the broker's web address {base or '(none)'}",
+            "agent-bridge down; agent-bridge up --detach",
+        )
     import urllib.error
     import urllib.request
 
@@ -159,10 +208,16 @@ def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
     except urllib.error.HTTPError as exc:
         status = exc.code  # 403 without the cookie: it answers, which is what we check
     except (urllib.error.URLError, OSError) as exc:
-        return Check("dashboard", FAIL, f"{base} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach")
+        return Check(
+            "dashboard", FAIL, f"{base} does not answer: {exc}", "agent-bridge down; agent-bridge up --detach"
+        )
     if status == 403:  # what a browser without the login cookie gets: the server is fine
-        return Check("dashboard", OK, f"{base} answers; it opens with its tokenized URL: agent-bridge dashboard --open")
-    return Check("dashboard", OK, f"{base} answers (HTTP {status}); open it with: agent-bridge dashboard --open")
+        return Check(
+            "dashboard", OK, f"{base} answers; it opens with its tokenized URL: agent-bridge dashboard --open"
+        )
+    return Check(
+        "dashboard", OK, f"{base} answers (HTTP {status}); open it with: agent-bridge dashboard --open"
+    )
 
 
 def run_checks(home: Path, cwd: Path) -> list[Check]:
@@ -176,7 +231,13 @@ def run_checks(home: Path, cwd: Path) -> list[Check]:
                    for name in ("broker", "socket", "schema", "dashboard")]
     else:
         broker, record = check_broker(home)
-        checks = [check_home(home), broker, check_socket(home, record), check_schema(home), check_dashboard(home, record)]
+        checks = [
+            check_home(home),
+            broker,
+            check_socket(home, record),
+            check_schema(home),
+            check_dashboard(home, record),
+        ]
         folder = check_socket_folder(home, record)
         if folder is not None:
             checks.insert(3, folder)
@@ -206,15 +267,19 @@ def main() -> int:
     failed = [c for c in checks if c.status == FAIL]
     warned = [c for c in checks if c.status == WARN]
     if failed:
-        print(f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {', '.join(c.name for c in failed)}.")
+        print(
+            f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {', '.join(c.name for c in failed)}."
+        )
         return 1
     if warned:  # the hosts may not use the setup as it stands: say so, never "all passed"
         print(f"No check failed; {len(warned)} warning{'s' if len(warned) != 1 else ''}: "
               f"{', '.join(c.name for c in warned)}.")
         return 0
     if nothing_connected(checks):  # the bridge works, but no session will ever use it
-        print("No check failed, but nothing is connected yet: neither Claude Code nor Codex is set up to use "
-              "agent-bridge.\nConnect them: agent-bridge install --claude (and/or --codex), then start a session.")
+        print(
+            "No check failed, but nothing is connected yet: neither Claude Code nor Codex is set up to use "
+            "agent-bridge.\nConnect them: agent-bridge install --claude (and/or --codex), then start a session."
+        )
         return 0
     print("All checks passed.")
     return 0

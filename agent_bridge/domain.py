@@ -144,7 +144,9 @@ def topic_from_question(question: str) -> str:
     lowercased, on one line, cut at a word within QUESTION_TOPIC_WORDS characters."""
     words = " ".join(question.split()).lower().rstrip("?").strip() or "question"
     if len(words) > QUESTION_TOPIC_WORDS:
-        cut = words[:QUESTION_TOPIC_WORDS + 1].rsplit(" ", 1)[0] if " " in words[:QUESTION_TOPIC_WORDS] else ""
+        cut = (
+            words[: QUESTION_TOPIC_WORDS + 1].rsplit(" ", 1)[0] if " " in words[:QUESTION_TOPIC_WORDS] else ""
+        )
         words = (cut or words[:QUESTION_TOPIC_WORDS]).rstrip(" ,;:.") + "…"
     return words
 
@@ -195,7 +197,9 @@ def normalize_folder(path: object, *, what: str = "project") -> str:
         raise InputError(f"{what}: the folder contains a NUL character")
     if is_windows_path(path):
         if _WINDOWS_DRIVE.match(path) and (len(path) == 2 or path[2] not in "\\/"):
-            raise InputError(f"{what}: expected an absolute folder, got the drive-relative {json.dumps(path)}")
+            raise InputError(
+                f"{what}: expected an absolute folder, got the drive-relative {json.dumps(path)}"
+            )
         normalized = ntpath.normpath(path).replace("\\", "/").lower()
         return normalized if normalized.endswith(":/") else normalized.rstrip("/") or normalized
     if not path.startswith("/"):
@@ -239,7 +243,9 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
     unknown = [k for k in keys if k not in ("project", "sessions")]
     if unknown:
         raise InputError(f"scope: unknown key {json.dumps(unknown[0])}; {SCOPE_HELP}")
-    raise InputError(f"scope: exactly one key allowed, got {', '.join(json.dumps(k) for k in keys)}; {SCOPE_HELP}")
+    raise InputError(
+        f"scope: exactly one key allowed, got {', '.join(json.dumps(k) for k in keys)}; {SCOPE_HELP}"
+    )
 
 
 def _scope_value(raw: str, *, allow_string_json: bool) -> object:
@@ -255,7 +261,9 @@ def _scope_value(raw: str, *, allow_string_json: bool) -> object:
     except jsonlimit.TooDeep as exc:
         raise InputError(f"scope: {exc}; {SCOPE_HELP}") from None
     except ValueError:
-        raise InputError(f"scope: not JSON and not the literal all; {SCOPE_HELP}; got {_short(raw)}") from None
+        raise InputError(
+            f"scope: not JSON and not the literal all; {SCOPE_HELP}; got {_short(raw)}"
+        ) from None
 
 
 def _scope_sessions(sessions: object) -> list[str]:
@@ -391,7 +399,9 @@ def check_session_name(name: str, *, what: str = "name") -> str:
     """A name chosen for a session (`--name`): an address that can never be mistaken for a
     session id (SPEC §3: a name is never a uuid)."""
     if not AGENT_NAME.match(name.replace(" ", "-")):
-        raise InputError(f"{what}: letters, digits, '.', '_' or '-' only, at most 40 characters; got {name!r}")
+        raise InputError(
+            f"{what}: letters, digits, '.', '_' or '-' only, at most 40 characters; got {name!r}"
+        )
     if UUID_SHAPED.match(name):
         raise InputError(f"{what}: {name!r} looks like a session id (a uuid); choose a name that does not")
     return name
@@ -425,14 +435,19 @@ CLI_AGENT = "cli"  # the author of `agent-bridge decide/send/retract`; no sessio
 
 def normalize_agent(agent: object) -> str:
     if not isinstance(agent, str) or not AGENT_NAME.match(agent):
-        raise InputError("agent: expected a short name of letters, digits, '.', '_' or '-' (e.g. claude, codex)")
+        raise InputError(
+            "agent: expected a short name of letters, digits, '.', '_' or '-' (e.g. claude, codex)"
+        )
     if agent.lower() == CLI_AGENT:
         raise InputError(f"agent: {CLI_AGENT!r} is reserved for the agent-bridge command line")
     return agent.lower()
 
 
-_NOTICE_KINDS = {"decision": "a pinned owner decision notice", "retraction": "a notice that a pinned owner decision was retracted",
-                 "answer": "the owner's reply to a question this session asked (ask_owner)"}
+_NOTICE_KINDS = {
+    "decision": "a pinned owner decision notice",
+    "retraction": "a notice that a pinned owner decision was retracted",
+    "answer": "the owner's reply to a question this session asked (ask_owner)",
+}
 
 
 # The key of a decide result (broker -> MCP tool, CLI, dashboard) that lists the addresses of a
@@ -441,7 +456,9 @@ _NOTICE_KINDS = {"decision": "a pinned owner decision notice", "retraction": "a 
 UNMATCHED_ADDRESSES = "unmatchedAddresses"
 
 
-def frame_message(sender_name: str, sender_agent: str, text: str, *, kind: str = "message", own: bool = False) -> str:
+def frame_message(
+    sender_name: str, sender_agent: str, text: str, *, kind: str = "message", own: bool = False
+) -> str:
     """How a bridge message is shown to an agent (SPEC §3 Framing). One sent with the
     `agent-bridge` command line is framed as what it is: anything on this machine that can run
     a command may have sent it, so it is no more the user's word than an agent's message. One
@@ -451,7 +468,9 @@ def frame_message(sender_name: str, sender_agent: str, text: str, *, kind: str =
         what = f"{_NOTICE_KINDS[kind]} recorded" if kind in _NOTICE_KINDS else "a message"
         origin = "a local command (`agent-bridge` run on this machine by a person or a script)"
     elif own:
-        what = f"{_NOTICE_KINDS[kind]} of your own" if kind in _NOTICE_KINDS else "a message you sent yourself"
+        what = (
+            f"{_NOTICE_KINDS[kind]} of your own" if kind in _NOTICE_KINDS else "a message you sent yourself"
+        )
         origin = f"this session, {sender_name} ({sender_agent}), through agent-bridge"
         return (
             f"[agent-bridge] {what}, from {origin}; it repeats what you did, not anything from the user, "

@@ -208,7 +208,9 @@ def _carry_out(command: str, edits: list[FileEdit], dry_run: bool, titles: str, 
         print(f"agent-bridge {command}: nothing to change; {nothing}.")
         return 0
     if dry_run:
-        print(f"agent-bridge {command} --dry-run: {titles}; these changes would be made (nothing was written):")
+        print(
+            f"agent-bridge {command} --dry-run: {titles}; these changes would be made (nothing was written):"
+        )
         for edit in changed:
             print(unified_diff(edit), end="")
         return 0
@@ -226,8 +228,10 @@ def scope_warnings(scope: str, env: dict[str, str]) -> list[str]:
             "machine, and every teammate who uses these files gets it too (unset it to write portable files)"
         )
     if shutil.which(PATH_COMMAND) is None:
-        found.append(f"`{PATH_COMMAND}` is not on PATH here; the project files name it, so the hosts will not "
-                     "find it until it is (install it with pipx, or activate its virtualenv before starting them)")
+        found.append(
+            f"`{PATH_COMMAND}` is not on PATH here; the project files name it, so the hosts will not "
+            "find it until it is (install it with pipx, or activate its virtualenv before starting them)"
+        )
     return found
 
 
@@ -254,7 +258,9 @@ def uninstall_main(ns: argparse.Namespace) -> int:
     except InstallError as exc:
         print(f"agent-bridge uninstall: refused: {exc}", file=sys.stderr)
         return 1
-    done = _carry_out("uninstall", edits, ns.dry_run, titles, titles, nothing=f"no agent-bridge entries for {titles}")
+    done = _carry_out(
+        "uninstall", edits, ns.dry_run, titles, titles, nothing=f"no agent-bridge entries for {titles}"
+    )
     if done is not None:
         return done
     print("Running sessions keep their MCP server until they restart. Your agent-bridge state folder "

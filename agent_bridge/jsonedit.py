@@ -154,7 +154,9 @@ def _separators(*samples: str) -> tuple[str, str]:
     return item or ", ", key or ": "
 
 
-def _dump(value: Any, indent: str | None, base: str, nl: str, separators: tuple[str, str] = (", ", ": ")) -> str:
+def _dump(
+    value: Any, indent: str | None, base: str, nl: str, separators: tuple[str, str] = (", ", ": ")
+) -> str:
     """`value` as JSON in the file's layout: indented by `indent` from `base` (its line's
     indentation), or on one line with `separators` when `indent` is None."""
     if indent is None:
@@ -177,7 +179,13 @@ class _Editor:
             indent = None  # a value written on one line stays on one line
         # On one line, in the separators the value had (else the file's): an undo then gives back its bytes.
         separators = _separators(self.text[node.start:node.end], self.text)
-        self.cuts.append((node.start, node.end, _dump(value, indent, _line_indent(self.text, node.start), self.nl, separators)))
+        self.cuts.append(
+            (
+                node.start,
+                node.end,
+                _dump(value, indent, _line_indent(self.text, node.start), self.nl, separators),
+            )
+        )
 
     def edit(self, node: Node, old: Any, new: Any) -> None:
         if old == new and type(old) is type(new):
@@ -204,7 +212,8 @@ class _Editor:
         return self.nl + _line_indent(self.text, node.start) + self.unit, self.unit
 
     def _edit_object(self, node: Node, old: dict[str, Any], new: dict[str, Any]) -> None:
-        last_of = {key: i for i, (key, _, _) in enumerate(node.members)}  # JSON keeps a repeated key's last value
+        # JSON keeps a repeated key's last value
+        last_of = {key: i for i, (key, _, _) in enumerate(node.members)}
         if len(last_of) != len(node.members):  # a repeated key: the object anew
             self.replace(node, new)
             return
@@ -223,8 +232,13 @@ class _Editor:
         kept = [s for i, (_, s, _) in enumerate(node.members) if i not in gone]
         sep, indent = self._layout(node, kept)
         base = sep.rsplit("\n", 1)[-1] if "\n" in sep else ""
-        pieces = [json.dumps(key, ensure_ascii=False) + ": " + _dump(new[key], indent, base, self.nl) for key in added]
-        self._insert(node, kept, sep, pieces, [v.end for i, (_, _, v) in enumerate(node.members) if i not in gone])
+        pieces = [
+            json.dumps(key, ensure_ascii=False) + ": " + _dump(new[key], indent, base, self.nl)
+            for key in added
+        ]
+        self._insert(
+            node, kept, sep, pieces, [v.end for i, (_, _, v) in enumerate(node.members) if i not in gone]
+        )
 
     def _edit_array(self, node: Node, old: list[Any], new: list[Any]) -> None:
         matcher = SequenceMatcher(None, [_key(v) for v in old], [_key(v) for v in new], autojunk=False)

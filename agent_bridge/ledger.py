@@ -94,7 +94,13 @@ def save(home: Path, peer_id: str, offered: list[str], acked: list[str], *, writ
         target.unlink(missing_ok=True)
         return target
     (home / FOLDER).mkdir(mode=0o700, parents=True, exist_ok=True)
-    record = {"peerId": peer_id, "pid": who.pid, "start": who.start, "offered": list(offered), "acked": list(acked)}
+    record = {
+        "peerId": peer_id,
+        "pid": who.pid,
+        "start": who.start,
+        "offered": list(offered),
+        "acked": list(acked),
+    }
     paths.write_private(target, json.dumps(record, separators=(",", ":")))
     return target
 
@@ -180,7 +186,11 @@ def _read(target: Path) -> tuple[Record | None, str]:
 
 
 def _valid(record: Any) -> bool:
-    if not isinstance(record, dict) or not isinstance(record.get("peerId"), str) or len(record["peerId"]) > 200:
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("peerId"), str)
+        or len(record["peerId"]) > 200
+    ):
         return False
     return all(
         isinstance(record.get(key), list) and all(isinstance(i, str) and len(i) <= 200 for i in record[key])

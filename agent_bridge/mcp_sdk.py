@@ -63,7 +63,9 @@ def check() -> None:
         problems.append("stdio_server() no longer takes an explicit stdin and stdout")
     source = inspect.getsource(stdio_server)
     if "await stdout.write(" not in source or "await stdout.flush()" not in source:
-        problems.append("stdio_server() no longer writes each message with stdout.write() then stdout.flush()")
+        problems.append(
+            "stdio_server() no longer writes each message with stdout.write() then stdout.flush()"
+        )
     if problems:
         raise SDKDrift("; ".join(problems))
 

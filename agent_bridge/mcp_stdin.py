@@ -41,14 +41,25 @@ def refusal(line: str) -> dict[str, Any] | None:
     request_id = message.get("id")
     if isinstance(request_id, bool) or not isinstance(request_id, (int, str)) or unstorable_text(request_id):
         return {}  # a notification (or an id we could not echo): nothing to answer, nothing to pass on
-    problem = f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); text must be valid Unicode"
+    problem = (
+        f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); text must be valid Unicode"
+    )
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
     if message.get("method") == "tools/call" and isinstance(name, str) and unstorable_text(name) is None:
-        return {"jsonrpc": "2.0", "id": request_id, "result": {
-            "content": [{"type": "text", "text": f"Error executing tool {name}: {problem.removeprefix('params.arguments.')}"}],
-            "isError": True,
-        }}
+        return {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "result": {
+                "content": [
+                    {
+                        "type": "text",
+                        "text": f"Error executing tool {name}: {problem.removeprefix('params.arguments.')}",
+                    }
+                ],
+                "isError": True,
+            },
+        }
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": INVALID_PARAMS, "message": problem}}
 
 

@@ -16,7 +16,8 @@ LOG_NAME = "broker.log"
 CONFIG_NAME = "config.toml"
 SOCKET_NAME = "broker.sock"
 LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole life
-START_FAILURE = "broker.failed"  # why the last `up` could not start a broker (for `doctor`); removed once one runs
+# why the last `up` could not start a broker (for `doctor`); removed once one runs
+START_FAILURE = "broker.failed"
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
 PROMPTED_DIR = "prompted"  # per host session: the owner questions its UserPromptSubmit hook has shown
 
@@ -57,7 +58,8 @@ def check_home(path: Path) -> Path:
         raise HomeError(f"cannot use the state folder {path}: {exc.strerror}") from None
     import stat
 
-    if not stat.S_ISDIR(st.st_mode):  # a file there: no command may read "nothing" from it or write next to it
+    # a file there: no command may read "nothing" from it or write next to it
+    if not stat.S_ISDIR(st.st_mode):
         raise HomeError(
             f"the state folder {path} is not a folder; refusing to use it "
             "(move it aside, or set AGENT_BRIDGE_HOME to a folder of your own)"
@@ -133,8 +135,11 @@ def writable_home(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         import errno
 
-        raise OSError(errno.EACCES, f"cannot write in the state folder {path} (read-only or not yours to write); "
-                      "fix that, or set AGENT_BRIDGE_HOME to a folder you can write")
+        raise OSError(
+            errno.EACCES,
+            f"cannot write in the state folder {path} (read-only or not yours to write); "
+            "fix that, or set AGENT_BRIDGE_HOME to a folder you can write",
+        )
     return path
 
 
@@ -258,7 +263,8 @@ def pid_alive(pid: int) -> bool:
             return False
         try:
             code = ctypes.c_ulong()
-            return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+            # STILL_ACTIVE
+            return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259
         finally:
             kernel32.CloseHandle(handle)
     try:

@@ -25,7 +25,11 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
         return 2
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:
-            found = [] if conn is None else queries.query_decisions(conn, needle=needle, lookup=lookup, history=history)
+            found = (
+                []
+                if conn is None
+                else queries.query_decisions(conn, needle=needle, lookup=lookup, history=history)
+            )
             # Text history also shows when a topic's decision was withdrawn, and why.
             retractions = [] if conn is None or as_json or not history else queries.retractions(conn)
     except SchemaError as exc:
@@ -43,7 +47,9 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
         _print_history(found, retractions)
         return 0
     for d in found:
-        print(f"{visible(d.topic)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  {when(d.created_at)}")
+        print(
+            f"{visible(d.topic)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  {when(d.created_at)}"
+        )
         print(f"    {visible(d.text)}")
     return 0
 
@@ -65,15 +71,24 @@ def _print_history(found: list[Decision], retractions: list[Retraction]) -> None
                 reason = f": {visible(r.reason)}" if r.reason else ""
                 print(f"  retracted {when(r.created_at)} by {visible(r.author.name)}{reason}")
             mark = "current" if d.current else "retracted" if r is not None else "superseded"
-            print(f"  {when(d.created_at)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  ({mark})")
+            print(
+                f"  {when(d.created_at)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  ({mark})"
+            )
             print(f"      {visible(d.text)}")
 
 
 def _cannot_read(db: Path, exc: BaseException) -> int:
     """One line for the person; the traceback in broker.log for whoever debugs it."""
     busy = isinstance(exc, (apsw.BusyError, apsw.LockedError))
-    why = "it is busy (another process holds a lock on it); try again" if busy else f"{type(exc).__name__}: {exc}"
-    print(f"agent-bridge decisions: cannot read {db}: {why} (details in {paths.log_path(db.parent)})", file=sys.stderr)
+    why = (
+        "it is busy (another process holds a lock on it); try again"
+        if busy
+        else f"{type(exc).__name__}: {exc}"
+    )
+    print(
+        f"agent-bridge decisions: cannot read {db}: {why} (details in {paths.log_path(db.parent)})",
+        file=sys.stderr,
+    )
     details = "".join(traceback.format_exception(exc)).replace("\n", " | ")
     paths.append_log(db.parent, f"decisions: cannot read {db}: {details}")
     return 1

@@ -50,7 +50,11 @@ class Peer(NamedTuple):
 
     def view(self) -> SessionView:
         return SessionView(
-            id=self.id, name=self.name, project=self.project, host_session_id=self.host_session_id, kind=self.kind
+            id=self.id,
+            name=self.name,
+            project=self.project,
+            host_session_id=self.host_session_id,
+            kind=self.kind,
         )
 
     def public(self) -> JSON:

@@ -44,7 +44,8 @@ INBOX_WAIT_MAX = 60  # seconds an `inbox` call may wait for a first message
 
 _TOOLS = (
     Tool(
-        "decide", "decide",
+        "decide",
+        "decide",
         "Record a pinned owner decision every agent session in scope must follow, replacing the topic's last "
         "one. Research the owner's choice before recording it: what the user decided, not an agent.",
         _object(
@@ -54,51 +55,69 @@ _TOOLS = (
             scope=SCOPE,
             source_message_id=STRING,
         ),
-        idempotent=False, unsure="check with `decisions` before retrying", cli=True, body="tool_decide",
+        idempotent=False,
+        unsure="check with `decisions` before retrying",
+        cli=True,
+        body="tool_decide",
     ),
     Tool(
-        "decisions", "decisions",
+        "decisions",
+        "decisions",
         "Pinned owner decisions for agent sessions, newest first: look here before asking the owner. "
         "query: in topic or text; history: superseded ones too.",
         _object(query={**STRING, "maxLength": domain.QUERY_MAX}, scope=SCOPE, history=BOOLEAN),
-        idempotent=True, body="tool_decisions",
+        idempotent=True,
+        body="tool_decisions",
     ),
     Tool(
-        "whoami", "whoami",
+        "whoami",
+        "whoami",
         "This agent session's identity: id, name (its message address), agent, project.",
         _object(),
         idempotent=True,
     ),
     Tool(
-        "peers", "peers",
+        "peers",
+        "peers",
         "Agent sessions you can message (Claude Code, Codex; running or not). project: only that folder's.",
         _object(project=STRING),
         idempotent=True,
     ),
     Tool(
-        "send", "send",
+        "send",
+        "send",
         "Send a durable message to another agent session: Claude Code or Codex, running or not, unlike a host's "
         "own messaging. to: name or id; reply_to: message id you answer.",
-        _object(("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING),
-        idempotent=False, cli=True,
+        _object(
+            ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING
+        ),
+        idempotent=False,
+        cli=True,
         unsure="no tool shows what this session sent, so if you send it again say that it may arrive twice",
     ),
     Tool(
-        "inbox", None,
+        "inbox",
+        None,
         "Your inbox: messages from other agent sessions (not the user), oldest first, marked read unless peek. "
         "wait_seconds: wait for one.",
         _object(wait_seconds={"type": "number", "minimum": 0, "maximum": INBOX_WAIT_MAX}, peek=BOOLEAN),
         # An `inbox` result never written to the host acknowledges nothing.
-        idempotent=True, body="tool_inbox",
+        idempotent=True,
+        body="tool_inbox",
     ),
     Tool(
-        "ask_owner", "ask_owner",
+        "ask_owner",
+        "ask_owner",
         "Ask the human owner only what they must decide; check `decisions` first.",
         _object(
             ("question",),
             question={**STRING, "maxLength": domain.QUESTION_MAX},
             topic={**STRING, "maxLength": domain.TOPIC_MAX},
-            options={"type": "array", "maxItems": domain.OPTIONS_MAX, "items": {**STRING, "maxLength": domain.OPTION_MAX}},
+            options={
+                "type": "array",
+                "maxItems": domain.OPTIONS_MAX,
+                "items": {**STRING, "maxLength": domain.OPTION_MAX},
+            },
             scope=SCOPE,
         ),
         # Asked again, a question joins the open one it repeats: the same question, nobody added.

@@ -46,7 +46,9 @@ def _usage(prog: str, parser: argparse.ArgumentParser) -> str:
 def _usage_word(action: argparse.Action) -> str:
     if not action.option_strings:
         name = action.metavar or action.dest.upper()
-        return {"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}.get(str(action.nargs), str(name))
+        return {"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}.get(
+            str(action.nargs), str(name)
+        )
     flag = action.option_strings[-1]
     if action.nargs == 0:
         word = flag
@@ -89,7 +91,15 @@ def cli_reference() -> str:
         out += ["", *_table(_argument_rows(sub))] if _argument_rows(sub) else []
         for event, event_text, event_parser in _subcommands(sub):
             event_prog = f"{prog} {event}"
-            out += ["", f"#### `{event_prog}`", "", event_text + ".", "", f"`{_usage(event_prog, event_parser)}`", ""]
+            out += [
+                "",
+                f"#### `{event_prog}`",
+                "",
+                event_text + ".",
+                "",
+                f"`{_usage(event_prog, event_parser)}`",
+                "",
+            ]
             out += _table(_argument_rows(event_parser))
     return "\n".join(out) + "\n"
 
@@ -151,8 +161,10 @@ def hook_answers() -> str:
                     f"  - SessionStart: `{dumped(host.session_start_output('<the note>'))}`",
                     f"  - PostToolUse: `{dumped(host.post_tool_use_output(framed))}`"]
             if stop_new != stop:
-                out += [f"  - Stop, on a version that takes it (the transcript's `version`): `{dumped(stop_new)}`",
-                        f"  - Stop, otherwise: `{dumped(stop)}`"]
+                out += [
+                    f"  - Stop, on a version that takes it (the transcript's `version`): `{dumped(stop_new)}`",
+                    f"  - Stop, otherwise: `{dumped(stop)}`",
+                ]
             else:
                 out.append(f"  - Stop: `{dumped(stop)}`")
     return "\n".join(out) + "\n"
@@ -162,8 +174,13 @@ def home_files() -> str:
     from agent_bridge import install, ledger, paths
     from agent_bridge.hosts import edits
 
-    names = [(f"paths.{name}", value) for name, value in vars(paths).items()
-             if name.isupper() and isinstance(value, str) and name not in ("APP_NAME", "ALREADY_RUNNING", "PERMANENT")]
+    names = [
+        (f"paths.{name}", value)
+        for name, value in vars(paths).items()
+        if name.isupper()
+        and isinstance(value, str)
+        and name not in ("APP_NAME", "ALREADY_RUNNING", "PERMANENT")
+    ]
     names.append(("ledger.FOLDER", ledger.FOLDER))
     names.append(("ledger.IGNORED", ledger.IGNORED))
     names.extend([("install.BACKUPS", install.BACKUPS), ("hosts.edits.RECORD", edits.RECORD)])
@@ -183,7 +200,10 @@ def limits() -> str:
         ("hop limit", f"default {domain.HOP_LIMIT_DEFAULT}, at most {domain.HOP_MAX}"),
         ("SessionStart note", f"{domain.NOTE_TOPICS} decisions, {domain.NOTE_TEXT_MAX} characters of each"),
         ("wire frame", f"{protocol.MAX_FRAME} bytes"),
-        ("JSON nesting", f"{jsonlimit.MAX_DEPTH} levels of arrays and objects, on every surface that reads JSON"),
+        (
+            "JSON nesting",
+            f"{jsonlimit.MAX_DEPTH} levels of arrays and objects, on every surface that reads JSON",
+        ),
     ]
     return "\n".join(["| what | limit |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
 

@@ -56,8 +56,12 @@ def env(home: Path) -> dict[str, str]:
     return e
 
 
-def run_cli(env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout)
+def run_cli(
+    env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout
+    )
 
 
 class BrokerProcess:
@@ -153,7 +157,10 @@ async def mcp_session(
     from mcp.client.stdio import stdio_client
 
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "agent_bridge", "mcp", *args], env={**env, **(extra_env or {})}, cwd=cwd
+        command=sys.executable,
+        args=["-m", "agent_bridge", "mcp", *args],
+        env={**env, **(extra_env or {})},
+        cwd=cwd,
     )
     session_class = _claude_style_session_class() if channel else ClientSession
     async with stdio_client(params) as (read, write):

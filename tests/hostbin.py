@@ -32,7 +32,9 @@ def host_program(name: str) -> Path:
     folder = next((os.environ[v] for v in HOST_BIN_VARS if os.environ.get(v)), None)
     reason = None
     if not folder:
-        reason = f"{HOST_BIN_VARS[0]} is not set (the node_modules/.bin folder holding the real claude and codex)"
+        reason = (
+            f"{HOST_BIN_VARS[0]} is not set (the node_modules/.bin folder holding the real claude and codex)"
+        )
     elif not (Path(folder) / name).exists():
         reason = f"{HOST_BIN_VARS[0]}={folder} has no {name}"
     if reason is None:

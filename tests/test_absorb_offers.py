@@ -39,14 +39,19 @@ async def broker_in_process(home: Path) -> AsyncIterator[tuple[Broker, str]]:
     async with trio.open_nursery() as nursery:
         store = await nursery.start(partial(serve_store, paths.db_path(home), lambda line: None))
         broker = Broker(store, Settings(), home, trio.Event())
-        socket_path = await nursery.start(serve_unix, str(home / "b.sock"), partial(handle_connection, broker))
+        socket_path = await nursery.start(
+            serve_unix, str(home / "b.sock"), partial(handle_connection, broker)
+        )
         yield broker, socket_path
         nursery.cancel_scope.cancel()
 
 
 async def earlier_session(sock: str) -> str:
     """A record with host session id "earlier", not connected now."""
-    async with open_bridge_client(sock, {**PENDING, "hostSessionId": "earlier"}, keepalive=False) as (client, _):
+    async with open_bridge_client(sock, {**PENDING, "hostSessionId": "earlier"}, keepalive=False) as (
+        client,
+        _,
+    ):
         return str(client.hello["session"]["id"])  # type: ignore[index]
 
 
@@ -79,7 +84,9 @@ async def test_the_stop_hook_does_not_show_what_the_merged_connection_is_showing
                 assert now_id == earlier
                 stop = await broker.stop_check({"hostSessionId": "earlier", "agent": "codex", "host": HOST})
                 assert stop["sessionId"] == earlier
-                assert [m["id"] for m in stop["messages"]] == [], "shown by the MCP server and by the Stop hook"
+                assert [m["id"] for m in stop["messages"]] == [], (
+                    "shown by the MCP server and by the Stop hook"
+                )
                 await pending.request("ack", ids=[mid])
     assert rows(home, "SELECT peer_id, acked_at IS NOT NULL FROM receipts") == [(earlier, 1)]
 

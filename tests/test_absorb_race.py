@@ -29,13 +29,17 @@ HOST = {"pid": 4242, "start": 17, "exe": "codex"}  # the host instance the pendi
 
 
 @asynccontextmanager
-async def broker_in_process(home: Path, pause: Callable[[Broker, str], Awaitable[None]]) -> AsyncIterator[str]:
+async def broker_in_process(
+    home: Path, pause: Callable[[Broker, str], Awaitable[None]]
+) -> AsyncIterator[str]:
     paths.ensure_home(home)
     async with trio.open_nursery() as nursery:
         store = await nursery.start(partial(serve_store, paths.db_path(home), lambda line: None))
         broker = Broker(store, Settings(), home, trio.Event())
         broker.pause = partial(pause, broker)
-        socket_path = await nursery.start(serve_unix, str(home / "b.sock"), partial(handle_connection, broker))
+        socket_path = await nursery.start(
+            serve_unix, str(home / "b.sock"), partial(handle_connection, broker)
+        )
         yield socket_path
         nursery.cancel_scope.cancel()
 
@@ -47,7 +51,9 @@ def merge_at(point: str) -> tuple[Callable[[Broker, str], Awaitable[None]], list
 
     async def pause(broker: Broker, reached: str) -> None:
         if reached == point and not results:
-            results.append(await broker.identify({"hostSessionId": "earlier", "agent": "codex", "host": HOST}))
+            results.append(
+                await broker.identify({"hostSessionId": "earlier", "agent": "codex", "host": HOST})
+            )
 
     return pause, results
 
@@ -73,9 +79,10 @@ async def test_a_send_resolved_before_a_merge_reaches_the_merged_session(home):
             earlier = await setup(sock)
             pending_hello = {"agent": "codex", "project": "/w/race", "host": HOST}
             sender_hello = {"agent": "claude", "project": "/w/race", "hostSessionId": "sender"}
-            async with open_bridge_client(sock, pending_hello, keepalive=False) as (pending, pushes), open_bridge_client(
-                sock, sender_hello, keepalive=False
-            ) as (sender, _):
+            async with (
+                open_bridge_client(sock, pending_hello, keepalive=False) as (pending, pushes),
+                open_bridge_client(sock, sender_hello, keepalive=False) as (sender, _),
+            ):
                 old_id = pending.hello["session"]["id"]  # type: ignore[index]
                 assert old_id != earlier
                 result = await sender.request("send", to=old_id, text="addressed before the merge")
@@ -95,9 +102,10 @@ async def test_a_decide_resolved_before_a_merge_notifies_the_merged_session(home
             earlier = await setup(sock)
             pending_hello = {"agent": "codex", "project": "/w/race", "host": HOST}
             author_hello = {"agent": "claude", "project": "/w/race", "hostSessionId": "author"}
-            async with open_bridge_client(sock, pending_hello, keepalive=False) as (pending, pushes), open_bridge_client(
-                sock, author_hello, keepalive=False
-            ) as (author, _):
+            async with (
+                open_bridge_client(sock, pending_hello, keepalive=False) as (pending, pushes),
+                open_bridge_client(sock, author_hello, keepalive=False) as (author, _),
+            ):
                 await pending.request("whoami")  # a tool call: a real session, in the fan-out
                 result = await author.request("decide", topic="db", text="PostgreSQL")
                 assert merged and merged[0]["paired"]
@@ -106,5 +114,10 @@ async def test_a_decide_resolved_before_a_merge_notifies_the_merged_session(home
                 assert got["decision"]["id"] == result["decision"]["id"]
     decision = result["decision"]["id"]
     assert rows(
-        home, "SELECT host_key, peer_id FROM decision_deliveries WHERE decision_id = ? ORDER BY host_key", (decision,)
-    ) == [("author", rows(home, "SELECT id FROM peers WHERE host_session_id = 'author'")[0][0]), ("earlier", earlier)]
+        home,
+        "SELECT host_key, peer_id FROM decision_deliveries WHERE decision_id = ? ORDER BY host_key",
+        (decision,),
+    ) == [
+        ("author", rows(home, "SELECT id FROM peers WHERE host_session_id = 'author'")[0][0]),
+        ("earlier", earlier),
+    ]

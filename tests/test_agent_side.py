@@ -23,12 +23,15 @@ async def test_a_sessions_own_notice_and_message_are_framed_as_its_own(broker, e
         logged.append(str(params.data))
 
     with trio.fail_after(120):
-        async with mcp_session(env, "--agent", "claude", "--project", "/w/own", logging_callback=on_log) as a, \
-                mcp_session(env, "--agent", "codex", "--project", "/w/own") as b:
+        async with (
+            mcp_session(env, "--agent", "claude", "--project", "/w/own", logging_callback=on_log) as a,
+            mcp_session(env, "--agent", "codex", "--project", "/w/own") as b,
+        ):
             me = await call(a, "whoami")
             other = await call(b, "whoami")
             made = await call(a, "decide", topic="db", text="PostgreSQL 16", scope="all")
-            assert sorted(made["deliveredTo"]) == sorted([me["name"], other["name"]])  # the author still gets it
+            # the author still gets it
+            assert sorted(made["deliveredTo"]) == sorted([me["name"], other["name"]])
             await call(a, "send", to=me["name"], text="note to self: rebase")
             await call(b, "send", to=me["name"], text="from codex")
 
@@ -39,7 +42,9 @@ async def test_a_sessions_own_notice_and_message_are_framed_as_its_own(broker, e
             own_notice = next(ln for ln in logged if "PostgreSQL 16" in ln)
             assert "of your own" in own_notice and "another agent session" not in own_notice, own_notice
             to_self = next(ln for ln in logged if "note to self" in ln)
-            assert "a message you sent yourself" in to_self and "another agent session" not in to_self, to_self
+            assert "a message you sent yourself" in to_self and "another agent session" not in to_self, (
+                to_self
+            )
             foreign = next(ln for ln in logged if "from codex" in ln)
             assert f"another agent session, {other['name']} (codex)" in foreign  # others' stay as they were
 
@@ -60,19 +65,25 @@ async def test_optional_arguments_given_as_null_count_as_absent(broker, env):
             assert sent["message"]["replyTo"] is None and sent["message"]["hop"] == 1
             made = await call(a, "decide", topic="ci", text="nox", scope=None, source_message_id=None)
             assert made["decision"]["scope"] == {"project": "/w/null"}  # null scope: the default
-            assert [d["topic"] for d in await call(a, "decisions", query=None, scope=None, history=None)] == ["ci"]
+            assert [d["topic"] for d in await call(a, "decisions", query=None, scope=None, history=None)] == [
+                "ci"
+            ]
             assert await call(a, "peers", project=None)
             got = await call(a, "inbox", wait_seconds=None, peek=None)  # peek null: not a peek
             assert any(m["text"] == "hello" for m in got)
             # the same through the MCP SDK's own path (a call the fast path leaves to it: a protocol `_meta` key)
             sdk_only = {"io.modelcontextprotocol/related-task": {"taskId": "t"}}
-            via_sdk = await a.call_tool("send", {"to": me["name"], "text": "again", "reply_to": None}, meta=sdk_only)
+            via_sdk = await a.call_tool(
+                "send", {"to": me["name"], "text": "again", "reply_to": None}, meta=sdk_only
+            )
             assert not via_sdk.is_error, via_sdk.content[0].text
             waited = await a.call_tool("inbox", {"wait_seconds": None, "peek": True}, meta=sdk_only)
             assert not waited.is_error and "again" in waited.content[0].text
             # a required argument given as null is still refused, in one line
             refused = await a.call_tool("send", {"to": None, "text": "x"})
-            assert refused.is_error and "to:" in refused.content[0].text and "\n" not in refused.content[0].text
+            assert (
+                refused.is_error and "to:" in refused.content[0].text and "\n" not in refused.content[0].text
+            )
 
 
 async def test_unknown_session_addresses_are_named_in_a_second_block(broker, env):
@@ -86,6 +97,10 @@ async def test_unknown_session_addresses_are_named_in_a_second_block(broker, env
             decided = json.loads(first.text)
             assert set(decided) == {"decision", "deliveredTo"} and decided["deliveredTo"] == [me["name"]]
             assert '"ghost"' in second.text and '"spook"' in second.text and me["name"] not in second.text
-            known = await a.call_tool("decide", {"topic": "t", "text": "y", "scope": {"sessions": [me["id"]]}})
+            known = await a.call_tool(
+                "decide", {"topic": "t", "text": "y", "scope": {"sessions": [me["id"]]}}
+            )
             assert len(known.content) == 1  # every address known: the seed's one block
-            assert len((await a.call_tool("decide", {"topic": "u", "text": "z", "scope": "all"})).content) == 1
+            assert (
+                len((await a.call_tool("decide", {"topic": "u", "text": "z", "scope": "all"})).content) == 1
+            )

@@ -29,7 +29,11 @@ def test_up_detach_status_down(env, home):
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         assert stat.S_IMODE(os.stat(record["socket"]).st_mode) == 0o600
         status = json.loads(run_cli(env, "status", "--json").stdout)
-        assert status["running"] is True and status["pid"] == record["pid"] and status["schemaVersion"] == CURRENT_VERSION
+        assert (
+            status["running"] is True
+            and status["pid"] == record["pid"]
+            and status["schemaVersion"] == CURRENT_VERSION
+        )
         second = run_cli(env, "up", "--detach")  # "make sure it is up" (SPEC §2)
         assert second.returncode == 0 and f"already running for {home} (pid {record['pid']})" in second.stdout
         foreground = run_cli(env, "up")

@@ -25,12 +25,17 @@ async def test_a_host_named_claude_code_that_declared_nothing_still_gets_the_mes
     async def on_log(params: Any) -> None:
         logged.append(params)
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "agent_bridge", "mcp", "--agent", "claude",
-                                                                 "--project", "/w/named"], env=env)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "agent_bridge", "mcp", "--agent", "claude", "--project", "/w/named"],
+        env=env,
+    )
     with trio.fail_after(90):
         async with stdio_client(params) as (read, write):
             claude_like = types.Implementation(name="claude-code", version="2.1.197")
-            async with ClientSession(read, write, client_info=claude_like, logging_callback=on_log) as receiver:
+            async with ClientSession(
+                read, write, client_info=claude_like, logging_callback=on_log
+            ) as receiver:
                 await receiver.initialize()
                 async with mcp_session(env, "--agent", "codex", "--project", "/w/sender") as sender:
                     await call(sender, "send", to="claude-named", text="only the inbox can show this")
@@ -52,7 +57,9 @@ async def test_a_waiting_message_is_announced_once_not_at_every_tool_call(broker
         logged.append(str(params.data))
 
     with trio.fail_after(90):
-        async with mcp_session(env, "--agent", "claude", "--project", "/w/once", logging_callback=on_log) as receiver:
+        async with mcp_session(
+            env, "--agent", "claude", "--project", "/w/once", logging_callback=on_log
+        ) as receiver:
             await call(receiver, "whoami")
             async with mcp_session(env, "--agent", "codex", "--project", "/w/once-sender") as sender:
                 await call(sender, "send", to="claude-once", text="announce me once")

@@ -62,18 +62,25 @@ async def test_owner_commands_speak_to_people_and_json_to_scripts(broker, env, h
             assert set(result) == {"decision", "deliveredTo"} and result["deliveredTo"] == [me["name"]]
             assert result["decision"]["text"] == "SQLite" and result["decision"]["scope"] == {"project": proj}
             third = cli(env, "decide", "db", "MySQL", "--scope", "all")
-            assert f"Recorded db for all sessions (supersedes \u201cSQLite\u201d by cli); told {display.visible(me['name'])}." \
+            assert (
+                f"Recorded db for all sessions (supersedes \u201cSQLite\u201d by cli); told {display.visible(me['name'])}."
                 == third.stdout.strip()
+            )
 
             # decisions: the scope in words; history grouped under its topic; agents' text made visible
             listed = cli(env, "decisions").stdout
             assert "db  for all sessions  by cli" in listed and "[" not in listed.splitlines()[0]
             history = cli(env, "decisions", "--history").stdout.splitlines()
             assert history[0] == "db  (current; 3 revisions)"
-            assert [ln.split("  ")[-1] for ln in history if ln.startswith("  2")] == ["(current)", "(superseded)",
-                                                                                   "(superseded)"]
+            assert [ln.split("  ")[-1] for ln in history if ln.startswith("  2")] == [
+                "(current)",
+                "(superseded)",
+                "(superseded)",
+            ]
             assert f"for project {display.visible(proj)}" in history[3]
-            assert "Postgres\\x1b]0;pwned\\x07" in "\n".join(history) and not CONTROL.search("\n".join(history))
+            assert "Postgres\\x1b]0;pwned\\x07" in "\n".join(history) and not CONTROL.search(
+                "\n".join(history)
+            )
             exact = json.loads(cli(env, "decisions", "--history", "--json").stdout)
             assert exact[-1]["text"] == ESC_TEXT  # --json stays exact
 
@@ -127,8 +134,24 @@ def test_exit_codes_and_help(env, home):
     assert bare.returncode == 0 and bare.stdout.startswith("usage: agent-bridge") and "decide" in bare.stdout
     unknown = run_cli(env, "--frobnicate")
     assert unknown.returncode == 2 and "--frobnicate" in unknown.stderr
-    for command in ("up", "down", "status", "mcp", "hook", "dashboard", "decisions", "install", "uninstall", "doctor",
-                    "decide", "send", "retract", "sessions", "forget", "demo"):
+    for command in (
+        "up",
+        "down",
+        "status",
+        "mcp",
+        "hook",
+        "dashboard",
+        "decisions",
+        "install",
+        "uninstall",
+        "doctor",
+        "decide",
+        "send",
+        "retract",
+        "sessions",
+        "forget",
+        "demo",
+    ):
         shown = run_cli(env, command, "--help").stdout
         body = shown.split("\n\n")
         assert len(body[1]) > 40 and not body[1].startswith(("positional", "options")), (command, shown)
@@ -146,10 +169,16 @@ async def test_a_name_shared_by_gone_sessions_is_refused_with_the_candidates(env
         with trio.fail_after(180):
             ids = []
             for hsid in ("hs-old", "hs-new"):
-                async with mcp_session(env, "--agent", "codex", "--project", "/w/gone", "--host-session-id", hsid) as s:
+                async with mcp_session(
+                    env, "--agent", "codex", "--project", "/w/gone", "--host-session-id", hsid
+                ) as s:
                     ids.append((await call(s, "whoami"))["id"])
-                wait_until(lambda: not any(x["connected"] for x in json.loads(run_cli(env, "sessions", "--json").stdout)),
-                           what="the session to be gone")
+                wait_until(
+                    lambda: (
+                        not any(x["connected"] for x in json.loads(run_cli(env, "sessions", "--json").stdout))
+                    ),
+                    what="the session to be gone",
+                )
             listed = json.loads(run_cli(env, "sessions", "--json").stdout)
             assert sorted(x["name"] for x in listed) == ["codex-gone", "codex-gone"] and len(set(ids)) == 2
 
@@ -158,12 +187,16 @@ async def test_a_name_shared_by_gone_sessions_is_refused_with_the_candidates(env
                 assert "'codex-gone' names 2 sessions" in line and all(i in line for i in ids), line
                 assert "last seen" in line
             assert len(json.loads(run_cli(env, "sessions", "--json").stdout)) == 2  # nothing forgotten
-            assert json.loads(run_cli(env, "sessions", "--json").stdout)[0]["unacknowledged"] == 0  # nothing sent
+            # nothing sent
+            assert json.loads(run_cli(env, "sessions", "--json").stdout)[0]["unacknowledged"] == 0
 
             # exactly one of them connected: that one gets the message
             async with AsyncExitStack() as stack:
                 back = await stack.enter_async_context(
-                    mcp_session(env, "--agent", "codex", "--project", "/w/gone", "--host-session-id", "hs-old"))
+                    mcp_session(
+                        env, "--agent", "codex", "--project", "/w/gone", "--host-session-id", "hs-old"
+                    )
+                )
                 assert (await call(back, "whoami"))["id"] == ids[0]
                 sent = json.loads(run_cli(env, "send", "codex-gone", "to the live one", "--json").stdout)
                 assert sent["message"]["to"]["id"] == ids[0] and sent["recipientConnected"] is True

@@ -14,7 +14,17 @@ from tests.conftest import call, call_error, mcp_session, run_cli
 
 pytestmark = pytest.mark.slow
 
-DECISION_FIELDS = {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes", "current"}
+DECISION_FIELDS = {
+    "id",
+    "topic",
+    "text",
+    "scope",
+    "author",
+    "createdAt",
+    "sourceMessageId",
+    "supersedes",
+    "current",
+}
 
 
 async def inbox(session, **args):
@@ -69,8 +79,13 @@ async def test_decide_notifies_exactly_the_connected_non_job_sessions_in_scope(b
             assert decision["scope"] == {"project": proj}  # omitted scope = the caller's project
             assert decision["author"] == {"id": me["id"], "name": "claude-app", "agent": "claude"}
             assert before <= decision["createdAt"] <= after
-            assert decision["supersedes"] is None and decision["sourceMessageId"] is None and decision["current"] is True
-            assert result["deliveredTo"] == ["claude-app", "codex-app"]  # sorted; job and other project excluded
+            assert (
+                decision["supersedes"] is None
+                and decision["sourceMessageId"] is None
+                and decision["current"] is True
+            )
+            # sorted; job and other project excluded
+            assert result["deliveredTo"] == ["claude-app", "codex-app"]
 
             for session in (a, b):
                 got = await inbox(session, wait_seconds=10)
@@ -92,7 +107,9 @@ async def test_decide_notifies_exactly_the_connected_non_job_sessions_in_scope(b
 
             # sessions scope, by name, id and host session id (here: the other's id)
             c_id = (await call(c, "whoami"))["id"]
-            targeted = await call(a, "decide", topic="style", text="tabs", scope={"sessions": ["codex-app", c_id]})
+            targeted = await call(
+                a, "decide", topic="style", text="tabs", scope={"sessions": ["codex-app", c_id]}
+            )
             assert targeted["deliveredTo"] == ["claude-other", "codex-app"]
             assert (await inbox(b, wait_seconds=10))[0]["decision"]["topic"] == "style"
             assert (await inbox(c, wait_seconds=10))[0]["decision"]["topic"] == "style"
@@ -122,7 +139,9 @@ async def test_supersede_history_provenance_and_lookups(broker, env, home):
             # supersedes across scopes, including a scope change
             second = (await call(c, "decide", topic="DB", text="PostgreSQL", scope="all"))["decision"]
             assert second["supersedes"] == first["id"] and second["current"] is True
-            third = (await call(b, "decide", topic="db ", text="DuckDB", scope='{"project": "/work/other/"}'))["decision"]
+            third = (
+                await call(b, "decide", topic="db ", text="DuckDB", scope='{"project": "/work/other/"}')
+            )["decision"]
             assert third["scope"] == {"project": other} and third["supersedes"] == second["id"]
 
             hist = await call(a, "decisions", scope="all", history=True)
@@ -134,34 +153,55 @@ async def test_supersede_history_provenance_and_lookups(broker, env, home):
 
             # provenance: an existing bridge message is kept; anything else is null
             sent = (await call(b, "send", to="claude-app", text="which camera?"))["message"]
-            with_source = (await call(a, "decide", topic="camera", text="hold", source_message_id=sent["id"]))["decision"]
+            with_source = (
+                await call(a, "decide", topic="camera", text="hold", source_message_id=sent["id"])
+            )["decision"]
             assert with_source["sourceMessageId"] == sent["id"]
-            bogus = (await call(a, "decide", topic="camera", text="tap", source_message_id="no-such-message"))["decision"]
+            bogus = (
+                await call(a, "decide", topic="camera", text="tap", source_message_id="no-such-message")
+            )["decision"]
             assert bogus["sourceMessageId"] is None and bogus["supersedes"] == with_source["id"]
 
             # lookups
             await call(a, "decide", topic="global", text="be kind", scope="all")
-            await call(c, "decide", topic="to-a", text="for claude-app only", scope={"sessions": [a_me["id"]]})
-            await call(c, "decide", topic="to-c", text="for claude-other only", scope={"sessions": [c_me["name"]]})
+            await call(
+                c, "decide", topic="to-a", text="for claude-app only", scope={"sessions": [a_me["id"]]}
+            )
+            await call(
+                c, "decide", topic="to-c", text="for claude-other only", scope={"sessions": [c_me["name"]]}
+            )
             mine = [d["topic"] for d in await call(a, "decisions")]
             assert mine == ["to-a", "global", "camera"]  # project + global + addressed to the caller
             assert [d["topic"] for d in await call(b, "decisions")] == ["global", "camera"]
             assert [d["topic"] for d in await call(a, "decisions", scope="all")] == ["global"]
             # any project lookup through MCP includes decisions addressed to the caller (SPEC §4.2)
-            assert [d["topic"] for d in await call(a, "decisions", scope={"project": other})] == ["to-a", "global", "db"]
-            assert [d["topic"] for d in await call(b, "decisions", scope={"project": other})] == ["global", "db"]
+            assert [d["topic"] for d in await call(a, "decisions", scope={"project": other})] == [
+                "to-a",
+                "global",
+                "db",
+            ]
+            assert [d["topic"] for d in await call(b, "decisions", scope={"project": other})] == [
+                "global",
+                "db",
+            ]
             by_name = await call(b, "decisions", scope={"sessions": ["claude-app"]})
-            assert [d["topic"] for d in by_name] == ["to-a", "global"]  # recorded under the id, looked up by name
+            # recorded under the id, looked up by name
+            assert [d["topic"] for d in by_name] == ["to-a", "global"]
             assert [d["topic"] for d in await call(b, "decisions", query="KIND")] == ["global"]
             assert [d["topic"] for d in await call(b, "decisions", query="tap")] == ["camera"]
             assert await call(b, "decisions", query="nothing like this") == []
-            assert [d["text"] for d in await call(b, "decisions", query="camera", history=True)] == ["tap", "hold"]
+            assert [d["text"] for d in await call(b, "decisions", query="camera", history=True)] == [
+                "tap",
+                "hold",
+            ]
 
 
 async def test_windows_scope_and_bad_input_stores_nothing(broker, env, home):
     with trio.fail_after(120):
         async with mcp_session(env, "--agent", "claude", "--project", "/work/app") as a:
-            win = (await call(a, "decide", topic="path", text="x", scope={"project": "C:\\Users\\Me\\Proj"}))["decision"]
+            win = (await call(a, "decide", topic="path", text="x", scope={"project": "C:\\Users\\Me\\Proj"}))[
+                "decision"
+            ]
             assert win["scope"] == {"project": "c:/users/me/proj"}
             found = await call(a, "decisions", scope='{"project": "c:/users/me/proj/"}')
             assert [d["id"] for d in found] == [win["id"]]
@@ -174,7 +214,10 @@ async def test_windows_scope_and_bad_input_stores_nothing(broker, env, home):
                 ({"topic": "t", "text": " "}, "text"),
                 ({"topic": "t", "text": "x" * 4001}, "4000"),
                 ({"topic": "t", "text": "x", "scope": {"folder": "/x"}}, 'unknown key "folder"'),
-                ({"topic": "t", "text": "x", "scope": {"project": "/x", "sessions": ["a"]}}, "exactly one key"),
+                (
+                    {"topic": "t", "text": "x", "scope": {"project": "/x", "sessions": ["a"]}},
+                    "exactly one key",
+                ),
                 ({"topic": "t", "text": "x", "scope": {"project": "relative/dir"}}, "relative"),
                 ({"topic": "t", "text": "x", "scope": {"sessions": []}}, "empty list"),
                 ({"topic": "t", "text": "x", "scope": {"sessions": [3]}}, "expected a string"),
@@ -199,7 +242,10 @@ async def test_names_dedupe_and_peers(broker, env):
             assert names == ["claude-site", "claude-site-2"]
             listed = await call(a, "peers")
             assert {p["name"] for p in listed if p["connected"]} == {"claude-site", "claude-site-2"}
-            assert all(set(p) == {"id", "name", "agent", "project", "hostSessionId", "kind", "connected"} for p in listed)
+            assert all(
+                set(p) == {"id", "name", "agent", "project", "hostSessionId", "kind", "connected"}
+                for p in listed
+            )
             assert [p["name"] for p in await call(a, "peers", project="/elsewhere")] == []
 
 

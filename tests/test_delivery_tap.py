@@ -35,7 +35,9 @@ class Calls(StoreCalls):
     """The broker's facade, plus what these tests read or write directly, on the store thread."""
 
     async def peer(self, name: str, hsid: str | None = None) -> SessionView:
-        peer = await self.create_peer(agent="codex", name=name, project="/w", kind="interactive", host_session_id=hsid, now=1)
+        peer = await self.create_peer(
+            agent="codex", name=name, project="/w", kind="interactive", host_session_id=hsid, now=1
+        )
         return SessionView(peer.id, peer.name, "/w", hsid)
 
     async def send(self, sender: SessionView, to: SessionView, *texts: str) -> list[dict]:
@@ -45,7 +47,9 @@ class Calls(StoreCalls):
         return [q.message for q in await self.queued_in_db(peer)]
 
     async def queued_in_db(self, peer: SessionView) -> list[queries.Queued]:
-        return await self.runner.run(queries.unacked_messages, self.runner.store.conn, peer.id, current_schema=True)
+        return await self.runner.run(
+            queries.unacked_messages, self.runner.store.conn, peer.id, current_schema=True
+        )
 
     async def texts_in_db(self, peer: SessionView) -> list[str]:
         return [m.text for m in await self.rows_in_db(peer)]

@@ -67,7 +67,9 @@ def test_ci_runs_exactly_the_readme_test_command():
     """`.ci/run` runs the command the README gives for testing (lint, typecheck and tests), so
     what passes on CI is what a contributor runs."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    command = next(line for line in readme.splitlines() if "nox -s" in line and line.startswith("python3 -m pip"))
+    command = next(
+        line for line in readme.splitlines() if "nox -s" in line and line.startswith("python3 -m pip")
+    )
     assert "lint" in command and "typecheck" in command and "tests" in command
     ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
           if line.strip() and not line.startswith(("#", "set ", "cd "))]

@@ -86,12 +86,22 @@ def test_broken_setup_fails_and_says_what_to_fix(tmp_path, user_home, workdir):
     conn = apsw.Connection(str(paths.db_path(bridge)))
     conn.execute("PRAGMA user_version = 42")
     conn.close()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (bridge / paths.BROKER_JSON).write_text(json.dumps({"pid": int(gone.stdout), "socket": str(bridge / "broker.sock")}))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (bridge / paths.BROKER_JSON).write_text(
+        json.dumps({"pid": int(gone.stdout), "socket": str(bridge / "broker.sock")})
+    )
     # Claude Code: an MCP entry whose program is gone, and no hooks at all.
-    (user_home / ".claude.json").write_text(json.dumps(
-        {"mcpServers": {"agent-bridge": {"type": "stdio", "command": "/gone/bin/agent-bridge", "args": ["mcp"]}}}
-    ))
+    (user_home / ".claude.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "agent-bridge": {"type": "stdio", "command": "/gone/bin/agent-bridge", "args": ["mcp"]}
+                }
+            }
+        )
+    )
     # Codex: hooks switched off, a config that does not parse in the project.
     (user_home / ".codex" / "config.toml").write_text("[features]\nhooks = false\n")
     (workdir / ".codex").mkdir()
@@ -228,8 +238,12 @@ def set_state(user_home: Path, workdir: Path, state: dict[str, dict], project_se
     """Write one approval state; the project's settings.json keeps the hooks install put there."""
     (workdir / ".claude" / "settings.local.json").write_text(json.dumps(state.get("local", {})))
     (user_home / ".claude" / "settings.json").write_text(json.dumps(state.get("user", {})))
-    (workdir / ".claude" / "settings.json").write_text(json.dumps({**project_settings, **state.get("project", {})}))
-    (user_home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True, **state["claude_json"]}))
+    (workdir / ".claude" / "settings.json").write_text(
+        json.dumps({**project_settings, **state.get("project", {})})
+    )
+    (user_home / ".claude.json").write_text(
+        json.dumps({"hasCompletedOnboarding": True, **state["claude_json"]})
+    )
 
 
 EXPECTED_APPROVAL = {"pending": "warn", "approved": "ok", "all approved": "ok", "rejected": "FAIL",
@@ -264,7 +278,9 @@ def test_real_claude_agrees_on_project_server_approval(tmp_path, user_home, work
         set_state(user_home, workdir, state, project_settings)
         listed = subprocess.run([str(claude), "mcp", "list"], env=host_env, cwd=workdir, capture_output=True,
                                 text=True, timeout=120).stdout
-        host_says_it_starts = "agent-bridge: agent-bridge mcp --agent claude - " in listed and "Pending" not in listed
+        host_says_it_starts = (
+            "agent-bridge: agent-bridge mcp --agent claude - " in listed and "Pending" not in listed
+        )
         assert host_says_it_starts == (EXPECTED_APPROVAL[name] == "ok"), (name, listed)
 
 
@@ -312,14 +328,27 @@ def test_real_claude_runs_hooks_of_both_scopes(tmp_path, user_home, workdir):
         def do_POST(self):
             self.rfile.read(int(self.headers.get("content-length", 0)))
             events = [
-                {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "model": "m",
-                                                      "content": [], "stop_reason": None, "stop_sequence": None,
-                                                      "usage": {"input_tokens": 1, "output_tokens": 1}}},
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "m",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": "m",
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": 1, "output_tokens": 1},
+                    },
+                },
                 {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                 {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
                 {"type": "content_block_stop", "index": 0},
-                {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                 "usage": {"output_tokens": 1}},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 1},
+                },
                 {"type": "message_stop"},
             ]
             body = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
@@ -346,14 +375,31 @@ def test_real_claude_runs_hooks_of_both_scopes(tmp_path, user_home, workdir):
         host_env = {"HOME": str(user_home), "PATH": env["PATH"], **CLAUDE_OFFLINE_ENV,
                     "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}"}
         session = subprocess.run(
-            [str(claude), "-p", "hi", "--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose",
-             "--include-hook-events"], env=host_env, cwd=workdir, capture_output=True, text=True, timeout=120)
+            [
+                str(claude),
+                "-p",
+                "hi",
+                "--dangerously-skip-permissions",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--include-hook-events",
+            ],
+            env=host_env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         events = [json.loads(line) for line in session.stdout.splitlines() if line.startswith("{")]
-        started = [e for e in events if e.get("subtype") == "hook_started" and e.get("hook_event") == "SessionStart"]
+        started = [
+            e for e in events if e.get("subtype") == "hook_started" and e.get("hook_event") == "SessionStart"
+        ]
         assert len(started) == 2, session.stdout[-2000:]
     finally:
         server.shutdown()
-        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # in case anything started one
+        # in case anything started one
+        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)
 
 
 def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tmp_path, user_home, workdir):
@@ -375,16 +421,33 @@ def test_real_codex_runs_the_session_start_hook_only_when_doctor_says_trusted(tm
 
     def session_start_ran() -> bool:
         proc = subprocess.Popen(
-            [str(codex), "exec", "-c", "features.plugins=false", "-c", "mcp_servers.agent-bridge.enabled=false",
-             "--skip-git-repo-check", "--json", "hello"], env=dict(env, FAKE_KEY="x"), cwd=workdir,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+            [
+                str(codex),
+                "exec",
+                "-c",
+                "features.plugins=false",
+                "-c",
+                "mcp_servers.agent-bridge.enabled=false",
+                "--skip-git-repo-check",
+                "--json",
+                "hello",
+            ],
+            env=dict(env, FAKE_KEY="x"),
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         try:
             assert proc.stdout is not None
             turn = False
             for line in proc.stdout:  # SessionStart hooks run once the turn starts, before its first request
                 kind = json.loads(line).get("type")
                 turn = turn or kind == "turn.started"
-                if turn and kind in ("error", "turn.failed"):  # that request failed (the model is a closed port)
+                # that request failed (the model is a closed port)
+                if turn and kind in ("error", "turn.failed"):
                     break
         finally:
             os.killpg(proc.pid, 9)
@@ -422,9 +485,14 @@ def test_reach_says_per_host_which_paths_the_setup_uses(tmp_path, user_home, wor
     out = run(with_path(env, old), workdir, "doctor").stdout
     line = reach_line(out, "Claude Code")
     assert line.split()[0] == "ok" and "2 at Stop: the block decision" in line and "2.1.162" in line, line
-    assert "1 between tool calls: PostToolUse hook" in line and "4 at start, resume, compaction: SessionStart hook" in line
+    assert (
+        "1 between tool calls: PostToolUse hook" in line
+        and "4 at start, resume, compaction: SessionStart hook" in line
+    )
     codex = reach_line(out, "Codex")
-    assert "2 at Stop: the block decision" in codex and "1 between tool calls: PostToolUse hook" in codex, codex
+    assert "2 at Stop: the block decision" in codex and "1 between tool calls: PostToolUse hook" in codex, (
+        codex
+    )
 
     settings = user_home / ".claude" / "settings.json"
     data = json.loads(settings.read_text())
@@ -461,8 +529,19 @@ def test_nothing_connected_is_said_not_all_checks_passed(broker, env, tmp_path, 
 def test_a_project_server_whose_command_is_not_on_path_fails(tmp_path, user_home, workdir):
     env = plain_env(user_home, tmp_path / "bridge")
     assert run(env, workdir, "install", "--claude").returncode == 0  # user scope: an absolute path, fine
-    (workdir / ".mcp.json").write_text(json.dumps(
-        {"mcpServers": {"agent-bridge": {"type": "stdio", "command": "agent-bridge", "args": ["mcp", "--agent", "claude"]}}}))
+    (workdir / ".mcp.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "agent-bridge": {
+                        "type": "stdio",
+                        "command": "agent-bridge",
+                        "args": ["mcp", "--agent", "claude"],
+                    }
+                }
+            }
+        )
+    )
     folders = env["PATH"].split(os.pathsep)
     env["PATH"] = os.pathsep.join(f for f in folders if not (Path(f) / "agent-bridge").exists())
     result = run(env, workdir, "doctor")

@@ -157,7 +157,11 @@ def test_bad_scopes_name_the_problem(bad, fragment):
 
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @given(json_values)
@@ -180,7 +184,10 @@ C = SessionView(id="id-c", name="claude-other", project="/w/other")
 
 def test_delivery_scope_matching():
     assert all(scope_applies("all", s) for s in (A, B, C))
-    assert [s.name for s in (A, B, C) if scope_applies({"project": "/w/proj"}, s)] == ["claude-proj", "codex-proj"]
+    assert [s.name for s in (A, B, C) if scope_applies({"project": "/w/proj"}, s)] == [
+        "claude-proj",
+        "codex-proj",
+    ]
     for address in ("claude-proj", "id-a", "host-a"):
         assert scope_applies({"sessions": [address]}, A)
         assert not scope_applies({"sessions": [address]}, B)
@@ -205,9 +212,14 @@ def test_lookup_rules():
 addresses = st.sampled_from(["a", "b", "c", "d"])
 
 
-@given(st.lists(addresses, min_size=1, max_size=3, unique=True), st.lists(addresses, min_size=1, max_size=3, unique=True))
+@given(
+    st.lists(addresses, min_size=1, max_size=3, unique=True),
+    st.lists(addresses, min_size=1, max_size=3, unique=True),
+)
 def test_sessions_matching_is_set_intersection(recorded, looked_up):
-    assert lookup_matches({"sessions": recorded}, {"sessions": looked_up}) == bool(set(recorded) & set(looked_up))
+    assert lookup_matches({"sessions": recorded}, {"sessions": looked_up}) == bool(
+        set(recorded) & set(looked_up)
+    )
 
 
 @given(st.sampled_from(["/p", "/q"]), st.sampled_from(["/p", "/q"]))
@@ -245,7 +257,17 @@ def test_render_has_exactly_the_seed_fields():
     # A row in the order of store.queries.DECISION_COLUMNS: seq first, current as SQLite gives it (0/1).
     row = (7, "d1", "camera", "Hold", '"all"', "p", "claude-x", "claude", 1, None, None, 1)
     rendered = Decision.from_row(row).to_json()
-    assert set(rendered) == {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes", "current"}
+    assert set(rendered) == {
+        "id",
+        "topic",
+        "text",
+        "scope",
+        "author",
+        "createdAt",
+        "sourceMessageId",
+        "supersedes",
+        "current",
+    }
     assert rendered["author"] == {"id": "p", "name": "claude-x", "agent": "claude"}
     assert rendered["current"] is True and rendered["scope"] == "all"
 

@@ -13,7 +13,14 @@ from agent_bridge.hooks.common import HookInput
 from agent_bridge.hosts import claude
 from agent_bridge.hosts.base import Host
 
-HOOK_ANSWERS = {"session_start_output", "stop_output", "post_tool_use_output", "runs_waiter", "user_prompt_output"}  # Host's defaults: the form both hosts document
+# Host's defaults: the form both hosts document
+HOOK_ANSWERS = {
+    "session_start_output",
+    "stop_output",
+    "post_tool_use_output",
+    "runs_waiter",
+    "user_prompt_output",
+}
 HOST_METHODS = sorted(
     name for name, value in vars(Host).items()
     if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS
@@ -119,7 +126,10 @@ def test_claude_transcript_version_reads_only_the_tail_and_skips_bad_lines(tmp_p
 def test_codex_stop_answer_is_always_the_block_decision(tmp_path):
     """Codex 0.171 documents no additionalContext on Stop (stop.command.output.schema.json)."""
     path = transcript(tmp_path, {"type": "assistant", "version": "2.1.332"})
-    assert hosts.by_name("codex").stop_output("why", stop_hook_input(path)) == {"decision": "block", "reason": "why"}
+    assert hosts.by_name("codex").stop_output("why", stop_hook_input(path)) == {
+        "decision": "block",
+        "reason": "why",
+    }
 
 
 def test_codex_wakes_only_where_declared(tmp_path, monkeypatch):

@@ -64,7 +64,11 @@ class RawMcp:
     async def initialize(self) -> None:
         await self.request(
             "initialize",
-            {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "raw-host", "version": "1"}},
+            {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "raw-host", "version": "1"},
+            },
         )
         await self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
@@ -87,7 +91,11 @@ class RawMcp:
 @asynccontextmanager
 async def raw_mcp(env: dict[str, str], *args: str):
     proc = await trio.lowlevel.open_process(
-        [*CLI, "mcp", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        [*CLI, "mcp", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     client = RawMcp(proc)
     try:
@@ -126,7 +134,9 @@ async def test_broker_kill_9_and_restart_keeps_the_session(env, home):
                 shown = (await call(s, "send", to=me["id"], text="shown before the kill"))["message"]
                 assert [m["id"] for m in await r.inbox_until(1)] == [shown["id"]]
                 wait_until(
-                    lambda: rows(home, "SELECT acked_at FROM receipts WHERE message_id = ?", shown["id"])[0][0],
+                    lambda: rows(home, "SELECT acked_at FROM receipts WHERE message_id = ?", shown["id"])[0][
+                        0
+                    ],
                     what="the shown message acknowledged",
                 )
                 before = (await call(s, "send", to=me["id"], text="sent before the kill"))["message"]
@@ -137,12 +147,19 @@ async def test_broker_kill_9_and_restart_keeps_the_session(env, home):
                 again = await r.tool("whoami")
                 assert again == me  # same id, name, everything
                 got = await r.inbox_until(2)
-                assert [m["id"] for m in got] == [before["id"], during["id"]]  # the shown one is not shown again
+                # the shown one is not shown again
+                assert [m["id"] for m in got] == [before["id"], during["id"]]
                 listed = [p for p in await call(s, "peers") if p["project"] == "/w/resume"]
                 assert len(listed) == 1 and listed[0]["id"] == me["id"] and listed[0]["connected"]
                 wait_until(
-                    lambda: rows(home, "SELECT count(*) FROM receipts WHERE peer_id = ? AND acked_at IS NULL", me["id"])
-                    == [(0,)],
+                    lambda: (
+                        rows(
+                            home,
+                            "SELECT count(*) FROM receipts WHERE peer_id = ? AND acked_at IS NULL",
+                            me["id"],
+                        )
+                        == [(0,)]
+                    ),
                     what="every shown receipt acknowledged",
                 )
     finally:
@@ -202,10 +219,14 @@ async def test_a_host_restarting_its_mcp_server_gets_the_same_session(broker, en
         with trio.fail_after(120):
             first = json.loads((await trio.to_thread.run_sync(ask, "start"))["content"][0]["text"])
             async with mcp_session(env, "--agent", "codex", "--project", "/w/sender") as s:
-                unread = (await call(s, "send", to=first["name"], text="before the restart, unread"))["message"]
+                unread = (await call(s, "send", to=first["name"], text="before the restart, unread"))[
+                    "message"
+                ]
                 assert (await trio.to_thread.run_sync(ask, "stop"))["exit"] == 0
                 by_id = (await call(s, "send", to=first["id"], text="while your server restarted"))["message"]
-                by_name = (await call(s, "send", to=first["name"], text="by name while it was down"))["message"]
+                by_name = (await call(s, "send", to=first["name"], text="by name while it was down"))[
+                    "message"
+                ]
             second = json.loads((await trio.to_thread.run_sync(ask, "start"))["content"][0]["text"])
             assert second == first
             shown = json.loads((await trio.to_thread.run_sync(ask, "inbox"))["content"][0]["text"])
@@ -226,7 +247,8 @@ def dashboard_sessions(home: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "check_env",
-    [{}, {"CLAUDE_CODE_SESSION_ID": str(uuid.uuid4())}],  # `claude mcp list` 2.1.197 sets a fresh one per probe
+    # `claude mcp list` 2.1.197 sets a fresh one per probe
+    [{}, {"CLAUDE_CODE_SESSION_ID": str(uuid.uuid4())}],
     ids=["no-host-id", "claude-env-id"],
 )
 async def test_a_health_check_leaves_nothing_behind(broker, env, home, check_env):
@@ -238,7 +260,8 @@ async def test_a_health_check_leaves_nothing_behind(broker, env, home, check_env
             others = "SELECT message_id, peer_id, delivered_at, acked_at FROM receipts WHERE peer_id != ? ORDER BY 1"
             receipts_before = rows(home, others, me["id"])
 
-            async with raw_mcp({**env, **check_env}, "--project", "/w/real") as check:  # `claude mcp list` and the like
+            # `claude mcp list` and the like
+            async with raw_mcp({**env, **check_env}, "--project", "/w/real") as check:
                 await check.request("tools/list", {})
 
                 async def listed():
@@ -275,13 +298,16 @@ def log_lines(home: Path) -> int:
 @pytest.mark.parametrize(
     ("first", "second", "winner"),
     [
-        (("--host-session-id", "dup-session"), ("--host-session-id", "dup-session"), "first"),  # a tie: incumbent
+        # a tie: incumbent
+        (("--host-session-id", "dup-session"), ("--host-session-id", "dup-session"), "first"),
         (("--host-session-id", "dup-session"), ("--claude-env",), "first"),  # a weaker source never takes it
         (("--claude-env",), ("--host-session-id", "dup-session"), "second"),  # a stronger one does, once
     ],
     ids=["tie", "weaker-second", "stronger-second"],
 )
-async def test_two_servers_for_one_host_session_do_not_evict_each_other(broker, env, home, first, second, winner):
+async def test_two_servers_for_one_host_session_do_not_evict_each_other(
+    broker, env, home, first, second, winner
+):
     def server_args(spec: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
         if spec == ("--claude-env",):
             return ("--project", "/w/dup"), {"CLAUDE_CODE_SESSION_ID": "dup-session"}
@@ -303,10 +329,15 @@ async def test_two_servers_for_one_host_session_do_not_evict_each_other(broker, 
                 await wait_for(refused, timeout=30, what="the losing server refused")
                 cpu_start, lines_start = broker_cpu_seconds(broker.pid), log_lines(home)
                 await trio.sleep(10)  # an observation window, not a wait for something
-                cpu_used, lines_added = broker_cpu_seconds(broker.pid) - cpu_start, log_lines(home) - lines_start
+                cpu_used, lines_added = (
+                    broker_cpu_seconds(broker.pid) - cpu_start,
+                    log_lines(home) - lines_start,
+                )
                 assert lines_added <= 3, (home / paths.LOG_NAME).read_text()[-2000:]
                 assert cpu_used < 0.5  # an eviction loop burns about a quarter of a core
-                said = (home / paths.LOG_NAME).read_text(errors="replace").count("refused a second connection")
+                said = (
+                    (home / paths.LOG_NAME).read_text(errors="replace").count("refused a second connection")
+                )
                 assert said == 1  # why, once
                 assert "already connected" in await call_error(loser, "whoami")
                 holding = await call(holder, "whoami")
@@ -316,7 +347,9 @@ async def test_two_servers_for_one_host_session_do_not_evict_each_other(broker, 
 
 def test_a_uuid_name_is_refused_with_a_clear_error(broker, env):
     name = str(uuid.uuid4())
-    done = subprocess.run([*CLI, "mcp", "--name", name], env=env, input="", capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*CLI, "mcp", "--name", name], env=env, input="", capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "--name" in done.stderr and "uuid" in done.stderr
     assert "Traceback" not in done.stderr
@@ -324,7 +357,9 @@ def test_a_uuid_name_is_refused_with_a_clear_error(broker, env):
 
 async def test_another_sessions_address_as_name_is_refused(broker, env, home):
     with trio.fail_after(90):
-        async with mcp_session(env, "--agent", "codex", "--project", "/w/owner", "--host-session-id", "owner-hsid") as s:
+        async with mcp_session(
+            env, "--agent", "codex", "--project", "/w/owner", "--host-session-id", "owner-hsid"
+        ) as s:
             me = await call(s, "whoami")
             for taken in (me["id"], "owner-hsid"):
                 done = await trio.to_thread.run_sync(
@@ -361,10 +396,15 @@ async def test_only_the_secret_resumes_a_session_and_it_is_never_shown(broker, e
             me, secret = first.hello["session"], first.hello["secret"]  # type: ignore[index]
             await first.request("whoami")  # in use: kept when it leaves
             shown = json.dumps(await first.request("peers"))
-        thief = {**hello, "resume": {"id": me["id"], "secret": secret[:-1] + ("A" if secret[-1] != "A" else "B")}}
+        thief = {
+            **hello,
+            "resume": {"id": me["id"], "secret": secret[:-1] + ("A" if secret[-1] != "A" else "B")},
+        }
         async with open_bridge_client(socket_path, thief, keepalive=False) as (other, _):
             assert other.hello["session"]["id"] != me["id"]  # type: ignore[index]
-        async with open_bridge_client(socket_path, {**hello, "resume": {"id": me["id"], "secret": secret}}) as (
+        async with open_bridge_client(
+            socket_path, {**hello, "resume": {"id": me["id"], "secret": secret}}
+        ) as (
             again,
             _,
         ):
@@ -390,7 +430,9 @@ async def test_a_session_that_has_not_called_a_tool_yet_is_named_and_gets_its_no
             async with raw_mcp(env, "--agent", "claude", "--project", "/w/quiet") as quiet:
 
                 async def listed():
-                    return any(p["name"] == "claude-quiet" and p["connected"] for p in await call(author, "peers"))
+                    return any(
+                        p["name"] == "claude-quiet" and p["connected"] for p in await call(author, "peers")
+                    )
 
                 await wait_for(listed, what="the quiet session connected")
                 decided = await call(author, "decide", topic="cache", text="Redis", scope="all")

@@ -22,14 +22,18 @@ RUN = CLI[0] if SCRIPT.exists() else sys.executable  # what the registrations mu
 
 CLAUDE_JSON = {
     "numStartups": 12,
-    "mcpServers": {"github": {"type": "stdio", "command": "npx", "args": ["-y", "gh-mcp"], "env": {"TOKEN": "x"}}},
+    "mcpServers": {
+        "github": {"type": "stdio", "command": "npx", "args": ["-y", "gh-mcp"], "env": {"TOKEN": "x"}}
+    },
     "projects": {"/work/app": {"allowedTools": [], "mcpServers": {}}},
 }
 CLAUDE_SETTINGS = {
     "permissions": {"allow": ["Bash(ls:*)"]},
     "hooks": {
         "SessionStart": [{"matcher": "startup", "hooks": [{"type": "command", "command": "echo hello"}]}],
-        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "check.sh", "timeout": 5}]}],
+        "PreToolUse": [
+            {"matcher": "Bash", "hooks": [{"type": "command", "command": "check.sh", "timeout": 5}]}
+        ],
     },
 }
 CODEX_TOML = """\
@@ -51,7 +55,9 @@ DOCS_TOKEN = "abc"
 # things I try
 web_search_request = true
 """
-CODEX_HOOKS = {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done", "timeout": 3}]}]}}
+CODEX_HOOKS = {
+    "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done", "timeout": 3}]}]}
+}
 
 
 @pytest.fixture
@@ -78,7 +84,9 @@ def install_env(user_home: Path, bridge_home: Path | None = None) -> dict[str, s
 
 
 def install(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "install", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*CLI, "install", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def write_json(path: Path, data: object) -> None:
@@ -127,7 +135,9 @@ def assert_subsequence(original: str, updated: str) -> None:
 
 def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir):
     claude_fixture(user_home)
-    originals = {p: p.read_text() for p in (user_home / ".claude.json", user_home / ".claude" / "settings.json")}
+    originals = {
+        p: p.read_text() for p in (user_home / ".claude.json", user_home / ".claude" / "settings.json")
+    }
     env = install_env(user_home)
     first = install(env, workdir, "--claude")
     assert first.returncode == 0, first.stderr
@@ -142,11 +152,21 @@ def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir
     assert settings["permissions"] == CLAUDE_SETTINGS["permissions"]
     assert settings["hooks"]["PreToolUse"] == CLAUDE_SETTINGS["hooks"]["PreToolUse"]
     assert settings["hooks"]["SessionStart"][0] == CLAUDE_SETTINGS["hooks"]["SessionStart"][0]
-    assert hook_commands(settings, "SessionStart") == ["echo hello", f"{RUN} hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == [f"{RUN} hook stop --agent claude", f"{RUN} hook wake --agent claude"]
+    assert hook_commands(settings, "SessionStart") == [
+        "echo hello",
+        f"{RUN} hook session-start --agent claude",
+    ]
+    assert hook_commands(settings, "Stop") == [
+        f"{RUN} hook stop --agent claude",
+        f"{RUN} hook wake --agent claude",
+    ]
     # The idle-wake waiter: in the background, waking the model on exit 2 (Claude Code's asyncRewake).
     assert settings["hooks"]["Stop"][1]["hooks"][0] == {
-        "type": "command", "command": f"{RUN} hook wake --agent claude", "timeout": 86400, "asyncRewake": True}
+        "type": "command",
+        "command": f"{RUN} hook wake --agent claude",
+        "timeout": 86400,
+        "asyncRewake": True,
+    }
     assert hook_commands(settings, "PostToolUse") == [f"{RUN} hook post-tool-use --agent claude"]
     assert "matcher" not in settings["hooks"]["PostToolUse"][0]  # after every tool
     assert hook_commands(settings, "UserPromptSubmit") == [f"{RUN} hook user-prompt-submit --agent claude"]
@@ -178,10 +198,16 @@ def test_claude_project_scope_writes_the_project_files_only(user_home, workdir):
                                                  "args": ["mcp", "--agent", "claude"]}
     settings = json.loads((workdir / ".claude" / "settings.json").read_text())
     assert hook_commands(settings, "SessionStart") == ["agent-bridge hook session-start --agent claude"]
-    assert hook_commands(settings, "Stop") == ["agent-bridge hook stop --agent claude", "agent-bridge hook wake --agent claude"]
+    assert hook_commands(settings, "Stop") == [
+        "agent-bridge hook stop --agent claude",
+        "agent-bridge hook wake --agent claude",
+    ]
     assert len(backups_of(workdir / ".mcp.json")) == 1
     assert backups_of(workdir / ".claude" / "settings.json") == []  # a new file has nothing to back up
-    assert "nothing to change" in install(install_env(user_home), workdir, "--claude", "--scope", "project").stdout
+    assert (
+        "nothing to change"
+        in install(install_env(user_home), workdir, "--claude", "--scope", "project").stdout
+    )
 
 
 def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_path):
@@ -195,18 +221,29 @@ def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_pat
     assert_subsequence(CODEX_TOML, text)
     config = tomllib.loads(text)
     assert config["model"] == "o3"
-    assert config["mcp_servers"]["docs"] == {"command": "npx", "args": ["-y", "docs-mcp"], "env": {"DOCS_TOKEN": "abc"}}
-    assert config["mcp_servers"]["agent-bridge"] == {
-        "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"], "env": {"AGENT_BRIDGE_HOME": str(bridge_home)}
+    assert config["mcp_servers"]["docs"] == {
+        "command": "npx",
+        "args": ["-y", "docs-mcp"],
+        "env": {"DOCS_TOKEN": "abc"},
     }
-    assert config["features"] == {"web_search_request": True}  # no codex on PATH: a current one, hooks on by default
+    assert config["mcp_servers"]["agent-bridge"] == {
+        "command": RUN,
+        "args": [*CLI[1:], "mcp", "--agent", "codex"],
+        "env": {"AGENT_BRIDGE_HOME": str(bridge_home)},
+    }
+    # no codex on PATH: a current one, hooks on by default
+    assert config["features"] == {"web_search_request": True}
 
     hooks = json.loads((user_home / ".codex" / "hooks.json").read_text())
     assert hook_commands(hooks, "Stop") == [
         "notify-send done", f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook stop --agent codex"
     ]
-    assert hook_commands(hooks, "SessionStart") == [f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook session-start --agent codex"]
-    assert hook_commands(hooks, "PostToolUse") == [f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook post-tool-use --agent codex"]
+    assert hook_commands(hooks, "SessionStart") == [
+        f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook session-start --agent codex"
+    ]
+    assert hook_commands(hooks, "PostToolUse") == [
+        f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook post-tool-use --agent codex"
+    ]
     assert [b.read_text() for b in backups_of(user_home / ".codex" / "config.toml")] == [CODEX_TOML]
     assert len(backups_of(user_home / ".codex" / "hooks.json")) == 1
     assert not (user_home / ".claude.json").exists()
@@ -222,11 +259,16 @@ def test_codex_project_scope_creates_the_project_config(user_home, workdir):
     result = install(install_env(user_home), workdir, "--codex", "--scope", "project")
     assert result.returncode == 0, result.stderr
     config = tomllib.loads((workdir / ".codex" / "config.toml").read_text())
-    assert config == {"mcp_servers": {"agent-bridge": {"command": "agent-bridge", "args": ["mcp", "--agent", "codex"]}}}
+    assert config == {
+        "mcp_servers": {"agent-bridge": {"command": "agent-bridge", "args": ["mcp", "--agent", "codex"]}}
+    }
     hooks = json.loads((workdir / ".codex" / "hooks.json").read_text())
     assert hook_commands(hooks, "SessionStart") == ["agent-bridge hook session-start --agent codex"]
     assert list((user_home / ".codex").iterdir()) == []
-    assert "nothing to change" in install(install_env(user_home), workdir, "--codex", "--scope", "project").stdout
+    assert (
+        "nothing to change"
+        in install(install_env(user_home), workdir, "--codex", "--scope", "project").stdout
+    )
 
 
 def test_dry_run_prints_a_diff_and_writes_nothing(user_home, workdir):
@@ -266,14 +308,22 @@ def test_a_stale_registration_is_updated_in_place(user_home, workdir):
     claude_fixture(user_home)
     settings = json.loads((user_home / ".claude" / "settings.json").read_text())
     settings["hooks"]["Stop"] = [
-        {"hooks": [{"type": "command", "command": "/old/venv/bin/agent-bridge hook stop --agent claude", "timeout": 30}]},
+        {
+            "hooks": [
+                {
+                    "type": "command",
+                    "command": "/old/venv/bin/agent-bridge hook stop --agent claude",
+                    "timeout": 30,
+                }
+            ]
+        },
         {"hooks": [{"type": "command", "command": "/older/bin/agent-bridge hook stop --agent claude"}]},
     ]
     write_json(user_home / ".claude" / "settings.json", settings)
     (user_home / ".codex").mkdir()
     stale = CODEX_TOML + (
-        "\n[mcp_servers.agent-bridge]  # the bridge\ncommand = \"/old/venv/bin/agent-bridge\"\n"
-        "args = [\n  \"mcp\",\n  \"--agent\", \"codex\",\n]\nenv = { AGENT_BRIDGE_HOME = \"/old/home\", LANG = \"C\" }\n"
+        '\n[mcp_servers.agent-bridge]  # the bridge\ncommand = "/old/venv/bin/agent-bridge"\n'
+        'args = [\n  "mcp",\n  "--agent", "codex",\n]\nenv = { AGENT_BRIDGE_HOME = "/old/home", LANG = "C" }\n'
         "startup_timeout_sec = 20\n"
     )
     (user_home / ".codex" / "config.toml").write_text(stale)
@@ -288,7 +338,10 @@ def test_a_stale_registration_is_updated_in_place(user_home, workdir):
     assert "[mcp_servers.agent-bridge]  # the bridge" in text and "# My Codex setup" in text
     config = tomllib.loads(text)
     assert config["mcp_servers"]["agent-bridge"] == {
-        "command": RUN, "args": [*CLI[1:], "mcp", "--agent", "codex"], "env": {"LANG": "C"}, "startup_timeout_sec": 20
+        "command": RUN,
+        "args": [*CLI[1:], "mcp", "--agent", "codex"],
+        "env": {"LANG": "C"},
+        "startup_timeout_sec": 20,
     }
     assert text.count("[mcp_servers.agent-bridge]") == 1
 
@@ -299,10 +352,15 @@ def test_codex_hooks_switched_off_are_switched_on_in_place(user_home, workdir):
     (user_home / ".codex" / "config.toml").write_text(original)
     assert install(install_env(user_home), workdir, "--codex").returncode == 0
     text = (user_home / ".codex" / "config.toml").read_text()
-    assert text.startswith("[features]\ncodex_hooks = true  # switched on by agent-bridge install (was false)\nother = 1\n")
-    assert tomllib.loads(text)["features"] == {"codex_hooks": True, "other": 1}  # no codex on PATH: spelling kept
+    assert text.startswith(
+        "[features]\ncodex_hooks = true  # switched on by agent-bridge install (was false)\nother = 1\n"
+    )
+    # no codex on PATH: spelling kept
+    assert tomllib.loads(text)["features"] == {"codex_hooks": True, "other": 1}
     assert uninstall(install_env(user_home), workdir, "--codex").returncode == 0
-    assert (user_home / ".codex" / "config.toml").read_text() == "[features]\ncodex_hooks = false\nother = 1\n"
+    assert (
+        user_home / ".codex" / "config.toml"
+    ).read_text() == "[features]\ncodex_hooks = false\nother = 1\n"
 
 
 def test_without_codex_on_path_an_existing_key_keeps_its_spelling(user_home, workdir):
@@ -342,8 +400,8 @@ def test_without_flags_and_no_host_folders_both_are_configured(user_home, workdi
 def test_an_env_subtable_gets_the_new_home(user_home, workdir, tmp_path):
     (user_home / ".codex").mkdir()
     original = (
-        "[mcp_servers.agent-bridge]\ncommand = \"/old/agent-bridge\"\nargs = [\"mcp\", \"--agent\", \"codex\"]\n\n"
-        "[mcp_servers.agent-bridge.env]\n# where the state lives\nAGENT_BRIDGE_HOME = \"/old/state\"\nLANG = \"C\"\n"
+        '[mcp_servers.agent-bridge]\ncommand = "/old/agent-bridge"\nargs = ["mcp", "--agent", "codex"]\n\n'
+        '[mcp_servers.agent-bridge.env]\n# where the state lives\nAGENT_BRIDGE_HOME = "/old/state"\nLANG = "C"\n'
     )
     (user_home / ".codex" / "config.toml").write_text(original)
     bridge_home = tmp_path / "new-state"
@@ -392,7 +450,9 @@ def test_stand_in_old_codex_gets_codex_hooks_and_uninstall_removes_it(user_home,
     assert tomllib.loads(text)["features"] == {"codex_hooks": True}
     assert "nothing to change" in install(env, workdir, "--codex").stdout
 
-    removed = subprocess.run([*CLI, "uninstall", "--codex"], env=env, cwd=workdir, capture_output=True, text=True)
+    removed = subprocess.run(
+        [*CLI, "uninstall", "--codex"], env=env, cwd=workdir, capture_output=True, text=True
+    )
     assert removed.returncode == 0, removed.stderr
     assert (user_home / ".codex" / "config.toml").read_text() == 'model = "o3"\n'
 
@@ -419,10 +479,26 @@ def codex_warnings(codex: Path, user_home: Path, cwd: Path) -> list[str]:
         "request_max_retries = 0\nstream_max_retries = 0\n\n"
     ) + config.read_text())
     env = dict(install_env(user_home), FAKE_KEY="x")
-    proc = subprocess.Popen([str(codex), "exec", "-c", "features.plugins=false", "-c", "mcp_servers.agent-bridge.enabled=false",
-                             "--skip-git-repo-check", "--json", "hello"], env=env, cwd=cwd,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(codex),
+            "exec",
+            "-c",
+            "features.plugins=false",
+            "-c",
+            "mcp_servers.agent-bridge.enabled=false",
+            "--skip-git-repo-check",
+            "--json",
+            "hello",
+        ],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     found = []
     try:
         assert proc.stdout is not None
@@ -442,7 +518,8 @@ def test_real_codex_prints_no_deprecation_after_install(user_home, workdir, tmp_
     codex = host_program("codex")
     (user_home / ".codex").mkdir()
     (user_home / ".codex" / "config.toml").write_text(EARLIER_INSTALL)
-    assert any("codex_hooks` is deprecated" in m for m in codex_warnings(codex, user_home, workdir))  # the symptom
+    # the symptom
+    assert any("codex_hooks` is deprecated" in m for m in codex_warnings(codex, user_home, workdir))
     (user_home / ".codex" / "config.toml").write_text(EARLIER_INSTALL)
 
     result = install(with_path(install_env(user_home), codex.parent), workdir, "--codex")
@@ -456,14 +533,20 @@ def test_real_codex_prints_no_deprecation_after_install(user_home, workdir, tmp_
 
 def test_project_scope_records_an_explicit_home_with_a_warning(user_home, workdir, tmp_path):
     bridge_home = tmp_path / "state"
-    result = install(install_env(user_home, bridge_home), workdir, "--claude", "--codex", "--scope", "project")
+    result = install(
+        install_env(user_home, bridge_home), workdir, "--claude", "--codex", "--scope", "project"
+    )
     assert result.returncode == 0, result.stderr
     assert f"AGENT_BRIDGE_HOME={bridge_home} is recorded in the project files" in result.stderr
     assert "machine" in result.stderr
     server = json.loads((workdir / ".mcp.json").read_text())["mcpServers"]["agent-bridge"]
     assert server["command"] == "agent-bridge" and server["env"] == {"AGENT_BRIDGE_HOME": str(bridge_home)}
-    for path in (workdir / ".mcp.json", workdir / ".claude" / "settings.json", workdir / ".codex" / "config.toml",
-                 workdir / ".codex" / "hooks.json"):
+    for path in (
+        workdir / ".mcp.json",
+        workdir / ".claude" / "settings.json",
+        workdir / ".codex" / "config.toml",
+        workdir / ".codex" / "hooks.json",
+    ):
         assert str(Path(RUN).parent) not in path.read_text(), path  # no path of this machine's install
 
 
@@ -485,8 +568,13 @@ def test_real_claude_starts_the_project_server_from_path_on_another_machine(tmp_
     machine_a_bin = tmp_path / "machine-a" / "venv" / "bin"
     machine_a_bin.mkdir(parents=True)
     (machine_a_bin / "agent-bridge").symlink_to(SCRIPT)
-    result = subprocess.run([str(machine_a_bin / "agent-bridge"), "install", "--claude", "--scope", "project"],
-                            env=install_env(tmp_path / "machine-a"), cwd=written, capture_output=True, text=True)
+    result = subprocess.run(
+        [str(machine_a_bin / "agent-bridge"), "install", "--claude", "--scope", "project"],
+        env=install_env(tmp_path / "machine-a"),
+        cwd=written,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     project = tmp_path / "machine-b" / "checkout"
     shutil.copytree(written, project)
@@ -498,26 +586,44 @@ def test_real_claude_starts_the_project_server_from_path_on_another_machine(tmp_
     teammate_home.mkdir()
     # The teammate approved the project's server and trusted the folder, as Claude Code records them
     # (seen from Claude Code 2.1.197's approval dialog: settings.local.json, ~/.claude.json).
-    (project / ".claude" / "settings.local.json").write_text(json.dumps({"enabledMcpjsonServers": ["agent-bridge"]}))
+    (project / ".claude" / "settings.local.json").write_text(
+        json.dumps({"enabledMcpjsonServers": ["agent-bridge"]})
+    )
     (teammate_home / ".claude.json").write_text(json.dumps(
         {"hasCompletedOnboarding": True, "projects": {str(project): {"hasTrustDialogAccepted": True}}}))
-    env = {"HOME": str(teammate_home), "PATH": f"{teammate_bin}{os.pathsep}/usr/bin:/bin", **CLAUDE_OFFLINE_ENV}
+    env = {
+        "HOME": str(teammate_home),
+        "PATH": f"{teammate_bin}{os.pathsep}/usr/bin:/bin",
+        **CLAUDE_OFFLINE_ENV,
+    }
     # A broker up first, so that the server Claude Code starts finds it (and `down` stops it after).
-    assert subprocess.run([*CLI, "up", "--detach"], env=dict(env, AGENT_BRIDGE_WEB_PORT="0"), capture_output=True,
-                          timeout=60).returncode == 0
+    assert (
+        subprocess.run(
+            [*CLI, "up", "--detach"],
+            env=dict(env, AGENT_BRIDGE_WEB_PORT="0"),
+            capture_output=True,
+            timeout=60,
+        ).returncode
+        == 0
+    )
     try:
-        listed = subprocess.run([str(claude), "mcp", "list"], env=env, cwd=project, capture_output=True, text=True,
-                                timeout=120)
+        listed = subprocess.run(
+            [str(claude), "mcp", "list"], env=env, cwd=project, capture_output=True, text=True, timeout=120
+        )
     finally:
         subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)
-    assert "agent-bridge: agent-bridge mcp --agent claude - ✔ Connected" in listed.stdout, listed.stdout + listed.stderr
+    assert "agent-bridge: agent-bridge mcp --agent claude - ✔ Connected" in listed.stdout, (
+        listed.stdout + listed.stderr
+    )
 
 
 # --- uninstall ---------------------------------------------------------------------------------
 
 
 def uninstall(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "uninstall", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*CLI, "uninstall", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_uninstall_restores_the_user_files_exactly(user_home, workdir, tmp_path):
@@ -554,8 +660,14 @@ def test_uninstall_project_scope_deletes_the_files_it_emptied(user_home, workdir
     user_before = snapshot(user_home)
     result = uninstall(env, workdir, "--claude", "--codex", "--scope", "project")
     assert result.returncode == 0, result.stderr
-    assert json.loads((workdir / ".mcp.json").read_text()) == {"mcpServers": {"db": {"command": "db-mcp", "args": []}}}
-    for gone in (workdir / ".claude" / "settings.json", workdir / ".codex" / "config.toml", workdir / ".codex" / "hooks.json"):
+    assert json.loads((workdir / ".mcp.json").read_text()) == {
+        "mcpServers": {"db": {"command": "db-mcp", "args": []}}
+    }
+    for gone in (
+        workdir / ".claude" / "settings.json",
+        workdir / ".codex" / "config.toml",
+        workdir / ".codex" / "hooks.json",
+    ):
         assert not gone.exists() and len(backups_of(gone)) == 1
     assert snapshot(user_home) == user_before
 
@@ -579,7 +691,10 @@ def test_uninstall_refuses_an_unparsable_file(user_home, workdir):
     before = snapshot(user_home)
     result = uninstall(install_env(user_home), workdir, "--claude")
     assert result.returncode == 1
-    assert f"{user_home / '.claude.json'} is not valid JSON" in result.stderr and "Nothing was changed" in result.stderr
+    assert (
+        f"{user_home / '.claude.json'} is not valid JSON" in result.stderr
+        and "Nothing was changed" in result.stderr
+    )
     assert snapshot(user_home) == before
 
 
@@ -603,18 +718,29 @@ def test_an_install_from_before_post_tool_use_gets_only_that_hook_added(user_hom
     settings = json.loads(path.read_text())
     del settings["hooks"]["PostToolUse"]
     write_json(path, settings)
-    doctor = subprocess.run([*CLI, "doctor"], env=env, cwd=workdir, capture_output=True, text=True, timeout=60)
+    doctor = subprocess.run(
+        [*CLI, "doctor"], env=env, cwd=workdir, capture_output=True, text=True, timeout=60
+    )
     line = next(x for x in doctor.stdout.splitlines() if "Claude Code hooks " in x)
     assert line.split()[0] == "warn" and "PostToolUse" in line and "turn ends" in line, doctor.stdout
     again = install(env, workdir, "--claude")
     assert again.returncode == 0 and "added PostToolUse hook" in again.stdout
     assert "added Stop" not in again.stdout and "added SessionStart" not in again.stdout
-    assert json.loads(path.read_text())["hooks"]["PostToolUse"] == [{"hooks": [
-        {"type": "command", "command": f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude",
-         "timeout": 10}]}]
+    assert json.loads(path.read_text())["hooks"]["PostToolUse"] == [
+        {
+            "hooks": [
+                {
+                    "type": "command",
+                    "command": f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude",
+                    "timeout": 10,
+                }
+            ]
+        }
+    ]
     assert "nothing to change" in install(env, workdir, "--claude").stdout
-    removed = subprocess.run([*CLI, "uninstall", "--claude"], env=env, cwd=workdir, capture_output=True, text=True,
-                             timeout=60)
+    removed = subprocess.run(
+        [*CLI, "uninstall", "--claude"], env=env, cwd=workdir, capture_output=True, text=True, timeout=60
+    )
     assert removed.returncode == 0 and "PostToolUse" not in json.loads(path.read_text()).get("hooks", {})
 
 
@@ -633,8 +759,12 @@ MCP_JSON_TEXT = '{\n  "mcpServers": {}\n}\n'
 
 
 def test_install_then_uninstall_gives_every_file_back_byte_for_byte(user_home, workdir, tmp_path):
-    files = {user_home / ".claude.json": CLAUDE_JSON_TEXT, user_home / ".claude" / "settings.json": CLAUDE_SETTINGS_TEXT,
-             user_home / ".codex" / "config.toml": CODEX_TOML, user_home / ".codex" / "hooks.json": CODEX_HOOKS_TEXT}
+    files = {
+        user_home / ".claude.json": CLAUDE_JSON_TEXT,
+        user_home / ".claude" / "settings.json": CLAUDE_SETTINGS_TEXT,
+        user_home / ".codex" / "config.toml": CODEX_TOML,
+        user_home / ".codex" / "hooks.json": CODEX_HOOKS_TEXT,
+    }
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(text.encode())
@@ -648,11 +778,14 @@ def test_install_then_uninstall_gives_every_file_back_byte_for_byte(user_home, w
     assert json.loads(claude)["mcpServers"]["agent-bridge"]["args"][-2:] == ["--agent", "claude"]
     assert '    "tipsHistory": {"a": 1, "b": 2},\n' in claude and '\n        "agent-bridge": {\n' in claude
     settings = (user_home / ".claude" / "settings.json").read_bytes().decode()
-    assert "\r\n\t\t\"Stop\": [\r\n" in settings and "\n" not in settings.replace("\r\n", "")  # CRLF and tabs kept
+    # CRLF and tabs kept
+    assert "\r\n\t\t\"Stop\": [\r\n" in settings and "\n" not in settings.replace("\r\n", "")
     assert [c.endswith(f"{RUN} hook session-start --agent claude")
             for c in hook_commands(json.loads(settings), "SessionStart")] == [True]
     codex_hooks = (user_home / ".codex" / "hooks.json").read_text()
-    assert codex_hooks.startswith('{"hooks":{"Stop":[{"hooks":[{"type":"command","command":"notify-send done"}]}')
+    assert codex_hooks.startswith(
+        '{"hooks":{"Stop":[{"hooks":[{"type":"command","command":"notify-send done"}]}'
+    )
     assert codex_hooks.count("\n") == 1  # still one line
 
     # backups in the state folder, printed; nothing beside the files
@@ -697,7 +830,9 @@ def test_install_warns_when_the_other_scope_is_installed(user_home, workdir):
     assert install(env, workdir, "--claude").returncode == 0
     project = install(env, workdir, "--claude", "--scope", "project")
     assert project.returncode == 0
-    assert "also installed at user scope" in project.stderr and str(user_home / ".claude.json") in project.stderr
+    assert (
+        "also installed at user scope" in project.stderr and str(user_home / ".claude.json") in project.stderr
+    )
     assert "agent-bridge uninstall --scope user" in project.stderr
     again = install(env, workdir, "--claude")
     assert "also installed at project scope" in again.stderr and str(workdir / ".mcp.json") in again.stderr

@@ -13,12 +13,22 @@ from agent_bridge.jsonedit import rewrite
 
 keys = st.text(alphabet="abcdefgh-_ é", min_size=1, max_size=6)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000), st.text(max_size=8))
-documents = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                          st.dictionaries(keys, inner, max_size=4)), max_leaves=12)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
+    max_leaves=12,
+)
 objects = st.dictionaries(keys, documents, max_size=5)
-layouts = st.sampled_from([
-    {"indent": 2}, {"indent": 4}, {"indent": "\t"}, {}, {"separators": (",", ":")}, {"indent": 2, "crlf": True},
-])
+layouts = st.sampled_from(
+    [
+        {"indent": 2},
+        {"indent": 4},
+        {"indent": "\t"},
+        {},
+        {"separators": (",", ":")},
+        {"indent": 2, "crlf": True},
+    ]
+)
 
 
 def render(doc, layout) -> str:
@@ -75,7 +85,11 @@ def test_a_one_line_array_rewritten_whole_keeps_its_separators_so_the_undo_gives
     not give back the file's bytes. Separators inside strings say nothing about the layout."""
     for text, doc, added in (
         ('{"_":[[],[]]}\n', {"_": [[], []]}, {"_": [[None], []]}),
-        ('{"k":"x, y: z","_":[[],[]]}\n', {"k": "x, y: z", "_": [[], []]}, {"k": "x, y: z", "_": [[None], []]}),
+        (
+            '{"k":"x, y: z","_":[[],[]]}\n',
+            {"k": "x, y: z", "_": [[], []]},
+            {"k": "x, y: z", "_": [[None], []]},
+        ),
     ):
         out = rewrite(text, doc, added)
         assert json.loads(out) == added

@@ -53,12 +53,17 @@ def test_check_value_measures_without_recursing():
 
 
 def test_members_reads_the_top_level_of_a_line_too_deep_to_parse():
-    line = '{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"arguments":{"scope":' + nested(1500) + "}}}"
+    line = (
+        '{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"arguments":{"scope":'
+        + nested(1500)
+        + "}}}"
+    )
     found = jsonlimit.members(line)
     assert found == {"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": NESTED}
     assert jsonlimit.members(' {"id": "a\\"b", "x": [1], "id": "last"}') == {"id": "last", "x": NESTED}
-    assert jsonlimit.members('{"method":"notifications/cancelled","params":{"requestId":' + nested(999) + "}}") == {
-        "method": "notifications/cancelled", "params": NESTED}
+    assert jsonlimit.members(
+        '{"method":"notifications/cancelled","params":{"requestId":' + nested(999) + "}}"
+    ) == {"method": "notifications/cancelled", "params": NESTED}
     for not_an_object in ("[1]", nested(2000), '"x"', "", "{", '{"id" 1}', "{1: 2}"):
         assert jsonlimit.members(not_an_object) in (None, {}), not_an_object
 

@@ -36,7 +36,9 @@ def sdk_line(request_id: int | str, texts: list[str], *, is_error: bool, version
     the result model dumped, then shaped to that version's surface; mcp.shared.
     jsonrpc_dispatcher: a JSONRPCResponse; mcp.server.stdio: `model_dump_json(by_alias=True,
     exclude_unset=True)`)."""
-    result = types.CallToolResult(content=[types.TextContent(type="text", text=t) for t in texts], is_error=is_error)
+    result = types.CallToolResult(
+        content=[types.TextContent(type="text", text=t) for t in texts], is_error=is_error
+    )
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     shaped = methods.serialize_server_result("tools/call", version, dumped)
     return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=shaped).model_dump_json(
@@ -76,7 +78,9 @@ def test_the_sdk_line_helper_is_what_the_sdk_writes_for_a_tool() -> None:
     same writer the broker uses)."""
     text = 'a "quoted" line\u2028with a separator, é, 🙂, \x01 and a \\ backslash'
 
-    async def probe(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def probe(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(type="text", text=text),
                                              types.TextContent(type="text", text="second")])
 
@@ -106,7 +110,9 @@ def test_a_failure_is_worded_as_the_sdk_words_it() -> None:
     expected = error_text("refuses", ToolError("to: no session is addressed by 'nobody'"))
     assert refused.is_error and [c.text for c in refused.content] == [expected]  # type: ignore[union-attr]
     crashed = trio.run(call, "crashes")
-    assert crashed.is_error and [c.text for c in crashed.content] == [error_text("crashes", RuntimeError("a secret"))]  # type: ignore[union-attr]
+    assert crashed.is_error and [c.text for c in crashed.content] == [  # type: ignore[union-attr]
+        error_text("crashes", RuntimeError("a secret"))
+    ]
     assert "secret" not in crashed.model_dump_json()
 
 
@@ -130,7 +136,9 @@ async def test_what_the_fast_path_leaves_is_the_sdks_and_answered_alike(broker, 
         host = await RawHost.start(env, "--project", "/w/fast", "--host-session-id", "hs-fast")
         try:
             plain = await host.response(await host.request("tools/call", host.call_tool("whoami")))
-            by_sdk = await host.response(await host.request("tools/call", {"name": "whoami", "arguments": None}))
+            by_sdk = await host.response(
+                await host.request("tools/call", {"name": "whoami", "arguments": None})
+            )
             assert plain == by_sdk
             assert json.loads(plain["content"][0]["text"])["hostSessionId"] == "hs-fast"
 

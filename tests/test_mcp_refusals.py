@@ -27,7 +27,9 @@ async def test_an_unstartable_broker_is_not_respawned_forever_and_tool_errors_sa
 
             async def gave_up():
                 result = await s.call_tool("whoami", {})
-                assert result.is_error and "schema version 99" in result.content[0].text, result.content[0].text
+                assert result.is_error and "schema version 99" in result.content[0].text, result.content[
+                    0
+                ].text
                 return "gave up" in result.content[0].text and result.content[0].text
 
             said = await wait_for(gave_up, timeout=90, interval=0.2, what="the server to give up")
@@ -48,7 +50,8 @@ def read_only(home: Path, *command: str) -> list[str]:
 
 
 can_mount = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for a read-only mount"
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare for a read-only mount",
 )
 
 
@@ -93,7 +96,11 @@ async def test_a_home_that_cannot_be_created_is_one_clear_line(env, tmp_path):
 def start_attempts(home: Path) -> int:
     """`up` runs refused for the newer database so far (each logs its refusal once)."""
     try:
-        return (home / "broker.log").read_text().count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
+        return (
+            (home / "broker.log")
+            .read_text()
+            .count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
+        )
     except FileNotFoundError:
         return 0
 

@@ -30,7 +30,9 @@ async def test_the_pipe_reports_written_responses_and_never_a_cancelled_one():
     reported: list[str] = []
     started = trio.Event()
 
-    async def hold(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def hold(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         tag, seconds = (params.arguments or {})["tag"], (params.arguments or {})["seconds"]
         pipe.watch(ctx.request_id, [f"id-{tag}"], lambda: reported.append(tag))
         started.set()
@@ -65,8 +67,18 @@ async def test_the_pipe_reports_written_responses_and_never_a_cancelled_one():
                     await server.run(read, write, server.create_initialization_options())
 
             nursery.start_soon(serve)
-            await send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+            await send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "t", "version": "1"},
+                    },
+                }
+            )
             assert (await receive())[0]["id"] == 1
             await send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 

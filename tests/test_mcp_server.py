@@ -83,7 +83,9 @@ async def test_unacknowledged_v2_messages_reach_the_returning_session(env, home)
     broker = BrokerProcess(env, home).start()
     try:
         with trio.fail_after(60):
-            async with mcp_session(env, "--agent", "codex", "--project", "/w/app", "--host-session-id", "host-1") as s:
+            async with mcp_session(
+                env, "--agent", "codex", "--project", "/w/app", "--host-session-id", "host-1"
+            ) as s:
                 me = await call(s, "whoami")
                 assert me["id"] == "p2"
 
@@ -92,7 +94,10 @@ async def test_unacknowledged_v2_messages_reach_the_returning_session(env, home)
 
                 await wait_for(two, what="carried-over messages")
                 got = await call(s, "inbox")
-                assert [(m["id"], m["text"], m["hop"]) for m in got] == [("m1", "hello", 1), ("m3", "v2 message", 1)]
+                assert [(m["id"], m["text"], m["hop"]) for m in got] == [
+                    ("m1", "hello", 1),
+                    ("m3", "v2 message", 1),
+                ]
                 assert got[0]["from"] == {"id": "p1", "name": "claude-app", "agent": "claude"}
         conn = apsw.Connection(str(home / "bridge.db"), flags=apsw.SQLITE_OPEN_READONLY)
         assert conn.execute("SELECT acked_at IS NOT NULL FROM messages WHERE id = 'm1'").fetchone()[0] == 1
@@ -133,7 +138,9 @@ async def test_every_arrival_is_also_a_log_notification(broker, env):
         async with mcp_session(env, "--agent", "codex", "--project", "/w/log") as a:
             async with mcp_session(env, "--project", "/w/log", logging_callback=on_log):
                 await call(a, "send", to="claude-log", text="are you there?")
-                await wait_for(_async(lambda: any("are you there?" in str(p.data) for p in logged)), what="log")
+                await wait_for(
+                    _async(lambda: any("are you there?" in str(p.data) for p in logged)), what="log"
+                )
                 assert "codex-log" in str(logged[-1].data) and "not from the user" in str(logged[-1].data)
 
 

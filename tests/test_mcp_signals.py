@@ -20,8 +20,14 @@ from tests.test_delivery import RawHost, hello, socket_of
 pytestmark = pytest.mark.slow
 
 INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-host", "version": "1"}},
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw-host", "version": "1"},
+    },
 }
 
 
@@ -76,7 +82,9 @@ async def test_a_signalled_server_acknowledges_nothing_it_did_not_show(broker, e
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=30)
-    async with mcp_session(env, "--agent", "codex", "--project", "/w/sigack", "--host-session-id", host) as again:
+    async with mcp_session(
+        env, "--agent", "codex", "--project", "/w/sigack", "--host-session-id", host
+    ) as again:
         shown = await call(again, "inbox")
     assert [m["text"] for m in shown] == ["kept across the signal"]
 
@@ -110,7 +118,10 @@ async def test_a_signal_during_a_waiting_inbox_call_loses_nothing(broker, env, h
             await rx.response(await rx.request("ping", {}))
             assert waiting not in rx.responses
             async with open_bridge_client(socket_of(home), hello(f"{hsid}-tx")) as (tx, _):
-                sent = [(await tx.request("send", to=hsid, text=f"note {i}"))["message"]["id"] for i in range(count)]
+                sent = [
+                    (await tx.request("send", to=hsid, text=f"note {i}"))["message"]["id"]
+                    for i in range(count)
+                ]
             rx.proc.send_signal(signum)  # the result may or may not be in the pipe by now
             code = await rx.proc.wait()  # bounded by fail_after: stdin is still open
             await rx.drain()  # everything the first server wrote to its stdout
@@ -133,6 +144,8 @@ async def test_a_signal_during_a_waiting_inbox_call_loses_nothing(broker, env, h
         finally:
             await again.close()
     lost = set(sent) - written - {m["id"] for m in shown}
-    assert lost == set(), f"{len(lost)} of {len(sent)} messages neither written by the first server nor shown after"
+    assert lost == set(), (
+        f"{len(lost)} of {len(sent)} messages neither written by the first server nor shown after"
+    )
     unmarked_again = [m["id"] for m in shown if m["id"] in written and not m.get("repeat")]
     assert unmarked_again == [], "a message written by the first server was shown again unmarked"

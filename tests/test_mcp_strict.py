@@ -71,7 +71,9 @@ def test_wrong_types_and_unknown_arguments_are_tool_errors_naming_them(broker, e
         mcp.send('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"inbox","arguments":'
                  '{"peek":true,"wait_seconds":0}}}')
         fine = mcp.answer(2)
-        assert not fine["result"].get("isError") and json.loads(fine["result"]["content"][0]["text"]) == [], fine
+        assert not fine["result"].get("isError") and json.loads(fine["result"]["content"][0]["text"]) == [], (
+            fine
+        )
         mcp.send('{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"decisions","arguments":{"history":false}}}')
         assert not mcp.answer(3)["result"].get("isError")
 

@@ -51,7 +51,8 @@ def test_decisions_on_a_corrupt_database(env, home):
 def test_decisions_on_a_busy_database(env, home):
     db = plain_database(home)
     holder = apsw.Connection(str(db))
-    holder.execute("PRAGMA journal_mode = DELETE")  # connection hooks of this process may have switched it to WAL
+    # connection hooks of this process may have switched it to WAL
+    holder.execute("PRAGMA journal_mode = DELETE")
     assert holder.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -69,7 +70,8 @@ def test_decisions_with_its_wal_deleted_under_a_running_broker(env, home):
         done = run_cli(env, "decisions")
     finally:
         run_cli(env, "down")
-    if done.returncode == 0:  # SQLite may read the main file as it stands: fine, as long as it says nothing odd
+    # SQLite may read the main file as it stands: fine, as long as it says nothing odd
+    if done.returncode == 0:
         assert done.stderr == ""
     else:
         assert_one_clear_line(done, "cannot read")
@@ -78,7 +80,9 @@ def test_decisions_with_its_wal_deleted_under_a_running_broker(env, home):
 def read_until(fd: int, marker: bytes, deadline: float) -> bytes:
     seen = b""
     while marker not in seen:
-        assert time.monotonic() < deadline, f"timed out waiting for {marker!r}; got {seen.decode(errors='replace')}"
+        assert time.monotonic() < deadline, (
+            f"timed out waiting for {marker!r}; got {seen.decode(errors='replace')}"
+        )
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
             try:
@@ -112,7 +116,9 @@ def test_demo_ctrl_c_through_a_real_terminal(env, tmp_path):
 
 
 @pytest.mark.parametrize("buffered", [False, True])
-@pytest.mark.parametrize("argv", [["decisions"], ["decisions", "--history", "--json"], ["--version"], ["status", "--json"]])
+@pytest.mark.parametrize(
+    "argv", [["decisions"], ["decisions", "--history", "--json"], ["--version"], ["status", "--json"]]
+)
 def test_a_reader_that_has_gone_is_not_a_traceback(env, home, argv, buffered):
     """`agent-bridge decisions --json | head -1`: the reader leaves before the output is written."""
     import subprocess
@@ -123,7 +129,9 @@ def test_a_reader_that_has_gone_is_not_a_traceback(env, home, argv, buffered):
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader has gone: every write to the pipe fails with EPIPE
     try:
-        done = subprocess.run([*CLI, *argv], env=e, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+        done = subprocess.run(
+            [*CLI, *argv], env=e, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
     finally:
         os.close(write_end)
     assert done.stderr == "", done.stderr

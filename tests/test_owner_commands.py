@@ -48,8 +48,13 @@ def counts(home) -> tuple[int, int]:
 
 
 def session_start_note(env, cwd: str, session_id: str) -> str:
-    payload = {"session_id": session_id, "transcript_path": None, "cwd": cwd, "hook_event_name": "SessionStart",
-               "source": "startup"}
+    payload = {
+        "session_id": session_id,
+        "transcript_path": None,
+        "cwd": cwd,
+        "hook_event_name": "SessionStart",
+        "source": "startup",
+    }
     done = subprocess.run([*CLI, "hook", "session-start", "--agent", "claude"], input=json.dumps(payload),
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -72,19 +77,31 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
         async with AsyncExitStack() as stack:
             a = await stack.enter_async_context(mcp_session(env, "--agent", "claude", "--project", proj))
             b = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", other))
-            for session in (a, b):  # sessions in use (one never used is a health check: tests/test_identity.py)
+            # sessions in use (one never used is a health check: tests/test_identity.py)
+            for session in (a, b):
                 await call(session, "whoami")
-            first = cli_json(env, "decide", "Database", "PostgreSQL 16, no ORM", "--scope", json.dumps({"project": proj}),
-                             "--json")
+            first = cli_json(
+                env,
+                "decide",
+                "Database",
+                "PostgreSQL 16, no ORM",
+                "--scope",
+                json.dumps({"project": proj}),
+                "--json",
+            )
             assert first["decision"]["author"] == CLI_AUTHOR and first["deliveredTo"] == ["claude-app"]
             assert [d["topic"] for d in await call(a, "decisions")] == ["database"]
             assert "database: PostgreSQL 16" in session_start_note(env, proj, "host-x")
 
-            done = cli_json(env, "retract", " DATABASE ", "--reason", "the demo pinned it by mistake", "--json")
+            done = cli_json(
+                env, "retract", " DATABASE ", "--reason", "the demo pinned it by mistake", "--json"
+            )
             retraction = done["retraction"]
             assert done["notified"] == ["claude-app"]  # in the revision's scope; b is in another folder
             assert retraction["topic"] == "database" and retraction["retracts"] == first["decision"]["id"]
-            assert retraction["reason"] == "the demo pinned it by mistake" and retraction["author"] == CLI_AUTHOR
+            assert (
+                retraction["reason"] == "the demo pinned it by mistake" and retraction["author"] == CLI_AUTHOR
+            )
 
             # MCP `decisions` through a real `agent-bridge mcp`: gone; history: every revision, none current
             assert await call(a, "decisions") == []
@@ -109,7 +126,9 @@ async def test_retraction_is_visible_in_every_reader(broker, env, home, tmp_path
             # grouped under its topic: the retraction (when, by whom, why) just above the revision it withdrew
             lines = text.splitlines()
             assert lines[0] == "database  (no current decision; 1 revision)", text
-            assert lines[1].startswith("  retracted ") and lines[1].endswith(" by cli: the demo pinned it by mistake")
+            assert lines[1].startswith("  retracted ") and lines[1].endswith(
+                " by cli: the demo pinned it by mistake"
+            )
             assert lines[2].endswith(f"  for project {proj}  by cli  (retracted)")  # the revision, marked
             # SessionStart note
             assert "database" not in session_start_note(env, proj, "host-y")
@@ -148,8 +167,11 @@ async def test_cli_decide_and_send_follow_the_tools_rules(broker, env, home, tmp
             a = await stack.enter_async_context(
                 mcp_session(env, "--agent", "claude", "--project", proj, logging_callback=on_log)
             )
-            job = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", proj, "--job"))
-            await call(a, "whoami")  # a session in use (one never used is a health check: tests/test_identity.py)
+            job = await stack.enter_async_context(
+                mcp_session(env, "--agent", "codex", "--project", proj, "--job")
+            )
+            # a session in use (one never used is a health check: tests/test_identity.py)
+            await call(a, "whoami")
             before = counts(home)
             for args, error in [
                 (("decide", "   ", "text"), "topic: must not be empty"),
@@ -181,7 +203,9 @@ async def test_cli_decide_and_send_follow_the_tools_rules(broker, env, home, tmp
             got = json.loads(result.content[0].text)
             assert [(m["text"], m["from"]["id"]) for m in got] == [("please rebase", "cli")]
             assert "sender `cli`: a local `agent-bridge` command" in result.content[1].text
-            await wait_for(lambda: _async(any("please rebase" in line for line in logged)), what="framed log line")
+            await wait_for(
+                lambda: _async(any("please rebase" in line for line in logged)), what="framed log line"
+            )
             framed = next(line for line in logged if "please rebase" in line)
             assert "local command" in framed and "not from the user" in framed
             # the command line is not a session: never listed, and its name is never an agent's
@@ -198,7 +222,9 @@ async def test_sessions_and_forget(env, home, tmp_path):
     try:
         with trio.fail_after(180):
             async with AsyncExitStack() as stack:
-                live = await stack.enter_async_context(mcp_session(env, "--agent", "claude", "--project", "/w/live"))
+                live = await stack.enter_async_context(
+                    mcp_session(env, "--agent", "claude", "--project", "/w/live")
+                )
                 async with mcp_session(env, "--agent", "codex", "--project", "/w/gone") as gone:
                     gone_id = (await call(gone, "whoami"))["id"]
                 wait_until(lambda: not [s for s in cli_json(env, "sessions", "--json") if s["connected"] and
@@ -211,8 +237,17 @@ async def test_sessions_and_forget(env, home, tmp_path):
                 assert [s["name"] for s in listed] == ["claude-live", "codex-gone"]  # connected first
                 assert [s["connected"] for s in listed] == [True, False]
                 assert listed[1]["unacknowledged"] == 2 and listed[0]["unacknowledged"] == 0
-                assert set(listed[0]) == {"id", "name", "agent", "project", "hostSessionId", "kind", "connected",
-                                          "lastSeen", "unacknowledged"}
+                assert set(listed[0]) == {
+                    "id",
+                    "name",
+                    "agent",
+                    "project",
+                    "hostSessionId",
+                    "kind",
+                    "connected",
+                    "lastSeen",
+                    "unacknowledged",
+                }
                 assert isinstance(listed[1]["lastSeen"], int) and listed[1]["lastSeen"] > 1_700_000_000_000
                 assert "gone, last seen" in run_cli(env, "sessions").stdout
 

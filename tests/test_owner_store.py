@@ -90,7 +90,9 @@ def _setup(tmp_path: Path) -> tuple[Store, SessionView, SessionView, SessionView
         ("codex", "/w/app", "h-b", "interactive"),
         ("codex", "/w/other", "h-c", "interactive"),
     ):
-        p = store.create_peer(agent=agent, name=f"{agent}-{host}", project=project, kind=kind, host_session_id=host, now=1)
+        p = store.create_peer(
+            agent=agent, name=f"{agent}-{host}", project=project, kind=kind, host_session_id=host, now=1
+        )
         views.append(SessionView(p.id, p.name, project, host, kind))
     return store, views[0], views[1], views[2]
 
@@ -110,7 +112,12 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
         second = _decide(store, a, "db", "PostgreSQL", {"project": "/w/app"}, recipients=[a])
         _decide(store, a, "camera", "hold", "all")
         retraction, notified = store.retract(
-            topic="db", reason="wrong project", author=CLI_AUTHOR, author_agent="cli", connected=[a, b, c], now=50
+            topic="db",
+            reason="wrong project",
+            author=CLI_AUTHOR,
+            author_agent="cli",
+            connected=[a, b, c],
+            now=50,
         )
         # In scope and connected (a, b), or sent the revision (a): one notice each; c is elsewhere.
         assert sorted(name for _, name in notified) == sorted([a.name, b.name])
@@ -122,8 +129,17 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
         history = store.decisions(history=True, topic="db")
         assert [d.id for d in history] == [second.id, first.id]
         assert all(d.current is False for d in history)
-        assert set(history[0].to_json()) == {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId",
-                                   "supersedes", "current"}
+        assert set(history[0].to_json()) == {
+            "id",
+            "topic",
+            "text",
+            "scope",
+            "author",
+            "createdAt",
+            "sourceMessageId",
+            "supersedes",
+            "current",
+        }
         shown, total = queries.note_decisions(store.conn, "/w/app", limit=5)
         assert [d.topic for d in shown] == ["camera"] and total == 1
         assert queries.retractions(store.conn, topic="db") == [retraction]
@@ -135,9 +151,13 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
         assert not [m for m in store.unacked(c.id) if m.kind == "retraction"]
 
         with pytest.raises(domain.InputError, match="already retracted"):
-            store.retract(topic="db", reason=None, author=CLI_AUTHOR, author_agent="cli", connected=[], now=60)
+            store.retract(
+                topic="db", reason=None, author=CLI_AUTHOR, author_agent="cli", connected=[], now=60
+            )
         with pytest.raises(domain.InputError, match="no decision has been recorded"):
-            store.retract(topic="nope", reason=None, author=CLI_AUTHOR, author_agent="cli", connected=[], now=60)
+            store.retract(
+                topic="nope", reason=None, author=CLI_AUTHOR, author_agent="cli", connected=[], now=60
+            )
         for sql in ("UPDATE decision_retractions SET reason = 'x'", "DELETE FROM decision_retractions"):
             with pytest.raises(apsw.ConstraintError, match="append-only"):
                 store.conn.execute(sql)
@@ -152,7 +172,8 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
 def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp_path):
     store, a, b, c = _setup(tmp_path)
     try:
-        decision = _decide(store, b, "db", "PostgreSQL", "all", recipients=[a, b])  # b authored it; a was sent it
+        # b authored it; a was sent it
+        decision = _decide(store, b, "db", "PostgreSQL", "all", recipients=[a, b])
         store.send_messages(c.id, [store_outgoing(a.id, "for a")], now=20)
         store.send_messages(a.id, [store_outgoing(c.id, "for c")], now=21)
         (item_a,) = store.forget_peers([a.id], now=30)
@@ -160,7 +181,9 @@ def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp
         assert sorted(m.kind for m in item_a.dropped) == ["decision", "message"]
         assert {m.text for m in item_a.dropped if m.kind == "message"} == {"for a"}
         # dropped with it: no receipt left; the message only it had is gone, the notice stays with its delivery row
-        assert store.conn.execute("SELECT count(*) FROM receipts WHERE peer_id = ?", (a.id,)).fetchone()[0] == 0
+        assert (
+            store.conn.execute("SELECT count(*) FROM receipts WHERE peer_id = ?", (a.id,)).fetchone()[0] == 0
+        )
         assert store.conn.execute("SELECT count(*) FROM messages WHERE body = 'for a'").fetchone()[0] == 0
         assert store.conn.execute("SELECT count(*) FROM decision_deliveries").fetchone()[0] == 2
         # unlisted, unaddressable; its decision history intact; what it sent still reaches c
@@ -175,7 +198,9 @@ def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp
         store.forget_peers([b.id], now=31)
         assert store.conn.execute("SELECT forgotten_at FROM peers WHERE id = ?", (b.id,)).fetchone() == (31,)
         assert store.decisions()[0].author.id == b.id
-        fresh = store.create_peer(agent="x", name="x-y", project="/y", kind="interactive", host_session_id=None, now=1)
+        fresh = store.create_peer(
+            agent="x", name="x-y", project="/y", kind="interactive", host_session_id=None, now=1
+        )
         store.forget_peers([fresh.id], now=32)
         assert store.get_peer(fresh.id) is None  # nothing references it: deleted outright
         assert store.sessions_last_seen_before(10**15) == [c.id]

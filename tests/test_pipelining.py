@@ -66,7 +66,10 @@ def hello(name: str, project: str = "/w/pipe") -> dict[str, Any]:
 
 async def test_pipelined_requests_are_answered_one_by_one_in_order(broker, home):
     sock_path = broker.status()["socket"]
-    async with open_bridge_client(sock_path, hello("pipe-rx")) as (rx, rx_pushes), trio.open_nursery() as nursery:
+    async with (
+        open_bridge_client(sock_path, hello("pipe-rx")) as (rx, rx_pushes),
+        trio.open_nursery() as nursery,
+    ):
         received = Pushes()
         nursery.start_soon(received.collect, rx, rx_pushes)
         requests = [
@@ -105,7 +108,9 @@ async def test_pipelined_requests_are_answered_one_by_one_in_order(broker, home)
         assert [m["id"] for m in received.messages] == [m["id"] for m in sent]
         assert received.messages == sent  # pushed exactly as the sender was answered
         # only the good ones were stored, in request order
-        stored = rows(home, "SELECT m.body FROM messages m JOIN receipts r ON r.message_id = m.id ORDER BY r.rowid")
+        stored = rows(
+            home, "SELECT m.body FROM messages m JOIN receipts r ON r.message_id = m.id ORDER BY r.rowid"
+        )
         assert [b for b, in stored] == ["one", "three", "four"]
         nursery.cancel_scope.cancel()
 
@@ -132,7 +137,9 @@ async def test_concurrent_pipelined_senders_and_decisions_arrive_in_commit_order
 
             async def one(i: int) -> None:
                 try:
-                    results[i] = (await client.request("send", to="order-rx", text=f"{name}-{i}"))["message"]["id"]
+                    results[i] = (await client.request("send", to="order-rx", text=f"{name}-{i}"))["message"][
+                        "id"
+                    ]
                 finally:
                     slots.release()
 
@@ -180,7 +187,10 @@ async def test_a_backlog_bigger_than_any_batch_reaches_a_consumer_that_acks_as_i
             async with trio.open_nursery() as burst:
                 for j in range(i, i + 50):
                     burst.start_soon(lambda j=j: tx.request("send", to="backlog-rx", text=f"m{j}"))
-    async with open_bridge_client(sock_path, hello("backlog-rx")) as (rx, pushes), trio.open_nursery() as nursery:
+    async with (
+        open_bridge_client(sock_path, hello("backlog-rx")) as (rx, pushes),
+        trio.open_nursery() as nursery,
+    ):
         received = Pushes()
         nursery.start_soon(received.collect, rx, pushes)
         await received.until(1000)

@@ -20,5 +20,7 @@ def _mapped(pid: int, library: str) -> bool:
 def test_a_ready_broker_loads_the_mcp_side_before_any_session_asks(broker) -> None:
     """Seen from outside the process: pydantic's native core, which only the MCP side needs,
     is mapped into the broker while no session has connected."""
-    wait_until(lambda: _mapped(broker.pid, "pydantic_core"), timeout=60, what="the MCP SDK loaded by the broker")
+    wait_until(
+        lambda: _mapped(broker.pid, "pydantic_core"), timeout=60, what="the MCP SDK loaded by the broker"
+    )
     assert broker.status()["sessions"] == 0

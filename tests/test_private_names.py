@@ -55,7 +55,9 @@ def test_no_private_name_is_used_outside_its_module():
     found = set()
     for module, path in modules.items():
         found |= private_uses(module, ast.parse(path.read_text(encoding="utf-8")), set(modules))
-    assert found - ALLOWED == set(), "private names used across modules: make them public, or move them below both"
+    assert found - ALLOWED == set(), (
+        "private names used across modules: make them public, or move them below both"
+    )
     assert ALLOWED - found == set(), "no longer used across modules: remove from ALLOWED"
 
 

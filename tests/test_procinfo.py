@@ -17,7 +17,11 @@ PROBE = "import sys; from agent_bridge import procinfo; print(procinfo.{fn}(int(
 def _start_seen_by_another_process(fn: str, pid: int) -> int:
     # Each probe is its own interpreter, with its own (randomized) string hashing.
     out = subprocess.run(
-        [sys.executable, "-c", PROBE.format(fn=fn), str(pid)], capture_output=True, text=True, timeout=30, check=True
+        [sys.executable, "-c", PROBE.format(fn=fn), str(pid)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     return int(out.stdout)
 
@@ -55,5 +59,7 @@ def test_the_ps_path_gives_the_real_start_in_epoch_seconds(target):
 def test_lstart_is_parsed_as_local_time():
     code = "from agent_bridge import procinfo; print(procinfo.lstart_epoch('Mon Nov 30 21:46:35  2026'))"
     env = {**os.environ, "TZ": "UTC"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30, check=True
+    )
     assert int(out.stdout) == 1796075195

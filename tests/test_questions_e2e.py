@@ -23,13 +23,20 @@ PROJ, OTHER = "/work/app", "/work/other"
 async def test_a_question_asked_twice_is_answered_once_for_every_asker(broker, env, home):
     with trio.fail_after(180):
         async with AsyncExitStack() as stack:
-            job = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", PROJ, "--job"))
+            job = await stack.enter_async_context(
+                mcp_session(env, "--agent", "codex", "--project", PROJ, "--job")
+            )
             claude = await stack.enter_async_context(mcp_session(env, "--agent", "claude", "--project", PROJ))
             other = await stack.enter_async_context(mcp_session(env, "--agent", "claude", "--project", OTHER))
             for s in (job, claude, other):
                 await call(s, "whoami")
-            asked = await call(job, "ask_owner", question="Which database for the queue service?", topic=" DB ",
-                               options=["PostgreSQL 16", "SQLite"])
+            asked = await call(
+                job,
+                "ask_owner",
+                question="Which database for the queue service?",
+                topic=" DB ",
+                options=["PostgreSQL 16", "SQLite"],
+            )
             q = asked["question"]
             assert asked["current"] is None
             assert set(q) == {"id", "question", "topic", "options", "scope", "askedBy", "createdAt", "state",
@@ -39,9 +46,14 @@ async def test_a_question_asked_twice_is_answered_once_for_every_asker(broker, e
             assert [a["name"] for a in q["askedBy"]] == ["codex-app"]
             # a second session asks the same: joined, not duplicated
             joined = (await call(claude, "ask_owner", question="Postgres or SQLite?", topic="db"))["question"]
-            assert joined["id"] == q["id"] and [a["name"] for a in joined["askedBy"]] == ["codex-app", "claude-app"]
+            assert joined["id"] == q["id"] and [a["name"] for a in joined["askedBy"]] == [
+                "codex-app",
+                "claude-app",
+            ]
             # bad input is a tool error, nothing stored
-            assert "options: at most 10" in await call_error(claude, "ask_owner", question="x", options=["a"] * 11)
+            assert "options: at most 10" in await call_error(
+                claude, "ask_owner", question="x", options=["a"] * 11
+            )
             assert "question: must not be empty" in await call_error(claude, "ask_owner", question="  ")
 
             listed = cli_json(env, "questions", "--json")
@@ -52,11 +64,18 @@ async def test_a_question_asked_twice_is_answered_once_for_every_asker(broker, e
             assert isinstance(cli_json(env, "sessions", "--json"), list)  # SPEC §2 shape unchanged
 
             assert "expected a number from 1 to 2" in cli_refused(env, "answer", q["id"], "--option", "3")
-            done = cli_json(env, "answer", q["id"][:13], "--option", "1", "--json")  # a unique start of the id
+            # a unique start of the id
+            done = cli_json(env, "answer", q["id"][:13], "--option", "1", "--json")
             decision = done["decision"]
             assert decision["author"] == CLI_AUTHOR and decision["sourceMessageId"] == q["id"]
-            assert (decision["topic"], decision["text"], decision["scope"]) == ("db", "PostgreSQL 16", {"project": PROJ})
-            assert done["question"]["state"] == "answered" and done["question"]["decisionId"] == decision["id"]
+            assert (decision["topic"], decision["text"], decision["scope"]) == (
+                "db",
+                "PostgreSQL 16",
+                {"project": PROJ},
+            )
+            assert (
+                done["question"]["state"] == "answered" and done["question"]["decisionId"] == decision["id"]
+            )
             assert done["deliveredTo"] == ["claude-app"]  # the job gets no notice; `other` is out of scope
             assert done["askersTold"] == ["claude-app", "codex-app"]
             assert "already answered" in cli_refused(env, "answer", q["id"], "MySQL")

@@ -80,9 +80,16 @@ def test_every_earlier_version_upgrades_to_6_keeping_its_data(tmp_path, builder,
         asker = store.create_peer(agent="codex", name="codex-job", project="/w/app", kind="job",
                                   host_session_id=None, now=300)
         view = SessionView(asker.id, asker.name, "/w/app", None, "job")
-        q, current = store.ask_question(asker=view, asker_agent="codex", question="Which queue?", topic="queue",
-                                        options=["redis", "sqs"], scope={"project": "/w/app"},
-                                        caller_addresses=view.addresses, now=301)
+        q, current = store.ask_question(
+            asker=view,
+            asker_agent="codex",
+            question="Which queue?",
+            topic="queue",
+            options=["redis", "sqs"],
+            scope={"project": "/w/app"},
+            caller_addresses=view.addresses,
+            now=301,
+        )
         assert current is None and q is not None and q.state == "open"
         answered, decision, _, told = store.answer_question(
             question_id=q.id, author=CLI_AUTHOR, topic="queue", text="redis", scope={"project": "/w/app"},
@@ -118,13 +125,22 @@ def test_a_question_is_a_message_to_the_owner_and_a_second_asker_joins_it(tmp_pa
         a, b, c = _sessions(store)
         q, current = _ask(store, a)
         assert current is None and q is not None
-        row = store.conn.execute("SELECT from_peer, to_peer, body, hop FROM messages WHERE id = ?", (q.id,)).fetchone()
+        row = store.conn.execute(
+            "SELECT from_peer, to_peer, body, hop FROM messages WHERE id = ?", (q.id,)
+        ).fetchone()
         assert row == (a.id, "cli", "Which database?", 1)  # the question's id is its message's id
         assert not store.conn.execute("SELECT 1 FROM receipts WHERE message_id = ?", (q.id,)).fetchall()
         assert q.to_json() == {
-            "id": q.id, "question": "Which database?", "topic": "db", "options": ["PostgreSQL", "SQLite"],
-            "scope": {"project": "/w/app"}, "askedBy": [{"id": a.id, "name": "claude-app", "agent": "claude"}],
-            "createdAt": 10, "state": "open", "decisionId": None, "reason": None,
+            "id": q.id,
+            "question": "Which database?",
+            "topic": "db",
+            "options": ["PostgreSQL", "SQLite"],
+            "scope": {"project": "/w/app"},
+            "askedBy": [{"id": a.id, "name": "claude-app", "agent": "claude"}],
+            "createdAt": 10,
+            "state": "open",
+            "decisionId": None,
+            "reason": None,
         }
         joined, _ = _ask(store, b, question="db: postgres or sqlite?", options=("x",), now=11)
         assert joined is not None and joined.id == q.id
@@ -135,7 +151,9 @@ def test_a_question_is_a_message_to_the_owner_and_a_second_asker_joins_it(tmp_pa
         other, _ = _ask(store, c)  # another scope: another question
         assert other is not None and other.id != q.id
         untopical, _ = _ask(store, a, question="May I delete build/?", topic=None, options=())
-        same, _ = _ask(store, b, question="May I delete build/?", topic=None, options=(), scope={"project": "/w/app"})
+        same, _ = _ask(
+            store, b, question="May I delete build/?", topic=None, options=(), scope={"project": "/w/app"}
+        )
         assert untopical is not None and same is not None and same.id == untopical.id
         assert [x.id for x in question_queries.list_questions(store.conn)] == [q.id, other.id, untopical.id]
         assert question_queries.open_count(store.conn) == 3
@@ -147,8 +165,16 @@ def test_a_topic_decided_in_scope_records_no_question(tmp_path):
     store = Store.open(tmp_path / "bridge.db")
     try:
         a, b, c = _sessions(store)
-        decision, _ = store.record_decision(author=CLI_AUTHOR, author_agent="cli", topic="db", text="PostgreSQL",
-                                            scope={"project": "/w/app"}, source_message_id=None, recipients=[], now=5)
+        decision, _ = store.record_decision(
+            author=CLI_AUTHOR,
+            author_agent="cli",
+            topic="db",
+            text="PostgreSQL",
+            scope={"project": "/w/app"},
+            source_message_id=None,
+            recipients=[],
+            now=5,
+        )
         q, current = _ask(store, a)
         assert q is None and current == decision
         assert question_queries.list_questions(store.conn, include_closed=True) == []
@@ -173,7 +199,9 @@ def test_an_answer_is_a_pinned_decision_and_one_active_message_per_asker(tmp_pat
         assert (decision.topic, decision.text, decision.author.id, decision.source_message_id) == (
             "db", "PostgreSQL", "cli", q.id)
         assert decision.current and delivered == ["claude-app"]
-        assert answered.state == "answered" and answered.decision_id == decision.id and answered.reason is None
+        assert (
+            answered.state == "answered" and answered.decision_id == decision.id and answered.reason is None
+        )
         assert told == [(a.id, "claude-app"), (b.id, "codex-app")]
         a_got = store.unacked(a.id)
         assert [m.kind for m in a_got] == ["decision", "answer"]  # the notice, then the answer
@@ -197,13 +225,19 @@ def test_a_decline_tells_the_askers_why(tmp_path):
         q, _ = _ask(store, c, question="May I delete build/?", topic=None, options=())
         assert q is not None
         declined, told = store.decline_question(question_id=q.id, reason="decide it yourself", now=30)
-        assert declined.state == "declined" and declined.reason == "decide it yourself" and declined.decision_id is None
+        assert (
+            declined.state == "declined"
+            and declined.reason == "decide it yourself"
+            and declined.decision_id is None
+        )
         assert told == [(c.id, "codex-other")]
         (m,) = store.unacked(c.id)
         assert m.kind == "answer" and "declined" in m.text and "decide it yourself" in m.text
         assert store.decisions() == []
         assert question_queries.list_questions(store.conn) == []
-        assert [x.state for x in question_queries.list_questions(store.conn, include_closed=True)] == ["declined"]
+        assert [x.state for x in question_queries.list_questions(store.conn, include_closed=True)] == [
+            "declined"
+        ]
         with pytest.raises(ValueError, match="already declined"):
             store.answer_question(question_id=q.id, author=CLI_AUTHOR, topic="x", text="y", scope="all",
                                   recipients=[], now=31)
@@ -241,8 +275,16 @@ def test_an_answer_that_fails_mid_transaction_leaves_nothing(tmp_path):
                 raise RuntimeError("crash")
 
         with pytest.raises(RuntimeError):
-            store.answer_question(question_id=q.id, author=CLI_AUTHOR, topic="db", text="PostgreSQL",
-                                  scope={"project": "/w/app"}, recipients=[Recipient(a, "h-a")], now=20, fault=fault)
+            store.answer_question(
+                question_id=q.id,
+                author=CLI_AUTHOR,
+                topic="db",
+                text="PostgreSQL",
+                scope={"project": "/w/app"},
+                recipients=[Recipient(a, "h-a")],
+                now=20,
+                fault=fault,
+            )
         assert store.decisions(history=True) == [] and store.unacked(a.id) == []
         assert _count(store.conn, "question_outcomes") == 0
         assert queries.question_by_id(store.conn, q.id).state == "open"  # type: ignore[union-attr]
@@ -259,8 +301,9 @@ def test_a_forgotten_asker_stays_in_history_and_is_not_told(tmp_path):
         assert q is not None
         store.forget_peers([b.id], now=15)
         assert [p.id for p in store.list_peers()].count(b.id) == 0
-        answered, _, _, told = store.answer_question(question_id=q.id, author=CLI_AUTHOR, topic="db", text="x",
-                                                     scope="all", recipients=[], now=20)
+        answered, _, _, told = store.answer_question(
+            question_id=q.id, author=CLI_AUTHOR, topic="db", text="x", scope="all", recipients=[], now=20
+        )
         assert told == [(a.id, "claude-app")]
         assert [x.name for x in answered.asked_by] == ["claude-app", "codex-app"]
     finally:
@@ -275,4 +318,8 @@ def test_readers_of_an_older_database_see_no_questions(tmp_path):
         assert question_queries.list_questions(conn, include_closed=True) == []
         assert question_queries.open_count(conn) == 0
         assert queries.question_by_id(conn, "x") is None
-        assert [q.message.kind for q in queries.unacked_messages(conn, "p2")] == ["message", "decision", "retraction"]
+        assert [q.message.kind for q in queries.unacked_messages(conn, "p2")] == [
+            "message",
+            "decision",
+            "retraction",
+        ]

@@ -18,8 +18,19 @@ from agent_bridge.store.peers import CLI_AUTHOR
 from agent_bridge.store.writer import Store
 
 WHOAMI_FIELDS = {"id", "name", "agent", "project", "hostSessionId", "kind"}  # SPEC §5 whoami
-INBOX_FIELDS = {"id", "from", "to", "text", "hop", "replyTo", "kind", "createdAt"}  # SPEC §5 inbox, decision? aside
-DECISION_FIELDS = {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes", "current"}
+# SPEC §5 inbox, decision? aside
+INBOX_FIELDS = {"id", "from", "to", "text", "hop", "replyTo", "kind", "createdAt"}
+DECISION_FIELDS = {
+    "id",
+    "topic",
+    "text",
+    "scope",
+    "author",
+    "createdAt",
+    "sourceMessageId",
+    "supersedes",
+    "current",
+}
 
 
 def _two_sessions(tmp_path: Path) -> tuple[Store, Peer, Peer]:
@@ -43,9 +54,13 @@ def test_a_sent_message_is_the_row_read_back_from_the_database(tmp_path):
         assert set(as_json) == INBOX_FIELDS
         assert as_json["from"] == {"id": a.id, "name": "claude-app", "agent": "claude"}
         assert as_json["to"] == {"id": b.id, "name": "codex-app"}
-        assert (as_json["text"], as_json["hop"], as_json["replyTo"], as_json["kind"], as_json["createdAt"]) == (
-            "hello", 1, None, "message", 10
-        )
+        assert (
+            as_json["text"],
+            as_json["hop"],
+            as_json["replyTo"],
+            as_json["kind"],
+            as_json["createdAt"],
+        ) == ("hello", 1, None, "message", 10)
     finally:
         store.close()
 
@@ -67,8 +82,14 @@ def test_a_decision_notice_carries_the_decision_object(tmp_path):
     store, a, b = _two_sessions(tmp_path)
     try:
         decision, delivered = store.record_decision(
-            author=a.view(), author_agent="claude", topic="db", text="PostgreSQL", scope={"project": "/w/app"},
-            source_message_id=None, recipients=[Recipient(b.view(), f"peer:{b.id}")], now=20,
+            author=a.view(),
+            author_agent="claude",
+            topic="db",
+            text="PostgreSQL",
+            scope={"project": "/w/app"},
+            source_message_id=None,
+            recipients=[Recipient(b.view(), f"peer:{b.id}")],
+            now=20,
         )
         assert delivered == ["codex-app"]
         as_json = json.loads(json.dumps(decision.to_json()))
@@ -91,8 +112,9 @@ def test_a_retraction_notice_carries_the_retraction(tmp_path):
             author=a.view(), author_agent="claude", topic="db", text="PostgreSQL", scope="all",
             source_message_id=None, recipients=[], now=20,
         )
-        retraction, notified = store.retract(topic="db", reason="moved", author=CLI_AUTHOR, author_agent="cli",
-                                             connected=[b.view()], now=30)
+        retraction, notified = store.retract(
+            topic="db", reason="moved", author=CLI_AUTHOR, author_agent="cli", connected=[b.view()], now=30
+        )
         assert notified == [(b.id, "codex-app")]
         (notice,) = store.unacked(b.id)
         notice_json = json.loads(json.dumps(notice.to_json()))

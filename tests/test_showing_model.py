@@ -264,7 +264,9 @@ class Delivery(RuleBasedStateMachine):
         fetched = [mid for mid in self.unacked if mid not in busy]
         if not fetched:
             return
-        messages = [dict(self.unacked[m], repeat=True) if self.stored_repeat(m) else self.unacked[m] for m in fetched]
+        messages = [
+            dict(self.unacked[m], repeat=True) if self.stored_repeat(m) else self.unacked[m] for m in fetched
+        ]
         self.offered_in_store.update(fetched)
         self.broker.offered_elsewhere(fetched)
         if not write:
@@ -298,7 +300,9 @@ class Delivery(RuleBasedStateMachine):
     @invariant()
     def acknowledged_only_what_the_host_saw(self) -> None:
         ignored = [mid for mid in self.acked if not self.seen.get(mid)]
-        assert not ignored, f"acknowledged, never shown (or shown only in an answer the host ignored): {ignored}"
+        assert not ignored, (
+            f"acknowledged, never shown (or shown only in an answer the host ignored): {ignored}"
+        )
 
     @invariant()
     def never_written_twice_without_the_mark(self) -> None:
@@ -311,7 +315,9 @@ class Delivery(RuleBasedStateMachine):
         if self.broker is None:
             return
         for mid in self.unacked:
-            assert self.broker.state(mid) != ACKED, f"{mid}: the broker counts it acknowledged, the store does not"
+            assert self.broker.state(mid) != ACKED, (
+                f"{mid}: the broker counts it acknowledged, the store does not"
+            )
 
     def teardown(self) -> None:
         """Once everything settles, every message unacknowledged is offered again."""

@@ -42,10 +42,19 @@ async def test_a_cancel_earlier_in_the_session_never_lets_a_broker_kill_acknowle
             cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 0}}
             if crossing == "with-the-call":
                 cancel["params"]["requestId"] = cancelled = b.next_id()
-                await b.send({"jsonrpc": "2.0", "id": cancelled, "method": "tools/call", "params": b.call_tool("inbox")},
-                             cancel)
+                await b.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": cancelled,
+                        "method": "tools/call",
+                        "params": b.call_tool("inbox"),
+                    },
+                    cancel,
+                )
             else:
-                cancel["params"]["requestId"] = cancelled = await b.request("tools/call", b.call_tool("inbox"))
+                cancel["params"]["requestId"] = cancelled = await b.request(
+                    "tools/call", b.call_tool("inbox")
+                )
                 await b.response(cancelled)
                 await b.send(cancel)
             await b.response(await b.request("ping", {}))
@@ -56,7 +65,9 @@ async def test_a_cancel_earlier_in_the_session_never_lets_a_broker_kill_acknowle
 
             async def announced() -> bool:
                 await b.response(await b.request("ping", {}))
-                return any(second["id"] in json.dumps(n) or "second" in json.dumps(n) for n in b.notifications)
+                return any(
+                    second["id"] in json.dumps(n) or "second" in json.dumps(n) for n in b.notifications
+                )
 
             await wait_for(announced, what="the log notification for the second message")
             broker.kill()
@@ -89,7 +100,9 @@ def occupy_pid(pid: int) -> subprocess.Popen[bytes] | None:
     return None
 
 
-async def shown_in_an_outage(env, home, count: int, *, kill_relay: bool = True, reuse_pid: bool = False) -> None:
+async def shown_in_an_outage(
+    env, home, count: int, *, kill_relay: bool = True, reuse_pid: bool = False
+) -> None:
     """`count` messages wait for a session; the broker is killed, and cannot be restarted by the
     session (its relay's environment makes any broker it starts refuse); the agent reads them
     all (the relay shows what it holds, keeping the acknowledgements in its ledger). Then

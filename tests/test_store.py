@@ -167,7 +167,9 @@ def test_reader_never_migrates(tmp_path):
 
 def _store_with_decision(tmp_path: Path) -> tuple[Store, SessionView]:
     store = Store.open(tmp_path / "bridge.db")
-    peer = store.create_peer(agent="claude", name="claude-x", project="/x", kind="interactive", host_session_id="h", now=1)
+    peer = store.create_peer(
+        agent="claude", name="claude-x", project="/x", kind="interactive", host_session_id="h", now=1
+    )
     author = SessionView(peer.id, peer.name, "/x", "h")
     store.record_decision(
         author=author, author_agent="claude", topic="db", text="PostgreSQL", scope="all",
@@ -216,7 +218,9 @@ def test_a_decide_that_dies_mid_transaction_leaves_nothing(tmp_path):
     db = tmp_path / "bridge.db"
     store = Store.open(db)
     ids = [
-        store.create_peer(agent="claude", name=f"s{i}", project="/x", kind="interactive", host_session_id=f"h{i}", now=1).id
+        store.create_peer(
+            agent="claude", name=f"s{i}", project="/x", kind="interactive", host_session_id=f"h{i}", now=1
+        ).id
         for i in range(5)
     ]
     store.close()

@@ -53,7 +53,9 @@ class RecordingFile(apsw.VFSFile):
             if self._main:
                 self._vfs.main_writers.add(threading.current_thread().name)
                 self._vfs.main_writes[threading.current_thread().name] += 1
-            elif self._wal and (not self._vfs.wal_writers or self._vfs.wal_writers[-1] != threading.current_thread().name):
+            elif self._wal and (
+                not self._vfs.wal_writers or self._vfs.wal_writers[-1] != threading.current_thread().name
+            ):
                 self._vfs.wal_writers.append(threading.current_thread().name)
         return super().xWrite(data, offset)
 
@@ -75,8 +77,12 @@ async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path,
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
-        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
-        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
         with vfs.lock:
             vfs.main_writers.clear()
         text = "x" * 3000  # a page of its own for each message: the WAL grows fast
@@ -98,7 +104,9 @@ async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path,
         runner.stop()
 
 
-async def test_the_wal_starts_over_under_steady_traffic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_wal_starts_over_under_steady_traffic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A checkpoint beside a writer that keeps committing leaves the frames committed during
     it, and SQLite starts the WAL over only once every frame is in the database: without the
     store's thread copying that rest, the WAL never started over and grew by every commit
@@ -110,8 +118,12 @@ async def test_the_wal_starts_over_under_steady_traffic(tmp_path: Path, monkeypa
     calls = StoreCalls(runner)
     wal = tmp_path / "bridge.db-wal"
     try:
-        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
-        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
         first = _wal_restarts(wal)
         for i in range(6000):  # ~10 pages each (two commits)
             sent = await calls.send_messages(a.id, [Outgoing(b.id, "x" * 200, 1, None)], now=i)
@@ -120,7 +132,9 @@ async def test_the_wal_starts_over_under_steady_traffic(tmp_path: Path, monkeypa
                 break
         else:
             pages = wal.stat().st_size // 4096
-            raise AssertionError(f"the WAL started over {_wal_restarts(wal) - first} times in 6,000 messages; {pages} pages")
+            raise AssertionError(
+                f"the WAL started over {_wal_restarts(wal) - first} times in 6,000 messages; {pages} pages"
+            )
     finally:
         await runner.run(runner.close_store)
         runner.stop()
@@ -143,8 +157,12 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_el
     release = threading.Event()
     holding = threading.Event()
     try:
-        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
-        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
         with vfs.lock:
             vfs.wal_writers.clear()
         await calls.send_messages(a.id, [Outgoing(b.id, "idle", 1, None)], now=2)
@@ -188,8 +206,12 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
-        a = await calls.create_peer(agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1)
-        b = await calls.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
         for batch in ([Outgoing(b.id, f"m{i}", 1, None) for i in range(SHORT_ROWS + 1)],
                       [Outgoing(b.id, "x" * (SHORT_TEXT // 2 + 1), 1, None) for _ in range(2)]):
             with vfs.lock:

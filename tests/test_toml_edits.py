@@ -12,11 +12,14 @@ import tomlkit
 from agent_bridge.hosts import codex
 from agent_bridge.hosts.edits import InstallError, finish_toml
 
-OLD, CURRENT = (0, 129, 0), (0, 150, 0)  # a Codex that needs [features] codex_hooks, and one that reads `hooks`
+# a Codex that needs [features] codex_hooks, and one that reads `hooks`
+OLD, CURRENT = (0, 129, 0), (0, 150, 0)
 MARK = "# agent-bridge: added by `agent-bridge install`\n"
 
 
-def install(path: Path, text: str, version: tuple[int, int, int] | None, env: dict[str, str] | None = None) -> str:
+def install(
+    path: Path, text: str, version: tuple[int, int, int] | None, env: dict[str, str] | None = None
+) -> str:
     path.write_text(text)
     edit = codex.edit_codex_config(path, "/bin/agent-bridge", ["mcp", "--agent", "codex"], env or {},
                                    private=True, version=version)
@@ -31,11 +34,19 @@ def uninstall(path: Path) -> str | None:
 
 
 def test_a_key_added_to_features_goes_below_its_last_key_not_between_our_mark_and_table(tmp_path):
-    ours = MARK + '[mcp_servers.agent-bridge]\ncommand = "/bin/agent-bridge"\nargs = ["mcp", "--agent", "codex"]\n'
+    ours = (
+        MARK
+        + '[mcp_servers.agent-bridge]\ncommand = "/bin/agent-bridge"\nargs = ["mcp", "--agent", "codex"]\n'
+    )
     original = "[features]\nweb = true\n\n" + ours + "\n# the next table's comment\n[x]\ny = 1\n"
     after = install(tmp_path / "config.toml", original, OLD)
-    assert after == original.replace("web = true\n", "web = true\ncodex_hooks = true  # added by agent-bridge install\n")
-    assert uninstall(tmp_path / "config.toml") == "[features]\nweb = true\n\n# the next table's comment\n[x]\ny = 1\n"
+    assert after == original.replace(
+        "web = true\n", "web = true\ncodex_hooks = true  # added by agent-bridge install\n"
+    )
+    assert (
+        uninstall(tmp_path / "config.toml")
+        == "[features]\nweb = true\n\n# the next table's comment\n[x]\ny = 1\n"
+    )
 
 
 def test_the_deprecated_key_is_renamed_in_place(tmp_path):
@@ -46,7 +57,9 @@ def test_the_deprecated_key_is_renamed_in_place(tmp_path):
 
 
 def test_comments_below_our_table_stay_when_nothing_follows_it(tmp_path):
-    (tmp_path / "config.toml").write_text('a = 1\n\n[mcp_servers.agent-bridge]\ncommand = "x"\n\n# last words\n')
+    (tmp_path / "config.toml").write_text(
+        'a = 1\n\n[mcp_servers.agent-bridge]\ncommand = "x"\n\n# last words\n'
+    )
     assert uninstall(tmp_path / "config.toml") == "a = 1\n\n# last words\n"
 
 
@@ -66,7 +79,9 @@ LAYOUTS = [
 def test_install_then_uninstall_gives_the_file_back(original, version, tmp_path):
     path = tmp_path / "config.toml"
     after = install(path, original, version, {"AGENT_BRIDGE_HOME": '/a "quoted" \\ path é'})
-    assert tomllib.loads(after)["mcp_servers"]["agent-bridge"]["env"] == {"AGENT_BRIDGE_HOME": '/a "quoted" \\ path é'}
+    assert tomllib.loads(after)["mcp_servers"]["agent-bridge"]["env"] == {
+        "AGENT_BRIDGE_HOME": '/a "quoted" \\ path é'
+    }
     for line in original.splitlines():
         assert line in after.splitlines() or "codex_hooks = false" in line
     if "codex_hooks = false" not in original:
@@ -88,8 +103,16 @@ def test_the_text_must_parse_to_what_was_meant(tmp_path):
 
 
 def test_the_by_hand_instructions_are_valid_toml():
-    text = codex.by_hand({"command": 'C:\\bin\\"agent".exe', "args": ["mcp"], "env": {"AGENT_BRIDGE_HOME": "/h"}}, True)
+    text = codex.by_hand(
+        {"command": 'C:\\bin\\"agent".exe', "args": ["mcp"], "env": {"AGENT_BRIDGE_HOME": "/h"}}, True
+    )
     assert tomllib.loads(text) == {
-        "mcp_servers": {"agent-bridge": {"command": 'C:\\bin\\"agent".exe', "args": ["mcp"], "env": {"AGENT_BRIDGE_HOME": "/h"}}},
+        "mcp_servers": {
+            "agent-bridge": {
+                "command": 'C:\\bin\\"agent".exe',
+                "args": ["mcp"],
+                "env": {"AGENT_BRIDGE_HOME": "/h"},
+            }
+        },
         "features": {"codex_hooks": True},
     }

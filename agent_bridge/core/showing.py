@@ -74,7 +74,8 @@ class Entry:
         self.state = QUEUED
         self.by: str | None = None
         self.due = 0.0
-        self.repeat = bool(message.get("repeat"))  # offered before (elsewhere) without a confirmed acknowledgement
+        # offered before (elsewhere) without a confirmed acknowledgement
+        self.repeat = bool(message.get("repeat"))
         self.order = 0  # its place in the queue (Showing._place)
 
     def shown(self) -> dict[str, Any]:

@@ -37,7 +37,9 @@ def hand_over(
     answer = common.broker_request(home, "stop_check", args)
     if answer is None:
         return 0  # no broker: nothing can be acknowledged, so nothing is shown
-    messages = [m for m in answer.get("messages") or () if isinstance(m, dict) and m.get("kind") != "decision"]
+    messages = [
+        m for m in answer.get("messages") or () if isinstance(m, dict) and m.get("kind") != "decision"
+    ]
     if not messages:
         return 0
     write(render(messages))
@@ -75,8 +77,12 @@ def render(messages: list[dict[str, Any]]) -> str:
     for m in messages:
         sender = m.get("from") or {}
         name = sender.get("name") or sender.get("id") or "an unknown session"
-        framed = domain.frame_message(str(name), str(sender.get("agent") or "unknown agent"), str(m.get("text", "")),
-                                      own=domain.sent_to_self(m))
+        framed = domain.frame_message(
+            str(name),
+            str(sender.get("agent") or "unknown agent"),
+            str(m.get("text", "")),
+            own=domain.sent_to_self(m),
+        )
         repeat = "; a repeat: offered before, maybe already shown to you" if m.get("repeat") else ""
         parts.append(f"{framed}\n(message id {m.get('id')}; hop {m.get('hop')}{repeat})")
     parts.append(

@@ -32,7 +32,8 @@ from agent_bridge import paths
 
 EVENT = "PostToolUse"
 READ_BUSY_MS = 200  # a locked database costs the tool call at most this long, then no delivery this time
-STDIN_MAX = 8 << 20  # as hooks.common.STDIN_MAX (checked by tests/hooks): read past it, parse_input refuses it
+# as hooks.common.STDIN_MAX (checked by tests/hooks): read past it, parse_input refuses it
+STDIN_MAX = 8 << 20
 # With nothing waiting (nearly always) the hook imports no more than `paths` and the store's
 # reader: `common`, `domain`, `hosts` and the client cost milliseconds at every tool call.
 

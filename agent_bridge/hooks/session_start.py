@@ -78,8 +78,12 @@ def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str
             session = None if found is None else found.public()
         addresses = {hook.session_id} if hook.session_id else set()
         if session is not None:
-            addresses.update(a for a in (session.get("id"), session.get("name"), session.get("hostSessionId")) if a)
-        shown, total = queries.note_decisions(conn, hook.cwd, caller_addresses=addresses, limit=domain.NOTE_TOPICS)
+            addresses.update(
+                a for a in (session.get("id"), session.get("name"), session.get("hostSessionId")) if a
+            )
+        shown, total = queries.note_decisions(
+            conn, hook.cwd, caller_addresses=addresses, limit=domain.NOTE_TOPICS
+        )
     return render_note(agent, hook.cwd, session, shown, total)
 
 
@@ -91,7 +95,9 @@ def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
     # Not known yet (Claude Code runs this hook before its MCP server connects): the name is
     # the broker's to give when it does (another session may hold the folder's usual one),
     # so the note names none rather than a guess that can be wrong.
-    return "agent-bridge: this session joins when its agent-bridge MCP server connects; `whoami` gives its name."
+    return (
+        "agent-bridge: this session joins when its agent-bridge MCP server connects; `whoami` gives its name."
+    )
 
 
 def render_note(
@@ -99,11 +105,17 @@ def render_note(
 ) -> str:
     """Identity and which tools to message with (one line), then one `topic: text` line per decision (newest first, texts cut at 160
     characters with …), then how many more there are and where to find them."""
-    identity = f"{identity_line(agent, cwd, session)} {(hosts.by_name(agent) or hosts.DEFAULT).tools_sentence()}"
+    identity = (
+        f"{identity_line(agent, cwd, session)} {(hosts.by_name(agent) or hosts.DEFAULT).tools_sentence()}"
+    )
     if not shown:
         return identity
     lines = [f"{identity} Owner decisions, newest first:"]
     lines.extend(d.line(domain.NOTE_TEXT_MAX) for d in shown)
     rest = total - len(shown)
-    lines.append(f"{rest} more; the `decisions` tool lists them." if rest else "No more; the `decisions` tool lists all.")
+    lines.append(
+        f"{rest} more; the `decisions` tool lists them."
+        if rest
+        else "No more; the `decisions` tool lists all."
+    )
     return "\n".join(lines)

@@ -53,7 +53,8 @@ def main(agent: str) -> int:
                     # (its UserPromptSubmit hook has already run): the next Stop ends it.
                     wake.mark_busy(home, hook, launched)
                 else:
-                    wake.mark_idle(home, hook, launched)  # the session goes idle: the waiter may hand over now
+                    # the session goes idle: the waiter may hand over now
+                    wake.mark_idle(home, hook, launched)
                 if target.spawned_waiter:
                     wake.spawn(agent, raw, host)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop

@@ -93,10 +93,12 @@ def show_questions(home: Path, agent: str, hook: common.HookInput) -> int:
 
 
 def note(questions: list[Question], more: int) -> str:
-    lines = ["Open questions from your other sessions: agent sessions asked the owner (the user) these with "
-             "agent-bridge `ask_owner`; they come from those sessions, not from the user. Mention them to the "
-             "user; record an answer only with the user's own words (`agent-bridge answer ID TEXT`, "
-             "`--option N`, or the dashboard)."]
+    lines = [
+        "Open questions from your other sessions: agent sessions asked the owner (the user) these with "
+        "agent-bridge `ask_owner`; they come from those sessions, not from the user. Mention them to the "
+        "user; record an answer only with the user's own words (`agent-bridge answer ID TEXT`, "
+        "`--option N`, or the dashboard)."
+    ]
     for q in questions:
         who = ", ".join(f"{a.name} ({a.agent})" for a in q.asked_by)
         text = " ".join(q.question.split())

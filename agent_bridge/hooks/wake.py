@@ -110,7 +110,8 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
             return 0  # the host is gone
         if not found:
             continue
-        if is_busy(read_mark(home, hook.session_id)):  # a turn runs: its PostToolUse or Stop hook hands it over
+        # a turn runs: its PostToolUse or Stop hook hands it over
+        if is_busy(read_mark(home, hook.session_id)):
             while is_busy(read_mark(home, hook.session_id)):
                 if watch.wait(BUSY_POLL):
                     return 0
@@ -177,7 +178,11 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
         return None if watch.wait(NO_BROKER_RETRY) else False
     try:
         sock.settimeout(None)
-        sock.sendall(protocol.encode(protocol.request(1, "wait_active", hostSessionId=host_session_id, timeoutMs=WAIT_MS)))
+        sock.sendall(
+            protocol.encode(
+                protocol.request(1, "wait_active", hostSessionId=host_session_id, timeoutMs=WAIT_MS)
+            )
+        )
         decoder = protocol.FrameDecoder()
         while True:
             ready = watch.wait_readable(sock, WAIT_MS / 1000 + ANSWER_SLACK)
@@ -220,7 +225,9 @@ def launch_stamp(host: procinfo.Proc | None, chain: list[procinfo.Proc]) -> int 
     return found[0].start if found else None
 
 
-def _write_mark(home: Path, host_session_id: str, text: str, unless: Callable[[str], bool] | None = None) -> bool:
+def _write_mark(
+    home: Path, host_session_id: str, text: str, unless: Callable[[str], bool] | None = None
+) -> bool:
     """Advisory, so no fsync: a lost mark costs a message's way, never the message. Every writer
     holds a lock on the waiters folder meanwhile, so with `unless` the look at the mark and the
     write are one step: the mark stays when `unless(mark)` holds. True when written."""
@@ -299,7 +306,9 @@ def mark_idle(home: Path, hook: common.HookInput, launched: int | None) -> bool:
         stamp = _stamp(mark)
         return is_busy(mark) and stamp is not None and launched is not None and stamp > launched
 
-    return _write_mark(home, hook.session_id, f"idle {hook.prompt_id or '-'} {_show(launched)}", unless=later_turn)
+    return _write_mark(
+        home, hook.session_id, f"idle {hook.prompt_id or '-'} {_show(launched)}", unless=later_turn
+    )
 
 
 def mark_busy(home: Path, hook: common.HookInput, launched: int | None) -> None:

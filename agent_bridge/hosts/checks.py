@@ -125,13 +125,20 @@ def hooks_check(name: str, files: list[Path], home: Path, fix: str) -> Check:
     if required:
         return Check(name, FAIL, f"{' and '.join(required)} hook not registered {looked}", fix)
     for event, (path, command) in found.items():
-        problem = _program_problem(_hook_program(command)) or _home_problem(_hook_home(command), home, f"the {event} hook")
+        problem = _program_problem(_hook_program(command)) or _home_problem(
+            _hook_home(command), home, f"the {event} hook"
+        )
         if problem:
             return Check(name, FAIL, f"{event} hook in {path}: {problem}", fix)
     where = sorted({str(p) for p, _ in found.values()})
     if missing:  # an install from before PostToolUse: it works, but messages wait for the turn's end
-        return Check(name, WARN, f"{', '.join(sorted(found))} registered in {', '.join(where)}; {' and '.join(missing)} "
-                     f"not {looked}: messages reach a working session only when its turn ends", fix)
+        return Check(
+            name,
+            WARN,
+            f"{', '.join(sorted(found))} registered in {', '.join(where)}; {' and '.join(missing)} "
+            f"not {looked}: messages reach a working session only when its turn ends",
+            fix,
+        )
     return Check(name, OK, f"{', '.join(event for event, _ in EVENTS)} registered in {', '.join(where)}")
 
 
@@ -143,7 +150,9 @@ def registered_events(files: list[Path]) -> set[str]:
     for event, arg in (WAKE, PROMPT):
         for path in files:
             data, _ = load_json(path)
-            groups = data.get("hooks", {}).get(event) if data and isinstance(data.get("hooks"), dict) else None
+            groups = (
+                data.get("hooks", {}).get(event) if data and isinstance(data.get("hooks"), dict) else None
+            )
             if isinstance(groups, list) and our_handlers(groups, arg):
                 found.add(arg)
     return found
@@ -154,11 +163,12 @@ def reach_check(title: str, registered: set[str], stop: str, wake: str) -> Check
     tool calls (PostToolUse), 2 at Stop (`stop`: how), 3 when idle (`wake`: how, or why not), 4
     at SessionStart, compaction included."""
     parts = [
-        "1 between tool calls: " + ("PostToolUse hook" if "PostToolUse" in registered else "no (PostToolUse hook missing)"),
+        "1 between tool calls: "
+        + ("PostToolUse hook" if "PostToolUse" in registered else "no (PostToolUse hook missing)"),
         "2 at Stop: " + (stop if "Stop" in registered else "no (Stop hook missing)"),
         "3 when idle: " + wake,
-        "4 at start, resume, compaction: " + ("SessionStart hook" if "SessionStart" in registered
-                                              else "no (SessionStart hook missing)"),
+        "4 at start, resume, compaction: "
+        + ("SessionStart hook" if "SessionStart" in registered else "no (SessionStart hook missing)"),
     ]
     missing = not {"PostToolUse", "Stop", "SessionStart"} <= registered
     return Check(f"{title} reach", WARN if missing else OK, "; ".join(parts),
@@ -176,11 +186,15 @@ def our_hook_commands(files: list[Path]) -> dict[str, list[tuple[Path, str]]]:
         for event, event_arg in EVENTS:
             groups = hooks.get(event)
             if isinstance(groups, list):
-                found.setdefault(event, []).extend((path, h["command"]) for _, h in our_handlers(groups, event_arg))
+                found.setdefault(event, []).extend(
+                    (path, h["command"]) for _, h in our_handlers(groups, event_arg)
+                )
     return found
 
 
-def duplicate_hooks(user_files: list[Path], project_files: list[Path], *, same_command_runs_once: bool) -> list[str]:
+def duplicate_hooks(
+    user_files: list[Path], project_files: list[Path], *, same_command_runs_once: bool
+) -> list[str]:
     """Events whose hook is registered at user scope and at project scope, as 'Event: file, file'.
     Claude Code runs a command line that several settings files register once, and each distinct
     one separately (seen with Claude Code 2.1.197: the same `echo` at both scopes ran once, two

@@ -42,7 +42,8 @@ STOP_CONTEXT_SINCE: Version = (2, 1, 163)  # Stop takes hookSpecificOutput.addit
 # `asyncRewake` hooks run in the background and wake the model on exit 2: seen with 2.1.332 (the
 # key is in 2.1.197's settings schema too, but no run of it was seen, so it is not relied on).
 ASYNC_REWAKE_SINCE: Version = (2, 1, 332)
-WAKE_TIMEOUT = 86_400  # seconds Claude Code lets the waiter run (its hook `timeout`); it ends with its host anyway
+# seconds Claude Code lets the waiter run (its hook `timeout`); it ends with its host anyway
+WAKE_TIMEOUT = 86_400
 # The waiter's Stop handler (agent_bridge/hooks/wake.py). Registered whatever the installed version:
 # the waiter itself leaves at once where the running Claude Code would not run it in the background.
 WAKE_HOOK = ("Stop", "wake", {"asyncRewake": True, "timeout": WAKE_TIMEOUT})
@@ -89,8 +90,10 @@ class Claude(Host):
     def tools_sentence(self) -> str:
         # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
         # them); its own SendMessage reaches running Claude Code sessions only.
-        return ("Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
-                "Codex and sessions not running too, which SendMessage does not.")
+        return (
+            "Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
+            "Codex and sessions not running too, which SendMessage does not."
+        )
 
     def runs_waiter(self, hook: HookInput, env: Any) -> bool:
         """Claude Code 2.1.332+ runs an asyncRewake hook in the background, but not under `-p`:
@@ -165,7 +168,11 @@ class Claude(Host):
                 candidates.append((f"{user_json} (user scope)", servers[server], None))
             projects = data.get("projects")
             local = projects.get(str(cwd)) if isinstance(projects, dict) else None
-            if isinstance(local, dict) and isinstance(local.get("mcpServers"), dict) and server in local["mcpServers"]:
+            if (
+                isinstance(local, dict)
+                and isinstance(local.get("mcpServers"), dict)
+                and server in local["mcpServers"]
+            ):
                 candidates.append((f"{user_json} (local scope of {cwd})", local["mcpServers"][server], None))
         data, error = load_json(project_mcp)
         if error:
@@ -180,10 +187,16 @@ class Claude(Host):
         found.append(reach(registered_events(settings)))
         twice = duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
         if twice:
-            found.append(Check("Claude Code hooks scope", FAIL, "registered at user and project scope with different "
-                               "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
-                               "session runs the hook twice",
-                               "keep one: agent-bridge uninstall --claude --scope project (or --scope user)"))
+            found.append(
+                Check(
+                    "Claude Code hooks scope",
+                    FAIL,
+                    "registered at user and project scope with different "
+                    "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
+                    "session runs the hook twice",
+                    "keep one: agent-bridge uninstall --claude --scope project (or --scope user)",
+                )
+            )
         return found
 
 
@@ -337,22 +350,48 @@ def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:
 
     rejected = listed("disabledMcpjsonServers")
     if rejected:
-        return Check(name, FAIL, f'the .mcp.json server "{server}" was rejected ({", ".join(rejected)})',
-                     f'enable it with /mcp in Claude Code, or remove "{server}" from disabledMcpjsonServers there')
-    approved = listed("enabledMcpjsonServers") + [w for w, d in sources if d.get("enableAllProjectMcpServers") is True]
+        return Check(
+            name,
+            FAIL,
+            f'the .mcp.json server "{server}" was rejected ({", ".join(rejected)})',
+            f'enable it with /mcp in Claude Code, or remove "{server}" from disabledMcpjsonServers there',
+        )
+    approved = listed("enabledMcpjsonServers") + [
+        w for w, d in sources if d.get("enableAllProjectMcpServers") is True
+    ]
     fix = (f'start `claude` in {cwd}, trust the folder and choose "Use this MCP server" '
            "(Claude Code records it in .claude/settings.local.json), or approve it with /mcp")
     if not approved:
-        return Check(name, WARN, f'"{server}" in {cwd / ".mcp.json"} is pending approval: an interactive Claude '
-                     "Code session asks for it and does not start it until you approve it", fix)
-    trusted = [p for p in (cwd, *cwd.parents) if isinstance(projects, dict) and isinstance(projects.get(str(p)), dict)
-               and projects[str(p)].get("hasTrustDialogAccepted") is True]
+        return Check(
+            name,
+            WARN,
+            f'"{server}" in {cwd / ".mcp.json"} is pending approval: an interactive Claude '
+            "Code session asks for it and does not start it until you approve it",
+            fix,
+        )
+    trusted = [
+        p
+        for p in (cwd, *cwd.parents)
+        if isinstance(projects, dict)
+        and isinstance(projects.get(str(p)), dict)
+        and projects[str(p)].get("hasTrustDialogAccepted") is True
+    ]
     if not trusted:
-        return Check(name, WARN, f"approved, but {cwd} is not a trusted folder in {user_json}: an interactive "
-                     "Claude Code session keeps the server pending until you trust the folder", fix)
+        return Check(
+            name,
+            WARN,
+            f"approved, but {cwd} is not a trusted folder in {user_json}: an interactive "
+            "Claude Code session keeps the server pending until you trust the folder",
+            fix,
+        )
     if trusted[0] != cwd:
-        return Check(name, WARN, f"approved; the folder trust is recorded for {trusted[0]}, not {cwd}, and Claude "
-                     "Code may still treat the server as pending", fix)
+        return Check(
+            name,
+            WARN,
+            f"approved; the folder trust is recorded for {trusted[0]}, not {cwd}, and Claude "
+            "Code may still treat the server as pending",
+            fix,
+        )
     return Check(name, OK, f"approved in {approved[0]}")
 
 

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from agent_bridge.hosts.edits import FileEdit
 
 QUEUE_TIMEOUT = 30.0  # seconds for `codex queue`; it answered in 0.16 s here
-WAKE_ENV = "AGENT_BRIDGE_CODEX_WAKE"  # "1": the user accepts idle wakes through `codex queue` (see runs_waiter)
+# "1": the user accepts idle wakes through `codex queue` (see runs_waiter)
+WAKE_ENV = "AGENT_BRIDGE_CODEX_WAKE"
 HOOKS_KEY_SINCE = (0, 130, 0)  # Codex renamed [features] codex_hooks to hooks (on by default)
 TABLE_MARK = "agent-bridge: added by `agent-bridge install`"  # comment above our [mcp_servers] table
 ADDED_MARK = "added by agent-bridge install"  # trailing comment of a feature key install added
@@ -75,9 +76,14 @@ class Codex(Host):
 
         version = codex_version() if version is None else version
         command, args = mcp_args(run, self.name)
-        return [edit_codex_config(self.config_file(scope, cwd), command, args, env, private=private, version=version),
-                hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                                   extra=(PROMPT_HOOK,))]
+        return [
+            edit_codex_config(
+                self.config_file(scope, cwd), command, args, env, private=private, version=version
+            ),
+            hooks_edit(
+                self.hooks_file(scope, cwd), run, self.name, env, private=private, extra=(PROMPT_HOOK,)
+            ),
+        ]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge.hosts.edits import hooks_removal
@@ -120,8 +126,13 @@ class Codex(Host):
         if program is None:
             return False
         try:
-            done = subprocess.run([program, "queue", "--thread", hook.session_id, "--message", text, "--resume"],
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=QUEUE_TIMEOUT)
+            done = subprocess.run(
+                [program, "queue", "--thread", hook.session_id, "--message", text, "--resume"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=QUEUE_TIMEOUT,
+            )
         except (OSError, subprocess.SubprocessError):
             return False
         return done.returncode == 0
@@ -217,10 +228,16 @@ def edit_codex_config(
         append_table(doc, at, values, TABLE_MARK)
         servers[SERVER_NAME] = dict(values)
         notes.append(f'added MCP server "{SERVER_NAME}"')
-    elif (current.get("command"), current.get("args"), current.get("env") or {}) != (command, args, merged_env):
+    elif (current.get("command"), current.get("args"), current.get("env") or {}) != (
+        command,
+        args,
+        merged_env,
+    ):
         table = toml_table(doc, at)
         if table is None:
-            raise InstallError(f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}")
+            raise InstallError(
+                f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}"
+            )
         set_value(doc, at, "command", command)
         set_value(doc, at, "args", args)
         env_table = toml_table(doc, (*at, "env"))
@@ -330,7 +347,9 @@ def remove_codex_config(path: Path, *, private: bool) -> FileEdit:
     servers = expected.get("mcp_servers")
     if isinstance(servers, dict) and SERVER_NAME in servers:
         if toml_table(doc, at) is None:
-            raise InstallError(f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}")
+            raise InstallError(
+                f"{path}: mcp_servers.{SERVER_NAME} is not a [table] this command can edit; {manual}"
+            )
         remove_table(doc, at, marker=TABLE_MARK)
         del servers[SERVER_NAME]
         if not servers and toml_table(doc, ("mcp_servers",)) is None:
@@ -378,7 +397,11 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     from agent_bridge import jsonlimit
 
     requests = [
-        {"id": 1, "method": "initialize", "params": {"clientInfo": {"name": "agent-bridge-doctor", "version": "1"}}},
+        {
+            "id": 1,
+            "method": "initialize",
+            "params": {"clientInfo": {"name": "agent-bridge-doctor", "version": "1"}},
+        },
         {"method": "initialized"},
         {"id": 2, "method": "config/read", "params": {"cwd": str(cwd), "includeLayers": True}},
         {"id": 3, "method": "hooks/list", "params": {"cwds": [str(cwd)]}},
@@ -386,8 +409,14 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     # Plugins off for this probe: with them, Codex 0.171 looks up its plugin marketplace on the
     # network at start (seen as a DNS query); the answers asked for here do not depend on them.
     try:
-        proc = subprocess.Popen([program, "-c", "features.plugins=false", "app-server"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd)
+        proc = subprocess.Popen(
+            [program, "-c", "features.plugins=false", "app-server"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=cwd,
+        )
     except OSError as exc:
         raise ProbeError(f"cannot run {program} app-server: {exc}") from None
     answers: dict[int, dict[str, Any]] = {}
@@ -414,10 +443,14 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
         proc.wait()
     for n in (2, 3):
         if n not in answers:
-            raise ProbeError(f"{program} app-server did not answer (it exited, or took over {APP_SERVER_TIMEOUT:.0f} s)")
+            raise ProbeError(
+                f"{program} app-server did not answer (it exited, or took over {APP_SERVER_TIMEOUT:.0f} s)"
+            )
         error = answers[n].get("error")
         if error is not None:
-            raise ProbeError(f"{program} app-server: {error.get('message', error) if isinstance(error, dict) else error}")
+            raise ProbeError(
+                f"{program} app-server: {error.get('message', error) if isinstance(error, dict) else error}"
+            )
     layers = answers[2].get("result", {}).get("layers") or []
     hooks = [h for entry in answers[3].get("result", {}).get("data") or [] for h in entry.get("hooks") or []]
     return layers, hooks
@@ -436,17 +469,28 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
     try:
         layers, hooks = codex_app_server(program, cwd)
     except ProbeError as exc:
-        return [Check("Codex hooks trust", WARN, f"could not ask Codex: {exc}", "run `codex` and check /hooks")]
+        return [
+            Check("Codex hooks trust", WARN, f"could not ask Codex: {exc}", "run `codex` and check /hooks")
+        ]
     checks = []
-    ignored = [layer for layer in layers if isinstance(layer, dict) and (layer.get("name") or {}).get("type") == "project"
-               and layer.get("disabledReason")]
+    ignored = [
+        layer
+        for layer in layers
+        if isinstance(layer, dict)
+        and (layer.get("name") or {}).get("type") == "project"
+        and layer.get("disabledReason")
+    ]
     if in_project:
         if ignored:
-            checks.append(Check(
-                "Codex project config", FAIL, f"Codex ignores {project_dir}: {ignored[0]['disabledReason']}",
-                f"trust the project: start `codex` in {cwd} and accept the trust prompt, or run `codex exec --trust` "
-                f'there once, or add [projects."{cwd}"] trust_level = "trusted" to {codex_home() / "config.toml"}',
-            ))
+            checks.append(
+                Check(
+                    "Codex project config",
+                    FAIL,
+                    f"Codex ignores {project_dir}: {ignored[0]['disabledReason']}",
+                    f"trust the project: start `codex` in {cwd} and accept the trust prompt, or run `codex exec --trust` "
+                    f'there once, or add [projects."{cwd}"] trust_level = "trusted" to {codex_home() / "config.toml"}',
+                )
+            )
         else:
             checks.append(Check("Codex project config", OK, f"{project_dir} is read (trusted project)"))
     ours = [h for h in hooks if isinstance(h, dict) and h.get("eventName") in _CODEX_EVENTS
@@ -456,15 +500,21 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
     if not ours:
         checks.append(Check("Codex hooks trust", SKIP, "Codex lists no agent-bridge hook here"))
     elif untrusted:
-        snippet = "".join(f'\n  [hooks.state.{tomlkit.string(str(h.get("key"))).as_string()}]\n  trusted_hash = '
-                          f'{tomlkit.string(str(h.get("currentHash"))).as_string()}' for h in untrusted)
+        snippet = "".join(
+            f"\n  [hooks.state.{tomlkit.string(str(h.get('key'))).as_string()}]\n  trusted_hash = "
+            f"{tomlkit.string(str(h.get('currentHash'))).as_string()}"
+            for h in untrusted
+        )
         states = ", ".join(sorted({str(h.get("trustStatus")) for h in untrusted}))
-        checks.append(Check(
-            "Codex hooks trust", FAIL,
-            f"{len(untrusted)} agent-bridge hook(s) not trusted ({states}): Codex skips them, `codex exec` without a word",
-            f"start `codex`, open /hooks and trust the agent-bridge SessionStart, PostToolUse and Stop hooks; or, having read "
-            f"them, add to {config}:{snippet}",
-        ))
+        checks.append(
+            Check(
+                "Codex hooks trust",
+                FAIL,
+                f"{len(untrusted)} agent-bridge hook(s) not trusted ({states}): Codex skips them, `codex exec` without a word",
+                f"start `codex`, open /hooks and trust the agent-bridge SessionStart, PostToolUse and Stop hooks; or, having read "
+                f"them, add to {config}:{snippet}",
+            )
+        )
     else:
         checks.append(Check("Codex hooks trust", OK, f"{len(ours)} agent-bridge hooks trusted"))
     return checks
@@ -510,20 +560,33 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
     version = codex_version(program) if program else None
     found.append(_codex_feature_check(features, version, fix))
     if program is None:
-        found.append(Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks"))
+        found.append(
+            Check("Codex hooks trust", SKIP, "no codex on PATH: cannot ask Codex whether it trusts the hooks")
+        )
     else:
         found += codex_trust_checks(program, cwd, project_dir, in_project)
-    found.append(reach_check(
-        "Codex", registered_events(user_hooks + project_hooks),
-        "the block decision (Codex has no additionalContext on Stop)",
-        "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for Codex "
-        f"({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's daemon outlives it "
-        "and a queued message would run a turn there)"))
+    found.append(
+        reach_check(
+            "Codex",
+            registered_events(user_hooks + project_hooks),
+            "the block decision (Codex has no additionalContext on Stop)",
+            "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for Codex "
+            f"({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's daemon outlives it "
+            "and a queued message would run a turn there)",
+        )
+    )
     twice = duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
     if twice:
-        found.append(Check("Codex hooks scope", FAIL, "registered at user and project scope (" + "; ".join(twice)
-                           + "): Codex runs the matching hooks of every file, so each runs twice",
-                           "keep one: agent-bridge uninstall --codex --scope project (or --scope user)"))
+        found.append(
+            Check(
+                "Codex hooks scope",
+                FAIL,
+                "registered at user and project scope ("
+                + "; ".join(twice)
+                + "): Codex runs the matching hooks of every file, so each runs twice",
+                "keep one: agent-bridge uninstall --codex --scope project (or --scope user)",
+            )
+        )
     return found
 
 

@@ -65,7 +65,8 @@ class FileEdit:
     after: str | None  # None: the file is to be deleted
     notes: list[str] = field(default_factory=list)
     private: bool = True  # a new file gets 0600 (user scope) or 0644 (project files, shared)
-    was_empty: list[JsonPath] = field(default_factory=list)  # containers install filled (agent_bridge.install's docstring)
+    # containers install filled (agent_bridge.install's docstring)
+    was_empty: list[JsonPath] = field(default_factory=list)
     exact: bool = False  # `before`/`after` keep the file's own line ends (JSON edited in place)
 
     @property
@@ -110,7 +111,9 @@ def is_our_hook(command: object, event_arg: str) -> bool:
 NOTHING_CHANGED = "fix or move it aside and run the command again. Nothing was changed."
 
 
-def _load(loader: Callable[[Path, str | None], dict[str, Any]], path: Path) -> tuple[str | None, dict[str, Any]]:
+def _load(
+    loader: Callable[[Path, str | None], dict[str, Any]], path: Path
+) -> tuple[str | None, dict[str, Any]]:
     try:
         text = hostconfig.read_text(path)
         return text, loader(path, text)
@@ -155,7 +158,9 @@ def edit_json(path: Path, mutate: Callable[[dict[str, Any], list[str]], None], *
     if updated == data:
         return FileEdit(path, before, before, [], private, exact=True)
     if not updated and before is not None and not restored:
-        return FileEdit(path, before, None, [*notes, "deleted the file (nothing else was in it)"], private, exact=True)
+        return FileEdit(
+            path, before, None, [*notes, "deleted the file (nothing else was in it)"], private, exact=True
+        )
     filled = filled_empty(data, updated) if before is not None and before.strip() else []  # a new file: none
     return FileEdit(path, before, json_text(path, before, data, updated), notes, private, filled, exact=True)
 
@@ -239,8 +244,15 @@ def write_record(command: str, edits: list[FileEdit]) -> None:
             record[key] = sorted(set(record.get(key, [])) | set(edit.was_empty))
     try:
         home = paths.ensure_home(paths.home())
-        paths.write_private(home / RECORD, json.dumps({"files": {f: [list(p) for p in ps] for f, ps in record.items()}},
-                                                      ensure_ascii=False, indent=2) + "\n")
+        paths.write_private(
+            home / RECORD,
+            json.dumps(
+                {"files": {f: [list(p) for p in ps] for f, ps in record.items()}},
+                ensure_ascii=False,
+                indent=2,
+            )
+            + "\n",
+        )
     except OSError as exc:
         print(f"agent-bridge {command}: warning: cannot write {record_path()}: {exc}", file=sys.stderr)
 
@@ -248,7 +260,9 @@ def write_record(command: str, edits: list[FileEdit]) -> None:
 def _object_at(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
     value = data.setdefault(key, {})
     if not isinstance(value, dict):
-        raise InstallError(f'{path}: "{key}" must be a JSON object, found {type(value).__name__}. Nothing was changed.')
+        raise InstallError(
+            f'{path}: "{key}" must be a JSON object, found {type(value).__name__}. Nothing was changed.'
+        )
     return value
 
 
@@ -259,7 +273,9 @@ def ensure_json_server(
     servers = _object_at(data, "mcpServers", path)
     current = servers.get(SERVER_NAME)
     if current is not None and not isinstance(current, dict):
-        raise InstallError(f'{path}: the "{SERVER_NAME}" server entry must be an object. Nothing was changed.')
+        raise InstallError(
+            f'{path}: the "{SERVER_NAME}" server entry must be an object. Nothing was changed.'
+        )
     entry: dict[str, Any] = dict(current or {})
     entry["type"] = "stdio"
     entry["command"] = command
@@ -289,7 +305,9 @@ def merge_env(current: object, env: dict[str, str], path: Path) -> dict[str, str
     if current is None:
         current = {}
     if not isinstance(current, dict):
-        raise InstallError(f'{path}: the "{SERVER_NAME}" server\'s env must be an object. Nothing was changed.')
+        raise InstallError(
+            f'{path}: the "{SERVER_NAME}" server\'s env must be an object. Nothing was changed.'
+        )
     merged = {k: v for k, v in current.items() if k != "AGENT_BRIDGE_HOME"}
     merged.update(env)
     return merged
@@ -328,7 +346,9 @@ def ensure_json_hooks(data: dict[str, Any], notes: list[str], path: Path,
         what = f"{event} hook" if (event, event_arg) != WAKE else f"{event} hook ({event_arg})"
         ours = our_handlers(groups, event_arg)
         if not ours:
-            groups.append({"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT, **keys}]})
+            groups.append(
+                {"hooks": [{"type": "command", "command": wanted, "timeout": HOOK_TIMEOUT, **keys}]}
+            )
             notes.append(f"added {what}")
             continue
         _, first = ours[0]
@@ -370,7 +390,9 @@ def remove_json_hooks(data: dict[str, Any], notes: list[str], path: Path) -> Non
         if not ours:
             continue
         _drop(groups, ours)
-        notes.append(f"removed {event} hook" if (event, event_arg) != WAKE else f"removed {event} hook ({event_arg})")
+        notes.append(
+            f"removed {event} hook" if (event, event_arg) != WAKE else f"removed {event} hook ({event_arg})"
+        )
         if not groups:
             del hooks[event]
     if not hooks:
@@ -434,7 +456,9 @@ def toml_table(doc: TOMLDocument, at: TomlPath) -> Table | None:
     return None
 
 
-def append_table(doc: TOMLDocument, at: TomlPath, values: dict[str, Any], comment: str | None = None) -> Table:
+def append_table(
+    doc: TOMLDocument, at: TomlPath, values: dict[str, Any], comment: str | None = None
+) -> Table:
     """A new `[header]` table at the end of the document (after a blank line), with `# comment`
     on the line above it."""
     table = tomlkit.table()
@@ -474,7 +498,9 @@ def set_value(doc: TOMLDocument, at: TomlPath, key: str, value: Any, comment: st
         table[key] = item  # tomlkit keeps the old line's comment: replaced below
     else:
         entries = [(k, v) for k, v in table.value.body if not isinstance(v, Null)]
-        last = max((n for n, (k, v) in enumerate(entries) if k is not None and not isinstance(v, Table)), default=-1)
+        last = max(
+            (n for n, (k, v) in enumerate(entries) if k is not None and not isinstance(v, Table)), default=-1
+        )
         entries.insert(last + 1, (SingleKey(key), item))
         _rebuild(doc, at, entries)
     item.trivia.comment_ws = "  " if comment else ""
@@ -497,8 +523,15 @@ def rename_key(doc: TOMLDocument, at: TomlPath, old: str, new: str) -> None:
     """`old = value  # comment` in the table at `at` becomes `new = value  # comment`, in place."""
     table = toml_table(doc, at)
     assert table is not None
-    _rebuild(doc, at, [(SingleKey(new) if k is not None and k.key == old else k, v) for k, v in table.value.body
-                       if not isinstance(v, Null)])
+    _rebuild(
+        doc,
+        at,
+        [
+            (SingleKey(new) if k is not None and k.key == old else k, v)
+            for k, v in table.value.body
+            if not isinstance(v, Null)
+        ],
+    )
 
 
 def _rebuild(doc: TOMLDocument, at: TomlPath, entries: list[tuple[Key | None, Item]]) -> None:
@@ -550,8 +583,14 @@ def remove_table(doc: TOMLDocument, at: TomlPath, marker: str | None = None) -> 
         else:  # nothing follows: they stay at the end
             doc.add(tomlkit.ws(text))
     if marker:
-        above = next((item for item in (container.body[index][1] for _, container, index in reversed(entries[:start]))
-                      if not (isinstance(item, Table) and item.is_super_table())), None)
+        above = next(
+            (
+                item
+                for item in (container.body[index][1] for _, container, index in reversed(entries[:start]))
+                if not (isinstance(item, Table) and item.is_super_table())
+            ),
+            None,
+        )
         if isinstance(above, Comment) and above.as_string().strip() == f"# {marker}":
             above.trivia.indent = above.trivia.comment = above.trivia.trail = ""  # written as nothing
     del _parent(doc, at)[at[-1]]

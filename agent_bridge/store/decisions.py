@@ -147,7 +147,9 @@ class Decisions(Messages):
             current = queries.query_decisions(self.conn)
             received = {
                 r[0]
-                for r in self.conn.execute("SELECT decision_id FROM decision_deliveries WHERE host_key = ?", (key,))
+                for r in self.conn.execute(
+                    "SELECT decision_id FROM decision_deliveries WHERE host_key = ?", (key,)
+                )
             }
             missing = [
                 d
@@ -173,7 +175,12 @@ class Decisions(Messages):
         topic: str | None = None,
     ) -> list[Decision]:
         return queries.query_decisions(
-            self.conn, needle=needle, lookup=lookup, caller_addresses=caller_addresses, history=history, topic=topic
+            self.conn,
+            needle=needle,
+            lookup=lookup,
+            caller_addresses=caller_addresses,
+            history=history,
+            topic=topic,
         )
 
     def retractions(self, topics: Sequence[str]) -> list[Retraction]:
@@ -231,7 +238,9 @@ class Decisions(Messages):
                     "VALUES (?,?,?,?,?,?,?)",
                     (message_id, author.id, peer_id, body, domain.DECISION_HOP, None, now),
                 )
-                self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id))
+                self.conn.execute(
+                    "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id)
+                )
                 self.conn.execute(
                     "INSERT INTO retraction_notices(message_id, retraction_id, peer_id) VALUES (?, ?, ?)",
                     (message_id, retraction_id, peer_id),

@@ -38,7 +38,12 @@ class Forgetting(Peers):
                 peer = self.get_peer(peer_id)
                 if peer is None or peer_id == CLI_AUTHOR.id:
                     continue
-                queued = [q.message for q in queries.unacked_messages(self.conn, peer_id, limit=1_000_000, current_schema=True)]
+                queued = [
+                    q.message
+                    for q in queries.unacked_messages(
+                        self.conn, peer_id, limit=1_000_000, current_schema=True
+                    )
+                ]
                 self._close_tap(peer_id)
                 self.conn.execute("DELETE FROM receipts WHERE peer_id = ?", (peer_id,))
                 # Messages to it that nothing else holds: no receipt left, no notice or decision naming them.
@@ -58,7 +63,8 @@ class Forgetting(Peers):
                 self._drop_identity(peer_id)
                 if self._referenced(peer_id):
                     self.conn.execute(
-                        "UPDATE peers SET host_session_id = NULL, forgotten_at = ? WHERE id = ?", (now, peer_id)
+                        "UPDATE peers SET host_session_id = NULL, forgotten_at = ? WHERE id = ?",
+                        (now, peer_id),
                     )
                 else:
                     self.conn.execute("DELETE FROM peers WHERE id = ?", (peer_id,))

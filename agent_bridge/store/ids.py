@@ -25,6 +25,12 @@ if hasattr(os, "register_at_fork"):  # a forked child must not repeat its parent
 
 def new_id() -> str:
     """A UUID version 7 (RFC 9562: Unix milliseconds, then 74 random bits), as text."""
-    n = time.time_ns() // 1_000_000 << 80 | 0x7 << 76 | _ids.getrandbits(12) << 64 | 0b10 << 62 | _ids.getrandbits(62)
+    n = (
+        time.time_ns() // 1_000_000 << 80
+        | 0x7 << 76
+        | _ids.getrandbits(12) << 64
+        | 0b10 << 62
+        | _ids.getrandbits(62)
+    )
     h = f"{n:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

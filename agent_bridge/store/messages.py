@@ -37,7 +37,12 @@ class Messages(Peers):
         return self.conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone() is not None
 
     def send_messages(
-        self, from_id: str, outgoing: Sequence[Outgoing], now: int, *, fault: Callable[[str], None] = lambda point: None
+        self,
+        from_id: str,
+        outgoing: Sequence[Outgoing],
+        now: int,
+        *,
+        fault: Callable[[str], None] = lambda point: None,
     ) -> list[Message]:
         """Messages from one session, in order, in one transaction (a pipelining sender's
         sends that arrived together share a commit). Returns them as they are pushed."""
@@ -58,10 +63,20 @@ class Messages(Peers):
                     "VALUES (?,?,?,?,?,?,?)",
                     (message_id, from_id, o.to_id, o.text, o.hop, o.reply_to, now),
                 )
-                self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, o.to_id))
+                self.conn.execute(
+                    "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, o.to_id)
+                )
                 seq = self.conn.last_insert_rowid()
                 message = Message(
-                    message_id, sender, o.to_id, names.get(o.to_id, (None,))[0], o.text, o.hop, o.reply_to, "message", now
+                    message_id,
+                    sender,
+                    o.to_id,
+                    names.get(o.to_id, (None,))[0],
+                    o.text,
+                    o.hop,
+                    o.reply_to,
+                    "message",
+                    now,
                 )
                 written.append((o.to_id, seq, message))
                 fault("send:before-commit")
@@ -96,7 +111,9 @@ class Messages(Peers):
 
         With `tap`, the delivery task's: closed, then reopened for `peer_id` when this read
         reached the end, so it collects exactly the messages committed after this read."""
-        rows = queries.unacked_messages(self.conn, peer_id, after_seq=after_seq, limit=limit, current_schema=True)
+        rows = queries.unacked_messages(
+            self.conn, peer_id, after_seq=after_seq, limit=limit, current_schema=True
+        )
         if tap is not None:
             if tap.peer_id is not None:
                 self._close_tap(tap.peer_id, only=tap)
@@ -131,7 +148,12 @@ class Messages(Peers):
         return before
 
     def ack(
-        self, peer_id: str, message_ids: Sequence[str], now: int, *, fault: Callable[[str], None] = lambda point: None
+        self,
+        peer_id: str,
+        message_ids: Sequence[str],
+        now: int,
+        *,
+        fault: Callable[[str], None] = lambda point: None,
     ) -> int:
         """Acknowledge messages shown to the session's agent. Returns how many were newly acked."""
         count = 0
@@ -145,7 +167,8 @@ class Messages(Peers):
                 changed = self.conn.changes()
                 if changed:
                     self.conn.execute(
-                        "UPDATE messages SET acked_at = ? WHERE id = ? AND acked_at IS NULL", (now, message_id)
+                        "UPDATE messages SET acked_at = ? WHERE id = ? AND acked_at IS NULL",
+                        (now, message_id),
                     )
                 count += changed
             fault("ack:before-commit")

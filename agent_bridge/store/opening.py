@@ -53,7 +53,9 @@ def check_version(path: Path) -> int:
     return found
 
 
-def backup_database(conn: apsw.Connection, target: Path, *, fault: Callable[[str], None] = lambda point: None) -> None:
+def backup_database(
+    conn: apsw.Connection, target: Path, *, fault: Callable[[str], None] = lambda point: None
+) -> None:
     """Copy a live database with SQLite's online backup API.
 
     Written under a temporary name and renamed into place once complete, so a `.bak` file that

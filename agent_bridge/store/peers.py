@@ -68,7 +68,9 @@ class Peers(StoreBase):
 
     def touch_peers(self, peer_ids: Iterable[str], now: int) -> None:
         with self.conn:
-            self.conn.executemany("UPDATE peers SET last_seen_at = ? WHERE id = ?", [(now, p) for p in peer_ids])
+            self.conn.executemany(
+                "UPDATE peers SET last_seen_at = ? WHERE id = ?", [(now, p) for p in peer_ids]
+            )
 
     def list_peers(self) -> list[Peer]:
         return queries.list_peers(self.conn)
@@ -165,13 +167,16 @@ class Peers(StoreBase):
     def set_secret(self, peer_id: str, secret_hash: str) -> None:
         with self.conn:
             self.conn.execute(
-                "INSERT OR REPLACE INTO session_secrets(peer_id, secret_hash) VALUES (?, ?)", (peer_id, secret_hash)
+                "INSERT OR REPLACE INTO session_secrets(peer_id, secret_hash) VALUES (?, ?)",
+                (peer_id, secret_hash),
             )
 
     def peer_with_secret(self, peer_id: str, secret_hash: str) -> Peer | None:
         """The session `peer_id` leads to (following a merge), if `secret_hash` is its secret's."""
         current = self.resolve_peer(peer_id)
-        row = self.conn.execute("SELECT secret_hash FROM session_secrets WHERE peer_id = ?", (current,)).fetchone()
+        row = self.conn.execute(
+            "SELECT secret_hash FROM session_secrets WHERE peer_id = ?", (current,)
+        ).fetchone()
         if row is None or not hmac.compare_digest(str(row[0]), secret_hash):
             return None
         return self.get_peer(current)
@@ -184,7 +189,9 @@ class Peers(StoreBase):
                 (pid, start_time, peer_id, now),
             )
 
-    def instance_sessions(self, pid: int, start_time: int, *, agent: str, project: str, kind: str) -> list[str]:
+    def instance_sessions(
+        self, pid: int, start_time: int, *, agent: str, project: str, kind: str
+    ) -> list[str]:
         """The sessions without a host session id that host instance (pid, start_time) ran for
         this agent, project and kind, most recently seen first. (One with a host session id
         is found by that id; another project is another session.)"""

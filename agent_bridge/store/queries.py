@@ -186,7 +186,9 @@ LEFT JOIN decision_deliveries dd ON dd.message_id = m.id
 def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: bool = False) -> Message:
     """The message of a MESSAGE_SELECT row (the receipt's rowid, acknowledgement and offer,
     the row's first, thirteenth and fourteenth values, are the caller's to read)."""
-    (_, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id) = values[:12]
+    (_, mid, from_id, from_name, from_agent, to_id, to_name, body, hop, reply_to, created, decision_id) = (
+        values[:12]
+    )
     decision = None if not decision_id else decision_by_id(conn, decision_id)
     retraction = question = None
     if decision_id is None and hop == domain.DECISION_HOP:
@@ -243,7 +245,10 @@ def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[Receipt]:
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")
     sql += " ORDER BY m.rowid DESC LIMIT ?"
-    return [Receipt(values[0], message_from_row(conn, values), values[12] is not None) for values in conn.execute(sql, (limit,))]
+    return [
+        Receipt(values[0], message_from_row(conn, values), values[12] is not None)
+        for values in conn.execute(sql, (limit,))
+    ]
 
 
 def list_peers(conn: apsw.Connection) -> list[Peer]:
@@ -284,9 +289,7 @@ def unacked_counts(conn: apsw.Connection) -> dict[str, int]:
     return {peer_id: int(n) for peer_id, n in rows}
 
 
-_SELECT_RETRACTION = (
-    "SELECT id, topic, retracts, reason, author_id, author_name, author_agent, created_at FROM decision_retractions "
-)
+_SELECT_RETRACTION = "SELECT id, topic, retracts, reason, author_id, author_name, author_agent, created_at FROM decision_retractions "
 
 
 def retraction_from_row(values: tuple[Any, ...]) -> Retraction:
@@ -310,7 +313,9 @@ def retraction_for_message(conn: apsw.Connection, message_id: str) -> Retraction
     if not has_table(conn, "retraction_notices"):
         return None
     row = conn.execute(
-        _SELECT_RETRACTION.replace("FROM decision_retractions ", "FROM retraction_notices n JOIN decision_retractions r ")
+        _SELECT_RETRACTION.replace(
+            "FROM decision_retractions ", "FROM retraction_notices n JOIN decision_retractions r "
+        )
         + "ON r.id = n.retraction_id WHERE n.message_id = ?",
         (message_id,),
     ).fetchone()
@@ -345,7 +350,9 @@ def question_for_message(conn: apsw.Connection, message_id: str) -> Question | N
     """The question an answer message (kind answer) tells its asker about, if it is one."""
     if not has_table(conn, "question_notices"):
         return None
-    row = conn.execute("SELECT question_id FROM question_notices WHERE message_id = ?", (message_id,)).fetchone()
+    row = conn.execute(
+        "SELECT question_id FROM question_notices WHERE message_id = ?", (message_id,)
+    ).fetchone()
     return None if row is None else question_by_id(conn, row[0])
 
 

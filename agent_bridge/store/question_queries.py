@@ -37,7 +37,9 @@ def ids_starting(conn: apsw.Connection, prefix: str, limit: int = 10) -> list[st
     if not has_table(conn, "questions"):
         return []
     pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    rows = conn.execute("SELECT id FROM questions WHERE id LIKE ? ESCAPE '\\' ORDER BY seq LIMIT ?", (pattern, limit))
+    rows = conn.execute(
+        "SELECT id FROM questions WHERE id LIKE ? ESCAPE '\\' ORDER BY seq LIMIT ?", (pattern, limit)
+    )
     return [r[0] for r in rows]
 
 

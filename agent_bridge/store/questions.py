@@ -51,7 +51,9 @@ class Questions(Decisions):
                 if current:
                     return None, current[0]
             asker_id = self.resolve_peer(asker.id)
-            found = question_queries.find_open(self.conn, topic=topic, scope_json=scope_json, question=question)
+            found = question_queries.find_open(
+                self.conn, topic=topic, scope_json=scope_json, question=question
+            )
             if found is None:
                 self._ensure_cli_peer(now)
                 question_id = new_id()
@@ -62,7 +64,14 @@ class Questions(Decisions):
                 )
                 self.conn.execute(
                     "INSERT INTO questions(id, question, topic, options, scope, created_at) VALUES (?,?,?,?,?,?)",
-                    (question_id, question, topic, json.dumps(list(options), ensure_ascii=False), scope_json, now),
+                    (
+                        question_id,
+                        question,
+                        topic,
+                        json.dumps(list(options), ensure_ascii=False),
+                        scope_json,
+                        now,
+                    ),
                 )
             else:
                 question_id = found.id

@@ -220,12 +220,16 @@ class _Dashboard:
     async def action_body(self, allowed: set[str]) -> dict[str, Any] | Response:
         """The checked JSON object of an action, or the refusal to answer."""
         if not auth.token_matches(request.headers.get(ACTION_TOKEN_HEADER), self.page_token):
-            return _error(403, f"forbidden: an action needs the page's token in {ACTION_TOKEN_HEADER} (reload the page)")
+            return _error(
+                403, f"forbidden: an action needs the page's token in {ACTION_TOKEN_HEADER} (reload the page)"
+            )
         origin = request.headers.get("Origin")
         if origin is None or origin.lower() not in auth.allowed_origins(self.port):
             return _error(403, "forbidden: an action must come from the dashboard's own page (Origin)")
         if request.mimetype != "application/json":
-            return _error(400, f"Content-Type: expected application/json, got {_short(request.mimetype or 'nothing')}")
+            return _error(
+                400, f"Content-Type: expected application/json, got {_short(request.mimetype or 'nothing')}"
+            )
         raw = await request.get_data(as_text=False)
         try:
             body = json.loads(raw) if raw.strip() else {}
@@ -235,13 +239,19 @@ class _Dashboard:
             return _error(400, "body: expected a JSON object")
         unknown = sorted(set(body) - allowed)
         if unknown:
-            return _error(400, f"body: unknown field {_short(unknown[0])} (it takes: {', '.join(sorted(allowed)) or 'none'})")
+            return _error(
+                400,
+                f"body: unknown field {_short(unknown[0])} (it takes: {', '.join(sorted(allowed)) or 'none'})",
+            )
         return body
 
     async def owner_action(self, op: str, args: dict[str, Any]) -> Response:
         if self.live is None:
-            return _error(503, "this dashboard is read-only: no broker was running when it started; "
-                          "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)")
+            return _error(
+                503,
+                "this dashboard is read-only: no broker was running when it started; "
+                "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)",
+            )
         try:
             result = await trio.to_thread.run_sync(partial(commands.broker_call, op, home=self.home, **args))
         except commands.CommandError as exc:
@@ -375,7 +385,10 @@ def _page(app: QuartTrio, dash: _Dashboard) -> None:
             given = request.args.get(auth.TOKEN_PARAM)
             if not auth.token_matches(given, token):
                 return _forbidden()
-            from_elsewhere = request.headers.get("Sec-Fetch-Site", "none").lower() not in ("none", "same-origin")
+            from_elsewhere = request.headers.get("Sec-Fetch-Site", "none").lower() not in (
+                "none",
+                "same-origin",
+            )
             if from_elsewhere:
                 response = Response(ENTER_PAGE, status=200, content_type="text/html; charset=utf-8")
             else:
@@ -423,7 +436,9 @@ def _reads(app: QuartTrio, dash: _Dashboard) -> None:
             return _error(400, str(exc))
         kind = request.args.get("kind", "")
         if kind not in ("", *reads.MESSAGE_KINDS):
-            return _error(400, f"kind: expected \"message\" or \"notice\" (or nothing for both), got {_short(kind)}")
+            return _error(
+                400, f'kind: expected "message" or "notice" (or nothing for both), got {_short(kind)}'
+            )
         found = await read(
             partial(reads.recent_messages, limit=limit, kind=kind or None, hop_limit=dash.hop_limit), []
         )
@@ -569,7 +584,8 @@ def _events(app: QuartTrio, dash: _Dashboard) -> None:
         client = request.remote_addr or "?"
         if sum(1 for s in dash.streams if s.client == client and not s.closed) >= STREAMS_PER_CLIENT:
             return _error(
-                429, f"too many live streams from this client (at most {STREAMS_PER_CLIENT}); the page polls instead"
+                429,
+                f"too many live streams from this client (at most {STREAMS_PER_CLIENT}); the page polls instead",
             )
         stream = _EventStream(client, dash.stream_events)
         dash.streams.add(stream)
@@ -682,7 +698,9 @@ def _raw_topic(routed: str, suffix: bytes = HISTORY_SUFFIX) -> str:
     try:
         return unquote_to_bytes(encoded).decode("utf-8")
     except UnicodeDecodeError:
-        raise domain.InputError("topic: not valid UTF-8 once percent-decoded (use encodeURIComponent)") from None
+        raise domain.InputError(
+            "topic: not valid UTF-8 once percent-decoded (use encodeURIComponent)"
+        ) from None
 
 
 def _short(value: str, limit: int = 40) -> str:

@@ -74,7 +74,9 @@ def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> lis
         entry = merged.get(key)
         pending = acked is None and not no_receipt  # no receipt: nothing is waiting to be shown
         if entry is None:
-            merged[key] = DecisionReceipt(decision_id, topic, Author(peer_id, name, agent), queued, offered, acked, pending)
+            merged[key] = DecisionReceipt(
+                decision_id, topic, Author(peer_id, name, agent), queued, offered, acked, pending
+            )
             continue
         pending = entry.pending or pending
         merged[key] = entry._replace(
@@ -84,7 +86,9 @@ def decision_receipts(conn: apsw.Connection, decision_ids: Sequence[str]) -> lis
             acknowledged_at=None if pending else _latest(entry.acknowledged_at, acked),
         )
     order = {decision_id: i for i, decision_id in enumerate(decision_ids)}
-    return sorted(merged.values(), key=lambda e: (order[e.decision_id], e.session.name or "", e.session.id or ""))
+    return sorted(
+        merged.values(), key=lambda e: (order[e.decision_id], e.session.name or "", e.session.id or "")
+    )
 
 
 def _latest(a: int | None, b: int | None) -> int | None:
@@ -123,12 +127,15 @@ def recent_messages(
     out = []
     for values in conn.execute(sql, (limit,)):
         message = queries.message_from_row(conn, values)
-        out.append({
-            **message.to_json(),
-            "acked": values[12] is not None,
-            "notice": message.kind != "message" or (message.hop >= domain.DECISION_HOP and message.reply_to is None),
-            "active": None if hop_limit is None else message.hop < hop_limit,
-        })
+        out.append(
+            {
+                **message.to_json(),
+                "acked": values[12] is not None,
+                "notice": message.kind != "message"
+                or (message.hop >= domain.DECISION_HOP and message.reply_to is None),
+                "active": None if hop_limit is None else message.hop < hop_limit,
+            }
+        )
     return out
 
 

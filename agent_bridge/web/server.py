@@ -40,7 +40,8 @@ LOGGER = "agent_bridge.web"  # Hypercorn's error log; no access log: request lin
 # closed as soon as it is accepted, so that nobody, token or not, can hold the broker's file
 # descriptors (its IPC listener shares them).
 MAX_CONNECTIONS = 64
-KEEP_ALIVE_TIMEOUT = 5.0  # seconds a connection with no request in flight stays open (a silent or slow client)
+# seconds a connection with no request in flight stays open (a silent or slow client)
+KEEP_ALIVE_TIMEOUT = 5.0
 
 Live = Callable[[], Collection[str]]
 
@@ -158,7 +159,9 @@ async def _serve_until(
 # --- the port -------------------------------------------------------------------------------
 
 
-def requested_port(port: int | None, env: dict[str, str] | os._Environ[str] | None = None) -> tuple[int, bool]:
+def requested_port(
+    port: int | None, env: dict[str, str] | os._Environ[str] | None = None
+) -> tuple[int, bool]:
     """(port to try, whether it was asked for explicitly). An explicit port in use is an error;
     the default one falls back to any free port."""
     if port is not None:
@@ -198,7 +201,8 @@ def _bind(port: int) -> socket.socket:
         if sys.platform == "win32":
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined]
         else:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # reuse a TIME_WAIT port after a restart
+            # reuse a TIME_WAIT port after a restart
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, port))
         sock.setblocking(False)
@@ -262,7 +266,10 @@ class _HardenedH11Protocol(hypercorn.protocol.h11.H11Protocol):
         if not isinstance(self.config, _BoundConfig):  # not one of ours
             return await super()._send_error_response(status_code)
         headers = [(b"content-length", b"0"), (b"connection", b"close")]
-        headers += [(name.lower().encode("ascii"), value.encode("ascii")) for name, value in auth.SECURITY_HEADERS.items()]
+        headers += [
+            (name.lower().encode("ascii"), value.encode("ascii"))
+            for name, value in auth.SECURITY_HEADERS.items()
+        ]
         headers += self.config.response_headers("h11")
         await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
         await self._send_h11_event(h11.EndOfMessage())
@@ -275,9 +282,12 @@ def _police_connections() -> None:
     import hypercorn.protocol
     import hypercorn.trio.run
 
-    if (not hasattr(hypercorn.trio.run, "TCPServer") or not hasattr(hypercorn.trio.tcp_server.TCPServer, "_close")
-            or not hasattr(hypercorn.protocol, "H11Protocol")
-            or not hasattr(hypercorn.protocol.h11.H11Protocol, "_send_error_response")):
+    if (
+        not hasattr(hypercorn.trio.run, "TCPServer")
+        or not hasattr(hypercorn.trio.tcp_server.TCPServer, "_close")
+        or not hasattr(hypercorn.protocol, "H11Protocol")
+        or not hasattr(hypercorn.protocol.h11.H11Protocol, "_send_error_response")
+    ):
         raise RuntimeError("hypercorn no longer builds its connections as web/server.py expects")
     hypercorn.trio.run.TCPServer = _PolicedTCPServer  # type: ignore[misc, unused-ignore]
     hypercorn.protocol.H11Protocol = _HardenedH11Protocol  # type: ignore[misc, unused-ignore]

@@ -105,7 +105,9 @@ async def _serve_foreground(home: Path, open_browser: bool) -> int:
             dashboard = await nursery.start(partial(run_dashboard, home, live=None, require_url_file=False))
             print(dashboard.url, flush=True)
             if dashboard.publish_error:
-                print(f"agent-bridge dashboard: {dashboard.publish_error}; use the URL above", file=sys.stderr)
+                print(
+                    f"agent-bridge dashboard: {dashboard.publish_error}; use the URL above", file=sys.stderr
+                )
             print(
                 f"agent-bridge dashboard: no broker is running; serving {home} read-only until Ctrl-C",
                 file=sys.stderr,

@@ -34,7 +34,12 @@ def build_db(
     store = Store.open(paths.db_path(home))
     try:
         author = store.create_peer(
-            agent="claude", name="claude-author", project="/work/author", kind="interactive", host_session_id=None, now=1
+            agent="claude",
+            name="claude-author",
+            project="/work/author",
+            kind="interactive",
+            host_session_id=None,
+            now=1,
         )
         view = SessionView(author.id, author.name, author.project)
         created = [store.create_peer(now=2, **p) for p in peers]
@@ -64,7 +69,12 @@ def run_hook(
     """`agent-bridge hook <event> --agent <agent>` with `payload` on stdin."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     return subprocess.run(
-        [*HOOK, "hook", event, "--agent", agent], input=data, env=env, cwd=cwd, capture_output=True, timeout=60
+        [*HOOK, "hook", event, "--agent", agent],
+        input=data,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=60,
     )
 
 

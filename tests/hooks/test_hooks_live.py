@@ -25,8 +25,13 @@ async def hook(event: str, agent: str, stdin: dict[str, Any], env: dict[str, str
 
 
 def start_input(sid: str, project: Path, source: str = "startup") -> dict[str, Any]:
-    return {"session_id": sid, "transcript_path": None, "cwd": str(project), "hook_event_name": "SessionStart",
-            "source": source}
+    return {
+        "session_id": sid,
+        "transcript_path": None,
+        "cwd": str(project),
+        "hook_event_name": "SessionStart",
+        "source": source,
+    }
 
 
 def stop_input(sid: str, project: Path, active: bool = False) -> dict[str, Any]:
@@ -45,15 +50,21 @@ async def test_stop_blocks_once_for_an_active_message(broker, env, home, project
             a = await stack.enter_async_context(
                 mcp_session(env, "--agent", "claude", "--project", str(project), extra_env=host)
             )
-            b = await stack.enter_async_context(mcp_session(env, "--agent", "codex", "--project", str(project)))
+            b = await stack.enter_async_context(
+                mcp_session(env, "--agent", "codex", "--project", str(project))
+            )
 
             # The MCP server started first; the SessionStart hook of the same host pairs with it.
-            note = note_of(await hook("session-start", "claude", start_input("hs-a", project), hook_env(home, **host)))
+            note = note_of(
+                await hook("session-start", "claude", start_input("hs-a", project), hook_env(home, **host))
+            )
             me = await call(a, "whoami")
             assert me["hostSessionId"] == "hs-a"
             assert note.startswith(f"agent-bridge: you are {me['name']}.")  # the paired session's address
 
-            assert (await hook("stop", "claude", stop_input("hs-a", project), hook_env(home, **host))).stdout == b""
+            assert (
+                await hook("stop", "claude", stop_input("hs-a", project), hook_env(home, **host))
+            ).stdout == b""
 
             sent = (await call(b, "send", to=me["name"], text="Please review PR 12"))["message"]
             first = await hook("stop", "claude", stop_input("hs-a", project), hook_env(home, **host))
@@ -65,7 +76,9 @@ async def test_stop_blocks_once_for_an_active_message(broker, env, home, project
             assert "codex-app" in reason and "not from the user" in reason
 
             # Claude Code's second Stop (stop_hook_active) with nothing new: no block.
-            again = await hook("stop", "claude", stop_input("hs-a", project, active=True), hook_env(home, **host))
+            again = await hook(
+                "stop", "claude", stop_input("hs-a", project, active=True), hook_env(home, **host)
+            )
             assert (again.returncode, again.stdout) == (0, b"")
 
             # The broker acknowledged it: the session's inbox does not show it again.
@@ -76,7 +89,11 @@ async def test_stop_blocks_once_for_an_active_message(broker, env, home, project
 
             # Something new arrives while it continues: the next Stop blocks for that one only.
             later = (await call(b, "send", to=me["name"], text="One more thing"))["message"]
-            third = json.loads((await hook("stop", "claude", stop_input("hs-a", project, True), hook_env(home, **host))).stdout)
+            third = json.loads(
+                (
+                    await hook("stop", "claude", stop_input("hs-a", project, True), hook_env(home, **host))
+                ).stdout
+            )
             assert "One more thing" in third["reason"] and later["id"] in third["reason"]
             assert "Please review PR 12" not in third["reason"]
 
@@ -90,8 +107,14 @@ async def test_stop_never_blocks_for_decision_notices_or_passive_messages(env, h
                 a = await stack.enter_async_context(
                     mcp_session(env, "--agent", "codex", "--project", str(project), extra_env=host)
                 )
-                b = await stack.enter_async_context(mcp_session(env, "--agent", "claude", "--project", str(project)))
-                note_of(await hook("session-start", "codex", start_input("hs-codex", project), hook_env(home, **host)))
+                b = await stack.enter_async_context(
+                    mcp_session(env, "--agent", "claude", "--project", str(project))
+                )
+                note_of(
+                    await hook(
+                        "session-start", "codex", start_input("hs-codex", project), hook_env(home, **host)
+                    )
+                )
                 me = await call(a, "whoami")
                 assert me["hostSessionId"] == "hs-codex"
 
@@ -100,7 +123,9 @@ async def test_stop_never_blocks_for_decision_notices_or_passive_messages(env, h
                 assert (stop.returncode, stop.stdout) == (0, b"")  # a decision notice (hop 100) never blocks
 
                 question = (await call(a, "send", to="claude-app", text="Which camera?"))["message"]
-                reply = (await call(b, "send", to=me["name"], text="See the decision", reply_to=question["id"]))["message"]
+                reply = (
+                    await call(b, "send", to=me["name"], text="See the decision", reply_to=question["id"])
+                )["message"]
                 assert reply["hop"] == 2  # = the hop limit: passive
                 stop = await hook("stop", "codex", stop_input("hs-codex", project), hook_env(home, **host))
                 assert (stop.returncode, stop.stdout) == (0, b"")
@@ -115,7 +140,11 @@ async def test_stop_never_blocks_for_decision_notices_or_passive_messages(env, h
                 await wait_for(both_waiting, what="the decision notice and the passive reply in the inbox")
 
                 active = (await call(b, "send", to=me["name"], text="Fresh question"))["message"]
-                answer = json.loads((await hook("stop", "codex", stop_input("hs-codex", project), hook_env(home, **host))).stdout)
+                answer = json.loads(
+                    (
+                        await hook("stop", "codex", stop_input("hs-codex", project), hook_env(home, **host))
+                    ).stdout
+                )
                 assert answer["decision"] == "block"
                 assert active["id"] in answer["reason"]
                 assert reply["id"] not in answer["reason"] and "Hold to look" not in answer["reason"]
@@ -123,10 +152,15 @@ async def test_stop_never_blocks_for_decision_notices_or_passive_messages(env, h
         b_proc.kill()
 
 
-async def test_identity_pairs_with_an_mcp_server_started_after_the_hook(broker, env, home, project, fake_host):
+async def test_identity_pairs_with_an_mcp_server_started_after_the_hook(
+    broker, env, home, project, fake_host
+):
     host = {"AGENT_BRIDGE_HOST_PID": str(fake_host.pid)}
-    note = note_of(await hook("session-start", "claude", start_input("hs-first", project), hook_env(home, **host)))
-    assert "MCP server connects" in note and "`whoami`" in note and "claude-app" not in note  # no guessed name
+    note = note_of(
+        await hook("session-start", "claude", start_input("hs-first", project), hook_env(home, **host))
+    )
+    # no guessed name
+    assert "MCP server connects" in note and "`whoami`" in note and "claude-app" not in note
     with trio.fail_after(60):
         async with mcp_session(env, "--agent", "claude", "--project", str(project), extra_env=host) as a:
             async def learned() -> bool:
@@ -155,7 +189,9 @@ async def test_a_report_left_while_no_broker_ran_pairs_after_it_starts(env, home
         b_proc.kill()
 
 
-async def test_note_with_the_broker_up_names_the_paired_session_and_its_decisions(broker, env, home, project, fake_host):
+async def test_note_with_the_broker_up_names_the_paired_session_and_its_decisions(
+    broker, env, home, project, fake_host
+):
     host = {"AGENT_BRIDGE_HOST_PID": str(fake_host.pid)}
     with trio.fail_after(120):
         async with AsyncExitStack() as stack:
@@ -166,9 +202,17 @@ async def test_note_with_the_broker_up_names_the_paired_session_and_its_decision
                 await call(a, "decide", topic=f"t{i}", text=f"answer {i}")
             await call(a, "decide", topic="global", text="everyone", scope="all")
             await call(a, "decide", topic="elsewhere", text="not here", scope={"project": "/work/other"})
-            note = note_of(await hook("session-start", "claude", start_input("hs-note", project), hook_env(home, **host)))
+            note = note_of(
+                await hook("session-start", "claude", start_input("hs-note", project), hook_env(home, **host))
+            )
             me = await call(a, "whoami")
             lines = note.splitlines()
             assert lines[0].startswith(f"agent-bridge: you are {me['name']}.")
-            assert lines[1:-1] == ["global: everyone", "t6: answer 6", "t5: answer 5", "t4: answer 4", "t3: answer 3"]
+            assert lines[1:-1] == [
+                "global: everyone",
+                "t6: answer 6",
+                "t5: answer 5",
+                "t4: answer 4",
+                "t3: answer 3",
+            ]
             assert lines[-1].startswith("3 more;") and "`decisions` tool" in lines[-1]

@@ -29,15 +29,22 @@ def post_input(sid: str, project: Path) -> dict[str, Any]:
 def context_of(result: subprocess.CompletedProcess[bytes]) -> str:
     assert result.returncode == 0, result.stderr.decode()
     answer = json.loads(result.stdout)
-    assert answer == {"hookSpecificOutput": {"hookEventName": "PostToolUse",
-                                             "additionalContext": answer["hookSpecificOutput"]["additionalContext"]}}
+    assert answer == {
+        "hookSpecificOutput": {
+            "hookEventName": "PostToolUse",
+            "additionalContext": answer["hookSpecificOutput"]["additionalContext"],
+        }
+    }
     return answer["hookSpecificOutput"]["additionalContext"]
 
 
 def acked(home: Path, ids: list[str]) -> list[Any]:
     marks = ",".join("?" * len(ids))
     with reader.reading(home / "bridge.db") as conn:
-        return [row[0] for row in conn.execute(f"SELECT acked_at FROM receipts WHERE message_id IN ({marks})", ids)]
+        return [
+            row[0]
+            for row in conn.execute(f"SELECT acked_at FROM receipts WHERE message_id IN ({marks})", ids)
+        ]
 
 
 @pytest.mark.parametrize("agent", ["claude", "codex"])
@@ -56,7 +63,9 @@ def test_nothing_waiting_reads_the_database_and_contacts_nobody(agent, hook_home
 
 
 def test_no_database_exits_silently(hook_home, project):
-    result = run_hook("post-tool-use", "claude", post_input("hs-x", project), hook_env(hook_home), cwd=project)
+    result = run_hook(
+        "post-tool-use", "claude", post_input("hs-x", project), hook_env(hook_home), cwd=project
+    )
     assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
     assert not (hook_home / paths.REPORTS_DIR).exists()
 
@@ -78,7 +87,9 @@ async def send(home: Path, to: str, texts: list[str], *, reply_hop: int = 0) -> 
         return [(await tx.request("send", to=to, text=t))["message"]["id"] for t in texts]
 
 
-async def hook(home: Path, project: Path, sid: str, agent: str = "claude") -> subprocess.CompletedProcess[bytes]:
+async def hook(
+    home: Path, project: Path, sid: str, agent: str = "claude"
+) -> subprocess.CompletedProcess[bytes]:
     return await trio.to_thread.run_sync(
         lambda: run_hook("post-tool-use", agent, post_input(sid, project), hook_env(home), cwd=project))
 
@@ -126,7 +137,9 @@ async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, 
 
                 async def offered() -> bool:
                     with reader.reading(home / "bridge.db") as conn:
-                        row = conn.execute("SELECT delivered_at FROM receipts WHERE message_id = ?", (mid,)).fetchone()
+                        row = conn.execute(
+                            "SELECT delivered_at FROM receipts WHERE message_id = ?", (mid,)
+                        ).fetchone()
                     return row[0] is not None
 
                 await wait_for(offered, what="the hook fetched the message")

@@ -18,7 +18,18 @@ from agent_bridge import domain, paths
 from tests.hooks.conftest import build_db, hook_env, log_lines, note_of, run_hook
 
 SID = "hs-7f3a"  # the host's session_id
-HEAVY = ("trio", "mcp", "quart", "quart_trio", "hypercorn", "anyio", "pydantic", "starlette", "httpx", "tomlkit")
+HEAVY = (
+    "trio",
+    "mcp",
+    "quart",
+    "quart_trio",
+    "hypercorn",
+    "anyio",
+    "pydantic",
+    "starlette",
+    "httpx",
+    "tomlkit",
+)
 
 
 def payload(project: Path, **extra: object) -> dict[str, object]:
@@ -59,7 +70,9 @@ def test_note_shows_the_five_newest_applicable_topics_and_counts_the_rest(agent,
     # The rest: review (addressed to this host session) and license (global); not deploy, lint,
     # secret, db, nor the superseded camera revision.
     assert lines[-1].startswith("2 more;") and "`decisions` tool" in lines[-1]
-    assert not any(word in note_of(result) for word in ("Fly", "ruff", "Not for you", "SQLite", "Tap to look"))
+    assert not any(
+        word in note_of(result) for word in ("Fly", "ruff", "Not for you", "SQLite", "Tap to look")
+    )
     assert result.stderr == b""
 
 
@@ -74,7 +87,15 @@ def test_global_and_session_addressed_decisions_are_in_the_note(agent, hook_home
             ("review", "Ask before merging", {"sessions": ["claude-app"]}),  # the known session's name
             ("camera", "Hold to look", {"project": p}),
         ],
-        peers=[{"agent": agent, "name": "claude-app", "project": p, "kind": "interactive", "host_session_id": SID}],
+        peers=[
+            {
+                "agent": agent,
+                "name": "claude-app",
+                "project": p,
+                "kind": "interactive",
+                "host_session_id": SID,
+            }
+        ],
     )
     result = run_hook("session-start", agent, payload(project), hook_env(hook_home), cwd=project)
     note = note_of(result)
@@ -109,7 +130,9 @@ def test_the_note_names_the_bridge_tools_as_claude_code_lists_them(hook_home, pr
 
 def test_ten_thousand_decisions_count_exactly(hook_home, project):
     p = str(project)
-    build_db(hook_home, [(f"topic {i}", f"text {i}", {"project": p} if i % 2 else "all") for i in range(10_000)])
+    build_db(
+        hook_home, [(f"topic {i}", f"text {i}", {"project": p} if i % 2 else "all") for i in range(10_000)]
+    )
     lines = note_of(run_hook("session-start", "claude", payload(project), hook_env(hook_home))).splitlines()
     assert [line.split(":")[0] for line in lines[1:-1]] == [
         "topic 9999", "topic 9998", "topic 9997", "topic 9996", "topic 9995"
@@ -180,13 +203,19 @@ def test_a_locked_database_exits_0_without_a_note_and_logs_one_line(hook_home, p
     lines = log_lines(hook_home)
     assert len(lines) == 1 and "database is locked" in lines[0], lines
     # Unlocked again: the same hook gives its note.
-    assert "camera: Hold to look" in note_of(run_hook("session-start", "claude", payload(project), hook_env(hook_home)))
+    assert "camera: Hold to look" in note_of(
+        run_hook("session-start", "claude", payload(project), hook_env(hook_home))
+    )
 
 
 def test_a_stale_broker_record_still_gives_the_note(hook_home, project):
     build_db(hook_home, [("camera", "Hold to look", "all")])
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (hook_home / paths.BROKER_JSON).write_text(json.dumps({"pid": int(gone.stdout), "socket": str(hook_home / "x.sock")}))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (hook_home / paths.BROKER_JSON).write_text(
+        json.dumps({"pid": int(gone.stdout), "socket": str(hook_home / "x.sock")})
+    )
     note = note_of(run_hook("session-start", "claude", payload(project), hook_env(hook_home), cwd=project))
     assert "camera: Hold to look" in note
     assert log_lines(hook_home) == []
@@ -208,7 +237,9 @@ def test_identity_report_is_left_for_the_next_broker(hook_home, project):
     assert report["host"] == {"pid": os.getpid(), "start": me[1], "exe": me[2]}
 
     # A Stop report replaces it, keeping the SessionStart source (a /clear stays a new identity).
-    stop = run_hook("stop", "claude", {"session_id": SID, "cwd": str(project), "stop_hook_active": False}, env)
+    stop = run_hook(
+        "stop", "claude", {"session_id": SID, "cwd": str(project), "stop_hook_active": False}, env
+    )
     assert (stop.returncode, stop.stdout) == (0, b"")
     report = json.loads(report_file.read_text())
     assert report["event"] == "Stop" and report["source"] == "clear"
@@ -229,8 +260,12 @@ with open(sys.argv[2], "w") as f:
 def test_hooks_import_no_heavy_packages(event, broker_record, hook_home, project, tmp_path):
     build_db(hook_home, [("camera", "Hold to look", "all")])
     if broker_record:  # a record whose broker is gone: the hook loads its socket client and finds no one
-        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        (hook_home / paths.BROKER_JSON).write_text(json.dumps({"pid": int(gone.stdout), "socket": "/nonexistent"}))
+        gone = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        )
+        (hook_home / paths.BROKER_JSON).write_text(
+            json.dumps({"pid": int(gone.stdout), "socket": "/nonexistent"})
+        )
     out = tmp_path / "modules.json"
     result = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE, event, str(out)],

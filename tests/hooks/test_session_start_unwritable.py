@@ -13,7 +13,8 @@ import pytest
 from tests.hooks.conftest import HOOK, build_db, hook_env, note_of
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for a read-only mount"
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare for a read-only mount",
 )
 
 
@@ -21,7 +22,12 @@ def test_the_note_is_printed_when_the_identity_report_cannot_be_written(hook_hom
     import subprocess
 
     build_db(hook_home, [("db", "PostgreSQL everywhere", "all")])
-    payload = {"session_id": "s-ro", "cwd": str(project), "source": "startup", "hook_event_name": "SessionStart"}
+    payload = {
+        "session_id": "s-ro",
+        "cwd": str(project),
+        "source": "startup",
+        "hook_event_name": "SessionStart",
+    }
     command = ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(hook_home),
                *HOOK, "hook", "session-start", "--agent", "claude"]
     result = subprocess.run(command, input=json.dumps(payload).encode(), env=hook_env(hook_home),

@@ -32,11 +32,15 @@ def stop_input(sid: str, project: Path) -> dict[str, Any]:
 def receipts(home: Path, ids: list[str]) -> list[tuple[Any, Any]]:
     marks = ",".join("?" * len(ids))
     with reader.reading(home / "bridge.db") as conn:
-        return list(conn.execute(f"SELECT delivered_at, acked_at FROM receipts WHERE message_id IN ({marks})", ids))
+        return list(
+            conn.execute(f"SELECT delivered_at, acked_at FROM receipts WHERE message_id IN ({marks})", ids)
+        )
 
 
 async def stop_hook(home: Path, project: Path, sid: str) -> Any:
-    return await trio.to_thread.run_sync(lambda: run_hook("stop", "claude", stop_input(sid, project), hook_env(home)))
+    return await trio.to_thread.run_sync(
+        lambda: run_hook("stop", "claude", stop_input(sid, project), hook_env(home))
+    )
 
 
 async def send_three(home: Path, to: str) -> list[str]:
@@ -81,7 +85,9 @@ async def test_a_stop_hook_past_its_deadline_acknowledges_nothing(broker, env, h
             assert (await stop_hook(home, project, "hs-paused")).stdout == b""
 
 
-async def test_an_acknowledgement_left_in_the_home_folder_is_applied_before_the_next_fetch(broker, env, home, project):
+async def test_an_acknowledgement_left_in_the_home_folder_is_applied_before_the_next_fetch(
+    broker, env, home, project
+):
     """A Stop hook (or MCP server) that showed messages and could not reach the broker leaves
     the acknowledgement in the home folder; once its writer is gone, the broker applies it
     before it hands out that session's messages again."""
@@ -92,7 +98,11 @@ async def test_an_acknowledgement_left_in_the_home_folder_is_applied_before_the_
             ids = await send_three(home, "hs-ledger")
             ledger.save(home, rx.hello["session"]["id"], ids[:2], ids[:2], pid=dead_pid())
             answer = json.loads((await stop_hook(home, project, "hs-ledger")).stdout)
-            assert ids[2] in answer["reason"] and ids[0] not in answer["reason"] and ids[1] not in answer["reason"]
+            assert (
+                ids[2] in answer["reason"]
+                and ids[0] not in answer["reason"]
+                and ids[1] not in answer["reason"]
+            )
             assert "a repeat" not in answer["reason"]
             assert not (home / ledger.FOLDER).exists() or os.listdir(home / ledger.FOLDER) == []
 

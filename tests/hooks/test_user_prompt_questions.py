@@ -20,10 +20,20 @@ PROJECT = "/work/app"
 
 
 def prompt(home: Path, session_id: str, agent: str = "claude", **env: str) -> dict | None:
-    payload = {"session_id": session_id, "cwd": PROJECT, "hook_event_name": "UserPromptSubmit", "prompt": "go on"}
-    done = subprocess.run([*HOOK, "hook", "user-prompt-submit", "--agent", agent], input=json.dumps(payload),
-                          env=hook_env(home, **{"CLAUDE_CODE_ENTRYPOINT": "cli", **env}), capture_output=True, text=True,
-                          timeout=60)
+    payload = {
+        "session_id": session_id,
+        "cwd": PROJECT,
+        "hook_event_name": "UserPromptSubmit",
+        "prompt": "go on",
+    }
+    done = subprocess.run(
+        [*HOOK, "hook", "user-prompt-submit", "--agent", agent],
+        input=json.dumps(payload),
+        env=hook_env(home, **{"CLAUDE_CODE_ENTRYPOINT": "cli", **env}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and done.stderr == "", done.stderr
     return json.loads(done.stdout) if done.stdout.strip() else None
 
@@ -65,7 +75,10 @@ def test_open_questions_are_shown_once_per_host_session(tmp_path):
     note = context(prompt(home, "h-owner"))
     assert note.startswith("Open questions from your other sessions:")
     assert "not from the user" in note and "agent-bridge answer" in note
-    assert f"- {theirs.id} from codex-job (codex) [topic: db]: Which database? Options: 1. PostgreSQL; 2. SQLite" in note
+    assert (
+        f"- {theirs.id} from codex-job (codex) [topic: db]: Which database? Options: 1. PostgreSQL; 2. SQLite"
+        in note
+    )
     assert mine.id not in note  # asked by this session only
     assert prompt(home, "h-owner") is None  # once
     assert mine.id in context(prompt(home, "h-codex"))  # another session: both, once
@@ -97,7 +110,8 @@ def test_no_questions_for_jobs_scripts_or_without_a_database(tmp_path):
         store.close()
     assert prompt(home, "h-job", agent="codex") is None  # a job runner's session
     assert prompt(home, "h-owner", CLAUDE_CODE_ENTRYPOINT="sdk-cli") is None  # claude -p: a script typed it
-    assert "Which database?" in context(prompt(home, "h-unknown", agent="codex"))  # a session not known yet: shown
+    # a session not known yet: shown
+    assert "Which database?" in context(prompt(home, "h-unknown", agent="codex"))
     assert "Which database?" in context(prompt(home, "h-owner"))
 
 

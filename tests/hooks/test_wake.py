@@ -40,9 +40,17 @@ def stop_input(sid: str, project: Path, transcript_path: str, prompt_id: str | N
     return json.dumps(data).encode()
 
 
-def start_waiter(home: Path, project: Path, sid: str, host: subprocess.Popen[bytes], *, version: str = "2.1.332",
-                 entrypoint: str = "cli", stderr: Any = subprocess.PIPE, prompt_id: str | None = None,
-                 ) -> subprocess.Popen[bytes]:
+def start_waiter(
+    home: Path,
+    project: Path,
+    sid: str,
+    host: subprocess.Popen[bytes],
+    *,
+    version: str = "2.1.332",
+    entrypoint: str = "cli",
+    stderr: Any = subprocess.PIPE,
+    prompt_id: str | None = None,
+) -> subprocess.Popen[bytes]:
     env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT=entrypoint)
     proc = subprocess.Popen([*HOOK, "hook", "wake", "--agent", "claude"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=project)
@@ -68,7 +76,9 @@ def host() -> Any:
 async def send(home: Path, to: str, text: str) -> str:
     record = paths.read_broker_json(home)
     assert record is not None
-    async with open_bridge_client(record["socket"], {"agent": "codex", "project": "/w/s", "hostSessionId": "hs-s"}) as (tx, _):
+    async with open_bridge_client(
+        record["socket"], {"agent": "codex", "project": "/w/s", "hostSessionId": "hs-s"}
+    ) as (tx, _):
         return (await tx.request("send", to=to, text=text))["message"]["id"]
 
 
@@ -126,7 +136,9 @@ async def test_no_waiting_where_the_host_would_not_run_it_in_the_background(
         broker, env, home, project, host, version, entrypoint):
     """`claude -p` (CLAUDE_CODE_ENTRYPOINT=sdk-cli) runs an asyncRewake hook synchronously; an
     older or unknown Claude Code is not known to run it in the background: leave at once."""
-    waiter = start_waiter(home, project, "hs-p", host, version=version or "not a version", entrypoint=entrypoint)
+    waiter = start_waiter(
+        home, project, "hs-p", host, version=version or "not a version", entrypoint=entrypoint
+    )
     assert await finished(waiter) == (0, b"", b"")
     assert not (home / "waiters").exists()
 
@@ -141,12 +153,16 @@ async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env
             waiter = start_waiter(home, project, "hs-killed", host, stderr=write_end)
             os.close(write_end)
             try:
-                await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+                await wait_for(
+                    lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock"
+                )
                 mid = await send(home, "hs-killed", "are you there?")
 
                 async def offered() -> bool:
                     with reader.reading(home / "bridge.db") as conn:
-                        row = conn.execute("SELECT delivered_at FROM receipts WHERE message_id = ?", (mid,)).fetchone()
+                        row = conn.execute(
+                            "SELECT delivered_at FROM receipts WHERE message_id = ?", (mid,)
+                        ).fetchone()
                     return row[0] is not None
 
                 await wait_for(offered, what="the waiter fetched the message")
@@ -159,7 +175,8 @@ async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env
                     waiter.kill()
                     waiter.wait(timeout=30)
             assert acked_at(home, mid) is None
-            again = start_waiter(home, project, "hs-killed", host)  # the next Stop's waiter shows it, a repeat
+            # the next Stop's waiter shows it, a repeat
+            again = start_waiter(home, project, "hs-killed", host)
             code, _, err = await finished(again)
             assert code == 2 and "are you there?" in err.decode() and "a repeat" in err.decode()
             assert acked_at(home, mid) is not None
@@ -192,14 +209,19 @@ async def test_what_waits_at_the_stop_is_the_stop_hooks_to_hand_over(broker, env
             again = await trio.to_thread.run_sync(lambda: subprocess.run(
                 [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
                 capture_output=True, timeout=60))  # the continued turn's Stop (the same prompt)
-            assert "while the turn goes on" in json.loads(again.stdout)["hookSpecificOutput"]["additionalContext"]
+            assert (
+                "while the turn goes on"
+                in json.loads(again.stdout)["hookSpecificOutput"]["additionalContext"]
+            )
             last = await trio.to_thread.run_sync(lambda: subprocess.run(
                 [*HOOK, "hook", "stop", "--agent", "claude"], input=stdin, env=stop_env, cwd=project,
                 capture_output=True, timeout=60))  # nothing waits: the turn ends, the session is idle
             assert last.stdout == b""
             later = await send(home, "hs-stop", "after the stop")  # the waiter's, once the session is idle
             code, _, err = await finished(waiter)
-            assert code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
+            assert (
+                code == 2 and "after the stop" in err.decode() and "waiting at the stop" not in err.decode()
+            )
             assert "while the turn goes on" not in err.decode()
             assert acked_at(home, later) is not None
 
@@ -223,8 +245,14 @@ async def test_a_busy_session_is_left_to_its_post_tool_use_and_stop_hooks(broker
             assert (await trio.to_thread.run_sync(run, "stop", stop_1)).stdout == b""  # idle, nothing waits
             waiter = start_waiter(home, project, "hs-busy", host, prompt_id="prompt-1")
             await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
-            prompt = json.dumps({"session_id": "hs-busy", "cwd": str(project), "hook_event_name": "UserPromptSubmit",
-                                 "prompt": "go"}).encode()
+            prompt = json.dumps(
+                {
+                    "session_id": "hs-busy",
+                    "cwd": str(project),
+                    "hook_event_name": "UserPromptSubmit",
+                    "prompt": "go",
+                }
+            ).encode()
             submitted = await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)
             assert (submitted.returncode, submitted.stdout, submitted.stderr) == (0, b"", b"")
             mid = await send(home, "hs-busy", "for the busy turn")
@@ -248,9 +276,16 @@ async def test_wait_active_answers_at_its_timeout_and_refuses_bad_arguments(brok
         return blocking.call(home, "wait_active", timeout=10, **args)
 
     with trio.fail_after(60):
-        assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-none", timeoutMs=0)) == {"active": False}
-        for bad in ({"hostSessionId": "x", "timeoutMs": -1}, {"hostSessionId": "x", "timeoutMs": 60_001},
-                    {"hostSessionId": "x", "timeoutMs": True}, {"timeoutMs": 5}, {"hostSessionId": "x", "extra": 1}):
+        assert await trio.to_thread.run_sync(lambda: call(hostSessionId="hs-none", timeoutMs=0)) == {
+            "active": False
+        }
+        for bad in (
+            {"hostSessionId": "x", "timeoutMs": -1},
+            {"hostSessionId": "x", "timeoutMs": 60_001},
+            {"hostSessionId": "x", "timeoutMs": True},
+            {"timeoutMs": 5},
+            {"hostSessionId": "x", "extra": 1},
+        ):
             with pytest.raises(protocol.RemoteError):
                 await trio.to_thread.run_sync(lambda bad=bad: call(**bad))
         record = paths.read_broker_json(home)
@@ -272,11 +307,13 @@ def test_a_late_stop_of_the_previous_turn_leaves_the_next_turns_busy_mark(tmp_pa
     def hook(prompt_id: str) -> common.HookInput:
         return common.HookInput("hs-late", str(tmp_path), "", False, "", prompt_id)
 
-    wake.mark_busy(tmp_path, hook("prompt-0"), 100)  # turn 1's UserPromptSubmit (the id is the previous prompt's)
+    # turn 1's UserPromptSubmit (the id is the previous prompt's)
+    wake.mark_busy(tmp_path, hook("prompt-0"), 100)
     wake.mark_idle(tmp_path, hook("prompt-1"), 200)  # turn 1's Stop
     assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-1 200"
     wake.mark_busy(tmp_path, hook("prompt-1"), 300)  # turn 2's UserPromptSubmit
-    wake.mark_idle(tmp_path, hook("prompt-1"), 250)  # turn 1's second Stop hook, started before it, ending late
+    # turn 1's second Stop hook, started before it, ending late
+    wake.mark_idle(tmp_path, hook("prompt-1"), 250)
     assert wake.read_mark(tmp_path, "hs-late") == "busy 300"
     wake.mark_idle(tmp_path, hook("prompt-2"), 400)  # turn 2's own Stop
     assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-2 400"
@@ -308,13 +345,27 @@ async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the
             await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
             # Turn 1's second Stop hook: started now, slow to end (its input comes later).
             def start_late() -> subprocess.Popen[bytes]:
-                return subprocess.Popen([*HOOK, "hook", "stop", "--agent", "claude"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hook_run, cwd=project)
+                return subprocess.Popen(
+                    [*HOOK, "hook", "stop", "--agent", "claude"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=hook_run,
+                    cwd=project,
+                )
 
             late = start_late()
             await trio.sleep(0.1)  # a later clock tick for the next hook's start
-            prompt = json.dumps({"session_id": "hs-late", "cwd": str(project), "hook_event_name": "UserPromptSubmit",
-                                 "prompt_id": "prompt-1", "prompt": "go"}).encode()  # the TUI gives the previous id
+            prompt = json.dumps(
+                {
+                    "session_id": "hs-late",
+                    "cwd": str(project),
+                    "hook_event_name": "UserPromptSubmit",
+                    # the TUI gives the previous id
+                    "prompt_id": "prompt-1",
+                    "prompt": "go",
+                }
+            ).encode()
             assert (await trio.to_thread.run_sync(run, "user-prompt-submit", prompt)).returncode == 0
             out, _ = await trio.to_thread.run_sync(lambda: late.communicate(stop_1, timeout=60))
             assert (late.returncode, out) == (0, b"")  # it ended after turn 2 began
@@ -345,8 +396,14 @@ def test_a_stop_with_a_prompt_queued_leaves_the_session_busy(env, home, project,
     path.write_text("".join(json.dumps(e) + "\n" for e in [{"type": "assistant", "version": "2.1.332"}, *(
         {"type": "queue-operation", "operation": op, "content": "next"} for op in operations)]))
     stop_env = hook_env(home, AGENT_BRIDGE_HOST_PID=str(host.pid), CLAUDE_CODE_ENTRYPOINT="cli")
-    done = subprocess.run([*HOOK, "hook", "stop", "--agent", "claude"], input=stop_input("hs-q", project, str(path),
-                          "prompt-1"), env=stop_env, cwd=project, capture_output=True, timeout=60)
+    done = subprocess.run(
+        [*HOOK, "hook", "stop", "--agent", "claude"],
+        input=stop_input("hs-q", project, str(path), "prompt-1"),
+        env=stop_env,
+        cwd=project,
+        capture_output=True,
+        timeout=60,
+    )
     assert (done.returncode, done.stdout) == (0, b"")
     from agent_bridge.hooks import wake
 

@@ -48,7 +48,9 @@ def ensure(cache: Path = CACHE) -> Path:
     given = os.environ.get(BIN_ENV)
     if given:
         if not usable(Path(given)):
-            raise Missing(f"{BIN_ENV}={given} does not hold claude {CLAUDE_VERSION} and codex {CODEX_VERSION}")
+            raise Missing(
+                f"{BIN_ENV}={given} does not hold claude {CLAUDE_VERSION} and codex {CODEX_VERSION}"
+            )
         return Path(given)
     bin_dir = cache / "node_modules" / ".bin"
     if usable(bin_dir):

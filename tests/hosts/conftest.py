@@ -60,7 +60,9 @@ class HostRun:
 
     def wait(self) -> HostRun:
         self.out, self.err = self.proc.communicate(timeout=RUN_TIMEOUT)
-        assert self.proc.returncode == 0, f"host exited {self.proc.returncode}:\n{self.err[-3000:]}\n{self.out[-3000:]}"
+        assert self.proc.returncode == 0, (
+            f"host exited {self.proc.returncode}:\n{self.err[-3000:]}\n{self.out[-3000:]}"
+        )
         if self.log.suffix == ".err":
             self.log.write_text(self.err, encoding="utf-8")
         return self
@@ -111,7 +113,9 @@ class Tui:
         typed text can be taken as part of a paste, and the prompt is not sent)."""
         self.tmux("send-keys", "-l", text)
         tail = text[-30:]
-        poll_until(lambda: tail in self.screen().replace("\n", ""), "the typed text on the screen", timeout=30)
+        poll_until(
+            lambda: tail in self.screen().replace("\n", ""), "the typed text on the screen", timeout=30
+        )
         self.tmux("send-keys", "Enter")
 
     def running(self) -> bool:
@@ -162,8 +166,9 @@ class World:
 
     def bridge(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**self.base_env(), "AGENT_BRIDGE_HOME": str(self.bridge_home), "AGENT_BRIDGE_WEB_PORT": "0"}
-        done = subprocess.run([AGENT_BRIDGE, *args], env=env, cwd=self.project, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [AGENT_BRIDGE, *args], env=env, cwd=self.project, capture_output=True, text=True, timeout=60
+        )
         assert not check or done.returncode == 0, f"agent-bridge {' '.join(args)}: {done.stderr}{done.stdout}"
         return done
 
@@ -179,8 +184,18 @@ class World:
             "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"),
         }
         log = self.root / f"{tag}-{uuid.uuid4().hex[:8]}.debug"
-        args = [str(self.host_bin / "claude"), "-p", prompt, "--dangerously-skip-permissions",
-                "--output-format", "stream-json", "--verbose", "--include-hook-events", "--debug-file", str(log)]
+        args = [
+            str(self.host_bin / "claude"),
+            "-p",
+            prompt,
+            "--dangerously-skip-permissions",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--include-hook-events",
+            "--debug-file",
+            str(log),
+        ]
         if session_id:
             args += ["--session-id", session_id]
         if resume:
@@ -207,10 +222,23 @@ class World:
                "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"), "TERM": "xterm-256color"}
         log = self.root / f"tui-{uuid.uuid4().hex[:8]}.debug"
         script = self.root / f"tui-{uuid.uuid4().hex[:8]}.sh"
-        script.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-                          + f"cd {shlex.quote(str(folder))}\n"
-                          + shlex.join(["exec", str(self.host_bin / "claude"), "--dangerously-skip-permissions",
-                                        "--session-id", session_id, "--debug-file", str(log)]) + "\n")
+        script.write_text(
+            "#!/bin/sh\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+            + f"cd {shlex.quote(str(folder))}\n"
+            + shlex.join(
+                [
+                    "exec",
+                    str(self.host_bin / "claude"),
+                    "--dangerously-skip-permissions",
+                    "--session-id",
+                    session_id,
+                    "--debug-file",
+                    str(log),
+                ]
+            )
+            + "\n"
+        )
         script.chmod(0o755)
         tui = Tui(f"ab-{uuid.uuid4().hex[:10]}", log)
         self.tuis.append(tui)
@@ -229,8 +257,16 @@ class World:
         # config exactly as `agent-bridge install` wrote it. MCP: Codex 0.171 leaves an optional
         # MCP server that is still starting out of a step's tools ("omitting pending optional
         # MCP server"); `required` makes `codex exec` wait for it (README, "Connect Codex").
-        args += ["--skip-git-repo-check", "--json", "--dangerously-bypass-approvals-and-sandbox",
-                 "--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true", *extra, prompt]
+        args += [
+            "--skip-git-repo-check",
+            "--json",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--dangerously-bypass-hook-trust",
+            "-c",
+            "mcp_servers.agent-bridge.required=true",
+            *extra,
+            prompt,
+        ]
         return self._start(args, env, cwd, self.root / f"{tag}-{uuid.uuid4().hex[:8]}.err")
 
     def codex_tui(self, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> Tui:
@@ -242,10 +278,17 @@ class World:
         from agent_bridge.hosts import codex as codex_host
 
         folder = cwd or self.project
-        env = {**self.base_env(), "CODEX_HOME": str(self.codex_home), "FAKE_MODEL_KEY": "test-key", **(env or {})}
+        env = {
+            **self.base_env(),
+            "CODEX_HOME": str(self.codex_home),
+            "FAKE_MODEL_KEY": "test-key",
+            **(env or {}),
+        }
         config = self.codex_home / "config.toml"
-        config.write_text(config.read_text(encoding="utf-8") + f'\n[projects."{folder}"]\ntrust_level = "trusted"\n',
-                          encoding="utf-8")
+        config.write_text(
+            config.read_text(encoding="utf-8") + f'\n[projects."{folder}"]\ntrust_level = "trusted"\n',
+            encoding="utf-8",
+        )
         saved = dict(os.environ)
         os.environ.update(env)  # codex_app_server runs the codex of this world with its CODEX_HOME
         try:
@@ -253,14 +296,20 @@ class World:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        config.write_text(config.read_text(encoding="utf-8") + "".join(
-            f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n' for h in hooks), encoding="utf-8")
+        config.write_text(
+            config.read_text(encoding="utf-8")
+            + "".join(f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n' for h in hooks),
+            encoding="utf-8",
+        )
         env["TERM"] = "xterm-256color"
         script = self.root / f"codex-tui-{uuid.uuid4().hex[:8]}.sh"
-        script.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-                          + f"cd {shlex.quote(str(folder))}\n"
-                          + shlex.join(["exec", str(self.host_bin / "codex"), "--dangerously-bypass-approvals-and-sandbox"])
-                          + "\n")
+        script.write_text(
+            "#!/bin/sh\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+            + f"cd {shlex.quote(str(folder))}\n"
+            + shlex.join(["exec", str(self.host_bin / "codex"), "--dangerously-bypass-approvals-and-sandbox"])
+            + "\n"
+        )
         script.chmod(0o755)
         tui = Tui(f"ab-{uuid.uuid4().hex[:10]}", self.root / "codex-tui.log")
         self.tuis.append(tui)
@@ -301,14 +350,18 @@ class World:
             cursor = conn.execute(
                 "SELECT r.message_id, r.delivered_at, r.acked_at FROM receipts r JOIN peers p ON p.id = r.peer_id "
                 "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < 100 ORDER BY r.rowid",
-                (host_session_id,))
+                (host_session_id,),
+            )
             return [dict(zip(("id", "deliveredAt", "ackedAt"), row, strict=True)) for row in cursor]
 
     def peers(self) -> list[dict[str, Any]]:
         with reader.reading(self.bridge_home / "bridge.db") as conn:
             assert conn is not None
             cursor = conn.execute("SELECT id, name, agent, project, kind, host_session_id FROM peers")
-            return [dict(zip(("id", "name", "agent", "project", "kind", "hostSessionId"), row, strict=True)) for row in cursor]
+            return [
+                dict(zip(("id", "name", "agent", "project", "kind", "hostSessionId"), row, strict=True))
+                for row in cursor
+            ]
 
 
 def wait_gone(pid: int, timeout: float = 30) -> None:
@@ -421,10 +474,18 @@ def tool_results(body: dict[str, Any], *, with_searches: bool = False) -> list[d
     for message in body.get("messages") or ():
         content = message.get("content")
         for block in content if isinstance(content, list) else ():
-            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "ToolSearch" \
-                    and not with_searches:
+            if (
+                isinstance(block, dict)
+                and block.get("type") == "tool_use"
+                and block.get("name") == "ToolSearch"
+                and not with_searches
+            ):
                 searches.add(block.get("id"))
-            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in searches:
+            if (
+                isinstance(block, dict)
+                and block.get("type") == "tool_result"
+                and block.get("tool_use_id") not in searches
+            ):
                 found.append(block)
     return found
 

@@ -65,7 +65,9 @@ class ModelServer:
         if not self.gate(name)[0].wait(timeout):
             raise AssertionError(f"no session reached gate {name!r} within {timeout} s")
 
-    def next_step(self, steps: list[tuple[str, dict[str, Any]]], done: int) -> tuple[str, dict[str, Any]] | None:
+    def next_step(
+        self, steps: list[tuple[str, dict[str, Any]]], done: int
+    ) -> tuple[str, dict[str, Any]] | None:
         """The planned call after `done` results (None: answer with text), once every gate
         planned before it is open."""
         calls = [i for i, (tool, _) in enumerate(steps) if tool != GATE]
@@ -111,7 +113,9 @@ class ModelServer:
                 with server.lock:
                     server.requests.append(request)
                 events = list(server.answer(request))
-                payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+                payload = "".join(
+                    f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events
+                ).encode()
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
@@ -164,7 +168,11 @@ def _anthropic_texts(content: Any) -> list[str]:
 def _loading(block: dict[str, Any]) -> bool:
     """A ToolSearch call this server made to load a planned tool (not a planned search)."""
     query = (block.get("input") or {}).get("query") if isinstance(block.get("input"), dict) else None
-    return block.get("name") == SEARCH and isinstance(query, str) and query.startswith("select:mcp__agent-bridge__")
+    return (
+        block.get("name") == SEARCH
+        and isinstance(query, str)
+        and query.startswith("select:mcp__agent-bridge__")
+    )
 
 
 class AnthropicServer(ModelServer):
@@ -181,17 +189,26 @@ class AnthropicServer(ModelServer):
         for i, message in enumerate(messages):
             content = message.get("content")
             if message.get("role") == "user" and not (
-                isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+                isinstance(content, list)
+                and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
             ):
                 start = i
         steps = plan_of(" ".join(_anthropic_texts(messages[start].get("content")))) if messages else []
         # Claude Code 2.1.332 defers MCP tools: the model must load a tool with ToolSearch before
         # it can call it, as a real model does. Those searches are not steps of the plan.
-        names = {b.get("id"): LOADING if _loading(b) else b.get("name") for m in messages if m.get("role") == "assistant"
-                 for b in (m.get("content") if isinstance(m.get("content"), list) else ())
-                 if isinstance(b, dict) and b.get("type") == "tool_use"}
-        results = [b for m in messages[start:] for b in (m.get("content") if isinstance(m.get("content"), list) else ())
-                   if isinstance(b, dict) and b.get("type") == "tool_result"]
+        names = {
+            b.get("id"): LOADING if _loading(b) else b.get("name")
+            for m in messages
+            if m.get("role") == "assistant"
+            for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        }
+        results = [
+            b
+            for m in messages[start:]
+            for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        ]
         done = sum(1 for b in results if names.get(b.get("tool_use_id")) != LOADING)  # planned searches count
         searched = bool(results) and names.get(results[-1].get("tool_use_id")) == LOADING
         model = request.body.get("model", "claude")
@@ -204,16 +221,29 @@ class AnthropicServer(ModelServer):
             tool, args = step
             name = tool if tool[:1].isupper() else f"mcp__agent-bridge__{tool}"  # "Bash": a built-in tool
             listed = {t.get("name") for t in request.body.get("tools") or () if isinstance(t, dict)}
-            loaded = {r.get("tool_name") for m in messages for b in (m.get("content") if isinstance(m.get("content"), list) else ())
-                      if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("content"), list)
-                      for r in b["content"] if isinstance(r, dict) and r.get("type") == "tool_reference"}
+            loaded = {
+                r.get("tool_name")
+                for m in messages
+                for b in (m.get("content") if isinstance(m.get("content"), list) else ())
+                if isinstance(b, dict)
+                and b.get("type") == "tool_result"
+                and isinstance(b.get("content"), list)
+                for r in b["content"]
+                if isinstance(r, dict) and r.get("type") == "tool_reference"
+            }
             if name not in listed and name not in loaded and SEARCH in listed and not searched:
                 name, args = SEARCH, {"query": f"select:{name}"}
             yield "content_block_start", {"type": "content_block_start", "index": 0, "content_block": {
                 "type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": name,
                 "input": {}}}
-            yield "content_block_delta", {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}}
+            yield (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)},
+                },
+            )
             stop = "tool_use"
         else:
             yield "content_block_start", {"type": "content_block_start", "index": 0,
@@ -222,8 +252,14 @@ class AnthropicServer(ModelServer):
                                           "delta": {"type": "text_delta", "text": DONE_TEXT}}
             stop = "end_turn"
         yield "content_block_stop", {"type": "content_block_stop", "index": 0}
-        yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                                "usage": {"output_tokens": 1}}
+        yield (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": 1},
+            },
+        )
         yield "message_stop", {"type": "message_stop"}
 
 
@@ -234,7 +270,9 @@ def _openai_texts(item: dict[str, Any]) -> list[str]:
     content = item.get("content")
     if isinstance(content, str):
         return [content]
-    return [c.get("text", "") for c in content or () if isinstance(c, dict) and isinstance(c.get("text"), str)]
+    return [
+        c.get("text", "") for c in content or () if isinstance(c, dict) and isinstance(c.get("text"), str)
+    ]
 
 
 class OpenAIServer(ModelServer):
@@ -250,7 +288,9 @@ class OpenAIServer(ModelServer):
         items = [i for i in request.body.get("input") or [] if isinstance(i, dict)]
         start = 0
         for i, item in enumerate(items):
-            if item.get("role") == "user" and not any("<environment_context>" in t for t in _openai_texts(item)):
+            if item.get("role") == "user" and not any(
+                "<environment_context>" in t for t in _openai_texts(item)
+            ):
                 start = i
         prompt = " ".join(_openai_texts(items[start])) if items else ""
         steps = plan_of(prompt)
@@ -260,12 +300,21 @@ class OpenAIServer(ModelServer):
         step = self.next_step(steps, done)
         if step is not None:
             tool, args = step
-            item = {"type": "function_call", "id": f"fc_{len(self.requests)}", "call_id": f"call_{len(self.requests)}",
-                    "namespace": self.namespace, "name": tool, "arguments": json.dumps(args)}
+            item = {
+                "type": "function_call",
+                "id": f"fc_{len(self.requests)}",
+                "call_id": f"call_{len(self.requests)}",
+                "namespace": self.namespace,
+                "name": tool,
+                "arguments": json.dumps(args),
+            }
         else:
             item = {"type": "message", "role": "assistant", "id": f"msg_{len(self.requests)}",
                     "content": [{"type": "output_text", "text": DONE_TEXT, "annotations": []}]}
-        yield "response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}
+        yield (
+            "response.output_item.done",
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+        )
         yield "response.completed", {"type": "response.completed", "response": {
             "id": rid, "usage": {"input_tokens": 1, "input_tokens_details": None, "output_tokens": 1,
                                  "output_tokens_details": None, "total_tokens": 2}}}

@@ -21,8 +21,11 @@ def test_messages_and_decisions_cross_between_the_hosts(world: World) -> None:
 
     # A Claude Code session records a decision and keeps working while a Codex session starts,
     # sends it a message and records a decision of its own.
-    claude = world.claude(plan(("decide", {"topic": "deploy", "text": "Fly.io"}), (GATE, {"gate": "claude-works"})),
-                          session_id=claude_id, tag="claude")
+    claude = world.claude(
+        plan(("decide", {"topic": "deploy", "text": "Fly.io"}), (GATE, {"gate": "claude-works"})),
+        session_id=claude_id,
+        tag="claude",
+    )
     world.claude_model.wait_reached("claude-works")
     codex = world.codex(plan(("send", {"to": claude_id, "text": "codex here: tests pass"}),
                              ("decide", {"topic": "ci", "text": "Buildkite"}))).wait()
@@ -34,7 +37,9 @@ def test_messages_and_decisions_cross_between_the_hosts(world: World) -> None:
     assert any("deploy: Fly.io" in t for t in codex_messages(codex_first, "developer")), \
         "Claude Code's decision is not in the Codex session's SessionStart note"
     to_claude = [r for r in world.claude_model.of_session(claude_id) if "codex here: tests pass" in r.text]
-    assert to_claude and "Stop hook additional context" in to_claude[0].text, "the message never reached Claude Code's model"
+    assert to_claude and "Stop hook additional context" in to_claude[0].text, (
+        "the message never reached Claude Code's model"
+    )
 
     # Both sessions have finished. A new Claude Code session sees Codex's decision at its
     # start and sends a message to each of them.
@@ -52,7 +57,9 @@ def test_messages_and_decisions_cross_between_the_hosts(world: World) -> None:
     # A resumed session is known: its note names it, truly.
     name = next(p["name"] for p in world.peers() if p["hostSessionId"] == claude_id)
     resumed_first = next(r for r in world.claude_model.of_session(claude_id) if "resumed: go on" in r.text)
-    assert claude_note(resumed_first.body).startswith(f"agent-bridge: you are {name}."), claude_note(resumed_first.body)
+    assert claude_note(resumed_first.body).startswith(f"agent-bridge: you are {name}."), claude_note(
+        resumed_first.body
+    )
     codex_seen = [r for r in world.codex_model.of_session(thread) if "for codex after its run" in r.text]
     assert codex_seen, "the message never reached the resumed Codex session's model"
     assert any("for codex after its run" in t for t in codex_messages(codex_seen[0].body, "user"))

@@ -117,7 +117,13 @@ def test_message_reaches_a_working_session_between_tool_calls(world: World) -> N
     run_a = world.claude(plan(("whoami", {}), (GATE, {"gate": "a-works"}), ("peers", {}), ("whoami", {})),
                          session_id=a, tag="a")
     world.claude_model.wait_reached("a-works")
-    world.claude(plan(("send", {"to": a, "text": "B here: the schema changed"}),), session_id=b, tag="b").wait()
+    world.claude(
+        plan(
+            ("send", {"to": a, "text": "B here: the schema changed"}),
+        ),
+        session_id=b,
+        tag="b",
+    ).wait()
     sent = len(world.claude_model.of_session(a))
     world.claude_model.open_gate("a-works")
     run_a.wait()
@@ -133,9 +139,14 @@ def test_message_reaches_a_working_session_between_tool_calls(world: World) -> N
     assert "hook additional context" in contexts[0] and "not from the user" in contexts[0]
     assert len(after) >= 3  # the turn went on: peers, whoami, then its last answer
     posts = hook_responses(run_a, "PostToolUse")
-    assert all(p.get("exit_code") == 0 for p in posts) and sum("the schema changed" in p.get("stdout", "") for p in posts) == 1
+    assert (
+        all(p.get("exit_code") == 0 for p in posts)
+        and sum("the schema changed" in p.get("stdout", "") for p in posts) == 1
+    )
     assert [r["ackedAt"] is not None for r in world.receipts(a)] == [True]
-    assert not any("Stop hook" in r.text and "the schema changed" in r.text.split("Stop hook", 1)[1] for r in after)
+    assert not any(
+        "Stop hook" in r.text and "the schema changed" in r.text.split("Stop hook", 1)[1] for r in after
+    )
     assert_clean_log(run_a)
 
 
@@ -144,13 +155,20 @@ def test_note_after_compaction_and_tools_found_by_search(world: World) -> None:
     decisions survive compaction; and a model searching the deferred tools with the words a
     user would use finds the bridge's tools."""
     sid = str(uuid.uuid4())
-    searches = plan(("ToolSearch", {"query": "message another agent session"}), ("ToolSearch", {"query": "inbox"}),
-                    ("ToolSearch", {"query": "owner decision"}))
+    searches = plan(
+        ("ToolSearch", {"query": "message another agent session"}),
+        ("ToolSearch", {"query": "inbox"}),
+        ("ToolSearch", {"query": "owner decision"}),
+    )
     run = world.claude(searches, session_id=sid).wait()
     found = []
     for block in tool_results(world.claude_model.of_session(sid)[-1].body, with_searches=True):
         content = block.get("content")
-        found.append({c.get("tool_name") for c in content if isinstance(c, dict)} if isinstance(content, list) else set())
+        found.append(
+            {c.get("tool_name") for c in content if isinstance(c, dict)}
+            if isinstance(content, list)
+            else set()
+        )
     assert len(found) == 3, found
     assert "mcp__agent-bridge__send" in found[0], found
     assert "mcp__agent-bridge__inbox" in found[1], found
@@ -159,7 +177,11 @@ def test_note_after_compaction_and_tools_found_by_search(world: World) -> None:
 
     world.bridge("decide", "db", "PostgreSQL 16", "--scope", "all")
     compact = world.claude("/compact", resume=sid, tag="compact").wait()
-    started = [e for e in compact.events if e.get("subtype") == "hook_response" and e.get("hook_name") == "SessionStart:compact"]
+    started = [
+        e
+        for e in compact.events
+        if e.get("subtype") == "hook_response" and e.get("hook_name") == "SessionStart:compact"
+    ]
     assert len(started) == 1 and started[0].get("exit_code") == 0, started
     note = json.loads(started[0]["stdout"])["hookSpecificOutput"]["additionalContext"]
     assert note.startswith("agent-bridge: you are ") and "db: PostgreSQL 16" in note

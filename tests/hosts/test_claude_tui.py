@@ -43,7 +43,11 @@ def bridge_processes(world: World) -> list[str]:
                 env = f.read()
         except OSError:
             continue
-        if ("hook" in cmd or " mcp" in cmd) and "agent-bridge" in cmd and str(world.bridge_home).encode() in env:
+        if (
+            ("hook" in cmd or " mcp" in cmd)
+            and "agent-bridge" in cmd
+            and str(world.bridge_home).encode() in env
+        ):
             found.append(cmd)
     return found
 
@@ -90,7 +94,10 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     known = len(world.claude_model.of_session(sid))
     world.bridge("send", sid, "mid-turn: rebase first")
     world.claude_model.open_gate("busy")
-    poll_until(lambda: any("rebase first" in r.text for r in world.claude_model.of_session(sid)), "the mid-turn message")
+    poll_until(
+        lambda: any("rebase first" in r.text for r in world.claude_model.of_session(sid)),
+        "the mid-turn message",
+    )
     requests = world.claude_model.of_session(sid)
     first = next(k for k, r in enumerate(requests) if "rebase first" in r.text)
     assert first == known, "not in the next request after the send"
@@ -118,9 +125,13 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     # The waiter's (Claude Code queues its stderr as a new turn's message), not a hook's additionalContext.
     carrying = [json.dumps(m, ensure_ascii=False) for m in woke.body.get("messages") or ()
                 if "are you there?" in json.dumps(m, ensure_ascii=False)]
-    assert carrying and "Stop hook feedback" in carrying[0] and "additional context" not in carrying[0], carrying
+    assert carrying and "Stop hook feedback" in carrying[0] and "additional context" not in carrying[0], (
+        carrying
+    )
     poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")
-    poll_until(lambda: "are you there?" in tui.screen() or "done." in tui.screen(), "the woken turn on screen")
+    poll_until(
+        lambda: "are you there?" in tui.screen() or "done." in tui.screen(), "the woken turn on screen"
+    )
     # After the woken turn's Stop, one waiter again (not one per Stop).
     poll_until(lambda: waiters_held(world) == 1 and len(world.claude_model.of_session(sid)) > before,
                "the next waiter armed")

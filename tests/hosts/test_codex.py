@@ -31,7 +31,9 @@ def codex_complaints(run: HostRun) -> list[str]:
     lines = [str(e["item"].get("message")) for e in run.events
              if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "error"]
     lines += run.err.splitlines()
-    return [line for line in lines if CODEX_BAD.search(line) and not any(s in line for s in CODEX_SETUP_LINES)]
+    return [
+        line for line in lines if CODEX_BAD.search(line) and not any(s in line for s in CODEX_SETUP_LINES)
+    ]
 
 
 def namespace_tools(body: dict) -> set[str]:
@@ -44,13 +46,22 @@ def namespace_tools(body: dict) -> set[str]:
 def test_note_tools_and_thread_id(world: World) -> None:
     """The SessionStart note is a developer message; the six tools arrive as the
     `mcp__agent_bridge` namespace and work; the bridge knows the session by Codex's thread id."""
-    run = world.codex(plan(("whoami", {}), ("peers", {}), ("decide", {"topic": "ci", "text": "GitHub Actions"}),
-                           ("decisions", {}), ("inbox", {}))).wait()
+    run = world.codex(
+        plan(
+            ("whoami", {}),
+            ("peers", {}),
+            ("decide", {"topic": "ci", "text": "GitHub Actions"}),
+            ("decisions", {}),
+            ("inbox", {}),
+        )
+    ).wait()
     thread = thread_of(run)
     requests = world.codex_model.of_session(thread)
     assert requests, "Codex sent no request for its thread"
     first = requests[0].body
-    assert any(t.startswith("agent-bridge:") for t in codex_messages(first, "developer")), codex_messages(first, "developer")
+    assert any(t.startswith("agent-bridge:") for t in codex_messages(first, "developer")), codex_messages(
+        first, "developer"
+    )
     assert namespace_tools(first) == set(BRIDGE_TOOLS)
     outputs = codex_outputs(requests[-1].body)
     assert len(outputs) == 5, outputs
@@ -85,7 +96,12 @@ def test_message_reaches_a_working_exec_between_tool_calls(world: World) -> None
     run = world.codex(plan(("whoami", {}), (GATE, {"gate": "codex-works"}), ("peers", {}), ("whoami", {})))
     world.codex_model.wait_reached("codex-works")
     name = next(p["name"] for p in world.peers() if p["agent"] == "codex")
-    world.claude(plan(("send", {"to": name, "text": "claude here: the schema changed"}),), tag="sender").wait()
+    world.claude(
+        plan(
+            ("send", {"to": name, "text": "claude here: the schema changed"}),
+        ),
+        tag="sender",
+    ).wait()
     with world.codex_model.lock:
         sent = len(world.codex_model.requests)
     world.codex_model.open_gate("codex-works")
@@ -101,7 +117,11 @@ def test_message_reaches_a_working_exec_between_tool_calls(world: World) -> None
     # Codex 0.171 puts the hook's developer message between the MCP call and its output.
     items = [i for i in after[0].body["input"] if isinstance(i, dict)]
     last_call = max(i for i, item in enumerate(items) if item.get("type") == "function_call")
-    assert [item.get("type") for item in items[last_call:]] == ["function_call", "message", "function_call_output"]
+    assert [item.get("type") for item in items[last_call:]] == [
+        "function_call",
+        "message",
+        "function_call_output",
+    ]
     assert "the schema changed" in json.dumps(items[last_call + 1])
     assert len(after) == 2  # the turn went on: the whoami call, then its last answer
     assert [r["ackedAt"] is not None for r in world.receipts(thread)] == [True]

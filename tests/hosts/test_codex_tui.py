@@ -19,10 +19,19 @@ pytestmark = pytest.mark.slow
 def test_idle_codex_session_is_woken_by_a_message(world: World) -> None:
     """With AGENT_BRIDGE_CODEX_WAKE=1 declared where Codex runs."""
     tui = world.codex_tui(env={"AGENT_BRIDGE_CODEX_WAKE": "1"})
-    poll_until(lambda: (world.bridge_home / "bridge.db").exists() and any(p["agent"] == "codex" for p in world.peers())
-               and "Ask Codex" in tui.screen(), "the TUI and its MCP server", timeout=90)
+    poll_until(
+        lambda: (
+            (world.bridge_home / "bridge.db").exists()
+            and any(p["agent"] == "codex" for p in world.peers())
+            and "Ask Codex" in tui.screen()
+        ),
+        "the TUI and its MCP server",
+        timeout=90,
+    )
     tui.type(plan(("whoami", {})))
-    poll_until(lambda: "done." in tui.screen() and waiters_held(world) == 1, "the turn ended, the waiter waiting")
+    poll_until(
+        lambda: "done." in tui.screen() and waiters_held(world) == 1, "the turn ended, the waiter waiting"
+    )
     thread = next(p["hostSessionId"] for p in world.peers() if p["agent"] == "codex")
     assert thread
     for i in range(2):  # the waiter goes on waiting after a wake: one per session
@@ -30,13 +39,19 @@ def test_idle_codex_session_is_woken_by_a_message(world: World) -> None:
         before = len(world.codex_model.of_session(thread))
         world.bridge("send", thread, text)
         sent = time.monotonic()
-        woke = poll_until(lambda text=text, before=before: next(
-            (r for r in world.codex_model.of_session(thread)[before:] if text in r.text), None), "the idle session woken")
+        woke = poll_until(
+            lambda text=text, before=before: next(
+                (r for r in world.codex_model.of_session(thread)[before:] if text in r.text), None
+            ),
+            "the idle session woken",
+        )
         print(f"\nreach (Codex TUI, idle, codex queue): {time.monotonic() - sent:.3f} s after send returned")
         users = [t for t in codex_messages(woke.body, "user") if text in t]
         assert users and "not from the user" in users[0], codex_messages(woke.body, "user")
         poll_until(lambda: all(r["ackedAt"] for r in world.receipts(thread)), "the wake acknowledged")
-        poll_until(lambda i=i: waiters_held(world) == 1 and tui.screen().count("done.") >= 2 + i, "idle again")
+        poll_until(
+            lambda i=i: waiters_held(world) == 1 and tui.screen().count("done.") >= 2 + i, "idle again"
+        )
 
     tui.type("/quit")
     poll_until(lambda: not tui.running(), "Codex to exit")
@@ -56,7 +71,9 @@ def test_note_after_compaction(world: World) -> None:
     hooks_file = world.codex_home / "hooks.json"
     hooks = json.loads(hooks_file.read_text(encoding="utf-8"))
     seen = world.root / "session-start.jsonl"
-    hooks["hooks"]["SessionStart"].append({"hooks": [{"type": "command", "command": f"cat >> {seen}; echo >> {seen}"}]})
+    hooks["hooks"]["SessionStart"].append(
+        {"hooks": [{"type": "command", "command": f"cat >> {seen}; echo >> {seen}"}]}
+    )
     hooks_file.write_text(json.dumps(hooks), encoding="utf-8")
 
     def sources() -> list[str]:
@@ -64,27 +81,40 @@ def test_note_after_compaction(world: World) -> None:
         return [json.loads(line)["source"] for line in lines if line.strip()]
 
     tui = world.codex_tui()  # trusts every hook in hooks.json, the recorder too
-    poll_until(lambda: (world.bridge_home / "bridge.db").exists() and any(p["agent"] == "codex" for p in world.peers())
-               and "Ask Codex" in tui.screen(), "the TUI and its MCP server", timeout=90)
+    poll_until(
+        lambda: (
+            (world.bridge_home / "bridge.db").exists()
+            and any(p["agent"] == "codex" for p in world.peers())
+            and "Ask Codex" in tui.screen()
+        ),
+        "the TUI and its MCP server",
+        timeout=90,
+    )
     tui.type(plan(("whoami", {})))
     poll_until(lambda: "done." in tui.screen(), "the first turn's answer")
     thread = next(p["hostSessionId"] for p in world.peers() if p["agent"] == "codex")
     assert thread
     first = world.codex_model.of_session(thread)[0]
-    assert [t for t in codex_messages(first.body, "developer") if t.startswith("agent-bridge:")], "no startup note"
+    assert [t for t in codex_messages(first.body, "developer") if t.startswith("agent-bridge:")], (
+        "no startup note"
+    )
     assert "PostgreSQL 16" not in first.text
 
     world.bridge("decide", "db", "PostgreSQL 16", "--scope", "all")
     tui.type("/compact")
     poll_until(lambda: "Context compacted" in tui.screen(), "the compaction")
-    summarised = [r for r in world.codex_model.of_session(thread) if "CONTEXT CHECKPOINT COMPACTION" in r.text]
+    summarised = [
+        r for r in world.codex_model.of_session(thread) if "CONTEXT CHECKPOINT COMPACTION" in r.text
+    ]
     assert len(summarised) == 1
     assert sources() == ["startup"]  # not at the compaction itself: at the next turn
 
     before = len(world.codex_model.of_session(thread))
     tui.type("go on")
-    after = poll_until(lambda: next((r for r in world.codex_model.of_session(thread)[before:] if "go on" in r.text), None),
-                       "the first request after the compaction")
+    after = poll_until(
+        lambda: next((r for r in world.codex_model.of_session(thread)[before:] if "go on" in r.text), None),
+        "the first request after the compaction",
+    )
     assert "Another language model started to solve this problem" in after.text  # the compacted history
     notes = [t for t in codex_messages(after.body, "developer") if t.startswith("agent-bridge:")]
     assert len(notes) == 1, notes  # the startup note went with the compacted history

@@ -35,20 +35,28 @@ def test_a_job_asks_the_owner_answers_and_both_sessions_keep_the_decision(world:
     poll_until(lambda: ready(world, tui, sid), "the TUI's prompt and its MCP server")
 
     # A headless job asks: the answer comes at once, with the question's id.
-    job = world.codex(plan(("ask_owner", {"question": QUESTION, "topic": "Queue", "options": ["Redis", "SQS"]}),),
-                      tag="job").wait()
+    job = world.codex(
+        plan(
+            ("ask_owner", {"question": QUESTION, "topic": "Queue", "options": ["Redis", "SQS"]}),
+        ),
+        tag="job",
+    ).wait()
     thread = thread_of(job)
     asked = json.loads(codex_outputs(world.codex_model.of_session(thread)[-1].body)[0][0])
     question = asked["question"]
     assert asked["current"] is None and question["state"] == "open" and question["topic"] == "queue"
-    assert [a["name"] for a in question["askedBy"]] == [p["name"] for p in world.peers() if p["hostSessionId"] == thread]
+    assert [a["name"] for a in question["askedBy"]] == [
+        p["name"] for p in world.peers() if p["hostSessionId"] == thread
+    ]
 
     # The owner types in the interactive session: the question is beside the prompt, once.
     before = len(world.claude_model.of_session(sid))
     tui.type(plan(("whoami", {})))
     poll_until(lambda: len(world.claude_model.of_session(sid)) > before + 1, "the typed turn's requests")
     typed = world.claude_model.of_session(sid)[before]
-    assert "Open questions from your other sessions" in typed.text and question["id"] in typed.text, typed.text[-3000:]
+    assert "Open questions from your other sessions" in typed.text and question["id"] in typed.text, (
+        typed.text[-3000:]
+    )
     assert not any("Open questions" in r.text for r in world.claude_model.of_session(sid)[:before])
     assert "Redis" in typed.text and "not from the user" in typed.text
     poll_until(lambda: "done." in tui.screen(), "the typed turn to end")
@@ -65,8 +73,14 @@ def test_a_job_asks_the_owner_answers_and_both_sessions_keep_the_decision(world:
     # The interactive session: the decision notice (passive: it waits for the session's inbox).
     count = len(world.claude_model.of_session(sid))
     tui.type(plan(("inbox", {})))
-    poll_until(lambda: any(decision["id"] in result_text(b) for r in world.claude_model.of_session(sid)[count:]
-                           for b in tool_results(r.body)), "the decision notice in the inbox")
+    poll_until(
+        lambda: any(
+            decision["id"] in result_text(b)
+            for r in world.claude_model.of_session(sid)[count:]
+            for b in tool_results(r.body)
+        ),
+        "the decision notice in the inbox",
+    )
     poll_until(lambda: "done." in tui.screen(), "the inbox turn to end")
     # ... and in its next SessionStart note (after /clear, which starts the session over).
     with world.claude_model.lock:

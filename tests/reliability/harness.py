@@ -165,7 +165,9 @@ class TrioThread:
         self._error: BaseException | None = None
         self.value: Any = None
 
-    def start(self, resource: Callable[[TrioThread, trio.Event], Awaitable[None]], timeout: float = 120) -> TrioThread:
+    def start(
+        self, resource: Callable[[TrioThread, trio.Event], Awaitable[None]], timeout: float = 120
+    ) -> TrioThread:
         """`resource(self, stop)` sets `self.value` once ready, then waits for `stop`."""
 
         async def main() -> None:
@@ -198,7 +200,12 @@ class TrioThread:
         return trio.from_thread.run(fn, *args, trio_token=self._token)
 
     def stop(self, timeout: float = 60) -> None:
-        if self._token is not None and self._stop is not None and self._thread is not None and self._thread.is_alive():
+        if (
+            self._token is not None
+            and self._stop is not None
+            and self._thread is not None
+            and self._thread.is_alive()
+        ):
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
         if self._thread is not None:
             self._thread.join(timeout)
@@ -206,7 +213,9 @@ class TrioThread:
             raise self._error
 
 
-def run_agent_bridge(env: dict[str, str], *args: str, stdin: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
+def run_agent_bridge(
+    env: dict[str, str], *args: str, stdin: bytes = b"", timeout: float = 60
+) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], env=env, input=stdin, capture_output=True, timeout=timeout)
 
 

@@ -42,12 +42,16 @@ MESSAGES_TO = (
 )
 
 
-async def open_sessions(stack: AsyncExitStack, env: dict[str, str], project: str, names: list[str]) -> dict[str, Agent]:
+async def open_sessions(
+    stack: AsyncExitStack, env: dict[str, str], project: str, names: list[str]
+) -> dict[str, Agent]:
     """Real MCP servers, each with a host session id equal to its name (its address too)."""
     agents = {}
     for name in names:
         session = await stack.enter_async_context(
-            mcp_session(env, "--agent", "codex", "--name", name, "--project", project, "--host-session-id", name)
+            mcp_session(
+                env, "--agent", "codex", "--name", name, "--project", project, "--host-session-id", name
+            )
         )
         agents[name] = Agent(name, session)
     return agents
@@ -123,7 +127,9 @@ async def test_kill_during_a_burst_of_sends(env, home, point):
                     await wait_new_broker(home, broker.pid)
                     progress.reached("broker restarted")
                     sends.restarted = True
-                    await wait_for(_async(lambda: sends.after_restart >= 20), timeout=60, what="sends after the restart")
+                    await wait_for(
+                        _async(lambda: sends.after_restart >= 20), timeout=60, what="sends after the restart"
+                    )
                     progress.reached("20 sends after the restart")
                     stop.set()
                 progress.reached("load stopped")
@@ -163,7 +169,8 @@ def _async(predicate):
 
 
 @pytest.mark.parametrize(
-    "point", ["decide:after-decision@2", "decide:mid-fanout@2", "decide:before-commit@2", "decide:after-commit@2"]
+    "point",
+    ["decide:after-decision@2", "decide:mid-fanout@2", "decide:before-commit@2", "decide:after-commit@2"],
 )
 async def test_kill_during_a_decide_fan_out(env, home, point):
     """The first decide commits; the broker dies inside the second one's transaction (or just
@@ -201,9 +208,12 @@ async def test_kill_during_a_decide_fan_out(env, home, point):
                 notices = count(home, "SELECT count(*) FROM messages m JOIN decision_deliveries d "
                                       "ON d.message_id = m.id JOIN decisions x ON x.id = d.decision_id "
                                       "WHERE x.topic = 'db'")
-                receipts = count(home, "SELECT count(*) FROM receipts r JOIN decision_deliveries d "
-                                       "ON d.message_id = r.message_id JOIN decisions x ON x.id = d.decision_id "
-                                       "WHERE x.topic = 'db'")
+                receipts = count(
+                    home,
+                    "SELECT count(*) FROM receipts r JOIN decision_deliveries d "
+                    "ON d.message_id = r.message_id JOIN decisions x ON x.id = d.decision_id "
+                    "WHERE x.topic = 'db'",
+                )
                 if point.startswith("decide:after-commit"):
                     assert (committed, deliveries, notices, receipts) == (1, 4, 4, 4)
                 else:
@@ -222,7 +232,10 @@ async def test_kill_during_a_decide_fan_out(env, home, point):
                     db_id = again["decision"]["id"]
                 for a in agents.values():
                     await a.read_until(
-                        lambda a=a: {m.get("decision", {}).get("id") for m in a.shown} >= {first["decision"]["id"], db_id}
+                        lambda a=a: (
+                            {m.get("decision", {}).get("id") for m in a.shown}
+                            >= {first["decision"]["id"], db_id}
+                        )
                     )
                 await barrier(agents["fan2"], list(agents.values()))
                 for a in agents.values():
@@ -230,7 +243,13 @@ async def test_kill_during_a_decide_fan_out(env, home, point):
                     assert sorted(revisions) == sorted([first["decision"]["id"], db_id]), a.name
                     ids = a.ids
                     assert len(ids) == len(set(ids)), f"{a.name}: a message reached the agent twice"
-        assert rows(home, "SELECT decision_id, host_key FROM decision_deliveries GROUP BY 1, 2 HAVING count(*) > 1") == []
+        assert (
+            rows(
+                home,
+                "SELECT decision_id, host_key FROM decision_deliveries GROUP BY 1, 2 HAVING count(*) > 1",
+            )
+            == []
+        )
     finally:
         broker.kill()
         stop_any_broker(env)
@@ -263,7 +282,9 @@ async def test_kill_during_acknowledgement(env, home, point):
                     await wait_new_broker(home, broker.pid)
                     progress.reached("broker restarted")
                     sends.restarted = True
-                    await wait_for(_async(lambda: sends.after_restart >= 10), timeout=60, what="sends after the restart")
+                    await wait_for(
+                        _async(lambda: sends.after_restart >= 10), timeout=60, what="sends after the restart"
+                    )
                     progress.reached("10 sends after the restart")
                     stop.set()
                 progress.reached("load stopped")
@@ -287,11 +308,16 @@ def _snapshot(db: Path) -> dict[str, Any]:
     conn = apsw.Connection(str(db))
     try:
         tables = sorted(
-            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
         )
         data = {
             "peers": sorted(conn.execute("SELECT id, name, project FROM peers")),
-            "messages": sorted(conn.execute("SELECT id, from_peer, to_peer, body, hop, acked_at FROM messages")),
+            "messages": sorted(
+                conn.execute("SELECT id, from_peer, to_peer, body, hop, acked_at FROM messages")
+            ),
         }
         if "receipts" in tables:
             data["receipts"] = sorted(conn.execute("SELECT message_id, peer_id, acked_at FROM receipts"))
@@ -325,7 +351,11 @@ async def test_kill_during_a_schema_upgrade(env, home, old, point):
     before = _snapshot(db)
     with trio.fail_after(120):
         proc = await trio.run_process(
-            [*CLI, "up"], env={**env, "AGENT_BRIDGE_FAULT": point}, capture_stdout=True, capture_stderr=True, check=False
+            [*CLI, "up"],
+            env={**env, "AGENT_BRIDGE_FAULT": point},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
         )
     assert proc.returncode == KILLED, proc.stderr.decode()
 
@@ -351,10 +381,15 @@ async def test_kill_during_a_schema_upgrade(env, home, old, point):
         assert len(sorted(home.glob(f"bridge.db.v{old}-*.bak"))) == len(backups) + 1
         if old == 2:
             with trio.fail_after(90):
-                async with mcp_session(env, "--agent", "codex", "--project", "/w/app", "--host-session-id", "host-1") as s:
+                async with mcp_session(
+                    env, "--agent", "codex", "--project", "/w/app", "--host-session-id", "host-1"
+                ) as s:
                     agent = Agent("p2", s)
                     await agent.read_until(lambda: len(agent.shown) >= 2)
-                    assert [(m["id"], m["text"]) for m in agent.shown] == [("m1", "hello"), ("m3", "v2 message")]
+                    assert [(m["id"], m["text"]) for m in agent.shown] == [
+                        ("m1", "hello"),
+                        ("m3", "v2 message"),
+                    ]
         else:
             assert count(home, "SELECT count(*) FROM receipts WHERE peer_id = 'p2' AND acked_at IS NULL") == 1
     finally:

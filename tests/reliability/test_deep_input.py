@@ -43,11 +43,15 @@ async def test_deep_host_lines_are_answered_with_their_id_and_the_relay_serves_o
             '{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"decide","arguments":'
             '{"topic":"t","text":"x","scope":' + DEEP + "}}}\n"
         )
-        deep_cancel = '{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":' + DEEP + "}}\n"
+        deep_cancel = (
+            '{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":' + DEEP + "}}\n"
+        )
         assert host.proc.stdin is not None
         await host.proc.stdin.send_all((deep_call + deep_cancel).encode())
         error = (await host.answer(41))["error"]
-        assert error["code"] == -32600 and f"nested deeper than {jsonlimit.MAX_DEPTH} levels" in error["message"]
+        assert (
+            error["code"] == -32600 and f"nested deeper than {jsonlimit.MAX_DEPTH} levels" in error["message"]
+        )
         me = await host.tool("whoami")  # still serving, still the same session
         assert me["project"] == "/w/deep"
         assert (await host.response(await host.request("ping", {}))) == {}

@@ -46,11 +46,21 @@ def build_home(home: Path) -> None:
         a = store.create_peer(agent="claude", name="claude-web", project="/w/web", kind="interactive",
                               host_session_id="h-web", now=now)
         view = a.view()
-        for topic, text, scope in (("db", "PostgreSQL", "all"), ("Café / ü", "espresso", {"project": "/w/web"}),
-                                   ("db", "SQLite", {"sessions": ["claude-web"]})):
-            store.record_decision(author=view, author_agent="claude", topic=domain.normalize_topic(topic), text=text,
-                                  scope=domain.parse_scope(scope), source_message_id=None,
-                                  recipients=[Recipient(view, "h-web")], now=now)
+        for topic, text, scope in (
+            ("db", "PostgreSQL", "all"),
+            ("Café / ü", "espresso", {"project": "/w/web"}),
+            ("db", "SQLite", {"sessions": ["claude-web"]}),
+        ):
+            store.record_decision(
+                author=view,
+                author_agent="claude",
+                topic=domain.normalize_topic(topic),
+                text=text,
+                scope=domain.parse_scope(scope),
+                source_message_id=None,
+                recipients=[Recipient(view, "h-web")],
+                now=now,
+            )
         store.send_messages(a.id, [Outgoing(a.id, "note to self", 1, None)], now)
     finally:
         store.close()
@@ -77,7 +87,11 @@ def dashboard() -> Iterator[dict[str, Any]]:
             async with trio.open_nursery() as nursery:
                 base = await nursery.start(partial(serve_dashboard, home, live=lambda: frozenset(), port=0))
                 url = (home / "dashboard.url").read_text(encoding="utf-8")
-                thread.value = {"port": int(base.rsplit(":", 1)[1]), "token": url.split("?t=", 1)[1], "failures": failures}
+                thread.value = {
+                    "port": int(base.rsplit(":", 1)[1]),
+                    "token": url.split("?t=", 1)[1],
+                    "failures": failures,
+                }
                 thread.ready()
                 await stop.wait()
                 nursery.cancel_scope.cancel()
@@ -107,10 +121,26 @@ raw_text = st.text(PRINTABLE, max_size=40)
 encoded_bytes = st.binary(max_size=40).map(lambda b: quote(b, safe=""))
 encoded_text = st.text(max_size=40).map(lambda t: quote(t, safe=""))
 bad_escapes = st.sampled_from(["%", "%2", "%zz", "%C3", "%C3%28", "%FF%FE", "%00", "%2F..%2F", "%E2%80%AE"])
-piece = st.one_of(raw_text, encoded_bytes, encoded_text, bad_escapes, st.text(PRINTABLE, min_size=300, max_size=2000))
-scopes = st.sampled_from(["all", '{"project":"/w/web"}', '{"sessions":["claude-web"]}', '{"folder":"/x"}', "{", "[]",
-                          '{"project":"relative"}', '{"sessions":[]}', "null", '"all"'])
-query_value = st.one_of(piece, scopes.map(lambda s: quote(s, safe="")), scopes, st.integers(-10, 10**6).map(str))
+piece = st.one_of(
+    raw_text, encoded_bytes, encoded_text, bad_escapes, st.text(PRINTABLE, min_size=300, max_size=2000)
+)
+scopes = st.sampled_from(
+    [
+        "all",
+        '{"project":"/w/web"}',
+        '{"sessions":["claude-web"]}',
+        '{"folder":"/x"}',
+        "{",
+        "[]",
+        '{"project":"relative"}',
+        '{"sessions":[]}',
+        "null",
+        '"all"',
+    ]
+)
+query_value = st.one_of(
+    piece, scopes.map(lambda s: quote(s, safe="")), scopes, st.integers(-10, 10**6).map(str)
+)
 query = st.lists(
     st.tuples(st.sampled_from(["q", "scope", "limit", "t", "topic"]) | raw_text, query_value), max_size=4
 ).map(lambda pairs: "&".join(f"{k}={v}" for k, v in pairs))
@@ -118,7 +148,9 @@ target = st.one_of(
     st.tuples(piece, query).map(lambda t: f"/api/decisions/{t[0]}/history" + (f"?{t[1]}" if t[1] else "")),
     query.map(lambda q: f"/api/decisions?{q}"),
     query.map(lambda q: f"/api/messages?{q}"),
-    st.tuples(st.sampled_from(["/api/sessions", "/api/status", "/", "/static/app.js"]), query).map(lambda t: f"{t[0]}?{t[1]}"),
+    st.tuples(st.sampled_from(["/api/sessions", "/api/status", "/", "/static/app.js"]), query).map(
+        lambda t: f"{t[0]}?{t[1]}"
+    ),
     st.lists(piece, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts)),
     st.lists(piece, min_size=1, max_size=3).map(lambda parts: "/api/" + "/".join(parts)),
 )
@@ -145,7 +177,9 @@ def test_hostile_paths_and_query_strings(dashboard):
             if status >= 400:
                 assert isinstance(data.get("error"), str) and len(data["error"]) >= 5, data
         if status == 400:
-            assert any(word in json.loads(body)["error"] for word in ("topic", "scope", "query", "limit", "UTF-8")), body
+            assert any(
+                word in json.loads(body)["error"] for word in ("topic", "scope", "query", "limit", "UTF-8")
+            ), body
         assert not dashboard["failures"].records, [r.getMessage() for r in dashboard["failures"].records]
 
     check()

@@ -32,7 +32,11 @@ pytestmark = pytest.mark.slow
 FUZZ = settings(
     deadline=None,
     database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+    ],
 )
 ANSWER_TIMEOUT = 20.0  # a connection the broker neither answers nor closes within this is a hang
 ERROR_CODES = {"protocol", "bad_request"}
@@ -74,15 +78,20 @@ class Witness:
 
     async def serve(self, thread: TrioThread, stop: trio.Event, sock_path: str) -> None:
         hello = {"agent": "codex", "project": "/w/witness", "hostSessionId": f"witness-{uuid.uuid4()}"}
-        async with open_bridge_client(sock_path, {**hello, "name": "witness-a"}) as (a, a_pushes), \
-                open_bridge_client(sock_path, {**hello, "name": "witness-b", "hostSessionId": f"w-{uuid.uuid4()}"}) as (b, pushes):
+        async with (
+            open_bridge_client(sock_path, {**hello, "name": "witness-a"}) as (a, a_pushes),
+            open_bridge_client(
+                sock_path, {**hello, "name": "witness-b", "hostSessionId": f"w-{uuid.uuid4()}"}
+            ) as (b, pushes),
+        ):
             a_id = a.hello["session"]["id"]
             b_id = b.hello["session"]["id"]
             arrived = trio.Event()
             thread.value = self
             thread.ready()
 
-            async def drain_a() -> None:  # a is sent to as well (by the fuzzers): never let its pushes block it
+            # a is sent to as well (by the fuzzers): never let its pushes block it
+            async def drain_a() -> None:
                 async for _ in a_pushes:
                     pass
 
@@ -122,9 +131,13 @@ class Witness:
     def check(self, at_least: int) -> None:
         """No errors, every message in order, and (polling with a deadline) still going: at
         least `at_least` messages exchanged so far."""
-        wait_until(lambda: len(self.received) >= at_least or self.errors, timeout=60, what="the witness to go on")
+        wait_until(
+            lambda: len(self.received) >= at_least or self.errors, timeout=60, what="the witness to go on"
+        )
         assert self.errors == []
-        assert self.received == list(range(len(self.received))), "the witness saw a gap, a duplicate or a reordering"
+        assert self.received == list(range(len(self.received))), (
+            "the witness saw a gap, a duplicate or a reordering"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +168,10 @@ def assert_broker_fine(broker: BrokerProcess) -> None:
 
 
 json_scalars = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=40)
 )
 json_values = st.recursive(
@@ -164,14 +180,42 @@ json_values = st.recursive(
     max_leaves=12,
 )
 ARG_NAMES = [
-    "agent", "project", "kind", "name", "hostSessionId", "claudeSessionId", "host", "chain", "pid", "topic", "text",
-    "scope", "source_message_id", "query", "history", "to", "reply_to", "ids", "source", "cwd", "event", "at",
+    "agent",
+    "project",
+    "kind",
+    "name",
+    "hostSessionId",
+    "claudeSessionId",
+    "host",
+    "chain",
+    "pid",
+    "topic",
+    "text",
+    "scope",
+    "source_message_id",
+    "query",
+    "history",
+    "to",
+    "reply_to",
+    "ids",
+    "source",
+    "cwd",
+    "event",
+    "at",
 ]
-arg_values = json_values | st.sampled_from(["all", "/abs/dir", "relative", "", " ", "claude", "codex", "job"]) | st.fixed_dictionaries(
-    {"pid": st.integers(-5, 2**40) | json_values, "start": st.integers(-5, 2**40) | json_values}
-) | st.fixed_dictionaries({"project": json_values}) | st.fixed_dictionaries({"sessions": json_values})
+arg_values = (
+    json_values
+    | st.sampled_from(["all", "/abs/dir", "relative", "", " ", "claude", "codex", "job"])
+    | st.fixed_dictionaries(
+        {"pid": st.integers(-5, 2**40) | json_values, "start": st.integers(-5, 2**40) | json_values}
+    )
+    | st.fixed_dictionaries({"project": json_values})
+    | st.fixed_dictionaries({"sessions": json_values})
+)
 request_args = st.dictionaries(st.sampled_from(ARG_NAMES) | st.text(max_size=10), arg_values, max_size=5)
-safe_ops = st.sampled_from(sorted(protocol.ALL_OPS - {"shutdown"})) | st.text(max_size=12).filter(lambda o: o != "shutdown")
+safe_ops = st.sampled_from(sorted(protocol.ALL_OPS - {"shutdown"})) | st.text(max_size=12).filter(
+    lambda o: o != "shutdown"
+)
 
 
 @st.composite
@@ -196,8 +240,14 @@ def encode_json(obj: Any) -> bytes:
 hello_request = st.builds(
     lambda args: {"v": 1, "id": 1, "op": "hello", **args},
     st.fixed_dictionaries(
-        {"agent": st.sampled_from(["claude", "codex"]) | json_values, "project": st.sampled_from(["/w/fuzz"]) | json_values},
-        optional={"kind": st.sampled_from(["interactive", "job"]) | json_values, "name": st.text(max_size=45) | json_values},
+        {
+            "agent": st.sampled_from(["claude", "codex"]) | json_values,
+            "project": st.sampled_from(["/w/fuzz"]) | json_values,
+        },
+        optional={
+            "kind": st.sampled_from(["interactive", "job"]) | json_values,
+            "name": st.text(max_size=45) | json_values,
+        },
     ),
 )
 well_formed = st.one_of(
@@ -211,14 +261,17 @@ hostile_bytes = st.one_of(
     st.binary(max_size=600),
     st.binary(min_size=1, max_size=600).map(frame),  # a frame of garbage
     json_values.map(lambda v: frame(encode_json(v))),  # valid JSON of the wrong shape
-    st.tuples(well_formed, st.data()).map(lambda t: t[0][: t[1].draw(st.integers(1, max(1, len(t[0]) - 1)))]),  # truncated
+    # truncated
+    st.tuples(well_formed, st.data()).map(lambda t: t[0][: t[1].draw(st.integers(1, max(1, len(t[0]) - 1)))]),
     st.tuples(st.integers(protocol.MAX_FRAME + 1, 2**32 - 1), st.binary(max_size=200)).map(
         lambda t: struct.pack(">I", t[0]) + t[1]
     ),  # a length prefix over the limit
     st.binary(max_size=100).map(lambda b: struct.pack(">I", 0) + b),  # a zero length prefix
     well_formed,
     st.tuples(well_formed, st.binary(max_size=100)).map(lambda t: t[0] + t[1]),  # good frames, then garbage
-    st.tuples(hello_request, st.binary(min_size=1, max_size=100)).map(lambda t: frame(encode_json(t[0])) + t[1]),
+    st.tuples(hello_request, st.binary(min_size=1, max_size=100)).map(
+        lambda t: frame(encode_json(t[0])) + t[1]
+    ),
     st.tuples(hello_request, json_values).map(lambda t: frame(encode_json(t[0])) + frame(encode_json(t[1]))),
 )
 
@@ -242,7 +295,9 @@ def exchange(sock_path: str, data: bytes) -> tuple[list[dict[str, Any]], bool]:
             except ConnectionResetError:
                 return frames, True
             except TimeoutError:
-                raise AssertionError(f"the broker neither answered nor closed within {ANSWER_TIMEOUT}s") from None
+                raise AssertionError(
+                    f"the broker neither answered nor closed within {ANSWER_TIMEOUT}s"
+                ) from None
             if not chunk:
                 assert decoder.pending == 0, "the broker's last frame is incomplete"
                 return frames, False
@@ -269,7 +324,9 @@ def test_hostile_ipc_frames(hostile_broker, hostile_home, witness):
         if len(data) >= 4 and not responses:
             (length,) = struct.unpack(">I", data[:4])
             # only a frame cut short before the broker saw all of it may close without a word
-            assert 0 < length <= protocol.MAX_FRAME and len(data) < 4 + length, f"closed without an answer: {frames}"
+            assert 0 < length <= protocol.MAX_FRAME and len(data) < 4 + length, (
+                f"closed without an answer: {frames}"
+            )
         assert not log_problems(hostile_home), log_problems(hostile_home)
 
     ran: list[Any] = []
@@ -285,7 +342,12 @@ def test_every_well_formed_request_gets_an_answer(hostile_broker, hostile_home):
     sock_path = hostile_broker.status()["socket"]
 
     @FUZZ
-    @given(reqs=st.one_of(st.lists(requests(), min_size=1, max_size=5), st.tuples(hello_request, st.lists(requests(), max_size=4)).map(lambda t: [t[0], *t[1]])))
+    @given(
+        reqs=st.one_of(
+            st.lists(requests(), min_size=1, max_size=5),
+            st.tuples(hello_request, st.lists(requests(), max_size=4)).map(lambda t: [t[0], *t[1]]),
+        )
+    )
     def check(reqs: list[dict[str, Any]]) -> None:
         ran.append(reqs)
         frames, _ = exchange(sock_path, b"".join(frame(encode_json(r)) for r in reqs))
@@ -312,7 +374,9 @@ def test_every_well_formed_request_gets_an_answer(hostile_broker, hostile_home):
     assert_broker_fine(hostile_broker)
 
 
-def test_a_bad_frame_in_a_session_is_answered_and_closes_only_that_connection(hostile_broker, hostile_home, witness):
+def test_a_bad_frame_in_a_session_is_answered_and_closes_only_that_connection(
+    hostile_broker, hostile_home, witness
+):
     """Found by the fuzzing above: a malformed frame after hello escaped the session's nursery
     as an exception group (no answer, a traceback in the log); and good requests sent in the
     same write as a bad frame were dropped unanswered."""
@@ -320,7 +384,10 @@ def test_a_bad_frame_in_a_session_is_answered_and_closes_only_that_connection(ho
     start = len(witness.received)
     hello = frame(b'{"v":1,"id":1,"op":"hello","agent":"codex","project":"/w/fuzz","kind":"job"}')
     for bad in (frame(b"nonsense"), frame(b'{"v":2,"id":3,"op":"ping"}'), struct.pack(">I", 0), b"\xff" * 9):
-        frames, _ = exchange(sock_path, hello + frame(b'{"v":1,"id":2,"op":"whoami"}') + bad + frame(b'{"v":1,"id":4,"op":"ping"}'))
+        frames, _ = exchange(
+            sock_path,
+            hello + frame(b'{"v":1,"id":2,"op":"whoami"}') + bad + frame(b'{"v":1,"id":4,"op":"ping"}'),
+        )
         answers = [(f.get("id"), f.get("ok")) for f in frames if "push" not in f]
         assert answers == [(1, True), (2, True), (None, False)], (bad, frames)
         assert frames[-1]["error"]["code"] == "protocol"
@@ -353,7 +420,9 @@ tool_values = json_values | st.text(min_size=3000, max_size=20000) | st.sampled_
 PLAUSIBLE = {
     "topic": st.text(min_size=1, max_size=30),
     "text": st.text(min_size=1, max_size=60),
-    "scope": st.sampled_from(["all", {"project": "/w/fuzz"}, {"sessions": ["fuzzer"]}, '{"project": "/w/fuzz"}']),
+    "scope": st.sampled_from(
+        ["all", {"project": "/w/fuzz"}, {"sessions": ["fuzzer"]}, '{"project": "/w/fuzz"}']
+    ),
     "source_message_id": st.text(max_size=40),
     "query": st.text(max_size=20),
     "history": st.booleans(),
@@ -385,7 +454,9 @@ def test_hostile_mcp_tool_arguments(hostile_broker, hostile_env, hostile_home, w
     start = len(witness.received)
 
     async def serve(thread: TrioThread, stop: trio.Event) -> None:
-        async with mcp_session(hostile_env, "--agent", "claude", "--project", "/w/fuzz", "--name", "fuzzer") as s:
+        async with mcp_session(
+            hostile_env, "--agent", "claude", "--project", "/w/fuzz", "--name", "fuzzer"
+        ) as s:
             thread.value = s
             thread.ready()
             await stop.wait()
@@ -407,7 +478,14 @@ def test_hostile_mcp_tool_arguments(hostile_broker, hostile_env, hostile_home, w
             ran.append(call)
             name, args = call
             wait = args.get("wait_seconds")
-            assume(not (name == "inbox" and isinstance(wait, int | float) and not isinstance(wait, bool) and 0.2 < wait <= 60))
+            assume(
+                not (
+                    name == "inbox"
+                    and isinstance(wait, int | float)
+                    and not isinstance(wait, bool)
+                    and 0.2 < wait <= 60
+                )
+            )
             before = mine()
             try:
                 result = thread.run(session.call_tool, name, args)
@@ -483,12 +561,19 @@ def test_hostile_hook_stdin(hostile_broker, hostile_env, hostile_home, event):
 argv_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
 SIDE_EFFECTS = {"up", "down", "install", "mcp", "dashboard", "demo", "doctor"}
 cli_argvs = st.one_of(
-    st.tuples(st.just("decisions"), st.lists(argv_text | st.sampled_from(["--scope", "--history", "--json", "all", "{"]), max_size=4)).map(
-        lambda t: [t[0], *t[1]]
+    st.tuples(
+        st.just("decisions"),
+        st.lists(argv_text | st.sampled_from(["--scope", "--history", "--json", "all", "{"]), max_size=4),
+    ).map(lambda t: [t[0], *t[1]]),
+    st.tuples(argv_text, argv_text | json_values.map(json.dumps)).map(
+        lambda t: ["decisions", t[0], "--scope", t[1]]
     ),
-    st.tuples(argv_text, argv_text | json_values.map(json.dumps)).map(lambda t: ["decisions", t[0], "--scope", t[1]]),
-    st.lists(argv_text | st.sampled_from(["--json", "--help", "-x"]), max_size=3).map(lambda a: ["status", *a]),
-    st.lists(argv_text | st.sampled_from(["--agent", "claude", "codex", "session-start"]), max_size=3).map(lambda a: ["hook", *a]),
+    st.lists(argv_text | st.sampled_from(["--json", "--help", "-x"]), max_size=3).map(
+        lambda a: ["status", *a]
+    ),
+    st.lists(argv_text | st.sampled_from(["--agent", "claude", "codex", "session-start"]), max_size=3).map(
+        lambda a: ["hook", *a]
+    ),
     st.lists(argv_text, min_size=1, max_size=3).filter(lambda a: a[0] not in SIDE_EFFECTS and a[0] != "hook"),
 )
 
@@ -522,7 +607,9 @@ toml_values = st.one_of(
 )
 config_texts = st.one_of(
     st.text(max_size=80),
-    st.tuples(st.sampled_from(["hop_limit", "hop_limt", "port", "Hop_Limit"]), toml_values).map(lambda t: f"{t[0]} = {t[1]}\n"),
+    st.tuples(st.sampled_from(["hop_limit", "hop_limt", "port", "Hop_Limit"]), toml_values).map(
+        lambda t: f"{t[0]} = {t[1]}\n"
+    ),
 )
 
 

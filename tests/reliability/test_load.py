@@ -76,7 +76,9 @@ async def test_200_ipc_sessions_and_20_mcp_servers(broker, env, home):  # noqa: 
                 for i in range(IPC_SESSIONS):
                     hello = {"agent": "codex", "project": "/w/load", "name": f"ipc-{i}",
                              "hostSessionId": f"load-ipc-{i}-{uuid.uuid4()}"}
-                    connecting.start_soon(nursery.start, hold, open_bridge_client(sock_path, hello), ipc, i, stop)
+                    connecting.start_soon(
+                        nursery.start, hold, open_bridge_client(sock_path, hello), ipc, i, stop
+                    )
             peers = [IpcPeer(i, *ipc[i]) for i in range(IPC_SESSIONS)]
             for p in peers:
                 nursery.start_soon(p.receive)
@@ -85,7 +87,9 @@ async def test_200_ipc_sessions_and_20_mcp_servers(broker, env, home):  # noqa: 
                 return (await peers[0].client.request("status"))["sessions"] == IPC_SESSIONS + MCP_SESSIONS
 
             await wait_for(all_connected, timeout=60, what="every session connected")
-            mcp_names = {j: json.loads((await mcp[j].call_tool("whoami", {})).content[0].text)["name"] for j in mcp}
+            mcp_names = {
+                j: json.loads((await mcp[j].call_tool("whoami", {})).content[0].text)["name"] for j in mcp
+            }
             assert sorted(mcp_names.values()) == sorted(f"mcp-{j}" for j in range(MCP_SESSIONS))
             mcp_seen: dict[int, list[dict[str, Any]]] = defaultdict(list)
 
@@ -97,7 +101,9 @@ async def test_200_ipc_sessions_and_20_mcp_servers(broker, env, home):  # noqa: 
             async def mcp_worker(j: int, rnd: int) -> None:
                 session = mcp[j]
                 for k in range(MCP_PER_ROUND):
-                    result = await session.call_tool("send", {"to": f"mcp-{(j + 1) % MCP_SESSIONS}", "text": f"{rnd}:{j}:{k}"})
+                    result = await session.call_tool(
+                        "send", {"to": f"mcp-{(j + 1) % MCP_SESSIONS}", "text": f"{rnd}:{j}:{k}"}
+                    )
                     assert not result.is_error, result.content[0].text
                 want = (rnd + 1) * MCP_PER_ROUND
                 while len(mcp_seen[j]) < want:
@@ -107,7 +113,9 @@ async def test_200_ipc_sessions_and_20_mcp_servers(broker, env, home):  # noqa: 
 
             async def status_poller(done: trio.Event) -> None:
                 while not done.is_set():  # the CLI and doctor ask for status at any time
-                    assert (await peers[0].client.request("status"))["sessions"] == IPC_SESSIONS + MCP_SESSIONS
+                    assert (await peers[0].client.request("status"))[
+                        "sessions"
+                    ] == IPC_SESSIONS + MCP_SESSIONS
                     await trio.sleep(0.01)
 
             # --- the rounds ------------------------------------------------------------------
@@ -139,12 +147,21 @@ async def test_200_ipc_sessions_and_20_mcp_servers(broker, env, home):  # noqa: 
         sender = (p.index - 1) % IPC_SESSIONS
         texts = [t for _, t in p.received]
         assert texts == [f"{r}:{sender}:{k}" for r in range(ROUNDS) for k in range(PER_ROUND)], p.index
-        committed = [r[0] for r in rows(home, "SELECT m.id FROM messages m JOIN receipts r ON r.message_id = m.id "
-                                              "WHERE r.peer_id = ? ORDER BY m.rowid", (p.id,))]
+        committed = [
+            r[0]
+            for r in rows(
+                home,
+                "SELECT m.id FROM messages m JOIN receipts r ON r.message_id = m.id "
+                "WHERE r.peer_id = ? ORDER BY m.rowid",
+                (p.id,),
+            )
+        ]
         assert [i for i, _ in p.received] == committed
     for j, seen in mcp_seen.items():
         sender = (j - 1) % MCP_SESSIONS
-        assert [m["text"] for m in seen] == [f"{r}:{sender}:{k}" for r in range(ROUNDS) for k in range(MCP_PER_ROUND)]
+        assert [m["text"] for m in seen] == [
+            f"{r}:{sender}:{k}" for r in range(ROUNDS) for k in range(MCP_PER_ROUND)
+        ]
         assert len({m["id"] for m in seen}) == len(seen)
     assert broker.status()["pid"] == broker.pid
 

@@ -17,16 +17,26 @@ from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a folder owned by another uid needs root to set up")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="a folder owned by another uid needs root to set up"
+)
 
 
 def stale_record(home: Path, pid: int) -> None:
     """What a broker killed with -9 leaves behind, its pid since taken by another process."""
     paths.ensure_home(home)
     (home / paths.LOCK_NAME).touch(mode=0o600)
-    (home / paths.BROKER_JSON).write_text(json.dumps(
-        {"pid": pid, "socket": str(home / "broker.sock"), "web": "http://127.0.0.1:1", "startedAt": 0, "home": str(home)}
-    ))
+    (home / paths.BROKER_JSON).write_text(
+        json.dumps(
+            {
+                "pid": pid,
+                "socket": str(home / "broker.sock"),
+                "web": "http://127.0.0.1:1",
+                "startedAt": 0,
+                "home": str(home),
+            }
+        )
+    )
     (home / paths.DASHBOARD_URL).write_text("http://127.0.0.1:1/?t=stale")
 
 
@@ -50,7 +60,8 @@ def test_down_status_and_dashboard_never_take_a_stale_pid_for_the_broker(env, ho
         finally:
             dashboard.terminate()
             dashboard.wait(timeout=30)
-        assert first.startswith("http://127.0.0.1:") and "stale" not in first, first  # it serves the page itself
+        # it serves the page itself
+        assert first.startswith("http://127.0.0.1:") and "stale" not in first, first
         assert sleeper.poll() is None
     finally:
         sleeper.kill()
@@ -115,7 +126,9 @@ def test_a_folder_owned_by_another_user_is_refused_and_left_untouched(env, home,
     if argv[0] == "doctor":  # a report on stdout: the folder refused, nothing in it read
         assert str(home) in done.stdout and "belongs to uid" in done.stdout, done.stdout
         for check in ("broker", "socket", "schema", "dashboard"):
-            assert re.search(rf"^  skip  {check} +not read: the state folder is not yours$", done.stdout, re.M), done.stdout
+            assert re.search(
+                rf"^  skip  {check} +not read: the state folder is not yours$", done.stdout, re.M
+            ), done.stdout
     else:
         assert str(home) in done.stderr and "belongs to uid" in done.stderr, done.stderr
         assert done.stdout == "", done.stdout  # no note, no block, no URL, no decisions

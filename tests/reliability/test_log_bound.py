@@ -46,7 +46,8 @@ def test_a_detached_brokers_stdout_and_stderr_follow_the_rotation(env, home):
     """A detached broker's stdout and stderr are broker.log: after the log rotates, what it
     writes there (a crash traceback) goes to the new broker.log, not to broker.log.1."""
     log = paths.log_path(paths.ensure_home(home))
-    log.write_bytes(b"an older broker's line\n" * (control.LOG_MAX_BYTES // 23 + 1))  # full: the next line rotates it
+    # full: the next line rotates it
+    log.write_bytes(b"an older broker's line\n" * (control.LOG_MAX_BYTES // 23 + 1))
     log.chmod(0o600)
     started = run_cli(env, "up", "--detach")
     assert started.returncode == 0, started.stderr
@@ -56,7 +57,9 @@ def test_a_detached_brokers_stdout_and_stderr_follow_the_rotation(env, home):
     try:
         rotated = home / (paths.LOG_NAME + ".1")
         # A line in the new broker.log: the rotation is over, the broker runs on.
-        wait_until(lambda: rotated.exists() and log.exists() and log.stat().st_size > 0, what="broker.log rotated")
+        wait_until(
+            lambda: rotated.exists() and log.exists() and log.stat().st_size > 0, what="broker.log rotated"
+        )
         assert {fd: os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (1, 2)} == {1: str(log), 2: str(log)}
     finally:
         run_cli(env, "down")

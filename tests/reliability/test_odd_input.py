@@ -38,7 +38,9 @@ def one_line(done, *words: str, code: int | None = None) -> str:
 def test_bytes_that_are_not_utf8_are_refused_in_one_line(broker, env):
     assert run_cli(env, "decide", "db", "PostgreSQL", "--scope", "all").returncode == 0  # a database to read
     one_line(run_cli(env, "decisions", "\udcff"), "query", "not valid text", code=2)
-    one_line(run_cli(env, "decisions", "--scope", '{"project": "/a\udcff"}'), "scope", "not valid text", code=2)
+    one_line(
+        run_cli(env, "decisions", "--scope", '{"project": "/a\udcff"}'), "scope", "not valid text", code=2
+    )
 
 
 def test_forget_with_an_absurd_duration_is_one_line_and_the_broker_answers_any_integer(broker, env, home):

@@ -24,14 +24,20 @@ from tests.test_owner_store import build_v3
 pytestmark = pytest.mark.slow
 
 TABLES = ("peers", "messages", "receipts", "decisions", "decision_deliveries")
-V3_COLUMNS = {"peers": "id, name, agent, project, kind, created_at, last_seen_at, host_session_id"}  # v4 adds one
+# v4 adds one
+V3_COLUMNS = {"peers": "id, name, agent, project, kind, created_at, last_seen_at, host_session_id"}
 
 
 def snapshot(db: Path) -> dict[str, Any]:
     conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         # sqlite_stat*: planner statistics SQLite's optimizer may write, not data
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_stat%'")}
+        names = {
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_stat%'"
+            )
+        }
         return {
             "integrity": conn.execute("PRAGMA integrity_check").fetchone()[0],
             "version": conn.execute("PRAGMA user_version").fetchone()[0],
@@ -50,7 +56,11 @@ async def test_kill_during_the_upgrade_to_version_4(env, home, point):
     before = snapshot(db)
     with trio.fail_after(120):
         proc = await trio.run_process(
-            [*CLI, "up"], env={**env, "AGENT_BRIDGE_FAULT": point}, capture_stdout=True, capture_stderr=True, check=False
+            [*CLI, "up"],
+            env={**env, "AGENT_BRIDGE_FAULT": point},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
         )
     assert proc.returncode == KILLED, proc.stderr.decode()
     assert snapshot(db) == before  # version 3, every row, no v4 table
@@ -79,8 +89,14 @@ def _prepare(home: Path) -> tuple[str, list[str]]:
                                   host_session_id=f"host-{name}", now=1)
             views.append(p.view())
         decision, _ = store.record_decision(
-            author=views[0], author_agent="claude", topic="db", text="PostgreSQL", scope=domain.parse_scope("all"),
-            source_message_id=None, recipients=[Recipient(v, v.host_session_id or "") for v in views], now=2,
+            author=views[0],
+            author_agent="claude",
+            topic="db",
+            text="PostgreSQL",
+            scope=domain.parse_scope("all"),
+            source_message_id=None,
+            recipients=[Recipient(v, v.host_session_id or "") for v in views],
+            now=2,
         )
         store.send_messages(views[0].id, [Outgoing(views[1].id, "waiting", 1, None)], now=3)
         return decision.id, [v.id for v in views]
@@ -117,8 +133,8 @@ async def test_kill_while_retracting_or_forgetting_changes_nothing(env, home, po
             assert result["notified"] == ["claude-a", "codex-b"]
         else:
             assert sorted(i["session"]["id"] for i in result["forgotten"]) == sorted(peer_ids)
-            assert [m["text"] for i in result["forgotten"] for m in i["dropped"] if m["kind"] == "message"] == [
-                "waiting"
-            ]
+            assert [
+                m["text"] for i in result["forgotten"] for m in i["dropped"] if m["kind"] == "message"
+            ] == ["waiting"]
     finally:
         again.stop()

@@ -150,8 +150,13 @@ def test_another_uid_is_refused_by_the_peer_uid_check(broker, home):
     assert seen.get("uid") == pwd.getpwnam("nobody").pw_uid, seen
     assert seen["result"] == {"connected": True, "answer": ""}, "the broker answered another uid"
     nobody_uid = pwd.getpwnam("nobody").pw_uid
-    wait_until(lambda: f"refused a connection from uid {nobody_uid}" in (home / "broker.log").read_text()[len(log_before):],
-               what="the refusal in broker.log")
+    wait_until(
+        lambda: (
+            f"refused a connection from uid {nobody_uid}"
+            in (home / "broker.log").read_text()[len(log_before) :]
+        ),
+        what="the refusal in broker.log",
+    )
     assert broker.status()["pid"] == broker.pid  # and it goes on serving its own user
 
 
@@ -213,8 +218,14 @@ def test_the_token_is_never_on_a_command_line_or_in_the_log(env, home, tmp_path)
     assert token not in log, "the dashboard token is in broker.log"
 
     # 4. the standalone dashboard (no broker): a fresh token, also only in dashboard.url
-    standalone = subprocess.Popen([*CLI, "dashboard"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+    standalone = subprocess.Popen(
+        [*CLI, "dashboard"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = standalone.stdout.readline().strip()
         second = url.split("?t=", 1)[1]

@@ -78,7 +78,9 @@ def test_security_descriptor_allows_only_the_user():
 def test_serve_pipe_has_the_listener_interface_of_serve_unix():
     unix, named = inspect.signature(serve_unix), inspect.signature(pipe.serve_pipe)
     assert [p.kind for p in unix.parameters.values()] == [p.kind for p in named.parameters.values()]
-    assert list(named.parameters)[1:] == list(unix.parameters)[1:] == ["handler", "state_folder", "task_status"]
+    assert (
+        list(named.parameters)[1:] == list(unix.parameters)[1:] == ["handler", "state_folder", "task_status"]
+    )
     assert named.parameters["task_status"].default is trio.TASK_STATUS_IGNORED
 
 
@@ -131,7 +133,9 @@ async def start_broker_on_fake_pipe(nursery: trio.Nursery, home: Path, fake: Fak
     store = await nursery.start(partial(serve_store, paths.db_path(home), lambda line: None))
     broker = Broker(store, Settings(), home, trio.Event())
     broker.socket_path = fake.name
-    nursery.start_soon(pipe.serve_connections, nursery, fake.accept, handler or partial(handle_connection, broker))
+    nursery.start_soon(
+        pipe.serve_connections, nursery, fake.accept, handler or partial(handle_connection, broker)
+    )
     return broker
 
 

@@ -78,12 +78,19 @@ async def test_half_frames_and_silent_clients_do_not_delay_others(broker):
     with trio.fail_after(120):
         silent = [raw_connect(sock_path) for _ in range(20)]  # connect, say nothing
         # a length prefix and part of the payload, then nothing
-        halves = [raw_connect(sock_path, struct.pack(">I", 1000) + b'{"v":1,"id":1,"op":"pi') for _ in range(20)]
+        halves = [
+            raw_connect(sock_path, struct.pack(">I", 1000) + b'{"v":1,"id":1,"op":"pi') for _ in range(20)
+        ]
         # the largest frame allowed, announced, a little of it sent
         big = raw_connect(sock_path, struct.pack(">I", protocol.MAX_FRAME) + b"{" * 4096)
         # sessions that start a request and stall in the middle of it
         sessions = [
-            raw_connect(sock_path, frame({"v": 1, "id": 1, "op": "hello", **hello(f"stall-{i}")}) + struct.pack(">I", 500) + b"{")
+            raw_connect(
+                sock_path,
+                frame({"v": 1, "id": 1, "op": "hello", **hello(f"stall-{i}")})
+                + struct.pack(">I", 500)
+                + b"{",
+            )
             for i in range(5)
         ]
 
@@ -109,8 +116,21 @@ async def test_a_session_that_never_reads_delays_no_one(broker, home):
     sock_path = broker.status()["socket"]
     host = {"pid": 4_000_000, "start": 123456789, "exe": "claude"}
     with trio.fail_after(120):
-        stalled = raw_connect(sock_path, frame({"v": 1, "id": 1, "op": "hello", "agent": "claude", "project": "/w/slow",
-                                                "name": "never-reads", "host": host}), rcvbuf=4096)
+        stalled = raw_connect(
+            sock_path,
+            frame(
+                {
+                    "v": 1,
+                    "id": 1,
+                    "op": "hello",
+                    "agent": "claude",
+                    "project": "/w/slow",
+                    "name": "never-reads",
+                    "host": host,
+                }
+            ),
+            rcvbuf=4096,
+        )
         async with open_bridge_client(sock_path, hello("writer")) as (a, _):
 
             async def connected_names():
@@ -123,8 +143,18 @@ async def test_a_session_that_never_reads_delays_no_one(broker, home):
             # A hook pairs the stalled session with its host session: the broker pushes the
             # new identity to it, which cannot be written now.
             identified = await trio.to_thread.run_sync(
-                lambda: blocking.call(home, "identify", timeout=60, hostSessionId="stalled-host", agent="claude",
-                                      host=host, chain=[], cwd="/w/slow", source="startup", event="SessionStart")
+                lambda: blocking.call(
+                    home,
+                    "identify",
+                    timeout=60,
+                    hostSessionId="stalled-host",
+                    agent="claude",
+                    host=host,
+                    chain=[],
+                    cwd="/w/slow",
+                    source="startup",
+                    event="SessionStart",
+                )
             )
             assert identified["paired"] is True
             # another session connects and works meanwhile
@@ -136,11 +166,22 @@ async def test_a_session_that_never_reads_delays_no_one(broker, home):
                         break
                 # the Stop hook of the stalled session: its active messages, acknowledged
                 stop = await trio.to_thread.run_sync(
-                    lambda: blocking.call(home, "stop_check", timeout=60, hostSessionId="stalled-host", agent="claude",
-                                          host=host, chain=[], cwd="/w/slow", event="Stop")
+                    lambda: blocking.call(
+                        home,
+                        "stop_check",
+                        timeout=60,
+                        hostSessionId="stalled-host",
+                        agent="claude",
+                        host=host,
+                        chain=[],
+                        cwd="/w/slow",
+                        event="Stop",
+                    )
                 )
                 assert len(stop["messages"]) == 40
-                assert "never-reads" in await connected_names(), "the others waited for the stalled session to be dropped"
+                assert "never-reads" in await connected_names(), (
+                    "the others waited for the stalled session to be dropped"
+                )
                 assert not closed_by_peer_quiet(stalled)
 
             # the broker gives up on the session that does not read

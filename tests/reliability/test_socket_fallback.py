@@ -98,7 +98,9 @@ def test_a_folder_planted_by_another_user_does_not_deny_the_broker(long_env):
     with broker_up(long_env) as record:
         sock = Path(str(record["socket"]))
         assert sock.parent != planted and sock.parent.parent == tmp_root_of(long_env)
-        assert stat.S_IMODE(sock.parent.lstat().st_mode) == 0o700 and sock.parent.lstat().st_uid == os.getuid()
+        assert (
+            stat.S_IMODE(sock.parent.lstat().st_mode) == 0o700 and sock.parent.lstat().st_uid == os.getuid()
+        )
         assert blocking.call(home_of(long_env), "ping") == "pong"
         line = doctor_line(long_env, "socket folder")
         assert "FAIL" in line and f"belongs to uid {pwd.getpwnam('nobody').pw_uid}" in line, line
@@ -214,7 +216,9 @@ async def test_the_trio_client_refuses_a_server_of_another_uid(tmp_root):
         with trio.fail_after(30), pytest.raises(BrokerGone, match="served by uid"):
             async with open_bridge_client(sock_path, {"agent": "claude", "project": "/w/x"}):
                 pass
-        await trio.to_thread.run_sync(lambda: wait_until(lambda: connections(seen) == [0], what="connection end"))
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: connections(seen) == [0], what="connection end")
+        )
 
 
 async def test_the_relay_refuses_a_server_of_another_uid_and_says_so(broker, env, home, tmp_root):

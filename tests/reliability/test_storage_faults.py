@@ -94,12 +94,17 @@ class Inbox:
 # The fault strikes after this share of the writes one send takes (measured in the test): at its
 # first write, and at several points inside its transaction.
 @pytest.mark.parametrize("stage", [0.0, 0.2, 0.4, 0.6, 0.8, 0.95], ids=lambda f: f"at-{int(f * 100)}pct")
-async def test_storage_faults_fail_the_request_and_the_broker_keeps_serving(home, faulty_vfs, caplog, mode, stage):
+async def test_storage_faults_fail_the_request_and_the_broker_keeps_serving(
+    home, faulty_vfs, caplog, mode, stage
+):
     caplog.set_level(logging.INFO)
     with trio.fail_after(60):
         async with broker_in_process(home) as record, trio.open_nursery() as nursery:
             sock = record["socket"]
-            async with open_bridge_client(sock, hello("disk-a")) as (a, _), open_bridge_client(sock, hello("disk-b")) as (b, pushes):
+            async with (
+                open_bridge_client(sock, hello("disk-a")) as (a, _),
+                open_bridge_client(sock, hello("disk-b")) as (b, pushes),
+            ):
                 inbox = Inbox()
                 nursery.start_soon(inbox.collect, pushes)
                 first = (await a.request("send", to="disk-b", text="before"))["message"]
@@ -174,13 +179,18 @@ def test_the_shim_really_fails_sqlite_writes(tmp_path):
 
 
 @pytest.mark.parametrize("after_writes", [0, 3, 12])
-async def test_pipelined_sends_hit_by_a_storage_fault_store_exactly_what_was_answered(home, faulty_vfs, after_writes):
+async def test_pipelined_sends_hit_by_a_storage_fault_store_exactly_what_was_answered(
+    home, faulty_vfs, after_writes
+):
     """Sends in flight together share a transaction: a fault fails every send of the batch it
     hits, and what the database holds is exactly the sends answered with success."""
     with trio.fail_after(60):
         async with broker_in_process(home) as record:
             sock = record["socket"]
-            async with open_bridge_client(sock, hello("pipe-a")) as (a, _), open_bridge_client(sock, hello("pipe-b")):
+            async with (
+                open_bridge_client(sock, hello("pipe-a")) as (a, _),
+                open_bridge_client(sock, hello("pipe-b")),
+            ):
                 await a.request("send", to="pipe-b", text="warm-up")
                 answered: dict[str, str] = {}
                 failed: list[str] = []

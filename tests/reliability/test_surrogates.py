@@ -61,7 +61,10 @@ def test_ipc_control_connection_survives_a_lone_surrogate(broker):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(30)
         s.connect(broker.status()["socket"])
-        s.sendall(raw_frame(f'{{"v":1,"id":1,"op":"ping","note":"{LONE}"}}') + raw_frame('{"v":1,"id":2,"op":"ping"}'))
+        s.sendall(
+            raw_frame(f'{{"v":1,"id":1,"op":"ping","note":"{LONE}"}}')
+            + raw_frame('{"v":1,"id":2,"op":"ping"}')
+        )
         first, second = read_frames(s, 2)
     assert first["ok"] is False and "lone surrogate" in first["error"]["message"]
     assert second == {"v": 1, "id": 2, "ok": True, "result": "pong"}
@@ -123,9 +126,12 @@ def test_mcp_a_lone_surrogate_in_a_tool_call_is_a_tool_error(broker, env):
 def test_cli_arguments_that_are_not_utf8_are_a_clear_error(env, home):
     """Python hands undecodable argv bytes over as lone surrogates (surrogateescape)."""
     try:
-        done = subprocess.run([*CLI, "decide", "topic", b"bad \xff text"], env=env, capture_output=True, timeout=60)
+        done = subprocess.run(
+            [*CLI, "decide", "topic", b"bad \xff text"], env=env, capture_output=True, timeout=60
+        )
     finally:
-        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)  # if it started one after all
+        # if it started one after all
+        subprocess.run([*CLI, "down"], env=env, capture_output=True, timeout=60)
     assert done.returncode == 2  # a bad argument (SPEC §2: exit 2 everywhere)
     assert b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
     assert b"text: not valid text" in done.stderr

@@ -53,13 +53,19 @@ class LiveBroker:
     async def start(self, nursery: trio.Nursery) -> str:
         record = await self.broker.start(nursery)
 
-        async def hold(hello: dict[str, Any], task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        async def hold(
+            hello: dict[str, Any], task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+        ) -> None:
             async with open_bridge_client(record["socket"], hello) as (client, _pushes):
                 task_status.started(await client.request("whoami"))
                 await self.leave.wait()
 
-        self.session = await nursery.start(hold, {"agent": "codex", "project": PROJECT, "hostSessionId": "actions-live-1"})
-        other = await nursery.start(hold, {"agent": "claude", "project": OTHER, "hostSessionId": "actions-live-2"})
+        self.session = await nursery.start(
+            hold, {"agent": "codex", "project": PROJECT, "hostSessionId": "actions-live-1"}
+        )
+        other = await nursery.start(
+            hold, {"agent": "claude", "project": OTHER, "hostSessionId": "actions-live-2"}
+        )
         self.names = sorted([self.session["name"], other["name"]])
         return self.broker.dashboard_url()
 
@@ -68,14 +74,18 @@ class LiveBroker:
         await self.broker.stop()
 
 
-async def test_actions_need_the_cookie_the_page_token_the_origin_and_json(web_home: Path, facts: Facts) -> None:
+async def test_actions_need_the_cookie_the_page_token_the_origin_and_json(
+    web_home: Path, facts: Facts
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
             live = LiveBroker(web_home)
             url = await live.start(nursery)
             base, token = url.split("/?t=")
             origin = base
-            async with httpx.AsyncClient(base_url=base, headers={"Cookie": f"{auth.COOKIE}={token}"}) as client:
+            async with httpx.AsyncClient(
+                base_url=base, headers={"Cookie": f"{auth.COOKIE}={token}"}
+            ) as client:
                 page = (await client.get("/")).text
                 page_token = re.search(r'<meta name="ab-token" content="([^"]+)">', page).group(1)
                 assert page_token != token and len(page_token) >= 40  # its own secret, not the cookie's
@@ -84,24 +94,69 @@ async def test_actions_need_the_cookie_the_page_token_the_origin_and_json(web_ho
                 before = decisions_in(web_home)
 
                 refusals = [
-                    (await client.post("/api/decisions", content=body, headers={**good, "X-AB-Token": "nope"}), 403),
-                    (await client.post("/api/decisions", content=body,
-                                       headers={k: v for k, v in good.items() if k != "X-AB-Token"}), 403),
-                    (await client.post("/api/decisions", content=body, headers={**good, "Origin": "http://evil.example"}),
-                     403),
-                    (await client.post("/api/decisions", content=body,
-                                       headers={k: v for k, v in good.items() if k != "Origin"}), 403),
-                    (await client.post("/api/decisions", content=body, headers={**good, "Content-Type": "text/plain"}),
-                     400),
-                    (await client.post("/api/decisions", content=body,
-                                       headers={**good, "Content-Type": "application/x-www-form-urlencoded"}), 400),
+                    (
+                        await client.post(
+                            "/api/decisions", content=body, headers={**good, "X-AB-Token": "nope"}
+                        ),
+                        403,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions",
+                            content=body,
+                            headers={k: v for k, v in good.items() if k != "X-AB-Token"},
+                        ),
+                        403,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions", content=body, headers={**good, "Origin": "http://evil.example"}
+                        ),
+                        403,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions",
+                            content=body,
+                            headers={k: v for k, v in good.items() if k != "Origin"},
+                        ),
+                        403,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions", content=body, headers={**good, "Content-Type": "text/plain"}
+                        ),
+                        400,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions",
+                            content=body,
+                            headers={**good, "Content-Type": "application/x-www-form-urlencoded"},
+                        ),
+                        400,
+                    ),
                     (await client.post("/api/decisions", content="[1]", headers=good), 400),
-                    (await client.post("/api/decisions", content='{"topic": "x", "text": "y", "by": "me"}',
-                                       headers=good), 400),
-                    (await client.post("/api/decisions", content=json.dumps({"topic": " ", "text": "y"}), headers=good),
-                     400),
-                    (await client.post("/api/decisions", content=json.dumps(
-                        {"topic": "t", "text": "y", "scope": {"project": "rel/dir"}}), headers=good), 400),
+                    (
+                        await client.post(
+                            "/api/decisions", content='{"topic": "x", "text": "y", "by": "me"}', headers=good
+                        ),
+                        400,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions", content=json.dumps({"topic": " ", "text": "y"}), headers=good
+                        ),
+                        400,
+                    ),
+                    (
+                        await client.post(
+                            "/api/decisions",
+                            content=json.dumps({"topic": "t", "text": "y", "scope": {"project": "rel/dir"}}),
+                            headers=good,
+                        ),
+                        400,
+                    ),
                     (await client.put("/api/decisions", content=body, headers=good), 405),
                     (await client.delete("/api/decisions/db/retract", headers=good), 405),
                     (await client.patch("/api/sessions", headers=good), 405),
@@ -116,28 +171,42 @@ async def test_actions_need_the_cookie_the_page_token_the_origin_and_json(web_ho
                 assert "relative" in refusals[9][0].json()["error"]
                 assert decisions_in(web_home) == before  # nothing stored
                 async with httpx.AsyncClient(base_url=base) as stranger:  # the token without the cookie
-                    assert (await stranger.post("/api/decisions", content=body, headers=good)).status_code == 403
+                    assert (
+                        await stranger.post("/api/decisions", content=body, headers=good)
+                    ).status_code == 403
 
                 # accepted: what `agent-bridge decide --json` prints, author cli
                 made = await client.post("/api/decisions", content=body, headers=good)
                 assert made.status_code == 200, made.text
                 result = made.json()
-                assert set(result) == {"decision", "deliveredTo"} and result["decision"]["author"] == CLI_AUTHOR
+                assert (
+                    set(result) == {"decision", "deliveredTo"} and result["decision"]["author"] == CLI_AUTHOR
+                )
                 assert result["decision"]["topic"] == "db" and result["deliveredTo"] == live.names
                 ghost = await client.post("/api/decisions", headers=good, content=json.dumps(
                     {"topic": "ci", "text": "nox", "scope": {"sessions": ["ghost"]}}))
-                assert set(ghost.json()) == {"decision", "deliveredTo"}  # as --json: the unknown address beside it
-                gone = await client.post("/api/decisions/db/retract", headers=good, content='{"reason": "too early"}')
+                # as --json: the unknown address beside it
+                assert set(ghost.json()) == {"decision", "deliveredTo"}
+                gone = await client.post(
+                    "/api/decisions/db/retract", headers=good, content='{"reason": "too early"}'
+                )
                 assert gone.status_code == 200 and gone.json()["retraction"]["reason"] == "too early"
                 again = await client.post("/api/decisions/db/retract", headers=good, content="{}")
                 assert again.status_code == 400 and "already retracted" in again.json()["error"]
-                sent = await client.post("/api/messages", headers=good,
-                                         content=json.dumps({"to": live.session["name"], "text": "please rebase"}))
+                sent = await client.post(
+                    "/api/messages",
+                    headers=good,
+                    content=json.dumps({"to": live.session["name"], "text": "please rebase"}),
+                )
                 assert sent.status_code == 200 and sent.json()["message"]["from"] == CLI_AUTHOR
                 assert sent.json()["recipientConnected"] is True
-                nobody = await client.post("/api/messages", headers=good, content='{"to": "nobody", "text": "hi"}')
+                nobody = await client.post(
+                    "/api/messages", headers=good, content='{"to": "nobody", "text": "hi"}'
+                )
                 assert nobody.status_code == 400 and "`agent-bridge sessions`" in nobody.json()["error"]
-                connected = await client.post(f"/api/sessions/{live.session['id']}/forget", headers=good, content="")
+                connected = await client.post(
+                    f"/api/sessions/{live.session['id']}/forget", headers=good, content=""
+                )
                 assert connected.status_code == 400 and "is connected" in connected.json()["error"]
                 gone_id = facts.peers["codex-proj"]["id"]
                 forgot = await client.post(f"/api/sessions/{gone_id}/forget", headers=good, content="")
@@ -193,18 +262,25 @@ def overflow(page: Any, selector: str) -> list[int]:
     return page.locator(selector).evaluate("e => [e.scrollWidth, e.clientWidth]")
 
 
-def drive_actions(url: str, home: Path, session: dict[str, Any], told: str, gone: str, artifacts: Path) -> list[str]:
+def drive_actions(
+    url: str, home: Path, session: dict[str, Any], told: str, gone: str, artifacts: Path
+) -> list[str]:
     from playwright.sync_api import expect, sync_playwright
 
     problems: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC")
+            context = browser.new_context(
+                viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC"
+            )
             context.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             page = context.new_page()
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on(
+                "console",
+                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
             page.goto(url)
@@ -296,22 +372,28 @@ def drive_actions(url: str, home: Path, session: dict[str, Any], told: str, gone
                 assert attacker.url.startswith(url.split("/?t=")[0])  # the form took it to the refusal
                 # ... and a script there cannot do it with fetch either (no token, and the preflight fails)
                 attacker.goto(evil.url.replace("evil.html", "quiet.html"))
-                outcome = attacker.evaluate("""target => fetch(target + "/api/decisions", {method: "POST",
+                outcome = attacker.evaluate(
+                    """target => fetch(target + "/api/decisions", {method: "POST",
                     credentials: "include", headers: {"Content-Type": "application/json", "X-AB-Token": "guess"},
                     body: JSON.stringify({topic: "evil2", text: "x"})}).then(r => "status " + r.status, e => "failed")""",
-                                            url.split("/?t=")[0])
+                    url.split("/?t=")[0],
+                )
                 assert outcome == "failed", outcome
                 attacker.close()
             assert decisions_in(home) == before
 
             # 400 px: the forms fit, no sideways scrolling.
-            narrow = browser.new_context(viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC")
+            narrow = browser.new_context(
+                viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC"
+            )
             phone = narrow.new_page()
             phone.goto(url.replace("/?t=", "/?t="))
             expect(phone.locator("#mode")).to_have_text("broker running")
             phone.get_by_text("Record or change a decision").click()
             phone.get_by_text("Send a message as the owner").click()
-            widths = phone.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            widths = phone.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+            )
             assert widths[0] <= widths[1], f"the page scrolls sideways at 400 px: {widths}"
             phone.screenshot(path=str(artifacts / "dashboard-400-actions.png"), full_page=True)
         finally:
@@ -339,14 +421,18 @@ async def test_owner_actions_in_headless_chromium(web_home: Path, facts: Facts) 
     assert [p for p in problems if not any(e in p for e in expected)] == []
 
 
-async def test_a_standalone_dashboard_refuses_actions(nursery: trio.Nursery, web_home: Path, facts: Facts) -> None:
+async def test_a_standalone_dashboard_refuses_actions(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
     """No broker: the dashboard is read-only (SPEC §1); an action says how to get one, stores nothing."""
     from webfixtures import start_dashboard
 
     with trio.fail_after(TIMEOUT):
         running = await start_dashboard(nursery, web_home, standalone=True)
         async with running.client() as client:
-            page_token = re.search(r'<meta name="ab-token" content="([^"]+)">', (await client.get("/")).text).group(1)
+            page_token = re.search(
+                r'<meta name="ab-token" content="([^"]+)">', (await client.get("/")).text
+            ).group(1)
             before = decisions_in(web_home)
             answer = await client.post("/api/decisions", content='{"topic": "t", "text": "x"}', headers={
                 "X-AB-Token": page_token, "Origin": running.base, "Content-Type": "application/json"})

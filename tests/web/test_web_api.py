@@ -13,9 +13,27 @@ from webfixtures import OTHER, PROJECT, TIMEOUT, Facts, Running
 from agent_bridge.web import auth
 from agent_bridge.web.app import FORBIDDEN_CSP
 
-DECISION_FIELDS = {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes", "current"}
-API_PATHS = ["/api/decisions", "/api/decisions/camera/history", "/api/sessions", "/api/messages", "/api/status",
-             "/api/receipts", "/api/decisions/camera/receipts", "/api/events"]
+DECISION_FIELDS = {
+    "id",
+    "topic",
+    "text",
+    "scope",
+    "author",
+    "createdAt",
+    "sourceMessageId",
+    "supersedes",
+    "current",
+}
+API_PATHS = [
+    "/api/decisions",
+    "/api/decisions/camera/history",
+    "/api/sessions",
+    "/api/messages",
+    "/api/status",
+    "/api/receipts",
+    "/api/decisions/camera/receipts",
+    "/api/events",
+]
 GUARDED_PATHS = ["/", "/static/app.js", "/static/app.css", "/api/nothing", "/nothing", *API_PATHS]
 
 
@@ -63,7 +81,9 @@ async def test_token_url_sets_cookie_and_redirects_without_token(dashboard: Runn
             cookie = response.headers["set-cookie"]
             parts = [p.strip() for p in cookie.split(";")]
             assert parts[0] == f"ab_ui={dashboard.token}"
-            attributes = {p.split("=")[0].lower(): (p.split("=", 1)[1] if "=" in p else True) for p in parts[1:]}
+            attributes = {
+                p.split("=")[0].lower(): (p.split("=", 1)[1] if "=" in p else True) for p in parts[1:]
+            }
             assert attributes["httponly"] is True
             assert attributes["samesite"] == "Strict"
             assert attributes["path"] == "/"
@@ -80,7 +100,9 @@ async def test_token_url_sets_cookie_and_redirects_without_token(dashboard: Runn
 
 @pytest.mark.parametrize("path", GUARDED_PATHS)
 @pytest.mark.parametrize("cookie", [None, "wrong", "ab_ui-but-not-it", "tøken", "TOKEN-PREFIX"])
-async def test_missing_or_wrong_cookie_is_forbidden(dashboard: Running, path: str, cookie: str | None) -> None:
+async def test_missing_or_wrong_cookie_is_forbidden(
+    dashboard: Running, path: str, cookie: str | None
+) -> None:
     headers: dict[str, bytes] = {}
     if cookie == "TOKEN-PREFIX":
         cookie = dashboard.token[:-1]  # all but the last character
@@ -146,7 +168,9 @@ async def test_host_guard_refuses_other_hosts_even_with_the_cookie(dashboard: Ru
                 assert response.status_code == 403, (path, value)
                 assert "set-cookie" not in response.headers
                 assert_hardened(response)
-            assert (await client.get("/api/sessions", headers={"Host": value})).json() == {"error": "forbidden"}
+            assert (await client.get("/api/sessions", headers={"Host": value})).json() == {
+                "error": "forbidden"
+            }
 
 
 async def test_requests_from_another_local_origin_are_refused(dashboard: Running) -> None:
@@ -165,7 +189,11 @@ async def test_requests_from_another_local_origin_are_refused(dashboard: Running
                     response = await client.get(path, headers=headers)
                     assert response.status_code == 403, (path, headers)
             # The page in a frame of another site: refused too.
-            framed = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}
+            framed = {
+                "Sec-Fetch-Site": "cross-site",
+                "Sec-Fetch-Mode": "navigate",
+                "Sec-Fetch-Dest": "iframe",
+            }
             assert (await client.get("/", headers=framed)).status_code == 403
             # Same-origin requests and the user's own navigation pass.
             for headers in (
@@ -174,11 +202,17 @@ async def test_requests_from_another_local_origin_are_refused(dashboard: Running
                 {"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},
             ):
                 assert (await client.get("/api/decisions", headers=headers)).status_code == 200, headers
-            link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+            link = {
+                "Sec-Fetch-Site": "cross-site",
+                "Sec-Fetch-Mode": "navigate",
+                "Sec-Fetch-Dest": "document",
+            }
             assert (await client.get("/", headers=link)).status_code == 200
 
 
-async def test_token_arriving_from_another_site_enters_through_a_same_origin_refresh(dashboard: Running) -> None:
+async def test_token_arriving_from_another_site_enters_through_a_same_origin_refresh(
+    dashboard: Running,
+) -> None:
     """`--open` hands the browser a file:// redirect page. Browsers withhold a SameSite=Strict cookie
     on a redirect continuing such a chain, so that arrival gets the cookie plus a page that moves
     on to `/` by itself (a same-origin navigation), instead of a 303."""
@@ -285,14 +319,18 @@ async def test_decisions_query_is_a_case_insensitive_substring(dashboard: Runnin
         (json.dumps({"sessions": ["nobody"]}), ["database", "build / ci"]),
     ],
 )
-async def test_decisions_scope_lookup(dashboard: Running, facts: Facts, scope: str, topics: list[str]) -> None:
+async def test_decisions_scope_lookup(
+    dashboard: Running, facts: Facts, scope: str, topics: list[str]
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, "/api/decisions?scope=" + quote(scope, safe=""))
     assert [d["topic"] for d in body["decisions"]] == topics
 
 
-async def test_decisions_scope_is_literal_all_not_an_implicit_context(dashboard: Running, facts: Facts) -> None:
+async def test_decisions_scope_is_literal_all_not_an_implicit_context(
+    dashboard: Running, facts: Facts
+) -> None:
     """The global filter shows only decisions recorded for all sessions, whatever the requester."""
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
@@ -327,7 +365,9 @@ async def test_decisions_malformed_scope_is_400(dashboard: Running, scope: str, 
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, "/api/decisions?scope=" + quote(scope, safe=""), status=400)
-            again = await get_json(client, history_path("camera") + "?scope=" + quote(scope, safe=""), status=400)
+            again = await get_json(
+                client, history_path("camera") + "?scope=" + quote(scope, safe=""), status=400
+            )
     assert list(body) == ["error"] and body["error"].startswith("scope")
     assert words in body["error"]
     assert again == body
@@ -348,7 +388,9 @@ async def test_decisions_malformed_scope_is_400(dashboard: Running, scope: str, 
         ("camera", "camera"),
     ],
 )
-async def test_history_of_a_topic_newest_first(dashboard: Running, facts: Facts, sent: str, topic: str) -> None:
+async def test_history_of_a_topic_newest_first(
+    dashboard: Running, facts: Facts, sent: str, topic: str
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, history_path(sent))
@@ -459,7 +501,10 @@ async def test_recent_messages(dashboard: Running, facts: Facts) -> None:
         async with dashboard.client() as client:
             body = await get_json(client, "/api/messages")
             one = await get_json(client, "/api/messages?limit=1")
-            errors = [await get_json(client, f"/api/messages?limit={v}", status=400) for v in ("0", "501", "x", "-1")]
+            errors = [
+                await get_json(client, f"/api/messages?limit={v}", status=400)
+                for v in ("0", "501", "x", "-1")
+            ]
     messages = body["messages"]
     assert [m["text"] for m in messages][0] == "On it: nox sessions, no tox."
     assert messages[-1]["text"] == "Can you take the CI job?"
@@ -479,4 +524,10 @@ async def test_status(dashboard: Running) -> None:
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             body = await get_json(client, "/api/status")
-    assert body == {"mode": "broker", "home": str(dashboard.home), "database": True, "readOnly": False, "hopLimit": 10}
+    assert body == {
+        "mode": "broker",
+        "home": str(dashboard.home),
+        "database": True,
+        "readOnly": False,
+        "hopLimit": 10,
+    }

@@ -52,7 +52,10 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             context.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             page = context.new_page()
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on(
+                "console",
+                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
 
@@ -76,7 +79,8 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             page.click("#gone-summary")
             expect(page.locator("#gone-sessions li")).to_have_count(len(facts.peers) - 1)
             expect(page.locator("#gone-sessions")).to_contain_text("codex-proj")
-            expect(page.locator("#gone-sessions li").first).to_contain_text(re.compile(r"gone 3 h"))  # seen 2h46 ago
+            # seen 2h46 ago
+            expect(page.locator("#gone-sessions li").first).to_contain_text(re.compile(r"gone 3 h"))
 
             # Receipts: the one decision queued for a session is pending, and highlighted.
             ci_row = rows.filter(has_text="Use nox sessions for CI, never tox.")
@@ -85,9 +89,12 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
             expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
             expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text(
-                "none yet: no session in scope was connected; sessions that start later see it in their start note")
+                "none yet: no session in scope was connected; sessions that start later see it in their start note"
+            )
             # Scopes in words, not JSON.
-            expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(f"sessions in {OTHER}")
+            expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(
+                f"sessions in {OTHER}"
+            )
             expect(ci_row.locator(".scope")).to_have_text("everyone (all sessions)")
             expect(rows.filter(has_text="Espresso only").locator(".scope")).to_have_text("session codex-proj")
             expect(page.locator("#decisions-body")).not_to_contain_text("{")
@@ -181,7 +188,8 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             assert response is not None and response.status == 403
             expect(stranger.locator("h1")).to_contain_text("not valid")
             expect(stranger.locator("body")).to_contain_text("run agent-bridge dashboard in a terminal")
-            assert stranger.locator("main").evaluate("m => getComputedStyle(m).borderRadius") == "10px"  # styled
+            # styled
+            assert stranger.locator("main").evaluate("m => getComputedStyle(m).borderRadius") == "10px"
             assert_no_horizontal_scroll(stranger)
             stranger.screenshot(path=str(screenshot.with_name("dashboard-403.png")), full_page=True)
 
@@ -206,13 +214,23 @@ def record_hostile_decision(home: Path, facts: Facts, text: str) -> None:
     try:
         author = facts.peers["claude-proj"]
         view = domain.SessionView(author["id"], author["name"], author["project"], author["hostSessionId"])
-        store.record_decision(author=view, author_agent="claude", topic="<b>topic</b>", text=text, scope="all",
-                              source_message_id=None, recipients=[], now=now_ms())
+        store.record_decision(
+            author=view,
+            author_agent="claude",
+            topic="<b>topic</b>",
+            text=text,
+            scope="all",
+            source_message_id=None,
+            recipients=[],
+            now=now_ms(),
+        )
     finally:
         store.close()
 
 
-async def test_dashboard_page_in_headless_chromium(nursery: trio.Nursery, web_home: Path, facts: Facts) -> None:
+async def test_dashboard_page_in_headless_chromium(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
     with trio.fail_after(BROWSER_TIMEOUT):
         running = await start_dashboard(nursery, web_home, live={facts.peers["claude-proj"]["id"]})
         open_page = write_open_page(web_home, running.url)
@@ -238,11 +256,16 @@ def drive_live_and_narrow(url: str, actions: dict[str, Any], artifacts: Path) ->
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC")
+            context = browser.new_context(
+                viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC"
+            )
             context.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             page = context.new_page()
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on(
+                "console",
+                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.goto(url)
             rows = page.locator("#decisions-body tr")
@@ -302,7 +325,9 @@ def drive_live_and_narrow(url: str, actions: dict[str, Any], artifacts: Path) ->
     return problems
 
 
-async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_home: Path, facts: Facts) -> None:
+async def test_live_update_narrow_layout_and_restart_in_headless_chromium(
+    web_home: Path, facts: Facts
+) -> None:
     from agent_bridge.ipc.client import open_bridge_client
 
     with trio.fail_after(BROWSER_TIMEOUT):
@@ -321,7 +346,9 @@ async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_ho
             session = await nursery.start(hold_session)
 
             async def decide() -> Any:
-                return await session.request("decide", topic="Deploys", text="Friday afternoons never.", scope="all")
+                return await session.request(
+                    "decide", topic="Deploys", text="Friday afternoons never.", scope="all"
+                )
 
             async def restart() -> None:
                 leave.set()
@@ -330,7 +357,9 @@ async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_ho
                 await broker.start(nursery, web_port=port)
 
             def retract() -> Any:
-                return blocking.call(web_home, "retract", topic="deploys", reason="moved to the release checklist")
+                return blocking.call(
+                    web_home, "retract", topic="deploys", reason="moved to the release checklist"
+                )
 
             actions = {"decide": lambda: trio.from_thread.run(decide), "retract": retract,
                        "restart": lambda: trio.from_thread.run(restart)}
@@ -341,7 +370,12 @@ async def test_live_update_narrow_layout_and_restart_in_headless_chromium(web_ho
             await broker.stop()
     # Expected failed loads: requests refused or cut while the broker was restarting, and the stream and
     # the requests refused with 403 after it.
-    expected = ("status of 403", "net::ERR_CONNECTION_REFUSED", "net::ERR_CONNECTION_RESET", "net::ERR_EMPTY_RESPONSE")
+    expected = (
+        "status of 403",
+        "net::ERR_CONNECTION_REFUSED",
+        "net::ERR_CONNECTION_RESET",
+        "net::ERR_EMPTY_RESPONSE",
+    )
     assert [p for p in problems if not any(e in p for e in expected)] == []
 
 
@@ -354,11 +388,16 @@ def drive_fallback(running: Running, facts: Facts, actions: dict[str, Any]) -> l
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1024, "height": 800}, locale="en-US", timezone_id="UTC")
+            context = browser.new_context(
+                viewport={"width": 1024, "height": 800}, locale="en-US", timezone_id="UTC"
+            )
             context.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             page = context.new_page()
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on(
+                "console",
+                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.goto(running.url)
             expect(page.locator("#decisions-body tr")).to_have_count(len(facts.current()))
@@ -369,7 +408,9 @@ def drive_fallback(running: Running, facts: Facts, actions: dict[str, Any]) -> l
             actions["release"]()
             expect(page.locator("#live")).to_have_text("live")
             actions["decide"]("streaming", "Back on the stream.")
-            expect(page.locator("#decisions-body")).to_contain_text("Back on the stream.", timeout=LIVE_BOUND_MS)
+            expect(page.locator("#decisions-body")).to_contain_text(
+                "Back on the stream.", timeout=LIVE_BOUND_MS
+            )
             assert page.evaluate("window.sameDocument") is True
         finally:
             browser.close()
@@ -400,7 +441,9 @@ async def test_page_polls_while_the_stream_is_refused_then_goes_live(
 
         def decide(topic: str, text: str) -> None:
             author = facts.peers["claude-proj"]
-            view = domain.SessionView(author["id"], author["name"], author["project"], author["hostSessionId"])
+            view = domain.SessionView(
+                author["id"], author["name"], author["project"], author["hostSessionId"]
+            )
             store = Store.open(web_home / "bridge.db")
             try:
                 store.record_decision(author=view, author_agent="claude", topic=topic, text=text, scope="all",

@@ -79,14 +79,19 @@ async def open_events(client: httpx.AsyncClient) -> AsyncIterator[Events]:
 # --- receipts -------------------------------------------------------------------------------
 
 
-async def test_receipts_say_who_got_a_decision_and_who_acknowledged_it(dashboard: Running, facts: Facts) -> None:
+async def test_receipts_say_who_got_a_decision_and_who_acknowledged_it(
+    dashboard: Running, facts: Facts
+) -> None:
     codex = facts.peers["codex-proj"]
     current = next(d for d in facts.current() if d["topic"] == "build / ci")
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             everything = await get_json(client, "/api/receipts")
             topic = await get_json(client, receipts_path("Build / CI"))
-            assert await get_json(client, receipts_path("no such topic")) == {"topic": "no such topic", "receipts": []}
+            assert await get_json(client, receipts_path("no such topic")) == {
+                "topic": "no such topic",
+                "receipts": [],
+            }
             bad = await get_json(client, receipts_path(" "), status=400)
             assert "topic" in bad["error"]
             # Acknowledged by the session (its MCP server showed it): no longer pending.
@@ -110,12 +115,23 @@ async def test_receipts_say_who_got_a_decision_and_who_acknowledged_it(dashboard
     }
     assert everything == {"receipts": [expected]}
     assert topic == {"topic": "build / ci", "receipts": [expected]}
-    assert after == {"receipts": [{**expected, "deliveredAt": acked_at, "acknowledgedAt": acked_at, "pending": False}]}
+    assert after == {
+        "receipts": [{**expected, "deliveredAt": acked_at, "acknowledgedAt": acked_at, "pending": False}]
+    }
     # Decision objects keep exactly their fields (SPEC §6): receipts live beside them.
     async with dashboard.client() as client:
         (decision,) = (await get_json(client, "/api/decisions?q=nox"))["decisions"]
-    assert set(decision) == {"id", "topic", "text", "scope", "author", "createdAt", "sourceMessageId", "supersedes",
-                             "current"}
+    assert set(decision) == {
+        "id",
+        "topic",
+        "text",
+        "scope",
+        "author",
+        "createdAt",
+        "sourceMessageId",
+        "supersedes",
+        "current",
+    }
 
 
 async def test_receipts_read_an_older_database_as_empty(nursery: trio.Nursery, web_home: Path) -> None:
@@ -148,11 +164,16 @@ async def test_messages_split_into_conversation_and_notices(dashboard: Running, 
     assert notices[0]["notice"] is True and notices[0]["active"] is False  # hop 100 against the limit 10
     assert notices[0]["decision"]["topic"] == "build / ci"
     assert [m["text"] for m in conversation] == [m["text"] for m in reversed(facts.messages)]
-    assert [(m["hop"], m["notice"], m["active"]) for m in conversation] == [(2, False, True), (1, False, True)]
+    assert [(m["hop"], m["notice"], m["active"]) for m in conversation] == [
+        (2, False, True),
+        (1, False, True),
+    ]
     assert len(both) == 3
 
 
-async def test_active_follows_the_configured_hop_limit(nursery: trio.Nursery, web_home: Path, facts: Facts) -> None:
+async def test_active_follows_the_configured_hop_limit(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
     (web_home / "config.toml").write_text("hop_limit = 2\n", encoding="utf-8")
     running = await start_dashboard(nursery, web_home)
     with trio.fail_after(TIMEOUT):
@@ -184,20 +205,24 @@ async def test_a_decide_through_ipc_reaches_an_open_stream(web_home: Path, facts
                 assert await events.next() == ("hello", {"version": 0, "mode": "broker"})
                 hello = {"agent": "claude", "project": PROJECT, "hostSessionId": "live-host-1"}
                 async with open_bridge_client(record["socket"], hello) as (bridge, _pushes):
-                    result = await bridge.request("decide", topic="Deploys", text="Friday never.", scope="all")
+                    result = await bridge.request(
+                        "decide", topic="Deploys", text="Friday never.", scope="all"
+                    )
                     name, data = await events.next()
                     assert name == "change" and data is not None and data["version"] >= 1
                     receipts = await get_json(client, receipts_path("deploys"))
                     sessions = await get_json(client, "/api/sessions")
             await broker.stop()
     assert result["deliveredTo"] == [bridge.hello["session"]["name"]]
-    assert [(r["session"]["name"], r["session"]["connected"], r["pending"]) for r in receipts["receipts"]] == [
-        (bridge.hello["session"]["name"], True, True)
-    ]
+    assert [
+        (r["session"]["name"], r["session"]["connected"], r["pending"]) for r in receipts["receipts"]
+    ] == [(bridge.hello["session"]["name"], True, True)]
     assert bridge.hello["session"]["id"] in {s["id"] for s in sessions["sessions"]}
 
 
-async def test_standalone_stream_sees_another_writer_commit(nursery: trio.Nursery, web_home: Path, facts: Facts) -> None:
+async def test_standalone_stream_sees_another_writer_commit(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
     """Standalone nothing in the process writes: the stream notices bridge.db's data_version."""
     running = await start_dashboard(nursery, web_home, standalone=True)
     with trio.fail_after(TIMEOUT):
@@ -206,7 +231,9 @@ async def test_standalone_stream_sees_another_writer_commit(nursery: trio.Nurser
             store = Store.open(web_home / "bridge.db")
             try:
                 claude, codex = facts.peers["claude-proj"], facts.peers["codex-proj"]
-                store.send_messages(claude["id"], [Outgoing(codex["id"], "written while you watched", 1, None)], now_ms())
+                store.send_messages(
+                    claude["id"], [Outgoing(codex["id"], "written while you watched", 1, None)], now_ms()
+                )
             finally:
                 store.close()
             name, data = await events.next()
@@ -293,7 +320,11 @@ async def test_new_endpoints_are_guarded(dashboard: Running, path: str) -> None:
 
 
 async def test_a_watcher_that_breaks_ends_the_stream_not_the_dashboard(
-    nursery: trio.Nursery, web_home: Path, facts: Facts, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    nursery: trio.Nursery,
+    web_home: Path,
+    facts: Facts,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Standalone, a failure watching bridge.db (here an unexpected error from the check,
     injected) is logged; the stream ends, so the page polls, and the dashboard keeps serving."""

@@ -39,7 +39,9 @@ class Askers:
     async def start(self, nursery: trio.Nursery) -> str:
         record = await self.broker.start(nursery)
 
-        async def hold(hello: dict[str, Any], task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        async def hold(
+            hello: dict[str, Any], task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+        ) -> None:
             async with AsyncExitStack() as stack:
                 client, _pushes = await stack.enter_async_context(open_bridge_client(record["socket"], hello))
                 self.names.append((await client.request("whoami"))["name"])
@@ -67,10 +69,14 @@ async def test_questions_are_read_and_answered_under_the_action_rules(web_home: 
             live = Askers(web_home)
             url = await live.start(nursery)
             base, token = url.split("/?t=")
-            q = (await live.ask(0, question="Which database?", topic="db", options=["PostgreSQL", "SQLite"]))["question"]
+            q = (await live.ask(0, question="Which database?", topic="db", options=["PostgreSQL", "SQLite"]))[
+                "question"
+            ]
             await live.ask(1, question="db?", topic="db")
             other = (await live.ask(2, question="May I delete build/?"))["question"]
-            async with httpx.AsyncClient(base_url=base, headers={"Cookie": f"{auth.COOKIE}={token}"}) as client:
+            async with httpx.AsyncClient(
+                base_url=base, headers={"Cookie": f"{auth.COOKIE}={token}"}
+            ) as client:
                 listed = (await client.get("/api/questions")).json()
                 assert [x["id"] for x in listed["questions"]] == [q["id"], other["id"]]
                 assert [a["name"] for a in listed["questions"][0]["askedBy"]] == live.names[:2]
@@ -83,16 +89,35 @@ async def test_questions_are_read_and_answered_under_the_action_rules(web_home: 
                 good = {"X-AB-Token": page_token, "Origin": base, "Content-Type": "application/json"}
                 path = f"/api/questions/{q['id']}/answer"
                 refusals = [
-                    (await client.post(path, content='{"option": 1}', headers={**good, "X-AB-Token": "nope"}), 403),
-                    (await client.post(path, content='{"option": 1}', headers={**good, "Origin": "http://evil.example"}),
-                     403),
-                    (await client.post(path, content='{"option": 1}', headers={**good, "Content-Type": "text/plain"}), 400),
+                    (
+                        await client.post(
+                            path, content='{"option": 1}', headers={**good, "X-AB-Token": "nope"}
+                        ),
+                        403,
+                    ),
+                    (
+                        await client.post(
+                            path, content='{"option": 1}', headers={**good, "Origin": "http://evil.example"}
+                        ),
+                        403,
+                    ),
+                    (
+                        await client.post(
+                            path, content='{"option": 1}', headers={**good, "Content-Type": "text/plain"}
+                        ),
+                        400,
+                    ),
                     (await client.post(path, content='{"option": 1, "text": "x"}', headers=good), 400),
                     (await client.post(path, content='{"option": 3}', headers=good), 400),
                     (await client.post(path, content='{"option": true}', headers=good), 400),
                     (await client.post(path, content='{"answer": "x"}', headers=good), 400),
                     (await client.post(path, content="{}", headers=good), 400),
-                    (await client.post("/api/questions/nope/answer", content='{"text": "x"}', headers=good), 400),
+                    (
+                        await client.post(
+                            "/api/questions/nope/answer", content='{"text": "x"}', headers=good
+                        ),
+                        400,
+                    ),
                     (await client.put(path, content='{"option": 1}', headers=good), 405),
                 ]
                 for response, status in refusals:
@@ -104,9 +129,15 @@ async def test_questions_are_read_and_answered_under_the_action_rules(web_home: 
                 assert done.status_code == 200, done.text
                 result = done.json()  # what `agent-bridge answer --json` prints
                 assert set(result) == {"question", "decision", "deliveredTo", "askersTold"}
-                assert result["decision"]["author"] == CLI_AUTHOR and result["decision"]["sourceMessageId"] == q["id"]
-                assert result["decision"]["text"] == "PostgreSQL" and result["question"]["state"] == "answered"
-                assert result["deliveredTo"] == [live.names[1]]  # the job gets no notice; the other is out of scope
+                assert (
+                    result["decision"]["author"] == CLI_AUTHOR
+                    and result["decision"]["sourceMessageId"] == q["id"]
+                )
+                assert (
+                    result["decision"]["text"] == "PostgreSQL" and result["question"]["state"] == "answered"
+                )
+                # the job gets no notice; the other is out of scope
+                assert result["deliveredTo"] == [live.names[1]]
                 assert result["askersTold"] == sorted(live.names[:2])
                 again = await client.post(path, content='{"text": "MySQL"}', headers=good)
                 assert again.status_code == 400 and "already answered" in again.json()["error"]
@@ -129,11 +160,16 @@ def drive(url: str, ask: Any, artifacts: Path) -> list[str]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC")
+            context = browser.new_context(
+                viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC"
+            )
             context.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             page = context.new_page()
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on(
+                "console",
+                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.goto(url)
             expect(page.locator("#mode")).to_have_text("broker running")
@@ -154,12 +190,16 @@ def drive(url: str, ask: Any, artifacts: Path) -> list[str]:
             expect(card.locator(".askers")).to_contain_text(",")
             page.screenshot(path=str(artifacts / "dashboard-questions.png"), full_page=True)
             card.get_by_role("button", name="PostgreSQL 16").click()
-            expect(page.locator("#questions-result")).to_contain_text("Answered “Which database for <b>jobs</b>?”")
+            expect(page.locator("#questions-result")).to_contain_text(
+                "Answered “Which database for <b>jobs</b>?”"
+            )
             expect(page.locator("#questions-result")).to_contain_text("recorded “db” for sessions in")
             expect(card).to_have_count(0)
             expect(page.locator("#decisions-body tr").filter(has_text="PostgreSQL 16")).to_have_count(1)
             item.get_by_role("button", name="Decline").click()
-            expect(page.locator("#questions-result")).to_contain_text("Declined “May I drop the legacy table?”")
+            expect(page.locator("#questions-result")).to_contain_text(
+                "Declined “May I drop the legacy table?”"
+            )
             expect(page.locator("#questions li")).to_have_count(0)
             assert first["question"]["topic"] == "legacy table" and question["topic"] == "db"
         finally:
@@ -178,6 +218,8 @@ async def test_a_question_appears_live_and_is_answered_with_a_button(web_home: P
                 result: dict[str, Any] = trio.from_thread.run(partial(live.ask, who, **args))
                 return result
 
-            problems = await trio.to_thread.run_sync(partial(drive, url, ask, ARTIFACTS), abandon_on_cancel=True)
+            problems = await trio.to_thread.run_sync(
+                partial(drive, url, ask, ARTIFACTS), abandon_on_cancel=True
+            )
             await live.stop()
     assert problems == []

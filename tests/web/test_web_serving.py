@@ -39,13 +39,17 @@ async def test_token_rotates_on_restart_and_the_old_one_is_refused(web_home: Pat
             assert (web_home / "dashboard.url").read_text() == second.url
             async with httpx.AsyncClient(base_url=second.base) as client:
                 old_cookie = {"Cookie": f"ab_ui={first.token}"}
-                assert (await client.get("/api/decisions", headers=old_cookie)).json() == {"error": "forbidden"}
+                assert (await client.get("/api/decisions", headers=old_cookie)).json() == {
+                    "error": "forbidden"
+                }
                 assert (await client.get("/", headers=old_cookie)).status_code == 403
                 old_link = await client.get(first.url.removeprefix(first.base))
                 assert old_link.status_code == 403 and "set-cookie" not in old_link.headers
                 new_link = await client.get(second.url.removeprefix(second.base))
                 assert new_link.status_code == 303
-                assert (await client.get("/api/decisions", headers={"Cookie": f"ab_ui={second.token}"})).status_code == 200
+                assert (
+                    await client.get("/api/decisions", headers={"Cookie": f"ab_ui={second.token}"})
+                ).status_code == 200
             nursery.cancel_scope.cancel()
 
 
@@ -130,7 +134,9 @@ async def test_default_port_falls_back_to_a_free_one_when_taken(
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
-async def test_an_explicit_port_in_use_is_an_error(web_home: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+async def test_an_explicit_port_in_use_is_an_error(
+    web_home: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -141,7 +147,9 @@ async def test_an_explicit_port_in_use_is_an_error(web_home: Path, monkeypatch: 
         with trio.fail_after(TIMEOUT):
             async with trio.open_nursery() as nursery:
                 with pytest.raises(DashboardError, match=f"cannot listen on 127.0.0.1:{taken}"):
-                    await nursery.start(lambda task_status: serve_dashboard(web_home, task_status=task_status, **kwargs))
+                    await nursery.start(
+                        lambda task_status: serve_dashboard(web_home, task_status=task_status, **kwargs)
+                    )
     finally:
         holder.close()
 

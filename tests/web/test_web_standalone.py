@@ -76,7 +76,11 @@ async def test_serves_itself_when_no_broker_runs(nursery: trio.Nursery, web_home
         assert status["mode"] == "standalone" and status["home"] == str(web_home)
         for path, body in {
             "/api/decisions": {"decisions": []},
-            "/api/decisions/build%20%2F%20ci/history": {"topic": "build / ci", "decisions": [], "retractions": []},
+            "/api/decisions/build%20%2F%20ci/history": {
+                "topic": "build / ci",
+                "decisions": [],
+                "retractions": [],
+            },
             "/api/sessions": {"sessions": []},
             "/api/messages": {"messages": []},
         }.items():
@@ -126,7 +130,10 @@ async def test_prints_the_url_of_a_running_broker(web_home: Path) -> None:
     (web_home / "dashboard.url").write_text(url)
     with trio.fail_after(TIMEOUT):
         result = await trio.run_process(
-            [str(AGENT_BRIDGE), "dashboard"], env=standalone_env(web_home), capture_stdout=True, capture_stderr=True,
+            [str(AGENT_BRIDGE), "dashboard"],
+            env=standalone_env(web_home),
+            capture_stdout=True,
+            capture_stderr=True,
             check=False,
         )
     assert (result.returncode, result.stdout.decode(), result.stderr.decode()) == (0, url + "\n", "")
@@ -137,7 +144,10 @@ async def test_running_broker_without_dashboard_url_says_so(web_home: Path) -> N
     pretend_broker(web_home, {"pid": os.getpid(), "socket": "x"})
     with trio.fail_after(TIMEOUT):
         result = await trio.run_process(
-            [str(AGENT_BRIDGE), "dashboard"], env=standalone_env(web_home), capture_stdout=True, capture_stderr=True,
+            [str(AGENT_BRIDGE), "dashboard"],
+            env=standalone_env(web_home),
+            capture_stdout=True,
+            capture_stderr=True,
             check=False,
         )
     assert result.returncode == 1 and result.stdout == b""
@@ -164,7 +174,10 @@ async def test_an_invalid_port_setting_is_a_clear_error(web_home: Path, value: s
             capture_stdout=True, capture_stderr=True, check=False,
         )
     assert result.returncode == 1 and result.stdout == b""
-    assert f"AGENT_BRIDGE_WEB_PORT: expected a port number 0..65535 (0 = any free port), got '{value}'".encode() in result.stderr
+    assert (
+        f"AGENT_BRIDGE_WEB_PORT: expected a port number 0..65535 (0 = any free port), got '{value}'".encode()
+        in result.stderr
+    )
 
 
 @pytest.mark.parametrize("broker_running", [False, True])
@@ -230,12 +243,16 @@ def without_file_capabilities() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="capabilities and mode bits as on Linux")
-async def test_every_endpoint_answers_from_a_read_only_database(nursery: trio.Nursery, web_home: Path) -> None:
+async def test_every_endpoint_answers_from_a_read_only_database(
+    nursery: trio.Nursery, web_home: Path
+) -> None:
     facts = build_database(web_home)
     before = freeze(web_home)
     try:
         with trio.fail_after(TIMEOUT):
-            dash = await start_standalone(nursery, standalone_env(web_home), preexec_fn=without_file_capabilities)
+            dash = await start_standalone(
+                nursery, standalone_env(web_home), preexec_fn=without_file_capabilities
+            )
             answers = {}
             for path in (
                 "/api/status",

@@ -51,7 +51,9 @@ async def test_no_database_reads_as_empty(nursery: trio.Nursery, web_home: Path)
 
 
 @pytest.mark.parametrize("version", [1, 2])
-async def test_old_schema_database_is_read_as_it_is(nursery: trio.Nursery, web_home: Path, version: int) -> None:
+async def test_old_schema_database_is_read_as_it_is(
+    nursery: trio.Nursery, web_home: Path, version: int
+) -> None:
     build_old_database(web_home, version)
     before = digest(web_home / "bridge.db")
     with trio.fail_after(TIMEOUT):
@@ -119,8 +121,19 @@ async def test_handlers_open_only_read_only_connections(nursery: trio.Nursery, w
     writes = {
         getattr(apsw, name)
         for name in dir(apsw)
-        if name.startswith(("SQLITE_INSERT", "SQLITE_UPDATE", "SQLITE_DELETE", "SQLITE_CREATE_", "SQLITE_DROP_",
-                            "SQLITE_ALTER_TABLE", "SQLITE_ATTACH", "SQLITE_REINDEX", "SQLITE_ANALYZE"))
+        if name.startswith(
+            (
+                "SQLITE_INSERT",
+                "SQLITE_UPDATE",
+                "SQLITE_DELETE",
+                "SQLITE_CREATE_",
+                "SQLITE_DROP_",
+                "SQLITE_ALTER_TABLE",
+                "SQLITE_ATTACH",
+                "SQLITE_REINDEX",
+                "SQLITE_ANALYZE",
+            )
+        )
         and isinstance(getattr(apsw, name), int)
     }
 
@@ -146,7 +159,9 @@ async def test_handlers_open_only_read_only_connections(nursery: trio.Nursery, w
     assert got["/api/decisions"][1]["decisions"], "the endpoints did read the data"
     assert len(opened) >= len(READ_PATHS)
     for flags in opened:
-        assert flags & apsw.SQLITE_OPEN_READONLY and not flags & (apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE)
+        assert flags & apsw.SQLITE_OPEN_READONLY and not flags & (
+            apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+        )
     assert attempts == []
     assert digest(web_home / "bridge.db") == before
 

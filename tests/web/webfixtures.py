@@ -67,7 +67,9 @@ def build_database(home: Path) -> Facts:
         start = now_ms() - 3 * 3600_000
         clock = iter(range(start, start + 3 * 3600_000, 7 * 60_000))
 
-        def peer(agent: str, project: str, kind: str = "interactive", host: str | None = None) -> domain.SessionView:
+        def peer(
+            agent: str, project: str, kind: str = "interactive", host: str | None = None
+        ) -> domain.SessionView:
             name = domain.session_name(agent, project) + ("-job" if kind == "job" else "")
             row = store.create_peer(agent=agent, name=name, project=project, kind=kind, host_session_id=host,
                                     now=next(clock))
@@ -91,7 +93,9 @@ def build_database(home: Path) -> Facts:
             )
             facts.decisions.append(decision.to_json())
 
-        (hello,) = store.send_messages(claude.id, [Outgoing(codex.id, "Can you take the CI job?", 1, None)], next(clock))
+        (hello,) = store.send_messages(
+            claude.id, [Outgoing(codex.id, "Can you take the CI job?", 1, None)], next(clock)
+        )
         facts.messages.append(hello.to_json())
         decide(claude, "Build / CI", "Use nox for CI.", "all")
         decide(claude, "database", "PostgreSQL 16, one database per service.", {"project": PROJECT})
@@ -199,10 +203,17 @@ async def read_line(stream: trio.abc.ReceiveStream, buffer: bytearray) -> bytes:
     return line
 
 
-async def start_standalone(nursery: trio.Nursery, env: dict[str, str], *args: str, **options: Any) -> Standalone:
+async def start_standalone(
+    nursery: trio.Nursery, env: dict[str, str], *args: str, **options: Any
+) -> Standalone:
     """`agent-bridge dashboard [args]` as a child process; returns once it printed its URL."""
     process = await trio.lowlevel.open_process(
-        [str(AGENT_BRIDGE), "dashboard", *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options
+        [str(AGENT_BRIDGE), "dashboard", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **options,
     )
     stderr_chunks: list[bytes] = []
 
