@@ -1,7 +1,7 @@
 """The `agent-bridge` command (SPEC §2).
 
-Light on purpose: nothing heavy at import time, and `hook` skips argparse altogether. Each command imports what it needs when it
-runs, so `agent-bridge hook …` never loads trio, mcp, quart or hypercorn.
+Light on purpose: nothing heavy at import time, and `hook` skips argparse altogether. Each command imports
+what it needs when it runs, so `agent-bridge hook …` never loads trio, mcp, quart or hypercorn.
 """
 
 from __future__ import annotations

@@ -233,7 +233,8 @@ def retracted_summary(result: dict[str, Any]) -> str:
 
 
 def answered_summary(result: dict[str, Any]) -> str:
-    """`Answered "Which database?" (0199…): recorded db for project /w/app; told claude-app. Asked by: codex-app.`"""
+    """`Answered "Which database?" (0199…): recorded db for project /w/app; told claude-app.
+    Asked by: codex-app.`"""
     q = result["question"]
     asked = f" Sent to {names(result['askersTold'])}, who asked." if result.get("askersTold") else (
         " Nobody who asked is still known.")

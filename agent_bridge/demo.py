@@ -41,10 +41,10 @@ def main(ns: argparse.Namespace) -> int:
             print(f"agent-bridge demo: {exc}", file=sys.stderr)
             return 1
         print(
-            f"agent-bridge demo: warning: --home {home}: the demo writes to this state folder: three simulated "
-            f"sessions, their messages and a pinned decision on topic {DEMO_TOPIC!r} for the folder "
-            f"{demo_project(home)} (no real session's folder). Undo with `agent-bridge retract {DEMO_TOPIC}` and "
-            "`agent-bridge forget` (see `agent-bridge sessions`).",
+            f"agent-bridge demo: warning: --home {home}: the demo writes to this state folder: three "
+            f"simulated sessions, their messages and a pinned decision on topic {DEMO_TOPIC!r} for the "
+            f"folder {demo_project(home)} (no real session's folder). Undo with `agent-bridge retract "
+            f"{DEMO_TOPIC}` and `agent-bridge forget` (see `agent-bridge sessions`).",
             file=sys.stderr,
             flush=True,
         )
@@ -142,7 +142,8 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
             say("\n5. The dashboard shows the sessions, the messages and the decision:")
             say(f"   {_read(url_file) or web or 'not serving'}")
             say(
-                f"   Look at: Sessions (three connected), Messages (the reply chain), Decisions ({DEMO_TOPIC})."
+                "   Look at: Sessions (three connected), Messages (the reply chain), "
+                f"Decisions ({DEMO_TOPIC})."
             )
             # the asked-for Ctrl-C ends it quietly
             with trio.open_signal_receiver(signal.SIGINT) as interrupts:

@@ -268,7 +268,8 @@ def main() -> int:
     warned = [c for c in checks if c.status == WARN]
     if failed:
         print(
-            f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {', '.join(c.name for c in failed)}."
+            f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: "
+            f"{', '.join(c.name for c in failed)}."
         )
         return 1
     if warned:  # the hosts may not use the setup as it stands: say so, never "all passed"
@@ -278,7 +279,8 @@ def main() -> int:
     if nothing_connected(checks):  # the bridge works, but no session will ever use it
         print(
             "No check failed, but nothing is connected yet: neither Claude Code nor Codex is set up to use "
-            "agent-bridge.\nConnect them: agent-bridge install --claude (and/or --codex), then start a session."
+            "agent-bridge.\nConnect them: agent-bridge install --claude (and/or --codex), "
+            "then start a session."
         )
         return 0
     print("All checks passed.")

@@ -1,4 +1,5 @@
-"""`agent-bridge install` and `agent-bridge uninstall` (`[--claude] [--codex] … [--scope user|project] [--dry-run]`).
+"""`agent-bridge install` and `agent-bridge uninstall`
+(`[--claude] [--codex] … [--scope user|project] [--dry-run]`).
 
 Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart, PostToolUse and Stop hooks in
 each host's own configuration files. Which files and keys a host uses, and the host-specific
@@ -13,7 +14,8 @@ command `agent-bridge` as found on PATH, and records AGENT_BRIDGE_HOME only when
 one explicitly (with a warning that it is machine-specific).
 
 Uninstall removes what install adds: our server entry, our hook handlers (found by their
-command line), any host setting install switched on, and containers left empty by that; a file left holding nothing is deleted (after its backup).
+command line), any host setting install switched on, and containers left empty by that; a file
+left holding nothing is deleted (after its backup).
 
 Editing rules (agent_bridge.hosts.edits): a file that does not parse is refused, nothing is
 written, also not the other files; comments and layout stay; the result must parse to exactly the
@@ -224,8 +226,9 @@ def scope_warnings(scope: str, env: dict[str, str]) -> list[str]:
     found = []
     if env:
         found.append(
-            f"AGENT_BRIDGE_HOME={env['AGENT_BRIDGE_HOME']} is recorded in the project files; it is a path on this "
-            "machine, and every teammate who uses these files gets it too (unset it to write portable files)"
+            f"AGENT_BRIDGE_HOME={env['AGENT_BRIDGE_HOME']} is recorded in the project files; it is a path on "
+            "this machine, and every teammate who uses these files gets it too "
+            "(unset it to write portable files)"
         )
     if shutil.which(PATH_COMMAND) is None:
         found.append(

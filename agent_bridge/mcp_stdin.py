@@ -3,8 +3,9 @@
 JSON admits a lone surrogate (`"\\ud800"`); UTF-8, and so the broker's database and every
 reader, cannot hold one. The SDK's stdio reader fails to validate such a line and drops it
 (tests/reliability/test_surrogates.py), so the host's request would never be answered. This
-module (run by the broker, on the lines the relay forwards) answers it instead: a `tools/call` with the tool error the host shows its agent, any
-other request with JSON-RPC "invalid params". Every other line goes to the SDK untouched.
+module (run by the broker, on the lines the relay forwards) answers it instead: a `tools/call`
+with the tool error the host shows its agent, any other request with JSON-RPC "invalid params".
+Every other line goes to the SDK untouched.
 
 Kept apart from the rest of the SDK adapter: it only needs `stdio_server(stdin=...)` and the
 SDK's write stream, both public.

@@ -39,7 +39,8 @@ def home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
 
 
 class HomeError(PermissionError):
-    """The state folder cannot be ours: another user's, or not a folder. Nothing in it may be read, written or trusted."""
+    """The state folder cannot be ours: another user's, or not a folder. Nothing in it may be read,
+    written or trusted."""
 
 
 def check_home(path: Path) -> Path:

@@ -48,7 +48,8 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
         return 0
     for d in found:
         print(
-            f"{visible(d.topic)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  {when(d.created_at)}"
+            f"{visible(d.topic)}  for {scope_words(d.scope)}  by {visible(d.author.name)}  "
+            f"{when(d.created_at)}"
         )
         print(f"    {visible(d.text)}")
     return 0

@@ -86,8 +86,8 @@ _TOOLS = (
     Tool(
         "send",
         "send",
-        "Send a durable message to another agent session: Claude Code or Codex, running or not, unlike a host's "
-        "own messaging. to: name or id; reply_to: message id you answer.",
+        "Send a durable message to another agent session: Claude Code or Codex, running or not, unlike a "
+        "host's own messaging. to: name or id; reply_to: message id you answer.",
         _object(
             ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING
         ),
@@ -98,8 +98,8 @@ _TOOLS = (
     Tool(
         "inbox",
         None,
-        "Your inbox: messages from other agent sessions (not the user), oldest first, marked read unless peek. "
-        "wait_seconds: wait for one.",
+        "Your inbox: messages from other agent sessions (not the user), oldest first, marked read unless "
+        "peek. wait_seconds: wait for one.",
         _object(wait_seconds={"type": "number", "minimum": 0, "maximum": INBOX_WAIT_MAX}, peek=BOOLEAN),
         # An `inbox` result never written to the host acknowledges nothing.
         idempotent=True,

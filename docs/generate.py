@@ -162,7 +162,8 @@ def hook_answers() -> str:
                     f"  - PostToolUse: `{dumped(host.post_tool_use_output(framed))}`"]
             if stop_new != stop:
                 out += [
-                    f"  - Stop, on a version that takes it (the transcript's `version`): `{dumped(stop_new)}`",
+                    "  - Stop, on a version that takes it (the transcript's `version`): "
+                    f"`{dumped(stop_new)}`",
                     f"  - Stop, otherwise: `{dumped(stop)}`",
                 ]
             else:

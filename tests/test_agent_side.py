@@ -71,7 +71,8 @@ async def test_optional_arguments_given_as_null_count_as_absent(broker, env):
             assert await call(a, "peers", project=None)
             got = await call(a, "inbox", wait_seconds=None, peek=None)  # peek null: not a peek
             assert any(m["text"] == "hello" for m in got)
-            # the same through the MCP SDK's own path (a call the fast path leaves to it: a protocol `_meta` key)
+            # the same through the MCP SDK's own path (a call the fast path leaves to it: a protocol
+            # `_meta` key)
             sdk_only = {"io.modelcontextprotocol/related-task": {"taskId": "t"}}
             via_sdk = await a.call_tool(
                 "send", {"to": me["name"], "text": "again", "reply_to": None}, meta=sdk_only

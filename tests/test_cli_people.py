@@ -63,7 +63,8 @@ async def test_owner_commands_speak_to_people_and_json_to_scripts(broker, env, h
             assert result["decision"]["text"] == "SQLite" and result["decision"]["scope"] == {"project": proj}
             third = cli(env, "decide", "db", "MySQL", "--scope", "all")
             assert (
-                f"Recorded db for all sessions (supersedes \u201cSQLite\u201d by cli); told {display.visible(me['name'])}."
+                "Recorded db for all sessions (supersedes \u201cSQLite\u201d by cli); told "
+                f"{display.visible(me['name'])}."
                 == third.stdout.strip()
             )
 

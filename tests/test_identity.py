@@ -175,7 +175,9 @@ STAND_IN_HOST = textwrap.dedent(
     server = None
 
     def rpc(method, params, rid):
-        server.stdin.write(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\\n")
+        server.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\\n"
+        )
         server.stdin.flush()
         while True:
             frame = json.loads(server.stdout.readline())
@@ -257,7 +259,10 @@ async def test_a_health_check_leaves_nothing_behind(broker, env, home, check_env
             me = await call(s, "whoami")
             peers_before = await call(s, "peers")
             api_before = await trio.to_thread.run_sync(dashboard_sessions, home)
-            others = "SELECT message_id, peer_id, delivered_at, acked_at FROM receipts WHERE peer_id != ? ORDER BY 1"
+            others = (
+                "SELECT message_id, peer_id, delivered_at, acked_at FROM receipts "
+                "WHERE peer_id != ? ORDER BY 1"
+            )
             receipts_before = rows(home, others, me["id"])
 
             # `claude mcp list` and the like

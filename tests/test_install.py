@@ -323,7 +323,8 @@ def test_a_stale_registration_is_updated_in_place(user_home, workdir):
     (user_home / ".codex").mkdir()
     stale = CODEX_TOML + (
         '\n[mcp_servers.agent-bridge]  # the bridge\ncommand = "/old/venv/bin/agent-bridge"\n'
-        'args = [\n  "mcp",\n  "--agent", "codex",\n]\nenv = { AGENT_BRIDGE_HOME = "/old/home", LANG = "C" }\n'
+        'args = [\n  "mcp",\n  "--agent", "codex",\n]\n'
+        'env = { AGENT_BRIDGE_HOME = "/old/home", LANG = "C" }\n'
         "startup_timeout_sec = 20\n"
     )
     (user_home / ".codex" / "config.toml").write_text(stale)
@@ -401,7 +402,8 @@ def test_an_env_subtable_gets_the_new_home(user_home, workdir, tmp_path):
     (user_home / ".codex").mkdir()
     original = (
         '[mcp_servers.agent-bridge]\ncommand = "/old/agent-bridge"\nargs = ["mcp", "--agent", "codex"]\n\n'
-        '[mcp_servers.agent-bridge.env]\n# where the state lives\nAGENT_BRIDGE_HOME = "/old/state"\nLANG = "C"\n'
+        '[mcp_servers.agent-bridge.env]\n# where the state lives\n'
+        'AGENT_BRIDGE_HOME = "/old/state"\nLANG = "C"\n'
     )
     (user_home / ".codex" / "config.toml").write_text(original)
     bridge_home = tmp_path / "new-state"
@@ -436,7 +438,8 @@ def with_path(env: dict[str, str], folder: Path) -> dict[str, str]:
 
 EARLIER_INSTALL = (  # what `agent-bridge install --codex` wrote before it asked Codex for its version
     "# agent-bridge: added by `agent-bridge install`\n[mcp_servers.agent-bridge]\n"
-    f'command = "{RUN}"\nargs = {json.dumps([*CLI[1:], "mcp", "--agent", "codex"])}\n\n[features]\ncodex_hooks = true\n'
+    f'command = "{RUN}"\nargs = {json.dumps([*CLI[1:], "mcp", "--agent", "codex"])}\n\n'
+    "[features]\ncodex_hooks = true\n"
 )
 
 
@@ -731,7 +734,9 @@ def test_an_install_from_before_post_tool_use_gets_only_that_hook_added(user_hom
             "hooks": [
                 {
                     "type": "command",
-                    "command": f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude",
+                    "command": (
+                        f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude"
+                    ),
                     "timeout": 10,
                 }
             ]
@@ -752,7 +757,8 @@ CLAUDE_JSON_TEXT = (
 )
 CLAUDE_SETTINGS_TEXT = (
     '{\r\n\t"permissions": {"allow": ["Bash(ls:*)"]},\r\n\t"hooks": {\r\n\t\t"SessionStart": [],\r\n'
-    '\t\t"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "check.sh"}]}]\r\n\t}\r\n}\r\n'
+    '\t\t"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "check.sh"}]}]\r\n'
+    '\t}\r\n}\r\n'
 )
 CODEX_HOOKS_TEXT = '{"hooks":{"Stop":[{"hooks":[{"type":"command","command":"notify-send done"}]}]}}\n'
 MCP_JSON_TEXT = '{\n  "mcpServers": {}\n}\n'

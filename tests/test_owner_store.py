@@ -180,7 +180,8 @@ def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp
         assert item_a.peer.id == a.id
         assert sorted(m.kind for m in item_a.dropped) == ["decision", "message"]
         assert {m.text for m in item_a.dropped if m.kind == "message"} == {"for a"}
-        # dropped with it: no receipt left; the message only it had is gone, the notice stays with its delivery row
+        # dropped with it: no receipt left; the message only it had is gone, the notice stays with its
+        # delivery row
         assert (
             store.conn.execute("SELECT count(*) FROM receipts WHERE peer_id = ?", (a.id,)).fetchone()[0] == 0
         )
@@ -194,7 +195,8 @@ def test_forget_reports_and_drops_what_was_queued_and_keeps_decision_history(tmp
         assert [m.text for m in store.unacked(c.id)] == ["for c"]
         assert [m.sender.name for m in store.unacked(c.id)] == [a.name]  # the tombstone keeps its name
 
-        # b recorded a decision: a tombstone; c's row is referenced by its own message to a (deleted), so it goes
+        # b recorded a decision: a tombstone; c's row is referenced by its own message to a (deleted),
+        # so it goes
         store.forget_peers([b.id], now=31)
         assert store.conn.execute("SELECT forgotten_at FROM peers WHERE id = ?", (b.id,)).fetchone() == (31,)
         assert store.decisions()[0].author.id == b.id

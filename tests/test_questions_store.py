@@ -24,8 +24,8 @@ def build_v4(path: Path) -> None:
     with conn:
         conn.execute(V4)
     conn.execute(
-        "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, author_agent, created_at) "
-        "VALUES ('r1','camera','d3','changed our minds','p1','claude-app','claude',150)"
+        "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, author_agent, "
+        "created_at) VALUES ('r1','camera','d3','changed our minds','p1','claude-app','claude',150)"
     )
     conn.execute("INSERT INTO messages VALUES ('n3','p1','p2','camera retracted',100,NULL,150,NULL)")
     conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES ('n3','p2')")

@@ -81,7 +81,8 @@ def parse_input(raw: bytes) -> HookInput:
     lone = next((i for i, c in enumerate(session_id) if "\ud800" <= c <= "\udfff"), None)
     if lone is not None:  # valid JSON, but no UTF-8 for the report, the socket or the log
         raise SessionIdError(
-            f"session_id is not valid Unicode: a lone surrogate U+{ord(session_id[lone]):04X} at position {lone}",
+            f"session_id is not valid Unicode: a lone surrogate U+{ord(session_id[lone]):04X} "
+            f"at position {lone}",
             HookInput("", folder, source, stop_hook_active, transcript, prompt_id),
         )
     return HookInput(session_id, folder, source, stop_hook_active, transcript, prompt_id)

@@ -103,8 +103,9 @@ def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
 def render_note(
     agent: str, cwd: str, session: dict[str, Any] | None, shown: Sequence[Decision], total: int
 ) -> str:
-    """Identity and which tools to message with (one line), then one `topic: text` line per decision (newest first, texts cut at 160
-    characters with …), then how many more there are and where to find them."""
+    """Identity and which tools to message with (one line), then one `topic: text` line per decision
+    (newest first, texts cut at 160 characters with …), then how many more there are and where to find
+    them."""
     identity = (
         f"{identity_line(agent, cwd, session)} {(hosts.by_name(agent) or hosts.DEFAULT).tools_sentence()}"
     )

@@ -246,5 +246,8 @@ def _server_problem(entry: Any, home: Path, *, env_required: bool) -> str | None
     problem = _home_problem(registered, home, "the MCP server")
     if problem is None and env_required and registered is None and bridge_env():
         # Codex starts MCP servers with a cleared environment: without `env` it uses the default home.
-        problem = f"the MCP server gets no AGENT_BRIDGE_HOME (Codex clears the environment), but this home is {home}"
+        problem = (
+            "the MCP server gets no AGENT_BRIDGE_HOME (Codex clears the environment), "
+            f"but this home is {home}"
+        )
     return problem

@@ -8,7 +8,8 @@ Configuration (the files and keys Claude Code documents):
 - Hooks: "Hooks reference" (https://code.claude.com/docs/en/hooks#configuration) and "Settings"
   (https://code.claude.com/docs/en/settings): the `hooks` object of `~/.claude/settings.json`
   (user) or `.claude/settings.json` (project): event -> [matcher group {"matcher"?, "hooks":
-  [{"type": "command", "command", "timeout"}]}]. SessionStart, PostToolUse and Stop need no matcher (none: every source, every tool).
+  [{"type": "command", "command", "timeout"}]}]. SessionStart, PostToolUse and Stop need no matcher
+  (none: every source, every tool).
 - Hook answers ("Hooks reference", #sessionstart, #posttooluse and #stop): SessionStart and
   PostToolUse add `hookSpecificOutput.additionalContext`; Stop blocks with `{"decision": "block",
   "reason"}`, which Claude reads as its next instruction. From 2.1.163 (its changelog) Stop also
@@ -220,13 +221,19 @@ def reach(registered: set[str], version: Version | None = None, *, asked: bool =
     version = version if asked else claude_version()
     shown = ".".join(map(str, version)) if version else None
     if version is None:
-        stop = "additionalContext on Claude Code 2.1.163 and later, else the block decision (no claude on PATH to ask)"
+        stop = (
+            "additionalContext on Claude Code 2.1.163 and later, "
+            "else the block decision (no claude on PATH to ask)"
+        )
     elif stop_takes_context(version):
         stop = f"additionalContext, no error label (Claude Code {shown})"
     else:
         stop = f"the block decision, shown as a hook error (Claude Code {shown} is older than 2.1.163)"
     if "wake" not in registered or "user-prompt-submit" not in registered:
-        wake = "no (the waiter's Stop and UserPromptSubmit hooks are not both registered: run agent-bridge install)"
+        wake = (
+            "no (the waiter's Stop and UserPromptSubmit hooks are not both registered: "
+            "run agent-bridge install)"
+        )
     elif version is not None and version < ASYNC_REWAKE_SINCE:
         wake = f"no (Claude Code {shown}: the waiter needs 2.1.332 or later)"
     else:

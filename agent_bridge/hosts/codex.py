@@ -4,8 +4,8 @@ Configuration (the files and keys Codex documents):
 - MCP servers: "Model Context Protocol" (https://developers.openai.com/codex/mcp) and "Config"
   (https://github.com/openai/codex/blob/main/docs/config.md): `[mcp_servers.<name>]` with
   `command`, `args`, `env` in `$CODEX_HOME/config.toml` (CODEX_HOME defaults to `~/.codex`), or
-  `.codex/config.toml` of a trusted project. Codex starts MCP servers with a cleared environment, so a non-default
-  AGENT_BRIDGE_HOME goes into `env`.
+  `.codex/config.toml` of a trusted project. Codex starts MCP servers with a cleared environment, so a
+  non-default AGENT_BRIDGE_HOME goes into `env`.
 - Hooks: "Hooks" (https://developers.openai.com/codex/hooks): `~/.codex/hooks.json` or
   `<repo>/.codex/hooks.json`, the same event -> matcher group -> handler shape as Claude Code
   (handler keys `type`, `command`, `timeout`; codex-rs/config HookHandlerConfig). Codex before
@@ -487,8 +487,9 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
                     "Codex project config",
                     FAIL,
                     f"Codex ignores {project_dir}: {ignored[0]['disabledReason']}",
-                    f"trust the project: start `codex` in {cwd} and accept the trust prompt, or run `codex exec --trust` "
-                    f'there once, or add [projects."{cwd}"] trust_level = "trusted" to {codex_home() / "config.toml"}',
+                    f"trust the project: start `codex` in {cwd} and accept the trust prompt, or run "
+                    f'`codex exec --trust` there once, or add [projects."{cwd}"] trust_level = "trusted" '
+                    f'to {codex_home() / "config.toml"}',
                 )
             )
         else:
@@ -510,9 +511,10 @@ def codex_trust_checks(program: str, cwd: Path, project_dir: Path, in_project: b
             Check(
                 "Codex hooks trust",
                 FAIL,
-                f"{len(untrusted)} agent-bridge hook(s) not trusted ({states}): Codex skips them, `codex exec` without a word",
-                f"start `codex`, open /hooks and trust the agent-bridge SessionStart, PostToolUse and Stop hooks; or, having read "
-                f"them, add to {config}:{snippet}",
+                f"{len(untrusted)} agent-bridge hook(s) not trusted ({states}): Codex skips them, "
+                "`codex exec` without a word",
+                "start `codex`, open /hooks and trust the agent-bridge SessionStart, PostToolUse and Stop "
+                f"hooks; or, having read them, add to {config}:{snippet}",
             )
         )
     else:
@@ -570,9 +572,9 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
             "Codex",
             registered_events(user_hooks + project_hooks),
             "the block decision (Codex has no additionalContext on Stop)",
-            "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for Codex "
-            f"({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's daemon outlives it "
-            "and a queued message would run a turn there)",
+            "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for "
+            f"Codex ({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's "
+            "daemon outlives it and a queued message would run a turn there)",
         )
     )
     twice = duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)

@@ -63,8 +63,8 @@ class Decisions(Messages):
             ).fetchone()
             supersedes = last[0] if last else None
             self.conn.execute(
-                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, author_id, "
-                "author_name, author_agent, created_at, source_message_id, supersedes) "
+                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, "
+                "author_id, author_name, author_agent, created_at, source_message_id, supersedes) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     decision_id,
@@ -120,7 +120,8 @@ class Decisions(Messages):
             self._close_tap(recipient.session.id)  # its delivery task reads these from the database
             message_id = new_id()
             self.conn.execute(
-                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
+                "VALUES (?,?,?,?,?,?,?)",
                 (message_id, from_id, recipient.session.id, body, domain.DECISION_HOP, None, now),
             )
             self.conn.execute(
@@ -212,8 +213,8 @@ class Decisions(Messages):
             decision = current[0]
             retraction_id = new_id()
             self.conn.execute(
-                "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, author_agent, "
-                "created_at) VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, "
+                "author_agent, created_at) VALUES (?,?,?,?,?,?,?,?)",
                 (retraction_id, topic, decision.id, reason, author.id, author.name, author_agent, now),
             )
             targets: dict[str, str] = {}

@@ -75,7 +75,8 @@ class Forgetting(Peers):
     def sessions_last_seen_before(self, cutoff: int) -> list[str]:
         """Listed sessions last seen before `cutoff` (epoch ms), oldest first."""
         rows = self.conn.execute(
-            f"SELECT id FROM peers WHERE last_seen_at < ? AND {queries.LISTED_PEERS} ORDER BY last_seen_at, rowid",
+            f"SELECT id FROM peers WHERE last_seen_at < ? AND {queries.LISTED_PEERS} "
+            "ORDER BY last_seen_at, rowid",
             (cutoff,),
         )
         return [r[0] for r in rows]

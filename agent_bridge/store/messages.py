@@ -93,8 +93,9 @@ class Messages(Peers):
         """(the record `peer_id` leads to now (resolve_peer), its name, its agent): one statement
         on the send path, where it runs for the sender and each recipient."""
         row = self.conn.execute(
-            "SELECT r.id, p.name, p.agent FROM (SELECT coalesce((SELECT into_id FROM peer_merges WHERE old_id = ?1), ?1) "
-            "AS id) r LEFT JOIN peers p ON p.id = r.id",
+            "SELECT r.id, p.name, p.agent "
+            "FROM (SELECT coalesce((SELECT into_id FROM peer_merges WHERE old_id = ?1), ?1) AS id) r "
+            "LEFT JOIN peers p ON p.id = r.id",
             (peer_id,),
         ).fetchone()
         assert row is not None  # the subquery always yields one row
@@ -135,13 +136,15 @@ class Messages(Peers):
             before = [
                 r[0]
                 for r in self.conn.execute(
-                    "SELECT message_id FROM receipts WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
+                    "SELECT message_id FROM receipts "
+                    "WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
                     "AND delivered_at IS NOT NULL AND acked_at IS NULL",
                     (peer_id, ids),
                 )
             ]
             self.conn.execute(
-                "UPDATE receipts SET delivered_at = ? WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
+                "UPDATE receipts SET delivered_at = ? "
+                "WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
                 "AND delivered_at IS NULL",
                 (now, peer_id, ids),
             )

@@ -31,8 +31,8 @@ class Peers(StoreBase):
         peer_id = new_id()
         with self.conn:
             self.conn.execute(
-                "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, host_session_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, "
+                "host_session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (peer_id, name, agent, project, kind, now, now, host_session_id),
             )
         return self._peer(peer_id)
@@ -45,7 +45,8 @@ class Peers(StoreBase):
 
     def get_peer(self, peer_id: str) -> Peer | None:
         row = self.conn.execute(
-            "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at FROM peers WHERE id = ?",
+            "SELECT id, name, agent, project, host_session_id, kind, created_at, last_seen_at "
+            "FROM peers WHERE id = ?",
             (peer_id,),
         ).fetchone()
         return Peer(*row) if row else None
@@ -102,8 +103,8 @@ class Peers(StoreBase):
             target = self.get_peer(into_id)
             key = (target.host_session_id if target is not None else None) or f"peer:{into_id}"
             self.conn.executemany(
-                "INSERT OR IGNORE INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO decision_deliveries"
+                "(decision_id, host_key, peer_id, message_id, created_at) VALUES (?, ?, ?, ?, ?)",
                 [(d, key, into_id, m, c) for d, m, c in rows],
             )
             # Whatever resolved an address to the old record before this commit reaches the
@@ -197,8 +198,9 @@ class Peers(StoreBase):
         is found by that id; another project is another session.)"""
         rows = self.conn.execute(
             "SELECT i.peer_id FROM instance_sessions i JOIN peers p ON p.id = i.peer_id "
-            f"WHERE i.pid = ? AND i.start_time = ? AND p.host_session_id IS NULL AND {queries.listed_peers('p')} "
-            "AND p.agent = ? AND p.project = ? AND p.kind = ? ORDER BY i.seen_at DESC",
+            "WHERE i.pid = ? AND i.start_time = ? AND p.host_session_id IS NULL "
+            f"AND {queries.listed_peers('p')} AND p.agent = ? AND p.project = ? AND p.kind = ? "
+            "ORDER BY i.seen_at DESC",
             (pid, start_time, agent, project, kind),
         )
         return [r[0] for r in rows]
@@ -206,8 +208,8 @@ class Peers(StoreBase):
     def session_addresses_taken(self, name: str, *, excluding: str | None = None) -> bool:
         """Whether `name` is another session's id or host session id."""
         row = self.conn.execute(
-            f"SELECT 1 FROM peers WHERE (id = ?1 OR host_session_id = ?1) AND id IS NOT ?2 AND {queries.LISTED_PEERS} "
-            "LIMIT 1",
+            "SELECT 1 FROM peers WHERE (id = ?1 OR host_session_id = ?1) AND id IS NOT ?2 AND "
+            f"{queries.LISTED_PEERS} LIMIT 1",
             (name, excluding),
         ).fetchone()
         return row is not None
@@ -216,8 +218,10 @@ class Peers(StoreBase):
         """Deliveries recorded while the session's host identity was unknown count for it now."""
         with self.conn:
             self.conn.execute(
-                "INSERT OR IGNORE INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
-                "SELECT decision_id, ?, peer_id, message_id, created_at FROM decision_deliveries WHERE host_key = ?",
+                "INSERT OR IGNORE INTO decision_deliveries"
+                "(decision_id, host_key, peer_id, message_id, created_at) "
+                "SELECT decision_id, ?, peer_id, message_id, created_at FROM decision_deliveries "
+                "WHERE host_key = ?",
                 (host_session_id, f"peer:{peer_id}"),
             )
 
@@ -238,14 +242,16 @@ class Peers(StoreBase):
                     (pid, start_time, host_session_id),
                 )
             self.conn.execute(
-                "INSERT INTO host_instances(pid, start_time, host_session_id, agent, seen_at) VALUES (?, ?, ?, ?, ?) "
+                "INSERT INTO host_instances(pid, start_time, host_session_id, agent, seen_at) "
+                "VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(pid, start_time, host_session_id) DO UPDATE SET seen_at = excluded.seen_at",
                 (pid, start_time, host_session_id, agent, now),
             )
 
     def host_sessions_for(self, pid: int, start_time: int) -> list[str]:
         rows = self.conn.execute(
-            "SELECT host_session_id FROM host_instances WHERE pid = ? AND start_time = ? ORDER BY seen_at DESC",
+            "SELECT host_session_id FROM host_instances WHERE pid = ? AND start_time = ? "
+            "ORDER BY seen_at DESC",
             (pid, start_time),
         )
         return [r[0] for r in rows]

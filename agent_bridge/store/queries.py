@@ -289,7 +289,10 @@ def unacked_counts(conn: apsw.Connection) -> dict[str, int]:
     return {peer_id: int(n) for peer_id, n in rows}
 
 
-_SELECT_RETRACTION = "SELECT id, topic, retracts, reason, author_id, author_name, author_agent, created_at FROM decision_retractions "
+_SELECT_RETRACTION = (
+    "SELECT id, topic, retracts, reason, author_id, author_name, author_agent, created_at "
+    "FROM decision_retractions "
+)
 
 
 def retraction_from_row(values: tuple[Any, ...]) -> Retraction:

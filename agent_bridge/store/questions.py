@@ -1,11 +1,11 @@
 """The store's owner questions (SPEC §4.6): asking, joining, answering and declining.
 
 A concern of the one writer (`store.writer.Store` is built on it, as on store.decisions, which
-it builds on): every method is one transaction. A question is carried by a bridge message (kind question) from its first asker to
-the owner `cli`; its id is that message's id, so the decision that answers it names the
-question as its `sourceMessageId`. Everything is appended: a question row, a row per asker, one
-outcome row (answered, with its decision, or declined, with the reason), and the active
-message (kind answer) each asker is sent then.
+it builds on): every method is one transaction. A question is carried by a bridge message (kind
+question) from its first asker to the owner `cli`; its id is that message's id, so the decision
+that answers it names the question as its `sourceMessageId`. Everything is appended: a question
+row, a row per asker, one outcome row (answered, with its decision, or declined, with the reason),
+and the active message (kind answer) each asker is sent then.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class Questions(Decisions):
                     (question_id, asker_id, queries.CLI_ID, question, QUESTION_HOP, None, now),
                 )
                 self.conn.execute(
-                    "INSERT INTO questions(id, question, topic, options, scope, created_at) VALUES (?,?,?,?,?,?)",
+                    "INSERT INTO questions(id, question, topic, options, scope, created_at) "
+                    "VALUES (?,?,?,?,?,?)",
                     (
                         question_id,
                         question,
@@ -76,7 +77,8 @@ class Questions(Decisions):
             else:
                 question_id = found.id
             self.conn.execute(
-                "INSERT OR IGNORE INTO question_askers(question_id, peer_id, name, agent, asked_at) VALUES (?,?,?,?,?)",
+                "INSERT OR IGNORE INTO question_askers(question_id, peer_id, name, agent, asked_at) "
+                "VALUES (?,?,?,?,?)",
                 (question_id, asker_id, asker.name, asker_agent, now),
             )
             asked = queries.question_by_id(self.conn, question_id)
@@ -158,7 +160,8 @@ def _tell_askers(store: Questions, question: Question, body: str, now: int) -> l
         store._close_tap(peer_id)  # its delivery task reads this from the database
         message_id = new_id()
         store.conn.execute(
-            "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
+            "VALUES (?,?,?,?,?,?,?)",
             (message_id, queries.CLI_ID, peer_id, body, QUESTION_HOP, question.id, now),
         )
         store.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id))

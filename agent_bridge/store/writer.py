@@ -5,10 +5,10 @@ Every method is synchronous and is one transaction. The broker calls them on a w
 
 `Store` is one object composed of one class per concern, each in its own module:
 store.peers (sessions and their identity), store.messages (messages and receipts),
-store.decisions (decisions and retractions), store.questions (owner questions) and store.forgetting, all built on store.base
-(the connection and the delivery taps); opening, the version check and backups are in
-store.opening. A concern builds on the ones it needs (decisions on messages, both on peers),
-so its methods call theirs inside their own transaction.
+store.decisions (decisions and retractions), store.questions (owner questions) and
+store.forgetting, all built on store.base (the connection and the delivery taps); opening, the
+version check and backups are in store.opening. A concern builds on the ones it needs (decisions
+on messages, both on peers), so its methods call theirs inside their own transaction.
 
 Classes composed by inheritance rather than per-concern objects the store holds: the writer
 stays one object with one method per intention (`store.send_messages(...)`), so the broker,

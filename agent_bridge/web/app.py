@@ -6,8 +6,9 @@ The app never writes bridge.db itself: every read opens its own read-only connec
 blocks the Trio loop. The owner's actions (record, retract, send, forget, answer) are POSTs that go to
 the broker exactly as the command line does (`commands.broker_call` on a worker thread, author
 `cli`), after three checks on top of the cookie: the page's own token in `X-AB-Token`, an
-`Origin` that is the dashboard's, and a JSON body. Every other method gets 405. Decision lookups are `domain` + `store.queries`, the same functions the
-MCP tools and the CLI use; what only the dashboard asks (receipts, notices) is `web.reads`.
+`Origin` that is the dashboard's, and a JSON body. Every other method gets 405. Decision lookups
+are `domain` + `store.queries`, the same functions the MCP tools and the CLI use; what only the
+dashboard asks (receipts, notices) is `web.reads`.
 
 `GET /api/events` is the one long-lived response: a server-sent event stream that says
 "something changed" (`web.changes` explains what feeds it), so the page fetches again instead
@@ -73,11 +74,13 @@ p{margin:.5rem 0}
 code{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;background:#e8eefc;color:#2f5bd3;
 padding:.05rem .35rem;border-radius:4px;overflow-wrap:anywhere}
 .muted{color:#667085;font-size:.9rem}
-@media (prefers-color-scheme:dark){body{background:#12151c;color:#e6e9ef}main{background:#1a1f29;border-color:#2b3240}
+@media (prefers-color-scheme:dark){body{background:#12151c;color:#e6e9ef}\
+main{background:#1a1f29;border-color:#2b3240}
 code{background:#22304f;color:#7c9ef0}.muted{color:#98a2b3}}
 """
 FORBIDDEN_PAGE = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">\
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>agent-bridge dashboard: not authorized</title><style>{FORBIDDEN_STYLE}</style></head>
 <body><main><h1>This dashboard link is not valid (any more)</h1>
 <p>The agent-bridge dashboard opens only through the URL it prints. That URL carries a token
@@ -241,7 +244,8 @@ class _Dashboard:
         if unknown:
             return _error(
                 400,
-                f"body: unknown field {_short(unknown[0])} (it takes: {', '.join(sorted(allowed)) or 'none'})",
+                f"body: unknown field {_short(unknown[0])} "
+                f"(it takes: {', '.join(sorted(allowed)) or 'none'})",
             )
         return body
 
@@ -250,7 +254,8 @@ class _Dashboard:
             return _error(
                 503,
                 "this dashboard is read-only: no broker was running when it started; "
-                "start one (agent-bridge up --detach), then open its dashboard (agent-bridge dashboard --open)",
+                "start one (agent-bridge up --detach), "
+                "then open its dashboard (agent-bridge dashboard --open)",
             )
         try:
             result = await trio.to_thread.run_sync(partial(commands.broker_call, op, home=self.home, **args))
@@ -585,7 +590,8 @@ def _events(app: QuartTrio, dash: _Dashboard) -> None:
         if sum(1 for s in dash.streams if s.client == client and not s.closed) >= STREAMS_PER_CLIENT:
             return _error(
                 429,
-                f"too many live streams from this client (at most {STREAMS_PER_CLIENT}); the page polls instead",
+                f"too many live streams from this client (at most {STREAMS_PER_CLIENT}); "
+                "the page polls instead",
             )
         stream = _EventStream(client, dash.stream_events)
         dash.streams.add(stream)

@@ -348,8 +348,9 @@ class World:
         with reader.reading(self.bridge_home / "bridge.db") as conn:
             assert conn is not None
             cursor = conn.execute(
-                "SELECT r.message_id, r.delivered_at, r.acked_at FROM receipts r JOIN peers p ON p.id = r.peer_id "
-                "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < 100 ORDER BY r.rowid",
+                "SELECT r.message_id, r.delivered_at, r.acked_at FROM receipts r "
+                "JOIN peers p ON p.id = r.peer_id JOIN messages m ON m.id = r.message_id "
+                "WHERE p.host_session_id = ? AND m.hop < 100 ORDER BY r.rowid",
                 (host_session_id,),
             )
             return [dict(zip(("id", "deliveredAt", "ackedAt"), row, strict=True)) for row in cursor]

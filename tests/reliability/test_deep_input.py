@@ -182,7 +182,10 @@ def test_a_deeply_nested_config_is_one_line(env, home):
 
 def test_nothing_here_imports_trio_in_the_helper():
     """The one depth helper is standard library only (the relay and the hooks import it)."""
-    code = "import sys, agent_bridge.jsonlimit; print(sorted(m for m in ('trio', 'mcp', 'quart') if m in sys.modules))"
+    code = (
+        "import sys, agent_bridge.jsonlimit; "
+        "print(sorted(m for m in ('trio', 'mcp', 'quart') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert out.stdout.strip() == "[]"

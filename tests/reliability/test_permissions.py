@@ -179,7 +179,8 @@ def test_the_token_is_never_on_a_command_line_or_in_the_log(env, home, tmp_path)
     browser_argv = tmp_path / "browser-argv.json"
     fake_browser = tmp_path / "browser.py"
     fake_browser.write_text(  # what `--open` runs as the browser: records its own argv
-        f"#!{sys.executable}\nimport json, sys\nopen({str(browser_argv)!r}, 'w').write(json.dumps(sys.argv))\n",
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(browser_argv)!r}, 'w').write(json.dumps(sys.argv))\n",
         encoding="utf-8",
     )
     fake_browser.chmod(0o755)

@@ -373,9 +373,10 @@ def drive_actions(
                 # ... and a script there cannot do it with fetch either (no token, and the preflight fails)
                 attacker.goto(evil.url.replace("evil.html", "quiet.html"))
                 outcome = attacker.evaluate(
-                    """target => fetch(target + "/api/decisions", {method: "POST",
-                    credentials: "include", headers: {"Content-Type": "application/json", "X-AB-Token": "guess"},
-                    body: JSON.stringify({topic: "evil2", text: "x"})}).then(r => "status " + r.status, e => "failed")""",
+                    """target => fetch(target + "/api/decisions", {method: "POST", credentials: "include",
+                    headers: {"Content-Type": "application/json", "X-AB-Token": "guess"},
+                    body: JSON.stringify({topic: "evil2", text: "x"})})
+                    .then(r => "status " + r.status, e => "failed")""",
                     url.split("/?t=")[0],
                 )
                 assert outcome == "failed", outcome

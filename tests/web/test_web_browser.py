@@ -89,7 +89,8 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
             expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
             expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
             expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text(
-                "none yet: no session in scope was connected; sessions that start later see it in their start note"
+                "none yet: no session in scope was connected; "
+                "sessions that start later see it in their start note"
             )
             # Scopes in words, not JSON.
             expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(

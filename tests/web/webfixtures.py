@@ -128,7 +128,8 @@ def build_old_database(home: Path, version: int) -> None:
             "('p2', 'codex-old', 'codex', '/work/old', 'interactive', 1000, 1500)"
         )
         conn.execute(
-            "INSERT INTO messages(id, from_peer, to_peer, body, hop, created_at) VALUES ('m1', 'p1', 'p2', 'hi', 1, 1200)"
+            "INSERT INTO messages(id, from_peer, to_peer, body, hop, created_at) "
+            "VALUES ('m1', 'p1', 'p2', 'hi', 1, 1200)"
         )
         if version >= 2:
             conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES ('m1', 'p2')")
