@@ -140,7 +140,9 @@ def test_the_relay_skips_a_push_it_cannot_use(text: str) -> None:
 def test_a_push_line_without_a_usable_seq_shows_nothing() -> None:
     # Only a line with an integer seq is reported written; its ids that are not strings are dropped.
     assert read_push(received('{"v":1,"push":"line","line":"x","seq":"4","ids":["m1"]}')) == Line("x")
-    assert read_push(received('{"v":1,"push":"line","line":"x","seq":4,"ids":["m1",2]}')) == Line("x", seq=4, ids=["m1"])
+    assert read_push(received('{"v":1,"push":"line","line":"x","seq":4,"ids":["m1",2]}')) == Line(
+        "x", seq=4, ids=["m1"]
+    )
     assert read_push(received('{"v":1,"push":"line","line":"x","seq":4}')) == Line("x", seq=4, ids=[])
     assert read_push(received('{"v":1,"push":"acked","ids":["m1",2]}')) == Acked(["m1", "2"])
 
