@@ -368,7 +368,9 @@ class Relay:
             link = self.link
             if link is not None:  # a broker answered meanwhile
                 self.forwarded[request.key] = request
-            elif request.method == "tools/call" and (self.refused is not None or self.start_failure is not None):
+            elif request.method == "tools/call" and (
+                self.refused is not None or self.start_failure is not None
+            ):
                 reason = self.unreachable()  # no use waiting
             else:
                 request.deadline = time.monotonic() + CALL_TIMEOUT
@@ -429,8 +431,11 @@ class Relay:
             return f"agent-bridge: this session is not connected: {self.refused}"
         if self.start_failure is not None:
             if self.start_blocked is not None:
-                return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up until that changes: "
-                        "fix it, then run `agent-bridge up` (this session connects once it runs)")
+                return (
+                    f"the agent-bridge broker cannot start: {self.start_failure}; gave up until that "
+                    f"changes: "
+                    "fix it, then run `agent-bridge up` (this session connects once it runs)"
+                )
             if self.start_attempts >= START_ATTEMPTS:
                 return (f"the agent-bridge broker cannot start: {self.start_failure}; gave up after "
                         f"{self.start_attempts} attempts: fix that, then run `agent-bridge up` (this session "
@@ -552,7 +557,11 @@ class Relay:
             log.error("the broker cannot start (%s); not trying again until %s changes", self.start_failure,
                       " or ".join(paths.START_FILES))
         elif self.start_attempts == START_ATTEMPTS:
-            log.error("the broker cannot start (%s); giving up after %d attempts", self.start_failure, START_ATTEMPTS)
+            log.error(
+                "the broker cannot start (%s); giving up after %d attempts",
+                self.start_failure,
+                START_ATTEMPTS,
+            )
         else:
             log.warning("the broker cannot start: %s", self.start_failure)
 
@@ -579,7 +588,9 @@ class Relay:
         sock = blocking.connect(socket_path, HELLO_TIMEOUT)
         link = Link(sock)
         try:
-            link.send_json([protocol.request(1, "mcp", **self.options.hello(resume), acked=acked, offered=offered)])
+            link.send_json(
+                [protocol.request(1, "mcp", **self.options.hello(resume), acked=acked, offered=offered)]
+            )
             while True:
                 answer = link.receive()
                 if answer is None:
@@ -623,7 +634,9 @@ class Relay:
         self.showing.recorded(acked)
         carried = set(offered)
         rest = [mid for mid in self.showing.unconfirmed()[0] if mid not in carried]
-        frames: list[RelayFrame] = [Offered(rest[i:i + ledger.IDS_MAX]) for i in range(0, len(rest), ledger.IDS_MAX)]
+        frames: list[RelayFrame] = [
+            Offered(rest[i : i + ledger.IDS_MAX]) for i in range(0, len(rest), ledger.IDS_MAX)
+        ]
         frames += self.hand_over_acks()
         self.save_ledger()  # what is left unconfirmed, if a ledger file is kept
         self.showing.forget_queued()  # the new broker pushes what is still unacknowledged
@@ -830,15 +843,18 @@ class Relay:
     def wait_joined(self, timeout: float) -> None:
         """Until a broker answered, or its start failed or it refused us, or `timeout`."""
         with self.cond:
-            self.cond.wait_for(lambda: self.joined or self.start_failure is not None or self.refused is not None,
-                               timeout)
+            self.cond.wait_for(
+                lambda: self.joined or self.start_failure is not None or self.refused is not None, timeout
+            )
 
     def end(self) -> None:
         """The host closed stdin: what it asked before that is answered (up to ANSWERS_AT_EXIT;
         a request still waiting for a broker then gets the reason there is none), then the
         broker records what the host was shown, and closes."""
         with self.cond:
-            self.cond.wait_for(lambda: not (self.forwarded or self.waiting or self.answering), ANSWERS_AT_EXIT)
+            self.cond.wait_for(
+                lambda: not (self.forwarded or self.waiting or self.answering), ANSWERS_AT_EXIT
+            )
             link = self.link
             unanswered, self.waiting = self.waiting, []
             reason = self.unreachable()

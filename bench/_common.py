@@ -40,7 +40,9 @@ READY_TIMEOUT = 30.0
 
 def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs, not its numbers")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes: checks the benchmark runs, not its numbers"
+    )
     args = parser.parse_args(argv)
     ensure_bytecode()
     return args
@@ -169,7 +171,11 @@ class BrokerProcess:
 
     def spawn(self) -> None:
         self.proc = subprocess.Popen(
-            self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            self.command,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
@@ -256,7 +262,11 @@ def cpu_seconds(pid: int) -> float:
 
 # --- sessions through the relay, as hosts run them -----------------------------------------
 
-INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+INITIALIZE = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "bench", "version": "1"},
+}
 INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
 
 
@@ -291,7 +301,9 @@ class McpSession:
 
     def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         rid = next(self.ids)
-        self.write((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode())
+        self.write(
+            (json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode()
+        )
         assert self.proc.stdout is not None
         while True:
             line = self.proc.stdout.readline()
@@ -343,7 +355,9 @@ class Relay:
 
     async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         rid = next(self.ids)
-        await self.write((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode())
+        await self.write(
+            (json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode()
+        )
         while rid not in self.answers:
             await self.arrived.wait()
         return self.answers.pop(rid)["result"]  # type: ignore[no-any-return]

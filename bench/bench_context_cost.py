@@ -32,7 +32,10 @@ LONG_DECISIONS = [
     ("camera", "Hold the right mouse button to look around; releasing it returns the cursor. "),
     ("database", "PostgreSQL 16 for every service, one schema per service, migrations in plain SQL. "),
     ("release branch", "Release from main only, tagged vX.Y.Z after the full test suite passes in CI. "),
-    ("error reporting", "Errors go to the structured log and to Sentry, never to stdout; no PII in messages. "),
+    (
+        "error reporting",
+        "Errors go to the structured log and to Sentry, never to stdout; no PII in messages. ",
+    ),
     ("input remapping", "Every action is remappable from the settings screen, saved per user profile. "),
 ]
 
@@ -63,8 +66,18 @@ def tools_list(env: dict[str, str], cwd: Path) -> dict:
                 return msg
 
     try:
-        rpc({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})
+        rpc(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "bench", "version": "1"},
+                },
+            }
+        )
         rpc({"jsonrpc": "2.0", "method": "notifications/initialized"})
         answer = rpc({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
     finally:
@@ -82,13 +95,27 @@ def note(home: Path, env: dict[str, str], cwd: Path) -> str:
     paths.ensure_home(home)
     store = Store.open(paths.db_path(home))
     try:
-        peer = store.create_peer(agent="claude", name="claude-game-client", project=PROJECT, kind="interactive",
-                                 host_session_id="bench-note-session", now=1)
+        peer = store.create_peer(
+            agent="claude",
+            name="claude-game-client",
+            project=PROJECT,
+            kind="interactive",
+            host_session_id="bench-note-session",
+            now=1,
+        )
         view = SessionView(peer.id, peer.name, PROJECT, "bench-note-session")
         for i, (topic, text) in enumerate(LONG_DECISIONS):
             long_text = (text * (domain.TEXT_MAX // len(text) + 1))[: domain.TEXT_MAX].strip()
-            store.record_decision(author=view, author_agent="claude", topic=topic, text=long_text,
-                                  scope={"project": PROJECT}, source_message_id=None, recipients=[], now=1000 + i)
+            store.record_decision(
+                author=view,
+                author_agent="claude",
+                topic=topic,
+                text=long_text,
+                scope={"project": PROJECT},
+                source_message_id=None,
+                recipients=[],
+                now=1000 + i,
+            )
     finally:
         store.close()
     stdin = compact({"session_id": "bench-note-session", "cwd": PROJECT, "hook_event_name": "SessionStart",
@@ -117,7 +144,8 @@ def main() -> None:
         value=tools_bytes,
         unit="bytes (tools/list result, compact JSON)",
         baseline=TOOLS_BUDGET,
-        target=f"tools/list <= {TOOLS_BUDGET} bytes and SessionStart note (5 long decisions) <= {NOTE_BUDGET} bytes",
+        target=f"tools/list <= {TOOLS_BUDGET} bytes and SessionStart note (5 long decisions) <= "
+               f"{NOTE_BUDGET} bytes",
         ok=tools_bytes <= TOOLS_BUDGET and note_bytes <= NOTE_BUDGET,
         n=1,
         p50=tools_bytes,

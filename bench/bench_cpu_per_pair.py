@@ -99,9 +99,11 @@ def main() -> None:
     c.report(
         "cpu_per_pair",
         value=c.median(totals),
-        unit="µs of CPU per send + inbox pair through two agent-bridge mcp relays (broker + relays, median round)",
+        unit="µs of CPU per send + inbox pair through two agent-bridge mcp relays (broker + relays, median "
+             "round)",
         baseline=c.median(ipc_us),
-        target="none: a reading for same-run comparisons (bench/compare.py); baseline: broker CPU per pair, broker-only",
+        target="none: a reading for same-run comparisons (bench/compare.py); baseline: broker CPU per pair, "
+               "broker-only",
         ok=True,
         n=rounds * pairs,
         p50=c.median(totals),

@@ -42,7 +42,8 @@ class BareBaseline:
         self.peers = [str(uuid.uuid4()) for _ in range(sessions)]
         with self.conn:
             self.conn.executemany(
-                "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, host_session_id) "
+                "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, "
+                "host_session_id) "
                 "VALUES (?, ?, 'claude', '/bench/project', 'interactive', 1, 1, ?)",
                 [(p, f"claude-project-{i}", f"bench-host-{i}") for i, p in enumerate(self.peers)],
             )
@@ -60,11 +61,25 @@ class BareBaseline:
         start = time.perf_counter_ns()
         with conn:
             conn.execute(
-                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, author_id, "
+                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, "
+                "author_id, "
                 "author_name, author_agent, created_at, source_message_id, supersedes) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (decision_id, topic, TEXT, TEXT.lower(), '{"project":"/bench/project"}', "project",
-                 "/bench/project", peers[0], "claude-project-0", "claude", now, None, None),
+                (
+                    decision_id,
+                    topic,
+                    TEXT,
+                    TEXT.lower(),
+                    '{"project":"/bench/project"}',
+                    "project",
+                    "/bench/project",
+                    peers[0],
+                    "claude-project-0",
+                    "claude",
+                    now,
+                    None,
+                    None,
+                ),
             )
             conn.executemany(
                 "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
@@ -78,7 +93,10 @@ class BareBaseline:
             conn.executemany(
                 "INSERT INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
                 "VALUES (?, ?, ?, ?, ?)",
-                [(decision_id, f"bench-host-{i}", p, m, now) for i, (m, p) in enumerate(zip(message_ids, peers, strict=True))],
+                [
+                    (decision_id, f"bench-host-{i}", p, m, now)
+                    for i, (m, p) in enumerate(zip(message_ids, peers, strict=True))
+                ],
             )
         return time.perf_counter_ns() - start
 

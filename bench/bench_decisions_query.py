@@ -52,7 +52,8 @@ def build(db: Path, revisions: int, topics: int, projects: int, seed: int = 6) -
             for i in range(projects):
                 author_id = new_id()
                 store.conn.execute(
-                    "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, host_session_id) "
+                    "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, "
+                    "host_session_id) "
                     "VALUES (?, ?, 'claude', ?, 'interactive', 1, 1, ?)",
                     (author_id, f"claude-project-{i:02d}", folders[i], f"host-{i}"),
                 )
@@ -80,7 +81,8 @@ def build(db: Path, revisions: int, topics: int, projects: int, seed: int = 6) -
                 ))
                 head[topic] = decision_id
             store.conn.executemany(
-                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, author_id, "
+                "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, "
+                "author_id, "
                 "author_name, author_agent, created_at, source_message_id, supersedes) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 rows,

@@ -1,4 +1,5 @@
-"""hook_post_tool_use: wall time of `agent-bridge hook post-tool-use` with nothing waiting (SPEC §3 "Reach" item 1, §9).
+"""hook_post_tool_use: wall time of `agent-bridge hook post-tool-use` with nothing waiting (SPEC §3 "Reach"
+item 1, §9).
 
 The hook runs after every tool call, so what it costs when no active message waits is what every
 session pays all day. It runs as the hosts run it: the installed `agent-bridge` script, a
@@ -37,12 +38,24 @@ def build(db: Path, sessions: int, messages: int) -> str:
 
     store = Store.open(db)
     try:
-        peers = [store.create_peer(agent="claude", name=f"claude-p{i}", project=f"/work/p{i}", kind="interactive",
-                                   host_session_id=SESSION if i == 0 else f"hs-{i}", now=1) for i in range(sessions)]
+        peers = [
+            store.create_peer(
+                agent="claude",
+                name=f"claude-p{i}",
+                project=f"/work/p{i}",
+                kind="interactive",
+                host_session_id=SESSION if i == 0 else f"hs-{i}",
+                now=1,
+            )
+            for i in range(sessions)
+        ]
         sender = peers[-1]
         per_batch = 500
         for start in range(0, messages, per_batch):
-            batch = [Outgoing(peers[(start + k) % sessions].id, f"message {start + k}", 1, None) for k in range(per_batch)]
+            batch = [
+                Outgoing(peers[(start + k) % sessions].id, f"message {start + k}", 1, None)
+                for k in range(per_batch)
+            ]
             sent = store.send_messages(sender.id, batch, now=2 + start)
             by_peer: dict[str, list[str]] = {}
             for m in sent:
@@ -50,7 +63,9 @@ def build(db: Path, sessions: int, messages: int) -> str:
             for peer_id, ids in by_peer.items():
                 store.ack(peer_id, ids, now=3 + start)
         for k in range(20):  # passive notices: unacknowledged, never handed over
-            store.send_messages(sender.id, [Outgoing(peers[0].id, f"notice {k}", domain.HOP_MAX, None)], now=10**6 + k)
+            store.send_messages(
+                sender.id, [Outgoing(peers[0].id, f"notice {k}", domain.HOP_MAX, None)], now=10**6 + k
+            )
     finally:
         store.close()
     return peers[0].project
@@ -64,11 +79,18 @@ def main() -> None:
         project = build(home / "bridge.db", sessions, messages)
         cwd = home.parent
         env = c.bench_env(home)
-        stdin = json.dumps({
-            "session_id": SESSION, "transcript_path": None, "cwd": project, "hook_event_name": "PostToolUse",
-            "tool_name": "Bash", "tool_input": {"command": "ls -la"},
-            "tool_response": {"stdout": "x" * 4000, "stderr": "", "interrupted": False}, "tool_use_id": "toolu_1",
-        }).encode()
+        stdin = json.dumps(
+            {
+                "session_id": SESSION,
+                "transcript_path": None,
+                "cwd": project,
+                "hook_event_name": "PostToolUse",
+                "tool_name": "Bash",
+                "tool_input": {"command": "ls -la"},
+                "tool_response": {"stdout": "x" * 4000, "stderr": "", "interrupted": False},
+                "tool_use_id": "toolu_1",
+            }
+        ).encode()
         hook = [*c.CLI, "hook", "post-tool-use", "--agent", "claude"]
 
         _, out, err = run(hook, env, stdin, cwd)
@@ -90,7 +112,8 @@ def main() -> None:
         value=c.ms(value),
         unit="ms (wall time, median, nothing waiting)",
         baseline=c.ms(baseline),
-        target=f"ratio <= {TARGET_RATIO:g} (hook / python3 -c 'import json'), no trio/mcp/quart/hypercorn import",
+        target=f"ratio <= {TARGET_RATIO:g} (hook / python3 -c 'import json'), no trio/mcp/quart/hypercorn "
+               f"import",
         ok=value / baseline <= TARGET_RATIO and not heavy,
         n=len(times),
         p50=c.ms(c.percentile(times, 50)),

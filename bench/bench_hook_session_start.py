@@ -96,7 +96,8 @@ def main() -> None:
         value=c.ms(value),
         unit="ms (wall time, median of the slower situation)",
         baseline=c.ms(baseline),
-        target=f"ratio <= {TARGET_RATIO:g} (hook / python -c 'import apsw, json'), no trio/mcp/quart/hypercorn import",
+        target=f"ratio <= {TARGET_RATIO:g} (hook / python -c 'import apsw, json'), no "
+               f"trio/mcp/quart/hypercorn import",
         ok=value / baseline <= TARGET_RATIO and not heavy,
         n=len(both),
         p50=c.ms(c.percentile(both, 50)),

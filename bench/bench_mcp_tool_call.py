@@ -29,7 +29,9 @@ def through_mcp(env: dict[str, str], pairs: int, decisions: int, warmup: int) ->
     a, b = c.McpSession(env, "bench-a", PROJECT), c.McpSession(env, "bench-b", PROJECT)
     try:
         for i in range(decisions):
-            a.tool("decide", topic=f"topic {i}", text=f"Decision number {i}: keep it simple and written down.")
+            a.tool(
+                "decide", topic=f"topic {i}", text=f"Decision number {i}: keep it simple and written down."
+            )
         b.tool("inbox")  # the decision notices
         pair_ns, decisions_ns = [], []
         for i in range(warmup + pairs):

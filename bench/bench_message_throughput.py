@@ -156,7 +156,9 @@ class FloorServer:
         name = "floor" if store else "framing"
         self.path = str(folder / f"{name}.sock")
         database = str(folder / f"{name}.db") if store else "-"
-        self.proc = subprocess.Popen([c.PYTHON, "-c", FLOOR_SERVER, self.path, database], stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [c.PYTHON, "-c", FLOOR_SERVER, self.path, database], stdout=subprocess.PIPE
+        )
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == b"ready"
 
     def close(self) -> None:
@@ -399,7 +401,10 @@ def main() -> None:
     with c.temp_home() as home:
         env = c.bench_env(home)
         echo = EchoLoop(home.parent, frame)
-        floors = {"floor": FloorServer(home.parent, store=True), "framing": FloorServer(home.parent, store=False)}
+        floors = {
+            "floor": FloorServer(home.parent, store=True),
+            "framing": FloorServer(home.parent, store=False),
+        }
         try:
             with c.BrokerProcess(home, env) as broker:
                 record = broker.wait_ready()
@@ -419,16 +424,21 @@ def main() -> None:
     c.report(
         "message_throughput",
         value=value,
-        unit=f"messages/s through two agent-bridge mcp relays (send → shown by inbox, {WINDOW} sends in flight)",
+        unit=f"messages/s through two agent-bridge mcp relays (send → shown by inbox, {WINDOW} sends in "
+             f"flight)",
         baseline=broker_rate,
         target=(
-            f"details.relay_one_at_a_time_p50 <= {TARGET_RELAY_ONE_P50_MS:g} ms through the relays (value and its "
+            f"details.relay_one_at_a_time_p50 <= {TARGET_RELAY_ONE_P50_MS:g} ms through the relays (value "
+            f"and its "
             f"ratio to broker-only reported); broker-only (the baseline) >= "
-            f"{TARGET_BROKER_RATE:g} messages/s and details.one_at_a_time_floor_ratio <= {TARGET_FLOOR_RATIO:g} "
+            f"{TARGET_BROKER_RATE:g} messages/s and details.one_at_a_time_floor_ratio <= "
+            f"{TARGET_FLOOR_RATIO:g} "
             "(one at a time, p50 over the same-run floor)"
         ),
         ok=(
-            relay_one_p50 <= TARGET_RELAY_ONE_P50_MS and broker_rate >= TARGET_BROKER_RATE and floor_ratio <= TARGET_FLOOR_RATIO
+            relay_one_p50 <= TARGET_RELAY_ONE_P50_MS
+            and broker_rate >= TARGET_BROKER_RATE
+            and floor_ratio <= TARGET_FLOOR_RATIO
         ),
         n=len(out["latencies_relay"]),
         p50=c.ms(c.percentile(out["latencies_relay"], 50)),

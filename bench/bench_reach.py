@@ -41,15 +41,22 @@ IDLE_TARGET_MS = 1000.0
 def busy_claude(world: World, i: int) -> tuple[bool, float]:
     a = str(uuid.uuid4())
     gate = f"claude-busy-{i}"
-    run = world.claude(plan(("whoami", {}), (GATE, {"gate": gate}), ("peers", {}), ("whoami", {})), session_id=a)
+    run = world.claude(
+        plan(("whoami", {}), (GATE, {"gate": gate}), ("peers", {}), ("whoami", {})), session_id=a
+    )
     world.claude_model.wait_reached(gate)
     text = f"busy claude {i} {uuid.uuid4().hex[:6]}"
     world.bridge("send", a, text)
     sent = time.monotonic()
     before = len(world.claude_model.of_session(a))
     world.claude_model.open_gate(gate)
-    first = poll_until(lambda: next((k for k, r in enumerate(world.claude_model.of_session(a)) if text in r.text), None)
-                       is not None, "the message in a request")
+    first = poll_until(
+        lambda: (
+            next((k for k, r in enumerate(world.claude_model.of_session(a)) if text in r.text), None)
+            is not None
+        ),
+        "the message in a request",
+    )
     assert first
     took = time.monotonic() - sent
     run.wait()
@@ -70,7 +77,9 @@ def busy_codex(world: World, i: int) -> tuple[bool, float]:
     sent = time.monotonic()
     before = len(world.codex_model.of_session(thread))
     world.codex_model.open_gate(gate)
-    poll_until(lambda: any(text in r.text for r in world.codex_model.of_session(thread)), "the message in a request")
+    poll_until(
+        lambda: any(text in r.text for r in world.codex_model.of_session(thread)), "the message in a request"
+    )
     took = time.monotonic() - sent
     run.wait()
     index = next(k for k, r in enumerate(world.codex_model.of_session(thread)) if text in r.text)
@@ -105,8 +114,15 @@ def idle_codex(world: World, runs: int) -> list[float]:
     from tests.hosts.test_claude_tui import waiters_held
 
     tui = world.codex_tui(env={"AGENT_BRIDGE_CODEX_WAKE": "1"})
-    poll_until(lambda: (world.bridge_home / "bridge.db").exists() and any(p["agent"] == "codex" for p in world.peers())
-               and "Ask Codex" in tui.screen(), "the TUI and its MCP server", timeout=90)
+    poll_until(
+        lambda: (
+            (world.bridge_home / "bridge.db").exists()
+            and any(p["agent"] == "codex" for p in world.peers())
+            and "Ask Codex" in tui.screen()
+        ),
+        "the TUI and its MCP server",
+        timeout=90,
+    )
     tui.type(plan(("whoami", {})))
     poll_until(lambda: "done." in tui.screen() and waiters_held(world) >= 1, "the waiter waiting")
     thread = next(p["hostSessionId"] for p in world.peers() if p["agent"] == "codex")
@@ -131,8 +147,19 @@ def main() -> None:
     try:
         host_bin = clis.ensure()
     except clis.Missing as exc:  # one JSON line all the same, saying why nothing was measured
-        c.report("reach", value=0.0, unit="ms", baseline=IDLE_TARGET_MS, target="real host CLIs needed", ok=False,
-                 n=0, p50=0.0, p99=0.0, quick=args.quick, details={"missing": str(exc)})
+        c.report(
+            "reach",
+            value=0.0,
+            unit="ms",
+            baseline=IDLE_TARGET_MS,
+            target="real host CLIs needed",
+            ok=False,
+            n=0,
+            p50=0.0,
+            p99=0.0,
+            quick=args.quick,
+            details={"missing": str(exc)},
+        )
         return
     with open_world(host_bin) as world:
         claude_busy = [busy_claude(world, i) for i in range(runs)]
@@ -147,7 +174,8 @@ def main() -> None:
     c.report(
         "reach",
         value=p50,
-        unit="ms (send returned -> first model request carrying it; idle Claude Code, asyncRewake waiter, p50)",
+        unit="ms (send returned -> first model request carrying it; idle Claude Code, asyncRewake waiter, "
+             "p50)",
         baseline=IDLE_TARGET_MS,
         target="idle p50 <= 1000 ms (Claude Code and Codex); busy: in the model's next request every time",
         ok=p50 <= IDLE_TARGET_MS and c.median(codex_idle) * 1000 <= IDLE_TARGET_MS and busy_next,

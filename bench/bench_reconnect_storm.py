@@ -131,7 +131,10 @@ def main() -> None:
         details={
             "sessions": sessions,
             "broker_rss_mb": max(out["rss"]),
-            "reconnect_after_ready_s": c.median([s - r for s, r in zip(out["storms"], out["readies"], strict=True)]) / 1e9,
+            "reconnect_after_ready_s": c.median(
+                [s - r for s, r in zip(out["storms"], out["readies"], strict=True)]
+            )
+            / 1e9,
         },
     )
 

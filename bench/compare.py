@@ -63,7 +63,9 @@ def log(message: str) -> None:
 def worktree(rev: str) -> Iterator[Path]:
     """REV checked out (detached) in a temporary worktree, removed when the block ends."""
     folder = Path(tempfile.mkdtemp(prefix="abcmp-")) / "tree"
-    subprocess.run(["git", "-C", str(CURRENT), "worktree", "add", "--detach", "--quiet", str(folder), rev], check=True)
+    subprocess.run(
+        ["git", "-C", str(CURRENT), "worktree", "add", "--detach", "--quiet", str(folder), rev], check=True
+    )
     try:
         yield folder
     finally:
@@ -143,13 +145,19 @@ def judge(bench: str, runs: dict[str, list[dict[str, Any]]], scripts: dict[str, 
         both = [[reading(line, f"details.{key}") for line in runs[side]] for side in ("base", "current")]
         if any(v is None for side in both for v in side):
             continue
-        if all(isinstance(v, int) for side in both for v in side) and len({v for side in both for v in side}) == 1:
+        if (
+            all(isinstance(v, int) for side in both for v in side)
+            and len({v for side in both for v in side}) == 1
+        ):
             continue  # a setting (rounds, sizes), the same on both sides, not a reading
         details[key] = [round(statistics.median(side), 4) for side in both]  # type: ignore[type-var]
     out: dict[str, Any] = {"bench": bench, "scripts": scripts, "metric": metric["current"], "unit": unit}
     if any(v is None for side in values.values() for v in side):
-        out.update(ok=None, note=f"the two scripts' values measure different things ({base_unit!r}, {unit!r}) "
-                   "and no reading both carry is known")
+        out.update(
+            ok=None,
+            note=f"the two scripts' values measure different things ({base_unit!r}, {unit!r}) "
+            "and no reading both carry is known",
+        )
         out["runs"] = {side: [line["value"] for line in lines] for side, lines in runs.items()}
         return out
     higher = "/s" in unit
@@ -163,17 +171,27 @@ def judge(bench: str, runs: dict[str, list[dict[str, Any]]], scripts: dict[str, 
         details=details,
     )
     if metric["current"] != "value":
-        out["current_value"] = {"unit": runs["current"][0]["unit"],
-                                "median": round(statistics.median(line["value"] for line in runs["current"]), 4)}
+        out["current_value"] = {
+            "unit": runs["current"][0]["unit"],
+            "median": round(statistics.median(line["value"] for line in runs["current"]), 4),
+        }
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the revision to compare against (anything git rev-parse takes)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--base", required=True, help="the revision to compare against (anything git rev-parse takes)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="runs of each bench per tree (default 3)")
-    parser.add_argument("--quick", action="store_true", help="pass --quick to the benches (checks the tool, not the code)")
-    parser.add_argument("benches", nargs="*", default=list(DEFAULT_BENCHES), help="names without bench_ and .py")
+    parser.add_argument(
+        "--quick", action="store_true", help="pass --quick to the benches (checks the tool, not the code)"
+    )
+    parser.add_argument(
+        "benches", nargs="*", default=list(DEFAULT_BENCHES), help="names without bench_ and .py"
+    )
     args = parser.parse_args(argv)
     extra = ["--quick"] if args.quick else []
     for name in args.benches:

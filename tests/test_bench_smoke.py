@@ -103,11 +103,19 @@ def test_compare_judges_the_median_in_the_direction_of_its_unit() -> None:
 
 def test_compare_falls_back_to_a_reading_both_lines_carry() -> None:
     judge = _compare_module().judge
-    scripts = {"base": "base:bench/bench_message_throughput.py", "current": "current:bench/bench_message_throughput.py"}
+    scripts = {
+        "base": "base:bench/bench_message_throughput.py",
+        "current": "current:bench/bench_message_throughput.py",
+    }
     old = _line(10_000.0, "messages/s broker-only", one_at_a_time_p50=0.6)
     new = _line(2_500.0, "messages/s through relays", broker_only_rate=9_000.0, one_at_a_time_p50=0.5)
     line = judge("message_throughput", {"base": [old], "current": [new]}, scripts)
-    assert (line["metric"], line["base"], line["current"], line["ok"]) == ("details.broker_only_rate", 10_000, 9_000, False)
+    assert (line["metric"], line["base"], line["current"], line["ok"]) == (
+        "details.broker_only_rate",
+        10_000,
+        9_000,
+        False,
+    )
     assert line["details"] == {"one_at_a_time_p50": [0.6, 0.5]}  # settings (rounds) left out
     assert line["current_value"]["median"] == 2_500.0
     unknown = judge("other", {"base": [old], "current": [new]}, scripts)
@@ -120,15 +128,33 @@ def test_compare_runs_a_bench_for_both_trees(tmp_path: Path) -> None:
         pytest.skip("not a git checkout")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "compare.py"), "--base", "HEAD", "--rounds", "1", "--quick", "mcp_tool_call"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(BENCH / "compare.py"),
+            "--base",
+            "HEAD",
+            "--rounds",
+            "1",
+            "--quick",
+            "mcp_tool_call",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode in (0, 1), proc.stderr  # 1: worse beyond noise, which tiny runs may well be
     (text,) = proc.stdout.splitlines()
     line = json.loads(text)
     assert line["bench"] == "mcp_tool_call"
-    assert line["scripts"] == {"base": "base:bench/bench_mcp_tool_call.py", "current": "current:bench/bench_mcp_tool_call.py"}
+    assert line["scripts"] == {
+        "base": "base:bench/bench_mcp_tool_call.py",
+        "current": "current:bench/bench_mcp_tool_call.py",
+    }
     assert isinstance(line["ok"], bool) and _number(line["ratio"]) and line["better"] == "lower"
     assert f"a relay imports {REPO / 'agent_bridge' / '__init__.py'}" in proc.stderr
     # and the base's relay, the temporary worktree's copy
-    assert re.search(r"base \(\w+\): a relay imports /\S+/abcmp-\w+/tree/agent_bridge/__init__\.py", proc.stderr)
+    assert re.search(
+        r"base \(\w+\): a relay imports /\S+/abcmp-\w+/tree/agent_bridge/__init__\.py", proc.stderr
+    )

@@ -51,10 +51,15 @@ async def test_send_reply_hops_and_errors(broker, env, home):
             b_me = await call(b, "whoami")
             first = (await call(a, "send", to="codex-one", text="hi there"))["message"]
             assert first["hop"] == 1 and first["replyTo"] is None and first["kind"] == "message"
-            assert first["from"]["name"] == "claude-one" and first["to"] == {"id": b_me["id"], "name": "codex-one"}
+            assert first["from"]["name"] == "claude-one" and first["to"] == {
+                "id": b_me["id"],
+                "name": "codex-one",
+            }
             got = await inbox_until(b, 1)
             assert [m["id"] for m in got] == [first["id"]] and got[0]["text"] == "hi there"
-            reply = (await call(b, "send", to=got[0]["from"]["id"], text="hello back", reply_to=first["id"]))["message"]
+            reply = (await call(b, "send", to=got[0]["from"]["id"], text="hello back", reply_to=first["id"]))[
+                "message"
+            ]
             assert reply["hop"] == 2 and reply["replyTo"] == first["id"]
             assert [m["hop"] for m in await inbox_until(a, 1)] == [2]
 
@@ -153,9 +158,13 @@ async def test_long_poll_wakes_on_arrival(home):
             await relay.send(relay_line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
                 "name": "inbox", "arguments": {"wait_seconds": mcp_host.INBOX_WAIT_MAX, "peek": True}}}))
             await wait_for(waiting, what="the poll waiting")
-            async with open_bridge_client(sock, {"agent": "claude", "project": "/w/lp"}, keepalive=False) as (tx, _):
+            async with open_bridge_client(sock, {"agent": "claude", "project": "/w/lp"}, keepalive=False) as (
+                tx,
+                _,
+            ):
                 await tx.request("send", to=me["name"], text="wake up")
-            with trio.fail_after(mcp_host.INBOX_WAIT_MAX / 2):  # woken by the arrival, well before its own wait ends
+            # woken by the arrival, well before its own wait ends
+            with trio.fail_after(mcp_host.INBOX_WAIT_MAX / 2):
                 result = json.loads((await relay_answer(relay, 2))["line"])
             await relay.aclose()
     assert [m["text"] for m in json.loads(result["result"]["content"][0]["text"])] == ["wake up"]
@@ -179,7 +188,9 @@ async def test_a_result_on_its_way_to_the_host_is_not_offered_again(home):
     with trio.fail_after(60):
         async with broker_in_process(home) as (broker, sock):
             relay, me = await play_relay(sock, "/w/way")
-            async with open_bridge_client(sock, {"agent": "claude", "project": "/w/way"}, keepalive=False) as (tx, _):
+            async with open_bridge_client(
+                sock, {"agent": "claude", "project": "/w/way"}, keepalive=False
+            ) as (tx, _):
                 await tx.request("send", to=me["name"], text="once")
             bridge = broker.sessions[me["id"]].conn.bridge  # type: ignore[attr-defined]
 
@@ -202,7 +213,9 @@ async def test_a_result_on_its_way_to_the_host_is_not_offered_again(home):
 async def test_offline_recipient_gets_the_message_when_it_returns(broker, env, home):
     host_id = "host-session-offline"
     with trio.fail_after(90):
-        async with mcp_session(env, "--agent", "codex", "--project", "/w/off", "--host-session-id", host_id) as b:
+        async with mcp_session(
+            env, "--agent", "codex", "--project", "/w/off", "--host-session-id", host_id
+        ) as b:
             b_me = await call(b, "whoami")
             assert b_me["hostSessionId"] == host_id
         async with mcp_session(env, "--project", "/w/off") as a:
@@ -214,7 +227,9 @@ async def test_offline_recipient_gets_the_message_when_it_returns(broker, env, h
             sent = (await call(a, "send", to=host_id, text="while you were out"))["message"]
             assert sent["to"]["id"] == b_me["id"]
         assert count_rows(home, "SELECT count(*) FROM receipts WHERE acked_at IS NULL") == 1
-        async with mcp_session(env, "--agent", "codex", "--project", "/w/off", "--host-session-id", host_id) as b2:
+        async with mcp_session(
+            env, "--agent", "codex", "--project", "/w/off", "--host-session-id", host_id
+        ) as b2:
             me = await call(b2, "whoami")
             assert me["id"] == b_me["id"] and me["name"] == b_me["name"]  # the same session
             got = await inbox_until(b2, 1)
@@ -227,7 +242,9 @@ async def test_replay_after_broker_restart_and_mcp_reload_is_exactly_once(env, h
     try:
         with trio.fail_after(150):
             async with mcp_session(env, "--project", "/w/r") as a:
-                async with mcp_session(env, "--agent", "codex", "--project", "/w/r", "--host-session-id", host_id) as b:
+                async with mcp_session(
+                    env, "--agent", "codex", "--project", "/w/r", "--host-session-id", host_id
+                ) as b:
                     await call(a, "send", to="codex-r", text="before the crash")
                     await call(a, "decide", topic="db", text="PostgreSQL")
                     pending = await inbox_until_peek(b, 2)  # pushed to b, not yet shown
@@ -244,7 +261,9 @@ async def test_replay_after_broker_restart_and_mcp_reload_is_exactly_once(env, h
                     await call(a, "decide", topic="ui", text="dark")
                     unseen = await inbox_until_peek(b, 2)
                 # b's MCP server is gone (host reload) before it showed those two
-                async with mcp_session(env, "--agent", "codex", "--project", "/w/r", "--host-session-id", host_id) as b2:
+                async with mcp_session(
+                    env, "--agent", "codex", "--project", "/w/r", "--host-session-id", host_id
+                ) as b2:
                     got = await inbox_until(b2, 2)
                     assert [m["id"] for m in got] == [m["id"] for m in unseen]
                     assert await inbox(b2, wait_seconds=1) == []
@@ -262,7 +281,9 @@ async def test_catch_up_delivers_only_missed_current_decisions(broker, env, home
     host_id = "host-session-catchup"
     with trio.fail_after(120):
         async with mcp_session(env, "--project", "/w/cu") as a:
-            async with mcp_session(env, "--agent", "codex", "--project", "/w/cu", "--host-session-id", host_id) as b:
+            async with mcp_session(
+                env, "--agent", "codex", "--project", "/w/cu", "--host-session-id", host_id
+            ) as b:
                 await call(a, "decide", topic="seen", text="b saw this")
                 await call(a, "decide", topic="changed", text="first version")
                 got = await inbox_until(b, 2)
@@ -271,7 +292,9 @@ async def test_catch_up_delivers_only_missed_current_decisions(broker, env, home
             await call(a, "decide", topic="new", text="recorded while b was away")
             await call(a, "decide", topic="elsewhere", text="not b's project", scope={"project": "/w/other"})
             await inbox(a)
-            async with mcp_session(env, "--agent", "codex", "--project", "/w/cu", "--host-session-id", host_id) as b2:
+            async with mcp_session(
+                env, "--agent", "codex", "--project", "/w/cu", "--host-session-id", host_id
+            ) as b2:
                 got = await inbox_until(b2, 2)
                 assert [(m["decision"]["topic"], m["decision"]["text"]) for m in got] == [
                     ("changed", "second version"),
@@ -279,10 +302,14 @@ async def test_catch_up_delivers_only_missed_current_decisions(broker, env, home
                 ]
                 assert await inbox(b2, wait_seconds=1) == []
             # reconnecting again (another reload) queues nothing new
-            async with mcp_session(env, "--agent", "codex", "--project", "/w/cu", "--host-session-id", host_id) as b3:
+            async with mcp_session(
+                env, "--agent", "codex", "--project", "/w/cu", "--host-session-id", host_id
+            ) as b3:
                 assert await inbox(b3, wait_seconds=1.5) == []
             # relocated to another folder: that folder's current decisions arrive
-            async with mcp_session(env, "--agent", "codex", "--project", "/w/other", "--host-session-id", host_id) as b4:
+            async with mcp_session(
+                env, "--agent", "codex", "--project", "/w/other", "--host-session-id", host_id
+            ) as b4:
                 got = await inbox_until(b4, 1)
                 assert [m["decision"]["topic"] for m in got] == ["elsewhere"]
 
@@ -369,7 +396,9 @@ async def test_channel_notifications_only_for_active_messages(env, home):
     async def on_channel(params: ChannelParams) -> None:
         events.append(params)
 
-    binding = NotificationBinding(method="notifications/claude/channel", params_type=ChannelParams, handler=on_channel)
+    binding = NotificationBinding(
+        method="notifications/claude/channel", params_type=ChannelParams, handler=on_channel
+    )
     try:
         with trio.fail_after(90):
             async with mcp_session(env, "--agent", "codex", "--project", "/w/ch") as a:
@@ -382,7 +411,9 @@ async def test_channel_notifications_only_for_active_messages(env, home):
                     # shown through the channel: acknowledged, not shown again by inbox
                     assert await inbox(c, wait_seconds=1) == []
                     reply = (await call(c, "send", to="codex-ch", text="ok", reply_to=first["id"]))["message"]
-                    passive = (await call(a, "send", to="claude-ch", text="passive", reply_to=reply["id"]))["message"]
+                    passive = (await call(a, "send", to="claude-ch", text="passive", reply_to=reply["id"]))[
+                        "message"
+                    ]
                     assert passive["hop"] == 3  # >= hop limit 2: passive
                     await call(a, "decide", topic="t", text="decision notices are passive")
                     got = await inbox_until(c, 2)
@@ -410,7 +441,9 @@ async def test_killed_mcp_server_is_marked_disconnected(broker, env):
                 os.kill(pids[0], signal.SIGKILL)
 
                 async def disconnected():
-                    return any(p["name"] == "codex-doomed" and not p["connected"] for p in await call(a, "peers"))
+                    return any(
+                        p["name"] == "codex-doomed" and not p["connected"] for p in await call(a, "peers")
+                    )
 
                 await wait_for(disconnected, what="codex-doomed disconnected")
 
@@ -427,7 +460,9 @@ async def test_sigkill_the_broker_repeatedly_loses_nothing_and_duplicates_nothin
     try:
         with trio.fail_after(240):
             async with mcp_session(env, "--project", "/w/chaos") as a:
-                async with mcp_session(env, "--agent", "codex", "--project", "/w/chaos", "--host-session-id", "chaos-b") as b:
+                async with mcp_session(
+                    env, "--agent", "codex", "--project", "/w/chaos", "--host-session-id", "chaos-b"
+                ) as b:
                     stop = trio.Event()
 
                     async def sender():
@@ -436,7 +471,9 @@ async def test_sigkill_the_broker_repeatedly_loses_nothing_and_duplicates_nothin
                             n += 1
                             result = await a.call_tool("send", {"to": "chaos-b", "text": f"m{n}"})
                             if not result.is_error:
-                                sent[json.loads(result.content[0].text)["message"]["id"]] = trio.current_time()
+                                sent[json.loads(result.content[0].text)["message"]["id"]] = (
+                                    trio.current_time()
+                                )
                             if n % 10 == 0:
                                 d = await a.call_tool("decide", {"topic": f"t{n % 30}", "text": f"v{n}"})
                                 if not d.is_error:
@@ -492,8 +529,11 @@ async def test_sigkill_the_broker_repeatedly_loses_nothing_and_duplicates_nothin
             ).fetchall()
         assert rows == []
         latencies.sort()
-        print(f"\nchaos: {len(sent)} sent, {kills} kills, latency p50={latencies[len(latencies) // 2] * 1000:.1f}ms "
-              f"p99={latencies[int(len(latencies) * 0.99)] * 1000:.1f}ms max={latencies[-1] * 1000:.0f}ms")
+        print(
+            f"\nchaos: {len(sent)} sent, {kills} kills, latency "
+            f"p50={latencies[len(latencies) // 2] * 1000:.1f}ms "
+            f"p99={latencies[int(len(latencies) * 0.99)] * 1000:.1f}ms max={latencies[-1] * 1000:.0f}ms"
+        )
     finally:
         run_cli(env, "down")
 

@@ -176,8 +176,11 @@ def rows(home, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 def receipts(home, message_ids: list[str]) -> dict[str, tuple[Any, Any]]:
     """message id -> (delivered_at, acked_at)."""
     marks = ",".join("?" * len(message_ids))
-    found = rows(home, f"SELECT message_id, delivered_at, acked_at FROM receipts WHERE message_id IN ({marks})",
-                 *message_ids)
+    found = rows(
+        home,
+        f"SELECT message_id, delivered_at, acked_at FROM receipts WHERE message_id IN ({marks})",
+        *message_ids,
+    )
     return {m: (d, a) for m, d, a in found}
 
 
@@ -286,7 +289,8 @@ async def test_broker_down_then_the_server_dies_shows_nothing_unmarked_twice(env
                 assert sorted(m["id"] for m in shown) == sorted(ids)
             finally:
                 await rx.kill()
-            assert {m for m, (_, acked) in receipts(home, ids).items() if acked} == set()  # the broker was down
+            # the broker was down
+            assert {m for m, (_, acked) in receipts(home, ids).items() if acked} == set()
 
             broker.start()
             rx = await RawHost.start(env, *args)
@@ -383,7 +387,9 @@ async def test_send_says_whether_the_recipient_is_connected(broker, env, home):
                 assert live["recipientConnected"] is True and isinstance(live["recipientLastSeen"], int)
                 offline = await tx.request("send", to=seen, text="read this later")
                 assert offline["recipientConnected"] is False
-                (last_seen,) = rows(home, "SELECT last_seen_at FROM peers WHERE host_session_id = 'hs-away'")[0]
+                (last_seen,) = rows(home, "SELECT last_seen_at FROM peers WHERE host_session_id = 'hs-away'")[
+                    0
+                ]
                 assert offline["recipientLastSeen"] == last_seen
             assert here.closed.is_set() is False
 

@@ -22,7 +22,9 @@ def test_decodes_a_hand_written_request():
 
 
 def test_frames_split_anywhere_and_glued_together():
-    data = frame(b'{"v":1,"id":1,"op":"ping"}') + frame('{"v":1,"id":2,"op":"decisions","query":"caf\u00e9"}'.encode())
+    data = frame(b'{"v":1,"id":1,"op":"ping"}') + frame(
+        '{"v":1,"id":2,"op":"decisions","query":"caf\u00e9"}'.encode()
+    )
     decoder = FrameDecoder()
     got = []
     for i in range(len(data)):
@@ -100,10 +102,22 @@ def _raw_exchange(sock_path: str, data: bytes, timeout: float = 10.0) -> list[di
         (frame(b'{"v":9,"id":1,"op":"ping"}'), "protocol", "version"),
         (frame(b'{"v":1,"id":1,"op":"nope"}'), "protocol", "unknown op"),
         (frame(b'{"v":1,"id":1,"op":"whoami"}'), "bad_request", "hello first"),
-        (frame(b'{"v":1,"id":1,"op":"hello","agent":"claude","project":"relative"}'), "bad_request", "relative"),
-        (frame(b'{"v":1,"id":1,"op":"hello","agent":"claude","project":"/x","kind":"robot"}'), "bad_request", "kind"),
+        (
+            frame(b'{"v":1,"id":1,"op":"hello","agent":"claude","project":"relative"}'),
+            "bad_request",
+            "relative",
+        ),
+        (
+            frame(b'{"v":1,"id":1,"op":"hello","agent":"claude","project":"/x","kind":"robot"}'),
+            "bad_request",
+            "kind",
+        ),
         (frame(b'{"v":1,"id":1,"op":"identify","hostSessionId":""}'), "bad_request", "hostSessionId"),
-        (frame(b'{"v":1,"id":1,"op":"identify","hostSessionId":"h","host":{"pid":"x"}}'), "bad_request", "host"),
+        (
+            frame(b'{"v":1,"id":1,"op":"identify","hostSessionId":"h","host":{"pid":"x"}}'),
+            "bad_request",
+            "host",
+        ),
         (frame(b'{"v":1,"id":1,"op":"ping"}')[:7], "protocol", "middle of a frame"),
     ],
 )
@@ -198,7 +212,9 @@ def test_every_op_of_the_protocol_table_has_its_broker_handlers_and_no_more():
     assert set(broker.CONTROL_HANDLERS) == {n for n, op in protocol.OPS.items() if op.control}
     # The relay resends a tool call after a lost connection exactly when its op is idempotent.
     resent = {name for name in tools.TOOLS if tools.idempotent(name)}
-    assert resent == {name for name, t in tools.TOOLS.items() if t.op is None or t.op in protocol.IDEMPOTENT_OPS}
+    assert resent == {
+        name for name, t in tools.TOOLS.items() if t.op is None or t.op in protocol.IDEMPOTENT_OPS
+    }
     assert {"send", "decide"}.isdisjoint(resent)
     assert {"send", "decide"} <= protocol.SESSION_OPS & protocol.CONTROL_OPS  # the command line's too
     assert not protocol.OPS["send"].idempotent and not protocol.OPS["decide"].idempotent

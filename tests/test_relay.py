@@ -41,27 +41,36 @@ async def test_a_broker_killed_mid_call_answers_every_request_exactly_once(env, 
     broker = start_faulty_broker(env, home, "send:before-commit@1")
     try:
         with trio.fail_after(120):
-            host = await RawHost.start(env, "--project", "/w/relay-kill", "--host-session-id", "hs-relay-kill")
+            host = await RawHost.start(
+                env, "--project", "/w/relay-kill", "--host-session-id", "hs-relay-kill"
+            )
             me = await host.tool("whoami")
             poll = await host.call_request("inbox", wait_seconds=60)
             sent = await host.call_request("send", to=me["name"], text="during the crash")
             assert await wait_killed(broker) == KILLED
             await wait_new_broker(home, broker.pid)
             failed = (await host.answer(sent))["result"]
-            assert failed["isError"] and "may or may not have been recorded" in failed["content"][0]["text"], failed
+            assert (
+                failed["isError"] and "may or may not have been recorded" in failed["content"][0]["text"]
+            ), failed
             # The poll now waits in the new broker: a message wakes it.
-            done = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "after the crash", "--json"))
+            done = await trio.to_thread.run_sync(
+                lambda: run_cli(env, "send", me["name"], "after the crash", "--json")
+            )
             assert done.returncode == 0, done.stderr
             shown = json.loads((await host.answer(poll))["result"]["content"][0]["text"])
             assert [m["text"] for m in shown] == ["after the crash"]
-            assert await host.tool("whoami") == me  # the new broker serves this session: initialized, same record
+            # the new broker serves this session: initialized, same record
+            assert await host.tool("whoami") == me
             assert await host.end() == 0
     finally:
         broker.kill()
         stop_any_broker(env)
     answered = [m["id"] for m in host.lines if "result" in m or "error" in m]
     assert len(answered) == len(set(answered)), f"a request was answered twice: {answered}"
-    assert all(isinstance(rid, int) for rid in answered), f"an answer to a request the host never sent: {answered}"
+    assert all(isinstance(rid, int) for rid in answered), (
+        f"an answer to a request the host never sent: {answered}"
+    )
     assert sorted(answered) == list(range(1, max(answered) + 1))  # and every one was answered
 
 
@@ -78,8 +87,16 @@ async def test_the_relay_process_never_imports_trio_the_sdk_or_pydantic(broker, 
             env=relay_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
         )
         host = RawHost(proc)
-        await host.answer(await host.request("initialize", {
-            "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "relay-test", "version": "1"}}))
+        await host.answer(
+            await host.request(
+                "initialize",
+                {
+                    "protocolVersion": PROTOCOL,
+                    "capabilities": {},
+                    "clientInfo": {"name": "relay-test", "version": "1"},
+                },
+            )
+        )
         await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         await host.answer(await host.request("tools/list", {}))
         me = await host.tool("whoami")
@@ -118,7 +135,9 @@ async def test_with_no_broker_the_relay_answers_what_needs_none_and_says_why_for
         failed = (await host.answer(await host.call_request("whoami")))["result"]
         assert failed["isError"] and "schema version 99" in failed["content"][0]["text"], failed
         initialized = host.answers(1)[0]["result"]
-        assert initialized["serverInfo"]["name"] == "agent-bridge" and "claude/channel" not in str(initialized)
+        assert initialized["serverInfo"]["name"] == "agent-bridge" and "claude/channel" not in str(
+            initialized
+        )
         assert await host.end() == 0
 
 
@@ -136,7 +155,9 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
 
         await wait_for(arrived, what="the first message in the inbox")
         assert [m["id"] for m in await host.tool("inbox")] == [first_id]
-        second = (await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "never shown", "--json")))
+        second = await trio.to_thread.run_sync(
+            lambda: run_cli(env, "send", me["name"], "never shown", "--json")
+        )
         second_id = json.loads(second.stdout)["message"]["id"]
 
         async def second_held() -> bool:
@@ -167,14 +188,18 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
     it, so the host ignored it): then nothing is acknowledged, and the next session is shown
     the message again, marked as a repeat."""
     with trio.fail_after(60):
-        host = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
+        host = await RawHost.start(
+            env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow"
+        )
         me = await host.tool("whoami")
 
         async def arrived() -> bool:
             return bool(await host.tool("inbox", peek=True, wait_seconds=1))
 
         for _ in range(5):  # paused within CANCEL_GRACE of the result: almost always the first time
-            sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "shown at the end", "--json"))
+            sent = await trio.to_thread.run_sync(
+                lambda: run_cli(env, "send", me["name"], "shown at the end", "--json")
+            )
             mid = json.loads(sent.stdout)["message"]["id"]
             await wait_for(arrived, what="the message in the inbox")
             rid = await host.call_request("inbox")
@@ -188,7 +213,9 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
             pytest.fail("the broker recorded every acknowledgement before it could be paused")
         try:
             if cancelled:
-                await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}})
+                await host.send(
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}}
+                )
             if leaving == "SIGTERM":
                 host.proc.send_signal(signal.SIGTERM)
                 assert await host.proc.wait() == 0
@@ -196,10 +223,14 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
                 assert await host.end() == 0
             left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
             # Cancelled: not acknowledged, though it may be kept as offered (maybe read: a repeat).
-            assert [mid in record["acked"] for record in left] == ([False] * len(left) if cancelled else [True]), left
+            assert [mid in record["acked"] for record in left] == (
+                [False] * len(left) if cancelled else [True]
+            ), left
         finally:
             os.kill(broker.pid, signal.SIGCONT)
-        again = await RawHost.start(env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow")
+        again = await RawHost.start(
+            env, "--project", "/w/relay-slow-exit", "--host-session-id", "hs-relay-slow"
+        )
         assert await again.tool("whoami") == me
         if cancelled:  # (a repeat if this broker never heard of the cancel; told, it takes the offer back)
             assert receipts(home, [mid])[mid][1] is None
@@ -231,7 +262,9 @@ async def test_a_broker_started_by_a_relay_stops_on_sigterm(env, home):
     `agent-bridge down` and a user's `kill` stop it."""
     try:
         with trio.fail_after(60):
-            host = await RawHost.start(env, "--project", "/w/relay-starts", "--host-session-id", "hs-relay-starts")
+            host = await RawHost.start(
+                env, "--project", "/w/relay-starts", "--host-session-id", "hs-relay-starts"
+            )
             await host.tool("whoami")  # answered by the broker this relay started
             pid = json.loads((home / "broker.json").read_text())["pid"]
             assert not _signals_held(pid) & {signal.SIGTERM, signal.SIGINT}
@@ -299,8 +332,12 @@ async def test_a_request_on_a_relay_connection_is_answered_and_the_session_goes_
         assert hello is not None and hello["ok"], hello
         await relay_conn.send({"v": 1, "id": 5, "op": "whoami"})
         refused = await relay_conn.receive()
-        assert refused is not None and refused["id"] == 5 and refused["error"]["code"] == "bad_request", refused
-        await relay_conn.send({"v": 1, "relay": "line", "line": json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})})
+        assert refused is not None and refused["id"] == 5 and refused["error"]["code"] == "bad_request", (
+            refused
+        )
+        await relay_conn.send(
+            {"v": 1, "relay": "line", "line": json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})}
+        )
         while True:
             frame = await relay_conn.receive()
             assert frame is not None, "the broker closed the relay connection"

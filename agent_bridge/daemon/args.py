@@ -40,7 +40,12 @@ def parse_host(raw: object) -> tuple[int, int] | None:
     if not isinstance(raw, dict):
         raise InputError("host: expected {\"pid\": int, \"start\": int, \"exe\": str} or null")
     pid, start = raw.get("pid"), raw.get("start")
-    if not isinstance(pid, int) or not isinstance(start, int) or isinstance(pid, bool) or isinstance(start, bool):
+    if (
+        not isinstance(pid, int)
+        or not isinstance(start, int)
+        or isinstance(pid, bool)
+        or isinstance(start, bool)
+    ):
         raise InputError("host: pid and start must be integers")
     return pid, start
 

@@ -131,7 +131,8 @@ class Requests:
                 if frame is None:
                     return
                 request = protocol.parse_request(frame)
-            except protocol.ProtocolError as exc:  # answered here: raised, it would leave the nursery as a group
+            # answered here: raised, it would leave the nursery as a group
+            except protocol.ProtocolError as exc:
                 await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
                 return
             except protocol.BadArguments as exc:  # this request only: the connection goes on
@@ -158,12 +159,18 @@ class Requests:
     async def send(self, request: protocol.Request) -> None:
         """With the sends right behind it: one commit (_answer_sends)."""
         await self.flush()
-        await _answer_sends(self.broker, self.session, self.conn, [(request.id, request.args), *_more_sends(self.conn)])
+        await _answer_sends(
+            self.broker, self.session, self.conn, [(request.id, request.args), *_more_sends(self.conn)]
+        )
 
     async def answer_one(self, request: protocol.Request) -> None:
         await self.flush()
         if request.op not in protocol.SESSION_OPS:
-            await self.conn.send(protocol.error(request.id, "bad_request", f"{request.op}: not available on a session connection"))
+            await self.conn.send(
+                protocol.error(
+                    request.id, "bad_request", f"{request.op}: not available on a session connection"
+                )
+            )
             return
         await self.conn.send(await answer(self.broker, self.session, *request))
 
@@ -200,7 +207,9 @@ async def _answer_sends(
         answers = [unavailable(request_id, "send", exc) for request_id, _ in sends]
     else:
         answers = [
-            protocol.error(request_id, "bad_request", str(r)) if isinstance(r, InputError) else protocol.ok(request_id, r)
+            protocol.error(request_id, "bad_request", str(r))
+            if isinstance(r, InputError)
+            else protocol.ok(request_id, r)
             for (request_id, _), r in zip(sends, results, strict=True)
         ]
         await _deliveries_first(broker, results)
@@ -215,7 +224,8 @@ async def _deliveries_first(broker: Broker, results: list[dict[str, Any] | Input
     woken = [
         recipient
         for r in results
-        if not isinstance(r, InputError) and (recipient := broker.sessions.get(r["message"]["to"]["id"])) is not None
+        if not isinstance(r, InputError)
+        and (recipient := broker.sessions.get(r["message"]["to"]["id"])) is not None
     ]
     for _ in range(2):
         if not any(s.wake.is_set() for s in woken):

@@ -67,7 +67,8 @@ def _already_running(home: Path) -> str:
     record = paths.read_broker_json(home) or {}
     pid = record.get("pid")
     where = f" (pid {pid})" if pid else ""
-    return f"agent-bridge: {paths.ALREADY_RUNNING} {home}{where}; use `agent-bridge status` or `agent-bridge down`"
+    return (f"agent-bridge: {paths.ALREADY_RUNNING} {home}{where}; "
+            "use `agent-bridge status` or `agent-bridge down`")
 
 
 class _PrivateRotatingLog(logging.handlers.RotatingFileHandler):
@@ -108,11 +109,16 @@ def _same_file(fd: int, path: str) -> bool:
 
 def setup_logging(home: Path, *, to_stderr: bool) -> None:
     handlers: list[logging.Handler] = []
-    handlers.append(_PrivateRotatingLog(paths.log_path(home), maxBytes=LOG_MAX_BYTES, backupCount=1, encoding="utf-8"))
+    handlers.append(
+        _PrivateRotatingLog(paths.log_path(home), maxBytes=LOG_MAX_BYTES, backupCount=1, encoding="utf-8")
+    )
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
     )
 
 
@@ -240,7 +246,11 @@ def _remember_failure(home: Path, reason: str) -> None:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if isinstance(exc, Exception) and not isinstance(exc, OSError) else text
+    return (
+        f"{type(exc).__name__}: {text}"
+        if isinstance(exc, Exception) and not isinstance(exc, OSError)
+        else text
+    )
 
 
 def _reason_channel() -> int | None:
@@ -284,7 +294,10 @@ def _print_ready(record: dict[str, Any], *, detached: bool) -> None:
         except OSError:
             url = f"{record['web']} (tokenized URL in {home / paths.DASHBOARD_URL})"
         print(f"  dashboard: {url}")
-    print("  connect Claude Code: agent-bridge install --claude   (or: claude mcp add agent-bridge -- agent-bridge mcp --agent claude)")
+    print(
+        "  connect Claude Code: agent-bridge install --claude   (or: claude mcp add agent-bridge -- "
+        "agent-bridge mcp --agent claude)"
+    )
     print("  connect Codex:       agent-bridge install --codex")
     print("  stop:                agent-bridge down" + ("" if detached else "   (or Ctrl-C)"), flush=True)
 
@@ -330,7 +343,10 @@ def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> 
             if said:
                 sys.stderr.write(said if said.endswith("\n") else said + "\n")
             else:
-                print(f"agent-bridge up: the broker exited with status {code}; see {paths.log_path(home)}", file=sys.stderr)
+                print(
+                    f"agent-bridge up: the broker exited with status {code}; see {paths.log_path(home)}",
+                    file=sys.stderr,
+                )
             return 1
         record = paths.read_broker_json(home)
         if record and record.get("pid") == child.pid:
@@ -342,7 +358,11 @@ def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> 
                 _print_ready(record, detached=True)
                 return 0
         time.sleep(0.05)
-    print(f"agent-bridge up: the broker did not become ready in {DETACH_TIMEOUT:.0f}s; see {paths.log_path(home)}", file=sys.stderr)
+    print(
+        f"agent-bridge up: the broker did not become ready in {DETACH_TIMEOUT:.0f}s; see "
+        f"{paths.log_path(home)}",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -436,10 +456,15 @@ def status(*, as_json: bool) -> int:
         print(json.dumps(info))
         return 0 if info["running"] else NOT_RUNNING
     if not info["running"]:
-        print(f"agent-bridge: no broker running for {home}" + (f" ({info['error']})" if "error" in info else ""))
+        print(
+            f"agent-bridge: no broker running for {home}" + (f" ({info['error']})" if "error" in info else "")
+        )
         return NOT_RUNNING
     print(f"agent-bridge broker running (pid {info['pid']}) for {home}")
     print(f"  socket: {info['socket']}")
     print(f"  dashboard: {info.get('web') or 'not serving'} (tokenized URL in {home / paths.DASHBOARD_URL})")
-    print(f"  sessions connected: {info['sessions']}; hop limit {info['hopLimit']}; schema v{info['schemaVersion']}")
+    print(
+        f"  sessions connected: {info['sessions']}; hop limit {info['hopLimit']}; schema "
+        f"v{info['schemaVersion']}"
+    )
     return 0

@@ -70,7 +70,8 @@ async def deliver(broker: Broker, session: Session) -> None:
             if session.replay or peer_id != session.id:
                 continue  # the session became another record meanwhile: read again
             messages = [
-                m._replace(repeat=True) if session.showing.state(m.id) not in (None, QUEUED) else m  # a replay: offered before, no ack came
+                # a replay: offered before, no ack came
+                m._replace(repeat=True) if session.showing.state(m.id) not in (None, QUEUED) else m
                 for m in backlog.advance(batch)
             ]
             await _send_notices(session)  # an "acked" goes out before the messages it covers

@@ -72,7 +72,18 @@ SOURCE_NAMES = {
     RANK_HOOK: "a hook's report",
     RANK_EXPLICIT: "--host-session-id",
 }
-HELLO_ARGS = {"agent", "project", "kind", "name", "hostSessionId", "claudeSessionId", "host", "chain", "pid", "resume"}
+HELLO_ARGS = {
+    "agent",
+    "project",
+    "kind",
+    "name",
+    "hostSessionId",
+    "claudeSessionId",
+    "host",
+    "chain",
+    "pid",
+    "resume",
+}
 
 
 def hash_secret(secret: str) -> str:
@@ -148,7 +159,9 @@ class Identity:
             if name is not None and await db.session_addresses_taken(
                 name, excluding=None if peer is None else peer.id
             ):
-                raise InputError(f"name: {name!r} is another session's id or host session id; choose another name")
+                raise InputError(
+                    f"name: {name!r} is another session's id or host session id; choose another name"
+                )
             if peer is not None:
                 held = registry.get(peer.id)
                 if held is not None:
@@ -195,7 +208,9 @@ class Identity:
                 except BaseException:
                     registry.drop(session)  # the hello fails: no session without a connection task
                     raise
-        log.info("session %s connected (%s, %s)", session.name, session.id, hsid or f"no host session id, {how}")
+        log.info(
+            "session %s connected (%s, %s)", session.name, session.id, hsid or f"no host session id, {how}"
+        )
         return session
 
     async def _find_record(
@@ -222,7 +237,9 @@ class Identity:
         candidates = [] if host is None else await db.host_sessions_for(*host)
         hsid, rank, ambiguous = choose_host_session(explicit, candidates, claude_env)
         if ambiguous:
-            log.warning("host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates))
+            log.warning(
+                "host %s runs %d sessions; identity ambiguous until _meta or a hook", host, len(candidates)
+            )
         if hsid is not None:
             peer = await db.peer_by_host_session(hsid)
             return peer, "host session" if peer is not None else "new", hsid, rank, False
@@ -238,7 +255,11 @@ class Identity:
         peer = await self._db.peer_with_secret(peer_id, hash_secret(secret))
         if peer is not None:
             return peer
-        self._say_once(f"resume:{peer_id}:{pid}", "a connection presented session %s with a secret that is not its own; not resumed", peer_id)
+        self._say_once(
+            f"resume:{peer_id}:{pid}",
+            "a connection presented session %s with a secret that is not its own; not resumed",
+            peer_id,
+        )
         return None
 
     async def _free_name(self, base: str, own_id: str | None) -> str:
@@ -281,12 +302,15 @@ class Identity:
                 # Only a connection that left: at a broker shutdown its MCP server will resume it.
                 leaving = session.tentative and not self.stop.is_set()
                 if leaving and await db.forget_unused_peer(session.id):
-                    log.info("session %s left without a host identity or a tool call; nothing kept", session.name)
+                    log.info(
+                        "session %s left without a host identity or a tool call; nothing kept", session.name
+                    )
                     return
                 log.info("session %s disconnected", session.name)
                 if not self.stop.is_set():  # at a shutdown, written for every session at once
                     await db.touch_peers([session.id], now_ms())
-            except (OSError, apsw.Error) as exc:  # last seen is a courtesy; a failing disk must not crash this
+            # last seen is a courtesy; a failing disk must not crash this
+            except (OSError, apsw.Error) as exc:
                 log.warning("could not record when %s was last seen: %s", session.name, exc)
 
     async def on_request(self, session: Session) -> None:
@@ -364,7 +388,8 @@ class Identity:
                 kind=session.peer.kind,
                 last_seen_at=now_ms(),
             )
-            registry.drop(session)  # registered under its old id until here: never unregistered while connected
+            # registered under its old id until here: never unregistered while connected
+            registry.drop(session)
             session.peer = peer
             registry.add(session)
             # What the connection is showing now (session.showing) is the merged record's: its
@@ -419,7 +444,9 @@ class Identity:
             paired = await self.learn(candidates[0], hsid, RANK_HOOK)
             return {"session": candidates[0].public() if paired else None, "paired": paired}
         if len(candidates) > 1:
-            log.warning("host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid)
+            log.warning(
+                "host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid
+            )
             return {"session": None, "paired": False, "ambiguous": True}
         peer = await db.peer_by_host_session(hsid)
         return {"session": None if peer is None else peer.public(), "paired": False}

@@ -6,9 +6,11 @@ tool's own work. Measured through the relays (bench/bench_mcp_tool_call.py, the 
 and without this module, alternately three times, 2026-12): a `send` + `inbox` pair's p50 was
 1.7-2.2 ms with it and 2.7-3.9 ms without, `decisions` 4.8-6.4 ms against 5.5-8.1 ms. So a
 `tools/call` of one of the session's own tools is served here when everything about it is
-plain: the host has initialized (so the connection speaks a handshake-era version, whose answers are all shaped
+plain: the host has initialized (so the connection speaks a handshake-era version, whose answers are all
+shaped
 alike), the line holds no escaped surrogate, the request has only the fields JSON-RPC gives
-it and none of the protocol's reserved `_meta` keys, the tool is ours, and its arguments are exactly what the tool's advertised schema
+it and none of the protocol's reserved `_meta` keys, the tool is ours, and its arguments are exactly what
+the tool's advertised schema
 asks for (`argument_problem` finds nothing, nothing required is missing). The tool's body is
 the one the SDK runs (mcp_host's `TOOL_BODIES`), and the answer is the one the SDK would
 write (`result_line`: tests/test_mcp_fast.py checks it against the SDK's own serialization).
@@ -46,7 +48,8 @@ class ToolCall(NamedTuple):
     session: Any  # the SDK's ServerSession the host initialized
 
 
-RESERVED_META = "io.modelcontextprotocol/"  # `_meta` keys of the protocol's own (mcp_types.PROTOCOL_VERSION_META_KEY, ...)
+# `_meta` keys of the protocol's own (mcp_types.PROTOCOL_VERSION_META_KEY, ...)
+RESERVED_META = "io.modelcontextprotocol/"
 
 # A tool's body: (the session's Bridge, the call, **arguments) -> the result's text blocks.
 Body = Callable[..., Awaitable[list[str]]]
@@ -83,7 +86,8 @@ def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
     missing = [name for name in required if name not in arguments]
     if missing:
         s = "s" if len(missing) > 1 else ""
-        return f"{tool}: missing required argument{s} {', '.join(missing)} (it takes: {', '.join(sorted(properties))})"
+        return (f"{tool}: missing required argument{s} {', '.join(missing)} "
+                f"(it takes: {', '.join(sorted(properties))})")
     return None
 
 
@@ -101,7 +105,9 @@ def result_line(request_id: int | str, texts: list[str], *, is_error: bool) -> s
     handshake-era connection: shaped by the version's result model (which lists `text` before
     `type`), then compact JSON with the text as it is (`model_dump_json`)."""
     result = {"content": [{"text": text, "type": "text"} for text in texts], "isError": is_error}
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "result": result}, ensure_ascii=False, separators=(",", ":")
+    )
 
 
 def log_line(level: str, logger: str, data: str) -> str:
@@ -117,7 +123,11 @@ def log_line(level: str, logger: str, data: str) -> str:
 def error_text(tool: str, exc: BaseException | None) -> str:
     """A failed call's text, as the SDK's tool layer words it: a ToolError keeps its reason,
     anything else (a bug) says nothing of itself to the host."""
-    return f"Error executing tool {tool}: {exc}" if isinstance(exc, ToolError) else f"Error executing tool {tool}"
+    return (
+        f"Error executing tool {tool}: {exc}"
+        if isinstance(exc, ToolError)
+        else f"Error executing tool {tool}"
+    )
 
 
 def cancelled_request(line: str) -> Any | None:
@@ -172,7 +182,9 @@ class FastCalls:
         if not isinstance(params, dict) or set(params) - {"name", "arguments", "_meta"}:
             return False
         meta = params.get("_meta")
-        if meta is not None and (not isinstance(meta, dict) or any(str(k).startswith(RESERVED_META) for k in meta)):
+        if meta is not None and (
+            not isinstance(meta, dict) or any(str(k).startswith(RESERVED_META) for k in meta)
+        ):
             return False  # the 2026 per-request envelope, refused on a handshake connection by the SDK
         name = params.get("name")
         arguments = params.get("arguments", {})

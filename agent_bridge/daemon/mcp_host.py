@@ -78,11 +78,13 @@ logging.getLogger("mcp").setLevel(logging.WARNING)
 CHANNEL_CAPABILITY = "claude/channel"
 CANCEL_GRACE = 0.25  # seconds a written inbox result waits for a host cancel that crossed it, before its ack
 READ_FIRST_TURNS = 20  # turns of the scheduler given to the relay's reader before results come due
-ACK_BATCH = 0.05  # seconds between two recordings of a session's acknowledgements, at most one of them waiting
+# seconds between two recordings of a session's acknowledgements, at most one of them waiting
+ACK_BATCH = 0.05
 ACK_FLUSH_AT_EXIT = 2.0  # seconds to record the last acknowledgements when the host leaves
 DELIVERY_FIRST = 5.0  # seconds the host's lines wait for the session's backlog to be in its inbox
 LINES_BUFFER = 16  # host lines read ahead of the MCP server: a relay that outruns it waits
-LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")  # RFC 5424, as MCP
+# RFC 5424, as MCP
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 REPEAT_NOTE = "(Offered before, possibly already shown to you: a repeat.) "
 
 class LocalClient:
@@ -196,7 +198,8 @@ class Bridge:
         await self.relay.send(push_frame(notice))  # the relay holds them no longer
 
     async def offered_elsewhere(self, notice: Offered) -> None:
-        self.showing.offered_elsewhere(notice.ids)  # the Stop hook is showing these: shown again here, they are repeats
+        # the Stop hook is showing these: shown again here, they are repeats
+        self.showing.offered_elsewhere(notice.ids)
 
     async def new_identity(self, notice: Identity) -> None:
         await self.relay.send(push_frame(notice))  # the relay resumes (and keeps its ledger as) this session
@@ -208,7 +211,9 @@ class Bridge:
         session = self.mcp_session
         if session is None:
             return
-        active = message.get("kind") != "decision" and domain.is_active(int(message.get("hop", 0)), self.hop_limit)
+        active = message.get("kind") != "decision" and domain.is_active(
+            int(message.get("hop", 0)), self.hop_limit
+        )
         text = render_for_agent(message)
         if active and self.channel and self.pipe is not None:
             await self._channel(str(message["id"]), text)
@@ -388,7 +393,9 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
                 stdin_closed = await RelayReader(bridge, pipe, lines_in, fast).run()
 
         async with trio.open_nursery() as nursery:
-            fast = FastCalls(bridge, nursery, TOOL_BODIES, {name: tool.schema for name, tool in tools.TOOLS.items()})
+            fast = FastCalls(
+                bridge, nursery, TOOL_BODIES, {name: tool.schema for name, tool in tools.TOOLS.items()}
+            )
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)
             with trio.move_on_after(DELIVERY_FIRST):  # the host's first `inbox` sees the backlog
@@ -458,7 +465,9 @@ class RelayReader:
         except protocol.ProtocolError as exc:
             await send_quietly(self.conn, protocol.error(None, "protocol", str(exc)))
             return False
-        await self.conn.send(protocol.error(request_id, "bad_request", f"{op}: not available on an MCP relay connection"))
+        await self.conn.send(
+            protocol.error(request_id, "bad_request", f"{op}: not available on an MCP relay connection")
+        )
         return None
 
     async def on_line(self, frame: Line) -> bool | None:
@@ -525,7 +534,10 @@ def invalid_request_line(message: dict[str, Any], problem: str) -> str | None:
 def render_for_agent(message: dict[str, Any]) -> str:
     sender = message.get("from") or {}
     return domain.frame_message(
-        str(sender.get("name")), str(sender.get("agent")), str(message.get("text")), kind=str(message.get("kind")),
+        str(sender.get("name")),
+        str(sender.get("agent")),
+        str(message.get("text")),
+        kind=str(message.get("kind")),
         own=domain.sent_to_self(message),
     )
 
@@ -597,7 +609,9 @@ async def tool_decisions(bridge: Bridge, call: ToolCall | None, query: str | Non
     return texts
 
 
-async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float = 0, peek: bool = False) -> list[str]:
+async def tool_inbox(
+    bridge: Bridge, call: ToolCall | None, wait_seconds: float = 0, peek: bool = False
+) -> list[str]:
     if call is not None:
         await _observe(bridge, call)
     if isinstance(wait_seconds, bool) or not 0 <= wait_seconds <= INBOX_WAIT_MAX:
@@ -628,7 +642,11 @@ async def tool_inbox(bridge: Bridge, call: ToolCall | None, wait_seconds: float 
     return texts
 
 
-CUSTOM_BODIES: dict[str, Body] = {"tool_decide": tool_decide, "tool_decisions": tool_decisions, "tool_inbox": tool_inbox}
+CUSTOM_BODIES: dict[str, Body] = {
+    "tool_decide": tool_decide,
+    "tool_decisions": tool_decisions,
+    "tool_inbox": tool_inbox,
+}
 
 
 def body_of(tool: Tool) -> Body:
@@ -647,7 +665,9 @@ INSTRUCTIONS = (
 )
 
 
-async def call_tool(bridge: Bridge, tool: Tool, body: Body, arguments: Any, call: ToolCall | None) -> tuple[list[str], bool]:
+async def call_tool(
+    bridge: Bridge, tool: Tool, body: Body, arguments: Any, call: ToolCall | None
+) -> tuple[list[str], bool]:
     """One tool call as the host made it: its result's text blocks, and whether it failed.
     Arguments are judged by the tool's schema as the host reads it (SPEC §5): an optional one
     given as null is absent; an unknown one, a value not of its JSON type, a missing one is a
@@ -675,12 +695,19 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
     by `bodies`. It declares what the SDK's `MCPServer` declared for this server before (empty
     prompts and resources, so hosts that list them get empty lists) and `logging`."""
 
-    async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[
-            types.Tool(name=tool.name, description=tool.description, input_schema=tool.schema) for tool in table.values()
-        ])
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name=tool.name, description=tool.description, input_schema=tool.schema)
+                for tool in table.values()
+            ]
+        )
 
-    async def on_call(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def on_call(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         tool = table.get(params.name)
         if tool is None:  # JSON-RPC invalid params, as the MCP specification says
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name!r}")
@@ -688,7 +715,9 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
                                         ToolCall(ctx.request_id, ctx.meta, ctx.session))
         return types.CallToolResult(content=_blocks(texts), is_error=failed)
 
-    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+    async def set_level(
+        ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
         bridge.log_level = params.level
         return types.EmptyResult()
 
@@ -699,10 +728,14 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
         if params.request_id is not None:
             await bridge.cancelled(params.request_id)  # read first by RelayReader: a no-op then
 
-    async def no_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+    async def no_prompts(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
         return types.ListPromptsResult(prompts=[])
 
-    async def no_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    async def no_resources(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=[])
 
     async def no_templates(
@@ -710,10 +743,14 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
     ) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(resource_templates=[])
 
-    async def no_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    async def no_prompt(
+        ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
         raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
 
-    async def no_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def no_resource(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
         raise MCPError(types.INVALID_PARAMS, f"Unknown resource: {params.uri}", data={"uri": str(params.uri)})
 
     server: Server[Any] = Server(
@@ -725,7 +762,9 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
     # protocol drops logging, which hosts of the handshake era still use.
     server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
     server.add_notification_handler("notifications/initialized", types.NotificationParams, on_initialized)
-    server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
+    server.add_notification_handler(
+        "notifications/cancelled", types.CancelledNotificationParams, on_cancelled
+    )
     return server
 
 
@@ -803,7 +842,8 @@ TOOL_MARK, REASON_MARK = "agent_bridge_tool", "<the reason>"  # filled in by the
 def static_answers() -> dict[str, Any]:
     """The answers `agent-bridge mcp` gives with no broker, produced by this server through the
     SDK: `initialize` per agent kind (claude declares channels) and requested protocol version,
-    `tools/list`, the shape of a tool error, and an `inbox` result. `tests/test_relay.py` checks that the shipped file is this."""
+    `tools/list`, the shape of a tool error, and an `inbox` result. `tests/test_relay.py` checks that the
+    shipped file is this."""
     return trio.run(_static_answers)
 
 
@@ -811,21 +851,35 @@ async def _static_answers() -> dict[str, Any]:
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
     def initialize(rid: int, version: str) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": rid, "method": "initialize", "params": {
-            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "agent-bridge", "version": __version__}}}
+        return {
+            "jsonrpc": "2.0",
+            "id": rid,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": version,
+                "capabilities": {},
+                "clientInfo": {"name": "agent-bridge", "version": __version__},
+            },
+        }
 
     answers: dict[str, Any] = {}
     for agent in ("claude", "other"):
         per_version = answers.setdefault(agent, {})
         for version in (*HANDSHAKE_PROTOCOL_VERSIONS, UNKNOWN_VERSION):
-            (answer,) = await _serve_lines(build_server(cast(Bridge, None)), agent, [initialize(1, version)], 1)
+            (answer,) = await _serve_lines(
+                build_server(cast(Bridge, None)), agent, [initialize(1, version)], 1
+            )
             per_version[version] = {k: v for k, v in answer.items() if k in ("result", "error")}
     listed = await _serve_lines(build_server(cast(Bridge, None)), "other", [
         initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ], 2)
     # The shapes of a failed call and of an `inbox` result, from probe tools served alike.
-    probes = {TOOL_MARK: Tool(TOOL_MARK, None, "", {"type": "object", "properties": {}}, idempotent=True),
-              TOOL_MARK + "_blocks": Tool(TOOL_MARK + "_blocks", None, "", {"type": "object", "properties": {}}, True)}
+    probes = {
+        TOOL_MARK: Tool(TOOL_MARK, None, "", {"type": "object", "properties": {}}, idempotent=True),
+        TOOL_MARK + "_blocks": Tool(
+            TOOL_MARK + "_blocks", None, "", {"type": "object", "properties": {}}, True
+        ),
+    }
 
     async def fail(bridge: Bridge, call: ToolCall | None) -> list[str]:
         raise ToolError(REASON_MARK)
@@ -835,11 +889,20 @@ async def _static_answers() -> dict[str, Any]:
 
     results = []
     for name in probes:
-        answered = await _serve_lines(build_server(cast(Bridge, None), probes, {TOOL_MARK: fail, TOOL_MARK + "_blocks": blocks}),
-                                      "other", [
-            initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
-            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": {}}},
-        ], 2)
+        answered = await _serve_lines(
+            build_server(cast(Bridge, None), probes, {TOOL_MARK: fail, TOOL_MARK + "_blocks": blocks}),
+            "other",
+            [
+                initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": name, "arguments": {}},
+                },
+            ],
+            2,
+        )
         results.append(answered[1]["result"])
     failed, shown = results
     return {
@@ -855,7 +918,9 @@ async def _static_answers() -> dict[str, Any]:
     }
 
 
-async def _serve_lines(server: Server[Any], agent: str, requests: list[dict[str, Any]], answers: int) -> list[Any]:
+async def _serve_lines(
+    server: Server[Any], agent: str, requests: list[dict[str, Any]], answers: int
+) -> list[Any]:
     """Feed `requests` to `server` as a host would; its first `answers` lines, parsed."""
     init = server.create_initialization_options(
         experimental_capabilities={CHANNEL_CAPABILITY: {}} if agent == "claude" else None
@@ -865,7 +930,8 @@ async def _serve_lines(server: Server[Any], agent: str, requests: list[dict[str,
 
     class Capture:
         async def write(self, text: str) -> None:
-            out.extend(json.loads(line) for line in text.split("\n") if line)  # not splitlines(): U+2028 is text
+            # not splitlines(): U+2028 is text
+            out.extend(json.loads(line) for line in text.split("\n") if line)
             if len(out) >= answers:
                 done.set()
 

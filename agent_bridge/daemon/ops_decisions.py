@@ -36,7 +36,9 @@ async def cmd_decide(broker: Broker, args: dict[str, Any]) -> Any:
     return await decide_as(broker, CLI_AUTHOR, CLI_AGENT, project, rest)
 
 
-async def decide_as(broker: Broker, author: SessionView, author_agent: str, project: str, args: dict[str, Any]) -> Any:
+async def decide_as(
+    broker: Broker, author: SessionView, author_agent: str, project: str, args: dict[str, Any]
+) -> Any:
     """One revision by `author`; an omitted scope is `project` (the author's folder)."""
     topic = domain.normalize_topic(args.get("topic"))
     text = domain.normalize_text(args.get("text"))
@@ -66,7 +68,9 @@ async def decide_as(broker: Broker, author: SessionView, author_agent: str, proj
     return result
 
 
-def decision_recipients(broker: Broker, scope: domain.Scope) -> tuple[list[Session], list[Session], list[Recipient]]:
+def decision_recipients(
+    broker: Broker, scope: domain.Scope
+) -> tuple[list[Session], list[Session], list[Recipient]]:
     """The connected non-job sessions in a decision's scope: (those notified now, those held
     back while tentative, the notified ones' receipts' keys). `decide` and `answer` alike."""
     in_scope = [s for s in broker.sessions.values() if not s.is_job and domain.scope_applies(scope, s.view())]
@@ -76,7 +80,11 @@ def decision_recipients(broker: Broker, scope: domain.Scope) -> tuple[list[Sessi
 
 
 async def decision_recorded(
-    broker: Broker, decision: Decision, delivered: list[str], notified: list[Session], held_back: list[Session]
+    broker: Broker,
+    decision: Decision,
+    delivered: list[str],
+    notified: list[Session],
+    held_back: list[Session],
 ) -> list[str]:
     """After a decision's commit: wake the notified sessions, queue the held-back ones' notices
     for their first tool call; the sorted names of the sessions in scope (`deliveredTo`)."""
@@ -119,7 +127,9 @@ async def op_retractions(broker: Broker, session: Session, args: dict[str, Any])
     _no_unknown(args, {"topics"}, "retractions")
     topics = args.get("topics")
     if not isinstance(topics, list) or len(topics) > RETRACTION_TOPICS_MAX:
-        raise InputError(f"topics: expected a list of at most {RETRACTION_TOPICS_MAX} topics, got {topics!r:.80}")
+        raise InputError(
+            f"topics: expected a list of at most {RETRACTION_TOPICS_MAX} topics, got {topics!r:.80}"
+        )
     found = await broker.db.retractions(sorted({domain.normalize_topic(t) for t in topics}))
     return [r.to_json() for r in found]
 

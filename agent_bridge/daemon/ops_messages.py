@@ -47,7 +47,9 @@ async def send_batch(
     results: list[tuple[Outgoing | InputError, int | None]] = []
     for args in batch:
         try:
-            results.append(await plan_send(broker, args, "peers" if session is not None else SESSIONS_COMMAND))
+            results.append(
+                await plan_send(broker, args, "peers" if session is not None else SESSIONS_COMMAND)
+            )
         except InputError as exc:
             results.append((exc, None))
     planned = [r for r, _ in results if isinstance(r, Outgoing)]
@@ -100,7 +102,9 @@ async def plan_send(broker: Broker, args: dict[str, Any], listing: str) -> tuple
         elif target is not None:
             to_id = target.id
         else:
-            raise InputError(f"to: no session is addressed by {to!r} (use a name, id or host session id from {listing})")
+            raise InputError(
+                f"to: no session is addressed by {to!r} (use a name, id or host session id from {listing})"
+            )
     parent_hop = None
     if reply_to is not None:
         parent_hop = await broker.db.message_hop(reply_to)

@@ -98,7 +98,9 @@ async def cmd_forget(broker: Broker, args: dict[str, Any]) -> Any:
             if not isinstance(addresses, list) or not addresses or not all(
                 isinstance(a, str) and a.strip() and len(a) <= ADDRESS_MAX for a in addresses
             ):
-                raise InputError("sessions: expected a non-empty list of session names, ids or host session ids")
+                raise InputError(
+                    "sessions: expected a non-empty list of session names, ids or host session ids"
+                )
             ids: list[str] = []
             for address in addresses:
                 address = address.strip()
@@ -106,7 +108,8 @@ async def cmd_forget(broker: Broker, args: dict[str, Any]) -> Any:
                 if held is not None:
                     raise InputError(
                         f"{address!r} is connected ({held.name}); only gone sessions can be forgotten "
-                        "(a gone record that shares its name: forget it by its id, see `agent-bridge sessions`)"
+                        "(a gone record that shares its name: forget it by its id, see `agent-bridge "
+                        "sessions`)"
                     )
                 found = await broker.db.find_peers_by_address(address)
                 if not found:
@@ -122,5 +125,10 @@ async def cmd_forget(broker: Broker, args: dict[str, Any]) -> Any:
             ids = [i for i in candidates if i not in broker.sessions]
         forgotten = await broker.db.forget_peers(ids, now_ms(), fault=broker.fault)
     for item in forgotten:
-        log.info("forgot session %s (%s); dropped %d queued message(s)", item.peer.name, item.peer.id, len(item.dropped))
+        log.info(
+            "forgot session %s (%s); dropped %d queued message(s)",
+            item.peer.name,
+            item.peer.id,
+            len(item.dropped),
+        )
     return {"forgotten": [item.to_json() for item in forgotten]}

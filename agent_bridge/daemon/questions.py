@@ -36,8 +36,14 @@ async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> A
     scope = {"project": session.peer.project} if raw_scope is None else domain.parse_scope(raw_scope)
     view = session.view()
     asked, current = await broker.db.ask_question(
-        asker=view, asker_agent=session.peer.agent, question=question, topic=topic, options=options, scope=scope,
-        caller_addresses=view.addresses, now=now_ms(),
+        asker=view,
+        asker_agent=session.peer.agent,
+        question=question,
+        topic=topic,
+        options=options,
+        scope=scope,
+        caller_addresses=view.addresses,
+        now=now_ms(),
     )
     return {"question": None if asked is None else asked.to_json(),
             "current": None if current is None else current.to_json()}
@@ -60,7 +66,9 @@ async def answer(broker: Broker, args: dict[str, Any]) -> Any:
         if args.get("scope") is not None:
             raise InputError("scope: a declined question records no decision, so it takes no scope")
         reason = domain.normalize_reason(args.get("decline"), "decline")
-        declined, told = await broker.db.decline_question(question_id=question.id, reason=reason, now=now_ms())
+        declined, told = await broker.db.decline_question(
+            question_id=question.id, reason=reason, now=now_ms()
+        )
         _poke(broker, told)
         return {"question": declined.to_json(), "decision": None, "deliveredTo": [],
                 "askersTold": [name for _, name in told]}
@@ -74,8 +82,14 @@ async def answer(broker: Broker, args: dict[str, Any]) -> Any:
     notified, held_back, recipients = decision_recipients(broker, scope)
     await broker.pause("decide:resolved")
     answered, decision, delivered, told = await broker.db.answer_question(
-        question_id=question.id, author=CLI_AUTHOR, topic=topic, text=text, scope=scope, recipients=recipients,
-        now=now_ms(), fault=broker.fault,
+        question_id=question.id,
+        author=CLI_AUTHOR,
+        topic=topic,
+        text=text,
+        scope=scope,
+        recipients=recipients,
+        now=now_ms(),
+        fault=broker.fault,
     )
     delivered = await decision_recorded(broker, decision, delivered, notified, held_back)
     _poke(broker, told)
@@ -97,8 +111,11 @@ async def _question_id(broker: Broker, raw: object) -> str:
     if len(found) == 1:
         return found[0]
     if found:
-        raise InputError(f"questionId: {given!r} starts {'more than ' if len(found) >= 10 else ''}{len(found)} question ids; "
-                         f"give more of it (see {QUESTIONS_COMMAND})")
+        raise InputError(
+            f"questionId: {given!r} starts {'more than ' if len(found) >= 10 else ''}{len(found)} question "
+            f"ids; "
+            f"give more of it (see {QUESTIONS_COMMAND})"
+        )
     raise InputError(f"no question has id {given!r} (see {QUESTIONS_COMMAND})")
 
 

@@ -43,7 +43,9 @@ log = logging.getLogger("agent_bridge.daemon")
 MCP_HOST = "agent_bridge.daemon.mcp_host"
 
 
-async def watch_signals(stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def watch_signals(
+    stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
@@ -116,7 +118,9 @@ async def _serve(
         # The state folder, checked by ensure_home, may hold the socket as it is; a folder
         # elsewhere is checked by the listener (serve_unix: prepare_socket_path).
         listen = partial(ipc_listener(), state_folder=home)
-        broker.socket_path = await serving.start(listen, paths.socket_path(home), partial(handle_connection, broker))
+        broker.socket_path = await serving.start(
+            listen, paths.socket_path(home), partial(handle_connection, broker)
+        )
         broker.web_url = await _start_dashboard(serving, home, broker, web_port)
         record = {
             "pid": os.getpid(),
@@ -163,5 +167,7 @@ async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, we
     changes.bind()
     broker.store.on_change = changes.poke
     broker.changes = changes  # `wait_active` (a wake waiter) waits on the same commits
-    url: str = await serving.start(partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port))
+    url: str = await serving.start(
+        partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port)
+    )
     return url

@@ -51,7 +51,9 @@ async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
         await conn.aclose()
 
 
-async def _serve_control(broker: Broker, conn: FramedStream, request_id: int, op: str, args: dict[str, Any]) -> None:
+async def _serve_control(
+    broker: Broker, conn: FramedStream, request_id: int, op: str, args: dict[str, Any]
+) -> None:
     """Hooks and the CLI: one or a few requests, then the connection closes."""
     while True:
         if op not in protocol.CONTROL_OPS:

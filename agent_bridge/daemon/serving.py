@@ -48,7 +48,9 @@ async def attach_session(
     return None
 
 
-async def answer(broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]) -> dict[str, Any]:
+async def answer(
+    broker: Broker, session: Session | None, request_id: int, op: str, args: dict[str, Any]
+) -> dict[str, Any]:
     try:
         return protocol.ok(request_id, await broker.handle(session, op, args))
     except InputError as exc:

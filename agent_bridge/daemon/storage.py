@@ -191,7 +191,11 @@ class StoreRunner:
         with every other job (only while none is queued or running), the answer after the
         commit; cancellation is honoured before the transaction starts.
         """
-        if self._pending or self.store is None or (self.checkpointer is not None and self.checkpointer.catch_up_wanted):
+        if (
+            self._pending
+            or self.store is None
+            or (self.checkpointer is not None and self.checkpointer.catch_up_wanted)
+        ):
             return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
@@ -277,7 +281,9 @@ def _few_sends(from_id: str, outgoing: Sequence[Outgoing], *args: Any, **kwargs:
 class _OnStoreThread(Generic[P, T]):
     """A Store method as an async method of StoreCalls: awaited, it runs on the store's thread."""
 
-    def __init__(self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None) -> None:
+    def __init__(
+        self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None
+    ) -> None:
         self._method = method
         # Given the call's arguments, whether it is one small transaction, which may run on the
         # loop (StoreRunner.run_short); None: always on the store's thread.
@@ -366,5 +372,8 @@ async def serve_store(
                 if runner.store is not None:
                     await runner.run(runner.close_store)
             except (OSError, apsw.Error) as exc:  # committed data is in the WAL: the next open recovers it
-                log(f"could not checkpoint {db.name} on shutdown ({exc}); the next start recovers it from the WAL")
+                log(
+                    f"could not checkpoint {db.name} on shutdown ({exc}); the next start recovers it from "
+                    f"the WAL"
+                )
         runner.stop()

@@ -83,7 +83,11 @@ Handler = Callable[[trio.abc.Stream], Awaitable[None]]
 
 
 def is_pipe_name(address: str) -> bool:
-    return address.startswith(PIPE_PREFIX) and len(address) > len(PIPE_PREFIX) and "\\" not in address[len(PIPE_PREFIX):]
+    return (
+        address.startswith(PIPE_PREFIX)
+        and len(address) > len(PIPE_PREFIX)
+        and "\\" not in address[len(PIPE_PREFIX) :]
+    )
 
 
 def security_sddl(user_sid: str) -> str:
@@ -165,7 +169,16 @@ class _Win32:
 
         self.SECURITY_ATTRIBUTES = SECURITY_ATTRIBUTES
         self.OVERLAPPED = OVERLAPPED
-        k.CreateNamedPipeW.argtypes = [w.LPCWSTR, w.DWORD, w.DWORD, w.DWORD, w.DWORD, w.DWORD, w.DWORD, w.LPVOID]
+        k.CreateNamedPipeW.argtypes = [
+            w.LPCWSTR,
+            w.DWORD,
+            w.DWORD,
+            w.DWORD,
+            w.DWORD,
+            w.DWORD,
+            w.DWORD,
+            w.LPVOID,
+        ]
         k.CreateNamedPipeW.restype = w.HANDLE
         k.ConnectNamedPipe.argtypes = [w.HANDLE, w.LPVOID]
         k.ConnectNamedPipe.restype = w.BOOL

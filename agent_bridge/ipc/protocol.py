@@ -13,7 +13,8 @@ Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a d
                              {"v":1, "push": "identity", "session": {...}}  (who this is now)
 
 The first request on a connection is either `hello` (it becomes a session's connection) or a
-control request (`identify`, `stop_check`, `stop_ack`, `wait_active`, `status`, `shutdown`, `ping`; from the command
+control request (`identify`, `stop_check`, `stop_ack`, `wait_active`, `status`, `shutdown`, `ping`; from the
+command
 line also `decide`, `send`, `retract`, `forget`, `connected`, `answer`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
 `hello` answers {"session": {...}, "hopLimit": n, "secret": "..."}: presenting
@@ -134,7 +135,9 @@ def decode_payload(payload: bytes) -> dict[str, Any]:
         raise ProtocolError(f"frame must hold a JSON object, got {type(obj).__name__}")
     version = obj.get("v")
     if version != PROTOCOL_VERSION or isinstance(version, bool):
-        raise ProtocolError(f"unsupported protocol version {version!r}; this broker speaks v{PROTOCOL_VERSION}")
+        raise ProtocolError(
+            f"unsupported protocol version {version!r}; this broker speaks v{PROTOCOL_VERSION}"
+        )
     return obj
 
 
@@ -200,7 +203,9 @@ def unstorable_text(value: Any, where: str = "") -> str | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            found = unstorable_text(key, where or "a key") or unstorable_text(item, f"{where}.{key}" if where else str(key))
+            found = unstorable_text(key, where or "a key") or unstorable_text(
+                item, f"{where}.{key}" if where else str(key)
+            )
             if found:
                 return found
     elif isinstance(value, list):
@@ -232,7 +237,9 @@ def parse_request(obj: dict[str, Any]) -> Request:
     where = unstorable_text(args)
     if where is not None:
         raise BadArguments(
-            request_id, f"{op}: {where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); text must be valid Unicode"
+            request_id,
+            f"{op}: {where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); text must be valid "
+            f"Unicode",
         )
     return Request(request_id, op, args)
 

@@ -26,7 +26,9 @@ class FramedStream:
         # A Unix socket takes a frame without waiting almost always: written straight to its
         # descriptor, it costs no trip through the scheduler (trio's send_all yields once per
         # send even when nothing had to wait). Named pipes (Windows) always take the stream path.
-        self._socket = stream.socket if isinstance(stream, trio.SocketStream) and sys.platform != "win32" else None
+        self._socket = (
+            stream.socket if isinstance(stream, trio.SocketStream) and sys.platform != "win32" else None
+        )
         self.last_read = trio.current_time()  # when bytes last came in (daemon.connection's idle check)
 
     async def receive(self) -> dict[str, Any] | None:
