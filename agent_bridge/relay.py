@@ -204,7 +204,13 @@ def cancelled_key(message: dict[str, Any]) -> str:
 class Relay:
     options: Options
     out_fd: int
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    # One lock for this state; two conditions on it: `cond` for most waits (a broker joined,
+    # answers written at the end), `deadlines` for the thread that answers requests no broker
+    # took in time, woken only when a request starts waiting or a broker turns out unreachable,
+    # not by every answer (a thread switch per answer cost about a tenth of a send + inbox pair).
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    cond: threading.Condition = field(init=False)
+    deadlines: threading.Condition = field(init=False)
     out_lock: threading.Lock = field(default_factory=threading.Lock)
     # Held from writing a line that shows messages to reporting it written: the host may read
     # the line and close stdin at once, and the "eof" must not reach the broker first (it
@@ -237,6 +243,10 @@ class Relay:
     showing: Showing = field(default_factory=Showing)
     ledger_peer: str | None = None  # the session whose ledger file this relay keeps now
     static: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.cond = threading.Condition(self.lock)
+        self.deadlines = threading.Condition(self.lock)
 
     # --- the host's side ----------------------------------------------------------------
 
@@ -376,6 +386,7 @@ class Relay:
                 request.deadline = time.monotonic() + CALL_TIMEOUT
                 self.waiting.append(request)
                 self.cond.notify_all()
+                self.deadlines.notify_all()
                 return
         if link is not None:
             self.send(link, line_frames(request.line))
@@ -455,7 +466,7 @@ class Relay:
                 reason = self.unreachable()
                 if not due:
                     wake = min((r.deadline for r in self.waiting), default=now + 3600)
-                    self.cond.wait(max(0.0, wake - now))
+                    self.deadlines.wait(max(0.0, wake - now))
                     continue
             self.answer_unreachable(due, reason)
 
@@ -501,6 +512,7 @@ class Relay:
                             log.warning("this session cannot connect to the broker yet: %s", exc)
                         self.refused = str(exc)
                         self.cond.notify_all()
+                        self.deadlines.notify_all()
                     time.sleep(refused_wait)
                     refused_wait = min(refused_wait * 2, REFUSED_BACKOFF_MAX)
                     down_since = None  # the broker is up: nothing to restart
@@ -553,6 +565,7 @@ class Relay:
             if paths.PERMANENT in text:
                 self.start_blocked = files_before
             self.cond.notify_all()
+            self.deadlines.notify_all()
         if self.start_blocked is not None:
             log.error("the broker cannot start (%s); not trying again until %s changes", self.start_failure,
                       " or ".join(paths.START_FILES))
@@ -776,6 +789,7 @@ class Relay:
             self.swallow.clear()
             self.keep_written()
             self.cond.notify_all()
+            self.deadlines.notify_all()
         for request in unsure:
             tool = request.tool or "decide"
             self.tool_error(request.rid, tool, (
