@@ -1,5 +1,5 @@
-"""hook_post_tool_use: wall time of `agent-bridge hook post-tool-use` with nothing waiting (SPEC §3 "Reach"
-item 1, §9).
+"""hook_post_tool_use: wall time of `agent-bridge hook post-tool-use` with nothing waiting
+(SPEC §3 "Reach" item 1, §9).
 
 The hook runs after every tool call, so what it costs when no active message waits is what every
 session pays all day. It runs as the hosts run it: the installed `agent-bridge` script, a

@@ -6,9 +6,9 @@ in-memory state is which sessions are connected right now. Each op of the protoc
 `@session_op` / `@control_op`: daemon.ops_messages (send, offer, withdraw, ack),
 daemon.ops_decisions (decide, decisions, retractions, retract), daemon.ops_sessions (whoami,
 peers, learn_identity, identify, connected, forget; ping, status, shutdown), daemon.ops_hooks
-(stop_check, stop_ack, wait_active), daemon.questions (ask_owner, answer). daemon.handlers loads them all
-and checks them against
-the table (`check_handlers`); a Broker checks them again when it is built.
+(stop_check, stop_ack, wait_active), daemon.questions (ask_owner, answer). daemon.handlers
+loads them all and checks them against the table (`check_handlers`); a Broker checks them again
+when it is built.
 """
 
 from __future__ import annotations

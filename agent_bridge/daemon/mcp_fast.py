@@ -6,14 +6,13 @@ tool's own work. Measured through the relays (bench/bench_mcp_tool_call.py, the 
 and without this module, alternately three times, 2026-12): a `send` + `inbox` pair's p50 was
 1.7-2.2 ms with it and 2.7-3.9 ms without, `decisions` 4.8-6.4 ms against 5.5-8.1 ms. So a
 `tools/call` of one of the session's own tools is served here when everything about it is
-plain: the host has initialized (so the connection speaks a handshake-era version, whose answers are all
-shaped
-alike), the line holds no escaped surrogate, the request has only the fields JSON-RPC gives
-it and none of the protocol's reserved `_meta` keys, the tool is ours, and its arguments are exactly what
-the tool's advertised schema
-asks for (`argument_problem` finds nothing, nothing required is missing). The tool's body is
-the one the SDK runs (mcp_host's `TOOL_BODIES`), and the answer is the one the SDK would
-write (`result_line`: tests/test_mcp_fast.py checks it against the SDK's own serialization).
+plain: the host has initialized (so the connection speaks a handshake-era version, whose
+answers are all shaped alike), the line holds no escaped surrogate, the request has only the
+fields JSON-RPC gives it and none of the protocol's reserved `_meta` keys, the tool is ours,
+and its arguments are exactly what the tool's advertised schema asks for (`argument_problem`
+finds nothing, nothing required is missing). The tool's body is the one the SDK runs
+(mcp_host's `TOOL_BODIES`), and the answer is the one the SDK would write (`result_line`:
+tests/test_mcp_fast.py checks it against the SDK's own serialization).
 
 Everything else goes to the SDK as before: the handshake, `tools/list`, every notification,
 a call to another tool or with anything unusual in it (an unknown argument, a value of the

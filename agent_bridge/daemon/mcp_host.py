@@ -842,8 +842,8 @@ TOOL_MARK, REASON_MARK = "agent_bridge_tool", "<the reason>"  # filled in by the
 def static_answers() -> dict[str, Any]:
     """The answers `agent-bridge mcp` gives with no broker, produced by this server through the
     SDK: `initialize` per agent kind (claude declares channels) and requested protocol version,
-    `tools/list`, the shape of a tool error, and an `inbox` result. `tests/test_relay.py` checks that the
-    shipped file is this."""
+    `tools/list`, the shape of a tool error, and an `inbox` result. `tests/test_relay.py` checks
+    that the shipped file is this."""
     return trio.run(_static_answers)
 
 

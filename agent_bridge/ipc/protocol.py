@@ -13,9 +13,9 @@ Broker -> client pushes:     {"v":1, "push": "message", "message": {...}}   (a d
                              {"v":1, "push": "identity", "session": {...}}  (who this is now)
 
 The first request on a connection is either `hello` (it becomes a session's connection) or a
-control request (`identify`, `stop_check`, `stop_ack`, `wait_active`, `status`, `shutdown`, `ping`; from the
-command
-line also `decide`, `send`, `retract`, `forget`, `connected`, `answer`) from a hook or the CLI.
+control request (`identify`, `stop_check`, `stop_ack`, `wait_active`, `status`, `shutdown`,
+`ping`; from the command line also `decide`, `send`, `retract`, `forget`, `connected`,
+`answer`) from a hook or the CLI.
 A frame that breaks these rules gets an error with code "protocol" and the connection is closed.
 `hello` answers {"session": {...}, "hopLimit": n, "secret": "..."}: presenting
 "resume": {"id": <session id>, "secret": <that secret>} in a later hello gets that session back.
