@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, CHROMIUM, CHROMIUM_ARGS, STEP_TIMEOUT_MS
+from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, chromium_page
 from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts
 
 from agent_bridge.ipc.client import open_bridge_client
@@ -265,140 +265,124 @@ def overflow(page: Any, selector: str) -> list[int]:
 def drive_actions(
     url: str, home: Path, session: dict[str, Any], told: str, gone: str, artifacts: Path
 ) -> list[str]:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(
-                viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC"
+    with chromium_page(problems, 1280, 900, dialogs=True) as (browser, context, page):
+        page.goto(url)
+        rows = page.locator("#decisions-body tr")
+        expect(page.locator("#mode")).to_have_text("broker running")
+        name = session["name"]
+
+        # Record a decision for everyone.
+        page.get_by_text("Record or change a decision").click()
+        page.fill("#decide-topic", "Release Train")
+        page.fill("#decide-text", "PostgreSQL 16, no ORM.")
+        page.get_by_role("button", name="Record", exact=True).click()
+        expect(page.locator("#decide-result")).to_have_text(
+            f"Recorded “release train” for everyone (all sessions); told {told}.")
+        row = rows.filter(has_text="PostgreSQL 16, no ORM.")
+        expect(row).to_have_count(1)
+        expect(row.locator(".receipt.pending")).to_have_count(2)
+        expect(row.locator(".receipt.pending").filter(has_text=name)).to_have_count(1)
+        assert [d for d in decisions_in(home) if d["topic"] == "release train"] == [
+            {"topic": "release train", "text": "PostgreSQL 16, no ORM.", "author": "cli"}]
+
+        # Bad input is said on the page, nothing stored.
+        page.select_option("#decide-scope-kind", "project")
+        page.fill("#decide-scope-value", "relative/folder")
+        page.fill("#decide-text", "anything")
+        page.get_by_role("button", name="Record", exact=True).click()
+        expect(page.locator("#decide-result")).to_contain_text("relative")
+        expect(page.locator("#decide-result")).to_have_class(re.compile("error"))
+        page.select_option("#decide-scope-kind", "all")
+
+        # Supersede it from its history.
+        page.get_by_role("button", name="release train", exact=True).click()
+        page.get_by_role("button", name="Change it…").click()
+        expect(page.locator("#decide-topic")).to_have_value("release train")
+        page.fill("#decide-text", "SQLite for now.")
+        page.get_by_role("button", name="Record", exact=True).click()
+        expect(page.locator("#decide-result")).to_contain_text("(replacing the earlier one)")
+        expect(rows.filter(has_text="SQLite for now.")).to_have_count(1)
+        expect(rows.filter(has_text="PostgreSQL 16, no ORM.")).to_have_count(0)
+        expect(page.locator("#history-list > li")).to_have_count(2)
+
+        # The table fits its card at 1280 px: no clipped column, no sideways scrolling.
+        page.evaluate("window.scrollTo(0, 0)")
+        scroll, client = overflow(page, ".table-wrap")
+        assert scroll <= client, f"the decisions table is {scroll} px inside {client} px"
+        page.screenshot(path=str(artifacts / "dashboard-1280-actions.png"), full_page=True)
+
+        # Retract it, with a reason.
+        page.fill("#retract-reason", "decided too early")
+        page.get_by_role("button", name="Retract this decision").click()
+        expect(page.locator("#retract-result")).to_have_text(f"Retracted “release train”; told {told}.")
+        expect(rows.filter(has_text="SQLite for now.")).to_have_count(0)
+        expect(page.locator("#history-retracted")).to_contain_text("No current decision")
+
+        # Send a message as the owner.
+        page.get_by_text("Send a message as the owner").click()
+        page.fill("#send-to", name)
+        page.fill("#send-text", "Please rebase on main.")
+        page.get_by_role("button", name="Send", exact=True).click()
+        expect(page.locator("#send-result")).to_have_text(f"Sent to {name} (connected).")
+        expect(page.locator("#messages")).to_contain_text("Please rebase on main.")
+
+        # Forget a gone session: two clicks.
+        page.click("#gone-summary")
+        item = page.locator("#gone-sessions li").filter(has_text=gone)
+        item.get_by_role("button", name="Forget").click()
+        item.get_by_role("button", name=f"Forget {gone}?").click()
+        expect(page.locator("#sessions-result")).to_contain_text(f"Forgot {gone}")
+        expect(page.locator("#gone-sessions li").filter(has_text=gone)).to_have_count(0)
+
+        # Decision notices: one line per decision, not one per receiving session.
+        page.get_by_role("button", name="Notices", exact=True).click()
+        notices = page.locator("#messages li")
+        folded = notices.filter(has_text="Decision “release train” for everyone")
+        expect(folded).to_have_count(2)  # one line per revision, each sent to both sessions
+        expect(folded.first.locator(".route")).to_have_text(f"cli → {told}")
+        expect(folded.first).to_contain_text("2 of 2 not read yet")
+        expect(page.locator("#messages")).not_to_contain_text("hop 100")
+        expect(notices.first).to_contain_text("waits until the session checks its messages")
+
+        # Another origin (another port of 127.0.0.1: the same site, so the browser sends the
+        # SameSite=Strict cookie) posts a form to the dashboard as the page loads: refused.
+        before = decisions_in(home)
+        with OtherOrigin(url.split("/?t=")[0]) as evil:
+            attacker = context.new_page()
+            with attacker.expect_response(re.compile(r"/api/decisions$")) as answer:
+                attacker.goto(evil.url)
+            assert answer.value.status == 403, answer.value.status
+            assert attacker.url.startswith(url.split("/?t=")[0])  # the form took it to the refusal
+            # ... and a script there cannot do it with fetch either (no token, and the preflight fails)
+            attacker.goto(evil.url.replace("evil.html", "quiet.html"))
+            outcome = attacker.evaluate(
+                """target => fetch(target + "/api/decisions", {method: "POST", credentials: "include",
+                headers: {"Content-Type": "application/json", "X-AB-Token": "guess"},
+                body: JSON.stringify({topic: "evil2", text: "x"})})
+                .then(r => "status " + r.status, e => "failed")""",
+                url.split("/?t=")[0],
             )
-            context.set_default_timeout(STEP_TIMEOUT_MS)
-            expect.set_options(timeout=STEP_TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
-            )
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-            page.goto(url)
-            rows = page.locator("#decisions-body tr")
-            expect(page.locator("#mode")).to_have_text("broker running")
-            name = session["name"]
+            assert outcome == "failed", outcome
+            attacker.close()
+        assert decisions_in(home) == before
 
-            # Record a decision for everyone.
-            page.get_by_text("Record or change a decision").click()
-            page.fill("#decide-topic", "Release Train")
-            page.fill("#decide-text", "PostgreSQL 16, no ORM.")
-            page.get_by_role("button", name="Record", exact=True).click()
-            expect(page.locator("#decide-result")).to_have_text(
-                f"Recorded “release train” for everyone (all sessions); told {told}.")
-            row = rows.filter(has_text="PostgreSQL 16, no ORM.")
-            expect(row).to_have_count(1)
-            expect(row.locator(".receipt.pending")).to_have_count(2)
-            expect(row.locator(".receipt.pending").filter(has_text=name)).to_have_count(1)
-            assert [d for d in decisions_in(home) if d["topic"] == "release train"] == [
-                {"topic": "release train", "text": "PostgreSQL 16, no ORM.", "author": "cli"}]
-
-            # Bad input is said on the page, nothing stored.
-            page.select_option("#decide-scope-kind", "project")
-            page.fill("#decide-scope-value", "relative/folder")
-            page.fill("#decide-text", "anything")
-            page.get_by_role("button", name="Record", exact=True).click()
-            expect(page.locator("#decide-result")).to_contain_text("relative")
-            expect(page.locator("#decide-result")).to_have_class(re.compile("error"))
-            page.select_option("#decide-scope-kind", "all")
-
-            # Supersede it from its history.
-            page.get_by_role("button", name="release train", exact=True).click()
-            page.get_by_role("button", name="Change it…").click()
-            expect(page.locator("#decide-topic")).to_have_value("release train")
-            page.fill("#decide-text", "SQLite for now.")
-            page.get_by_role("button", name="Record", exact=True).click()
-            expect(page.locator("#decide-result")).to_contain_text("(replacing the earlier one)")
-            expect(rows.filter(has_text="SQLite for now.")).to_have_count(1)
-            expect(rows.filter(has_text="PostgreSQL 16, no ORM.")).to_have_count(0)
-            expect(page.locator("#history-list > li")).to_have_count(2)
-
-            # The table fits its card at 1280 px: no clipped column, no sideways scrolling.
-            page.evaluate("window.scrollTo(0, 0)")
-            scroll, client = overflow(page, ".table-wrap")
-            assert scroll <= client, f"the decisions table is {scroll} px inside {client} px"
-            page.screenshot(path=str(artifacts / "dashboard-1280-actions.png"), full_page=True)
-
-            # Retract it, with a reason.
-            page.fill("#retract-reason", "decided too early")
-            page.get_by_role("button", name="Retract this decision").click()
-            expect(page.locator("#retract-result")).to_have_text(f"Retracted “release train”; told {told}.")
-            expect(rows.filter(has_text="SQLite for now.")).to_have_count(0)
-            expect(page.locator("#history-retracted")).to_contain_text("No current decision")
-
-            # Send a message as the owner.
-            page.get_by_text("Send a message as the owner").click()
-            page.fill("#send-to", name)
-            page.fill("#send-text", "Please rebase on main.")
-            page.get_by_role("button", name="Send", exact=True).click()
-            expect(page.locator("#send-result")).to_have_text(f"Sent to {name} (connected).")
-            expect(page.locator("#messages")).to_contain_text("Please rebase on main.")
-
-            # Forget a gone session: two clicks.
-            page.click("#gone-summary")
-            item = page.locator("#gone-sessions li").filter(has_text=gone)
-            item.get_by_role("button", name="Forget").click()
-            item.get_by_role("button", name=f"Forget {gone}?").click()
-            expect(page.locator("#sessions-result")).to_contain_text(f"Forgot {gone}")
-            expect(page.locator("#gone-sessions li").filter(has_text=gone)).to_have_count(0)
-
-            # Decision notices: one line per decision, not one per receiving session.
-            page.get_by_role("button", name="Notices", exact=True).click()
-            notices = page.locator("#messages li")
-            folded = notices.filter(has_text="Decision “release train” for everyone")
-            expect(folded).to_have_count(2)  # one line per revision, each sent to both sessions
-            expect(folded.first.locator(".route")).to_have_text(f"cli → {told}")
-            expect(folded.first).to_contain_text("2 of 2 not read yet")
-            expect(page.locator("#messages")).not_to_contain_text("hop 100")
-            expect(notices.first).to_contain_text("waits until the session checks its messages")
-
-            # Another origin (another port of 127.0.0.1: the same site, so the browser sends the
-            # SameSite=Strict cookie) posts a form to the dashboard as the page loads: refused.
-            before = decisions_in(home)
-            with OtherOrigin(url.split("/?t=")[0]) as evil:
-                attacker = context.new_page()
-                with attacker.expect_response(re.compile(r"/api/decisions$")) as answer:
-                    attacker.goto(evil.url)
-                assert answer.value.status == 403, answer.value.status
-                assert attacker.url.startswith(url.split("/?t=")[0])  # the form took it to the refusal
-                # ... and a script there cannot do it with fetch either (no token, and the preflight fails)
-                attacker.goto(evil.url.replace("evil.html", "quiet.html"))
-                outcome = attacker.evaluate(
-                    """target => fetch(target + "/api/decisions", {method: "POST", credentials: "include",
-                    headers: {"Content-Type": "application/json", "X-AB-Token": "guess"},
-                    body: JSON.stringify({topic: "evil2", text: "x"})})
-                    .then(r => "status " + r.status, e => "failed")""",
-                    url.split("/?t=")[0],
-                )
-                assert outcome == "failed", outcome
-                attacker.close()
-            assert decisions_in(home) == before
-
-            # 400 px: the forms fit, no sideways scrolling.
-            narrow = browser.new_context(
-                viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC"
-            )
-            phone = narrow.new_page()
-            phone.goto(url.replace("/?t=", "/?t="))
-            expect(phone.locator("#mode")).to_have_text("broker running")
-            phone.get_by_text("Record or change a decision").click()
-            phone.get_by_text("Send a message as the owner").click()
-            widths = phone.evaluate(
-                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
-            )
-            assert widths[0] <= widths[1], f"the page scrolls sideways at 400 px: {widths}"
-            phone.screenshot(path=str(artifacts / "dashboard-400-actions.png"), full_page=True)
-        finally:
-            browser.close()
+        # 400 px: the forms fit, no sideways scrolling.
+        narrow = browser.new_context(
+            viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC"
+        )
+        phone = narrow.new_page()
+        phone.goto(url.replace("/?t=", "/?t="))
+        expect(phone.locator("#mode")).to_have_text("broker running")
+        phone.get_by_text("Record or change a decision").click()
+        phone.get_by_text("Send a message as the owner").click()
+        widths = phone.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert widths[0] <= widths[1], f"the page scrolls sideways at 400 px: {widths}"
+        phone.screenshot(path=str(artifacts / "dashboard-400-actions.png"), full_page=True)
     return problems
 
 

@@ -7,6 +7,8 @@ on the test's Trio loop, on a real socket.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,17 +40,19 @@ BROWSER_TIMEOUT = 120  # seconds for the whole browser session (Chromium start i
 STEP_TIMEOUT_MS = 15_000  # each Playwright wait
 
 
-def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: Path) -> list[str]:
-    """Use the page as a person would; returns what the browser complained about (console errors,
-    CSP violations, page errors)."""
+@contextmanager
+def chromium_page(problems: list[str], width: int, height: int, *, dialogs: bool = False) -> Iterator[Any]:
+    """Debian's Chromium, headless, one context of that viewport (UTC, en-US) and one page whose
+    console errors and page errors (and, with `dialogs`, any dialog, dismissed) go to `problems`:
+    yields (browser, context, page); the browser is closed afterwards."""
     from playwright.sync_api import expect, sync_playwright
 
-    problems: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1440, "height": 900}, locale="en-US",
-                                          timezone_id="UTC")
+            context = browser.new_context(
+                viewport={"width": width, "height": height}, locale="en-US", timezone_id="UTC"
+            )
             context.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             page = context.new_page()
@@ -57,151 +61,162 @@ def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: P
                 lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
             )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-
-            # The tokenized URL: the cookie is set and the token leaves the address bar.
-            page.goto(running.url)
-            assert page.url == running.base + "/"
-            assert page.evaluate("document.cookie") == ""  # HttpOnly: scripts cannot read it
-            rows = page.locator("#decisions-body tr")
-            expect(rows).to_have_count(len(facts.current()))
-            expect(rows.first).to_contain_text("PostgreSQL 17 everywhere.")
-            expect(page.locator("#decisions-body")).to_contain_text("Use nox sessions for CI, never tox.")
-            expect(page.locator("#mode")).to_have_text("broker running")
-            expect(page.locator("#live")).to_have_text("live")
-
-            # Sessions: the connected one first; the gone ones folded away, with their age.
-            expect(page.locator("#sessions li")).to_have_count(1)
-            expect(page.locator("#sessions li").first).to_contain_text("claude-proj")
-            expect(page.locator("#sessions li").first).to_contain_text("connected")
-            expect(page.locator("#gone-summary")).to_contain_text(f"{len(facts.peers) - 1} gone sessions")
-            expect(page.locator("#gone-sessions li").first).not_to_be_visible()
-            page.click("#gone-summary")
-            expect(page.locator("#gone-sessions li")).to_have_count(len(facts.peers) - 1)
-            expect(page.locator("#gone-sessions")).to_contain_text("codex-proj")
-            # seen 2h46 ago
-            expect(page.locator("#gone-sessions li").first).to_contain_text(re.compile(r"gone 3 h"))
-
-            # Receipts: the one decision queued for a session is pending, and highlighted.
-            ci_row = rows.filter(has_text="Use nox sessions for CI, never tox.")
-            expect(ci_row).to_have_class("has-pending")
-            expect(ci_row.locator(".receipt-summary")).to_have_text("1 of 1 pending")
-            expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
-            expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
-            expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text(
-                "none yet: no session in scope was connected; "
-                "sessions that start later see it in their start note"
-            )
-            # Scopes in words, not JSON.
-            expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(
-                f"sessions in {OTHER}"
-            )
-            expect(ci_row.locator(".scope")).to_have_text("everyone (all sessions)")
-            expect(rows.filter(has_text="Espresso only").locator(".scope")).to_have_text("session codex-proj")
-            expect(page.locator("#decisions-body")).not_to_contain_text("{")
-
-            # Messages: conversation and notices apart; active vs passive against the hop limit.
-            expect(page.locator("#messages li")).to_have_count(3)
-            expect(page.locator("#messages")).to_contain_text("codex-proj → claude-proj")
-            page.get_by_role("button", name="Notices", exact=True).click()
-            expect(page.locator("#messages li")).to_have_count(1)
-            notice = page.locator("#messages li").first
-            expect(notice).to_contain_text("decision notice")
-            expect(notice.locator(".tag.passive")).to_have_text("passive")
-            expect(notice).to_contain_text("Decision “build / ci” for everyone (all sessions)")
-            expect(notice).to_contain_text("waits until the session checks its messages")  # plain words
-            expect(notice).not_to_contain_text("hop 100")
-            page.get_by_role("button", name="Conversation", exact=True).click()
-            expect(page.locator("#messages li")).to_have_count(2)
-            expect(page.locator("#messages .tag.active")).to_have_count(2)
-            expect(page.locator("#messages")).not_to_contain_text("decision notice")
-            page.get_by_role("button", name="All", exact=True).click()
-            expect(page.locator("#messages li")).to_have_count(3)
-
-            # Search (case-insensitive, topic or text), then clear it.
-            page.fill("#q", "NOX")
-            expect(rows).to_have_count(1)
-            expect(rows.first).to_contain_text("build / ci")
-            page.fill("#q", "no such decision")
-            expect(rows).to_have_count(0)
-            expect(page.locator("#decisions-empty")).to_have_text("No decisions match this search.")
-            page.fill("#q", "")
-            expect(rows).to_have_count(len(facts.current()))
-
-            # Scope filter: global only; a project (its own plus global); a bad folder is explained.
-            page.select_option("#scope-kind", "all")
-            expect(rows).to_have_count(2)
-            page.select_option("#scope-kind", "project")
-            # Before any input: no error, and the known project folders are offered.
-            expect(page.locator("#scope-value")).to_be_visible()
-            expect(page.locator("#filter-error")).to_be_hidden()
-            suggested = page.locator("#projects option")
-            assert set(suggested.evaluate_all("options => options.map(o => o.value)")) >= {PROJECT, OTHER}
-            page.fill("#scope-value", OTHER)
-            expect(rows).to_have_count(3)
-            expect(page.locator("#decisions-body")).to_contain_text("Hold to look")
-            page.fill("#scope-value", "relative/folder")
-            expect(page.locator("#filter-error")).to_contain_text("relative")
-            page.select_option("#scope-kind", "")
-            expect(rows).to_have_count(len(facts.current()))
-            expect(page.locator("#filter-error")).to_be_hidden()
-
-            # History of a topic with slashes in it, then of one with two revisions.
-            page.get_by_role("button", name="/leading//slashes", exact=True).click()
-            expect(page.locator("#history")).to_be_visible()
-            expect(page.locator("#history-topic")).to_have_text("/leading//slashes")
-            expect(page.locator("#history-list > li")).to_have_count(1)
-            page.get_by_role("button", name="build / ci", exact=True).click()
-            expect(page.locator("#history-topic")).to_have_text("build / ci")
-            revisions = page.locator("#history-list > li")
-            expect(revisions).to_have_count(2)
-            expect(revisions.nth(0)).to_contain_text("current")
-            expect(revisions.nth(0)).to_contain_text("Use nox sessions for CI, never tox.")
-            expect(revisions.nth(1)).to_contain_text("superseded")
-            expect(revisions.nth(1)).to_contain_text("Use nox for CI.")
-            expect(revisions.nth(0).locator(".receipt.pending")).to_contain_text("codex-proj")
-            expect(revisions.nth(1).locator(".rev-receipts")).to_contain_text("none yet")
-            expect(page.locator("tr.selected")).to_contain_text("build / ci")
-            assert page.url.endswith("#topic=build%20%2F%20ci")
-
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.evaluate("window.scrollTo(0, 0)")
-            page.screenshot(path=str(screenshot), full_page=True)
-
-            # A reload keeps the open history (it lives in the fragment, never sent to the server).
-            page.reload()
-            expect(page.locator("#history-topic")).to_have_text("build / ci")
-
-            # Data is text, never markup: a decision full of HTML shows up literally.
-            hostile = "<img src=x onerror=alert(1)><script>alert(2)</script><b>bold?</b>"
-            record_hostile_decision(running.home, facts, hostile)
-            page.click("#refresh")
-            expect(rows.first).to_contain_text(hostile)
-            assert page.locator("#decisions-body img, #decisions-body script, #decisions-body b").count() == 0
-            page.get_by_role("button", name="<b>topic</b>", exact=True).click()
-            expect(page.locator("#history-topic")).to_have_text("<b>topic</b>")
-
-            # Without the cookie: the dashboard's 403 page, styled, saying how to get a fresh URL.
-            stranger = browser.new_context(viewport={"width": 400, "height": 700}).new_page()
-            stranger.on("console", lambda m: problems.append(f"403 page console {m.type}: {m.text}")
-                        if m.type == "error" and "403" not in m.text else None)
-            response = stranger.goto(running.base + "/")
-            assert response is not None and response.status == 403
-            expect(stranger.locator("h1")).to_contain_text("not valid")
-            expect(stranger.locator("body")).to_contain_text("run agent-bridge dashboard in a terminal")
-            # styled
-            assert stranger.locator("main").evaluate("m => getComputedStyle(m).borderRadius") == "10px"
-            assert_no_horizontal_scroll(stranger)
-            stranger.screenshot(path=str(screenshot.with_name("dashboard-403.png")), full_page=True)
-
-            # `--open` goes through a file:// redirect page (the token stays off the browser's argv);
-            # arriving from another origin still ends on the page, logged in.
-            opener = browser.new_context().new_page()
-            opener.goto(open_page.as_uri())
-            opener.wait_for_url(running.base + "/")
-            expect(opener.locator("#decisions-body tr").first).to_be_visible()
+            if dialogs:
+                page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+            yield browser, context, page
         finally:
             browser.close()
+
+
+def drive_browser(running: Running, facts: Facts, open_page: Path, screenshot: Path) -> list[str]:
+    """Use the page as a person would; returns what the browser complained about (console errors,
+    CSP violations, page errors)."""
+    from playwright.sync_api import expect
+
+    problems: list[str] = []
+    with chromium_page(problems, 1440, 900, dialogs=True) as (browser, context, page):
+
+        # The tokenized URL: the cookie is set and the token leaves the address bar.
+        page.goto(running.url)
+        assert page.url == running.base + "/"
+        assert page.evaluate("document.cookie") == ""  # HttpOnly: scripts cannot read it
+        rows = page.locator("#decisions-body tr")
+        expect(rows).to_have_count(len(facts.current()))
+        expect(rows.first).to_contain_text("PostgreSQL 17 everywhere.")
+        expect(page.locator("#decisions-body")).to_contain_text("Use nox sessions for CI, never tox.")
+        expect(page.locator("#mode")).to_have_text("broker running")
+        expect(page.locator("#live")).to_have_text("live")
+
+        # Sessions: the connected one first; the gone ones folded away, with their age.
+        expect(page.locator("#sessions li")).to_have_count(1)
+        expect(page.locator("#sessions li").first).to_contain_text("claude-proj")
+        expect(page.locator("#sessions li").first).to_contain_text("connected")
+        expect(page.locator("#gone-summary")).to_contain_text(f"{len(facts.peers) - 1} gone sessions")
+        expect(page.locator("#gone-sessions li").first).not_to_be_visible()
+        page.click("#gone-summary")
+        expect(page.locator("#gone-sessions li")).to_have_count(len(facts.peers) - 1)
+        expect(page.locator("#gone-sessions")).to_contain_text("codex-proj")
+        # seen 2h46 ago
+        expect(page.locator("#gone-sessions li").first).to_contain_text(re.compile(r"gone 3 h"))
+
+        # Receipts: the one decision queued for a session is pending, and highlighted.
+        ci_row = rows.filter(has_text="Use nox sessions for CI, never tox.")
+        expect(ci_row).to_have_class("has-pending")
+        expect(ci_row.locator(".receipt-summary")).to_have_text("1 of 1 pending")
+        expect(ci_row.locator(".receipt.pending")).to_contain_text("codex-proj")
+        expect(rows.filter(has_text="Hold to look")).not_to_have_class("has-pending")
+        expect(rows.filter(has_text="Hold to look").locator("td.delivered")).to_have_text(
+            "none yet: no session in scope was connected; "
+            "sessions that start later see it in their start note"
+        )
+        # Scopes in words, not JSON.
+        expect(rows.filter(has_text="Hold to look").locator(".scope")).to_have_text(
+            f"sessions in {OTHER}"
+        )
+        expect(ci_row.locator(".scope")).to_have_text("everyone (all sessions)")
+        expect(rows.filter(has_text="Espresso only").locator(".scope")).to_have_text("session codex-proj")
+        expect(page.locator("#decisions-body")).not_to_contain_text("{")
+
+        # Messages: conversation and notices apart; active vs passive against the hop limit.
+        expect(page.locator("#messages li")).to_have_count(3)
+        expect(page.locator("#messages")).to_contain_text("codex-proj → claude-proj")
+        page.get_by_role("button", name="Notices", exact=True).click()
+        expect(page.locator("#messages li")).to_have_count(1)
+        notice = page.locator("#messages li").first
+        expect(notice).to_contain_text("decision notice")
+        expect(notice.locator(".tag.passive")).to_have_text("passive")
+        expect(notice).to_contain_text("Decision “build / ci” for everyone (all sessions)")
+        expect(notice).to_contain_text("waits until the session checks its messages")  # plain words
+        expect(notice).not_to_contain_text("hop 100")
+        page.get_by_role("button", name="Conversation", exact=True).click()
+        expect(page.locator("#messages li")).to_have_count(2)
+        expect(page.locator("#messages .tag.active")).to_have_count(2)
+        expect(page.locator("#messages")).not_to_contain_text("decision notice")
+        page.get_by_role("button", name="All", exact=True).click()
+        expect(page.locator("#messages li")).to_have_count(3)
+
+        # Search (case-insensitive, topic or text), then clear it.
+        page.fill("#q", "NOX")
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_contain_text("build / ci")
+        page.fill("#q", "no such decision")
+        expect(rows).to_have_count(0)
+        expect(page.locator("#decisions-empty")).to_have_text("No decisions match this search.")
+        page.fill("#q", "")
+        expect(rows).to_have_count(len(facts.current()))
+
+        # Scope filter: global only; a project (its own plus global); a bad folder is explained.
+        page.select_option("#scope-kind", "all")
+        expect(rows).to_have_count(2)
+        page.select_option("#scope-kind", "project")
+        # Before any input: no error, and the known project folders are offered.
+        expect(page.locator("#scope-value")).to_be_visible()
+        expect(page.locator("#filter-error")).to_be_hidden()
+        suggested = page.locator("#projects option")
+        assert set(suggested.evaluate_all("options => options.map(o => o.value)")) >= {PROJECT, OTHER}
+        page.fill("#scope-value", OTHER)
+        expect(rows).to_have_count(3)
+        expect(page.locator("#decisions-body")).to_contain_text("Hold to look")
+        page.fill("#scope-value", "relative/folder")
+        expect(page.locator("#filter-error")).to_contain_text("relative")
+        page.select_option("#scope-kind", "")
+        expect(rows).to_have_count(len(facts.current()))
+        expect(page.locator("#filter-error")).to_be_hidden()
+
+        # History of a topic with slashes in it, then of one with two revisions.
+        page.get_by_role("button", name="/leading//slashes", exact=True).click()
+        expect(page.locator("#history")).to_be_visible()
+        expect(page.locator("#history-topic")).to_have_text("/leading//slashes")
+        expect(page.locator("#history-list > li")).to_have_count(1)
+        page.get_by_role("button", name="build / ci", exact=True).click()
+        expect(page.locator("#history-topic")).to_have_text("build / ci")
+        revisions = page.locator("#history-list > li")
+        expect(revisions).to_have_count(2)
+        expect(revisions.nth(0)).to_contain_text("current")
+        expect(revisions.nth(0)).to_contain_text("Use nox sessions for CI, never tox.")
+        expect(revisions.nth(1)).to_contain_text("superseded")
+        expect(revisions.nth(1)).to_contain_text("Use nox for CI.")
+        expect(revisions.nth(0).locator(".receipt.pending")).to_contain_text("codex-proj")
+        expect(revisions.nth(1).locator(".rev-receipts")).to_contain_text("none yet")
+        expect(page.locator("tr.selected")).to_contain_text("build / ci")
+        assert page.url.endswith("#topic=build%20%2F%20ci")
+
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(screenshot), full_page=True)
+
+        # A reload keeps the open history (it lives in the fragment, never sent to the server).
+        page.reload()
+        expect(page.locator("#history-topic")).to_have_text("build / ci")
+
+        # Data is text, never markup: a decision full of HTML shows up literally.
+        hostile = "<img src=x onerror=alert(1)><script>alert(2)</script><b>bold?</b>"
+        record_hostile_decision(running.home, facts, hostile)
+        page.click("#refresh")
+        expect(rows.first).to_contain_text(hostile)
+        assert page.locator("#decisions-body img, #decisions-body script, #decisions-body b").count() == 0
+        page.get_by_role("button", name="<b>topic</b>", exact=True).click()
+        expect(page.locator("#history-topic")).to_have_text("<b>topic</b>")
+
+        # Without the cookie: the dashboard's 403 page, styled, saying how to get a fresh URL.
+        stranger = browser.new_context(viewport={"width": 400, "height": 700}).new_page()
+        stranger.on("console", lambda m: problems.append(f"403 page console {m.type}: {m.text}")
+                    if m.type == "error" and "403" not in m.text else None)
+        response = stranger.goto(running.base + "/")
+        assert response is not None and response.status == 403
+        expect(stranger.locator("h1")).to_contain_text("not valid")
+        expect(stranger.locator("body")).to_contain_text("run agent-bridge dashboard in a terminal")
+        # styled
+        assert stranger.locator("main").evaluate("m => getComputedStyle(m).borderRadius") == "10px"
+        assert_no_horizontal_scroll(stranger)
+        stranger.screenshot(path=str(screenshot.with_name("dashboard-403.png")), full_page=True)
+
+        # `--open` goes through a file:// redirect page (the token stays off the browser's argv);
+        # arriving from another origin still ends on the page, logged in.
+        opener = browser.new_context().new_page()
+        opener.goto(open_page.as_uri())
+        opener.wait_for_url(running.base + "/")
+        expect(opener.locator("#decisions-body tr").first).to_be_visible()
     return problems
 
 
@@ -251,78 +266,63 @@ def drive_live_and_narrow(url: str, actions: dict[str, Any], artifacts: Path) ->
     """A phone-sized page (400 px) on a broker's dashboard: no sideways scrolling, a decide made
     by a session over IPC appears by itself, and after a broker restart (a new token) the page
     says it is no longer authorized instead of "broker running"."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(
-                viewport={"width": 400, "height": 860}, locale="en-US", timezone_id="UTC"
-            )
-            context.set_default_timeout(STEP_TIMEOUT_MS)
-            expect.set_options(timeout=STEP_TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
-            )
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.goto(url)
-            rows = page.locator("#decisions-body tr")
-            expect(page.locator("#mode")).to_have_text("broker running")
-            expect(page.locator("#live")).to_have_text("live")  # the stream is open: no polling
-            expect(page.locator("#sessions li")).to_have_count(1)  # the session holding an IPC connection
-            expect(rows.filter(has_text="Use nox sessions for CI, never tox.")).to_be_visible()
-            assert_no_horizontal_scroll(page)
-            page.screenshot(path=str(artifacts / "dashboard-narrow.png"), full_page=True)
-            page.evaluate("window.sameDocument = true")  # gone if the page reloads
+    with chromium_page(problems, 400, 860) as (browser, context, page):
+        page.goto(url)
+        rows = page.locator("#decisions-body tr")
+        expect(page.locator("#mode")).to_have_text("broker running")
+        expect(page.locator("#live")).to_have_text("live")  # the stream is open: no polling
+        expect(page.locator("#sessions li")).to_have_count(1)  # the session holding an IPC connection
+        expect(rows.filter(has_text="Use nox sessions for CI, never tox.")).to_be_visible()
+        assert_no_horizontal_scroll(page)
+        page.screenshot(path=str(artifacts / "dashboard-narrow.png"), full_page=True)
+        page.evaluate("window.sameDocument = true")  # gone if the page reloads
 
-            decided = actions["decide"]()
-            new_row = rows.filter(has_text="Friday afternoons never.")
-            expect(new_row).to_be_visible(timeout=LIVE_BOUND_MS)
-            assert page.evaluate("window.sameDocument") is True  # no reload: the stream brought it
-            expect(new_row.locator(".receipt.pending")).to_contain_text(decided["deliveredTo"][0])
-            expect(new_row.locator(".scope")).to_have_text("everyone (all sessions)")
-            assert_no_horizontal_scroll(page)
-            page.get_by_role("button", name="deploys", exact=True).click()
-            expect(page.locator("#history-list > li")).to_have_count(1)
-            expect(page.locator("#history-list > li").first.locator(".receipt.pending")).to_be_visible()
-            page.get_by_role("button", name="Notices", exact=True).click()
-            expect(page.locator("#messages li").first).to_contain_text("Decision “deploys” for everyone")
-            assert_no_horizontal_scroll(page)
-            page.evaluate("window.scrollTo(0, 0)")
-            page.screenshot(path=str(artifacts / "dashboard-narrow-live.png"), full_page=True)
+        decided = actions["decide"]()
+        new_row = rows.filter(has_text="Friday afternoons never.")
+        expect(new_row).to_be_visible(timeout=LIVE_BOUND_MS)
+        assert page.evaluate("window.sameDocument") is True  # no reload: the stream brought it
+        expect(new_row.locator(".receipt.pending")).to_contain_text(decided["deliveredTo"][0])
+        expect(new_row.locator(".scope")).to_have_text("everyone (all sessions)")
+        assert_no_horizontal_scroll(page)
+        page.get_by_role("button", name="deploys", exact=True).click()
+        expect(page.locator("#history-list > li")).to_have_count(1)
+        expect(page.locator("#history-list > li").first.locator(".receipt.pending")).to_be_visible()
+        page.get_by_role("button", name="Notices", exact=True).click()
+        expect(page.locator("#messages li").first).to_contain_text("Decision “deploys” for everyone")
+        assert_no_horizontal_scroll(page)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(artifacts / "dashboard-narrow-live.png"), full_page=True)
 
-            # `agent-bridge retract` (the broker's command op over IPC): gone from the table, and
-            # the open history and the notices say so, all without a reload.
-            actions["retract"]()
-            expect(new_row).to_have_count(0, timeout=LIVE_BOUND_MS)
-            revision = page.locator("#history-list > li").first
-            expect(revision.locator(".tag")).to_have_text("retracted")
-            expect(revision).to_contain_text("Retracted just now by cli: moved to the release checklist")
-            expect(page.locator("#history-retracted")).to_contain_text("No current decision")
-            expect(page.locator("#messages li").first).to_contain_text("retraction notice")
-            expect(page.locator("#messages li").first).to_contain_text(
-                "Decision “deploys” retracted: moved to the release checklist"
-            )
-            assert page.evaluate("window.sameDocument") is True
-            assert_no_horizontal_scroll(page)
-            page.locator("#history").scroll_into_view_if_needed()
-            page.screenshot(path=str(artifacts / "dashboard-narrow-retracted.png"))
+        # `agent-bridge retract` (the broker's command op over IPC): gone from the table, and
+        # the open history and the notices say so, all without a reload.
+        actions["retract"]()
+        expect(new_row).to_have_count(0, timeout=LIVE_BOUND_MS)
+        revision = page.locator("#history-list > li").first
+        expect(revision.locator(".tag")).to_have_text("retracted")
+        expect(revision).to_contain_text("Retracted just now by cli: moved to the release checklist")
+        expect(page.locator("#history-retracted")).to_contain_text("No current decision")
+        expect(page.locator("#messages li").first).to_contain_text("retraction notice")
+        expect(page.locator("#messages li").first).to_contain_text(
+            "Decision “deploys” retracted: moved to the release checklist"
+        )
+        assert page.evaluate("window.sameDocument") is True
+        assert_no_horizontal_scroll(page)
+        page.locator("#history").scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts / "dashboard-narrow-retracted.png"))
 
-            # The broker restarts on the same port with a new token: the stream drops, the page's
-            # next request gets 403, and the header stops claiming a running broker.
-            actions["restart"]()
-            expect(page.locator("#mode")).to_have_text("not authorized")
-            expect(page.locator("#live")).to_be_hidden()
-            expect(page.locator("#banner")).to_contain_text("agent-bridge dashboard")
-            assert_no_horizontal_scroll(page)
-            page.evaluate("window.scrollTo(0, 0)")
-            page.screenshot(path=str(artifacts / "dashboard-narrow-denied.png"))
-            assert page.evaluate("window.sameDocument") is True
-        finally:
-            browser.close()
+        # The broker restarts on the same port with a new token: the stream drops, the page's
+        # next request gets 403, and the header stops claiming a running broker.
+        actions["restart"]()
+        expect(page.locator("#mode")).to_have_text("not authorized")
+        expect(page.locator("#live")).to_be_hidden()
+        expect(page.locator("#banner")).to_contain_text("agent-bridge dashboard")
+        assert_no_horizontal_scroll(page)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(artifacts / "dashboard-narrow-denied.png"))
+        assert page.evaluate("window.sameDocument") is True
     return problems
 
 
@@ -383,38 +383,23 @@ async def test_live_update_narrow_layout_and_restart_in_headless_chromium(
 def drive_fallback(running: Running, facts: Facts, actions: dict[str, Any]) -> list[str]:
     """The stream refused (this client already holds the most streams allowed): the page polls,
     still shows what changes, and takes the stream once a place is free."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(
-                viewport={"width": 1024, "height": 800}, locale="en-US", timezone_id="UTC"
-            )
-            context.set_default_timeout(STEP_TIMEOUT_MS)
-            expect.set_options(timeout=STEP_TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
-            )
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.goto(running.url)
-            expect(page.locator("#decisions-body tr")).to_have_count(len(facts.current()))
-            expect(page.locator("#live")).to_have_text("polling every 5 s")
-            page.evaluate("window.sameDocument = true")
-            actions["decide"]("polling", "Still seen without a stream.")
-            expect(page.locator("#decisions-body")).to_contain_text("Still seen without a stream.")
-            actions["release"]()
-            expect(page.locator("#live")).to_have_text("live")
-            actions["decide"]("streaming", "Back on the stream.")
-            expect(page.locator("#decisions-body")).to_contain_text(
-                "Back on the stream.", timeout=LIVE_BOUND_MS
-            )
-            assert page.evaluate("window.sameDocument") is True
-        finally:
-            browser.close()
+    with chromium_page(problems, 1024, 800) as (browser, context, page):
+        page.goto(running.url)
+        expect(page.locator("#decisions-body tr")).to_have_count(len(facts.current()))
+        expect(page.locator("#live")).to_have_text("polling every 5 s")
+        page.evaluate("window.sameDocument = true")
+        actions["decide"]("polling", "Still seen without a stream.")
+        expect(page.locator("#decisions-body")).to_contain_text("Still seen without a stream.")
+        actions["release"]()
+        expect(page.locator("#live")).to_have_text("live")
+        actions["decide"]("streaming", "Back on the stream.")
+        expect(page.locator("#decisions-body")).to_contain_text(
+            "Back on the stream.", timeout=LIVE_BOUND_MS
+        )
+        assert page.evaluate("window.sameDocument") is True
     return problems
 
 

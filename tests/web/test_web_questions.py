@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, CHROMIUM, CHROMIUM_ARGS, STEP_TIMEOUT_MS
+from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, chromium_page
 from webfixtures import OTHER, PROJECT, BrokerInProcess
 
 from agent_bridge.ipc.client import open_bridge_client
@@ -154,56 +154,41 @@ async def test_questions_are_read_and_answered_under_the_action_rules(web_home: 
 
 
 def drive(url: str, ask: Any, artifacts: Path) -> list[str]:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(
-                viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC"
-            )
-            context.set_default_timeout(STEP_TIMEOUT_MS)
-            expect.set_options(timeout=STEP_TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
-            )
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.goto(url)
-            expect(page.locator("#mode")).to_have_text("broker running")
-            expect(page.locator("#live")).to_have_text("live")
-            expect(page.locator("#questions-card")).to_be_hidden()
-            # A draft typed into one question survives the live refresh another question brings.
-            first = ask(0, question="May I drop the legacy table?", topic="legacy table")
-            item = page.locator("#questions li").filter(has_text="May I drop the legacy table?")
-            expect(item).to_have_count(1)  # arrived live: no reload, no click on Refresh
-            item.locator(".q-reason").fill("not yet")
-            question = ask(0, question="Which database for <b>jobs</b>?", topic="db",
-                           options=["PostgreSQL 16", "SQLite"])["question"]
-            card = page.locator("#questions li").filter(has_text="Which database for <b>jobs</b>?")
-            expect(card).to_have_count(1)  # as text: the markup is shown, not run
-            expect(card.locator("b")).to_have_count(0)
-            expect(item.locator(".q-reason")).to_have_value("not yet")
-            ask(1, question="Postgres or SQLite?", topic="db")  # joined: the askers line grows
-            expect(card.locator(".askers")).to_contain_text(",")
-            page.screenshot(path=str(artifacts / "dashboard-questions.png"), full_page=True)
-            card.get_by_role("button", name="PostgreSQL 16").click()
-            expect(page.locator("#questions-result")).to_contain_text(
-                "Answered “Which database for <b>jobs</b>?”"
-            )
-            expect(page.locator("#questions-result")).to_contain_text("recorded “db” for sessions in")
-            expect(card).to_have_count(0)
-            expect(page.locator("#decisions-body tr").filter(has_text="PostgreSQL 16")).to_have_count(1)
-            item.get_by_role("button", name="Decline").click()
-            expect(page.locator("#questions-result")).to_contain_text(
-                "Declined “May I drop the legacy table?”"
-            )
-            expect(page.locator("#questions li")).to_have_count(0)
-            assert first["question"]["topic"] == "legacy table" and question["topic"] == "db"
-        finally:
-            browser.close()
+    with chromium_page(problems, 1280, 900) as (browser, context, page):
+        page.goto(url)
+        expect(page.locator("#mode")).to_have_text("broker running")
+        expect(page.locator("#live")).to_have_text("live")
+        expect(page.locator("#questions-card")).to_be_hidden()
+        # A draft typed into one question survives the live refresh another question brings.
+        first = ask(0, question="May I drop the legacy table?", topic="legacy table")
+        item = page.locator("#questions li").filter(has_text="May I drop the legacy table?")
+        expect(item).to_have_count(1)  # arrived live: no reload, no click on Refresh
+        item.locator(".q-reason").fill("not yet")
+        question = ask(0, question="Which database for <b>jobs</b>?", topic="db",
+                       options=["PostgreSQL 16", "SQLite"])["question"]
+        card = page.locator("#questions li").filter(has_text="Which database for <b>jobs</b>?")
+        expect(card).to_have_count(1)  # as text: the markup is shown, not run
+        expect(card.locator("b")).to_have_count(0)
+        expect(item.locator(".q-reason")).to_have_value("not yet")
+        ask(1, question="Postgres or SQLite?", topic="db")  # joined: the askers line grows
+        expect(card.locator(".askers")).to_contain_text(",")
+        page.screenshot(path=str(artifacts / "dashboard-questions.png"), full_page=True)
+        card.get_by_role("button", name="PostgreSQL 16").click()
+        expect(page.locator("#questions-result")).to_contain_text(
+            "Answered “Which database for <b>jobs</b>?”"
+        )
+        expect(page.locator("#questions-result")).to_contain_text("recorded “db” for sessions in")
+        expect(card).to_have_count(0)
+        expect(page.locator("#decisions-body tr").filter(has_text="PostgreSQL 16")).to_have_count(1)
+        item.get_by_role("button", name="Decline").click()
+        expect(page.locator("#questions-result")).to_contain_text(
+            "Declined “May I drop the legacy table?”"
+        )
+        expect(page.locator("#questions li")).to_have_count(0)
+        assert first["question"]["topic"] == "legacy table" and question["topic"] == "db"
     return problems
 
 
