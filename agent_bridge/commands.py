@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,27 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+
+def _record_decision(
+    op: str, args: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]
+) -> int:
+    """`decide` or `answer` through the broker: its JSON with --json, else `summary` of it; a scope
+    naming no known session is said on stderr (the decision is recorded for it as given)."""
+    try:
+        result = _call(op, args)
+    except CommandError as exc:
+        return _fail(op, str(exc), exc.code)
+    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
+    if unmatched:
+        print(f"agent-bridge {op}: no known session is addressed by {names(unmatched)}; "
+              "recorded for the scope as given", file=sys.stderr)
+    if as_json:
+        _print_json(result)
+    else:
+        print(summary(result))
+    return 0
 
 
 def _fail(command: str, message: str, code: int = 1) -> int:
@@ -102,19 +124,9 @@ def decide(topic: str, text: str, scope: str | None, as_json: bool = False) -> i
             _fail("decide", str(exc))
             return 2
         args["scope"] = scope  # a string: "all" or JSON, parsed by the broker's rules
-    try:
-        result = _call("decide", args)
-    except CommandError as exc:
-        return _fail("decide", str(exc), exc.code)
-    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
-    if unmatched:
-        print(f"agent-bridge decide: no known session is addressed by {names(unmatched)}; "
-              "recorded for the scope as given", file=sys.stderr)
-    if as_json:
-        _print_json(result)
-    else:
-        print(decided_summary(result, _superseded(result["decision"].get("supersedes"))))
-    return 0
+    return _record_decision(
+        "decide", args, as_json, lambda r: decided_summary(r, _superseded(r["decision"].get("supersedes")))
+    )
 
 
 def send(to: str, text: str, as_json: bool = False) -> int:
@@ -170,19 +182,7 @@ def answer(question_id: str, text: str | None, option: int | None, decline: str 
         except domain.InputError as exc:
             return _fail("answer", str(exc), BAD_ARGUMENTS)
         args["scope"] = scope
-    try:
-        result = _call("answer", args)
-    except CommandError as exc:
-        return _fail("answer", str(exc), exc.code)
-    unmatched = result.pop(domain.UNMATCHED_ADDRESSES, None)
-    if unmatched:
-        print(f"agent-bridge answer: no known session is addressed by {names(unmatched)}; "
-              "recorded for the scope as given", file=sys.stderr)
-    if as_json:
-        _print_json(result)
-    else:
-        print(answered_summary(result))
-    return 0
+    return _record_decision("answer", args, as_json, answered_summary)
 
 
 def _call(op: str, args: dict[str, Any]) -> Any:
