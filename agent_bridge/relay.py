@@ -174,7 +174,7 @@ class Link:
         self.send_json([relay_frame(f) for f in frames])
 
     def send_json(self, objs: list[dict[str, Any]]) -> None:
-        data = b"".join(protocol.encode(obj) for obj in objs)
+        data = b"".join([protocol.encode(obj) for obj in objs])
         with self._send_lock:
             self.sock.sendall(data)
 

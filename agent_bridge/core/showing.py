@@ -56,6 +56,8 @@ CANCELLED_MEMORY = 1_000  # requests cancelled before they offered anything: the
 def key(rid: Any) -> str:
     """A JSON-RPC request id as one key, correlated as the MCP SDK does (`coerce_request_id`:
     a string holding an integer is that integer)."""
+    if type(rid) is int:  # the usual case, on every answer: json.dumps of an int is its digits
+        return str(rid)
     if isinstance(rid, str):
         try:
             rid = int(rid)
@@ -358,17 +360,21 @@ class Showing:
 
     def _put(self, entry: Entry, state: str, by: str | None = None) -> None:
         """Move `entry` to `state`, shown by `by` (None when queued): every index follows."""
-        self._in[entry.state].pop(entry.mid, None)
-        if entry.by is not None:
-            shown_by = self._of.get(entry.by)
-            if shown_by is not None:
-                shown_by.pop(entry.mid, None)
-                if not shown_by:
-                    del self._of[entry.by]
-        entry.state, entry.by = state, by
-        self._in[state][entry.mid] = entry
-        if by is not None:
-            self._of.setdefault(by, {})[entry.mid] = entry
+        mid = entry.mid
+        if entry.state != state:
+            self._in[entry.state].pop(mid, None)
+            self._in[state][mid] = entry
+            entry.state = state
+        if entry.by != by:
+            if entry.by is not None:
+                shown_by = self._of.get(entry.by)
+                if shown_by is not None:
+                    shown_by.pop(mid, None)
+                    if not shown_by:
+                        del self._of[entry.by]
+            if by is not None:
+                self._of.setdefault(by, {})[mid] = entry
+            entry.by = by
 
     def _first(self, entries: list[Entry]) -> None:
         """Put these first in line, in the order given."""

@@ -13,10 +13,10 @@ from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.delivery import deliver
 from agent_bridge.daemon.ops_messages import op_offer, send_batch
 from agent_bridge.daemon.serving import (
-    IDLE_TIMEOUT,
     STORAGE_ERRORS,
     answer,
     attach_session,
+    close_when_silent,
     send_quietly,
     unavailable,
 )
@@ -62,7 +62,7 @@ async def serve_session(broker: Broker, conn: FramedStream, request_id: int, arg
         await conn.send(protocol.ok(request_id, hello))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(deliver, broker, session)
-            nursery.start_soon(_close_when_silent, session, conn)
+            nursery.start_soon(close_when_silent, conn, session.name)
             await Requests(broker, session, conn).serve()
             nursery.cancel_scope.cancel()
     except* (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -99,18 +99,6 @@ async def _take_last_offers(broker: Broker, session: Session, conn: FramedStream
                     await op_offer(broker, session, args)
             except (protocol.ProtocolError, InputError, trio.BrokenResourceError, trio.ClosedResourceError):
                 return
-
-
-async def _close_when_silent(session: Session, conn: FramedStream) -> None:
-    """Close the connection once nothing has come in for IDLE_TIMEOUT (a dead peer): its
-    request loop then ends as at end of stream. A task beside that loop rather than a timeout
-    around each of its reads, which cost more than the rest of reading a frame."""
-    while True:
-        await trio.sleep_until(conn.last_read + IDLE_TIMEOUT)
-        if trio.current_time() >= conn.last_read + IDLE_TIMEOUT:
-            log.info("session %s silent for %ss; closing", session.name, IDLE_TIMEOUT)
-            await conn.aclose()
-            return
 
 
 class Requests:

@@ -45,7 +45,12 @@ from agent_bridge.daemon.mcp_fast import (
     error_text,
     log_line,
 )
-from agent_bridge.daemon.serving import IDLE_TIMEOUT, STORAGE_ERRORS, attach_session, send_quietly
+from agent_bridge.daemon.serving import (
+    STORAGE_ERRORS,
+    attach_session,
+    close_when_silent,
+    send_quietly,
+)
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
 from agent_bridge.ipc import protocol
@@ -401,6 +406,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
             with trio.move_on_after(DELIVERY_FIRST):  # the host's first `inbox` sees the backlog
                 await link.delivered.wait()
             nursery.start_soon(read_relay, fast)
+            nursery.start_soon(close_when_silent, conn, session.name)
             guard = GuardedStdin()  # answers the lines the SDK would drop (lone surrogates)
             async with mcp_sdk.open_relay_stdio(guard.lines(lines_out), pipe) as (read_stream, write_stream):
                 guard.answer_through(write_stream)
@@ -438,13 +444,15 @@ class RelayReader:
         """Until the relay says its host closed stdin (True) or goes away (False)."""
         conn = self.conn
         while True:
-            obj = None  # also when nothing came in for IDLE_TIMEOUT: a dead relay
             try:
-                with trio.move_on_after(IDLE_TIMEOUT):
-                    obj = await conn.receive()
+                # None at the end of the stream; closed by close_when_silent after IDLE_TIMEOUT
+                # without a frame (a dead relay), or when another connection took the session.
+                obj = await conn.receive()
                 if obj is None:
                     return False
                 frame = read_relay(obj)
+            except trio.ClosedResourceError:
+                return False
             except protocol.ProtocolError as exc:
                 await send_quietly(conn, protocol.error(None, "protocol", str(exc)))
                 return False

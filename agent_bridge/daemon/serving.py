@@ -69,3 +69,15 @@ async def send_quietly(conn: FramedStream, frame: dict[str, Any]) -> None:
         await conn.send(frame, timeout=1.0)
     except (trio.BrokenResourceError, trio.ClosedResourceError, protocol.ProtocolError):
         pass
+
+
+async def close_when_silent(conn: FramedStream, name: str) -> None:
+    """Close the connection once nothing has come in for IDLE_TIMEOUT (a dead peer): its reading
+    loop then ends as at end of stream. A task beside that loop rather than a timeout around
+    each of its reads, which cost more than the rest of reading a frame."""
+    while True:
+        await trio.sleep_until(conn.last_read + IDLE_TIMEOUT)
+        if trio.current_time() >= conn.last_read + IDLE_TIMEOUT:
+            log.info("session %s silent for %ss; closing", name, IDLE_TIMEOUT)
+            await conn.aclose()
+            return
