@@ -21,7 +21,8 @@ async def open_relay(sock: str) -> tuple[FramedStream, str]:
     await relay.send(MCP_HELLO)
     hello = await relay.receive()
     assert hello is not None and hello["ok"], hello
-    await relay.send({"v": 1, "relay": "line", "line": json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})})
+    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    await relay.send({"v": 1, "relay": "line", "line": ping})
     return relay, hello["result"]["session"]["id"]
 
 
