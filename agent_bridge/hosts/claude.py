@@ -107,7 +107,7 @@ class Claude(Host):
 
     def owner_types(self, env: Any) -> bool:
         """Not under `claude -p` (CLAUDE_CODE_ENTRYPOINT=sdk-cli, seen with 2.1.332): a script's prompt."""
-        return env.get("CLAUDE_CODE_ENTRYPOINT") != "sdk-cli"
+        return bool(env.get("CLAUDE_CODE_ENTRYPOINT") != "sdk-cli")
 
     def prompt_queued(self, hook: HookInput) -> bool:
         """A prompt typed while a turn runs is queued, its UserPromptSubmit hook run at once, and it
