@@ -24,3 +24,18 @@ def test_a_ready_broker_loads_the_mcp_side_before_any_session_asks(broker) -> No
         lambda: _mapped(broker.pid, "pydantic_core"), timeout=60, what="the MCP SDK loaded by the broker"
     )
     assert broker.status()["sessions"] == 0
+
+
+def test_the_broker_reaches_ready_without_the_mcp_side() -> None:
+    """What `agent-bridge up` imports before it answers anyone leaves the MCP side (the SDK,
+    pydantic) to the thread that loads it after ready: imported at the top of a module the
+    broker starts with, it cost every start half a second on the event loop."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import agent_bridge.daemon.root, agent_bridge.daemon.handlers; "
+        "print(sorted(m for m in ('mcp', 'pydantic', 'agent_bridge.daemon.mcp_host') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded

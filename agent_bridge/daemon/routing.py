@@ -8,7 +8,6 @@ from typing import Any
 
 import trio
 
-from agent_bridge.daemon import mcp_host
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.connection import serve_session
 from agent_bridge.daemon.serving import answer, send_quietly
@@ -40,6 +39,11 @@ async def handle_connection(broker: Broker, stream: trio.abc.Stream) -> None:
         if op == "hello":
             await serve_session(broker, conn, request_id, args)
         elif op == "mcp":  # an `agent-bridge mcp` relay: the broker serves its host's MCP session
+            # Imported here, not at the top: the MCP side (the SDK, pydantic) costs half a second
+            # of CPU, which the broker spends on a thread after it is ready (root._preload_mcp),
+            # not before it answers anyone. Not a cycle: mcp_host imports nothing above it.
+            from agent_bridge.daemon import mcp_host
+
             await mcp_host.serve_relay(broker, conn, request_id, args)
         else:
             await _serve_control(broker, conn, request_id, op, args)
