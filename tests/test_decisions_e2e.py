@@ -11,20 +11,10 @@ import trio
 
 from agent_bridge.store import reader
 from tests.conftest import call, call_error, mcp_session, run_cli
+from tests.shapes import DECISION_FIELDS
 
 pytestmark = pytest.mark.slow
 
-DECISION_FIELDS = {
-    "id",
-    "topic",
-    "text",
-    "scope",
-    "author",
-    "createdAt",
-    "sourceMessageId",
-    "supersedes",
-    "current",
-}
 
 
 async def inbox(session, **args):

@@ -16,21 +16,11 @@ from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.peers import CLI_AUTHOR
 from agent_bridge.store.writer import Store
+from tests.shapes import DECISION_FIELDS
 
 WHOAMI_FIELDS = {"id", "name", "agent", "project", "hostSessionId", "kind"}  # SPEC §5 whoami
 # SPEC §5 inbox, decision? aside
 INBOX_FIELDS = {"id", "from", "to", "text", "hop", "replyTo", "kind", "createdAt"}
-DECISION_FIELDS = {
-    "id",
-    "topic",
-    "text",
-    "scope",
-    "author",
-    "createdAt",
-    "sourceMessageId",
-    "supersedes",
-    "current",
-}
 
 
 def _two_sessions(tmp_path: Path) -> tuple[Store, Peer, Peer]:

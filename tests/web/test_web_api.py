@@ -12,18 +12,8 @@ from webfixtures import OTHER, PROJECT, TIMEOUT, Facts, Running
 
 from agent_bridge.web import auth
 from agent_bridge.web.app import FORBIDDEN_CSP
+from tests.shapes import DECISION_FIELDS
 
-DECISION_FIELDS = {
-    "id",
-    "topic",
-    "text",
-    "scope",
-    "author",
-    "createdAt",
-    "sourceMessageId",
-    "supersedes",
-    "current",
-}
 API_PATHS = [
     "/api/decisions",
     "/api/decisions/camera/history",
