@@ -56,12 +56,12 @@ def loads(text: str | bytes | bytearray, limit: int = MAX_DEPTH) -> Any:
     """`json.loads`, refusing nesting deeper than `limit` with TooDeep (a ValueError). Bytes are
     decoded as UTF-8 first (UnicodeDecodeError, a ValueError too, when they are not)."""
     if not isinstance(text, str):
-        text = bytes(text).decode("utf-8")
+        text = str(text, "utf-8")
     # The count first, inline: every host line and frame comes through here, and few have many brackets.
     if text.count("[") + text.count("{") > limit and too_deep(text, limit):
         raise TooDeep(limit)
     try:
-        return json.loads(text)
+        return _decode.decode(text)  # what `json.loads` calls, without its checks of the argument
     except RecursionError:  # a limit above the interpreter's: still one clear error
         raise TooDeep(limit) from None
 

@@ -48,7 +48,8 @@ class Registry:
         """The connected session `address` names; a tentative one only if no other matches."""
         found = None
         for s in self.sessions.values():
-            if address in (s.id, s.name, s.host_session_id):
+            peer = s.peer  # read once: every send looks its recipient up here
+            if address == peer.id or address == peer.name or address == peer.host_session_id:
                 if not s.tentative:
                     return s
                 found = found or s

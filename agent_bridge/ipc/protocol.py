@@ -111,8 +111,18 @@ class ProtocolError(ValueError):
     """A frame that does not follow the protocol. Closes the connection that sent it."""
 
 
-# One encoder for every frame: `json.dumps` with options builds a new JSONEncoder per call.
-_encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# One encoder for every frame: `json.dumps` with options builds a new JSONEncoder per call, and
+# `JSONEncoder.encode` builds its C encoder (json.encoder.c_make_encoder) per call; this one is
+# built once. Without circular-reference markers it keeps no state between calls.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)  # None without the C accelerator
+_iterencode: Any = _c_make_encoder and _c_make_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, True
+)
+
+
+def _encode_json(obj: dict[str, Any]) -> str:
+    return "".join(_iterencode(obj, 0)) if _iterencode is not None else _ENCODER.encode(obj)
 
 
 def encode(obj: dict[str, Any]) -> bytes:
@@ -192,25 +202,61 @@ class BadArguments(ValueError):
         self.request_id = request_id
 
 
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plainly_storable(value: Any) -> bool:
+    """True when no string in `value` can hold a lone surrogate: `unstorable_text`'s answer for
+    the common case, with no path built and no call per ASCII string (`isascii` reads a flag).
+    False sends the caller to the full walk, which says where (or finds nothing after all)."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _encodes(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() or _encodes(key)):
+                return False
+            if type(item) is str:
+                if not (item.isascii() or _encodes(item)):
+                    return False
+            elif isinstance(item, (str, dict, list)) and not _plainly_storable(item):
+                return False
+        return True
+    if kind is list:
+        for item in value:
+            if type(item) is str:
+                if not (item.isascii() or _encodes(item)):
+                    return False
+            elif isinstance(item, (str, dict, list)) and not _plainly_storable(item):
+                return False
+        return True
+    return not isinstance(value, (str, dict, list))  # a subclass: the full walk decides
+
+
 def unstorable_text(value: Any, where: str = "") -> str | None:
     """Where in `value` a string holds a lone surrogate (JSON admits `"\\ud800"`; UTF-8, and so
     SQLite and every reader, cannot hold it), or None."""
+    return None if _plainly_storable(value) else _where_unstorable(value, where)
+
+
+def _where_unstorable(value: Any, where: str) -> str | None:
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where or "the text"
-        return None
+        return None if _encodes(value) else where or "the text"
     if isinstance(value, dict):
         for key, item in value.items():
-            found = unstorable_text(key, where or "a key") or unstorable_text(
+            found = _where_unstorable(key, where or "a key") or _where_unstorable(
                 item, f"{where}.{key}" if where else str(key)
             )
             if found:
                 return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            found = unstorable_text(item, f"{where}[{i}]")
+            found = _where_unstorable(item, f"{where}[{i}]")
             if found:
                 return found
     return None

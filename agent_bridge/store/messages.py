@@ -54,7 +54,10 @@ class Messages(Peers):
             records = {i: self._record_named(i) for i in {from_id, *(o.to_id for o in outgoing)}}
             from_id, from_name, from_agent = records[from_id]
             sender = Author(from_id, from_name, from_agent)
-            outgoing = [o._replace(to_id=records[o.to_id][0]) for o in outgoing]
+            outgoing = [
+                o if records[o.to_id][0] == o.to_id else o._replace(to_id=records[o.to_id][0])
+                for o in outgoing
+            ]
             names = {r[0]: r[1:] for r in records.values()}
             for o in outgoing:
                 message_id = new_id()
