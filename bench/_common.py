@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from itertools import count
 from pathlib import Path
@@ -38,11 +38,18 @@ CLI = [str(SCRIPT)] if SCRIPT.exists() else [PYTHON, "-m", "agent_bridge"]
 READY_TIMEOUT = 30.0
 
 
-def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    description: str,
+    argv: Sequence[str] | None = None,
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """--quick, and the bench's own `options` if it has any."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes: checks the benchmark runs, not its numbers"
     )
+    if options is not None:
+        options(parser)
     args = parser.parse_args(argv)
     ensure_bytecode()
     return args

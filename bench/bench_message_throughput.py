@@ -41,6 +41,12 @@ one-at-a-time p50. The broker-only readings stay in `details`:
   messages are about to be shown), then `ack` once they are written:
   `one_at_a_time_offer_ack_rate`, and its cost against the plain one-at-a-time reading of the
   same rounds, `offer_ack_cost` (at most 0.10, i.e. 10 %; reported, not part of `ok`).
+
+`--broker-only`: no relay processes and no relay rounds; the value is the broker-only rate,
+`ok` its targets. That is the scenario this bench measured before the relay path became its
+headline (a6f431d and earlier); `compare.py` runs it against such a tree with this script on
+both sides. With relays connected and their rounds in between, the broker-only rounds run
+beside a waiting `inbox` and the relays' late acknowledgements: a reading of its own.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import subprocess
 import sys
 import time
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -92,9 +99,12 @@ from pathlib import Path
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 from agent_bridge.rows import Author, Message
-from agent_bridge.store.ids import new_id
-from agent_bridge.store.messages import Outgoing
-from agent_bridge.store.writer import Store
+try:
+    from agent_bridge.store.ids import new_id
+    from agent_bridge.store.messages import Outgoing
+    from agent_bridge.store.writer import Store
+except ImportError:  # a tree from before the store's split (compare.py runs this script on it)
+    from agent_bridge.store.writer import Outgoing, Store, new_id
 
 store = None if sys.argv[2] == "-" else Store.open(Path(sys.argv[2]))
 connected = {}
@@ -262,7 +272,7 @@ class RelayPath:
 
 async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds are closures over its state, which mccabe counts into it
     socket_path: str, env: dict[str, str], floors: dict[str, str], rounds: int, per_round: int, warmup: int,
-    echo: EchoLoop,
+    echo: EchoLoop, *, relay_path: bool = True,
 ) -> dict:
     import trio
 
@@ -339,12 +349,14 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
     latencies_relay: list[int] = []
     latencies_relay_one: list[int] = []
     async with trio.open_nursery() as nursery, AsyncExitStack() as floor_clients:
-        relays = RelayPath(
-            await floor_clients.enter_async_context(c.open_relay(env, "bench-sender", PROJECT)),
-            await floor_clients.enter_async_context(c.open_relay(env, "bench-receiver", PROJECT)),
-            "bench-receiver",
-        )
-        nursery.start_soon(relays.receive)
+        relays = None
+        if relay_path:
+            relays = RelayPath(
+                await floor_clients.enter_async_context(c.open_relay(env, "bench-sender", PROJECT)),
+                await floor_clients.enter_async_context(c.open_relay(env, "bench-receiver", PROJECT)),
+                "bench-receiver",
+            )
+            nursery.start_soon(relays.receive)
         receiving = await nursery.start(receiver, socket_path)
         to = receiving.hello["session"]["name"]
         floor_ends = {}  # floor -> (its sender, the receiver's name there)
@@ -364,17 +376,21 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
                 offer_first = True
                 offer_rate, sent_offer = await bridge_round(sender, to, 1)
                 offer_first = False
-                relay_rate, sent_relay = await relays.round(per_round, WINDOW)
-                relay_one_rate, sent_relay_one = await relays.round(per_round, 1)
-                # The relay rounds' acknowledgements are recorded once their cancel grace is over
-                # (CANCEL_GRACE, 0.25 s, then ACK_BATCH): let them land here, not in the next
-                # broker-only round, whose rate they would lower.
-                await trio.sleep(RELAY_ACKS_SETTLE)
+                if relays is not None:
+                    relay_rate, sent_relay = await relays.round(per_round, WINDOW)
+                    relay_one_rate, sent_relay_one = await relays.round(per_round, 1)
+                    # The relay rounds' acknowledgements are recorded once their cancel grace is
+                    # over (CANCEL_GRACE, 0.25 s, then ACK_BATCH): let them land here, not in the
+                    # next broker-only round, whose rate they would lower.
+                    await trio.sleep(RELAY_ACKS_SETTLE)
+                    if r >= warmup:
+                        relay_rates.append(relay_rate)
+                        relay_one.append(relay_one_rate)
+                        latencies_relay.extend(relays.shown_at[m] - t for m, t in sent_relay.items())
+                        latencies_relay_one.extend(
+                            relays.shown_at[m] - t for m, t in sent_relay_one.items()
+                        )
                 if r >= warmup:
-                    relay_rates.append(relay_rate)
-                    relay_one.append(relay_one_rate)
-                    latencies_relay.extend(relays.shown_at[m] - t for m, t in sent_relay.items())
-                    latencies_relay_one.extend(relays.shown_at[m] - t for m, t in sent_relay_one.items())
                     rates.append(rate)
                     echo_rates.append(echo_rate)
                     one_at_a_time.append(one_rate)
@@ -396,7 +412,9 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
 
 
 def main() -> None:
-    args = c.parse_args(__doc__ or "")
+    args = c.parse_args(__doc__ or "", options=lambda parser: parser.add_argument(
+        "--broker-only", action="store_true", help="no relays: the broker-only rate is the value"
+    ))
     rounds, per_round, warmup = (2, 50, 1) if args.quick else (10, 1000, 1)
     import trio
 
@@ -415,69 +433,86 @@ def main() -> None:
                 record = broker.wait_ready()
                 c.log(f"message_throughput: {rounds} rounds of {per_round} messages")
                 paths = {name: floor.path for name, floor in floors.items()}
-                out = trio.run(drive, record["socket"], env, paths, rounds, per_round, warmup, echo)
+                out = trio.run(
+                    partial(drive, relay_path=not args.broker_only),
+                    record["socket"], env, paths, rounds, per_round, warmup, echo,
+                )
         finally:
             echo.close()
             for floor in floors.values():
                 floor.close()
-    value = c.median(out["relay"])
     broker_rate = c.median(out["rates"])
-    relay_one_p50 = c.ms(c.percentile(out["latencies_relay_one"], 50))
     one_p50 = c.ms(c.percentile(out["latencies_one"], 50))
     floor_p50 = c.ms(c.percentile(out["latencies_floor"]["floor"], 50))
     floor_ratio = one_p50 / floor_p50
+    broker_ok = broker_rate >= TARGET_BROKER_RATE and floor_ratio <= TARGET_FLOOR_RATIO
+    broker_target = (
+        f"broker-only >= {TARGET_BROKER_RATE:g} messages/s and details.one_at_a_time_floor_ratio <= "
+        f"{TARGET_FLOOR_RATIO:g} (one at a time, p50 over the same-run floor)"
+    )
+    details = {
+        "rounds": rounds,
+        "per_round": per_round,
+        "window": WINDOW,
+        "broker_only_rate": broker_rate,
+        "broker_only_p50": c.ms(c.percentile(out["latencies"], 50)),
+        "broker_only_p99": c.ms(c.percentile(out["latencies"], 99)),
+        "rate_min": min(out["rates"]),
+        "rate_max": max(out["rates"]),
+        "echo_rate": c.median(out["echo"]),
+        "broker_only_echo_ratio": broker_rate / c.median(out["echo"]),
+        "one_at_a_time_rate": c.median(out["one"]),
+        "one_at_a_time_echo_rate": c.median(out["echo_one"]),
+        "one_at_a_time_echo_ratio": c.median(out["one"]) / c.median(out["echo_one"]),
+        "one_at_a_time_p50": one_p50,
+        "one_at_a_time_p99": c.ms(c.percentile(out["latencies_one"], 99)),
+        "one_at_a_time_floor_p50": floor_p50,
+        "one_at_a_time_floor_ratio": floor_ratio,
+        "one_at_a_time_framing_p50": c.ms(c.percentile(out["latencies_floor"]["framing"], 50)),
+        "one_at_a_time_offer_ack_rate": c.median(out["offer_one"]),
+        "one_at_a_time_offer_ack_p50": c.ms(c.percentile(out["latencies_offer"], 50)),
+        "offer_ack_cost": 1 - c.median(out["offer_one"]) / c.median(out["one"]),
+        "latency_unit": "ms",
+    }
+    if args.broker_only:  # the reading of a6f431d and earlier, under its unit
+        c.report(
+            "message_throughput",
+            value=broker_rate,
+            unit=f"messages/s (send → delivered → acknowledged, {WINDOW} sends in flight)",
+            baseline=c.median(out["echo"]),
+            target=broker_target,
+            ok=broker_ok,
+            n=len(out["latencies"]),
+            p50=details["broker_only_p50"],
+            p99=details["broker_only_p99"],
+            quick=args.quick,
+            details={**details, "broker_only": True},
+        )
+        return
+    relay_one_p50 = c.ms(c.percentile(out["latencies_relay_one"], 50))
     c.report(
         "message_throughput",
-        value=value,
+        value=c.median(out["relay"]),
         unit=f"messages/s through two agent-bridge mcp relays (send → shown by inbox, {WINDOW} sends in "
              f"flight)",
         baseline=broker_rate,
         target=(
             f"details.relay_one_at_a_time_p50 <= {TARGET_RELAY_ONE_P50_MS:g} ms through the relays (value "
-            f"and its "
-            f"ratio to broker-only reported); broker-only (the baseline) >= "
-            f"{TARGET_BROKER_RATE:g} messages/s and details.one_at_a_time_floor_ratio <= "
-            f"{TARGET_FLOOR_RATIO:g} "
-            "(one at a time, p50 over the same-run floor)"
+            f"and its ratio to broker-only reported); {broker_target}"
         ),
-        ok=(
-            relay_one_p50 <= TARGET_RELAY_ONE_P50_MS
-            and broker_rate >= TARGET_BROKER_RATE
-            and floor_ratio <= TARGET_FLOOR_RATIO
-        ),
+        ok=relay_one_p50 <= TARGET_RELAY_ONE_P50_MS and broker_ok,
         n=len(out["latencies_relay"]),
         p50=c.ms(c.percentile(out["latencies_relay"], 50)),
         p99=c.ms(c.percentile(out["latencies_relay"], 99)),
         quick=args.quick,
         details={
-            "rounds": rounds,
-            "per_round": per_round,
-            "window": WINDOW,
+            **details,
             "relay_rate_min": min(out["relay"]),
             "relay_rate_max": max(out["relay"]),
             "relay_one_at_a_time_rate": c.median(out["relay_one"]),
             "relay_one_at_a_time_p50": relay_one_p50,
             "relay_one_at_a_time_p99": c.ms(c.percentile(out["latencies_relay_one"], 99)),
             "relay_one_at_a_time_ratio": relay_one_p50 / one_p50,
-            "broker_only_rate": broker_rate,
-            "broker_only_p50": c.ms(c.percentile(out["latencies"], 50)),
-            "broker_only_p99": c.ms(c.percentile(out["latencies"], 99)),
-            "rate_min": min(out["rates"]),
-            "rate_max": max(out["rates"]),
-            "echo_rate": c.median(out["echo"]),
-            "broker_only_echo_ratio": broker_rate / c.median(out["echo"]),
-            "one_at_a_time_rate": c.median(out["one"]),
-            "one_at_a_time_echo_rate": c.median(out["echo_one"]),
-            "one_at_a_time_echo_ratio": c.median(out["one"]) / c.median(out["echo_one"]),
-            "one_at_a_time_p50": one_p50,
-            "one_at_a_time_p99": c.ms(c.percentile(out["latencies_one"], 99)),
-            "one_at_a_time_floor_p50": floor_p50,
-            "one_at_a_time_floor_ratio": floor_ratio,
-            "one_at_a_time_framing_p50": c.ms(c.percentile(out["latencies_floor"]["framing"], 50)),
-            "one_at_a_time_offer_ack_rate": c.median(out["offer_one"]),
-            "one_at_a_time_offer_ack_p50": c.ms(c.percentile(out["latencies_offer"], 50)),
-            "offer_ack_cost": 1 - c.median(out["offer_one"]) / c.median(out["one"]),
-            "latency_unit": "ms",
         },
     )
 

@@ -1,6 +1,6 @@
 """A same-run A/B of benchmarks: another revision (the base) against this tree (the current).
 
-    python bench/compare.py --base REV [--rounds N] [bench names...]
+    python bench/compare.py --base REV [--rounds N] [--scripts current|own] [bench[:--flag...] ...]
 
 Checks REV out into a temporary `git worktree` (removed afterwards) and runs each named bench
 (default: DEFAULT_BENCHES) N rounds for each tree, alternating (base, current, then current,
@@ -8,8 +8,15 @@ base, ...: a machine getting slower or faster during the run hits both alike). E
 child process with `PYTHONPATH=<tree>`, so it and what it spawns through the venv's console
 script (`agent-bridge up`, `agent-bridge mcp`) import that tree's agent_bridge; a relay spawned
 under each tree is asked once which one it imported (`PYTHONVERBOSE`), and a mismatch stops the
-comparison. Each tree runs its own bench script where both have it, since a bench script may
-use modules that moved between the two; a script only the current tree has runs for both.
+comparison. A bench name may carry flags for its script after a colon:
+`message_throughput:--broker-only`.
+
+Which script measures: with `--scripts current` (the default) this tree's script runs for both
+trees, so both are measured in the same scenario; the benches import what moved with a
+fallback for older trees. With `--scripts own` each tree runs its own script where it has one:
+the readings of each tree's own bench, which may be different scenarios (message_throughput's
+broker-only rounds ran alone before a6f431d's successor added relays beside them). A script only
+the current tree has runs for both.
 
 Prints one JSON line per bench:
 
@@ -45,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 CURRENT = Path(__file__).resolve().parent.parent
-DEFAULT_BENCHES = ("mcp_tool_call", "message_throughput", "cpu_per_pair")
+DEFAULT_BENCHES = ("mcp_tool_call", "message_throughput", "message_throughput:--broker-only", "cpu_per_pair")
 NOISE = 0.05  # a median within 5 % of the base's counts as no change
 # When a bench's value changed meaning between the trees: the reading the base's value was, as
 # the current line reports it. message_throughput's value was the broker-only rate until the
@@ -190,11 +197,17 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="pass --quick to the benches (checks the tool, not the code)"
     )
     parser.add_argument(
-        "benches", nargs="*", default=list(DEFAULT_BENCHES), help="names without bench_ and .py"
+        "--scripts", choices=("current", "own"), default="current",
+        help="current: this tree's bench script for both trees (the default); own: each tree's own",
+    )
+    parser.add_argument(
+        "benches", nargs="*", default=list(DEFAULT_BENCHES),
+        help="names without bench_ and .py, each with its script's flags after colons",
     )
     args = parser.parse_args(argv)
-    extra = ["--quick"] if args.quick else []
-    for name in args.benches:
+    quick = ["--quick"] if args.quick else []
+    for spec in args.benches:
+        name = spec.split(":")[0]
         if not (CURRENT / "bench" / f"bench_{name}.py").exists():
             parser.error(f"no bench/bench_{name}.py in {CURRENT}")
     base_rev = subprocess.run(["git", "-C", str(CURRENT), "rev-parse", "--short", args.base],
@@ -208,18 +221,21 @@ def main(argv: list[str] | None = None) -> int:
             if not package.is_relative_to(tree.resolve()):
                 raise SystemExit(f"compare: a relay under PYTHONPATH={tree} imported {package}")
             log(f"{side} ({base_rev if side == 'base' else 'working tree'}): a relay imports {package}")
-        for bench in args.benches:
+        for spec in args.benches:
+            bench, *flags = spec.split(":")
+            extra = [*quick, *flags]
             name = f"bench/bench_{bench}.py"
-            own = (base_tree / name).exists()
+            own = args.scripts == "own" and (base_tree / name).exists()
             scripts = {side: (tree if own else CURRENT) / name for side, tree in trees.items()}
-            labels = {side: f"{side if own else 'current'}:{name}" for side in trees}
+            labels = {side: f"{side if own else 'current'}:{name}{''.join(' ' + f for f in flags)}"
+                      for side in trees}
             runs: dict[str, list[dict[str, Any]]] = {"base": [], "current": []}
             for r in range(args.rounds):
                 order = ("base", "current") if r % 2 == 0 else ("current", "base")
                 for side in order:
                     log(f"{bench} round {r + 1}/{args.rounds}: {side} ({labels[side]})")
                     runs[side].append(run_bench(scripts[side], trees[side], scratch, extra))
-            line = judge(bench, runs, labels)
+            line = judge(spec, runs, labels)
             line["base_rev"] = base_rev
             failed |= line["ok"] is False
             print(json.dumps(line, ensure_ascii=False), flush=True)

@@ -122,39 +122,49 @@ def test_compare_falls_back_to_a_reading_both_lines_carry() -> None:
     assert unknown["ok"] is None and "different things" in unknown["note"]
 
 
-@pytest.mark.slow
-def test_compare_runs_a_bench_for_both_trees(tmp_path: Path) -> None:
+def _run_compare(tmp_path: Path, *args: str) -> tuple[list[dict], str]:
     if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "compare.py"),
-            "--base",
-            "HEAD",
-            "--rounds",
-            "1",
-            "--quick",
-            "mcp_tool_call",
-        ],
+        [sys.executable, str(BENCH / "compare.py"), "--base", "HEAD", "--rounds", "1", "--quick", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=400,
     )
     assert proc.returncode in (0, 1), proc.stderr  # 1: worse beyond noise, which tiny runs may well be
-    (text,) = proc.stdout.splitlines()
-    line = json.loads(text)
-    assert line["bench"] == "mcp_tool_call"
+    return [json.loads(text) for text in proc.stdout.splitlines()], proc.stderr
+
+
+@pytest.mark.slow
+def test_compare_runs_this_trees_script_for_both_trees(tmp_path: Path) -> None:
+    lines, stderr = _run_compare(tmp_path, "mcp_tool_call", "message_throughput:--broker-only")
+    tool_call, broker_only = lines
+    assert tool_call["bench"] == "mcp_tool_call"
+    assert tool_call["scripts"] == {
+        "base": "current:bench/bench_mcp_tool_call.py",
+        "current": "current:bench/bench_mcp_tool_call.py",
+    }
+    assert isinstance(tool_call["ok"], bool) and _number(tool_call["ratio"])
+    assert tool_call["better"] == "lower"
+    # The flags after the colon reach the script: its broker-only value and unit, on both sides.
+    assert broker_only["bench"] == "message_throughput:--broker-only"
+    assert broker_only["scripts"]["base"] == "current:bench/bench_message_throughput.py --broker-only"
+    assert broker_only["metric"] == "value" and broker_only["better"] == "higher"
+    assert broker_only["unit"].startswith("messages/s (send → delivered → acknowledged")
+    assert _number(broker_only["ratio"]) and "relay_one_at_a_time_p50" not in broker_only["details"]
+    assert f"a relay imports {REPO / 'agent_bridge' / '__init__.py'}" in stderr
+    # and the base's relay, the temporary worktree's copy
+    assert re.search(r"base \(\w+\): a relay imports /\S+/abcmp-\w+/tree/agent_bridge/__init__\.py", stderr)
+
+
+@pytest.mark.slow
+def test_compare_runs_each_trees_own_script_when_asked(tmp_path: Path) -> None:
+    (line,), _ = _run_compare(tmp_path, "--scripts", "own", "mcp_tool_call")
     assert line["scripts"] == {
         "base": "base:bench/bench_mcp_tool_call.py",
         "current": "current:bench/bench_mcp_tool_call.py",
     }
-    assert isinstance(line["ok"], bool) and _number(line["ratio"]) and line["better"] == "lower"
-    assert f"a relay imports {REPO / 'agent_bridge' / '__init__.py'}" in proc.stderr
-    # and the base's relay, the temporary worktree's copy
-    assert re.search(
-        r"base \(\w+\): a relay imports /\S+/abcmp-\w+/tree/agent_bridge/__init__\.py", proc.stderr
-    )
+    assert isinstance(line["ok"], bool) and _number(line["ratio"])
