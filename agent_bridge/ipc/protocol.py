@@ -132,7 +132,7 @@ def encode(obj: dict[str, Any]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def decode_payload(payload: bytes) -> dict[str, Any]:
+def decode_payload(payload: bytes | bytearray) -> dict[str, Any]:
     try:
         obj = jsonlimit.loads(payload)
     except UnicodeDecodeError:
@@ -167,23 +167,28 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray) -> list[dict[str, Any]]:
         if self._error is not None:
             raise self._error
-        self._buffer += data
+        buffer = self._buffer
+        buffer += data
         frames: list[dict[str, Any]] = []
-        while len(self._buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buffer)
-            try:
-                if length == 0 or length > self._max:
-                    raise ProtocolError(f"frame length {length} outside 1..{self._max}")
-                if len(self._buffer) < HEADER.size + length:
+        at = 0  # the frames taken are cut from the buffer once, at the end (not one by one)
+        try:
+            while len(buffer) - at >= HEADER.size:
+                (length,) = HEADER.unpack_from(buffer, at)
+                try:
+                    if length == 0 or length > self._max:
+                        raise ProtocolError(f"frame length {length} outside 1..{self._max}")
+                    start = at + HEADER.size
+                    if len(buffer) - start < length:
+                        break
+                    at = start + length
+                    frames.append(decode_payload(buffer[start:at]))
+                except ProtocolError as exc:
+                    if not frames:
+                        raise
+                    self._error = exc
                     break
-                payload = bytes(self._buffer[HEADER.size : HEADER.size + length])
-                del self._buffer[: HEADER.size + length]
-                frames.append(decode_payload(payload))
-            except ProtocolError as exc:
-                if not frames:
-                    raise
-                self._error = exc
-                break
+        finally:
+            del buffer[:at]
         return frames
 
     @property
