@@ -6,7 +6,10 @@ RecursionError, which no caller expecting ValueError catches, and a value just u
 interpreter's limit breaks whatever walks it afterwards (pydantic, `json.dumps`, our own checks).
 Every surface that parses JSON from outside (host lines, IPC frames, hook stdin, HTTP
 parameters, the CLI's --scope, config) goes through `loads`, which refuses nesting past
-MAX_DEPTH with `TooDeep`, a ValueError, before the parser recurses.
+MAX_DEPTH with `TooDeep`, a ValueError: the C parser's own recursion guard stops anything
+deeper than the interpreter allows (RecursionError, turned into TooDeep), and what it parsed
+is measured without recursing before anyone walks it. `too_deep` measures the text itself,
+for a line handed on unparsed (to the MCP SDK, whose models recurse in Python).
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from typing import Any
 # message, params, arguments, scope, sessions); hosts add `_meta` objects of a few levels.
 MAX_DEPTH = 64
 
-# A JSON string (kept whole, so brackets inside it do not count), or one bracket. The string's
-# pattern is the unrolled form: linear time, no backtracking on long strings.
-_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_BRACKET = re.compile(r"[\[\]{}]")
+# A JSON string (kept whole, so brackets inside it do not count), or one bracket, colon or comma.
+# The string's pattern is the unrolled form: linear time, no backtracking on long strings.
 _MEMBER_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]')
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _decode = json.JSONDecoder()
@@ -40,14 +43,22 @@ def too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
     than `limit`. Text with no more brackets than `limit` is answered without a scan."""
     if text.count("[") + text.count("{") <= limit:
         return False
+    # Only brackets outside strings count. With the escaped backslashes, then the escaped
+    # quotes, taken out (each run of backslashes pairs up from its left, as JSON reads it),
+    # every quote left opens or closes a string: the even pieces between quotes are outside.
+    # All of it in C: a line carrying JSON in a string (a tool's result inside a frame) has a
+    # few pieces however many quotes it escapes.
+    pieces = text.replace("\\\\", "").replace('\\"', "").split('"')
+    outside = "".join(pieces[::2])
+    if outside.count("[") + outside.count("{") <= limit:
+        return False
     depth = 0
-    for match in _TOKEN.finditer(text):
-        token = match.group()
-        if token in "[{":
+    for match in _BRACKET.finditer(outside):
+        if match.group() in "[{":
             depth += 1
             if depth > limit:
                 return True
-        elif token in "]}":
+        else:
             depth -= 1
     return False
 
@@ -57,13 +68,34 @@ def loads(text: str | bytes | bytearray, limit: int = MAX_DEPTH) -> Any:
     decoded as UTF-8 first (UnicodeDecodeError, a ValueError too, when they are not)."""
     if not isinstance(text, str):
         text = str(text, "utf-8")
-    # The count first, inline: every host line and frame comes through here, and few have many brackets.
-    if text.count("[") + text.count("{") > limit and too_deep(text, limit):
-        raise TooDeep(limit)
+    # No more brackets than `limit`, in strings or not: nothing to measure (most lines and frames).
+    measure = text.count("[") + text.count("{") > limit
     try:
-        return _decode.decode(text)  # what `json.loads` calls, without its checks of the argument
-    except RecursionError:  # a limit above the interpreter's: still one clear error
+        value = _decode.decode(text)  # what `json.loads` calls, without its checks of the argument
+    except RecursionError:  # deeper than the interpreter lets the C parser go
         raise TooDeep(limit) from None
+    except ValueError:
+        if measure and too_deep(text, limit):  # broken JSON that also nests too deep: say the depth
+            raise TooDeep(limit) from None
+        raise
+    # Parsed first, measured after: the value's containers, not the text's characters (a frame
+    # carrying a tool's result as a string has thousands of brackets and escapes, in one string).
+    if measure and _deeper(value, limit):
+        raise TooDeep(limit)
+    return value
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether a value `json` parsed (exact dicts and lists) nests deeper than `limit`."""
+    stack = [(value, 1)] if type(value) is dict or type(value) is list else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in item.values() if type(item) is dict else item:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
 
 
 def check_value(value: Any, limit: int = MAX_DEPTH) -> None:

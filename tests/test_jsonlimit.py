@@ -33,6 +33,40 @@ def test_brackets_inside_strings_do_not_count():
     assert not jsonlimit.too_deep(json.dumps(["]" * 500, nested(3)]))
 
 
+def depth_of(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(depth_of, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth_of, value), default=0)
+    return 0
+
+
+# Strings made of what could fool a scan: brackets, quotes and runs of backslashes.
+TRICKY_TEXT = st.text(alphabet='[]{}"\\ a\n', max_size=12)
+
+
+@given(
+    st.recursive(
+        st.none() | st.integers() | TRICKY_TEXT,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY_TEXT, inner, max_size=3),
+        max_leaves=30,
+    ),
+    st.integers(min_value=0, max_value=6),
+    st.booleans(),
+)
+def test_too_deep_counts_the_brackets_outside_strings_only(value, limit, ascii_only):
+    """The depth `too_deep` measures is the value's, whatever its strings hold: brackets,
+    escaped quotes, runs of backslashes, and JSON carried in a string (as a frame carries a line)."""
+    for text in (json.dumps(value, ensure_ascii=ascii_only), json.dumps({"line": json.dumps(value)})):
+        expected = depth_of(json.loads(text)) > limit
+        assert jsonlimit.too_deep(text, limit) is expected, text
+        if expected:  # and `loads`, which parses first and measures the value, agrees
+            with pytest.raises(TooDeep):
+                jsonlimit.loads(text, limit)
+        else:
+            assert jsonlimit.loads(text, limit) == json.loads(text)
+
+
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
                     max_leaves=40))
