@@ -21,6 +21,7 @@ from typing import Any
 # Levels of arrays and objects. What the bridge takes nests 6 deep at most (a tools/call line:
 # message, params, arguments, scope, sessions); hosts add `_meta` objects of a few levels.
 MAX_DEPTH = 64
+COUNT_UP_TO = 4096  # characters: `loads` counts a shorter text's brackets before measuring its value
 
 _BRACKET = re.compile(r"[\[\]{}]")
 # A JSON string (kept whole, so brackets inside it do not count), or one bracket, colon or comma.
@@ -69,7 +70,9 @@ def loads(text: str | bytes | bytearray, limit: int = MAX_DEPTH) -> Any:
     if not isinstance(text, str):
         text = str(text, "utf-8")
     # No more brackets than `limit`, in strings or not: nothing to measure (most lines and frames).
-    measure = text.count("[") + text.count("{") > limit
+    # A long text is measured without counting: walking its value's containers costs less than
+    # reading its characters twice when most of them are in strings (a frame carrying a result).
+    measure = len(text) > COUNT_UP_TO or text.count("[") + text.count("{") > limit
     try:
         value = _decode.decode(text)  # what `json.loads` calls, without its checks of the argument
     except RecursionError:  # deeper than the interpreter lets the C parser go

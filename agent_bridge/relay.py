@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import select
 import signal
 import sys
@@ -79,6 +80,11 @@ ANSWERS_AT_EXIT = 5.0
 READ_CHUNK = 1 << 16
 SIGNAL_WAIT = 0.5  # seconds a signal's handler waits for another thread before it writes the ledger
 UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
+# The head of a JSON-RPC answer as the SDK and mcp_fast serialize one: its id (a number or a
+# string) and then its result or error (relay.answer_key).
+ANSWER_HEAD = re.compile(
+    r'\{"jsonrpc":"2\.0","id":(-?(?:0|[1-9]\d*)|"[^"\\]*(?:\\.[^"\\]*)*"),"(?:result|error)":'
+)
 REPLAY_ID = "agent-bridge-replay-{}"  # the id of a replayed request, whose answer is not the host's
 STATIC = Path(__file__).with_name("mcp_static.json")
 
@@ -760,7 +766,12 @@ class Relay:
         """The id a line from the broker answers, as JSON; None for a notification."""
         if '"method"' in line[:200] and '"id"' not in line[:200]:
             return None
+        # An answer as the SDK and mcp_fast write it: the id read from its head, not the whole
+        # line parsed (a `decisions` result is tens of KB). Any other shape is parsed below.
+        head = ANSWER_HEAD.match(line)
         try:
+            if head is not None:
+                return showing.key(json.loads(head.group(1)))
             message = json.loads(line)
         except (ValueError, RecursionError):  # the broker's lines: not checked for depth (hot path)
             return None

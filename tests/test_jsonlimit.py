@@ -25,6 +25,11 @@ def test_the_limit_is_exact():
     with pytest.raises(TooDeep):
         jsonlimit.loads(nested(100_000))  # far past the interpreter's recursion limit
     assert isinstance(TooDeep(), ValueError)  # caught wherever a malformed value already is
+    # A long text is measured by its value, not by counting its characters: the same limit.
+    padding = '"' + "x" * jsonlimit.COUNT_UP_TO + '"'
+    assert jsonlimit.loads(nested(MAX_DEPTH, padding)) is not None
+    with pytest.raises(TooDeep):
+        jsonlimit.loads(nested(MAX_DEPTH + 1, padding))
 
 
 def test_brackets_inside_strings_do_not_count():

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_bridge import ledger, relay, tools
 from agent_bridge.daemon import mcp_host
@@ -344,3 +346,31 @@ async def test_a_request_on_a_relay_connection_is_answered_and_the_session_goes_
             if frame.get("push") == "line" and json.loads(frame["line"]).get("id") == 1:
                 break
         await relay_conn.aclose()
+
+
+JSON_RPC_IDS = st.integers(min_value=-(2**53), max_value=2**53) | st.text(max_size=12)
+
+
+@given(JSON_RPC_IDS, st.sampled_from(["result", "error"]), st.booleans())
+def test_the_relay_reads_an_answers_id_from_its_head_as_the_whole_line_would_say(rid, kind, sdk_shape):
+    """`answer_key` reads the id of an answer shaped as the SDK and mcp_fast write it from the
+    line's head; any line, of that shape or not, gets the key a full parse gives."""
+    from agent_bridge.core import showing
+
+    body = {"content": [{"text": '{"id": 99, "method": "x"}', "type": "text"}], "isError": False}
+    fields = {"jsonrpc": "2.0", "id": rid, kind: body if kind == "result" else {"code": -1, "message": "m"}}
+    if not sdk_shape:  # another order, spaces: the slow path
+        fields = dict(reversed(list(fields.items())))
+    line = json.dumps(fields, ensure_ascii=False, separators=(",", ":") if sdk_shape else None)
+    assert bool(relay.ANSWER_HEAD.match(line)) is sdk_shape
+    assert relay.Relay.answer_key(line) == showing.key(rid)
+
+
+@pytest.mark.parametrize("line", [
+    '{"jsonrpc":"2.0","id":1,"method":"ping"}',  # the broker asking the host: not an answer
+    '{"jsonrpc":"2.0","method":"notifications/message","params":{}}',
+    '{"jsonrpc":"2.0","id":007,"result":{}}',  # not JSON
+    '{"jsonrpc":"2.0","id":"\\x","result":{}}',  # not JSON either
+])
+def test_a_line_that_answers_nothing_has_no_answer_key(line):
+    assert relay.Relay.answer_key(line) is None
