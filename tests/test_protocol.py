@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.protocol import FrameDecoder, ProtocolError
@@ -225,3 +228,24 @@ def test_every_op_of_the_protocol_table_has_its_broker_handlers_and_no_more():
             broker.check_handlers()
     finally:
         del broker.SESSION_HANDLERS["nonsense"]
+
+
+# Text that may hold lone surrogates (category Cs), as JSON's \ud800 escapes can.
+ANY_TEXT = st.text(st.characters() | st.integers(0xD800, 0xDFFF).map(chr), max_size=6)
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=20,
+))
+def test_unstorable_text_finds_a_lone_surrogate_exactly_when_utf8_cannot_hold_the_value(value):
+    """Whatever its quick path skips, the answer is UTF-8's: None when the value's JSON encodes,
+    else a place, and the string found there is one UTF-8 cannot hold."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert protocol.unstorable_text(value) is not None
+    else:
+        assert protocol.unstorable_text(value) is None

@@ -223,24 +223,21 @@ def _plainly_storable(value: Any) -> bool:
     if kind is str:
         return value.isascii() or _encodes(value)
     if kind is dict:
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str or not (key.isascii() or _encodes(key)):
                 return False
-            if type(item) is str:
-                if not (item.isascii() or _encodes(item)):
-                    return False
-            elif isinstance(item, (str, dict, list)) and not _plainly_storable(item):
+        items = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return not isinstance(value, (str, dict, list))  # a subclass: the full walk decides
+    for item in items:
+        if type(item) is str:
+            if not (item.isascii() or _encodes(item)):
                 return False
-        return True
-    if kind is list:
-        for item in value:
-            if type(item) is str:
-                if not (item.isascii() or _encodes(item)):
-                    return False
-            elif isinstance(item, (str, dict, list)) and not _plainly_storable(item):
-                return False
-        return True
-    return not isinstance(value, (str, dict, list))  # a subclass: the full walk decides
+        elif isinstance(item, (str, dict, list)) and not _plainly_storable(item):
+            return False
+    return True
 
 
 def unstorable_text(value: Any, where: str = "") -> str | None:
