@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from agent_bridge import domain
 from agent_bridge.domain import InputError, SessionView, lookup_matches, parse_scope, scope_applies
 from agent_bridge.rows import Decision
+from tests.shapes import DECISION_FIELDS
 
 # --- topics and texts ---------------------------------------------------------------
 
@@ -257,17 +258,7 @@ def test_render_has_exactly_the_seed_fields():
     # A row in the order of store.queries.DECISION_COLUMNS: seq first, current as SQLite gives it (0/1).
     row = (7, "d1", "camera", "Hold", '"all"', "p", "claude-x", "claude", 1, None, None, 1)
     rendered = Decision.from_row(row).to_json()
-    assert set(rendered) == {
-        "id",
-        "topic",
-        "text",
-        "scope",
-        "author",
-        "createdAt",
-        "sourceMessageId",
-        "supersedes",
-        "current",
-    }
+    assert set(rendered) == DECISION_FIELDS
     assert rendered["author"] == {"id": "p", "name": "claude-x", "agent": "claude"}
     assert rendered["current"] is True and rendered["scope"] == "all"
 

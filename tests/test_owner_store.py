@@ -14,6 +14,7 @@ from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.peers import CLI_AUTHOR
 from agent_bridge.store.schema import V1, V2, V3
 from agent_bridge.store.writer import Store
+from tests.shapes import DECISION_FIELDS
 
 
 def build_v3(path: Path) -> None:
@@ -129,17 +130,7 @@ def test_retraction_is_appended_and_removes_the_topic_from_every_current_read(tm
         history = store.decisions(history=True, topic="db")
         assert [d.id for d in history] == [second.id, first.id]
         assert all(d.current is False for d in history)
-        assert set(history[0].to_json()) == {
-            "id",
-            "topic",
-            "text",
-            "scope",
-            "author",
-            "createdAt",
-            "sourceMessageId",
-            "supersedes",
-            "current",
-        }
+        assert set(history[0].to_json()) == DECISION_FIELDS
         shown, total = queries.note_decisions(store.conn, "/w/app", limit=5)
         assert [d.topic for d in shown] == ["camera"] and total == 1
         assert queries.retractions(store.conn, topic="db") == [retraction]

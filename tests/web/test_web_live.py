@@ -26,6 +26,7 @@ from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.writer import Store
 from agent_bridge.web import app as web_app
 from agent_bridge.web import auth
+from tests.shapes import DECISION_FIELDS
 
 
 def receipts_path(topic: str) -> str:
@@ -121,17 +122,7 @@ async def test_receipts_say_who_got_a_decision_and_who_acknowledged_it(
     # Decision objects keep exactly their fields (SPEC §6): receipts live beside them.
     async with dashboard.client() as client:
         (decision,) = (await get_json(client, "/api/decisions?q=nox"))["decisions"]
-    assert set(decision) == {
-        "id",
-        "topic",
-        "text",
-        "scope",
-        "author",
-        "createdAt",
-        "sourceMessageId",
-        "supersedes",
-        "current",
-    }
+    assert set(decision) == DECISION_FIELDS
 
 
 async def test_receipts_read_an_older_database_as_empty(nursery: trio.Nursery, web_home: Path) -> None:
