@@ -89,14 +89,15 @@ def loads(text: str | bytes | bytearray, limit: int = MAX_DEPTH) -> Any:
 
 
 def _deeper(value: Any, limit: int) -> bool:
-    """Whether a value `json` parsed (exact dicts and lists) nests deeper than `limit`."""
-    stack = [(value, 1)] if type(value) is dict or type(value) is list else []
+    """Whether `value`'s dicts and lists nest deeper than `limit`, measured without recursing.
+    Only containers are pushed: a value of many scalars costs one pass over them."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
     while stack:
         item, depth = stack.pop()
         if depth > limit:
             return True
-        for child in item.values() if type(item) is dict else item:
-            if type(child) is dict or type(child) is list:
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
     return False
 
@@ -104,14 +105,8 @@ def _deeper(value: Any, limit: int) -> bool:
 def check_value(value: Any, limit: int = MAX_DEPTH) -> None:
     """Raise TooDeep when an already parsed value (say, from TOML) nests deeper than `limit`.
     Iterative: a value deep enough to break recursion is measured without recursing."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth + 1 > limit:
-                raise TooDeep(limit)
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+    if _deeper(value, limit):
+        raise TooDeep(limit)
 
 
 NESTED = object()  # `members`: the value of this key is an array or object (not decoded)
