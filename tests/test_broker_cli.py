@@ -47,6 +47,40 @@ def test_up_detach_status_down(env, home):
     assert "no broker" in run_cli(env, "down").stdout
 
 
+def test_up_detach_starts_one_when_the_lock_it_waited_on_goes_free(env, home, tmp_path):
+    """Two MCP servers start a broker at once after a crash: one `up --detach` finds the lock held
+    by the other between its probe and its child's lock. When the lock goes free and nothing
+    answers, it starts one itself (it used to say "the broker that was starting exited")."""
+    import fcntl
+    import socket
+
+    home.mkdir(parents=True, exist_ok=True)
+    lock = os.open(home / paths.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other starter, which then gives up
+    address = str(tmp_path / "starting.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen()
+    listener.settimeout(60)
+    paths.write_private(home / "broker.json", json.dumps({"pid": os.getpid(), "socket": address}))
+    waiting = subprocess.Popen([*CLI, "up", "--detach"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        asked, _ = listener.accept()  # its ping: it waits on the lock's holder to answer
+        os.close(lock)
+        asked.close()
+        listener.close()
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        record = paths.running_broker(home)
+        assert record is not None and record["pid"] != os.getpid()
+        assert f"broker running (pid {record['pid']})" in out
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        run_cli(env, "down")
+
+
 def test_a_killed_broker_does_not_block_the_next(env, home):
     first = BrokerProcess(env, home).start()
     first.kill()  # SIGKILL: broker.json and the socket are left behind

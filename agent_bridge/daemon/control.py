@@ -303,10 +303,23 @@ def _print_ready(record: dict[str, Any], *, detached: bool) -> None:
 
 
 def _up_detached(home: Path) -> int:
-    probe = BrokerLock(home)
-    if not probe.acquire():
-        return _already_up(home, time.monotonic() + DETACH_TIMEOUT)
-    probe.release()
+    deadline = time.monotonic() + DETACH_TIMEOUT
+    while time.monotonic() < deadline:
+        probe = BrokerLock(home)
+        if probe.acquire():
+            probe.release()
+            code = _start_detached(home, deadline)
+        else:
+            code = _already_up(home, deadline)
+        if code is not None:
+            return code
+        # The lock went free before a broker answered: whoever held it (another `up --detach`
+        # between its probe and its child's lock, or a broker that gave up) is not starting
+        # one now. Start one here; a broker that cannot start says why itself.
+    return _not_ready(home)
+
+
+def _start_detached(home: Path, deadline: float) -> int | None:
     log_fd = os.open(paths.log_path(home), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     read_reasons, write_reasons = os.pipe()  # the child writes why it could not start, if so
     try:
@@ -327,13 +340,14 @@ def _up_detached(home: Path) -> int:
         os.close(log_fd)
         os.close(write_reasons)
     try:
-        return _wait_detached(home, child, read_reasons)
+        return _wait_detached(home, child, read_reasons, deadline)
     finally:
         os.close(read_reasons)
 
 
-def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> int:
-    deadline = time.monotonic() + DETACH_TIMEOUT
+def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int, deadline: float) -> int | None:
+    """0 once `child` answers, 1 with its reason if it could not start; None if it found the
+    lock taken by another broker that then went away too (the caller tries again)."""
     while time.monotonic() < deadline:
         code = child.poll()
         if code is not None:
@@ -358,6 +372,10 @@ def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> 
                 _print_ready(record, detached=True)
                 return 0
         time.sleep(0.05)
+    return _not_ready(home)
+
+
+def _not_ready(home: Path) -> int:
     print(
         f"agent-bridge up: the broker did not become ready in {DETACH_TIMEOUT:.0f}s; see "
         f"{paths.log_path(home)}",
@@ -366,9 +384,10 @@ def _wait_detached(home: Path, child: subprocess.Popen[bytes], reasons: int) -> 
     return 1
 
 
-def _already_up(home: Path, deadline: float) -> int:
+def _already_up(home: Path, deadline: float) -> int | None:
     """`up --detach` while a broker runs (or is starting) for `home`: once it answers, say so and
-    exit 0, so scripts can use `up --detach` as "make sure one is up" (SPEC §2)."""
+    exit 0, so scripts can use `up --detach` as "make sure one is up" (SPEC §2). None: the lock
+    went free first, so nobody is starting one."""
     while True:
         record = paths.read_broker_json(home)
         try:
@@ -377,13 +396,8 @@ def _already_up(home: Path, deadline: float) -> int:
                 return 0
         except (blocking.BrokerUnavailable, RemoteError, OSError):
             pass
-        if paths.lock_holder(home) is None:  # the one that was starting gave up: it is not up
-            try:
-                why = (home / paths.START_FAILURE).read_text(encoding="utf-8").strip()
-            except OSError:
-                why = f"see {paths.log_path(home)}"
-            print(f"agent-bridge up: the broker that was starting for {home} exited: {why}", file=sys.stderr)
-            return 1
+        if paths.lock_holder(home) is None:
+            return None
         if time.monotonic() >= deadline:
             print(_already_running(home) + f"; it did not answer in {DETACH_TIMEOUT:.0f}s", file=sys.stderr)
             return 1
