@@ -368,8 +368,16 @@ class Relay:
             answers = static["initialize"]["claude" if self.options.agent == "claude" else "other"]
             answer = answers.get(wanted) if isinstance(wanted, str) else None
             answer = answer or answers["unknown"]
-            self.answer(rid, result=answer.get("result"), error=answer.get("error"))
-            self.init_answered = "result" in answer
+            with self.cond:  # a broker joining from now on is handed this initialize (replay_frames)
+                link = self.link
+                if link is None:
+                    self.init_answered = "result" in answer
+                else:  # one joined since on_host_line looked, without it: it answers
+                    self.forwarded[request.key] = request
+            if link is not None:
+                self.send(link, line_frames(request.line))
+            else:
+                self.answer(rid, result=answer.get("result"), error=answer.get("error"))
             return
         if request.method == "tools/list":
             self.answer(rid, result=static["tools/list"])

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -374,3 +377,61 @@ def test_the_relay_reads_an_answers_id_from_its_head_as_the_whole_line_would_say
 ])
 def test_a_line_that_answers_nothing_has_no_answer_key(line):
     assert relay.Relay.answer_key(line) is None
+
+
+class JoinsWhileAnsweringInitialize(relay.Relay):
+    """A relay whose broker joins at the moment it writes its own answer to the host's
+    `initialize` (no broker had answered yet): the interleaving a slow first connection allows,
+    made certain. The joining is the relay's own `join` and `serve_link`, on a real broker."""
+
+    socket_path = ""
+
+    def write_out(self, line: str) -> None:
+        if self.link is None and '"protocolVersion"' in line:
+            link = self.join(self.socket_path)
+            threading.Thread(target=self.serve_link, args=(link,), daemon=True).start()
+        super().write_out(line)
+
+
+def host_lines(fd: int, until: Any, timeout: float = 30) -> list[dict[str, Any]]:
+    """The JSON lines written to `fd` until one satisfies `until` (a failure after `timeout`)."""
+    seen: list[dict[str, Any]] = []
+    buffer = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            seen.append(json.loads(line))
+            if until(seen[-1]):
+                return seen
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"not written in {timeout}s; written: {seen}"
+        if select.select([fd], [], [], remaining)[0]:
+            buffer += os.read(fd, 65536)
+
+
+def test_a_broker_joining_while_the_relay_answers_initialize_is_handed_that_initialize(broker, env, home):
+    """The relay answered `initialize` itself; a broker that joins before the relay noted so
+    must still get the host's `initialize` (its capabilities: here the channel), not only the
+    lines after it."""
+    from agent_bridge import paths
+
+    record = paths.read_broker_json(home)
+    assert record is not None
+    read_end, write_end = os.pipe()
+    options = relay.Options(agent="claude", project="/w/join-race", kind="interactive", name=None,
+                            host_session_id=None, claude_session_id=None, host=None, chain=[], home=home)
+    joining = JoinsWhileAnsweringInitialize(options, write_end)
+    joining.socket_path = record["socket"]
+    joining.on_host_line(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": PROTOCOL, "capabilities": {"experimental": {mcp_host.CHANNEL_CAPABILITY: {}}},
+        "clientInfo": {"name": "raw", "version": "1"}}}))
+    host_lines(read_end, lambda m: m.get("id") == 1)
+    assert joining.link is not None
+    joining.on_host_line('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    joining.on_host_line('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}')
+    me = json.loads(host_lines(read_end, lambda m: m.get("id") == 2)[-1]["result"]["content"][0]["text"])
+    assert run_cli(env, "send", me["name"], "by the channel").returncode == 0
+    host_lines(read_end, lambda m: m.get("method") == "notifications/claude/channel"
+               and "by the channel" in json.dumps(m))
+
