@@ -77,19 +77,23 @@ class RawMcp:
         self.proc = subprocess.Popen([*CLI, "mcp", "--project", "/w/sur"], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.buffer = b""
+        self.answered: dict[Any, dict[str, Any]] = {}  # read while looking for another id
 
     def send(self, line: str) -> None:
         self.proc.stdin.write(line.encode("ascii") + b"\n")
         self.proc.stdin.flush()
 
     def answer(self, request_id: int, timeout: float = 30) -> dict[str, Any]:
+        """The answer to `request_id`, in whatever order the answers come (JSON-RPC sets none)."""
         deadline = time.monotonic() + timeout
         while True:
             while b"\n" in self.buffer:
                 line, self.buffer = self.buffer.split(b"\n", 1)
                 message = json.loads(line)
-                if message.get("id") == request_id:
-                    return message
+                if "id" in message and "method" not in message:
+                    self.answered[message["id"]] = message
+            if request_id in self.answered:
+                return self.answered.pop(request_id)
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"no answer to request {request_id}"
             ready, _, _ = select.select([self.proc.stdout], [], [], remaining)
