@@ -369,16 +369,13 @@ class Relay:
             answer = answers.get(wanted) if isinstance(wanted, str) else None
             answer = answer or answers["unknown"]
             with self.cond:  # a broker joining from now on is handed this initialize (replay_frames)
-                link = self.link
-                if link is None:
+                alone = self.link is None
+                if alone:
                     self.init_answered = "result" in answer
-                else:  # one joined since on_host_line looked, without it: it answers
-                    self.forwarded[request.key] = request
-            if link is not None:
-                self.send(link, line_frames(request.line))
-            else:
+            if alone:
                 self.answer(rid, result=answer.get("result"), error=answer.get("error"))
-            return
+                return
+            # one joined since on_host_line looked, without this initialize: forwarded below
         if request.method == "tools/list":
             self.answer(rid, result=static["tools/list"])
             return
