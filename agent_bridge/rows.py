@@ -276,13 +276,19 @@ class SentReceipt(NamedTuple):
             "text": text,
             "replyTo": m.reply_to,
             "createdAt": m.created_at,
+            **self.receipt_json(now),
+            "replies": list(self.replies),
+        }
+
+    def receipt_json(self, now: int) -> JSON:
+        """The receipt alone (the dashboard's recent messages carry it): state, times, woken."""
+        return {
             "state": self.state,
             # An acknowledged message was shown by then at the latest (a receipt of an older
             # schema may lack the time it was shown).
             "shownAt": self.shown_at if self.shown_at is not None else self.acked_at,
             "acknowledgedAt": self.acked_at,
             "woken": self.woken(now),
-            "replies": list(self.replies),
         }
 
 
