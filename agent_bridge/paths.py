@@ -152,7 +152,8 @@ def host_session_digest(host_session_id: str) -> str:
     except ImportError:  # other interpreters, Python >= 3.12 (`_sha2`)
         from hashlib import sha256
 
-    return sha256(host_session_id.encode("utf-8")).hexdigest()[:32]
+    digest: str = sha256(host_session_id.encode("utf-8")).hexdigest()
+    return digest[:32]
 
 
 def db_path(home_dir: Path) -> Path:

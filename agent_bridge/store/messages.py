@@ -148,7 +148,7 @@ class Messages(Peers):
                 f"message_id: {key} was already used for a message with {what}; use a new uuid for a new "
                 "message (sending the same one again returns it)"
             )
-        return Stored(queries.messages_by_id(self.conn, [r[0] for r in rows]), duplicate=True)
+        return Stored(queries.messages_by_id(self.conn, [str(r[0]) for r in rows]), duplicate=True)
 
     def request_wakes(self, message_ids: Sequence[str], now: int) -> None:
         """The bridge set out to wake these messages' recipient (inside the caller's transaction)."""
