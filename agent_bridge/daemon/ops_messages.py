@@ -240,7 +240,7 @@ async def op_sent(broker: Broker, session: Session, args: dict[str, Any]) -> Any
             if unknown:
                 raise InputError(f"ids: this session sent no message with id {unknown[0]!r}")
         if waiting:
-            found = await _until_changed(broker, session, found, seen, wait)
+            found = await until_changed(broker, session, found, seen, wait)
     finally:
         if waiting:
             feed.listeners -= 1
@@ -248,7 +248,7 @@ async def op_sent(broker: Broker, session: Session, args: dict[str, Any]) -> Any
     return [r.to_json(now) for r in found]
 
 
-async def _until_changed(
+async def until_changed(
     broker: Broker, session: Session, found: list[SentReceipt], seen: int, wait: float
 ) -> list[SentReceipt]:
     """`found` read again after each store commit until one of its messages has changed, or
