@@ -155,11 +155,11 @@ def sent(ids: list[str], as_json: bool) -> int:
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:
             found = [] if conn is None else queries.sent_messages(
-                conn, queries.CLI_ID, ids or None, SENT_ROWS_MAX if ids else queries.SENT_DEFAULT
+                conn, queries.CLI_ID, ids or None, queries.SENT_ROWS_MAX if ids else queries.SENT_DEFAULT
             )
     except SchemaError as exc:
         return _fail("sent", str(exc))
-    unknown = [i for i in ids if i not in {r.message.id for r in found} | {r.send_id for r in found}]
+    unknown = queries.not_sent(found, ids)
     if unknown:
         return _fail(
             "sent", f"no message with id {unknown[0]!r} was sent with `agent-bridge send`", BAD_ARGUMENTS
@@ -175,9 +175,6 @@ def sent(ids: list[str], as_json: bool) -> int:
         text = " ".join(r.message.text.split())
         print(f"    {visible(text[:120] + ('…' if len(text) > 120 else ''))}")
     return 0
-
-
-SENT_ROWS_MAX = 1000  # receipts `agent-bridge sent ID…` prints (a `*` send's copies share one id)
 
 
 def receipt_line(r: dict[str, Any]) -> str:

@@ -24,8 +24,6 @@ from agent_bridge.store.messages import Outgoing, Send, Stored
 from agent_bridge.store.peers import CLI_AUTHOR
 from agent_bridge.tools import SENT_IDS_MAX, SENT_WAIT_MAX
 
-SENT_ROWS_MAX = 1000  # messages `sent` returns for the ids it was given (a `*` send's copies share one)
-
 
 @session_op("send")
 async def op_send(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
@@ -233,10 +231,10 @@ async def op_sent(broker: Broker, session: Session, args: dict[str, Any]) -> Any
         feed.listeners += 1  # the store pokes the feed only while someone listens
     try:
         seen = feed.version if waiting else 0
-        limit = queries.SENT_DEFAULT if ids is None else SENT_ROWS_MAX
+        limit = queries.SENT_DEFAULT if ids is None else queries.SENT_ROWS_MAX
         found = await broker.db.sent(session.id, ids, limit)
         if ids is not None:
-            unknown = sorted(set(ids) - {r.message.id for r in found} - {r.send_id for r in found})
+            unknown = queries.not_sent(found, ids)
             if unknown:
                 raise InputError(f"ids: this session sent no message with id {unknown[0]!r}")
         if waiting:

@@ -65,7 +65,10 @@ async def op_peers(broker: Broker, session: Session, args: dict[str, Any]) -> An
     listed = [p for p in rows if project is None or p.project == project]
     listed.sort(key=lambda p: (p.id not in broker.sessions, p.name))
     connected = [p.id in broker.sessions for p in listed]
-    states = await trio.to_thread.run_sync(session_states, broker.home, listed, connected)
+    if any(on and p.host_session_id for p, on in zip(listed, connected, strict=True)):  # marks to read
+        states = await trio.to_thread.run_sync(session_states, broker.home, listed, connected)
+    else:
+        states = session_states(broker.home, listed, connected)  # no file to read: offline or unknown
     return [
         {**p.public(), "connected": on, **state.to_json()}
         for p, on, state in zip(listed, connected, states, strict=True)

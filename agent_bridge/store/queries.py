@@ -257,6 +257,7 @@ def messages_by_id(conn: apsw.Connection, ids: Sequence[str]) -> list[Message]:
 
 
 SENT_DEFAULT = 20  # `sent` without ids: the caller's newest messages
+SENT_ROWS_MAX = 1000  # messages `sent` returns for the ids it was given (a `*` send's copies share one)
 
 # A session's own messages with their receipts, newest first: every message but the notices
 # of its decisions (decision_deliveries) and retractions, with the times its wakes were
@@ -300,6 +301,13 @@ def sent_messages(
         )
         for values in conn.execute(sql, args)
     ]
+
+
+def not_sent(found: Sequence[SentReceipt], ids: Sequence[str]) -> list[str]:
+    """The ids among `ids` that name none of `found` (`sent_messages` for those ids): by its
+    own id or its send's message_id."""
+    matched = {r.message.id for r in found} | {r.send_id for r in found}
+    return [i for i in ids if i not in matched]
 
 
 def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[Receipt]:
