@@ -177,8 +177,16 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     ),
     "send": (
         "Send a durable message to a session, as the send tool does, with sender `cli`; a session that "
-        "is not connected gets it when it connects.",
+        "is not connected gets it when it connects. TO may also be an agent kind (the one session of "
+        "it connected in this folder's project) or * (every session connected there). Prints the "
+        "message's id: `agent-bridge sent ID` follows it.",
         "agent-bridge send claude-myproj 'please rebase on main'",
+    ),
+    "sent": (
+        "Show the receipts of the messages you sent with `agent-bridge send` (or the dashboard), as the "
+        "sent tool shows an agent its own: queued, shown or acknowledged, with times; whether a wake was "
+        "requested and confirmed; the ids of replies (read-only; no broker needed).",
+        "agent-bridge sent 0199a3f2-7c4e-7b1d-9f00-2c5d8e1a4b6f",
     ),
     "retract": (
         "Withdraw a topic's pinned decision: it stops being current, history keeps every revision, "
@@ -226,7 +234,7 @@ def _describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """decide, send, retract, questions, answer, sessions, forget: the owner's controls
+    """decide, send, sent, retract, questions, answer, sessions, forget: the owner's controls
     (agent_bridge.commands)."""
     dcd = sub.add_parser(
         "decide", help="record a pinned owner decision (author: cli), as the decide tool does"
@@ -241,10 +249,21 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     snd = sub.add_parser(
         "send", help="send a durable message to a session (sender: cli), as the send tool does"
     )
-    snd.add_argument("to", help="the session's name, id or host session id (see `agent-bridge sessions`)")
+    snd.add_argument("to", help="the session's name, id or host session id (see `agent-bridge sessions`); "
+                     "an agent kind (claude, codex): the one session of it connected in the current folder's "
+                     "project; * : every session connected there")
     snd.add_argument("text", help="the message")
+    snd.add_argument("--message-id", metavar="UUID",
+                     help="a uuid of yours: sending again with it returns the message stored the first time")
     snd.add_argument("--json", action="store_true", help="print the send tool's JSON result")
-    snd.set_defaults(func=lambda ns: _commands().send(ns.to, ns.text, ns.json))
+    snd.set_defaults(func=lambda ns: _commands().send(ns.to, ns.text, ns.json, ns.message_id))
+
+    snt = sub.add_parser(
+        "sent", help="receipts of the messages you sent: shown, acknowledged, woken, replies (read-only)"
+    )
+    snt.add_argument("ids", nargs="*", metavar="ID", help="a message's id (default: the 20 newest)")
+    snt.add_argument("--json", action="store_true", help="print the sent tool's JSON result")
+    snt.set_defaults(func=lambda ns: _commands().sent(ns.ids, ns.json))
 
     ret = sub.add_parser("retract", help="withdraw a topic's pinned decision (history keeps every revision)")
     ret.add_argument("topic", help="the decision's topic")
@@ -351,6 +370,7 @@ HOME_COMMANDS = frozenset(
         "decisions",
         "decide",
         "send",
+        "sent",
         "retract",
         "sessions",
         "forget",

@@ -129,9 +129,14 @@ def decide(topic: str, text: str, scope: str | None, as_json: bool = False) -> i
     )
 
 
-def send(to: str, text: str, as_json: bool = False) -> int:
+def send(to: str, text: str, as_json: bool = False, message_id: str | None = None) -> int:
+    """`agent-bridge send TO TEXT [--message-id UUID]`: TO as the send tool takes it, an agent
+    kind and `*` looking for sessions of the current folder's project."""
+    args: dict[str, Any] = {"to": to, "text": text, "project": os.path.abspath(os.getcwd())}
+    if message_id is not None:
+        args["message_id"] = message_id
     try:
-        result = _call("send", {"to": to, "text": text})
+        result = _call("send", args)
     except CommandError as exc:
         return _fail("send", str(exc), exc.code)
     if as_json:
@@ -139,6 +144,54 @@ def send(to: str, text: str, as_json: bool = False) -> int:
     else:
         print(sent_summary(result))
     return 0
+
+
+def sent(ids: list[str], as_json: bool) -> int:
+    """`agent-bridge sent [ID…] [--json]`: the owner's own messages (sender `cli`) with their
+    receipts, as the sent tool gives an agent its own; read-only, the broker may be down."""
+    from agent_bridge.store import queries, reader
+    from agent_bridge.store.schema import SchemaError
+
+    try:
+        with reader.reading(paths.db_path(paths.home())) as conn:
+            found = [] if conn is None else queries.sent_messages(
+                conn, queries.CLI_ID, ids or None, queries.SENT_ROWS_MAX if ids else queries.SENT_DEFAULT
+            )
+    except SchemaError as exc:
+        return _fail("sent", str(exc))
+    unknown = queries.not_sent(found, ids)
+    if unknown:
+        return _fail(
+            "sent", f"no message with id {unknown[0]!r} was sent with `agent-bridge send`", BAD_ARGUMENTS
+        )
+    now = time.time_ns() // 1_000_000
+    if as_json:
+        _print_json([r.to_json(now) for r in found])
+        return 0
+    if not found:
+        print("No messages sent with `agent-bridge send` yet.")
+    for r in found:
+        print(receipt_line(r.to_json(now)))
+        text = " ".join(r.message.text.split())
+        print(f"    {visible(text[:120] + ('…' if len(text) > 120 else ''))}")
+    return 0
+
+
+def receipt_line(r: dict[str, Any]) -> str:
+    """`0199… to codex-app  acknowledged (shown 12:01:02, acknowledged 12:01:02); woken: confirmed;
+    replies: 0199…`: a `sent` item for people."""
+    to = visible((r.get("to") or {}).get("name") or (r.get("to") or {}).get("id") or "?")
+    times = [
+        f"{what} {when(r[key])}"
+        for what, key in (("shown", "shownAt"), ("acknowledged", "acknowledgedAt"))
+        if r.get(key) is not None
+    ]
+    parts = [f"{visible(r['id'])}  to {to}  {r['state']}" + (f" ({', '.join(times)})" if times else "")]
+    if r.get("woken"):
+        parts.append(f"woken: {r['woken']}")
+    if r.get("replies"):
+        parts.append(f"replies: {names(r['replies'])}")
+    return "; ".join(parts)
 
 
 def retract(topic: str, reason: str | None, as_json: bool = False) -> int:
@@ -216,8 +269,14 @@ def decided_summary(result: dict[str, Any], replaced: dict[str, Any] | None = No
 
 
 def sent_summary(result: dict[str, Any]) -> str:
+    again = " (sent before with this message id: nothing new was sent)" if result.get("duplicate") else ""
+    if "messages" in result:  # `*`
+        ids = ", ".join(visible(m["id"]) for m in result["messages"])
+        return f"Sent to {names(result['recipients'])}{again}; messages {ids}."
     m = result["message"]
     to = visible((m.get("to") or {}).get("name") or "?")
+    if again:
+        return f"Sent to {to}{again}; message {m['id']}."
     if result.get("recipientConnected"):
         return f"Sent to {to} (connected); message {m['id']}."
     seen = result.get("recipientLastSeen")
@@ -286,8 +345,10 @@ def parse_duration(text: str) -> int:
 
 
 def list_sessions(home: Path) -> list[dict[str, Any]]:
-    """Every known session as the `peers` tool's objects plus `lastSeen` and `unacknowledged`,
-    connected ones first. Read-only: the broker, when it runs, is asked only who is connected."""
+    """Every known session as the `peers` tool's objects (with `state` and `stateSince`) plus
+    `lastSeen` and `unacknowledged`, connected ones first. Read-only: the broker, when it runs,
+    is asked only who is connected."""
+    from agent_bridge import marks
     from agent_bridge.store import queries, reader
 
     try:
@@ -301,7 +362,9 @@ def list_sessions(home: Path) -> list[dict[str, Any]]:
         unacked = queries.unacked_counts(conn)
     out = []
     for p in peers:
-        item = {**p.public(), "connected": p.id in connected, "lastSeen": p.last_seen_at}
+        on = p.id in connected
+        state = marks.session_state(home, p.host_session_id, connected=on, last_seen=p.last_seen_at)
+        item = {**p.public(), "connected": on, **state.to_json(), "lastSeen": p.last_seen_at}
         item["unacknowledged"] = unacked.get(p.id, 0)
         out.append(item)
     out.sort(key=lambda s: (not s["connected"], -int(s["lastSeen"] or 0), s["name"]))
@@ -327,6 +390,8 @@ def sessions(as_json: bool) -> int:
     now = time.time_ns() // 1_000_000
     for s in found:
         state = "connected" if s["connected"] else f"gone, last seen {age(now - int(s['lastSeen'] or 0))} ago"
+        if s["connected"] and s["state"]:
+            state += f", {s['state']} for {age(now - int(s['stateSince'] or now))}"
         waiting = f", {s['unacknowledged']} unacknowledged" if s["unacknowledged"] else ""
         print(f"{visible(s['name']):<24} {visible(s['agent']):<8} {s['kind']:<11} {state}{waiting}")
         host = f"  host {visible(s['hostSessionId'])}" if s["hostSessionId"] else ""

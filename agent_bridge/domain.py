@@ -407,6 +407,52 @@ def check_session_name(name: str, *, what: str = "name") -> str:
     return name
 
 
+def normalize_message_id(value: object) -> str:
+    """A send's `message_id` (SPEC §3 "Safe retry"): a uuid the caller chose, in its canonical
+    form (lowercase, with hyphens), so that the same id written another way is the same id."""
+    if not isinstance(value, str) or not UUID_SHAPED.match(value.strip()):
+        raise InputError(
+            f"message_id: expected a uuid you chose (e.g. 0f8fad5b-d9cb-469f-a165-70867728950e), got "
+            f"{_short(value) if isinstance(value, str) else _type_name(value)}"
+        )
+    h = value.strip().replace("-", "").lower()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+BROADCAST = "*"  # `send` to every other connected session of the sender's project (SPEC §3)
+
+# A receipt's state for its sender (SPEC §3 "Receipts for the sender"), in the order it moves.
+QUEUED, SHOWN, ACKNOWLEDGED = "queued", "shown", "acknowledged"
+RECEIPT_STATES = (QUEUED, SHOWN, ACKNOWLEDGED)
+# A wake's state, in the order it moves: a later wake that works confirms an unconfirmed one.
+REQUESTED, UNCONFIRMED, CONFIRMED = "requested", "unconfirmed", "confirmed"
+WAKE_STATES = (None, REQUESTED, UNCONFIRMED, CONFIRMED)
+WAKE_CONFIRM_MS = 20_000  # a wake not followed by its message being shown within this is unconfirmed
+
+
+def receipt_state(shown_at: int | None, acked_at: int | None) -> str:
+    """queued -> shown (its bytes reached the host: receipts.delivered_at) -> acknowledged."""
+    if acked_at is not None:
+        return ACKNOWLEDGED
+    return QUEUED if shown_at is None else SHOWN
+
+
+def wake_state(requests: Iterable[int], shown_at: int | None, acked_at: int | None, now: int) -> str | None:
+    """What became of the wakes requested for a message (`requests`: when each was asked for):
+    None when none was; `confirmed` when the message was shown (or acknowledged) within
+    WAKE_CONFIRM_MS after one of them; else `unconfirmed` once one is that old; else
+    `requested`. Read from the receipt at any time, never stored: only facts are added
+    (requests, the times it was shown and acknowledged), so it never moves back along
+    WAKE_STATES."""
+    asked = sorted(requests)
+    if not asked:
+        return None
+    for at in (shown_at, acked_at):
+        if at is not None and any(r <= at <= r + WAKE_CONFIRM_MS for r in asked):
+            return CONFIRMED
+    return UNCONFIRMED if now >= asked[0] + WAKE_CONFIRM_MS else REQUESTED
+
+
 def reply_hop(parent_hop: int | None) -> int:
     return 1 if parent_hop is None else min(parent_hop + 1, HOP_MAX)
 

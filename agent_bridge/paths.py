@@ -144,6 +144,18 @@ def writable_home(path: Path) -> Path:
     return path
 
 
+def host_session_digest(host_session_id: str) -> str:
+    """The file name stem of what the home folder keeps per host session (a hook's identity
+    report, a session's busy/idle mark): `sha256(host session id)[:32]`."""
+    try:  # CPython's built-in SHA-256: `hashlib` loads OpenSSL, ~2 ms at every session start
+        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:  # other interpreters, Python >= 3.12 (`_sha2`)
+        from hashlib import sha256
+
+    digest: str = sha256(host_session_id.encode("utf-8")).hexdigest()
+    return digest[:32]
+
+
 def db_path(home_dir: Path) -> Path:
     return home_dir / DB_NAME
 

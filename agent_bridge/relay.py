@@ -163,6 +163,7 @@ class Request:
     method: str
     tool: str | None  # the tool a `tools/call` names
     deadline: float = 0.0  # while waiting for a broker: when to give up
+    resend: bool = True  # in flight when the broker went away: sent again (tools.idempotent)
 
 
 class Link:
@@ -302,8 +303,10 @@ class Relay:
             return
         params = message.get("params")
         tool = params.get("name") if method == "tools/call" and isinstance(params, dict) else None
-        request = Request(showing.key(message["id"]), message["id"], line, method,
-                          tool if isinstance(tool, str) else None)
+        tool = tool if isinstance(tool, str) else None
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        resend = method != "tools/call" or tools.idempotent(tool, arguments)
+        request = Request(showing.key(message["id"]), message["id"], line, method, tool, resend=resend)
         if method == "initialize":
             self.init = message
         elif method == "logging/setLevel":
@@ -795,7 +798,7 @@ class Relay:
             link.alive = False
             again = []
             for request in self.forwarded.values():
-                if request.method == "tools/call" and not tools.idempotent(request.tool):
+                if not request.resend:
                     unsure.append(request)
                 else:
                     request.deadline = time.monotonic() + CALL_TIMEOUT

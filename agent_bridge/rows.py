@@ -243,6 +243,55 @@ class Receipt(NamedTuple):
         return {**self.message.to_json(), "acked": self.acked}
 
 
+SENT_TEXT_MAX = 120  # characters of a message's text in its sender's receipts (the sender has it all)
+
+
+class SentReceipt(NamedTuple):
+    """A message as its sender follows it (SPEC §3 "Receipts for the sender", the `sent` tool):
+    the message, when it was shown (its bytes reached the host: the receipt's delivered_at)
+    and acknowledged, when wakes were requested for it, and the ids of the replies to it."""
+
+    message: Message
+    shown_at: int | None
+    acked_at: int | None
+    wakes: tuple[int, ...] = ()
+    replies: tuple[str, ...] = ()
+    send_id: str | None = None  # the message_id its send was given (a `*` send's copies share it)
+
+    @property
+    def state(self) -> str:
+        return domain.receipt_state(self.shown_at, self.acked_at)
+
+    def woken(self, now: int) -> str | None:
+        return domain.wake_state(self.wakes, self.shown_at, self.acked_at, now)
+
+    def to_json(self, now: int) -> JSON:
+        """`now`: the time `woken` is judged at (a wake turns unconfirmed as time passes)."""
+        m = self.message
+        text = m.text if len(m.text) <= SENT_TEXT_MAX else m.text[: SENT_TEXT_MAX - 1] + "…"
+        return {
+            "id": m.id,
+            "to": {"id": m.to_id, "name": m.to_name},
+            "kind": m.kind,
+            "text": text,
+            "replyTo": m.reply_to,
+            "createdAt": m.created_at,
+            **self.receipt_json(now),
+            "replies": list(self.replies),
+        }
+
+    def receipt_json(self, now: int) -> JSON:
+        """The receipt alone (the dashboard's recent messages carry it): state, times, woken."""
+        return {
+            "state": self.state,
+            # An acknowledged message was shown by then at the latest (a receipt of an older
+            # schema may lack the time it was shown).
+            "shownAt": self.shown_at if self.shown_at is not None else self.acked_at,
+            "acknowledgedAt": self.acked_at,
+            "woken": self.woken(now),
+        }
+
+
 class Forgotten(NamedTuple):
     """A session `agent-bridge forget` removed, and what was still queued to it."""
 

@@ -25,6 +25,7 @@ class Tool(NamedTuple):
     schema: dict[str, Any]  # the input schema as advertised, limits included; arguments are judged by it
     idempotent: bool  # carrying it out twice changes nothing: the relay resends it after a lost connection
     unsure: str = ""  # not idempotent: what to do when it may or may not have been carried out
+    retry_key: str = ""  # an argument that makes a call of it idempotent: one that carries it is resent
     cli: bool = False  # its op is also a control request (an `agent-bridge` command sends it)
     body: str = ""  # "" the op with the given arguments, its answer as JSON; else the body in daemon.mcp_host
 
@@ -39,15 +40,17 @@ def _object(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dic
 STRING: dict[str, Any] = {"type": "string"}
 BOOLEAN: dict[str, Any] = {"type": "boolean"}
 # Any JSON value, or a string holding JSON or `all`; the broker judges it (domain.normalize_scope).
-SCOPE: dict[str, Any] = {"description": "all, {project: dir} or {sessions: [name or id]}; omit: this project"}
+SCOPE: dict[str, Any] = {"description": "all, {project:dir} or {sessions:[names]}; omit: this project"}
 INBOX_WAIT_MAX = 60  # seconds an `inbox` call may wait for a first message
+SENT_WAIT_MAX = 50  # seconds a `sent` call may wait for a change
+SENT_IDS_MAX = 100  # message ids one `sent` call may name
 
 _TOOLS = (
     Tool(
         "decide",
         "decide",
-        "Record a pinned owner decision every agent session in scope must follow, replacing the topic's last "
-        "one. Research the owner's choice before recording it: what the user decided, not an agent.",
+        "Record a pinned owner decision for sessions in scope (replaces the topic's). Research the owner's "
+        "choice before recording it.",
         _object(
             ("topic", "text"),
             topic={**STRING, "maxLength": domain.TOPIC_MAX},
@@ -63,8 +66,7 @@ _TOOLS = (
     Tool(
         "decisions",
         "decisions",
-        "Pinned owner decisions for agent sessions, newest first: look here before asking the owner. "
-        "query: in topic or text; history: superseded ones too.",
+        "Pinned owner decisions, newest first. query: topic or text; history: superseded too.",
         _object(query={**STRING, "maxLength": domain.QUERY_MAX}, scope=SCOPE, history=BOOLEAN),
         idempotent=True,
         body="tool_decisions",
@@ -72,34 +74,48 @@ _TOOLS = (
     Tool(
         "whoami",
         "whoami",
-        "This agent session's identity: id, name (its message address), agent, project.",
+        "This session's id, name (its address), agent, project.",
         _object(),
         idempotent=True,
     ),
     Tool(
         "peers",
         "peers",
-        "Agent sessions you can message (Claude Code, Codex; running or not). project: only that folder's.",
+        "Agent sessions you can message, busy, idle or offline. project: only that folder's.",
         _object(project=STRING),
         idempotent=True,
     ),
     Tool(
         "send",
         "send",
-        "Send a durable message to another agent session: Claude Code or Codex, running or not, unlike a "
-        "host's own messaging. to: name or id; reply_to: message id you answer.",
+        "Send a durable message to agent sessions, running or not. to: name, id, claude or codex (the one "
+        "here) or * (all here). message_id: a uuid, for a safe retry. `sent` tells if it was read: don't "
+        "resend.",
         _object(
-            ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING
+            ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING,
+            message_id=STRING,
         ),
         idempotent=False,
         cli=True,
-        unsure="no tool shows what this session sent, so if you send it again say that it may arrive twice",
+        unsure="check with `sent` before sending it again, or send it again with a message_id",
+        retry_key="message_id",
+    ),
+    Tool(
+        "sent",
+        "sent",
+        "Receipts of your messages: queued/shown/acknowledged, woken, replies. ids: default 20 newest; "
+        "wait_seconds: until one changes.",
+        _object(
+            ids={"type": "array", "maxItems": SENT_IDS_MAX, "items": STRING},
+            wait_seconds={"type": "number", "minimum": 0, "maximum": SENT_WAIT_MAX},
+        ),
+        idempotent=True,
     ),
     Tool(
         "inbox",
         None,
-        "Your inbox: messages from other agent sessions (not the user), oldest first, marked read unless "
-        "peek. wait_seconds: wait for one.",
+        "Your inbox: messages from other agent sessions (not the user), oldest first; read unless peek. "
+        "wait_seconds: for one.",
         _object(wait_seconds={"type": "number", "minimum": 0, "maximum": INBOX_WAIT_MAX}, peek=BOOLEAN),
         # An `inbox` result never written to the host acknowledges nothing.
         idempotent=True,
@@ -133,7 +149,11 @@ def unsure_advice(name: str | None) -> str:
     return tool.unsure if tool is not None and tool.unsure else TOOLS["decide"].unsure
 
 
-def idempotent(name: str | None) -> bool:
-    """Resent after a lost connection? An unknown tool is refused by the broker, which changes nothing."""
+def idempotent(name: str | None, arguments: Any = None) -> bool:
+    """Resent after a lost connection? An unknown tool is refused by the broker, which changes
+    nothing; a call that carries its tool's retry key (`send` with a message_id) is answered
+    with what it stored the first time."""
     tool = TOOLS.get(name or "")
-    return tool is None or tool.idempotent
+    if tool is None or tool.idempotent:
+        return True
+    return bool(tool.retry_key) and isinstance(arguments, dict) and arguments.get(tool.retry_key) is not None

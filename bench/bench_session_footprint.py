@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c  # noqa: E402
 
+from agent_bridge.tools import TOOLS  # noqa: E402 - the tree measured (compare.py's PYTHONPATH)
+
 PROJECT = "/bench/footprint"
 TARGET_MS, TARGET_MB = 150.0, 25.0
 SETTLE = 1.0  # seconds between a session's answer and reading its RSS, as the issue measured
@@ -63,7 +65,7 @@ def open_session(env: dict[str, str], index: int) -> subprocess.Popen[bytes]:
     proc.stdin.write(INITIALIZED + request(1, "tools/list"))
     proc.stdin.flush()
     tools = answer(proc, 1)["result"]["tools"]
-    assert len(tools) == 7, tools
+    assert len(tools) == len(TOOLS), tools
     return proc
 
 

@@ -104,7 +104,7 @@ async def test_an_offer_made_before_the_merge_marks_the_repeat_after_a_crash(hom
                 message = await active_push(pushes)
                 assert message["id"] == mid
                 assert message.get("repeat") is True, "shown twice, unmarked"
-    assert rows(home, "SELECT peer_id, delivered_at IS NOT NULL FROM receipts") == [(earlier, 1)]
+    assert rows(home, "SELECT peer_id, offered_at IS NOT NULL FROM receipts") == [(earlier, 1)]
 
 
 @pytest.fixture
@@ -152,10 +152,10 @@ async def test_offers_the_store_could_not_take_at_a_disconnect_are_written_befor
                 return own not in broker.sessions
 
             await wait_for(ended, what="the connection ended")
-            assert rows(home, "SELECT delivered_at IS NOT NULL FROM receipts") == [(0,)], "the write failed"
+            assert rows(home, "SELECT offered_at IS NOT NULL FROM receipts") == [(0,)], "the write failed"
             broker.db.offer = real_offer  # type: ignore[method-assign]
             async with open_bridge_client(sock, again, keepalive=False) as (client, pushes):
                 pushed = await active_push(pushes)
                 assert pushed["id"] == message["id"]
                 assert pushed.get("repeat") is True, "offered before the disconnect, shown again unmarked"
-    assert rows(home, "SELECT delivered_at IS NOT NULL FROM receipts") == [(1,)]
+    assert rows(home, "SELECT offered_at IS NOT NULL FROM receipts") == [(1,)]

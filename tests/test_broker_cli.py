@@ -153,7 +153,7 @@ def test_long_home_path_puts_the_socket_in_the_runtime_dir(env, tmp_path):
 
 def test_help_for_every_command():
     for command in ("up", "down", "status", "mcp", "dashboard", "decisions", "install", "doctor", "demo",
-                    "decide", "send", "retract", "sessions", "forget"):
+                    "decide", "send", "sent", "retract", "sessions", "forget"):
         out = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "usage:" in out.stdout
     bad = subprocess.run([*CLI, "frobnicate"], capture_output=True, text=True, timeout=60)

@@ -233,7 +233,8 @@ async def test_names_dedupe_and_peers(broker, env):
             listed = await call(a, "peers")
             assert {p["name"] for p in listed if p["connected"]} == {"claude-site", "claude-site-2"}
             assert all(
-                set(p) == {"id", "name", "agent", "project", "hostSessionId", "kind", "connected"}
+                set(p) == {"id", "name", "agent", "project", "hostSessionId", "kind", "connected", "state",
+                           "stateSince"}
                 for p in listed
             )
             assert [p["name"] for p in await call(a, "peers", project="/elsewhere")] == []

@@ -41,7 +41,8 @@ class Calls(StoreCalls):
         return SessionView(peer.id, peer.name, "/w", hsid)
 
     async def send(self, sender: SessionView, to: SessionView, *texts: str) -> list[dict]:
-        return await self.send_messages(sender.id, [Outgoing(to.id, t, 1, None) for t in texts], now=5)
+        outgoing = [Outgoing(to.id, t, 1, None) for t in texts]
+        return await self.runner.run(Store.send_messages, self.runner.store, sender.id, outgoing, 5)
 
     async def rows_in_db(self, peer: SessionView) -> list[dict]:
         return [q.message for q in await self.queued_in_db(peer)]

@@ -24,7 +24,9 @@ async def test_tools_and_their_descriptions(broker, env):
     with trio.fail_after(60):
         async with mcp_session(env, "--project", "/w/t") as s:
             tools = {t.name: t for t in (await s.list_tools()).tools}
-            assert set(tools) == {"decide", "decisions", "whoami", "peers", "send", "inbox", "ask_owner"}
+            assert set(tools) == {
+                "decide", "decisions", "whoami", "peers", "send", "sent", "inbox", "ask_owner"
+            }
             assert "Research the owner's choice before recording it" in tools["decide"].description
             assert "check `decisions` first" in tools["ask_owner"].description
             for name, required in {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set(),

@@ -49,7 +49,7 @@ REFUSED = [
     ("send", '{"to":7,"text":"hi"}', "to: expected a JSON string, got 7"),
     ("peers", '{"project":["/w"]}', 'project: expected a JSON string, got ["/w"]'),
     # missing required arguments: one line in the project's words, not the validation library's dump
-    ("send", '{}', "send: missing required arguments to, text (it takes: reply_to, text, to)"),
+    ("send", '{}', "send: missing required arguments to, text (it takes: message_id, reply_to, text, to)"),
     ("decide", '{"topic":"t"}', "decide: missing required argument text (it takes: "),
     ("send", '{"to":"x"}', "send: missing required argument text"),
 ]

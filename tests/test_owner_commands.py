@@ -245,10 +245,15 @@ async def test_sessions_and_forget(env, home, tmp_path):
                     "hostSessionId",
                     "kind",
                     "connected",
+                    "state",
+                    "stateSince",
                     "lastSeen",
                     "unacknowledged",
                 }
                 assert isinstance(listed[1]["lastSeen"], int) and listed[1]["lastSeen"] > 1_700_000_000_000
+                # no hooks ran for the connected one; the gone one is offline since it was last seen
+                assert (listed[0]["state"], listed[0]["stateSince"]) == (None, None)
+                assert (listed[1]["state"], listed[1]["stateSince"]) == ("offline", listed[1]["lastSeen"])
                 assert "gone, last seen" in run_cli(env, "sessions").stdout
 
                 # a connected session is refused, by any of its addresses; nothing is forgotten

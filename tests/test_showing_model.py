@@ -36,7 +36,7 @@ class Delivery(RuleBasedStateMachine):
         # the store
         self.unacked: dict[str, dict[str, Any]] = {}
         self.acked: set[str] = set()
-        self.offered_in_store: set[str] = set()  # receipts.delivered_at
+        self.offered_in_store: set[str] = set()  # receipts.offered_at or delivered_at: shown again, a repeat
         # the broker's machine for this session's connection (None while the broker is down;
         # a new one per connection: what the old one left unconfirmed goes to the store)
         self.broker: Showing | None = Showing()
@@ -78,6 +78,10 @@ class Delivery(RuleBasedStateMachine):
         self.store_ack(due)
         self.broker.recorded(due)
         self.relay.elsewhere(due)
+
+    def persist(self, offered: list[str], written: list[str]) -> None:
+        """Broker.persist_offers: the ended connection's offered (maybe shown) and written ones."""
+        self.offered_in_store |= set(offered) | set(written)
 
     def stored_repeat(self, mid: str) -> bool:
         """Pushed marked (daemon.connection.deliver): offered before in the store, or by this
@@ -213,8 +217,7 @@ class Delivery(RuleBasedStateMachine):
         if self.broker is not None:  # the broker's session ends: its offers are persisted
             for key in list(self.answers):
                 self.broker.cancel(key)  # the host never sees another answer of this connection
-            offered, written = self.broker.unconfirmed()  # Broker.persist_offers
-            self.offered_in_store |= set(offered) | set(written)
+            self.persist(*self.broker.unconfirmed())
             self.broker = Showing()
             self.pushed = set()
         self.answers.clear()

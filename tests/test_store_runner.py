@@ -17,7 +17,7 @@ import trio
 from agent_bridge.daemon import storage
 from agent_bridge.daemon.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
 from agent_bridge.rows import Message
-from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.messages import Outgoing, Send
 from agent_bridge.store.writer import Store
 from tests.conftest import wait_for
 
@@ -87,8 +87,8 @@ async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path,
             vfs.main_writers.clear()
         text = "x" * 3000  # a page of its own for each message: the WAL grows fast
         for i in range(CHECKPOINT_PAGES // 2):
-            sent = await calls.send_messages(a.id, [Outgoing(b.id, text, 1, None)], now=i)  # on the loop
-            await calls.ack(b.id, [sent[0].id], i)
+            (sent,) = await calls.send(a.id, [Send((Outgoing(b.id, text, 1, None),))], now=i)  # on the loop
+            await calls.ack(b.id, [sent.messages[0].id], i)
             await calls.touch_peers([a.id], i)  # on the store's thread
 
         async def checkpointed() -> bool:
@@ -126,8 +126,8 @@ async def test_the_wal_starts_over_under_steady_traffic(
         )
         first = _wal_restarts(wal)
         for i in range(6000):  # ~10 pages each (two commits)
-            sent = await calls.send_messages(a.id, [Outgoing(b.id, "x" * 200, 1, None)], now=i)
-            await calls.ack(b.id, [sent[0].id], i)
+            (sent,) = await calls.send(a.id, [Send((Outgoing(b.id, "x" * 200, 1, None),))], now=i)
+            await calls.ack(b.id, [sent.messages[0].id], i)
             if _wal_restarts(wal) >= first + 3:
                 break
         else:
@@ -165,7 +165,7 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_el
         )
         with vfs.lock:
             vfs.wal_writers.clear()
-        await calls.send_messages(a.id, [Outgoing(b.id, "idle", 1, None)], now=2)
+        await calls.send(a.id, [Send((Outgoing(b.id, "idle", 1, None),))], now=2)
         with vfs.lock:
             assert vfs.wal_writers == [threading.current_thread().name]
             vfs.wal_writers.clear()
@@ -181,7 +181,8 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_el
             await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
 
             async def send() -> None:
-                sent.extend(await calls.send_messages(a.id, [Outgoing(b.id, "busy", 1, None)], now=4))
+                (done,) = await calls.send(a.id, [Send((Outgoing(b.id, "busy", 1, None),))], now=4)
+                sent.extend(done.messages)
 
             nursery.start_soon(send)
             await trio.testing.wait_all_tasks_blocked()
@@ -212,11 +213,11 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
         b = await calls.create_peer(
             agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
         )
-        for batch in ([Outgoing(b.id, f"m{i}", 1, None) for i in range(SHORT_ROWS + 1)],
-                      [Outgoing(b.id, "x" * (SHORT_TEXT // 2 + 1), 1, None) for _ in range(2)]):
+        for batch in ([Send((Outgoing(b.id, f"m{i}", 1, None),)) for i in range(SHORT_ROWS + 1)],
+                      [Send((Outgoing(b.id, "x" * (SHORT_TEXT // 2 + 1), 1, None),)) for _ in range(2)]):
             with vfs.lock:
                 vfs.wal_writers.clear()
-            sent = await calls.send_messages(a.id, batch, now=2)
+            sent = await calls.send(a.id, batch, now=2)
             assert len(sent) == len(batch)
             with vfs.lock:
                 assert vfs.wal_writers == ["agent-bridge store"]

@@ -55,6 +55,27 @@ def test_the_relay_resends_only_idempotent_tools_and_advises_on_the_others():
     assert tools.unsure_advice("send") == tools.TOOLS["send"].unsure
 
 
+def test_a_call_that_carries_its_retry_key_is_resent():
+    """A `send` with a message_id is answered with what it stored the first time: the relay
+    sends it again to the next broker; without one (or with null) it may not."""
+    mid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    assert tools.idempotent("send", {"to": "x", "text": "y", "message_id": mid})
+    assert not tools.idempotent("send", {"to": "x", "text": "y"})
+    assert not tools.idempotent("send", {"to": "x", "text": "y", "message_id": None})
+    assert not tools.idempotent("send", "not an object")
+    assert not tools.idempotent("decide", {"topic": "t", "text": "x", "message_id": "z"})  # no retry key
+    for tool in tools.TOOLS.values():
+        assert not tool.retry_key or tool.retry_key in tool.schema["properties"], tool.name
+
+
+def test_send_and_sent_tell_the_agent_to_pass_a_message_id_and_to_look_before_resending():
+    send, sent = tools.TOOLS["send"], tools.TOOLS["sent"]
+    assert "message_id" in send.description and "`sent`" in send.description and "resend" in send.description
+    assert "`sent`" in send.unsure and "message_id" in send.unsure
+    assert sent.schema["properties"]["wait_seconds"]["maximum"] == 50
+    assert sent.schema["properties"]["ids"]["maxItems"] == 100
+
+
 def test_every_schema_names_its_arguments_types_and_limits():
     """SPEC §5: arguments are judged by the advertised schema, so each names its type (scope:
     any JSON value, described), and text limits and the wait range are in it."""

@@ -155,15 +155,15 @@ class Broker:
 
     async def persist_offers(self, session: Session) -> None:
         """The connection ended: what it offered or wrote and no recorded acknowledgement
-        followed (its MCP server died between showing and acknowledging) goes to
-        receipts.delivered_at, so a later connection shows them as repeats. If the store
-        cannot take them now, the machine is parked and written before the next session is
-        served (`record_parked_offers`)."""
+        followed (its MCP server died between showing and acknowledging) goes to the receipts
+        (offered: maybe shown; written: shown), so a later connection shows them as repeats.
+        If the store cannot take them now, the machine is parked and written before the next
+        session is served (`record_parked_offers`)."""
         offered, written = session.showing.unconfirmed()
         if not offered and not written:
             return
         try:
-            await self.db.offer(session.id, [*offered, *written], now_ms())
+            await self.db.offer(session.id, [*offered, *written], now_ms(), shown=written)
         except BaseException:
             self.registry.park(session.id, session.showing)
             raise
@@ -175,7 +175,9 @@ class Broker:
         while self.registry.parked:
             peer_id, machine = self.registry.parked[0]
             offered, written = machine.unconfirmed()
-            await self.db.offer(await self.db.resolve_peer(peer_id), [*offered, *written], now_ms())
+            await self.db.offer(
+                await self.db.resolve_peer(peer_id), [*offered, *written], now_ms(), shown=written
+            )
             self.registry.parked.pop(0)
 
     async def ingest_ledgers(self) -> int:

@@ -213,7 +213,8 @@ async def _deliveries_first(broker: Broker, results: list[dict[str, Any] | Input
         recipient
         for r in results
         if not isinstance(r, InputError)
-        and (recipient := broker.sessions.get(r["message"]["to"]["id"])) is not None
+        for m in r.get("messages") or [r["message"]]  # `*`: a message per recipient
+        if (recipient := broker.sessions.get(m["to"]["id"])) is not None
     ]
     for _ in range(2):
         if not any(s.wake.is_set() for s in woken):

@@ -26,7 +26,12 @@ WAIT_ACTIVE_POLL = 0.5  # seconds between looks when no change feed runs (no das
 async def stop_check(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
     """The Stop hook fetches the session's active messages. They are recorded as offered,
     not acknowledged: the hook acknowledges them (`stop_ack`) once it has written them to
-    its host, so a hook that times out or is killed first loses nothing (SPEC §3)."""
+    its host, so a hook that times out or is killed first loses nothing (SPEC §3). With
+    `"wake": true` the fetch is an idle session's waiter's (hooks.wake), which hands them over
+    to wake the session: a wake request is recorded for each, confirmed once they are shown."""
+    wake = args.pop("wake", False)
+    if not isinstance(wake, bool):
+        raise InputError("wake: expected true or false")
     result = await broker.identify(args)
     await broker.ingest_ledgers()
     peer_id = await stop_peer(broker, args["hostSessionId"])
@@ -35,7 +40,7 @@ async def stop_check(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
     active = await active_unacked(broker, peer_id)
     if active:
         ids = [m.id for m in active]
-        before = set(await broker.db.offer(peer_id, ids, now_ms()))
+        before = set(await broker.db.offer(peer_id, ids, now_ms(), wake=wake))
         active = [m._replace(repeat=True) if m.id in before else m for m in active]
         holder = broker.sessions.get(peer_id)
         if holder is not None:  # its MCP server marks its copies: shown again, they are repeats

@@ -6,15 +6,19 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
-from agent_bridge import domain
+import trio
+
+from agent_bridge import domain, marks
 from agent_bridge.daemon.args import ADDRESS_MAX, SESSIONS_COMMAND, one_session
 from agent_bridge.daemon.args import no_unknown as _no_unknown
 from agent_bridge.daemon.args import req_str as _req_str
 from agent_bridge.daemon.broker import Broker, control_op, session_op
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
+from agent_bridge.rows import Peer
 from agent_bridge.store.ids import now_ms
 
 log = logging.getLogger("agent_bridge.broker")
@@ -60,7 +64,23 @@ async def op_peers(broker: Broker, session: Session, args: dict[str, Any]) -> An
     rows = await broker.db.list_peers()
     listed = [p for p in rows if project is None or p.project == project]
     listed.sort(key=lambda p: (p.id not in broker.sessions, p.name))
-    return [{**p.public(), "connected": p.id in broker.sessions} for p in listed]
+    connected = [p.id in broker.sessions for p in listed]
+    if any(on and p.host_session_id for p, on in zip(listed, connected, strict=True)):  # marks to read
+        states = await trio.to_thread.run_sync(session_states, broker.home, listed, connected)
+    else:
+        states = session_states(broker.home, listed, connected)  # no file to read: offline or unknown
+    return [
+        {**p.public(), "connected": on, **state.to_json()}
+        for p, on, state in zip(listed, connected, states, strict=True)
+    ]
+
+
+def session_states(home: Path, peers: list[Peer], connected: list[bool]) -> list[marks.SessionState]:
+    """Each session's busy/idle/offline state (marks.session_state): files read, off the loop."""
+    return [
+        marks.session_state(home, p.host_session_id, connected=on, last_seen=p.last_seen_at)
+        for p, on in zip(peers, connected, strict=True)
+    ]
 
 
 @session_op("learn_identity")

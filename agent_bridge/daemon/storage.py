@@ -18,7 +18,7 @@ import apsw
 import outcome  # trio's own dependency: trio.lowlevel.reschedule takes an outcome
 import trio
 
-from agent_bridge.store.messages import Outgoing
+from agent_bridge.store.messages import Send
 from agent_bridge.store.writer import Store
 
 T = TypeVar("T")
@@ -274,8 +274,9 @@ def _few_ids(peer_id: str, message_ids: Sequence[str], *args: Any, **kwargs: Any
     return len(message_ids) <= SHORT_ROWS
 
 
-def _few_sends(from_id: str, outgoing: Sequence[Outgoing], *args: Any, **kwargs: Any) -> bool:
-    return len(outgoing) <= SHORT_ROWS and sum(len(o.text) for o in outgoing) <= SHORT_TEXT
+def _few_sends(from_id: str, sends: Sequence[Send], *args: Any, **kwargs: Any) -> bool:
+    copies = [o for s in sends for o in s.copies]
+    return len(copies) <= SHORT_ROWS and sum(len(o.text) for o in copies) <= SHORT_TEXT
 
 
 class _OnStoreThread(Generic[P, T]):
@@ -301,7 +302,7 @@ class _OnStoreThread(Generic[P, T]):
 
 
 class StoreCalls:
-    """The broker's view of the Store: `await db.send_messages(...)` runs `Store.send_messages`
+    """The broker's view of the Store: `await db.send(...)` runs `Store.send`
     on the runner's thread, with the Store's own signature and result type. A Store method the
     broker starts using gets one line here."""
 
@@ -342,7 +343,9 @@ class StoreCalls:
     resolve_peer = _OnStoreThread(Store.resolve_peer)
     retract = _OnStoreThread(Store.retract)
     retractions = _OnStoreThread(Store.retractions)
-    send_messages = _OnStoreThread(Store.send_messages, short=_few_sends)
+    send = _OnStoreThread(Store.send, short=_few_sends)
+    sent = _OnStoreThread(Store.sent)
+    stored_send = _OnStoreThread(Store.stored_send, short=_always)
     session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)
     sessions_last_seen_before = _OnStoreThread(Store.sessions_last_seen_before)
     set_secret = _OnStoreThread(Store.set_secret)

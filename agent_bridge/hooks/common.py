@@ -114,13 +114,7 @@ def identify_args(
 
 def report_path(home: Path, host_session_id: str) -> Path:
     """`<home>/reports/<sha256(host session id)[:32]>.json`: one report per host session."""
-    try:  # CPython's built-in SHA-256: `hashlib` loads OpenSSL, ~2 ms at every session start
-        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:  # other interpreters, Python >= 3.12 (`_sha2`)
-        from hashlib import sha256
-
-    digest = sha256(host_session_id.encode("utf-8")).hexdigest()[:32]
-    return home / paths.REPORTS_DIR / f"{digest}.json"
+    return home / paths.REPORTS_DIR / f"{paths.host_session_digest(host_session_id)}.json"
 
 
 def leave_report(home: Path, args: dict[str, Any]) -> Path:

@@ -30,10 +30,16 @@ def hand_over(
     host: procinfo.Proc | None,
     chain: list[procinfo.Proc],
     write: Callable[[str], None],
+    *,
+    wake: bool = False,
 ) -> int:
     """Fetch the session's active messages, `write` them (framed, one text), then acknowledge
-    them. Returns how many were handed over (0: no broker, or nothing active waits)."""
+    them. Returns how many were handed over (0: no broker, or nothing active waits). `wake`:
+    the write wakes an idle session (the waiter's): the broker records a wake request for each
+    message it hands over, confirmed once the acknowledgement says they were shown."""
     args = common.identify_args(agent, hook, event, host, chain)
+    if wake:
+        args["wake"] = True
     answer = common.broker_request(home, "stop_check", args)
     if answer is None:
         return 0  # no broker: nothing can be acknowledged, so nothing is shown

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import hosts, paths, procinfo
+from agent_bridge import hosts, marks, paths, procinfo
 from agent_bridge.hooks import common
 
 EVENT = "Stop"
@@ -53,12 +53,12 @@ WAIT_MS = 50_000  # one `wait_active` request; below the broker's limit (WAIT_AC
 ANSWER_SLACK = 10.0  # seconds past WAIT_MS a broker may take to answer before the waiter reconnects
 NO_BROKER_RETRY = 2.0  # seconds between looks for a broker when none runs
 HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not Linux)
-WAITERS_DIR = "waiters"
+WAITERS_DIR = marks.WAITERS_DIR
 HOST_ENV = "AGENT_BRIDGE_WAKE_HOST"  # "pid:start" of the host, from a Stop hook that starts the waiter
 STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go first (the hook's timeout is 10)
 STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
 BUSY_POLL = 0.1  # seconds between looks at the session's mark while it is busy and a message waits
-BUSY = "busy"
+BUSY = marks.BUSY
 
 
 def main(agent: str) -> int:
@@ -117,7 +117,7 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
                     return 0
             continue
         try:
-            handed = handover.hand_over(home, agent, EVENT, hook, host, chain, write)
+            handed = handover.hand_over(home, agent, EVENT, hook, host, chain, write, wake=True)
         except WakeFailed as exc:
             common.log(home, f"wake ({agent})", f"{exc}; the message waits for the session's next hook")
             return 0
@@ -207,10 +207,8 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
 
 
 def session_mark(home: Path, host_session_id: str) -> Path:
-    """`<home>/waiters/<digest>.state`: "busy <launch>" while a turn runs, "idle <prompt id>
-    <launch>" once its Stop hook has finished; <launch> is when the host started the hook that
-    wrote it (`launch_stamp`, "-" when unknown)."""
-    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".state")
+    """The session's busy/idle mark (marks.mark_path, where it is read for everyone else)."""
+    return marks.mark_path(home, host_session_id)
 
 
 def launch_stamp(host: procinfo.Proc | None, chain: list[procinfo.Proc]) -> int | None:
@@ -270,10 +268,7 @@ def _lock_folder(folder: Path) -> int | None:
 
 
 def read_mark(home: Path, host_session_id: str) -> str:
-    try:
-        return session_mark(home, host_session_id).read_text(encoding="utf-8")
-    except OSError:
-        return ""
+    return marks.read_mark(home, host_session_id)
 
 
 def is_busy(mark: str) -> bool:

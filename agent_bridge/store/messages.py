@@ -10,7 +10,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from agent_bridge.rows import Author, Message, Queued
+from agent_bridge.domain import BROADCAST, InputError
+from agent_bridge.rows import Author, Message, Queued, SentReceipt
 from agent_bridge.store import queries
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.peers import CLI_AUTHOR, Peers
@@ -24,6 +25,22 @@ class Outgoing(NamedTuple):
     text: str
     hop: int
     reply_to: str | None
+
+
+class Send(NamedTuple):
+    """One `send`: its copies (one; or one per session for `*`), the caller's `message_id` for
+    it (None: none given) and the address it was sent to (`to` as given)."""
+
+    copies: tuple[Outgoing, ...]
+    key: str | None = None
+    address: str = ""
+
+
+class Stored(NamedTuple):
+    """What a send stored, as pushed; `duplicate`: its message_id had stored them before."""
+
+    messages: list[Message]
+    duplicate: bool = False
 
 
 class Messages(Peers):
@@ -44,53 +61,105 @@ class Messages(Peers):
         *,
         fault: Callable[[str], None] = lambda point: None,
     ) -> list[Message]:
-        """Messages from one session, in order, in one transaction (a pipelining sender's
-        sends that arrived together share a commit). Returns them as they are pushed."""
+        """Messages from one session, each a send of its own with no message_id (`send`)."""
+        done = self.send(from_id, [Send((o,)) for o in outgoing], now, fault=fault)
+        return [m for s in done if isinstance(s, Stored) for m in s.messages]
+
+    def send(
+        self,
+        from_id: str,
+        sends: Sequence[Send],
+        now: int,
+        *,
+        fault: Callable[[str], None] = lambda point: None,
+    ) -> list[Stored | InputError]:
+        """Sends of one session, in order, in one transaction (a pipelining sender's sends that
+        arrived together share a commit). Returns each as stored and pushed; a send whose
+        message_id stored one before returns that (`stored_send`), checked again here, where
+        no other send with the same id can come between the check and the insert."""
+        results: list[Stored | InputError] = []
         written = []
         with self.conn:
             if from_id == CLI_AUTHOR.id:
                 self._ensure_cli_peer(now)
             # Addresses resolved before this transaction may name a record merged meanwhile.
-            records = {i: self._record_named(i) for i in {from_id, *(o.to_id for o in outgoing)}}
+            to_ids = {o.to_id for s in sends for o in s.copies}
+            records = {i: self._record_named(i) for i in {from_id, *to_ids}}
             from_id, from_name, from_agent = records[from_id]
             sender = Author(from_id, from_name, from_agent)
-            outgoing = [
-                o if records[o.to_id][0] == o.to_id else o._replace(to_id=records[o.to_id][0])
-                for o in outgoing
-            ]
             names = {r[0]: r[1:] for r in records.values()}
-            for o in outgoing:
-                message_id = new_id()
-                self.conn.execute(
-                    "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    (message_id, from_id, o.to_id, o.text, o.hop, o.reply_to, now),
-                )
-                self.conn.execute(
-                    "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, o.to_id)
-                )
-                seq = self.conn.last_insert_rowid()
-                message = Message(
-                    message_id,
-                    sender,
-                    o.to_id,
-                    names.get(o.to_id, (None,))[0],
-                    o.text,
-                    o.hop,
-                    o.reply_to,
-                    "message",
-                    now,
-                )
-                written.append((o.to_id, seq, message))
-                fault("send:before-commit")
-        out = []
+            for send in sends:
+                if send.key is not None:
+                    before = self.stored_send(from_id, send.key, send.copies[0].text, send.address)
+                    if before is not None:
+                        results.append(before)
+                        continue
+                messages = []
+                for o in send.copies:
+                    to_id = records[o.to_id][0]
+                    # A send to one address takes its message_id as the message's id.
+                    message_id = send.key if send.key is not None and send.address != BROADCAST else new_id()
+                    self.conn.execute(
+                        "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, "
+                        "send_id, send_to) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (message_id, from_id, to_id, o.text, o.hop, o.reply_to, now, send.key,
+                         send.address if send.key is not None else None),
+                    )
+                    self.conn.execute(
+                        "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, to_id)
+                    )
+                    seq = self.conn.last_insert_rowid()
+                    message = Message(
+                        message_id, sender, to_id, names.get(to_id, (None,))[0], o.text, o.hop, o.reply_to,
+                        "message", now,
+                    )
+                    written.append((to_id, seq, message))
+                    messages.append(message)
+                    fault("send:before-commit")
+                results.append(Stored(messages))
         for to_id, seq, message in written:
             fault("send:after-commit")
             tap = self.taps.get(to_id)
             if tap is not None and not tap.append(seq, message):
                 self._close_tap(to_id)  # full, or its connection ended: drop it
-            out.append(message)
-        return out
+        return results
+
+    def stored_send(self, from_id: str, key: str, text: str, address: str) -> Stored | InputError | None:
+        """What a send with message_id `key` by session `from_id` stored before, as a duplicate
+        (None: nothing). The same id with another text or recipient is an error, as is an id
+        another message already has."""
+        rows = self.conn.execute(
+            "SELECT m.id, m.body, m.send_to, m.to_peer, p.name, p.host_session_id FROM messages m "
+            "LEFT JOIN peers p ON p.id = m.to_peer WHERE m.send_id = ?1 AND m.from_peer IN "
+            "(SELECT ?2 UNION SELECT old_id FROM peer_merges WHERE into_id = ?2) ORDER BY m.rowid",
+            (key, self.resolve_peer(from_id)),
+        ).fetchall()
+        if not rows:
+            if address != BROADCAST and self.message_exists(key):
+                return InputError(f"message_id: {key} is already another message's id; choose a new uuid")
+            return None
+        _, body, sent_to, to_id, to_name, to_host = rows[0]
+        same_to = address == sent_to or (
+            sent_to != BROADCAST and address != BROADCAST and address in (to_id, to_name, to_host)
+        )
+        if body != text or not same_to:
+            what = "another text" if body != text else f"to {sent_to!r}, not {address!r}"
+            return InputError(
+                f"message_id: {key} was already used for a message with {what}; use a new uuid for a new "
+                "message (sending the same one again returns it)"
+            )
+        return Stored(queries.messages_by_id(self.conn, [str(r[0]) for r in rows]), duplicate=True)
+
+    def request_wakes(self, message_ids: Sequence[str], now: int) -> None:
+        """The bridge set out to wake these messages' recipient (inside the caller's transaction)."""
+        self.conn.executemany(
+            "INSERT INTO wakes(message_id, requested_at) VALUES (?, ?)", [(m, now) for m in message_ids]
+        )
+
+    def sent(self, peer_id: str, ids: Sequence[str] | None, limit: int) -> list[SentReceipt]:
+        """The session's own messages with their receipts (`sent`): those `ids` name (message
+        ids or the message_id of a send), else the `limit` newest."""
+        return queries.sent_messages(self.conn, self.resolve_peer(peer_id), ids, limit)
 
     def _record_named(self, peer_id: str) -> tuple[str, str | None, str | None]:
         """(the record `peer_id` leads to now (resolve_peer), its name, its agent): one statement
@@ -130,9 +199,20 @@ class Messages(Peers):
                 self.taps[peer_id] = tap
         return rows
 
-    def offer(self, peer_id: str, message_ids: Sequence[str], now: int) -> list[str]:
-        """Record that these messages are about to be shown to the session's host (SPEC §3:
-        written before the bytes that carry them). Returns the ones offered before and not
+    def offer(
+        self,
+        peer_id: str,
+        message_ids: Sequence[str],
+        now: int,
+        *,
+        shown: Sequence[str] = (),
+        wake: bool = False,
+    ) -> list[str]:
+        """Record that these messages are about to be shown to the session's host, or may have
+        been (SPEC §3: written before the bytes that carry them; receipts.offered_at), and that
+        the ones in `shown` were (their bytes reached the host, an acknowledgement that never
+        came: receipts.delivered_at). With `wake`, the offer is a waiter's, setting out to wake
+        the session: a wake request for each. Returns the ones offered or shown before and not
         acknowledged since: shown again, they are repeats."""
         ids = json.dumps(list(message_ids))
         with self.conn:
@@ -141,16 +221,25 @@ class Messages(Peers):
                 for r in self.conn.execute(
                     "SELECT message_id FROM receipts "
                     "WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
-                    "AND delivered_at IS NOT NULL AND acked_at IS NULL",
+                    "AND (offered_at IS NOT NULL OR delivered_at IS NOT NULL) AND acked_at IS NULL",
                     (peer_id, ids),
                 )
             ]
             self.conn.execute(
-                "UPDATE receipts SET delivered_at = ? "
+                "UPDATE receipts SET offered_at = ? "
                 "WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
-                "AND delivered_at IS NULL",
+                "AND offered_at IS NULL",
                 (now, peer_id, ids),
             )
+            if shown:
+                self.conn.execute(
+                    "UPDATE receipts SET delivered_at = ? "
+                    "WHERE peer_id = ? AND message_id IN (SELECT value FROM json_each(?)) "
+                    "AND delivered_at IS NULL",
+                    (now, peer_id, json.dumps(list(shown))),
+                )
+            if wake:
+                self.request_wakes(message_ids, now)
         return before
 
     def ack(
@@ -161,7 +250,8 @@ class Messages(Peers):
         *,
         fault: Callable[[str], None] = lambda point: None,
     ) -> int:
-        """Acknowledge messages shown to the session's agent. Returns how many were newly acked."""
+        """Acknowledge messages shown to the session's agent (written to its host, SPEC §3): shown
+        now, unless known to be shown before. Returns how many were newly acked."""
         count = 0
         with self.conn:
             for message_id in message_ids:

@@ -7,14 +7,24 @@ Light: apsw and the domain rules only.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import apsw
 
 from agent_bridge import domain
 from agent_bridge.domain import Scope
-from agent_bridge.rows import Author, Decision, Message, Peer, Question, Queued, Receipt, Retraction
+from agent_bridge.rows import (
+    Author,
+    Decision,
+    Message,
+    Peer,
+    Question,
+    Queued,
+    Receipt,
+    Retraction,
+    SentReceipt,
+)
 
 DECISION_COLUMNS = (
     "seq",
@@ -228,12 +238,76 @@ def unacked_messages(
     sql = MESSAGE_SELECT if dd else MESSAGE_SELECT.replace(
         "LEFT JOIN decision_deliveries dd ON dd.message_id = m.id", ""
     ).replace("dd.decision_id", "NULL")
+    if current_schema or has_column(conn, "receipts", "offered_at"):  # before V_WAKES, delivered_at: offered
+        sql = sql.replace("r.acked_at, r.delivered_at", "r.acked_at, coalesce(r.offered_at, r.delivered_at)")
     sql += " WHERE r.peer_id = ? AND r.acked_at IS NULL AND r.rowid > ? ORDER BY r.rowid LIMIT ?"
-    # A receipt offered to the host before and never acknowledged is a repeat (SPEC §3).
+    # A receipt offered or shown to the host before and never acknowledged is a repeat (SPEC §3).
     return [
         Queued(values[0], message_from_row(conn, values, repeat=values[13] is not None))
         for values in conn.execute(sql, (peer_id, after_seq, limit))
     ]
+
+
+def messages_by_id(conn: apsw.Connection, ids: Sequence[str]) -> list[Message]:
+    """These messages (as their recipients get them), in the order given; unknown ids left out."""
+    sql = MESSAGE_SELECT + " WHERE m.id IN (SELECT value FROM json_each(?))"
+    rows = conn.execute(sql, (json.dumps(list(ids)),))
+    found = {values[1]: message_from_row(conn, values) for values in rows}
+    return [found[i] for i in ids if i in found]
+
+
+SENT_DEFAULT = 20  # `sent` without ids: the caller's newest messages
+SENT_ROWS_MAX = 1000  # messages `sent` returns for the ids it was given (a `*` send's copies share one)
+
+# A session's own messages with their receipts, newest first: every message but the notices
+# of its decisions (decision_deliveries) and retractions, with the times its wakes were
+# requested and the ids of the messages that reply to it.
+_SENT = (
+    MESSAGE_SELECT.replace(
+        "r.acked_at, r.delivered_at",
+        "r.acked_at, r.delivered_at, "
+        "(SELECT json_group_array(w.requested_at) FROM wakes w WHERE w.message_id = m.id), "
+        "(SELECT json_group_array(x.id) FROM messages x WHERE x.reply_to = m.id), m.send_id",
+    )
+    + "WHERE m.from_peer IN (SELECT :me UNION SELECT old_id FROM peer_merges WHERE into_id = :me) "
+    "AND dd.decision_id IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM retraction_notices n WHERE n.message_id = m.id) "
+)
+
+
+def sent_messages(
+    conn: apsw.Connection, peer_id: str, ids: Sequence[str] | None, limit: int = SENT_DEFAULT
+) -> list[SentReceipt]:
+    """The messages session `peer_id` (or a record merged into it) sent, with their receipts,
+    newest first: those `ids` name (a message's id, or the message_id its send was given),
+    else the `limit` newest. A database older than receipts for senders (schema V_WAKES) has
+    no answer here: the broker that runs next upgrades it."""
+    if not has_table(conn, "wakes"):
+        return []
+    sql, args = _SENT, {"me": peer_id, "limit": limit}
+    if ids is not None:
+        sql += ("AND (m.id IN (SELECT value FROM json_each(:ids)) "
+                "OR m.send_id IN (SELECT value FROM json_each(:ids))) ")
+        args["ids"] = json.dumps(list(ids))
+    sql += "ORDER BY m.rowid DESC LIMIT :limit"
+    return [
+        SentReceipt(
+            message_from_row(conn, values),
+            shown_at=values[13],
+            acked_at=values[12],
+            wakes=tuple(json.loads(values[14])),
+            replies=tuple(json.loads(values[15])),
+            send_id=values[16],
+        )
+        for values in conn.execute(sql, args)
+    ]
+
+
+def not_sent(found: Sequence[SentReceipt], ids: Sequence[str]) -> list[str]:
+    """The ids among `ids` that name none of `found` (`sent_messages` for those ids): by its
+    own id or its send's message_id."""
+    matched = {r.message.id for r in found} | {r.send_id for r in found}
+    return [i for i in ids if i not in matched]
 
 
 def recent_messages(conn: apsw.Connection, limit: int = 50) -> list[Receipt]:

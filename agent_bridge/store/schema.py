@@ -9,6 +9,10 @@ Version 5 adds identity without a host session id (SPEC §3): each session's res
 (hashed), the sessions each host instance ran, and where a merged record's address now leads.
 Version 6 adds owner questions (SPEC §4.6): append-only questions, who asked each, the one answer
 or decline each gets, and the active messages that told the askers.
+V_WAKES adds what a sender's receipts need (SPEC §3 "Conversations agents can rely on"): the wake
+requests, append-only; `receipts.delivered_at` as the time the message was shown (its bytes
+reached the host), with `offered_at` beside it for "offered, maybe shown" (repeats); and the
+caller's `message_id` of a send, so that a retry returns what it stored.
 """
 
 from __future__ import annotations
@@ -218,7 +222,42 @@ CREATE INDEX question_notices_peer ON question_notices(peer_id);
 PRAGMA user_version = 6;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6)
+V_WAKES = """
+-- A wake request: the bridge set out to wake a message's recipient (an idle session's waiter
+-- handing it over, or a write that wakes the host without showing the message). Only the
+-- time is stored; whether the wake was confirmed (the message shown within 20 s) or not is
+-- read from the message's receipt (domain.wake_state). Appended, never updated or deleted.
+-- No reference to messages: forgetting a session drops its messages, never this history.
+CREATE TABLE wakes (
+  message_id TEXT NOT NULL,
+  requested_at INTEGER NOT NULL);
+CREATE INDEX wakes_message ON wakes(message_id);
+CREATE TRIGGER wakes_no_update BEFORE UPDATE ON wakes
+  BEGIN SELECT RAISE(ABORT, 'wakes are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER wakes_no_delete BEFORE DELETE ON wakes
+  BEGIN SELECT RAISE(ABORT, 'wakes are append-only: DELETE is not allowed'); END;
+
+-- receipts.delivered_at: when the message was shown, i.e. the bytes that carry it reached the
+-- host (SPEC §3, the acknowledgement rule's write); offered_at: when it was first handed to a
+-- path that may have shown it (a Stop hook's fetch, a connection that ended before its write
+-- was confirmed), so that shown again it is marked a repeat. Until now delivered_at held the
+-- offer: it moves to offered_at, and an acknowledged receipt counts as shown by its
+-- acknowledgement (never earlier than it is known to be true).
+ALTER TABLE receipts ADD COLUMN offered_at INTEGER;
+UPDATE receipts SET offered_at = delivered_at, delivered_at = acked_at;
+
+-- The caller's message_id of a send (`send_id`) and the address it gave (`send_to`), on every
+-- message that send stored: sending with the same id again returns them (SPEC §3 "Safe retry").
+ALTER TABLE messages ADD COLUMN send_id TEXT;
+ALTER TABLE messages ADD COLUMN send_to TEXT;
+CREATE INDEX messages_send ON messages(send_id) WHERE send_id IS NOT NULL;
+-- A session's own messages, newest first (`sent`), and the replies to a message.
+CREATE INDEX messages_from ON messages(from_peer);
+CREATE INDEX messages_reply ON messages(reply_to) WHERE reply_to IS NOT NULL;
+PRAGMA user_version = 7;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES)
 CURRENT_VERSION = len(STEPS)
 
 

@@ -34,7 +34,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.routing import BaseConverter
 
-from agent_bridge import commands, config, domain, paths
+from agent_bridge import commands, config, domain, marks, paths
+from agent_bridge.rows import Peer
 from agent_bridge.store import queries, question_queries, reader
 from agent_bridge.store.schema import SchemaError
 from agent_bridge.web import auth, reads
@@ -431,7 +432,13 @@ def _reads(app: QuartTrio, dash: _Dashboard) -> None:
     async def sessions() -> Response:
         peers = await read(queries.list_peers, [])
         connected = dash.connected()
-        return _json_response({"sessions": [{**p.to_json(), "connected": p.id in connected} for p in peers]})
+        states = await trio.to_thread.run_sync(
+            partial(_states, dash.home, peers, connected), limiter=dash.reader_pool.limiter
+        )
+        return _json_response({"sessions": [
+            {**p.to_json(), "connected": p.id in connected, **state.to_json()}
+            for p, state in zip(peers, states, strict=True)
+        ]})
 
     @app.get("/api/messages")
     async def messages() -> Response:
@@ -492,6 +499,14 @@ def _decision_reads(app: QuartTrio, dash: _Dashboard) -> None:
         """Receipts of every current decision (the decisions table shows them per row)."""
         found = await read(_current_receipts, [])
         return _json_response({"receipts": dash.with_connected(found)})
+
+
+def _states(home: Path, peers: list[Peer], connected: set[str]) -> list[marks.SessionState]:
+    """Each session's busy/idle/offline state, from the hooks' marks (files: off the loop)."""
+    return [
+        marks.session_state(home, p.host_session_id, connected=p.id in connected, last_seen=p.last_seen_at)
+        for p in peers
+    ]
 
 
 def _topic_receipts(conn: apsw.Connection, *, topic: str) -> list[reads.DecisionReceipt]:

@@ -6,13 +6,14 @@ whose message rendering they reuse.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import apsw
 
 from agent_bridge import domain
-from agent_bridge.rows import Author
+from agent_bridge.rows import Author, SentReceipt
 from agent_bridge.store import queries
 
 # One row per queued notification (a decision_deliveries row names its message). The receipt
@@ -33,8 +34,9 @@ ORDER BY d.seq DESC
 
 
 class DecisionReceipt(NamedTuple):
-    """Who one revision was queued for, when it was queued, offered and acknowledged, and
-    whether it is still pending (queued, not acknowledged)."""
+    """Who one revision was queued for, when it was queued, shown (its bytes reached the host;
+    offered, in a database older than schema V_WAKES) and acknowledged, and whether it is still
+    pending (queued, not acknowledged)."""
 
     decision_id: str
     topic: str
@@ -102,8 +104,9 @@ def recent_messages(
     conn: apsw.Connection, *, limit: int, kind: str | None, hop_limit: int | None
 ) -> list[dict[str, Any]]:
     """The newest messages (one entry per recipient), newest first, as `queries.recent_messages`
-    renders them plus `notice` (a decision or retraction notice rather than conversation) and
-    `active` (hop below the hop limit: may wake the session; None when the limit is unknown).
+    renders them plus `notice` (a decision or retraction notice rather than conversation),
+    `active` (hop below the hop limit: may wake the session; None when the limit is unknown) and
+    `receipt` (its state, when it was shown and acknowledged, woken: as the `sent` tool says).
 
     `kind`: "message" or "notice" to keep only those, None for both. A notice is a message linked
     to a decision, or one recorded at the notice hop without being a reply (conversation starts
@@ -124,9 +127,16 @@ def recent_messages(
     elif kind == "message":
         sql += f" WHERE NOT {notice}"
     sql += " ORDER BY m.rowid DESC LIMIT ?"
+    rows = list(conn.execute(sql, (limit,)))
+    wakes = _wakes(conn, [values[1] for values in rows])
+    now = time.time_ns() // 1_000_000
     out = []
-    for values in conn.execute(sql, (limit,)):
+    for values in rows:
         message = queries.message_from_row(conn, values)
+        if wakes is None:  # before V_WAKES delivered_at held the offer: only an acknowledgement says shown
+            receipt = SentReceipt(message, values[12], values[12])
+        else:
+            receipt = SentReceipt(message, values[13], values[12], tuple(wakes.get(message.id, ())))
         out.append(
             {
                 **message.to_json(),
@@ -134,9 +144,24 @@ def recent_messages(
                 "notice": message.kind != "message"
                 or (message.hop >= domain.DECISION_HOP and message.reply_to is None),
                 "active": None if hop_limit is None else message.hop < hop_limit,
+                "receipt": receipt.receipt_json(now),
             }
         )
     return out
+
+
+def _wakes(conn: apsw.Connection, message_ids: list[str]) -> dict[str, list[int]] | None:
+    """When wakes were requested for these messages; None for a database older than wake
+    requests (schema V_WAKES), whose receipts' delivered_at says offered, not shown."""
+    if not queries.has_table(conn, "wakes"):
+        return None
+    found: dict[str, list[int]] = {}
+    for message_id, at in conn.execute(
+        "SELECT message_id, requested_at FROM wakes WHERE message_id IN (SELECT value FROM json_each(?))",
+        (json.dumps(message_ids),),
+    ):
+        found.setdefault(message_id, []).append(at)
+    return found
 
 
 def decisions_json(

@@ -33,7 +33,7 @@ def receipts(home: Path, ids: list[str]) -> list[tuple[Any, Any]]:
     marks = ",".join("?" * len(ids))
     with reader.reading(home / "bridge.db") as conn:
         return list(
-            conn.execute(f"SELECT delivered_at, acked_at FROM receipts WHERE message_id IN ({marks})", ids)
+            conn.execute(f"SELECT offered_at, acked_at FROM receipts WHERE message_id IN ({marks})", ids)
         )
 
 

@@ -161,7 +161,7 @@ async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env
                 async def offered() -> bool:
                     with reader.reading(home / "bridge.db") as conn:
                         row = conn.execute(
-                            "SELECT delivered_at FROM receipts WHERE message_id = ?", (mid,)
+                            "SELECT offered_at FROM receipts WHERE message_id = ?", (mid,)
                         ).fetchone()
                     return row[0] is not None
 

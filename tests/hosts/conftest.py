@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from agent_bridge import tools
 from agent_bridge.store import reader
 from tests.hostbin import CLAUDE_OFFLINE_ENV
 from tests.hosts import clis
@@ -34,7 +35,7 @@ from tests.hosts.models import AnthropicServer, OpenAIServer
 
 AGENT_BRIDGE = str(Path(sys.executable).parent / "agent-bridge")
 RUN_TIMEOUT = 90  # seconds one host run may take; a few at most when all is well
-BRIDGE_TOOLS = ("decide", "decisions", "whoami", "peers", "send", "inbox", "ask_owner")
+BRIDGE_TOOLS = tuple(tools.TOOLS)  # every tool the bridge serves
 
 
 @pytest.fixture(scope="session")

@@ -129,6 +129,11 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
         carrying
     )
     poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")
+    # The sender's receipts (`agent-bridge sent`, as the sent tool): the waiter's wake confirmed,
+    # the messages shown while the session worked were never a wake.
+    woken = {r["text"]: r["woken"] for r in json.loads(world.bridge("sent", "--json").stdout)}
+    assert woken == {"idle wake: are you there?": "confirmed", "mid-turn: rebase first": None,
+                     "while you work: the schema changed": None}, woken
     poll_until(
         lambda: "are you there?" in tui.screen() or "done." in tui.screen(), "the woken turn on screen"
     )

@@ -49,6 +49,9 @@ def test_idle_codex_session_is_woken_by_a_message(world: World) -> None:
         users = [t for t in codex_messages(woke.body, "user") if text in t]
         assert users and "not from the user" in users[0], codex_messages(woke.body, "user")
         poll_until(lambda: all(r["ackedAt"] for r in world.receipts(thread)), "the wake acknowledged")
+        # the sender's receipt (`agent-bridge sent`): `codex queue` took it, the wake is confirmed
+        (receipt,) = [r for r in json.loads(world.bridge("sent", "--json").stdout) if r["text"] == text]
+        assert (receipt["state"], receipt["woken"]) == ("acknowledged", "confirmed"), receipt
         poll_until(
             lambda i=i: waiters_held(world) == 1 and tui.screen().count("done.") >= 2 + i, "idle again"
         )

@@ -24,8 +24,12 @@ from tests.test_owner_store import build_v3
 pytestmark = pytest.mark.slow
 
 TABLES = ("peers", "messages", "receipts", "decisions", "decision_deliveries")
-# v4 adds one
-V3_COLUMNS = {"peers": "id, name, agent, project, kind, created_at, last_seen_at, host_session_id"}
+# later versions add some; V_WAKES moves the offer a receipt held in delivered_at to offered_at
+V3_COLUMNS = {
+    "peers": "id, name, agent, project, kind, created_at, last_seen_at, host_session_id",
+    "messages": "id, from_peer, to_peer, body, hop, reply_to, created_at, acked_at",
+    "receipts": "message_id, peer_id, acked_at",
+}
 
 
 def snapshot(db: Path) -> dict[str, Any]:

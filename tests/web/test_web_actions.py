@@ -326,7 +326,9 @@ def drive_actions(
         page.fill("#send-to", name)
         page.fill("#send-text", "Please rebase on main.")
         page.get_by_role("button", name="Send", exact=True).click()
-        expect(page.locator("#send-result")).to_have_text(f"Sent to {name} (connected).")
+        expect(page.locator("#send-result")).to_have_text(
+            re.compile(rf"^Sent to {re.escape(name)} \(connected\)\. Message [0-9a-f-]{{36}}\.$")
+        )
         expect(page.locator("#messages")).to_contain_text("Please rebase on main.")
 
         # Forget a gone session: two clicks.

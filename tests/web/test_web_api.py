@@ -475,7 +475,10 @@ async def test_sessions_with_connected_state(dashboard: Running, facts: Facts) -
                 "claude-proj": True, "codex-proj": False, "codex-other-job": False,
             }
             for name, peer in facts.peers.items():
-                assert by_name[name] == {**peer, "connected": by_name[name]["connected"]}
+                on = by_name[name]["connected"]
+                state = {"state": None, "stateSince": None} if on else {"state": "offline",
+                                                                       "stateSince": peer["lastSeenAt"]}
+                assert by_name[name] == {**peer, "connected": on, **state}
             assert by_name["codex-other-job"]["kind"] == "job"
             # The broker's in-memory state is read on every request.
             dashboard.live.clear()

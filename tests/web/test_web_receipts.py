@@ -35,9 +35,10 @@ def test_two_copies_for_one_session_are_one_entry_pending_until_both_are_acknowl
             "session": {"id": b.id, "name": "codex-app", "agent": "codex", "connected": False},
             "queuedAt": 10, "deliveredAt": None, "acknowledgedAt": None, "pending": True,
         }
-        store.offer(b.id, [first], now=30)
-        store.ack(b.id, [first], now=31)
-        assert (entry()["deliveredAt"], entry()["acknowledgedAt"], entry()["pending"]) == (30, None, True)
+        store.offer(b.id, [first], now=30)  # offered, maybe shown: not known to be shown yet
+        assert entry()["deliveredAt"] is None
+        store.ack(b.id, [first], now=31)  # its write is done: shown then
+        assert (entry()["deliveredAt"], entry()["acknowledgedAt"], entry()["pending"]) == (31, None, True)
         store.ack(b.id, [second], now=40)
         assert (entry()["deliveredAt"], entry()["acknowledgedAt"], entry()["pending"]) == (40, 40, False)
     finally:

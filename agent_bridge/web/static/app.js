@@ -236,8 +236,8 @@
     const done = await act("send-result", async () => {
       const r = await post("/api/messages", { to: $("send-to").value.trim(), text: $("send-text").value });
       const to = r.message.to && r.message.to.name ? r.message.to.name : $("send-to").value;
-      return r.recipientConnected ? "Sent to " + to + " (connected)."
-        : "Queued for " + to + " (not connected); it gets it when it connects.";
+      return (r.recipientConnected ? "Sent to " + to + " (connected)."
+        : "Queued for " + to + " (not connected); it gets it when it connects.") + " Message " + r.message.id + ".";
     });
     if (done) $("send-text").value = "";
   }
@@ -582,6 +582,8 @@
     if (s.hostSessionId) meta.push("host session " + s.hostSessionId);
     const parts = [el("span", { className: "session-name", text: s.name })];
     if (s.kind === "job") parts.push(text(" "), el("span", { className: "tag job", text: "job" }));
+    const busy = busyTag(s);
+    if (busy) parts.push(text(" "), busy);
     const gone = age(s.lastSeenAt);
     const status = el("span", {
       className: s.connected ? "session-state on" : "session-state",
@@ -595,6 +597,16 @@
       el("div", { className: "session-meta", text: meta.join(" · ") }),
       s.connected || !state.canAct ? null : el("div", { className: "session-actions" }, [forgetButton(s)]),
     ]);
+  }
+
+  // Busy or idle, from the session's hooks (none: a session without hooks); offline shows as gone.
+  function busyTag(s) {
+    if (s.state !== "busy" && s.state !== "idle") return null;
+    return el("span", {
+      className: "tag " + (s.state === "busy" ? "busy" : "idle"),
+      text: s.state,
+      title: (s.state === "busy" ? "working on a turn" : "waiting for its user") + " since " + absolute(s.stateSince),
+    });
   }
 
   function renderSessions(sessions) {
@@ -623,6 +635,25 @@
 
   function hopTitle(m) {
     return "hop " + m.hop + (state.hopLimit ? " (messages below hop " + state.hopLimit + " can wake a session)" : "");
+  }
+
+  // A message's receipt as its sender sees it (the `sent` tool): shown, read, woken.
+  const WOKEN_WORDS = {
+    requested: "a wake was requested",
+    confirmed: "woken",
+    unconfirmed: "a wake was not confirmed",
+  };
+
+  function receiptWords(r) {
+    const state = { queued: "not shown yet", shown: "shown, not acknowledged yet", acknowledged: "read" }[r.state] || r.state;
+    return [state, WOKEN_WORDS[r.woken]].filter((x) => x).join(" · ");
+  }
+
+  function receiptTitle(r) {
+    const times = [];
+    if (r.shownAt) times.push("shown " + absolute(r.shownAt));
+    if (r.acknowledgedAt) times.push("acknowledged " + absolute(r.acknowledgedAt));
+    return times.length ? "; " + times.join(", ") : "";
   }
 
   // Decision and retraction notices go out once per receiving session: one line each.
@@ -679,9 +710,11 @@
       if (m.recipients) {
         const unread = m.recipients.filter((r) => !r.acked).length;
         read = unread ? unread + " of " + m.recipients.length + " not read yet" : "read by all";
+      } else if (m.receipt) {
+        read = receiptWords(m.receipt);
       }
       const foot = el("div", { className: "msg-foot", text: [hopWords(m), read].filter((x) => x).join(" · ") });
-      foot.title = hopTitle(m);
+      foot.title = hopTitle(m) + (m.receipt && !m.recipients ? receiptTitle(m.receipt) : "");
       list.appendChild(el("li", { className: m.notice ? "notice" : "" }, [head, about, body, foot]));
     }
     setCount("message-count", shownItems.length);

@@ -1,0 +1,238 @@
+"""A sender's receipts (SPEC §3 "Conversations agents can rely on") in the store and the domain
+rules, on real SQLite files: the upgrade to schema V_WAKES from every earlier version, what
+`offer`, `ack` and the wake requests record, the safe-retry rules of `send`, and the rules
+`sent` reads with (receipt_state, wake_state), whose states never move back."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import apsw
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_bridge import domain
+from agent_bridge.domain import InputError
+from agent_bridge.store import queries
+from agent_bridge.store.messages import Outgoing, Send, Stored
+from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_WAKES
+from agent_bridge.store.writer import Store
+
+WAKES_VERSION = STEPS.index(V_WAKES) + 1
+
+
+def build_at(path: Path, version: int) -> None:
+    """A database at schema `version` (0: empty) with two sessions and three messages: one
+    acknowledged, one offered to the host and not acknowledged (its receipt's delivered_at set:
+    before V_WAKES, the offer), one never offered."""
+    conn = apsw.Connection(str(path))
+    for step in STEPS[:version]:
+        conn.execute(step)
+    if version >= 1:
+        conn.execute(
+            "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at) VALUES "
+            "('p1','claude-app','claude','/w/app','interactive',1,1),('p2','codex-app','codex','/w/app','interactive',1,1)"
+        )
+        conn.execute(
+            "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, acked_at) VALUES "
+            "('m1','p1','p2','read',1,NULL,10,12),('m2','p1','p2','offered',1,NULL,11,NULL),"
+            "('m3','p1','p2','waiting',1,'m1',13,NULL)"
+        )
+    if version >= 2:
+        # V2 made one receipt per message from messages.acked_at; these are as a v2+ broker left them
+        conn.execute("DELETE FROM receipts")
+        conn.execute(
+            "INSERT INTO receipts(message_id, peer_id, delivered_at, acked_at) VALUES "
+            "('m1','p2',11,12),('m2','p2',20,NULL),('m3','p2',NULL,NULL)"
+        )
+    conn.close()
+
+
+@pytest.mark.parametrize("old", range(WAKES_VERSION))
+def test_the_upgrade_to_wake_records_keeps_every_receipt_and_moves_offers_apart(
+    tmp_path: Path, old: int
+) -> None:
+    db = tmp_path / "bridge.db"
+    build_at(db, old)
+    store = Store.open(db)
+    try:
+        assert store.version() == CURRENT_VERSION
+        if old == 0:
+            assert store.sent("p1", None, 20) == []
+            return
+        receipts = {
+            r[0]: r[1:]
+            for r in store.conn.execute("SELECT message_id, offered_at, delivered_at, acked_at FROM receipts")
+        }
+        offered_m2 = 20 if old >= 2 else None  # v1 kept no offers
+        assert receipts == {
+            "m1": (11 if old >= 2 else None, 12, 12),  # acknowledged: shown by then
+            "m2": (offered_m2, None, None),  # offered is not shown
+            "m3": (None, None, None),
+        }
+        # still delivered, the offered one marked as a repeat
+        repeats = [("m2", offered_m2 is not None), ("m3", False)]
+        assert [(m.id, m.repeat) for m in store.unacked("p2")] == repeats
+        assert [(r.message.id, r.state, r.replies) for r in store.sent("p1", None, 20)] == [
+            ("m3", "queued", ()), ("m2", "queued", ()), ("m1", "acknowledged", ("m3",))
+        ]
+        assert store.conn.execute("SELECT count(*) FROM wakes").fetchone()[0] == 0
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store.open(tmp_path / "bridge.db")
+    yield s
+    s.close()
+
+
+def two(store: Store) -> tuple[str, str]:
+    a = store.create_peer(agent="claude", name="a", project="/w", kind="interactive", host_session_id=None,
+                          now=1)
+    b = store.create_peer(agent="codex", name="b", project="/w", kind="interactive", host_session_id="hs-b",
+                          now=1)
+    return a.id, b.id
+
+
+def state_of(store: Store, sender: str, mid: str, now: int = 10**13) -> tuple[str, int | None, str | None]:
+    (r,) = store.sent(sender, [mid], 20)
+    j = r.to_json(now)
+    return j["state"], j["shownAt"], j["woken"]
+
+
+def test_shown_is_the_write_not_the_offer(store: Store) -> None:
+    a, b = two(store)
+    (mid,) = [m.id for m in store.send_messages(a, [Outgoing(b, "hi", 1, None)], now=100)]
+    assert state_of(store, a, mid) == ("queued", None, None)
+    store.offer(b, [mid], now=110)  # a Stop hook fetched it: it may or may not be written
+    assert state_of(store, a, mid) == ("queued", None, None)
+    assert [m.repeat for m in store.unacked(b)] == [True]  # shown again, it is marked
+    store.offer(b, [], now=120, shown=[mid])  # a connection ended after its write, before the ack
+    assert state_of(store, a, mid) == ("shown", 120, None)
+    store.ack(b, [mid], now=130)
+    assert state_of(store, a, mid) == ("acknowledged", 120, None)  # shown when it was first written
+
+
+def test_a_wake_request_is_recorded_with_the_offer_and_judged_by_the_receipt(store: Store) -> None:
+    a, b = two(store)
+    (mid,) = [m.id for m in store.send_messages(a, [Outgoing(b, "hi", 1, None)], now=100)]
+    store.offer(b, [mid], now=1_000, wake=True)
+    assert state_of(store, a, mid, now=1_000) == ("queued", None, "requested")
+    assert state_of(store, a, mid, now=21_000) == ("queued", None, "unconfirmed")
+    store.ack(b, [mid], now=21_500)  # shown, but too late for that wake
+    assert state_of(store, a, mid, now=21_500)[2] == "unconfirmed"
+    with pytest.raises(apsw.ConstraintError):
+        store.conn.execute("DELETE FROM wakes")  # append-only
+    with pytest.raises(apsw.ConstraintError):
+        store.conn.execute("UPDATE wakes SET requested_at = 0")
+
+
+def test_safe_retry_in_the_store(store: Store) -> None:
+    a, b = two(store)
+    key = str(uuid.uuid4())
+    send = Send((Outgoing(b, "once", 1, None),), key, "b")
+    (first,) = store.send(a, [send, send], now=100)[:1]  # the same id twice in one batch: stored once
+    assert isinstance(first, Stored) and not first.duplicate and first.messages[0].id == key
+    (again,) = store.send(a, [Send((Outgoing(b, "once", 1, None),), key, "hs-b")], now=101)
+    assert isinstance(again, Stored) and again.duplicate and again.messages == first.messages
+    assert store.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+    (other,) = store.send(a, [Send((Outgoing(b, "twice", 1, None),), key, "b")], now=102)
+    assert isinstance(other, InputError) and "another text" in str(other)
+    (taken,) = store.send(b, [Send((Outgoing(a, "once", 1, None),), key, "a")], now=103)
+    assert isinstance(taken, InputError) and "already another message's id" in str(taken)
+    assert store.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+
+
+def test_a_retry_after_the_sender_was_merged_into_an_earlier_record_is_a_duplicate(store: Store) -> None:
+    """A pending connection sends, then turns out to be an earlier session (its record merged
+    into that one): its retry, now sent as the earlier record, finds what it sent."""
+    a, b = two(store)
+    pending = store.create_peer(agent="claude", name="a-2", project="/w", kind="interactive",
+                                host_session_id=None, now=2)
+    key = str(uuid.uuid4())
+    store.send(pending.id, [Send((Outgoing(b, "before the merge", 1, None),), key, "b")], now=100)
+    store.absorb_peer(pending.id, a)
+    (again,) = store.send(a, [Send((Outgoing(b, "before the merge", 1, None),), key, "b")], now=101)
+    assert isinstance(again, Stored) and again.duplicate
+    assert [r.message.id for r in store.sent(a, None, 20)] == [key]  # its own, merged record's included
+
+
+def test_sent_lists_no_decision_or_retraction_notice(store: Store) -> None:
+    from agent_bridge.store.decisions import Recipient
+
+    a, b = two(store)
+    view = store.get_peer(a).view()  # type: ignore[union-attr]
+    target = store.get_peer(b).view()  # type: ignore[union-attr]
+    store.record_decision(author=view, author_agent="claude", topic="db", text="PostgreSQL", scope="all",
+                          source_message_id=None, recipients=[Recipient(target, "hs-b")], now=50)
+    assert store.sent(a, None, 20) == []
+    store.send_messages(a, [Outgoing(b, "a message", 1, None)], now=60)
+    assert [r.message.text for r in store.sent(a, None, 20)] == ["a message"]
+
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def test_message_ids_are_uuids_in_their_canonical_form() -> None:
+    given = "0F8FAD5BD9CB469FA16570867728950E"
+    assert domain.normalize_message_id(given) == "0f8fad5b-d9cb-469f-a165-70867728950e"
+    assert domain.normalize_message_id(" 0f8fad5b-d9cb-469f-a165-70867728950e ") == (
+        "0f8fad5b-d9cb-469f-a165-70867728950e"
+    )
+    for bad in ("msg-1", "", "0f8fad5b-d9cb-469f-a165-70867728950", None, 7, "g" * 32):
+        with pytest.raises(InputError, match="message_id"):
+            domain.normalize_message_id(bad)
+
+
+def test_receipt_and_wake_states() -> None:
+    assert domain.receipt_state(None, None) == "queued"
+    assert domain.receipt_state(5, None) == "shown"
+    assert domain.receipt_state(5, 6) == domain.receipt_state(None, 6) == "acknowledged"
+    wake = domain.wake_state
+    assert wake([], None, None, 0) is None
+    assert wake([1_000], None, None, 20_999) == "requested"
+    assert wake([1_000], None, None, 21_000) == "unconfirmed"
+    assert wake([1_000], 21_000, None, 10**9) == "confirmed"  # shown 20 s after: still in time
+    assert wake([1_000], 21_001, 21_001, 10**9) == "unconfirmed"
+    assert wake([1_000], 500, 1_500, 10**9) == "confirmed"  # shown before, acknowledged after the wake
+    assert wake([1_000, 30_000], 35_000, None, 10**9) == "confirmed"  # a later wake worked
+
+
+RANK = {state: i for i, state in enumerate(domain.WAKE_STATES)}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["wake", "show", "ack", "time"]), st.integers(0, 30_000)),
+                max_size=12))
+def test_neither_state_ever_moves_back(events: list[tuple[str, int]]) -> None:
+    """Facts are only added as time passes (a wake requested, the message shown, acknowledged);
+    `sent`'s receipt state and its wake state only move forward."""
+    now, wakes, shown, acked = 0, [], None, None
+    last = (0, 0)
+    for what, step in events:
+        now += step
+        if what == "wake" and acked is None:
+            wakes.append(now)
+        elif what == "show" and shown is None:
+            shown = now
+        elif what == "ack" and acked is None:
+            acked = now
+        state = domain.RECEIPT_STATES.index(domain.receipt_state(shown, acked))
+        woken = RANK[domain.wake_state(wakes, shown, acked, now)]
+        assert state >= last[0] and woken >= last[1], (events, state, woken, last)
+        last = (state, woken)
+
+
+def test_sent_rows_of_an_older_database_are_none(tmp_path: Path) -> None:
+    """A reader on a database the broker has not upgraded yet (no wake records): nothing."""
+    db = tmp_path / "bridge.db"
+    build_at(db, WAKES_VERSION - 1)
+    conn = apsw.Connection(str(db))
+    try:
+        assert queries.sent_messages(conn, "p1", None) == []
+    finally:
+        conn.close()
