@@ -57,6 +57,58 @@ class Check(NamedTuple):
     fix: str = ""
 
 
+class JobLaunch:
+    """One run of a job (SPEC §4.7), as the broker decided it; the host module turns it into a
+    command line (`Host.job_command`). Nothing here is host-specific. (A plain class: see HookInput.)"""
+
+    __slots__ = ("job_id", "name", "task", "note", "access", "cwd", "project", "model", "thread",
+                 "bridge", "env", "out_dir")
+
+    def __init__(self, job_id: str, name: str, task: str, note: str, access: str, cwd: Path,
+                 project: Path, model: str | None, thread: str | None, bridge: list[str],
+                 env: dict[str, str], out_dir: Path) -> None:
+        self.job_id = job_id
+        self.name = name  # "<agent>-job-<8 hex>": the job's bridge session name
+        self.task = task  # the prompt for this run (the task, or a `continue` message); data, never flags
+        self.note = note  # the SessionStart note with the project's decisions; the host puts it
+        # before the task when its hooks will not run for the job
+        self.access = access  # "read" or "edit" (a worktree job is "edit" inside its worktree)
+        self.cwd = cwd  # the folder the job runs in: inside the project, or the job's worktree
+        self.project = project  # the parent's project folder (the job session's project)
+        self.model = model  # None: the host's default
+        self.thread = thread  # the host thread/session to resume (`continue`), None for a new run
+        self.bridge = bridge  # argv of the job's MCP server: [agent-bridge, "mcp", "--job", ...]
+        self.env = env  # environment the job's bridge needs (AGENT_BRIDGE_HOME, ...), to add
+        self.out_dir = out_dir  # <home>/jobs/<id>/: the host may write its config files here
+
+
+class JobCommand:
+    """How to start one run: argv (no shell), environment to add, and what goes to its stdin
+    (None: /dev/null). The broker starts it in its own process group with stdout and stderr in
+    `JobLaunch.out_dir`."""
+
+    __slots__ = ("argv", "env", "stdin")
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> None:
+        self.argv = argv
+        self.env = env
+        self.stdin = stdin
+
+
+class JobReport:
+    """What a run's output (the host's JSON lines on stdout, so far) says: the host thread id once
+    known, the last step as one line, and the final answer once the run finished (None before)."""
+
+    __slots__ = ("thread", "last_step", "answer", "failed")
+
+    def __init__(self, thread: str | None = None, last_step: str | None = None,
+                 answer: str | None = None, failed: str | None = None) -> None:
+        self.thread = thread
+        self.last_step = last_step
+        self.answer = answer
+        self.failed = failed  # the host's own error line when the run ended in error, else None
+
+
 class Host:
     """One agent host. A module per host defines a subclass and one instance of it, `HOST`, and
     `agent_bridge.hosts` lists it; nothing else names a host."""
@@ -147,4 +199,21 @@ class Host:
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         """Whether this host will use the MCP server and both hooks for `home`."""
+        raise NotImplementedError
+
+    # --- jobs (SPEC §4.7): how this host runs headless. Process handling is the daemon's. ---
+
+    def job_check(self) -> str | None:
+        """None when this host's CLI can run jobs here; else one line saying what to do (the CLI
+        is missing, or older than the version whose headless flags we rely on)."""
+        raise NotImplementedError
+
+    def job_command(self, launch: JobLaunch) -> JobCommand:
+        """The command that runs `launch` headless with the bridge given on its command line or
+        config overrides, the access enforced by the host's own sandbox or tool denial, and
+        every value from the agent passed as data (never readable as a flag)."""
+        raise NotImplementedError
+
+    def job_report(self, stdout: bytes) -> JobReport:
+        """Read the run's stdout so far (the host's JSON lines; a partial last line is ignored)."""
         raise NotImplementedError
