@@ -32,6 +32,31 @@ def version_output(program: str | None) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+def json_lines(stdout: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a run's stdout, one per line; a partial last line or a line that is not
+    an object is skipped."""
+    import json
+
+    found = []
+    for line in stdout.split(b"\n"):
+        line = line.strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+
 class HookInput:
     """The fields of the hook input we use. (A plain class: `dataclasses` costs an import of
     `inspect`, several milliseconds at every session start.)"""

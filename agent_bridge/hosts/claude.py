@@ -33,7 +33,20 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host
+from agent_bridge.hosts.base import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    Check,
+    HookInput,
+    Host,
+    JobCommand,
+    JobLaunch,
+    JobReport,
+    json_lines,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from agent_bridge.hosts.edits import FileEdit
@@ -50,6 +63,11 @@ WAKE_TIMEOUT = 86_400
 WAKE_HOOK = ("Stop", "wake", {"asyncRewake": True, "timeout": WAKE_TIMEOUT})
 # Marks a turn's start, so that the waiter leaves a busy session's messages to PostToolUse and Stop.
 PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
+# Jobs: the newest Claude Code whose `-p` flags were checked (tests/hosts/test_job_hosts.py).
+JOB_SINCE: Version = (2, 1, 332)
+JOB_HOOK_TIMEOUT = 30  # seconds for a job's SessionStart and PostToolUse hooks
+# Every built-in tool that edits files or runs commands (2.1.332's tool names): denied under read.
+READ_DENIED = ("Bash", "Edit", "Write", "NotebookEdit", "MultiEdit", "BashOutput", "KillShell")
 TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
 TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
@@ -199,6 +217,73 @@ class Claude(Host):
                 )
             )
         return found
+
+    # --- jobs (SPEC §4.7): `claude -p`, the bridge on its command line ---------------------
+
+    def job_check(self) -> str | None:
+        import shutil
+
+        program = shutil.which("claude")
+        if program is None:
+            return ("claude (Claude Code) is not on PATH: "
+                    "install it (npm install -g @anthropic-ai/claude-code)")
+        version = claude_version()
+        if version is None or version < JOB_SINCE:
+            return (f"Claude Code {'.'.join(map(str, JOB_SINCE))} or newer runs jobs; "
+                    "update it (npm install -g @anthropic-ai/claude-code)")
+        return None
+
+    def job_command(self, launch: JobLaunch) -> JobCommand:
+        """`claude -p` reading its prompt from stdin (so nothing the agent wrote is read as a flag),
+        streaming JSON lines, with only the job's bridge as MCP server (`--strict-mcp-config`) and
+        the bridge's SessionStart and PostToolUse hooks (`--settings`). Read access denies every
+        tool that edits or runs commands (`--disallowedTools`, seen with 2.1.332: the model gets
+        "No such tool available" and nothing is written), not a permission mode alone; edit access
+        is `acceptEdits`. The bridge's tools are allowed by name: `-p` has nobody to approve them."""
+        import json
+
+        from agent_bridge.hosts.edits import hook_command
+
+        run = launch.bridge[: launch.bridge.index("mcp")]
+        servers = {"mcpServers": {"agent-bridge": {
+            "type": "stdio", "command": launch.bridge[0], "args": launch.bridge[1:], "env": launch.env}}}
+        hooks = {
+            event: [{"hooks": [{"type": "command", "timeout": JOB_HOOK_TIMEOUT,
+                                "command": hook_command(run, arg, self.name, launch.env)}]}]
+            for event, arg in (("SessionStart", "session-start"), ("PostToolUse", "post-tool-use"))
+        }
+        argv = [shutil_which_or("claude"), "-p", "--output-format", "stream-json", "--verbose",
+                "--mcp-config", json.dumps(servers), "--strict-mcp-config",
+                "--settings", json.dumps({"hooks": hooks}),
+                "--allowedTools", "mcp__agent-bridge"]
+        if launch.access == "read":
+            argv += ["--disallowedTools", *READ_DENIED, "--permission-mode", "default"]
+        else:
+            argv += ["--permission-mode", "acceptEdits"]
+        if launch.model:
+            argv.append(f"--model={launch.model}")
+        argv += ["--resume", launch.thread] if launch.thread else ["--session-id", launch.job_id]
+        return JobCommand(argv, {"CLAUDE_CODE_ENTRYPOINT": "sdk-cli"}, launch.task.encode("utf-8"))
+
+    def job_report(self, stdout: bytes) -> JobReport:
+        """stream-json (2.1.332): `system`/`init` carries `session_id`; each `assistant` message's
+        content blocks are the steps; the last line, `result`, carries the answer (`result`) and
+        `is_error`."""
+        report = JobReport()
+        for event in json_lines(stdout):
+            if isinstance(event.get("session_id"), str):
+                report.thread = event["session_id"]
+            kind = event.get("type")
+            if kind == "assistant":
+                step = claude_step(event.get("message"))
+                if step:
+                    report.last_step = step
+            elif kind == "result":
+                text = event.get("result")
+                if event.get("is_error") or event.get("subtype") != "success":
+                    report.failed = one_line(str(text or event.get("subtype") or "the run failed"))
+                report.answer = text if isinstance(text, str) else ""
+        return report
 
 
 
@@ -403,3 +488,25 @@ def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:
 
 
 HOST = Claude()
+
+
+def shutil_which_or(program: str) -> str:
+    """The absolute path of `program` on PATH, or its bare name (the start then fails with a clear error)."""
+    import shutil
+
+    return shutil.which(program) or program
+
+
+def claude_step(message: object) -> str | None:
+    """One line for an assistant message of stream-json: its tool call, else its text."""
+    if not isinstance(message, dict):
+        return None
+    line = None
+    for block in message.get("content") or ():
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "tool_use":
+            line = f"{block.get('name')} {one_line(str(block.get('input') or ''), 150)}"
+        elif block.get("type") == "text" and str(block.get("text") or "").strip():
+            line = one_line(str(block["text"]))
+    return line

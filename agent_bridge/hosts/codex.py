@@ -36,7 +36,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host
+from agent_bridge.hosts.base import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    Check,
+    HookInput,
+    Host,
+    JobCommand,
+    JobLaunch,
+    JobReport,
+    json_lines,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from tomlkit.toml_document import TOMLDocument
@@ -52,6 +65,9 @@ ADDED_MARK = "added by agent-bridge install"  # trailing comment of a feature ke
 SWITCHED_MARK = "switched on by agent-bridge install (was false)"
 # Marks a turn's start, so that the idle-wake waiter leaves a busy session's messages to PostToolUse and Stop.
 PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
+
+
+JOB_SINCE = (0, 171, 0)  # the newest Codex whose `exec` flags were checked (tests/hosts/test_job_hosts.py)
 
 
 class Codex(Host):
@@ -151,6 +167,82 @@ class Codex(Host):
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
         return codex_checks(home, cwd)
+
+    # --- jobs (SPEC §4.7): `codex exec`, the bridge in `-c` overrides ------------------------
+
+    def job_check(self) -> str | None:
+        if codex_program() is None:
+            return "codex is not on PATH: install it (npm install -g @openai/codex)"
+        version = codex_version()
+        if version is None or version < JOB_SINCE:
+            return (f"Codex {'.'.join(map(str, JOB_SINCE))} or newer runs jobs; "
+                    "update it (npm install -g @openai/codex)")
+        return None
+
+    def job_command(self, launch: JobLaunch) -> JobCommand:
+        """`codex exec --json`, the prompt on stdin (`-`: nothing the agent wrote is read as a flag),
+        the job's bridge as a required MCP server given by `-c` (so it is there whatever install
+        did), access by Codex's own sandbox (`-s read-only`: a write by the model's shell or patch
+        tool fails, seen with 0.171.0; `workspace-write` for edit). Hooks given this way would not
+        be trusted, and `codex exec` skips untrusted hooks, so the decisions note goes before the
+        task. `codex exec resume THREAD -` continues a thread."""
+        server = "mcp_servers.agent-bridge"
+        env = launch.env.items()
+        sandbox = "read-only" if launch.access == "read" else "workspace-write"
+        argv = [codex_program() or "codex", "exec"]
+        if launch.thread:
+            argv += ["resume", launch.thread]
+        argv += ["--json", "--skip-git-repo-check",
+                 "-c", f"{server}.command={toml_string(launch.bridge[0])}",
+                 "-c", f"{server}.args=[{', '.join(toml_string(a) for a in launch.bridge[1:])}]",
+                 "-c", f"{server}.env={{{', '.join(f'{k} = {toml_string(v)}' for k, v in env)}}}",
+                 "-c", f"{server}.required=true",
+                 "-c", f'{server}.default_tools_approval_mode="approve"',  # nobody to approve in exec
+                 "-c", f"sandbox_mode={toml_string(sandbox)}",
+                 "-c", 'approval_policy="never"']
+        if launch.model:
+            argv += ["-c", f"model={toml_string(launch.model)}"]
+        argv.append("-")
+        task = launch.task if launch.thread or not launch.note else f"{launch.note}\n\n{launch.task}"
+        return JobCommand(argv, {}, task.encode("utf-8"))
+
+    def job_report(self, stdout: bytes) -> JobReport:
+        """`codex exec --json` (0.171.0): `thread.started` carries `thread_id`; `item.completed`
+        items are the steps (`agent_message` text is the answer so far); `turn.failed` and `error`
+        end a run in error; `turn.completed` ends it."""
+        report = JobReport()
+        said: str | None = None
+        for event in json_lines(stdout):
+            kind = event.get("type")
+            item = event.get("item") if isinstance(event.get("item"), dict) else {}
+            if kind == "thread.started" and isinstance(event.get("thread_id"), str):
+                report.thread = event["thread_id"]
+            elif kind == "item.completed" and item:
+                if item.get("type") == "agent_message":
+                    said = str(item.get("text") or "")
+                    report.last_step = one_line(said)
+                elif item.get("type") == "command_execution":
+                    report.last_step = one_line(f"$ {item.get('command')}")
+                elif item.get("type") == "mcp_tool_call":
+                    report.last_step = one_line(f"{item.get('server')}.{item.get('tool')}")
+                elif item.get("type") == "file_change":
+                    report.last_step = one_line("edit " + " ".join(
+                        str(c.get("path")) for c in item.get("changes") or () if isinstance(c, dict)))
+            elif kind == "turn.completed":
+                report.answer = said or ""
+            elif kind in ("turn.failed", "error"):
+                error = event.get("error")
+                said_error = (error if isinstance(error, dict) else event).get("message")
+                report.failed = one_line(str(said_error or "the run failed"))
+                report.answer = said or ""
+        return report
+
+
+def toml_string(value: str) -> str:
+    """`value` as a TOML basic string, for a `-c key=value` override (JSON's escapes are TOML's)."""
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
 
 
 def hooks_feature_key(version: tuple[int, int, int] | None) -> str:

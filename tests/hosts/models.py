@@ -6,9 +6,10 @@ The model is a script, not a model: the first user prompt of a conversation may 
 number of tool results already in the conversation says which), then a short text. A step
 `["=wait", {"gate": NAME}]` holds the next answer until the test opens NAME, so a session can be
 kept "working" while another acts. A step named with a capital ("Bash") calls that built-in tool
-of the host. A planned bridge tool that Claude Code lists only by name (it defers MCP tools from
-2.1.332) is first loaded with `ToolSearch`, as a model must. Every request is recorded with its
-headers, so a test asserts what the model was shown.
+of Claude Code, one marked "!" ("!exec_command") that of Codex. A planned bridge tool that
+Claude Code lists only by name (it defers MCP tools from 2.1.332) is first loaded with
+`ToolSearch`, as a model must. Every request is recorded with its headers, so a test asserts what
+the model was shown.
 
 Standard library only (a threading HTTP server): the hosts are Node and Rust programs talking
 plain HTTP/1.1; nothing here needs the bridge's own async stack.
@@ -29,6 +30,7 @@ DONE_TEXT = "done."
 GATE = "=wait"  # a plan step ["=wait", {"gate": NAME}]: hold the answer until the test opens NAME
 GATE_TIMEOUT = 60.0
 SEARCH = "ToolSearch"  # Claude Code's loader of deferred tools (2.1.332)
+BUILTIN = "!"  # a Codex plan step "!exec_command" calls that built-in tool of Codex
 LOADING = "=load"  # marks, in one request's bookkeeping, the searches this server made to load a tool
 
 
@@ -308,6 +310,9 @@ class OpenAIServer(ModelServer):
                 "name": tool,
                 "arguments": json.dumps(args),
             }
+            if tool.startswith(BUILTIN):  # "!exec_command": Codex's own tool, outside the bridge's namespace
+                del item["namespace"]
+                item["name"] = tool[len(BUILTIN):]
         else:
             item = {"type": "message", "role": "assistant", "id": f"msg_{len(self.requests)}",
                     "content": [{"type": "output_text", "text": DONE_TEXT, "annotations": []}]}
