@@ -9,6 +9,10 @@ from pathlib import Path
 
 from agent_bridge import domain, jsonlimit, paths
 
+MAX_JOBS_DEFAULT = 4
+MAX_JOBS_LIMIT = 64
+KNOWN = ("hop_limit", "max_jobs")
+
 
 class ConfigError(ValueError):
     """A setting with a bad value; the message names the setting and what is allowed."""
@@ -17,6 +21,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     hop_limit: int = domain.HOP_LIMIT_DEFAULT
+    max_jobs: int = MAX_JOBS_DEFAULT  # jobs running at once (SPEC §4.7); later ones wait
 
 
 def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -> Settings:
@@ -33,9 +38,11 @@ def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -
             raise ConfigError(
                 f"{config_file}: values nested deeper than {jsonlimit.MAX_DEPTH} levels"
             ) from None
-        unknown = sorted(set(file_values) - {"hop_limit"})
+        unknown = sorted(set(file_values) - set(KNOWN))
         if unknown:
-            raise ConfigError(f"{config_file}: unknown setting {unknown[0]!r}; known settings: hop_limit")
+            raise ConfigError(
+                f"{config_file}: unknown setting {unknown[0]!r}; known settings: {', '.join(KNOWN)}"
+            )
     hop_limit = domain.HOP_LIMIT_DEFAULT
     try:
         if "hop_limit" in file_values:
@@ -45,4 +52,8 @@ def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -
             hop_limit = domain.parse_hop_limit(raw, source="AGENT_BRIDGE_HOP_LIMIT")
     except domain.InputError as exc:
         raise ConfigError(str(exc)) from None
-    return Settings(hop_limit=hop_limit)
+    max_jobs = file_values.get("max_jobs", MAX_JOBS_DEFAULT)
+    if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or not 1 <= max_jobs <= MAX_JOBS_LIMIT:
+        raise ConfigError(f"{config_file}: max_jobs: expected a whole number from 1 to {MAX_JOBS_LIMIT}, "
+                          f"got {max_jobs!r}")
+    return Settings(hop_limit=hop_limit, max_jobs=max_jobs)

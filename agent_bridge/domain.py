@@ -550,3 +550,21 @@ def _type_name(value: object) -> str:
 
 def _short(value: str, limit: int = 60) -> str:
     return json.dumps(value if len(value) <= limit else value[:limit] + "…", ensure_ascii=False)
+
+
+JOB_NAME = re.compile(r"[a-z][a-z0-9_-]*-job-[0-9a-f]{8}\Z")
+
+
+def job_name(agent: str, job_id: str) -> str:
+    """A job's session name (SPEC §4.7): `<agent>-job-<8 hex>`, the first hex digits of its id."""
+    return f"{agent}-job-{job_id.replace('-', '')[:8]}"
+
+
+def is_job_name(name: object) -> bool:
+    return isinstance(name, str) and JOB_NAME.match(name) is not None
+
+
+def one_line_title(text: str, limit: int = 80) -> str:
+    """A title made from a task: its first non-empty line, cut at `limit` characters with …."""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+    return first if len(first) <= limit else first[: limit - 1] + "…"

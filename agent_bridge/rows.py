@@ -304,3 +304,44 @@ class Forgotten(NamedTuple):
             "lastSeen": self.peer.last_seen_at,
             "dropped": [m.to_json() for m in self.dropped],
         }
+
+
+class JobRow(NamedTuple):
+    """A job (SPEC §4.7) as its record and its last events say: `state` is the last event's;
+    `pid`/`pid_start` the running process (for adoption); `run` the run the state belongs to."""
+
+    id: str
+    name: str
+    peer_id: str
+    parent: Author
+    agent: str
+    title: str
+    task: str
+    access: str
+    project: str
+    cwd: str
+    worktree: str | None
+    branch: str | None
+    model: str | None
+    depth: int
+    timeout_ms: int
+    created_at: int
+    state: str
+    run: int
+    thread: str | None
+    started_at: int | None
+    ended_at: int | None
+    last_step: str | None
+    answer: str | None
+    pid: int | None
+    pid_start: int | None
+    prompt: str | None  # the message of a queued `continue`
+
+    def to_json(self) -> JSON:
+        return {
+            "id": self.id, "name": self.name, "agent": self.agent, "title": self.title,
+            "access": self.access, "worktree": self.worktree, "branch": self.branch,
+            "state": self.state, "parent": self.parent.to_json(), "thread": self.thread,
+            "startedAt": self.started_at, "endedAt": self.ended_at, "lastStep": self.last_step,
+            "answer": self.answer,
+        }

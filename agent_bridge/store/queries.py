@@ -208,8 +208,13 @@ def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: 
     elif decision_id is None and from_id == CLI_ID:
         # Only the owner answers questions: sessions' messages never pay for this lookup.
         question = question_for_message(conn, mid)
+    job = False
+    if decision_id is None and question is None and retraction is None and domain.is_job_name(from_name):
+        # Only a job's session is named so: other messages never pay for this lookup.
+        job = has_table(conn, "job_events") and conn.execute(
+            "SELECT 1 FROM job_events WHERE message_id = ?", (mid,)).fetchone() is not None
     kind = ("decision" if decision_id else "retraction" if retraction is not None
-            else "answer" if question is not None else "message")
+            else "answer" if question is not None else "job" if job else "message")
     return Message(
         mid, Author(from_id, from_name, from_agent), to_id, to_name, body, hop, reply_to, kind, created,
         decision, retraction, repeat, question,

@@ -13,6 +13,8 @@ V_WAKES adds what a sender's receipts need (SPEC §3 "Conversations agents can r
 requests, append-only; `receipts.delivered_at` as the time the message was shown (its bytes
 reached the host), with `offered_at` beside it for "offered, maybe shown" (repeats); and the
 caller's `message_id` of a send, so that a retry returns what it stored.
+V_JOBS adds jobs (SPEC §4.7): what was asked, once, and each job's events, appended (a job's
+state is its last event's).
 """
 
 from __future__ import annotations
@@ -257,7 +259,59 @@ CREATE INDEX messages_reply ON messages(reply_to) WHERE reply_to IS NOT NULL;
 PRAGMA user_version = 7;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES)
+V_JOBS = """
+-- A job (SPEC §4.7): a headless run of another host on a task, handed over by a session (its
+-- parent). Its own bridge session is `peer_id` (kind job, named as the job). What was asked is
+-- recorded once, never changed. No references to peers: forgetting a session keeps its jobs.
+CREATE TABLE jobs (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  peer_id TEXT NOT NULL,
+  parent_id TEXT NOT NULL,
+  agent TEXT NOT NULL,
+  title TEXT NOT NULL,
+  task TEXT NOT NULL,
+  access TEXT NOT NULL CHECK (access IN ('read','edit')),
+  project TEXT NOT NULL,
+  cwd TEXT NOT NULL,
+  worktree TEXT,
+  branch TEXT,
+  model TEXT,
+  depth INTEGER NOT NULL CHECK (depth >= 1),
+  timeout_ms INTEGER NOT NULL CHECK (timeout_ms > 0),
+  created_at INTEGER NOT NULL);
+CREATE INDEX jobs_parent ON jobs(parent_id);
+CREATE TRIGGER jobs_no_update BEFORE UPDATE ON jobs
+  BEGIN SELECT RAISE(ABORT, 'jobs are append-only: UPDATE is not allowed'); END;
+
+-- What happened to a job, in order: queued (a new job, or `continue` with its message in
+-- `prompt`), running (its process started: pid and start time, to adopt it after a broker
+-- restart; again as it goes, with the host thread and its last step), and how each run ended
+-- (with the answer, at most 8,000 characters, and the answer message sent to the parent). The
+-- job's state is its last row's. Appended, never updated or deleted.
+CREATE TABLE job_events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL REFERENCES jobs(id),
+  run INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('queued','running','finished','failed','cancelled','interrupted')),
+  at INTEGER NOT NULL,
+  pid INTEGER,
+  pid_start INTEGER,
+  thread TEXT,
+  last_step TEXT,
+  answer TEXT CHECK (answer IS NULL OR length(answer) <= 8000),
+  prompt TEXT,
+  message_id TEXT);
+CREATE INDEX job_events_job ON job_events(job_id, seq);
+CREATE INDEX job_events_message ON job_events(message_id) WHERE message_id IS NOT NULL;
+CREATE TRIGGER job_events_no_update BEFORE UPDATE ON job_events
+  BEGIN SELECT RAISE(ABORT, 'job_events are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
+  BEGIN SELECT RAISE(ABORT, 'job_events are append-only: DELETE is not allowed'); END;
+PRAGMA user_version = 8;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS)
 CURRENT_VERSION = len(STEPS)
 
 
