@@ -158,6 +158,7 @@ class Jobs:
         job = self._job(job_id)
         if job.state == QUEUED:
             self.queue.remove(job_id)
+            job.runs += 1  # a run that never started: it ends all the same, once
             return [self._end(job, CANCELLED, CANCEL)]
         if job.state == RUNNING:
             return self._stop(job, CANCEL)

@@ -102,6 +102,8 @@ class Broker:
         # The store's commit feed (web.changes.ChangeFeed, set by daemon.root with the
         # dashboard): `wait_active` waits on it.
         self.changes: Any = None
+        # The job supervisor (daemon.jobs.Supervisor), started by daemon.root beside the listener.
+        self.jobs: Any = None
         check_handlers()  # a Broker without its handlers would refuse every request
 
     # --- state -----------------------------------------------------------------------

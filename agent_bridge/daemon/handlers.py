@@ -5,9 +5,9 @@ many stops it. The sessions' connections import this module, so the broker they 
 
 from __future__ import annotations
 
-from agent_bridge.daemon import ops_decisions, ops_hooks, ops_messages, ops_sessions, questions
+from agent_bridge.daemon import jobs, ops_decisions, ops_hooks, ops_messages, ops_sessions, questions
 from agent_bridge.daemon.broker import check_handlers
 
-MODULES = (ops_messages, ops_decisions, ops_sessions, ops_hooks, questions)
+MODULES = (ops_messages, ops_decisions, ops_sessions, ops_hooks, questions, jobs)
 
 check_handlers()

@@ -46,7 +46,9 @@ async def cmd_status(broker: Broker, args: dict[str, Any]) -> Any:
 
 @control_op("shutdown")
 async def cmd_shutdown(broker: Broker, args: dict[str, Any]) -> Any:
-    return {"stopping": True}  # the connection sets `stop` once this answer is sent
+    # the connection sets `stop` once this answer is sent; stopping interrupts the running jobs
+    running = 0 if broker.jobs is None else len(broker.jobs.machine.running())
+    return {"stopping": True, "jobsInterrupted": running}
 
 
 @session_op("whoami")

@@ -4,13 +4,16 @@ root nursery                    lives as long as the store
  ├─ watch_signals               SIGINT / SIGTERM set `stop`
  ├─ serve_store                 the only writer of bridge.db (migrated before it reports started)
  └─ serving nursery             inside the store's lifetime, as Hypercorn nests its workers
+     ├─ Supervisor.run          the jobs (SPEC §4.7): one task per running job watches its
+     │                          process group; adopts the jobs a killed broker left running
      ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
      │                          holds one task per connection, and each session connection holds
      │                          its delivery task
      └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
-`stop` (a signal, or a `shutdown` request from `agent-bridge down`) cancels the serving nursery
-first: the connected sessions' last-seen times are written (one transaction), connections
-close and the dashboard drains within its grace period, all while the store is still open;
+`stop` (a signal, or a `shutdown` request from `agent-bridge down`) first interrupts the running
+jobs (their ends recorded), then cancels the serving nursery: the connected sessions' last-seen
+times are written (one transaction), connections close and the dashboard drains within its grace
+period, all while the store is still open;
 only then is the root cancelled and the store checkpointed and closed. A `stop` during a slow
 start (a migration, its backup) ends the start once the step in progress is done.
 """
@@ -34,6 +37,7 @@ from agent_bridge import paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.faults import fault_injector
+from agent_bridge.daemon.jobs import Supervisor
 from agent_bridge.daemon.routing import handle_connection
 from agent_bridge.daemon.storage import serve_store
 from agent_bridge.ipc.listener import serve_unix
@@ -99,6 +103,10 @@ async def _close_sessions_on(stop: trio.Event, broker: Broker, scope: trio.Cance
     connection would keep 200 sessions' broker busy for most of a second), then close them."""
     await stop.wait()
     try:
+        if broker.jobs is not None:
+            interrupted = await broker.jobs.shut_down()
+            if interrupted:
+                log.info("interrupted %d running job(s); `job continue` resumes them", interrupted)
         await broker.record_last_seen()
     finally:
         scope.cancel()
@@ -115,6 +123,8 @@ async def _serve(
     """The IPC listener and the dashboard, until `stop`; the store outlives this."""
     async with trio.open_nursery() as serving:
         serving.start_soon(_close_sessions_on, stop, broker, serving.cancel_scope)
+        broker.jobs = Supervisor(broker, serving)
+        await serving.start(broker.jobs.run)
         # The state folder, checked by ensure_home, may hold the socket as it is; a folder
         # elsewhere is checked by the listener (serve_unix: prepare_socket_path).
         listen = partial(ipc_listener(), state_folder=home)

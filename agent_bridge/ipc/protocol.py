@@ -100,6 +100,8 @@ OPS: dict[str, Op] = {
     "forget": Op(session=False, control=True, idempotent=False),  # `agent-bridge forget`
     "connected": Op(session=False, control=True, idempotent=True),  # `agent-bridge sessions`
     "answer": Op(session=False, control=True, idempotent=False),  # `agent-bridge answer`
+    "jobs": Op(session=False, control=True, idempotent=True),  # `agent-bridge jobs`
+    "job_cancel": Op(session=False, control=True, idempotent=False),  # `agent-bridge jobs cancel`
 }
 SESSION_OPS = frozenset(name for name, op in OPS.items() if op.session)
 CONTROL_OPS = frozenset(name for name, op in OPS.items() if op.control)
