@@ -204,6 +204,11 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "as a message. --decline tells them you will not decide it, and why.",
         "agent-bridge answer 0199a3f2 --option 1",
     ),
+    "jobs": (
+        "List the jobs agents handed to another agent with `delegate` (read-only; no broker needed): "
+        "state, agent, access, runtime, last step, parent. `agent-bridge jobs cancel ID` stops one.",
+        "agent-bridge jobs --all",
+    ),
     "sessions": (
         "List every known session, connected or gone, with what waits for it (read-only; no broker needed).",
         "agent-bridge sessions",
@@ -234,7 +239,7 @@ def _describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """decide, send, sent, retract, questions, answer, sessions, forget: the owner's controls
+    """decide, send, sent, retract, questions, answer, jobs, sessions, forget: the owner's controls
     (agent_bridge.commands)."""
     dcd = sub.add_parser(
         "decide", help="record a pinned owner decision (author: cli), as the decide tool does"
@@ -293,6 +298,18 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ans.set_defaults(
         func=lambda ns: _commands().answer(ns.id, ns.text, ns.option, ns.decline, ns.scope, ns.json)
     )
+
+    job = sub.add_parser("jobs", help="jobs agents delegated to another agent: running and queued "
+                                      "(read-only)")
+    job.add_argument("--all", action="store_true", help="ended ones too")
+    job.add_argument("--json", action="store_true", help="print JSON")
+    job.set_defaults(func=lambda ns: _commands().jobs(ns.all, ns.json))
+    job_sub = job.add_subparsers(dest="jobs_command", metavar="{cancel}")
+    jcn = job_sub.add_parser("cancel", help="cancel a job: a queued one ends, a running one is stopped")
+    jcn.add_argument("id", metavar="ID",
+                     help="the job's id, its start, or its name (see `agent-bridge jobs`)")
+    jcn.add_argument("--json", action="store_true", help="print the job as JSON")
+    jcn.set_defaults(func=lambda ns: _commands().jobs_cancel(ns.id, ns.json))
 
     ses = sub.add_parser(
         "sessions", help="every known session, connected or gone (read-only; works with the broker down)"
@@ -376,6 +393,7 @@ HOME_COMMANDS = frozenset(
         "forget",
         "questions",
         "answer",
+        "jobs",
         "install",
         "uninstall",
     }

@@ -471,3 +471,55 @@ def questions(include_closed: bool, as_json: bool) -> int:
     if not include_closed:
         print("Answer with `agent-bridge answer ID TEXT`, `--option N` or `--decline REASON`.")
     return 0
+
+
+# --- jobs (SPEC §4.7) -------------------------------------------------------------------
+
+
+def jobs(every: bool, as_json: bool) -> int:
+    """`agent-bridge jobs [--all] [--json]`: read-only (works with the broker down), oldest first."""
+    from agent_bridge.store import job_queries, reader
+    from agent_bridge.store.schema import SchemaError
+
+    try:
+        with reader.reading(paths.db_path(paths.home())) as conn:
+            found = [] if conn is None else job_queries.jobs(conn, every=every)
+    except SchemaError as exc:
+        return _fail("jobs", str(exc))
+    if as_json:
+        _print_json([j.to_json() for j in found])
+        return 0
+    if not found:
+        print("No jobs." if every
+              else "No running or queued jobs (`agent-bridge jobs --all` lists ended ones).")
+        return 0
+    now = int(time.time() * 1000)
+    for j in found:
+        ran = "" if j.started_at is None else f", ran {age(max(0, (j.ended_at or now) - j.started_at))}"
+        parent = visible(j.parent.name or "?")
+        print(f"{visible(j.name)}  {j.state}  {j.agent}, {j.access}{ran}  for {parent}")
+        print(f"    {visible(j.title)}")
+        if j.last_step:
+            print(f"    last step: {visible(j.last_step)}")
+        if j.branch:
+            print(f"    branch {visible(j.branch)} in {visible(j.worktree or '')}")
+        print(f"    id {j.id}")
+    return 0
+
+
+def jobs_cancel(job_id: str, as_json: bool = False) -> int:
+    """`agent-bridge jobs cancel ID`: a queued job ends at once, a running one is stopped."""
+    try:
+        result = _call("job_cancel", {"jobId": job_id})
+    except CommandError as exc:
+        return _fail("jobs cancel", str(exc), exc.code)
+    if as_json:
+        _print_json(result)
+        return 0
+    j = result["job"]
+    if j["state"] == "running":
+        print(f"Stopping {visible(j['name'])}: its process group gets SIGTERM, then SIGKILL; "
+              "its parent gets the cancelled result.")
+    else:
+        print(f"{visible(j['name'])} is {j['state']}.")
+    return 0

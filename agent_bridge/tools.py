@@ -40,17 +40,19 @@ def _object(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dic
 STRING: dict[str, Any] = {"type": "string"}
 BOOLEAN: dict[str, Any] = {"type": "boolean"}
 # Any JSON value, or a string holding JSON or `all`; the broker judges it (domain.normalize_scope).
-SCOPE: dict[str, Any] = {"description": "all, {project:dir} or {sessions:[names]}; omit: this project"}
+SCOPE: dict[str, Any] = {"description": "all|{project:dir}|{sessions:[names]}; omit: project"}
 INBOX_WAIT_MAX = 60  # seconds an `inbox` call may wait for a first message
 SENT_WAIT_MAX = 50  # seconds a `sent` call may wait for a change
 SENT_IDS_MAX = 100  # message ids one `sent` call may name
+JOB_TASK_MAX = 20_000  # characters of a delegated task or a `continue` message
+JOB_WAIT_MAX = 50  # seconds a `delegate` call may wait for the job to end
 
 _TOOLS = (
     Tool(
         "decide",
         "decide",
-        "Record a pinned owner decision for sessions in scope (replaces the topic's). Research the owner's "
-        "choice before recording it.",
+        "Pin an owner decision (a topic's new one) for sessions in scope. Research the owner's choice "
+        "before recording it.",
         _object(
             ("topic", "text"),
             topic={**STRING, "maxLength": domain.TOPIC_MAX},
@@ -66,7 +68,7 @@ _TOOLS = (
     Tool(
         "decisions",
         "decisions",
-        "Pinned owner decisions, newest first. query: topic or text; history: superseded too.",
+        "Owner decisions, newest first. query: topic/text; history: superseded too.",
         _object(query={**STRING, "maxLength": domain.QUERY_MAX}, scope=SCOPE, history=BOOLEAN),
         idempotent=True,
         body="tool_decisions",
@@ -74,23 +76,22 @@ _TOOLS = (
     Tool(
         "whoami",
         "whoami",
-        "This session's id, name (its address), agent, project.",
+        "Your id, name (address), agent, project.",
         _object(),
         idempotent=True,
     ),
     Tool(
         "peers",
         "peers",
-        "Agent sessions you can message, busy, idle or offline. project: only that folder's.",
+        "Agent sessions to message: busy, idle or offline.",
         _object(project=STRING),
         idempotent=True,
     ),
     Tool(
         "send",
         "send",
-        "Send a durable message to agent sessions, running or not. to: name, id, claude or codex (the one "
-        "here) or * (all here). message_id: a uuid, for a safe retry. `sent` tells if it was read: don't "
-        "resend.",
+        "Message agent sessions, running or not. to: name, id, claude|codex or * (this "
+        "project). message_id (uuid): safe retry; `sent` says if read: don't resend.",
         _object(
             ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING,
             message_id=STRING,
@@ -103,8 +104,8 @@ _TOOLS = (
     Tool(
         "sent",
         "sent",
-        "Receipts of your messages: queued/shown/acknowledged, woken, replies. ids: default 20 newest; "
-        "wait_seconds: until one changes.",
+        "Your messages' receipts: shown, acknowledged, woken, replies. ids: default 20 newest; "
+        "wait_seconds: for a change.",
         _object(
             ids={"type": "array", "maxItems": SENT_IDS_MAX, "items": STRING},
             wait_seconds={"type": "number", "minimum": 0, "maximum": SENT_WAIT_MAX},
@@ -114,7 +115,7 @@ _TOOLS = (
     Tool(
         "inbox",
         None,
-        "Your inbox: messages from other agent sessions (not the user), oldest first; read unless peek. "
+        "Your inbox: agent sessions' messages (not the user's), oldest first; read unless peek. "
         "wait_seconds: for one.",
         _object(wait_seconds={"type": "number", "minimum": 0, "maximum": INBOX_WAIT_MAX}, peek=BOOLEAN),
         # An `inbox` result never written to the host acknowledges nothing.
@@ -140,7 +141,37 @@ _TOOLS = (
         idempotent=True,
     ),
 )
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in _TOOLS}
+_JOB_TOOLS = (
+    Tool(
+        "delegate",
+        "delegate",
+        "Job for another agent's opinion or work: read-only unless access edit or worktree; answer "
+        "comes as a message.",
+        _object(
+            ("agent", "task"),
+            agent={"enum": ["claude", "codex"]},
+            task={**STRING, "maxLength": JOB_TASK_MAX},
+            title=STRING,
+            access={"enum": ["read", "edit"]},
+            worktree=BOOLEAN,
+            model=STRING,
+            cwd=STRING,
+            wait_seconds={"type": "number", "minimum": 0, "maximum": JOB_WAIT_MAX},
+            timeout_seconds={"type": "number"},
+        ),
+        idempotent=False,
+        unsure="check `job` or `agent-bridge jobs` before delegating it again",
+    ),
+    Tool(
+        "job",
+        "job",
+        "Status, continue (message), cancel a job.",
+        _object(("id",), id=STRING, action={"enum": ["status", "continue", "cancel"]}, message=STRING),
+        idempotent=False,
+        unsure="check the job's status before asking again",
+    ),
+)
+TOOLS: dict[str, Tool] = {tool.name: tool for tool in (*_TOOLS, *_JOB_TOOLS)}
 
 
 def unsure_advice(name: str | None) -> str:

@@ -25,12 +25,14 @@ async def test_tools_and_their_descriptions(broker, env):
         async with mcp_session(env, "--project", "/w/t") as s:
             tools = {t.name: t for t in (await s.list_tools()).tools}
             assert set(tools) == {
-                "decide", "decisions", "whoami", "peers", "send", "sent", "inbox", "ask_owner"
+                "decide", "decisions", "whoami", "peers", "send", "sent", "inbox", "ask_owner", "delegate",
+                "job",
             }
             assert "Research the owner's choice before recording it" in tools["decide"].description
             assert "check `decisions` first" in tools["ask_owner"].description
-            for name, required in {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set(),
-                                   "ask_owner": {"question"}}.items():
+            required_args = {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set(),
+                             "ask_owner": {"question"}, "delegate": {"agent", "task"}, "job": {"id"}}
+            for name, required in required_args.items():
                 assert set(tools[name].input_schema.get("required", [])) == required
 
 
