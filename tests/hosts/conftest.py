@@ -173,6 +173,24 @@ class World:
         assert not check or done.returncode == 0, f"agent-bridge {' '.join(args)}: {done.stderr}{done.stdout}"
         return done
 
+    def job_env(self) -> dict[str, str]:
+        """What a broker that runs jobs needs in its environment here: both hosts offline
+        against the scripted models (a job's host inherits the broker's environment)."""
+        return {**CLAUDE_OFFLINE_ENV, "ANTHROPIC_BASE_URL": self.claude_model.url,
+                "MCP_CONNECTION_NONBLOCKING": "0", "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"),
+                "CODEX_HOME": str(self.codex_home), "FAKE_MODEL_KEY": "test-key"}
+
+    def restart_broker(self, env: dict[str, str], *, down: bool = True) -> None:
+        """Stop the world's broker (unless not `down`) and start one with `env` added to its
+        environment (`up --detach`: when one already runs, that one stays)."""
+        if down:
+            self.bridge("down", check=False)
+        full = {**self.base_env(), "AGENT_BRIDGE_HOME": str(self.bridge_home), "AGENT_BRIDGE_WEB_PORT": "0",
+                **env}
+        done = subprocess.run([AGENT_BRIDGE, "up", "--detach"], env=full, cwd=self.project,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
     # --- Claude Code ---------------------------------------------------------------------
 
     def claude(self, prompt: str, *, session_id: str | None = None, resume: str | None = None,
@@ -529,3 +547,10 @@ CLAUDE_BAD_LOG = re.compile(
     r"SIGINT failed|hook error|hook.*(fail|invalid|not valid)|agent-bridge.*(error|fail|deprecat|traceback)",
     re.I,
 )
+
+
+def GATE_STEP(name: str) -> tuple[str, dict[str, Any]]:  # noqa: N802 - a plan step, spelled like one
+    """A plan step that holds the model's next answer until the test opens gate `name`."""
+    from tests.hosts.models import GATE
+
+    return GATE, {"gate": name}
