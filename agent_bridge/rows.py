@@ -184,7 +184,8 @@ class Message(NamedTuple):
     """A bridge message as one recipient gets it (SPEC §5 `inbox`): `kind` is "message",
     "decision" (a decision notice, carrying `decision`), "retraction" (carrying `retraction`)
     or "answer" (the owner answered or declined a question the recipient asked, carrying
-    `question`); `repeat`: offered to the host before and not acknowledged since (SPEC §3)."""
+    `question`), or "job" (the end of a run of a job the recipient delegated, SPEC §4.7);
+    `repeat`: offered to the host before and not acknowledged since (SPEC §3)."""
 
     id: str
     sender: Author

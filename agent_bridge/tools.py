@@ -51,7 +51,7 @@ _TOOLS = (
     Tool(
         "decide",
         "decide",
-        "Pin an owner decision (a topic's new one) for sessions in scope. Research the owner's choice "
+        "Pin an owner decision for sessions in scope. Research the owner's choice "
         "before recording it.",
         _object(
             ("topic", "text"),
@@ -68,7 +68,7 @@ _TOOLS = (
     Tool(
         "decisions",
         "decisions",
-        "Owner decisions, newest first. query: topic/text; history: superseded too.",
+        "Owner decisions, newest first; query: words; history: superseded too.",
         _object(query={**STRING, "maxLength": domain.QUERY_MAX}, scope=SCOPE, history=BOOLEAN),
         idempotent=True,
         body="tool_decisions",
@@ -76,14 +76,14 @@ _TOOLS = (
     Tool(
         "whoami",
         "whoami",
-        "Your id, name (address), agent, project.",
+        "Your id, name, agent, project.",
         _object(),
         idempotent=True,
     ),
     Tool(
         "peers",
         "peers",
-        "Agent sessions to message: busy, idle or offline.",
+        "Agent sessions to message, busy/idle/offline.",
         _object(project=STRING),
         idempotent=True,
     ),
@@ -145,14 +145,14 @@ _JOB_TOOLS = (
     Tool(
         "delegate",
         "delegate",
-        "Job for another agent's opinion or work: read-only unless access edit or worktree; answer "
-        "comes as a message.",
+        "Another agent's opinion or work, as a job: read-only unless edit/worktree; answer comes as a "
+        "message.",
         _object(
             ("agent", "task"),
-            agent={"enum": ["claude", "codex"]},
+            agent={**STRING, "enum": ["claude", "codex"]},
             task={**STRING, "maxLength": JOB_TASK_MAX},
             title=STRING,
-            access={"enum": ["read", "edit"]},
+            access={**STRING, "enum": ["read", "edit"]},
             worktree=BOOLEAN,
             model=STRING,
             cwd=STRING,
@@ -166,7 +166,7 @@ _JOB_TOOLS = (
         "job",
         "job",
         "Status, continue (message), cancel a job.",
-        _object(("id",), id=STRING, action={"enum": ["status", "continue", "cancel"]}, message=STRING),
+        _object(("id",), id=STRING, action={**STRING, "enum": ["status", "continue", "cancel"]}, message=STRING),
         idempotent=False,
         unsure="check the job's status before asking again",
     ),

@@ -442,16 +442,18 @@ async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> An
         jobs.machine.check_submit(depth)
     except machine.Refused as exc:
         raise InputError(str(exc)) from None
+    top = None
+    if worktree_wanted:
+        top = await trio.to_thread.run_sync(_git, cwd, "rev-parse", "--show-toplevel")
+        if top is None:
+            raise InputError(f"worktree: {cwd} is not in a git repository; drop worktree or use access edit")
     problem = await trio.to_thread.run_sync(host.job_check)
     if problem is not None:
         raise InputError(problem)
     job_id = str(uuid.uuid4())
     name = domain.job_name(host.name, job_id)
     worktree = branch = None
-    if worktree_wanted:
-        top = await trio.to_thread.run_sync(_git, cwd, "rev-parse", "--show-toplevel")
-        if top is None:
-            raise InputError(f"worktree: {cwd} is not in a git repository; drop worktree or use access edit")
+    if top is not None:
         worktree, branch = str(broker.home / "worktrees" / name), f"agent-bridge/{name}"
         (broker.home / "worktrees").mkdir(parents=True, exist_ok=True, mode=0o700)
         root = top.strip()
