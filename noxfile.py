@@ -72,11 +72,14 @@ def bench(session: nox.Session) -> None:
     Fails when a line says "ok": false. `nox -s bench -- --quick` for tiny sizes."""
     import json
 
-    session.install("-e", ".")
+    # The reach and job benchmarks drive the real hosts with the tests' scripted model servers
+    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does.
+    session.install("-e", ".[test]")
+    env = ensure_host_clis(session)
     lines = []
     for script in sorted(os.listdir("bench")):
         if script.startswith("bench_") and script.endswith(".py"):
-            out = session.run("python", f"bench/{script}", *session.posargs, silent=True)
+            out = session.run("python", f"bench/{script}", *session.posargs, silent=True, env=env)
             line = json.loads(str(out).strip().splitlines()[-1])
             print(json.dumps(line, ensure_ascii=False))
             lines.append(line)

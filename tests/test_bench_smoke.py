@@ -24,6 +24,7 @@ EXPECTED = {
     "bench_decide_fanout.py",
     "bench_decisions_query.py",
     "bench_hook_post_tool_use.py",
+    "bench_job_start.py",
     "bench_reach.py",
     "bench_hook_session_start.py",
     "bench_mcp_tool_call.py",

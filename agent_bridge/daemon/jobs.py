@@ -20,7 +20,7 @@ import signal
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -271,9 +271,10 @@ class Supervisor:
 
         host = hosts.by_name(row.agent)
         assert host is not None
-        problem = await trio.to_thread.run_sync(host.job_check)
-        if problem is not None:
-            raise InputError(problem)
+        if run > 1:  # `continue`, maybe days later (delegate checked the host for the first run)
+            problem = await trio.to_thread.run_sync(host.job_check)
+            if problem is not None:
+                raise InputError(problem)
         addresses = frozenset({row.name, row.id})
         lines = await self.broker.db.job_note(row.project, addresses)
         note = f"agent-bridge: you are {row.name}, a job for {row.parent.name}. {host.tools_sentence()}"
@@ -402,12 +403,23 @@ def _inside(folder: str, project: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-@session_op("delegate")
-async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
-    """Start a job for the calling session (SPEC §4.7); nothing starts when anything is wrong."""
+class _Asked(NamedTuple):
+    """A `delegate` call's arguments, checked."""
+
+    host: hosts.Host
+    task: str
+    title: str
+    access: str
+    worktree: bool
+    model: str | None
+    timeout: float
+    wait: float
+    cwd: str
+
+
+async def _asked(args: dict[str, Any], project: str) -> _Asked:
     no_unknown(args, {"agent", "task", "title", "access", "worktree", "model", "cwd", "wait_seconds",
                       "timeout_seconds"}, "delegate")
-    jobs = _supervisor(broker)
     agent = args.get("agent")
     host = hosts.by_name(agent) if isinstance(agent, str) else None
     if host is None:
@@ -418,22 +430,31 @@ async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> An
     access = args.get("access") or "read"
     if access not in ACCESS:
         raise InputError(f"access: expected \"read\" or \"edit\", got {access!r}")
-    worktree_wanted = args.get("worktree")
-    if worktree_wanted is not None and not isinstance(worktree_wanted, bool):
+    worktree = args.get("worktree")
+    if worktree is not None and not isinstance(worktree, bool):
         raise InputError("worktree: expected true or false")
     model = _text(args, "model", MODEL_MAX)
-    timeout = args.get("timeout_seconds", TIMEOUT_DEFAULT)
+    timeout = args.get("timeout_seconds")
     if timeout is None:
         timeout = TIMEOUT_DEFAULT
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= TIMEOUT_MAX:
         raise InputError(f"timeout_seconds: expected a number from 1 to {TIMEOUT_MAX}")
     wait = _wait_seconds(args)
-    project = session.peer.project
     cwd = project if args.get("cwd") is None else domain.normalize_folder(args.get("cwd"), what="cwd")
     if not _inside(cwd, project):
         raise InputError(f"cwd: {cwd} is outside this session's project {project}: a job works inside it")
     if not await trio.Path(cwd).is_dir():
         raise InputError(f"cwd: {cwd} is not a folder")
+    return _Asked(host, task, title, access, bool(worktree), model, float(timeout), wait, cwd)
+
+
+@session_op("delegate")
+async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
+    """Start a job for the calling session (SPEC §4.7); nothing starts when anything is wrong."""
+    jobs = _supervisor(broker)
+    project = session.peer.project
+    asked = await _asked(args, project)
+    host, access, cwd = asked.host, asked.access, asked.cwd
     depth = 1
     if session.peer.kind == "job":
         mine = [j for j in await broker.db.find_jobs(session.peer.name) if j.name == session.peer.name]
@@ -443,7 +464,7 @@ async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> An
     except machine.Refused as exc:
         raise InputError(str(exc)) from None
     top = None
-    if worktree_wanted:
+    if asked.worktree:
         top = await trio.to_thread.run_sync(_git, cwd, "rev-parse", "--show-toplevel")
         if top is None:
             raise InputError(f"worktree: {cwd} is not in a git repository; drop worktree or use access edit")
@@ -463,16 +484,16 @@ async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> An
                              f"see `git -C {root} worktree list`")
         access, cwd = "edit", worktree
     row = await broker.db.record_job(
-        job_id=job_id, name=name, parent_id=session.peer.id, agent=host.name, title=title, task=task,
-        access=access, project=project, cwd=cwd, worktree=worktree, branch=branch, model=model, depth=depth,
-        timeout_ms=int(timeout * 1000), now=now_ms())
+        job_id=job_id, name=name, parent_id=session.peer.id, agent=host.name, title=asked.title,
+        task=asked.task, access=access, project=project, cwd=cwd, worktree=worktree, branch=branch,
+        model=asked.model, depth=depth, timeout_ms=int(asked.timeout * 1000), now=now_ms())
     try:
         await jobs.submit(row)
     except machine.Refused as exc:  # the queue filled meanwhile: the record stays, ended
         await broker.db.end_job_run(row.id, 1, machine.CANCELLED, now_ms(), answer=None, thread=None,
                                     last_step=None, body=f"Job {name} was not started: {exc}")
         raise InputError(str(exc)) from None
-    return {"job": await _wait_for(broker, jobs, job_id, wait)}
+    return {"job": await _wait_for(broker, jobs, job_id, asked.wait)}
 
 
 async def _wait_for(broker: Broker, jobs: Supervisor, job_id: str, wait: float) -> dict[str, Any]:

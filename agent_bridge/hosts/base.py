@@ -18,18 +18,36 @@ OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 VERSION_TIMEOUT = 10.0  # seconds for a host's `--version`; both answer in well under one
 
 
+# `--version` answers by the program's file: a long-lived caller (the broker checks the host at
+# every `delegate`) asks once per file as it is now. An update replaces the file (npm writes a new
+# package), so its identity changes and the program is asked again.
+_VERSIONS: dict[tuple[str, str, int, int, int], str | None] = {}
+
+
 def version_output(program: str | None) -> str | None:
     """What `program --version` prints, or None when there is no program or it does not answer."""
+    import os
     import subprocess
 
     if program is None:
         return None
     try:
+        real = os.path.realpath(program)
+        st = os.stat(real)
+    except OSError:
+        return None
+    key = (program, real, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _VERSIONS:
+        return _VERSIONS[key]
+    try:
         out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT,
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout if out.returncode == 0 else None
+    printed = out.stdout if out.returncode == 0 else None
+    if printed is not None:  # a failure is asked again next time
+        _VERSIONS[key] = printed
+    return printed
 
 
 def json_lines(stdout: bytes) -> list[dict[str, Any]]:
