@@ -20,6 +20,8 @@ LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole li
 START_FAILURE = "broker.failed"
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
 PROMPTED_DIR = "prompted"  # per host session: the owner questions its UserPromptSubmit hook has shown
+JOBS_DIR = "jobs"  # per job (SPEC §4.7): its runs' output and its last answer
+WORKTREES_DIR = "worktrees"  # the git worktrees of worktree jobs
 
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on the BSDs and macOS (including the NUL).
 SOCKET_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107

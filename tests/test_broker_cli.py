@@ -116,6 +116,16 @@ def test_bad_hop_limit_is_refused_with_a_clear_error(env, home):
     assert out.returncode == 2 and "unknown setting 'hop_limt'" in out.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "65", "true", "'4'", "2.5"])
+def test_a_bad_max_jobs_is_refused_with_a_clear_error(env, home, value):
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(f"max_jobs = {value}\n")
+    out = run_cli(env, "up")
+    err = out.stderr.strip()
+    assert out.returncode == 2 and "max_jobs: expected a whole number from 1 to 64" in err, err
+    assert not (home / "broker.json").exists()
+
+
 def test_newer_database_is_refused_at_start(env, home):
     import apsw
 

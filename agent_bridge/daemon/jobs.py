@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from agent_bridge import domain, hosts, procinfo
+from agent_bridge import domain, hosts, paths, procinfo
 from agent_bridge.core import jobs as machine
 from agent_bridge.daemon.args import no_unknown
 from agent_bridge.daemon.broker import Broker, control_op, session_op
@@ -242,13 +242,13 @@ class Supervisor:
     # --- files -----------------------------------------------------------------------------
 
     def _folder(self, job_id: str) -> Path:
-        folder = self.broker.home / "jobs" / job_id
+        folder = self.broker.home / paths.JOBS_DIR / job_id
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         return folder
 
     def _output(self, job_id: str, run: int) -> bytes:
         try:
-            return (self.broker.home / "jobs" / job_id / f"run-{run}.jsonl").read_bytes()
+            return (self.broker.home / paths.JOBS_DIR / job_id / f"run-{run}.jsonl").read_bytes()
         except OSError:
             return b""
 
@@ -258,7 +258,7 @@ class Supervisor:
         report = host.job_report(self._output(row.id, run or row.run))
         if report.failed is None and report.answer is None:
             try:
-                err = (self.broker.home / "jobs" / row.id / f"run-{run or row.run}.err").read_text(
+                err = (self.broker.home / paths.JOBS_DIR / row.id / f"run-{run or row.run}.err").read_text(
                     encoding="utf-8", errors="replace").strip()
             except OSError:
                 err = ""
@@ -475,8 +475,8 @@ async def delegate(broker: Broker, session: Session, args: dict[str, Any]) -> An
     name = domain.job_name(host.name, job_id)
     worktree = branch = None
     if top is not None:
-        worktree, branch = str(broker.home / "worktrees" / name), f"agent-bridge/{name}"
-        (broker.home / "worktrees").mkdir(parents=True, exist_ok=True, mode=0o700)
+        worktree, branch = str(broker.home / paths.WORKTREES_DIR / name), f"agent-bridge/{name}"
+        (broker.home / paths.WORKTREES_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
         root = top.strip()
         added = await trio.to_thread.run_sync(_git, root, "worktree", "add", "-b", branch, worktree, "HEAD")
         if added is None:

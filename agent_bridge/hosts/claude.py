@@ -263,7 +263,10 @@ class Claude(Host):
         if launch.model:
             argv.append(f"--model={launch.model}")
         argv += ["--resume", launch.thread] if launch.thread else ["--session-id", launch.job_id]
-        return JobCommand(argv, {"CLAUDE_CODE_ENTRYPOINT": "sdk-cli"}, launch.task.encode("utf-8"))
+        # `-p` may send its first request before its MCP servers connect unless told to wait
+        # (NOTES: MCP_CONNECTION_NONBLOCKING=0); a job's first step should have the bridge's tools
+        env = {"CLAUDE_CODE_ENTRYPOINT": "sdk-cli", "MCP_CONNECTION_NONBLOCKING": "0"}
+        return JobCommand(argv, env, launch.task.encode("utf-8"))
 
     def job_report(self, stdout: bytes) -> JobReport:
         """stream-json (2.1.332): `system`/`init` carries `session_id`; each `assistant` message's

@@ -177,7 +177,7 @@ class World:
         """What a broker that runs jobs needs in its environment here: both hosts offline
         against the scripted models (a job's host inherits the broker's environment)."""
         return {**CLAUDE_OFFLINE_ENV, "ANTHROPIC_BASE_URL": self.claude_model.url,
-                "MCP_CONNECTION_NONBLOCKING": "0", "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"),
+                "CLAUDE_CODE_TMPDIR": str(self.root / "tmp"),
                 "CODEX_HOME": str(self.codex_home), "FAKE_MODEL_KEY": "test-key"}
 
     def restart_broker(self, env: dict[str, str], *, down: bool = True) -> None:

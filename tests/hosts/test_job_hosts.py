@@ -67,7 +67,7 @@ def run_job(world: World, agent: str, job: JobLaunch) -> tuple[JobReport, bytes]
     env = {**world.base_env(), **command.env}
     if agent == "claude":
         env.update(CLAUDE_OFFLINE_ENV, ANTHROPIC_BASE_URL=world.claude_model.url,
-                   CLAUDE_CODE_TMPDIR=str(world.root / "tmp"), MCP_CONNECTION_NONBLOCKING="0")
+                   CLAUDE_CODE_TMPDIR=str(world.root / "tmp"))
     else:
         env.update(CODEX_HOME=str(world.codex_home), FAKE_MODEL_KEY="test-key")
     proc = subprocess.Popen(command.argv, cwd=job.cwd, env=env, start_new_session=True,
@@ -138,6 +138,8 @@ def test_the_first_request_knows_the_owners_decision_and_the_bridge_is_there(bar
     assert report.failed is None
     first = model_of(bare, agent).requests[0]
     assert "PostgreSQL 16, decided before the job" in first.text
+    # the bridge's tools are there from the first step (the job's command has its host wait for them)
+    assert ("mcp__agent-bridge__delegate" if agent == "claude" else '"mcp__agent_bridge"') in first.text
     # the bridge's whoami answered, as the job's session, of kind job
     last = model_of(bare, agent).requests[-1].text
     assert f"{agent}-job-" in last and '\\"kind\\": \\"job\\"' in last.replace(' ', ' ')
