@@ -176,6 +176,7 @@ class Supervisor:
                                        pid_start=None if started is None else started[0].start)
         async with self.lock:
             self.machine.started(job_id, now_ms())
+            self.ticked.set()  # its timeout is a new deadline
             if self.machine.jobs[job_id].stopping is not None:
                 self.nursery.start_soon(self._stop, job_id)
         if command.stdin is not None and proc.stdin is not None:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,15 @@ def group_alive(pgid: int) -> bool:
 
 
 @pytest.fixture
-def jobs_world(world: World) -> World:
+def jobs_world(world: World) -> Iterator[World]:
     world.restart_broker(world.job_env())
-    return world
+    yield world
+    # nothing a job started is left running once its broker is down
+    world.bridge("down", check=False)
+    for job in jobs(world):
+        if job["pid"]:
+            poll_until(lambda pid=job["pid"]: not group_alive(pid), f"job {job['name']}'s processes to end",
+                       timeout=10)
 
 
 def git(folder: Path, *args: str) -> str:
@@ -214,6 +221,21 @@ def test_cancel_ends_the_process_group_and_the_parent_gets_the_cancelled_result(
     [(to, body)] = job_messages(w)
     assert to.startswith("claude") and f"Job {job['name']} (codex, read access) was cancelled" in body
     w.codex_model.open_gate("held")
+
+
+def test_a_job_past_its_timeout_is_stopped_and_the_parent_told_how_to_continue(jobs_world: World) -> None:
+    w = jobs_world
+    task = plan(("whoami", {}), GATE_STEP("too-long")) + " slow"
+    _, run = claude_parent(w, ("delegate", {"agent": "codex", "task": task, "timeout_seconds": 2}))
+    run.wait()
+    w.codex_model.wait_reached("too-long")
+    poll_until(lambda: jobs(w)[0]["state"] == "failed", "the timeout", timeout=30)
+    [job] = jobs(w)
+    poll_until(lambda: not group_alive(job["pid"]), "the job's process group to end", timeout=10)
+    [(_, body)] = job_messages(w)
+    assert f"Job {job['name']} (codex, read access) failed: it ran past its timeout (2 s)" in body
+    assert f'job(id="{job["id"]}", action="continue"' in body
+    w.codex_model.open_gate("too-long")
 
 
 def test_a_broker_killed_while_a_job_runs_delivers_its_answer_once_after_restart(jobs_world: World) -> None:
