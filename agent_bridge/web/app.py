@@ -36,7 +36,7 @@ from werkzeug.routing import BaseConverter
 
 from agent_bridge import commands, config, domain, marks, paths
 from agent_bridge.rows import Peer
-from agent_bridge.store import queries, question_queries, reader
+from agent_bridge.store import job_queries, queries, question_queries, reader
 from agent_bridge.store.schema import SchemaError
 from agent_bridge.web import auth, reads
 from agent_bridge.web.changes import ChangeFeed, watch_database
@@ -148,7 +148,7 @@ def create_app(
 
     The routes are registered by area, each from one function: the request guard, the response
     headers, the error answers, the page itself, the reads, the owner's actions, the owner's
-    questions, the live stream.
+    questions, the jobs, the live stream.
     """
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
@@ -163,6 +163,7 @@ def create_app(
     _decision_reads(app, dash)
     _actions(app, dash)
     _questions(app, dash)
+    _jobs(app, dash)
     _events(app, dash)
     return app
 
@@ -591,6 +592,28 @@ def _questions(app: QuartTrio, dash: _Dashboard) -> None:
         if isinstance(body, Response):
             return body
         return await dash.owner_action("answer", {"questionId": question, **body})
+
+
+def _jobs(app: QuartTrio, dash: _Dashboard) -> None:
+    """Jobs (SPEC §4.7): GET /api/jobs, read-only; POST /api/jobs/<id>/cancel, an owner action
+    (`agent-bridge jobs cancel`'s code path)."""
+
+    @app.get("/api/jobs")
+    async def jobs() -> Response:
+        """Jobs agents delegated, oldest first: running and queued ones (every one with `all=1`)."""
+        every = request.args.get("all", "")
+        if every not in ("", "0", "1"):
+            return _error(400, f"all: expected 1 (every job) or 0 (running and queued), got {_short(every)}")
+        found = await dash.read(partial(job_queries.jobs, every=every == "1"), [])
+        return _json_response({"jobs": [j.to_json() for j in found]})
+
+    @app.post("/api/jobs/<anypath:job>/cancel")
+    async def cancel_job(job: str) -> Response:
+        """A queued job ends at once; a running one is stopped (its parent gets the result)."""
+        body = await dash.action_body(set())
+        if isinstance(body, Response):
+            return body
+        return await dash.owner_action("job_cancel", {"jobId": job})
 
 
 def _events(app: QuartTrio, dash: _Dashboard) -> None:

@@ -141,7 +141,8 @@ def recent_messages(
             {
                 **message.to_json(),
                 "acked": values[12] is not None,
-                "notice": message.kind != "message"
+                # a job's answer is conversation: the end of work its recipient asked for
+                "notice": message.kind not in ("message", "job")
                 or (message.hop >= domain.DECISION_HOP and message.reply_to is None),
                 "active": None if hop_limit is None else message.hop < hop_limit,
                 "receipt": receipt.receipt_json(now),

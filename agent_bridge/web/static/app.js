@@ -363,6 +363,62 @@
     show($("questions-card"), questions.length > 0 || !$("questions-result").hidden);
   }
 
+  // --- jobs (delegate) ---------------------------------------------------------------------
+
+  const JOBS_ENDED_SHOWN = 5; // besides the running and queued ones, the latest that ended
+  const ENDED = new Set(["finished", "failed", "cancelled", "interrupted"]);
+
+  function runtime(j) {
+    if (!j.startedAt) return j.endedAt ? "ended " + relative(j.endedAt) : "not started";
+    const seconds = Math.max(0, Math.round(((j.endedAt || Date.now()) - j.startedAt) / 1000));
+    const words = seconds < 60 ? seconds + " s" : Math.floor(seconds / 60) + " min " + (seconds % 60) + " s";
+    return (j.endedAt ? "ran " : "running for ") + words;
+  }
+
+  function cancelJob(j, button) {
+    button.disabled = true;
+    act("jobs-result", async () => {
+      const r = await post("/api/jobs/" + encodeURIComponent(j.id) + "/cancel", {});
+      return r.job.state === "running"
+        ? "Stopping " + r.job.name + "; " + (j.parent.name || "its parent") + " gets the cancelled result."
+        : "Cancelled " + r.job.name + ".";
+    }).then((done) => { if (!done) button.disabled = false; });
+  }
+
+  function jobItem(j) {
+    const head = el("div", { className: "q-head" }, [
+      el("span", { className: "session-name", text: j.name }),
+      el("span", { className: "tag job-state " + j.state, text: j.state }),
+      el("span", { text: j.agent + ", " + j.access + " access" + (j.branch ? ", branch " + j.branch : "") }),
+      el("span", { text: "for " + (j.parent.name || "(gone)") }),
+      el("span", { className: "when", text: runtime(j) }),
+    ]);
+    const item = el("li", { className: "job" }, [head, el("p", { className: "q-text", text: j.title })]);
+    item.dataset.job = j.id;
+    if (j.lastStep) item.appendChild(el("p", { className: "muted small job-step", text: "last step: " + j.lastStep }));
+    if (state.canAct && !ENDED.has(j.state)) {
+      const button = el("button", { className: "button danger small", type: "button", text: "Cancel" });
+      button.title = "Stop this job (its process group gets SIGTERM, then SIGKILL)";
+      button.addEventListener("click", () => cancelJob(j, button));
+      item.appendChild(el("div", { className: "action-row" }, [button]));
+    }
+    return item;
+  }
+
+  function renderJobs(jobs) {
+    const open = jobs.filter((j) => !ENDED.has(j.state));
+    const ended = jobs.filter((j) => ENDED.has(j.state))
+      .sort((a, b) => (b.endedAt || 0) - (a.endedAt || 0)).slice(0, JOBS_ENDED_SHOWN);
+    $("jobs").replaceChildren(...open.map(jobItem), ...ended.map(jobItem));
+    setCount("job-count", open.length + " running or queued");
+    show($("jobs-card"), jobs.length > 0 || !$("jobs-result").hidden);
+  }
+
+  async function loadJobs() {
+    const result = await api("/api/jobs?all=1");
+    renderJobs(result.jobs);
+  }
+
   function banner(message) {
     $("banner").textContent = message || "";
     show($("banner"), Boolean(message));
@@ -688,6 +744,7 @@
         el("span", { className: "route", text: from + " → " + to }),
         m.notice ? el("span", { className: "tag decision", text: NOTICE_TAGS[m.kind] || "notice" }) : null,
         m.question ? el("span", { className: "tag decision", text: ANSWER_TAGS[m.question.state] || "answer" }) : null,
+        m.kind === "job" ? el("span", { className: "tag job", text: "job's answer" }) : null,
         m.active === null || m.active === undefined ? null
           : el("span", { className: m.active ? "tag active" : "tag passive", text: m.active ? "active" : "passive" }),
         el("span", { className: "when" }, [when(m.createdAt)]),
@@ -781,7 +838,7 @@
       state.hopLimit = status.hopLimit;
       state.canAct = status.mode === "broker"; // a standalone dashboard is read-only
       renderSessions(sessions.sessions);
-      await Promise.all([loadQuestions(), loadMessages(), loadDecisions(), loadHistory()]);
+      await Promise.all([loadQuestions(), loadJobs(), loadMessages(), loadDecisions(), loadHistory()]);
       const mode = $("mode");
       mode.textContent = status.mode === "broker" ? "broker running" : "broker down · read-only";
       mode.className = status.mode === "broker" ? "pill" : "pill standalone";
