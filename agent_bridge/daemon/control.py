@@ -421,8 +421,10 @@ def down() -> int:
         print("agent-bridge: no broker is running")
         return 0
     pid = record["pid"]
+    interrupted = 0
     try:
-        blocking.call(home, "shutdown", timeout=5.0)
+        said = blocking.call(home, "shutdown", timeout=5.0)
+        interrupted = int(said.get("jobsInterrupted") or 0) if isinstance(said, dict) else 0
     except (blocking.BrokerUnavailable, RemoteError):
         if paths.running_broker(home) != record:  # confirmed again right before the signal
             print("agent-bridge: no broker is running")
@@ -435,6 +437,9 @@ def down() -> int:
         print(f"agent-bridge down: broker (pid {pid}) did not stop in {DOWN_TIMEOUT:.0f}s", file=sys.stderr)
         return 1
     print(f"agent-bridge: broker (pid {pid}) stopped")
+    if interrupted:
+        print(f"agent-bridge: {interrupted} running job{'s' if interrupted != 1 else ''} interrupted; "
+              'each can be resumed: job(id, action="continue", message) (see `agent-bridge jobs --all`)')
     return 0
 
 

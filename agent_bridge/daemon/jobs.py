@@ -113,17 +113,25 @@ class Supervisor:
             self.ended[row.id] = trio.Event()
             await self._apply(self.machine.submit(row.id, row.depth, row.timeout_ms))
 
+    def _known(self, row: JobRow) -> None:
+        """A job that ended before this broker started is not in the machine until asked about."""
+        if row.id not in self.machine.jobs:
+            self.machine.adopt(row.id, row.depth, row.timeout_ms, row.state, row.started_at, row.run)
+            self.ended.setdefault(row.id, trio.Event())
+
     async def resume(self, row: JobRow, message: str) -> None:
         async with self.lock:
+            self._known(row)
             effects = self.machine.resume(row.id)  # raises Refused before anything is written
             # recorded before a start reads it (a Start only schedules the run's task)
             await self.broker.db.job_event(row.id, row.run + 1, machine.QUEUED, now_ms(), prompt=message)
             self.ended[row.id] = trio.Event()
             await self._apply(effects)
 
-    async def cancel(self, job_id: str) -> None:
+    async def cancel(self, row: JobRow) -> None:
         async with self.lock:
-            await self._apply(self.machine.cancel(job_id))
+            self._known(row)
+            await self._apply(self.machine.cancel(row.id))
 
     # --- effects -----------------------------------------------------------------------
 
@@ -532,7 +540,7 @@ async def job(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
     jobs = _supervisor(broker)
     try:
         if action == "cancel":
-            await jobs.cancel(row.id)
+            await jobs.cancel(row)
         else:
             message = _text(args, "message", TASK_MAX, required=True)
             assert message is not None
@@ -560,7 +568,7 @@ async def cmd_job_cancel(broker: Broker, args: dict[str, Any]) -> Any:
     no_unknown(args, {"jobId"}, "job_cancel")
     row = await _one_job(broker, args.get("jobId"))
     try:
-        await _supervisor(broker).cancel(row.id)
+        await _supervisor(broker).cancel(row)
     except machine.Refused as exc:
         raise InputError(str(exc)) from None
     fresh = await broker.db.job(row.id)

@@ -294,6 +294,31 @@ def test_a_job_whose_process_died_is_interrupted_and_continue_resumes_it(jobs_wo
     assert "remember PERIWINKLE" in last.text and "go on" in last.text
 
 
+def test_down_interrupts_a_running_job_says_so_and_continue_resumes_it(jobs_world: World) -> None:
+    w = jobs_world
+    task = plan(("whoami", {}), GATE_STEP("at-down")) + " remember CELADON"
+    _, run = claude_parent(w, ("delegate", {"agent": "claude", "task": task}))
+    run.wait()
+    w.claude_model.wait_reached("at-down")
+    [job] = jobs(w)
+    assert job["state"] == "running"
+    stopped = w.bridge("down")
+    assert "1 running job interrupted" in stopped.stdout and "continue" in stopped.stdout
+    [job] = jobs(w)
+    assert job["state"] == "interrupted" and not group_alive(job["pid"])  # recorded before the store closed
+    [(_, body)] = job_messages(w)
+    assert f"Job {job['name']} (claude, read access) was interrupted" in body
+    w.claude_model.open_gate("at-down")
+    w.restart_broker(w.job_env(), down=False)
+    _, again = claude_parent(w, ("job", {"id": job["name"], "action": "continue",
+                                         "message": "PLAN [] go on"}))
+    again.wait()
+    poll_until(lambda: (jobs(w)[0]["state"], jobs(w)[0]["run"]) == ("finished", 2), "the resumed run's end")
+    last = w.claude_model.of_session(job["id"])[-1]
+    assert "remember CELADON" in last.text and "go on" in last.text
+    assert len(job_messages(w)) == 2
+
+
 def test_max_jobs_queues_the_fifth(jobs_world: World) -> None:
     w = jobs_world
     steps = [("delegate", {"agent": "codex", "task": plan(("whoami", {}), GATE_STEP("five")) + f" job {n}"})
