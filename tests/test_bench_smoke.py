@@ -31,6 +31,7 @@ EXPECTED = {
     "bench_message_throughput.py",
     "bench_reconnect_storm.py",
     "bench_session_footprint.py",
+    "bench_waiters.py",
 }
 FIELDS = {"bench", "value", "unit", "baseline", "ratio", "target", "ok", "n", "p50", "p99"}
 

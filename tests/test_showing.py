@@ -77,3 +77,20 @@ def test_a_bridge_protocol_client_offers_withdraws_and_is_acknowledged_by_id():
     machine.elsewhere(["a"])
     assert machine.state("a") == ACKED and machine.busy() == set()
     assert machine.client_offers(["a"]) == [], "acknowledged: never offered again"
+
+
+def test_an_answer_cancelled_after_its_write_is_a_repeat_for_the_stop_hook_too():
+    """Found by tests/test_sent_model.py: an `inbox` answer on its way, the host reads it and
+    cancels the call; the Stop hook then fetches the message. The store has no offer for it yet
+    (the connection records its offers when it ends), so the broker's machine must say it may
+    have been shown: `repeats` (daemon.ops_hooks.stop_check asks it)."""
+    m = Showing()
+    m.arrive({"id": "m1"})
+    m.arrive({"id": "m2"})
+    by = showing.key(1)
+    m.offer(by, ["m1"])
+    assert m.repeats(["m1", "m2"]) == set()
+    m.on_its_way(by)
+    m.cancel(by)
+    assert m.state("m1") == QUEUED and m.repeats(["m1", "m2"]) == {"m1"}
+    assert "m1" not in m.busy()  # so the Stop hook may fetch it: marked

@@ -267,8 +267,11 @@ class Delivery(RuleBasedStateMachine):
         fetched = [mid for mid in self.unacked if mid not in busy]
         if not fetched:
             return
+        # as daemon.ops_hooks.stop_check: a repeat as the store or the broker's machine knows it
+        held = self.broker.repeats(fetched)
         messages = [
-            dict(self.unacked[m], repeat=True) if self.stored_repeat(m) else self.unacked[m] for m in fetched
+            dict(self.unacked[m], repeat=True) if self.stored_repeat(m) or m in held else self.unacked[m]
+            for m in fetched
         ]
         self.offered_in_store.update(fetched)
         self.broker.offered_elsewhere(fetched)

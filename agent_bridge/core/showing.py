@@ -123,6 +123,11 @@ class Showing:
     def has_queued(self) -> bool:
         return bool(self._in[QUEUED])
 
+    def repeats(self, ids: list[str]) -> set[str]:
+        """Those of `ids` held here as maybe shown before (an answer the host cancelled after it
+        was written, say): shown through another path (the Stop hook), they are repeats too."""
+        return {mid for mid in ids if (entry := self.entries.get(mid)) is not None and entry.repeat}
+
     def busy(self) -> set[str]:
         """Being shown or acknowledged here now: not for another path to show."""
         return {mid for state, entries in self._in.items() if state != QUEUED for mid in entries}

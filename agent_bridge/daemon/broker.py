@@ -102,6 +102,7 @@ class Broker:
         # The store's commit feed (web.changes.ChangeFeed, set by daemon.root with the
         # dashboard): `wait_active` waits on it.
         self.changes: Any = None
+        self.waiters: Any = None  # daemon.waiters.Waiters: the wake waiters, set by daemon.root
         # The job supervisor (daemon.jobs.Supervisor), started by daemon.root beside the listener.
         self.jobs: Any = None
         check_handlers()  # a Broker without its handlers would refuse every request
@@ -215,6 +216,9 @@ class Broker:
             "hopLimit": self.settings.hop_limit,
             "home": str(self.home),
             "schemaVersion": self.db.schema_version,
+            # wake waiters held now, and the passes that answered them (one query each)
+            "waiters": 0 if self.waiters is None else self.waiters.held(),
+            "waiterPasses": 0 if self.waiters is None else self.waiters.passes,
         }
 
 

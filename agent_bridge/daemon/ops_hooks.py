@@ -40,7 +40,10 @@ async def stop_check(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
     active = await active_unacked(broker, peer_id)
     if active:
         ids = [m.id for m in active]
+        # a repeat: offered before as the store knows, or as its MCP server knows (an answer the
+        # host cancelled after it was written is not in the store until the connection ends)
         before = set(await broker.db.offer(peer_id, ids, now_ms(), wake=wake))
+        before |= broker.registry.repeats_now(peer_id, ids)
         active = [m._replace(repeat=True) if m.id in before else m for m in active]
         holder = broker.sessions.get(peer_id)
         if holder is not None:  # its MCP server marks its copies: shown again, they are repeats
@@ -70,27 +73,31 @@ async def wait_active(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
     """A wake waiter (`agent-bridge hook wake`) waits here until the session with this host
     session id has an unacknowledged active message (`{"active": true}`), or `timeoutMs`
     passes (`{"active": false}`; it asks again). It hands nothing over: the waiter then
-    fetches with `stop_check` and acknowledges with `stop_ack`, as a Stop hook does. Woken by
-    every store commit (`changes`, the dashboard's feed), else it looks twice a second."""
+    fetches with `stop_check` and acknowledges with `stop_ack`, as a Stop hook does. All the
+    waiters are answered together (daemon.waiters): one query per store commit."""
     _no_unknown(args, {"hostSessionId", "timeoutMs"}, "wait_active")
     hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
     timeout = args.get("timeoutMs", WAIT_ACTIVE_MAX_MS)
     if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 <= timeout <= WAIT_ACTIVE_MAX_MS:
         raise InputError(f"timeoutMs: expected an integer 0..{WAIT_ACTIVE_MAX_MS}")
+    waiters = broker.waiters
+    deadline = trio.current_time() + timeout / 1000
     feed = broker.changes
     if feed is not None:
         feed.listeners += 1  # the store pokes the feed only while someone listens
     try:
         with trio.move_on_after(timeout / 1000):
-            while True:
+            while True:  # until the bridge knows the session (a waiter can start first)
                 seen = feed.version if feed is not None else 0
                 peer_id = await stop_peer(broker, hsid)
-                if peer_id is not None and await active_unacked(broker, peer_id):
-                    return {"active": True}
+                if peer_id is not None:
+                    break
                 if feed is None:
                     await trio.sleep(WAIT_ACTIVE_POLL)
                 else:
                     await feed.wait_beyond(seen)
+            left = max(0.0, deadline - trio.current_time())
+            return {"active": await waiters.wait(peer_id, left)}
     finally:
         if feed is not None:
             feed.listeners -= 1

@@ -61,5 +61,11 @@ class Registry:
         session = self.sessions.get(peer_id)
         return session.showing.busy() if session is not None else set()
 
+    def repeats_now(self, peer_id: str, ids: list[str]) -> set[str]:
+        """Those of `ids` the connected session of record `peer_id` holds as maybe shown before
+        (Showing.repeats): another path shows them as repeats."""
+        session = self.sessions.get(peer_id)
+        return session.showing.repeats(ids) if session is not None else set()
+
     def park(self, peer_id: str, machine: Showing) -> None:
         self.parked.append((peer_id, machine))

@@ -6,6 +6,8 @@ root nursery                    lives as long as the store
  └─ serving nursery             inside the store's lifetime, as Hypercorn nests its workers
      ├─ Supervisor.run          the jobs (SPEC §4.7): one task per running job watches its
      │                          process group; adopts the jobs a killed broker left running
+     ├─ Waiters.run             the wake waiters: one pass per store commit wakes those whose
+     │                          session has an active message waiting
      ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
      │                          holds one task per connection, and each session connection holds
      │                          its delivery task
@@ -35,6 +37,7 @@ import trio
 
 from agent_bridge import paths
 from agent_bridge.config import Settings
+from agent_bridge.daemon import waiters
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.faults import fault_injector
 from agent_bridge.daemon.jobs import Supervisor
@@ -132,6 +135,8 @@ async def _serve(
             listen, paths.socket_path(home), partial(handle_connection, broker)
         )
         broker.web_url = await _start_dashboard(serving, home, broker, web_port)
+        broker.waiters = waiters.for_broker(broker)
+        serving.start_soon(broker.waiters.run)
         record = {
             "pid": os.getpid(),
             "socket": broker.socket_path,

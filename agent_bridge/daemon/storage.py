@@ -316,6 +316,7 @@ class StoreCalls:
 
     absorb_peer = _OnStoreThread(Store.absorb_peer)
     ack = _OnStoreThread(Store.ack, short=_few_ids)
+    active_unacked_of = _OnStoreThread(Store.active_unacked_of)
     adopt_host_key = _OnStoreThread(Store.adopt_host_key)
     answer_question = _OnStoreThread(Store.answer_question)
     ask_question = _OnStoreThread(Store.ask_question)

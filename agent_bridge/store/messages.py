@@ -177,6 +177,22 @@ class Messages(Peers):
         """The session's unacknowledged messages, oldest first."""
         return [q.message for q in self.queued(peer_id, limit=limit)]
 
+    def active_unacked_of(self, peer_ids: Sequence[str], hop_limit: int) -> dict[str, list[str]]:
+        """For each of these sessions that has some, the ids of its unacknowledged active
+        messages (below `hop_limit`, no decision notice), oldest first: one query for all the
+        wake waiters at once (daemon.waiters)."""
+        rows = self.conn.execute(
+            "SELECT r.peer_id, m.id FROM receipts r JOIN messages m ON m.id = r.message_id "
+            "WHERE r.peer_id IN (SELECT value FROM json_each(?)) AND r.acked_at IS NULL AND m.hop < ? "
+            "AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = m.id) "
+            "ORDER BY r.rowid",
+            (json.dumps(list(peer_ids)), hop_limit),
+        )
+        found: dict[str, list[str]] = {}
+        for peer_id, message_id in rows:
+            found.setdefault(str(peer_id), []).append(str(message_id))
+        return found
+
     def queued(
         self, peer_id: str, *, after_seq: int = 0, limit: int = 200, tap: DeliveryTap | None = None
     ) -> list[Queued]:
