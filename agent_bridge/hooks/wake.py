@@ -82,8 +82,12 @@ def main(agent: str) -> int:
                 return 0  # this session's waiter is already waiting
             try:
                 if not after_stop_hook(home, hook, watch):
+                    forget_session_files(home, hook.session_id)
                     return 0  # the host ended first
-                return wait(home, agent, hook, host, chain, watch)
+                code = wait(home, agent, hook, host, chain, watch)
+                if code == 0 and not watch.alive():
+                    forget_session_files(home, hook.session_id)  # the session ended with its host
+                return code
             finally:
                 os.close(lock)
         finally:
@@ -335,25 +339,53 @@ def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> boo
     return True
 
 
+def lock_path(home: Path, host_session_id: str) -> Path:
+    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".lock")
+
+
 def hold_lock(home: Path, host_session_id: str) -> int | None:
     """This session's waiter lock (an open descriptor, flock held), or None when another waiter
-    holds it. The lock goes with the process, however it ends."""
+    holds it. The lock goes with the process, however it ends. A waiter whose session ended
+    removes the file while it holds the lock (forget_session_files): a lock taken on a file
+    that is no longer at its path is let go and taken again on the path's new file."""
     import fcntl
 
     paths.ensure_home(home)
+    (home / WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
+    path = lock_path(home, host_session_id)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                return fd
+            os.close(fd)  # removed by the waiter that held it: try the path again
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def forget_session_files(home: Path, host_session_id: str) -> None:
+    """The session ended with its host: its mark and its waiter lock go (this waiter holds the
+    lock, so no other waiter of the session is there to lose it)."""
     folder = home / WAITERS_DIR
-    folder.mkdir(mode=0o700, exist_ok=True)
-    name = common.report_path(home, host_session_id).name.replace(".json", ".lock")
-    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
+    held = _lock_folder(folder)  # mark writers hold it for the look and the write
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        for path in (session_mark(home, host_session_id), lock_path(home, host_session_id)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 class HostWatch:

@@ -114,12 +114,28 @@ async def test_an_active_message_wakes_the_waiter_which_exits_2_with_it(broker, 
             assert holders(home) == 0
 
 
-async def test_the_waiter_ends_with_its_host(broker, env, home, project, host):
+async def test_the_waiter_ends_with_its_host_and_takes_the_sessions_files_with_it(
+    broker, env, home, project, host
+):
+    from agent_bridge.hooks import wake
+
     with trio.fail_after(120):
         waiter = start_waiter(home, project, "hs-gone", host)
         await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+        files = (wake.lock_path(home, "hs-gone"), wake.session_mark(home, "hs-gone"))
+        files[1].write_text("idle", encoding="utf-8")  # the session's mark, as its hooks leave one
+        assert files[0].exists() and files[1].exists()
+        other = wake.lock_path(home, "hs-still-here")
+        other.write_text("")
         host.kill()
+        host.wait()  # reaped, as a host's parent does
         assert await finished(waiter) == (0, b"", b"")
+        assert [f.exists() for f in files] == [False, False]  # two files per session no more
+        assert other.exists()  # another session's files stay
+        # a later waiter of a session of that name starts afresh on a new lock file
+        again = wake.hold_lock(home, "hs-gone")
+        assert again is not None and os.fstat(again).st_ino == os.stat(files[0]).st_ino
+        os.close(again)
 
 
 async def test_no_broker_the_waiter_still_ends_with_its_host(home, project, host):
