@@ -14,11 +14,13 @@ Light (a hook imports it): the standard library, `domain`, `ledger` and the bloc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import domain, ledger, procinfo
+from agent_bridge import domain, ledger, paths, procinfo
 from agent_bridge.hooks import common
 
 
@@ -40,17 +42,91 @@ def hand_over(
     args = common.identify_args(agent, hook, event, host, chain)
     if wake:
         args["wake"] = True
-    answer = common.broker_request(home, "stop_check", args)
-    if answer is None:
-        return 0  # no broker: nothing can be acknowledged, so nothing is shown
-    messages = [
-        m for m in answer.get("messages") or () if isinstance(m, dict) and m.get("kind") != "decision"
-    ]
-    if not messages:
-        return 0
-    write(render(messages))
-    acknowledge(home, event, hook.session_id, answer.get("sessionId"), [str(m.get("id")) for m in messages])
-    return len(messages)
+    # One hand-over at a time per session: two PostToolUse hooks of parallel tool calls (or one
+    # and the waiter) would both fetch a message before either acknowledged it. The second
+    # fetches once the first has acknowledged: nothing left, so a message is handed over once.
+    with one_at_a_time(home, hook.session_id) as turn:
+        if not turn:
+            common.log(home, event,
+                       f"another hand-over held the session for {TURN_WAIT:g} s: nothing this time")
+            return 0
+        answer = common.broker_request(home, "stop_check", args)
+        if answer is None:
+            return 0  # no broker: nothing can be acknowledged, so nothing is shown
+        messages = [
+            m for m in answer.get("messages") or () if isinstance(m, dict) and m.get("kind") != "decision"
+        ]
+        if not messages:
+            return 0
+        write(render(messages))
+        ids = [str(m.get("id")) for m in messages]
+        acknowledge(home, event, hook.session_id, answer.get("sessionId"), ids)
+        return len(messages)
+
+
+HANDOVER_DIR = "handover"  # in the state folder: the sessions' hand-over locks
+HANDOVER_SLOTS = 64  # sessions share these lock files by their digest: a fixed set, never cleaned up
+TURN_WAIT = 5.0  # seconds a hand-over waits for another of its session's, then hands nothing over
+
+
+def slot_path(home: Path, host_session_id: str) -> Path:
+    slot = int(paths.host_session_digest(host_session_id)[:8], 16) % HANDOVER_SLOTS
+    return home / HANDOVER_DIR / f"{slot}.lock"
+
+
+@contextmanager
+def one_at_a_time(home: Path, host_session_id: str) -> Iterator[bool]:
+    """Hold the session's hand-over lock (an flock, released however the process ends): yields
+    True once held, False when another hand-over kept it past TURN_WAIT. Where there is no flock
+    (Windows), no lock: True."""
+    try:
+        import fcntl
+        import signal
+    except ImportError:
+        yield True
+        return
+    folder = home / HANDOVER_DIR
+    if not folder.is_dir():
+        paths.ensure_home(home)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(slot_path(home, host_session_id), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        held = _flock_within(fd, TURN_WAIT, fcntl, signal)
+        yield held
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class _TurnTimeout(Exception):
+    pass
+
+
+def _flock_within(fd: int, seconds: float, fcntl: Any, signal: Any) -> bool:
+    """A blocking flock (the kernel queues the waiters, /proc/locks shows them), given up after
+    `seconds` (an interval timer in this process's main thread; elsewhere, no wait at all)."""
+    import threading
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    if threading.current_thread() is not threading.main_thread():
+        return False
+
+    def give_up(*_: Any) -> None:
+        raise _TurnTimeout
+
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except _TurnTimeout:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def acknowledge(home: Path, event: str, host_session_id: str, peer_id: object, ids: list[str]) -> None:

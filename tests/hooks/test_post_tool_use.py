@@ -157,6 +157,70 @@ async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, 
             assert acked(home, [mid]) != [None]
 
 
+def waiting_for_lock(path: Path) -> bool:
+    """Whether a process is queued in the kernel for an flock on `path` (/proc/locks: `->`)."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks", encoding="ascii") as f:
+        return any("->" in line and line.split()[-3].endswith(f":{inode}") for line in f)
+
+
+@pytest.mark.slow
+async def test_parallel_hooks_hand_a_message_over_once(broker, env, home, project):
+    """Two PostToolUse hooks of parallel tool calls: A has fetched the message and is still
+    writing it (its stdout a full pipe); B, started then, waits for A's hand-over instead of
+    fetching the same message (it queues on the session's hand-over lock, seen in /proc/locks).
+    Once A has written and acknowledged, B finds nothing: the message reached the host once."""
+    from agent_bridge.hooks import handover
+
+    with trio.fail_after(120):
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-par"}):
+            [mid] = await send(home, "hs-par", ["only once, please"])
+            read_end, write_end, filler = full_pipe()
+            first = start_hook(home, project, write_end)
+            os.close(write_end)
+            second = start_hook(home, project, subprocess.PIPE)
+            try:
+                assert first.stdin is not None and second.stdin is not None
+                first.stdin.write(json.dumps(post_input("hs-par", project)).encode())
+                first.stdin.close()
+
+                async def offered() -> bool:
+                    with reader.reading(home / "bridge.db") as conn:
+                        row = conn.execute(
+                            "SELECT offered_at FROM receipts WHERE message_id = ?", (mid,)
+                        ).fetchone()
+                    return row[0] is not None
+
+                await wait_for(offered, what="the first hook fetched the message")
+                second.stdin.write(json.dumps(post_input("hs-par", project)).encode())
+                second.stdin.close()
+                second.stdin = None  # communicate() must not flush it
+                slot = handover.slot_path(home, "hs-par")
+
+                async def queued_or_done() -> bool:
+                    return waiting_for_lock(slot) or second.poll() is not None
+
+                await wait_for(queued_or_done, what="the second hook to wait or finish")
+                assert second.poll() is None, second.stdout.read() if second.stdout else ""
+                # the host reads the first hook's answer: it writes, acknowledges, exits
+                read = b""
+                while chunk := await trio.to_thread.run_sync(os.read, read_end, 1 << 20):
+                    read += chunk  # until the first hook exits (its end of the pipe closes)
+                first.wait(timeout=30)
+                assert len(read) > filler and mid in read[filler:].decode("utf-8", "replace")
+                out, _ = await trio.to_thread.run_sync(lambda: second.communicate(timeout=60))
+                assert out == b""  # nothing left: handed over once
+            finally:
+                os.close(read_end)
+                for proc in (first, second):
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait(timeout=30)
+            assert acked(home, [mid]) != [None]
+
+
 def test_the_light_path_keeps_the_shared_limits():
     """post_tool_use and the store reader hold copies of two limits so that the path taken when
     nothing waits imports neither `hooks.common` nor `domain`."""
