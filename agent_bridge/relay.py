@@ -164,6 +164,7 @@ class Request:
     tool: str | None  # the tool a `tools/call` names
     deadline: float = 0.0  # while waiting for a broker: when to give up
     resend: bool = True  # in flight when the broker went away: sent again (tools.idempotent)
+    waits: bool = False  # a tool call that waits (wait_seconds > 0): cancelled when the host leaves
 
 
 class Link:
@@ -306,7 +307,10 @@ class Relay:
         tool = tool if isinstance(tool, str) else None
         arguments = params.get("arguments") if isinstance(params, dict) else None
         resend = method != "tools/call" or tools.idempotent(tool, arguments)
-        request = Request(showing.key(message["id"]), message["id"], line, method, tool, resend=resend)
+        wait = arguments.get("wait_seconds") if isinstance(arguments, dict) else None
+        waits = tool is not None and isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0
+        request = Request(showing.key(message["id"]), message["id"], line, method, tool, resend=resend,
+                          waits=waits)
         if method == "initialize":
             self.init = message
         elif method == "logging/setLevel":
@@ -883,7 +887,14 @@ class Relay:
     def end(self) -> None:
         """The host closed stdin: what it asked before that is answered (up to ANSWERS_AT_EXIT;
         a request still waiting for a broker then gets the reason there is none), then the
-        broker records what the host was shown, and closes."""
+        broker records what the host was shown, and closes. A call that waits (`inbox` with
+        `wait_seconds`, say) is cancelled as if the host had cancelled it: nobody reads its
+        answer now, so it shows and acknowledges nothing, and the relay need not wait for it."""
+        with self.cond:
+            waiting_calls = [r.rid for r in (*self.forwarded.values(), *self.waiting) if r.waits]
+        for rid in waiting_calls:
+            self.on_host_line(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                          "params": {"requestId": rid, "reason": "the host left"}}))
         with self.cond:
             self.cond.wait_for(
                 lambda: not (self.forwarded or self.waiting or self.answering), ANSWERS_AT_EXIT

@@ -178,6 +178,31 @@ async def test_stdin_closed_ends_the_relay_and_acknowledges_only_what_was_writte
     assert receipts(home, [second_id])[second_id][1] is None
 
 
+async def test_a_host_leaving_during_a_waiting_inbox_ends_the_relay_at_once_and_shows_nothing(
+    broker, env, home
+):
+    """Issue 35 "Exit promptly": the host closes stdin while an `inbox(wait_seconds: 30)` waits.
+    Nobody reads that answer now: the relay cancels the call as the host would have, so it
+    does not wait ANSWERS_AT_EXIT for it, and a message that arrives later is neither shown
+    nor acknowledged."""
+    with trio.fail_after(60):
+        host = await RawHost.start(env, "--project", "/w/relay-leave", "--host-session-id", "hs-leave")
+        me = await host.tool("whoami")
+        waiting = await host.call_request("inbox", wait_seconds=30)
+        await host.tool("peers")  # answered after the inbox call was forwarded: it waits in the broker
+        assert host.proc.stdin is not None
+        await host.proc.stdin.aclose()
+        started = time.monotonic()
+        await host.drain()  # what the relay still writes, until it closes stdout
+        assert await host.proc.wait() == 0
+        took = time.monotonic() - started
+        assert took < relay.ANSWERS_AT_EXIT, took  # before, it waited that long for the inbox
+        assert host.answers(waiting) == []  # its answer never came: nobody was to read it
+        later = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "later", "--json"))
+        later_id = json.loads(later.stdout)["message"]["id"]
+    assert receipts(home, [later_id])[later_id][1] is None  # not acknowledged for a wait that ended
+
+
 @pytest.mark.parametrize("cancelled", [False, True], ids=["read", "cancelled"])
 @pytest.mark.parametrize("leaving", ["stdin closed", "SIGTERM"])
 async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was_shown_in_the_ledger(
