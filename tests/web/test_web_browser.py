@@ -259,6 +259,51 @@ async def test_dashboard_page_in_headless_chromium(
     assert screenshot.stat().st_size > 10_000
 
 
+def drive_stale_history(running: Running) -> tuple[list[str], list[str]]:
+    """Open one topic's history while its answer is held back, then another's; then let the
+    first answer arrive. Returns (problems, the history titles the page showed after that)."""
+    from playwright.sync_api import expect
+
+    problems: list[str] = []
+    held: list[Any] = []
+    with chromium_page(problems, 1280, 900) as (_browser, _context, page):
+        page.goto(running.url)
+        expect(page.locator("#decisions-body tr").first).to_be_visible()
+        page.route(re.compile(r".*/api/decisions/%2Fleading%2F%2Fslashes/history$"),
+                   lambda route: held.append(route))
+        page.get_by_role("button", name="/leading//slashes", exact=True).click()
+        page.wait_for_function("() => true")
+        assert len(held) == 1  # its answer is on hold
+        page.get_by_role("button", name="build / ci", exact=True).click()
+        expect(page.locator("#history-topic")).to_have_text("build / ci")
+        page.evaluate("""() => {
+            const title = document.getElementById("history-topic");
+            window.__titles = [];
+            new MutationObserver(() => window.__titles.push(title.textContent)).observe(
+              document.getElementById("history"), {subtree: true, childList: true, characterData: true});
+        }""")
+        with page.expect_response(re.compile(r".*slashes/history$")):
+            held[0].continue_()
+        page.wait_for_load_state("networkidle")
+        titles = page.evaluate("() => window.__titles")
+        expect(page.locator("#history-topic")).to_have_text("build / ci")
+    return problems, titles
+
+
+async def test_a_late_answer_for_a_history_no_longer_open_is_not_shown(
+    nursery: trio.Nursery, web_home: Path, facts: Facts
+) -> None:
+    """Found in CI: a refresh's history request for the topic open before, answered after the
+    owner opened another topic, replaced the new history with the old one."""
+    with trio.fail_after(BROWSER_TIMEOUT):
+        running = await start_dashboard(nursery, web_home, live={facts.peers["claude-proj"]["id"]})
+        problems, titles = await trio.to_thread.run_sync(
+            partial(drive_stale_history, running), abandon_on_cancel=True
+        )
+    assert problems == []
+    assert "/leading//slashes" not in titles, titles
+
+
 LIVE_BOUND_MS = 2_000  # a decide made through IPC shows up on an open page within this, without reload
 
 

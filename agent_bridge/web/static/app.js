@@ -12,6 +12,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     topic: null,
+    historyAsked: 0, // history loads started: only the latest one's answer is shown
     searchTimer: null,
     loading: false,
     again: false, // a change arrived while loading: load once more afterwards
@@ -809,8 +810,10 @@
 
   async function loadHistory() {
     if (state.topic === null) return;
+    const asked = ++state.historyAsked; // a later load (another topic, a refresh) wins
     const path = "/api/decisions/" + encodeURIComponent(state.topic);
     const [result, receipts] = await Promise.all([api(path + "/history"), api(path + "/receipts")]);
+    if (asked !== state.historyAsked) return; // answered late: no longer what the page shows
     renderHistory(result, receipts.receipts);
   }
 
@@ -927,6 +930,7 @@
 
   function closeHistory() {
     state.topic = null;
+    state.historyAsked++; // a load still on its way must not open it again
     show($("history"), false);
     markSelected();
     history.replaceState(null, "", location.pathname);
