@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,19 @@ def fake_host() -> Iterator[subprocess.Popen[bytes]]:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def offered_check(home: Path, mid: str) -> Callable[[], Awaitable[bool]]:
+    """For `wait_for`: whether message `mid` has been offered (a hook or waiter fetched it)."""
+    from agent_bridge.store import reader
+
+    async def offered() -> bool:
+        with reader.reading(home / "bridge.db") as conn:
+            assert conn is not None
+            row = conn.execute("SELECT offered_at FROM receipts WHERE message_id = ?", (mid,)).fetchone()
+        return row is not None and row[0] is not None
+
+    return offered
 
 
 def full_pipe() -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from agent_bridge import paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import wait_for
-from tests.hooks.conftest import HOOK, build_db, full_pipe, hook_env, log_lines, run_hook
+from tests.hooks.conftest import HOOK, build_db, full_pipe, hook_env, log_lines, offered_check, run_hook
 
 
 def post_input(sid: str, project: Path) -> dict[str, Any]:
@@ -135,14 +135,7 @@ async def test_a_hook_killed_before_its_write_acknowledges_nothing(broker, env, 
                 proc.stdin.write(json.dumps(post_input("hs-kill", project)).encode())
                 proc.stdin.close()
 
-                async def offered() -> bool:
-                    with reader.reading(home / "bridge.db") as conn:
-                        row = conn.execute(
-                            "SELECT offered_at FROM receipts WHERE message_id = ?", (mid,)
-                        ).fetchone()
-                    return row[0] is not None
-
-                await wait_for(offered, what="the hook fetched the message")
+                await wait_for(offered_check(home, mid), what="the hook fetched the message")
                 proc.kill()
                 proc.wait(timeout=30)
                 with os.fdopen(read_end, "rb") as pipe:
@@ -186,14 +179,7 @@ async def test_parallel_hooks_hand_a_message_over_once(broker, env, home, projec
                 first.stdin.write(json.dumps(post_input("hs-par", project)).encode())
                 first.stdin.close()
 
-                async def offered() -> bool:
-                    with reader.reading(home / "bridge.db") as conn:
-                        row = conn.execute(
-                            "SELECT offered_at FROM receipts WHERE message_id = ?", (mid,)
-                        ).fetchone()
-                    return row[0] is not None
-
-                await wait_for(offered, what="the first hook fetched the message")
+                await wait_for(offered_check(home, mid), what="the first hook fetched the message")
                 second.stdin.write(json.dumps(post_input("hs-par", project)).encode())
                 second.stdin.close()
                 second.stdin = None  # communicate() must not flush it

@@ -21,7 +21,7 @@ from agent_bridge import paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import wait_for
-from tests.hooks.conftest import HOOK, full_pipe, hook_env, log_lines, waiter_locks_held
+from tests.hooks.conftest import HOOK, full_pipe, hook_env, log_lines, offered_check, waiter_locks_held
 
 pytestmark = pytest.mark.slow
 
@@ -174,14 +174,7 @@ async def test_a_waiter_killed_before_its_write_acknowledges_nothing(broker, env
                 )
                 mid = await send(home, "hs-killed", "are you there?")
 
-                async def offered() -> bool:
-                    with reader.reading(home / "bridge.db") as conn:
-                        row = conn.execute(
-                            "SELECT offered_at FROM receipts WHERE message_id = ?", (mid,)
-                        ).fetchone()
-                    return row[0] is not None
-
-                await wait_for(offered, what="the waiter fetched the message")
+                await wait_for(offered_check(home, mid), what="the waiter fetched the message")
                 waiter.kill()
                 waiter.wait(timeout=30)
                 with os.fdopen(read_end, "rb") as pipe:
