@@ -42,6 +42,30 @@ def home() -> Iterator[Path]:
     # Short and private: the socket path must fit sun_path.
     with tempfile.TemporaryDirectory(prefix="ab-") as folder:
         yield Path(folder) / "home"
+        stop_broker_of(Path(folder) / "home")
+
+
+def is_broker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(b"agent_bridge" in a or b"agent-bridge" in a for a in argv) and b"up" in argv
+
+
+def stop_broker_of(home: Path) -> None:
+    """A broker a test's sessions started (a relay starts one when none runs) ends with the
+    test: none outlives the folder it serves."""
+    record = paths.running_broker(home)
+    pid = record["pid"] if record is not None else paths.lock_holder(home)  # one still starting
+    if not pid or pid == os.getpid() or not is_broker(int(pid)):  # a test may hold the lock itself
+        return
+    try:
+        os.kill(int(pid), signal.SIGTERM)  # the lock says this pid is that broker
+    except (ProcessLookupError, PermissionError):
+        return
+    wait_until(lambda: paths.lock_holder(home) is None, what=f"the broker of {home} to stop")
 
 
 @pytest.fixture

@@ -122,7 +122,7 @@ def setup_logging(home: Path, *, to_stderr: bool) -> None:
     )
 
 
-def up(*, detach: bool) -> int:  # noqa: C901  the start-up order and each refusal's own line, written once; the broker work (issue 24) restructures daemon/
+def up(*, detach: bool) -> int:  # noqa: C901 - the start-up order, and each refusal with its own line, in one place
     os.umask(0o077)  # bridge.db, its WAL files and the log: this user only
     _take_stop_signals()
     reasons = _reason_channel()  # `up --detach` waits on it for why its child could not start
