@@ -76,7 +76,8 @@ class Supervisor:
                 if row.state == machine.RUNNING:
                     if _alive(row.pid, row.pid_start):
                         self.pids[row.id] = int(row.pid or 0)
-                        self.nursery.start_soon(self._watch_adopted, row.id, int(row.pid or 0), row.pid_start)
+                        self.nursery.start_soon(self._guarded, row.id, self._watch_adopted, row.id,
+                                                int(row.pid or 0), row.pid_start)
                         log.info("job %s: adopted its running process %s", row.name, row.pid)
                     else:
                         gone.append(row)
@@ -91,8 +92,12 @@ class Supervisor:
             self.ticked = trio.Event()
             with trio.move_on_after(60 if deadline is None else max(0, (deadline - now_ms()) / 1000)):
                 await self.ticked.wait()
-            async with self.lock:
-                await self._apply(self.machine.tick(now_ms()))
+            try:
+                async with self.lock:
+                    await self._apply(self.machine.tick(now_ms()))
+            except Exception as exc:  # noqa: BLE001 - the store cannot take it now: the next tick tries
+                log.warning("jobs: a timeout could not be carried out now: %s", exc)
+                await trio.sleep(WATCH_EVERY)
 
     async def shut_down(self) -> int:
         """`stop`: interrupt every running job (its thread stays resumable) and wait for their
@@ -138,12 +143,21 @@ class Supervisor:
     async def _apply(self, effects: list[machine.Effect]) -> None:
         for effect in effects:
             if isinstance(effect, machine.Start):
-                self.nursery.start_soon(self._run, effect.job_id)
+                self.nursery.start_soon(self._guarded, effect.job_id, self._run, effect.job_id)
             elif isinstance(effect, machine.Stop):
                 self.nursery.start_soon(self._stop, effect.job_id)
             else:
                 await self._end(effect)
         self.ticked.set()
+
+    async def _guarded(self, job_id: str, run: Any, *args: Any) -> None:
+        """A job's task: what goes wrong in it (the store refusing a write, say) is logged, and
+        the broker goes on; the job's record says where it was, and the next broker takes it
+        from there."""
+        try:
+            await run(*args)
+        except Exception as exc:  # noqa: BLE001 - one job's trouble must not end the broker
+            log.error("job %s: its supervision stopped: %s: %s", job_id, type(exc).__name__, exc)
 
     async def _stop(self, job_id: str) -> None:
         pid = self.pids.get(job_id)

@@ -12,12 +12,15 @@ broker with no dashboard) the pass runs every WAIT_POLL seconds instead.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
 
 from agent_bridge.daemon.broker import Broker
+
+log = logging.getLogger("agent_bridge.daemon")
 
 WAIT_POLL = 0.5  # seconds between passes when no commit feed runs
 
@@ -46,7 +49,12 @@ class Waiters:
             try:
                 while self.waiting:
                     seen = feed.version if feed is not None else 0
-                    await self._pass()
+                    try:
+                        await self._pass()
+                    except Exception as exc:  # noqa: BLE001 - a store that cannot answer now: look again
+                        log.warning("wake waiters: could not look for active messages: %s", exc)
+                        await trio.sleep(WAIT_POLL)
+                        continue
                     if feed is None:
                         await trio.sleep(WAIT_POLL)
                     else:
