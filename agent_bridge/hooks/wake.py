@@ -85,7 +85,7 @@ def main(agent: str) -> int:
                     forget_session_files(home, hook.session_id)
                     return 0  # the host ended first
                 code = wait(home, agent, hook, host, chain, watch)
-                if code == 0 and not watch.alive():
+                if code == 0 and watch.ended():
                     forget_session_files(home, hook.session_id)  # the session ended with its host
                 return code
             finally:
@@ -428,6 +428,13 @@ class HostWatch:
                 return None
             if sock is not None and sock in ready:
                 return True
+
+    def ended(self) -> bool:
+        """The host has exited: its pidfd says so (also while it waits, a zombie, for its parent
+        to reap it, when its /proc entry still looks alive), else it is no longer there."""
+        if self.fd is not None and select.select([self.fd], [], [], 0)[0]:
+            return True
+        return not self.alive()
 
     def close(self) -> None:
         if self.fd is not None:
