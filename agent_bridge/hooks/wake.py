@@ -85,14 +85,14 @@ def main(agent: str) -> int:
             if not watch.alive():
                 return 0
             watch.stop_on_sigterm()
-            lock = hold_lock(home, hook.session_id)
+            lock = marks.hold_lock(home, hook.session_id)
             if lock is None:
                 return 0  # this session's waiter is already waiting
             try:
                 waits = after_stop_hook(home, hook, watch)  # False: the host ended or stopped it
                 code = wait(home, agent, hook, host, chain, watch) if waits else 0
                 if code == 0 and watch.ended():
-                    forget_session_files(home, hook.session_id)  # the session ended with its host
+                    marks.forget_files(home, hook.session_id)  # the session ended with its host
                 elif code == 0 and watch.stopped:
                     outlive(home, hook.session_id, watch, lock)
                 return code
@@ -220,6 +220,10 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
         sock.close()
 
 
+lock_path = marks.lock_path  # the session's waiter lock (marks.hold_lock)
+hold_lock = marks.hold_lock
+
+
 def session_mark(home: Path, host_session_id: str) -> Path:
     """The session's busy/idle mark (marks.mark_path, where it is read for everyone else)."""
     return marks.mark_path(home, host_session_id)
@@ -248,7 +252,7 @@ def _write_mark(
         paths.ensure_home(home)
         folder.mkdir(mode=0o700, exist_ok=True)
     target = session_mark(home, host_session_id)
-    held = _lock_folder(folder)
+    held = marks.lock_folder(folder)
     try:
         if unless is not None and unless(read_mark(home, host_session_id)):
             return False
@@ -263,22 +267,6 @@ def _write_mark(
     finally:
         if held is not None:
             os.close(held)  # releases the flock
-
-
-def _lock_folder(folder: Path) -> int | None:
-    """An exclusive flock on the folder itself (a descriptor to close), held for microseconds by
-    each mark writer; None where there is no flock (the waiter does not run there either)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def read_mark(home: Path, host_session_id: str) -> str:
@@ -349,39 +337,6 @@ def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> boo
     return True
 
 
-def lock_path(home: Path, host_session_id: str) -> Path:
-    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".lock")
-
-
-def hold_lock(home: Path, host_session_id: str) -> int | None:
-    """This session's waiter lock (an open descriptor, flock held), or None when another waiter
-    holds it. The lock goes with the process, however it ends. A waiter whose session ended
-    removes the file while it holds the lock (forget_session_files): a lock taken on a file
-    that is no longer at its path is let go and taken again on the path's new file."""
-    import fcntl
-
-    paths.ensure_home(home)
-    (home / WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
-    path = lock_path(home, host_session_id)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            try:
-                current = os.stat(path).st_ino
-            except FileNotFoundError:
-                current = None
-            if current == os.fstat(fd).st_ino:
-                return fd
-            os.close(fd)  # removed by the waiter that held it: try the path again
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-
-
 def outlive(home: Path, host_session_id: str, watch: HostWatch, lock: int) -> None:
     """The waiter was stopped (SIGTERM) while its host still runs: Claude Code does that to its
     pending async hooks as it exits. Fork a child, detached from the host's process group and
@@ -405,32 +360,16 @@ def outlive(home: Path, host_session_id: str, watch: HostWatch, lock: int) -> No
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         if watch.ends_within(HOST_END_GRACE):
-            again = hold_lock(home, host_session_id)
+            again = marks.hold_lock(home, host_session_id)
             if again is not None:
                 try:
-                    forget_session_files(home, host_session_id)
+                    marks.forget_files(home, host_session_id)
                 finally:
                     os.close(again)
     except BaseException:  # noqa: BLE001 - the child never returns into the waiter's code
         code = 1
     finally:
         os._exit(code)
-
-
-def forget_session_files(home: Path, host_session_id: str) -> None:
-    """The session ended with its host: its mark and its waiter lock go (this waiter holds the
-    lock, so no other waiter of the session is there to lose it)."""
-    folder = home / WAITERS_DIR
-    held = _lock_folder(folder)  # mark writers hold it for the look and the write
-    try:
-        for path in (session_mark(home, host_session_id), lock_path(home, host_session_id)):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-    finally:
-        if held is not None:
-            os.close(held)
 
 
 class HostWatch:
