@@ -5,6 +5,10 @@ The UserPromptSubmit hook marks a turn's start (`busy`), the Stop hook its end (
 reads it too). `peers`, `agent-bridge sessions` and the dashboard read it here, through
 `session_state`, so how marks are written can change behind this one function.
 
+Beside each mark, the session's waiter lock (`<digest>.lock`, held by hooks.wake for its life)
+and the one protocol for removing the two when the session is over (`forget_files` under the
+lock; `forget_ended` for a forgotten session, which leaves them to a waiter that holds the lock).
+
 Light: the standard library and `paths` (the hooks import it).
 """
 
@@ -75,3 +79,92 @@ def session_state(
     text, written = _read(mark_path(home, host_session_id))
     word = text.split(" ", 1)[0]
     return SessionState(word, written) if word in (BUSY, IDLE) else UNKNOWN
+
+
+# --- the session's files in <home>/waiters/: its mark and its waiter's lock ------------------
+
+
+def lock_path(home: Path, host_session_id: str) -> Path:
+    """`<home>/waiters/<digest>.lock`: the session's waiter lock (hooks.wake holds it)."""
+    return home / WAITERS_DIR / f"{paths.host_session_digest(host_session_id)}.lock"
+
+
+def lock_folder(folder: Path) -> int | None:
+    """An exclusive flock on the folder itself (a descriptor to close), held for microseconds by
+    each mark writer and by whoever removes a session's files; None where there is no flock (no
+    waiter runs there either)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def hold_lock(home: Path, host_session_id: str) -> int | None:
+    """This session's waiter lock (an open descriptor, flock held), or None when another waiter
+    holds it. The lock goes with the process, however it ends. Whoever removes a session's files
+    does it while holding the lock (forget_files): a lock taken on a file that is no longer at
+    its path is let go and taken again on the path's new file."""
+    import fcntl
+
+    paths.ensure_home(home)
+    (home / WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
+    path = lock_path(home, host_session_id)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                return fd
+            os.close(fd)  # removed by the waiter that held it: try the path again
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def forget_files(home: Path, host_session_id: str) -> None:
+    """The session is over: its mark and its waiter lock go. The caller holds the lock
+    (hold_lock), so no waiter of the session is there to lose it."""
+    folder = home / WAITERS_DIR
+    held = lock_folder(folder)  # mark writers hold it for the look and the write
+    try:
+        for path in (mark_path(home, host_session_id), lock_path(home, host_session_id)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def forget_ended(home: Path, host_session_id: str) -> bool:
+    """A session that is over for good (forgotten): its files go, unless a waiter holds its
+    lock (its host still runs; the waiter removes them when the host ends). True when removed.
+    Without a waiters folder, or flock (Windows), nothing to do."""
+    if not (home / WAITERS_DIR).is_dir():
+        return False
+    try:
+        lock = hold_lock(home, host_session_id)
+    except ImportError:
+        return False
+    if lock is None:
+        return False
+    try:
+        forget_files(home, host_session_id)
+    finally:
+        os.close(lock)
+    return True

@@ -6,6 +6,7 @@ end: a real broker, 30 real `wait_active` requests and one `agent-bridge send`."
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -147,3 +148,37 @@ def test_one_send_wakes_exactly_one_of_thirty_real_waiters(env: dict[str, str], 
     for t in threads:
         t.join(timeout=30)
     assert len(ended) == 29 and not any(t.is_alive() for t in threads)  # the stop ended the others
+
+
+@pytest.mark.slow
+def test_forgetting_a_session_removes_its_waiter_files_but_not_a_live_waiters(
+    env: dict[str, str], home: Path
+) -> None:
+    """A session that never had a waiter (`claude -p`) leaves its busy/idle mark in
+    <home>/waiters/; `forget` ends it for good, and its files go. A session whose waiter still
+    holds its lock keeps them: its host runs, and the waiter removes them when that ends."""
+    from agent_bridge import marks, paths
+    from agent_bridge.store.writer import Store as Writer
+
+    paths.ensure_home(home)
+    store = Writer.open(home / "bridge.db")
+    for n, hsid in enumerate(("hs-done", "hs-held", "hs-kept")):
+        store.create_peer(agent="claude", name=f"claude-f{n}", project="/w/forget", kind="interactive",
+                          host_session_id=hsid, now=1)
+    store.close()
+    (home / marks.WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
+    for hsid in ("hs-done", "hs-held", "hs-kept"):
+        marks.mark_path(home, hsid).write_text("idle - -", encoding="utf-8")
+    marks.lock_path(home, "hs-done").write_text("")  # a lock file a waiter left, nobody holds it
+    held = marks.hold_lock(home, "hs-held")  # a waiter that still waits (this process holds it)
+    assert held is not None
+    run_cli(env, "up", "--detach")
+    try:
+        done = run_cli(env, "forget", "hs-done", "hs-held")
+        assert done.returncode == 0, done.stderr
+    finally:
+        run_cli(env, "down")
+        os.close(held)
+    assert not marks.mark_path(home, "hs-done").exists() and not marks.lock_path(home, "hs-done").exists()
+    assert marks.mark_path(home, "hs-held").exists() and marks.lock_path(home, "hs-held").exists()
+    assert marks.mark_path(home, "hs-kept").exists()  # not forgotten: its mark stays

@@ -107,6 +107,14 @@ async def cmd_connected(broker: Broker, args: dict[str, Any]) -> Any:
     return sorted(broker.sessions)
 
 
+def _forget_files(home: Path, host_session_ids: list[str]) -> None:
+    for hsid in host_session_ids:
+        try:
+            marks.forget_ended(home, hsid)
+        except OSError as exc:  # the database forgot them: a file left behind is only clutter
+            log.warning("could not remove the waiter files of a forgotten session: %s", exc)
+
+
 @control_op("forget")
 async def cmd_forget(broker: Broker, args: dict[str, Any]) -> Any:
     """Forget sessions that are not connected: by address, or every one last seen more than
@@ -146,6 +154,11 @@ async def cmd_forget(broker: Broker, args: dict[str, Any]) -> Any:
             candidates = await broker.db.sessions_last_seen_before(now - min(gone_for, now + 1))
             ids = [i for i in candidates if i not in broker.sessions]
         forgotten = await broker.db.forget_peers(ids, now_ms(), fault=broker.fault)
+    # over for good: their marks and waiter locks in <home>/waiters/ go too (a session without a
+    # waiter, `claude -p` say, left its mark there), but those a live waiter holds (marks.forget_ended)
+    ended = [item.peer.host_session_id for item in forgotten if item.peer.host_session_id]
+    if ended:
+        await trio.to_thread.run_sync(_forget_files, broker.home, ended)
     for item in forgotten:
         log.info(
             "forgot session %s (%s); dropped %d queued message(s)",

@@ -35,6 +35,12 @@ naming the host (pid and start time) in AGENT_BRIDGE_WAKE_HOST.
 
 No broker: it waits for one (looking every few seconds) as long as its host lives. Any failure:
 exit 0, one line in broker.log.
+
+Its session's two files in `<home>/waiters/` (its lock and the busy/idle mark) go when the session
+ends with its host. The waiter sees that end itself (the pidfd), or, as Claude Code ends it at its
+exit with SIGTERM while the host still runs (NOTES.md), leaves at once and lets a child of its own,
+detached, see it (`outlive`): the host's exit is not held up, and the child releases the lock so a
+waiter of a session that goes on (a SIGTERM for another reason) is not kept out.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go fi
 STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
 BUSY_POLL = 0.1  # seconds between looks at the session's mark while it is busy and a message waits
 BUSY = marks.BUSY
+HOST_END_GRACE = 30.0  # seconds a waiter ended by SIGTERM waits (detached) for its host to end
 
 
 def main(agent: str) -> int:
@@ -77,16 +84,17 @@ def main(agent: str) -> int:
         try:
             if not watch.alive():
                 return 0
-            lock = hold_lock(home, hook.session_id)
+            watch.stop_on_sigterm()
+            lock = marks.hold_lock(home, hook.session_id)
             if lock is None:
                 return 0  # this session's waiter is already waiting
             try:
-                if not after_stop_hook(home, hook, watch):
-                    forget_session_files(home, hook.session_id)
-                    return 0  # the host ended first
-                code = wait(home, agent, hook, host, chain, watch)
-                if code == 0 and not watch.alive():
-                    forget_session_files(home, hook.session_id)  # the session ended with its host
+                waits = after_stop_hook(home, hook, watch)  # False: the host ended or stopped it
+                code = wait(home, agent, hook, host, chain, watch) if waits else 0
+                if code == 0 and watch.ended():
+                    marks.forget_files(home, hook.session_id)  # the session ended with its host
+                elif code == 0 and watch.stopped:
+                    outlive(home, hook.session_id, watch, lock)
                 return code
             finally:
                 os.close(lock)
@@ -105,6 +113,8 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
     target = hosts.by_name(agent) or hosts.DEFAULT
 
     def write(text: str) -> None:
+        if watch.stopped:  # the host is ending it (SIGTERM): a message written now would be lost
+            raise WakeFailed("the waiter was stopped (SIGTERM) before it wrote")
         if not target.wake(text, hook):
             raise WakeFailed(f"{target.title} did not take the message")  # so nothing is acknowledged
 
@@ -210,6 +220,10 @@ def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | No
         sock.close()
 
 
+lock_path = marks.lock_path  # the session's waiter lock (marks.hold_lock)
+hold_lock = marks.hold_lock
+
+
 def session_mark(home: Path, host_session_id: str) -> Path:
     """The session's busy/idle mark (marks.mark_path, where it is read for everyone else)."""
     return marks.mark_path(home, host_session_id)
@@ -238,7 +252,7 @@ def _write_mark(
         paths.ensure_home(home)
         folder.mkdir(mode=0o700, exist_ok=True)
     target = session_mark(home, host_session_id)
-    held = _lock_folder(folder)
+    held = marks.lock_folder(folder)
     try:
         if unless is not None and unless(read_mark(home, host_session_id)):
             return False
@@ -253,22 +267,6 @@ def _write_mark(
     finally:
         if held is not None:
             os.close(held)  # releases the flock
-
-
-def _lock_folder(folder: Path) -> int | None:
-    """An exclusive flock on the folder itself (a descriptor to close), held for microseconds by
-    each mark writer; None where there is no flock (the waiter does not run there either)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def read_mark(home: Path, host_session_id: str) -> str:
@@ -339,53 +337,39 @@ def after_stop_hook(home: Path, hook: common.HookInput, watch: HostWatch) -> boo
     return True
 
 
-def lock_path(home: Path, host_session_id: str) -> Path:
-    return home / WAITERS_DIR / common.report_path(home, host_session_id).name.replace(".json", ".lock")
-
-
-def hold_lock(home: Path, host_session_id: str) -> int | None:
-    """This session's waiter lock (an open descriptor, flock held), or None when another waiter
-    holds it. The lock goes with the process, however it ends. A waiter whose session ended
-    removes the file while it holds the lock (forget_session_files): a lock taken on a file
-    that is no longer at its path is let go and taken again on the path's new file."""
-    import fcntl
-
-    paths.ensure_home(home)
-    (home / WAITERS_DIR).mkdir(mode=0o700, exist_ok=True)
-    path = lock_path(home, host_session_id)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            try:
-                current = os.stat(path).st_ino
-            except FileNotFoundError:
-                current = None
-            if current == os.fstat(fd).st_ino:
-                return fd
-            os.close(fd)  # removed by the waiter that held it: try the path again
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-
-
-def forget_session_files(home: Path, host_session_id: str) -> None:
-    """The session ended with its host: its mark and its waiter lock go (this waiter holds the
-    lock, so no other waiter of the session is there to lose it)."""
-    folder = home / WAITERS_DIR
-    held = _lock_folder(folder)  # mark writers hold it for the look and the write
+def outlive(home: Path, host_session_id: str, watch: HostWatch, lock: int) -> None:
+    """The waiter was stopped (SIGTERM) while its host still runs: Claude Code does that to its
+    pending async hooks as it exits. Fork a child, detached from the host's process group and
+    pipes, that lets the lock go, waits up to HOST_END_GRACE for the host to end, and then removes
+    the session's files if it can take the lock: a waiter that holds it meanwhile belongs to a
+    session that went on, and removes them itself when that ends. The waiter itself returns at
+    once (the host's exit is not held up)."""
+    if not hasattr(os, "fork"):
+        return
+    if os.fork() != 0:
+        return  # the waiter: its lock goes with its exit; the child's copy goes below
+    code = 0
     try:
-        for path in (session_mark(home, host_session_id), lock_path(home, host_session_id)):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+        import signal
+
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the child ends as any process does
+        os.close(lock)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        if watch.ends_within(HOST_END_GRACE):
+            again = marks.hold_lock(home, host_session_id)
+            if again is not None:
+                try:
+                    marks.forget_files(home, host_session_id)
+                finally:
+                    os.close(again)
+    except BaseException:  # noqa: BLE001 - the child never returns into the waiter's code
+        code = 1
     finally:
-        if held is not None:
-            os.close(held)
+        os._exit(code)
 
 
 class HostWatch:
@@ -400,6 +384,26 @@ class HostWatch:
                 self.fd = os.pidfd_open(host.pid)
             except OSError:
                 self.fd = None  # already gone (alive() says so) or not allowed: look instead
+        self.stopped = False  # a SIGTERM came (stop_on_sigterm)
+        self._wakeup: int | None = None  # read end of the signal wake-up pipe
+
+    def stop_on_sigterm(self) -> None:
+        """From now on a SIGTERM ends the waiting instead of the process: every wait below
+        returns as if the host had gone (`stopped` tells the two apart), so the waiter can still
+        see its session's end through (`outlive`). Python runs a handler only between bytecodes,
+        so the signal also writes to a pipe the waits select on."""
+        import signal
+
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+        self._wakeup = read
+
+        def stop(*_: Any) -> None:
+            self.stopped = True
+
+        signal.signal(signal.SIGTERM, stop)
 
     def alive(self) -> bool:
         """The same process as when the waiter started (checked after the pidfd was opened)."""
@@ -416,18 +420,55 @@ class HostWatch:
 
         deadline = time.monotonic() + seconds
         while True:
+            if self.stopped:
+                return None
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            watched = [x for x in (sock, self.fd) if x is not None]
+            watched = [x for x in (sock, self.fd, self._wakeup) if x is not None]
             step = left if self.fd is not None else min(left, HOST_POLL)
             ready, _, _ = select.select(watched, [], [], step)
+            if self._wakeup is not None and self._wakeup in ready:
+                self._drain()  # any signal (the hand-over's SIGALRM too); `stopped` says which
+                continue
             if self.fd is not None and self.fd in ready:
                 return None
             if self.fd is None and not self.alive():
                 return None
             if sock is not None and sock in ready:
                 return True
+
+    def ended(self) -> bool:
+        """The host has exited: its pidfd says so (also while it waits, a zombie, for its parent
+        to reap it, when its /proc entry still looks alive), else it is no longer there."""
+        if self.fd is not None and select.select([self.fd], [], [], 0)[0]:
+            return True
+        return not self.alive()
+
+    def ends_within(self, seconds: float) -> bool:
+        """Whether the host ends within `seconds`."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if self.fd is not None:
+                ready, _, _ = select.select([self.fd], [], [], max(0.0, left))
+                if ready:
+                    return True
+            elif not self.alive():
+                return True
+            else:
+                time.sleep(min(max(0.0, left), HOST_POLL))
+            if left <= 0:
+                return False
+
+    def _drain(self) -> None:
+        try:
+            while self._wakeup is not None and os.read(self._wakeup, 512):
+                pass
+        except BlockingIOError:
+            pass
 
     def close(self) -> None:
         if self.fd is not None:

@@ -138,6 +138,74 @@ async def test_the_waiter_ends_with_its_host_and_takes_the_sessions_files_with_i
         os.close(again)
 
 
+def waiters_running(home: Path) -> list[int]:
+    """Pids of `hook wake` processes of this home (a waiter, or the child a stopped one left)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not ours
+        if b"wake" in cmdline and f"AGENT_BRIDGE_HOME={home}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_waiter_stopped_as_claude_code_exits_leaves_at_once_and_its_files_go_with_the_host(
+    broker, env, home, project, host
+):
+    """Claude Code sends its pending async hooks SIGTERM as it exits, while it still runs: the
+    waiter leaves at once (the host's exit waits for nobody), and what it leaves behind removes
+    the session's two files once the host has ended, then ends too: no file, no process."""
+    from agent_bridge.hooks import wake
+
+    with trio.fail_after(120):
+        waiter = start_waiter(home, project, "hs-exit", host)
+        await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+        files = (wake.lock_path(home, "hs-exit"), wake.session_mark(home, "hs-exit"))
+        files[1].write_text("idle", encoding="utf-8")
+        waiter.terminate()
+        assert await finished(waiter) == (0, b"", b"")
+        assert host.poll() is None and [f.exists() for f in files] == [True, True]  # the host runs on
+        assert holders(home) == 0  # nobody keeps a later waiter of the session out
+        host.kill()
+        host.wait()
+        await wait_for(lambda: trio.to_thread.run_sync(lambda: not any(f.exists() for f in files)),
+                       what="the session's files removed")
+        await wait_for(lambda: trio.to_thread.run_sync(lambda: not waiters_running(home)),
+                       what="nothing of the waiter left running")
+        assert [line for line in log_lines(home) if "wake" in line] == []  # no failure logged
+
+
+async def test_a_session_that_goes_on_after_its_waiter_was_stopped_keeps_its_next_waiter(
+    broker, env, home, project, host
+):
+    """A SIGTERM that is not the session's end: the next Stop's waiter takes the lock and waits;
+    the files go when the host ends (the later waiter removes them, the stopped one's child
+    leaves them to it), and no process stays."""
+    from agent_bridge.hooks import wake
+
+    with trio.fail_after(120):
+        first = start_waiter(home, project, "hs-on", host)
+        await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the waiter holds its lock")
+        first.terminate()
+        assert await finished(first) == (0, b"", b"")
+        second = start_waiter(home, project, "hs-on", host)
+        await wait_for(lambda: trio.to_thread.run_sync(holders, home), what="the next waiter holds the lock")
+        assert second.poll() is None
+        files = (wake.lock_path(home, "hs-on"), wake.session_mark(home, "hs-on"))
+        files[1].write_text("idle", encoding="utf-8")
+        host.kill()
+        host.wait()
+        assert await finished(second) == (0, b"", b"")
+        await wait_for(lambda: trio.to_thread.run_sync(lambda: not waiters_running(home)),
+                       what="nothing of either waiter left running")
+        assert [f.exists() for f in files] == [False, False]
+
+
 async def test_no_broker_the_waiter_still_ends_with_its_host(home, project, host):
     with trio.fail_after(120):
         waiter = start_waiter(home, project, "hs-nobroker", host)

@@ -142,3 +142,8 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
                "the next waiter armed")
     exit_tui(world, tui)
     assert waiters_held(world) == 0
+    # Claude Code ends its waiter with SIGTERM as it exits: the session's mark and waiter lock
+    # still go with it (nothing of the session is left in <home>/waiters/).
+    leftover = [p for p in (wake.session_mark(world.bridge_home, sid), wake.lock_path(world.bridge_home, sid))
+                if p.exists()]
+    assert leftover == [], leftover
