@@ -144,6 +144,8 @@ async def _serve(
         if settings.alerts:
             desktop = Desktop()
             await serving.start(serve_alerts, paths.db_path(home), lambda: broker.changes, desktop.show)
+        else:
+            log.info("alerts: off (alerts = false in config.toml)")
         record = {
             "pid": os.getpid(),
             "socket": broker.socket_path,
