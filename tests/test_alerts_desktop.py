@@ -256,3 +256,11 @@ def test_alerts_in_config_toml_must_be_true_or_false(env: dict[str, str], home: 
     assert done.returncode != 0
     assert "alerts: expected true or false, got 'yes'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_owner_cannot_send_to_the_owner(env: dict[str, str], broker: BrokerProcess) -> None:
+    for address in ("owner", "CLI"):
+        done = run_cli(env, "send", address, "hello me")
+        assert done.returncode != 0
+        [line] = done.stderr.strip().splitlines()
+        assert f"to: {address!r} is the owner, who is sending this; address a session" in line
