@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_bridge.core.alerts import BURST, REMIND_AFTER_MS, TEXT_MAX, AlertMachine, one_line
+from agent_bridge.core.alerts import BURST, QUIET_MS, REMIND_AFTER_MS, TEXT_MAX, AlertMachine, one_line
 from agent_bridge.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
 
 T0 = 1_800_000_000_000  # epoch ms: the broker's start
@@ -101,8 +101,34 @@ def test_more_than_a_burst_of_one_kind_is_one_counting_alert() -> None:
         (JOB, "agent-bridge: job codex-job-1a2b3c4d failed"),
         (MESSAGE, "agent-bridge: 50 messages for you"),
     ]
+    assert alerts[1].keys == tuple(e.key for e in messages)
+    # the next messages wait out the quiet time, then come as they are (no more than a burst)
     few = tuple(Event(MESSAGE, f"m{i}", i, T0, "codex-app", f"note {i}") for i in range(51, 51 + BURST))
-    assert len(m.feed(snap(Cursor(0, 1, 50 + BURST), few), T0)) == BURST
+    assert m.feed(snap(Cursor(0, 1, 50 + BURST), few), T0 + 1) == []
+    assert m.next_due() == T0 + QUIET_MS
+    again = m.feed(snap(Cursor(0, 1, 50 + BURST)), T0 + QUIET_MS)
+    assert [a.body for a in again] == [f"note {i}" for i in range(51, 51 + BURST)]
+    assert m.next_due() is None
+
+
+def test_an_agent_that_writes_to_the_owner_every_second_makes_an_alert_per_quiet_time() -> None:
+    m = started()
+    alerts = []
+    for i in range(1, 61):
+        msg = Event(MESSAGE, f"m{i}", i, T0 + i * 1000, "codex-app", f"note {i}")
+        alerts += m.feed(snap(Cursor(0, 0, i), (msg,)), T0 + i * 1000)
+    alerts += m.feed(snap(Cursor(0, 0, 60)), T0 + 60_000 + QUIET_MS)  # what the last quiet time held
+    assert len(alerts) <= 60 // (QUIET_MS // 1000) + 1
+    assert sorted(k for a in alerts for k in a.keys) == sorted(f"m{i}" for i in range(1, 61))  # each once
+
+
+def test_a_question_held_in_a_quiet_time_and_answered_meanwhile_alerts_nothing() -> None:
+    m = started()
+    first, second = question(1, T0), question(2, T0 + 1000)
+    assert len(m.feed(snap(Cursor(1, 0, 0), (first,), opened(first)), T0)) == 1
+    assert m.feed(snap(Cursor(2, 0, 0), (second,), opened(first, second)), T0 + 1000) == []  # held
+    assert m.feed(snap(Cursor(2, 0, 0), (), opened(first)), T0 + QUIET_MS) == []  # answered meanwhile
+    assert m.next_due() == first.at + REMIND_AFTER_MS
 
 
 def test_texts_are_one_line_and_never_longer_than_200_characters() -> None:
@@ -149,12 +175,21 @@ def test_against_a_model_each_question_alerts_once_and_is_reminded_at_most_once(
         window = tuple(events[-5:] if action == "reread" else events)
         open_now = tuple(OpenQuestion(k, at, "claude-app", "Which database?") for k, at in asked.items())
         for alert in m.feed(snap(cursor, window, open_now), now):
-            if alert.reminder:
-                assert alert.key in asked and now >= asked[alert.key] + REMIND_AFTER_MS
-                reminded[alert.key] = reminded.get(alert.key, 0) + 1
-            else:
-                told[alert.key] = told.get(alert.key, 0) + 1
+            for key in alert.keys:
+                assert key in asked  # only questions open now
+                if alert.reminder:
+                    assert now >= asked[key] + REMIND_AFTER_MS
+                    reminded[key] = reminded.get(key, 0) + 1
+                else:
+                    told[key] = told.get(key, 0) + 1
         events = [e for e in events if e.key in asked or e.key not in told]
+    now += QUIET_MS  # whatever a quiet time held comes out now
+    open_now = tuple(OpenQuestion(k, at, "claude-app", "Which database?") for k, at in asked.items())
+    for alert in m.feed(snap(Cursor(seq, 0, 0), (), open_now), now):
+        counts = reminded if alert.reminder else told
+        for key in alert.keys:
+            counts[key] = counts.get(key, 0) + 1
+    assert set(asked) <= set(told)  # every question still open was told of
     assert all(n == 1 for n in told.values())
     assert all(n == 1 for n in reminded.values())
     # every question still open and past due by the end was reminded

@@ -38,31 +38,62 @@ def read_snapshot(db: Path, since: Cursor | None) -> Snapshot:
         return alert_queries.snapshot(conn, since)
 
 
+class _Reads:
+    """The snapshots; a failure is logged once until a read works again."""
+
+    def __init__(self, read: Callable[[Cursor | None], Awaitable[Snapshot]]) -> None:
+        self.read = read
+        self.failing = False
+
+    async def snapshot(self, since: Cursor | None) -> Snapshot | None:
+        try:
+            snapshot = await self.read(since)
+        except Exception as exc:  # noqa: BLE001 - the broker goes on; alerts wait for a read that works
+            if not self.failing:
+                log.warning("alerts: could not read bridge.db (%s); trying again after each change", exc)
+            self.failing = True
+            return None
+        if self.failing:
+            log.info("alerts: bridge.db can be read again")
+            self.failing = False
+        return snapshot
+
+
 async def serve_alerts(
     db: Path,
     feed: Callable[[], Any],
     show: Callable[[str, str], Awaitable[bool]],
     *,
     clock: Callable[[], int] = now_ms,
+    read: Callable[[Cursor | None], Awaitable[Snapshot]] | None = None,
     task_status: trio.TaskStatus[AlertMachine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Alert the owner until cancelled. Started once the first snapshot is read: whatever is
-    committed after `start` returns is new."""
-    machine = AlertMachine()
-    machine.start(await trio.to_thread.run_sync(read_snapshot, db, None), clock())
+    committed after `start` returns is new. `read`: how a snapshot is read (by default
+    `read_snapshot` on a worker thread; a test with a mock clock reads on the loop)."""
+
+    async def on_a_thread(since: Cursor | None) -> Snapshot:
+        return await trio.to_thread.run_sync(read_snapshot, db, since)
+
+    machine, reads = AlertMachine(), _Reads(read or on_a_thread)
+    first = await reads.snapshot(None)
     task_status.started(machine)
+    while first is None:  # the broker does not wait for this: alerts start once bridge.db reads
+        await trio.sleep(POLL)
+        first = await reads.snapshot(None)
+    machine.start(first, clock())
     changes = feed()
     if changes is not None:
         changes.listeners += 1  # the store pokes the feed only while someone listens
     try:
         while True:
             seen = 0 if changes is None else changes.version
-            try:
-                snapshot = await trio.to_thread.run_sync(read_snapshot, db, machine.cursor)
-                for alert in machine.feed(snapshot, clock()):
+            snapshot = await reads.snapshot(machine.cursor)
+            for alert in machine.feed(snapshot, clock()) if snapshot is not None else ():
+                try:
                     await show(alert.title, alert.body)
-            except Exception as exc:  # noqa: BLE001 - a database that cannot be read now: read again later
-                log.warning("alerts: could not read bridge.db: %s", exc)
+                except Exception as exc:  # noqa: BLE001 - one lost alert, never a broker down
+                    log.warning("alerts: could not show an alert: %s", exc)
             wait = POLL if changes is None else math.inf
             due = machine.next_due()
             if due is not None:
