@@ -38,6 +38,10 @@ class Shown:
             await self.changed.wait()
 
 
+def alerts_task(db: Path, feed: ChangeFeed, shown: Shown) -> partial:
+    return partial(serve_alerts, db, lambda: feed, shown.show, clock=clock, read=on_the_loop(db))
+
+
 def on_the_loop(db: Path):
     """Snapshots read on the Trio loop: a worker thread would let the mock clock jump while it
     reads (every task would look blocked)."""
@@ -63,7 +67,7 @@ async def test_a_question_alerts_after_its_commit_and_is_reminded_after_15_minut
         feed.bind()
         with trio.fail_after(3 * 3600):  # mock seconds
             async with trio.open_nursery() as nursery:
-                await nursery.start(partial(serve_alerts, db, lambda: feed, shown.show, clock=clock, read=on_the_loop(db)))
+                await nursery.start(alerts_task(db, feed, shown))
                 assert feed.listeners == 1
                 q, _ = _ask(store, asker, question="Which database?", now=clock())
                 asked_at = int(trio.current_time() * 1000)
@@ -102,7 +106,7 @@ async def test_a_database_it_cannot_read_is_one_log_line_and_the_task_goes_on(
     feed.bind()
     with caplog.at_level(logging.INFO, logger="agent_bridge.daemon"), trio.fail_after(3600):
         async with trio.open_nursery() as nursery:
-            await nursery.start(partial(serve_alerts, db, lambda: feed, shown.show, clock=clock, read=on_the_loop(db)))
+            await nursery.start(alerts_task(db, feed, shown))
             await trio.sleep(60)  # thirty tries
             lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("alerts:")]
             assert len(lines) == 1 and "could not read bridge.db" in lines[0]
