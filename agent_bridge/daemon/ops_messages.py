@@ -159,9 +159,7 @@ async def recipients(
     else an agent kind (`claude`, `codex`, any connected session's agent): the one other
     connected session of that agent in `project`; or `*`: every other connected session of
     `project`, by name."""
-    if to.lower() in domain.OWNER_ADDRESSES:
-        if session is None:
-            raise InputError(f"to: {to!r} is the owner, who is sending this; address a session")
+    if session is not None and to.lower() in domain.OWNER_ADDRESSES:
         return [CLI_AUTHOR.id], None  # the owner reads it in the dashboard and is alerted (SPEC §4.6)
     if to == domain.BROADCAST:
         here = _connected_here(broker, session, project, to)
