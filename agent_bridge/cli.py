@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
         ("stop", "Stop: continue the session while active messages wait"),
         ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
-        ("user-prompt-submit", "UserPromptSubmit (Claude Code): a turn starts, the waiter stands aside"),
+        ("user-prompt-submit", "UserPromptSubmit: a turn starts, the waiter stands aside"),
+        ("interrupt", "Interrupt (Codex): a turn cut short, the session is idle"),
     ):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
@@ -433,6 +434,10 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import user_prompt_submit
 
         return user_prompt_submit.main(ns.agent)
+    if ns.event == "interrupt":
+        from agent_bridge.hooks import interrupt
+
+        return interrupt.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -474,7 +479,7 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:

@@ -133,6 +133,16 @@ class Claude(Host):
         transcript's `queue-operation` entries "enqueue" after that hook, "dequeue" when it runs)."""
         return queued_prompts(hook.transcript_path) > 0
 
+    def wakes_only_in_front(self, env: Any) -> bool:
+        """The waiter is Claude Code's own background hook (not spawned): it ends with the host."""
+        return True
+
+    def turn_interrupted(self, hook: HookInput, since: float) -> bool:
+        """Esc runs no hook in Claude Code 2.1.332 (no Stop, StopFailure or Notification: seen in
+        its TUI); it writes a user entry with `interruptedMessageId` ("[Request interrupted by
+        user]") to the transcript. One written after `since` ended the busy turn."""
+        return interrupted_at(hook.transcript_path) > since
+
     def wake(self, text: str, hook: HookInput) -> bool:
         """asyncRewake: the hook's stderr, given to the model when it exits 2 (which it does next)."""
         import os
@@ -376,6 +386,33 @@ def transcript_version(path: str) -> Version | None:
                 size = min(end, size * 4)
     except OSError:
         return None
+
+
+def interrupted_at(path: str) -> float:
+    """When the last turn cut short by Esc was (epoch seconds), from the `interruptedMessageId`
+    entries in the last TRANSCRIPT_TAIL bytes of the transcript; 0.0 when none or unreadable."""
+    import json
+    from datetime import datetime
+
+    if not path:
+        return 0.0
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            f.seek(max(0, end - TRANSCRIPT_TAIL))
+            lines = f.read(TRANSCRIPT_TAIL).split(b"\n")
+    except OSError:
+        return 0.0
+    for line in reversed(lines[1:] if end > TRANSCRIPT_TAIL else lines):  # the first may be cut
+        if b'"interruptedMessageId"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+            stamp = entry["timestamp"]
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return 0.0
 
 
 def queued_prompts(path: str) -> int:

@@ -47,7 +47,8 @@ REQUIRED_EVENTS = ("SessionStart", "Stop")  # without these the bridge's hooks d
 # Stop handler. Uninstall removes every one of these, whichever host and version added it.
 WAKE = ("Stop", "wake")
 PROMPT = ("UserPromptSubmit", "user-prompt-submit")  # marks a turn's start for the waiter
-ALL_HOOKS = (*EVENTS, WAKE, PROMPT)
+INTERRUPT = ("Interrupt", "interrupt")  # Codex: a turn cut short marks the session idle
+ALL_HOOKS = (*EVENTS, WAKE, PROMPT, INTERRUPT)
 
 
 JsonPath = tuple[str, ...]  # keys from the document's root to a value
