@@ -14,11 +14,16 @@ from pathlib import Path
 
 import pytest
 
+import agent_bridge
 from tests.hostbin import CLAUDE_OFFLINE_ENV, host_program
 
 SCRIPT = Path(sys.executable).with_name("agent-bridge")
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent_bridge"]
 RUN = CLI[0] if SCRIPT.exists() else sys.executable  # what the registrations must name
+# The PostToolUse hook, by absolute path: the installing interpreter (the script's), without `site`,
+# running hooks/quick.py (tests/hooks/test_quick.py)
+INTERPRETER = SCRIPT.read_text().splitlines()[0][2:].strip() if SCRIPT.exists() else sys.executable
+QUICK = f"{INTERPRETER} -I -S {Path(agent_bridge.__file__).parent / 'hooks' / 'quick.py'}"
 
 CLAUDE_JSON = {
     "numStartups": 12,
@@ -167,7 +172,7 @@ def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir
         "timeout": 86400,
         "asyncRewake": True,
     }
-    assert hook_commands(settings, "PostToolUse") == [f"{RUN} hook post-tool-use --agent claude"]
+    assert hook_commands(settings, "PostToolUse") == [f"{QUICK} post-tool-use --agent claude"]
     assert "matcher" not in settings["hooks"]["PostToolUse"][0]  # after every tool
     assert hook_commands(settings, "UserPromptSubmit") == [f"{RUN} hook user-prompt-submit --agent claude"]
     assert settings["hooks"]["Stop"][0]["hooks"][0]["type"] == "command"
@@ -242,7 +247,7 @@ def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_pat
         f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook session-start --agent codex"
     ]
     assert hook_commands(hooks, "PostToolUse") == [
-        f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook post-tool-use --agent codex"
+        f"AGENT_BRIDGE_HOME={bridge_home} {QUICK} post-tool-use --agent codex"
     ]
     assert [b.read_text() for b in backups_of(user_home / ".codex" / "config.toml")] == [CODEX_TOML]
     assert len(backups_of(user_home / ".codex" / "hooks.json")) == 1
@@ -735,7 +740,7 @@ def test_an_install_from_before_post_tool_use_gets_only_that_hook_added(user_hom
                 {
                     "type": "command",
                     "command": (
-                        f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude"
+                        f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {QUICK} post-tool-use --agent claude"
                     ),
                     "timeout": 10,
                 }

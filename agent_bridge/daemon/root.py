@@ -37,7 +37,7 @@ import trio
 
 from agent_bridge import paths
 from agent_bridge.config import Settings
-from agent_bridge.daemon import waiters
+from agent_bridge.daemon import pending, waiters
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.faults import fault_injector
 from agent_bridge.daemon.jobs import Supervisor
@@ -137,6 +137,8 @@ async def _serve(
         broker.web_url = await _start_dashboard(serving, home, broker, web_port)
         broker.waiters = waiters.for_broker(broker)
         serving.start_soon(broker.waiters.run)
+        broker.pending = pending.for_broker(broker)
+        await serving.start(broker.pending.run)
         record = {
             "pid": os.getpid(),
             "socket": broker.socket_path,

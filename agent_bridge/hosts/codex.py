@@ -67,7 +67,8 @@ SWITCHED_MARK = "switched on by agent-bridge install (was false)"
 # Marks a turn's start, so that the idle-wake waiter leaves a busy session's messages to PostToolUse and Stop.
 PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
 # A turn cut short (Esc) runs no Stop hook but this one (seen with 0.171.0): the session is idle.
-INTERRUPT_HOOK: tuple[str, str, dict[str, Any]] = ("Interrupt", "interrupt", {})
+# Codex 0.171.0 clamps an Interrupt hook's timeout to 3 s, with a warning on the screen (seen).
+INTERRUPT_HOOK: tuple[str, str, dict[str, Any]] = ("Interrupt", "interrupt", {"timeout": 3})
 
 
 JOB_SINCE = (0, 171, 0)  # the newest Codex whose `exec` flags were checked (tests/hosts/test_job_hosts.py)

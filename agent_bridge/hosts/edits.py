@@ -89,8 +89,14 @@ def bridge_env() -> dict[str, str]:
 
 
 def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]) -> str:
-    """The shell command line of one hook (both hosts run command hooks through a shell)."""
+    """The shell command line of one hook (both hosts run command hooks through a shell). The
+    PostToolUse hook, which runs after every tool call, is this interpreter running
+    `hooks/quick.py` without `site` where `run` names this machine's agent-bridge by absolute
+    path (user scope); a project's files name the command on PATH."""
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+    if event_arg == "post-tool-use" and Path(run[0]).is_absolute():
+        script = str((Path(__file__).parent.parent / "hooks" / "quick.py").absolute())
+        return prefix + shlex.join([sys.executable, "-I", "-S", script, event_arg, "--agent", agent])
     return prefix + shlex.join([*run, "hook", event_arg, "--agent", agent])
 
 
@@ -99,7 +105,10 @@ def mcp_args(run: list[str], agent: str) -> tuple[str, list[str]]:
 
 
 _HOOK_PATTERNS = {
-    event_arg: re.compile(rf"agent[-_]bridge\S*\s+hook\s+{event_arg}(\s|$)") for _, event_arg in ALL_HOOKS
+    event_arg: re.compile(
+        rf"(agent[-_]bridge\S*\s+hook|agent_bridge[/\\\\]hooks[/\\\\]quick\.py'?)\s+{event_arg}(\s|$)"
+    )
+    for _, event_arg in ALL_HOOKS
 }
 
 
