@@ -462,8 +462,11 @@ def questions(include_closed: bool, as_json: bool) -> int:
         print(f"    {visible(q.question)}")
         if q.topic:
             print(f"    topic: {visible(q.topic)}")
+        if q.context:
+            print(f"    context: {visible(q.context)}")
         for n, option in enumerate(q.options, start=1):
-            print(f"    {n}. {visible(option)}")
+            mark = " (recommended)" if q.recommended == n - 1 else ""
+            print(f"    {n}. {visible(option)}{mark}")
         if q.state == "answered":
             print(f"    answered: decision {visible(q.decision_id)}")
         elif q.state == "declined":

@@ -344,6 +344,8 @@ class StoreCalls:
     peer_with_secret = _OnStoreThread(Store.peer_with_secret)
     queued = _OnStoreThread(Store.queued)
     question = _OnStoreThread(Store.question)
+    decision = _OnStoreThread(Store.decision)
+    withdraw_question = _OnStoreThread(Store.withdraw_question)
     question_ids_starting = _OnStoreThread(Store.question_ids_starting)
     record_decision = _OnStoreThread(Store.record_decision)
     record_job = _OnStoreThread(Store.record_job)
