@@ -163,6 +163,9 @@ class World:
             "LANG": "C.UTF-8",
             "TMPDIR": str(self.root / "tmp"),
             "SHELL": "/bin/sh",
+            # a checkout run with PYTHONPATH=$PWD (a git worktree beside an editable install):
+            # the agent-bridge the hosts start is this checkout's too
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
         }
 
     def bridge(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
