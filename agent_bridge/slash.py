@@ -122,6 +122,8 @@ def argv(name: str, raw: str) -> list[str]:
                 value = rest[len(flag):].strip()
                 if flag == "--decline":
                     value = _first(value, "the reason")[0] if value[:1] in "'\"" else value
+                elif not value.isdigit():
+                    raise SlashError(f"--option takes the option's number (from 1), not {value!r}")
                 return [command, f"{flag}={value}", "--", qid]
         if not rest:
             raise SlashError(f"usage: /{NAMESPACE}:answer {COMMANDS['answer'][1]}")
