@@ -283,7 +283,7 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     snt.set_defaults(func=lambda ns: _commands().sent(ns.ids, ns.json))
 
     inb = sub.add_parser(
-        "inbox", help="messages agents sent to the owner, newest first (read-only; works with the broker down)"
+        "inbox", help="messages agents sent to the owner, newest first (read-only; broker may be down)"
     )
     inb.add_argument("--json", action="store_true", help="print JSON")
     inb.set_defaults(func=lambda ns: _commands().inbox(ns.json))
@@ -293,7 +293,7 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "writes the commands)"
     )
     sla.add_argument("name", choices=tuple(_slash().COMMANDS), help="the slash command")
-    sla.set_defaults(func=lambda ns: _slash().main(ns.name))
+    sla.set_defaults(func=_run_slash)
 
     ret = sub.add_parser("retract", help="withdraw a topic's pinned decision (history keeps every revision)")
     ret.add_argument("topic", help="the decision's topic")
@@ -357,6 +357,17 @@ def _slash() -> ModuleType:
     from agent_bridge import slash
 
     return slash
+
+
+def _run_slash(ns: argparse.Namespace) -> int:
+    """`agent-bridge slash NAME`: the owner command for the arguments on stdin, as typed."""
+    slash = _slash()
+    try:
+        args = slash.typed_argv(ns.name, sys.stdin.read(slash.ARGS_MAX + 1))
+    except slash.SlashError as exc:
+        print(f"agent-bridge {ns.name}: {exc}", file=sys.stderr)
+        return 2
+    return _main(args)
 
 
 def _commands() -> ModuleType:

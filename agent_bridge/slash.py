@@ -9,8 +9,9 @@ owner asks for is the command's own, and the model is told only to show it.
 What the owner typed after the command reaches us as typed: Claude Code pastes `$ARGUMENTS` into
 the shell command raw (no quoting), so the command file passes it on a quoted here-document's
 stdin, where no shell reads it, to `agent-bridge slash NAME`. `argv` turns that text into the
-command line of the ordinary command (`send`, `decide`, …), which then runs as if typed in a
-terminal: the same output, errors and exit codes.
+command line of the ordinary command (`send`, `decide`, …), which the CLI then runs as if typed in
+a terminal: the same output, errors and exit codes. Beneath the hosts and the CLI: it imports
+nothing of agent_bridge.
 
 Codex 0.171 has no custom prompts (removed in 0.117: `~/.codex/prompts/*.md` is not read, and
 `/prompts:…` is not a command), so install writes nothing for Codex here.
@@ -19,7 +20,6 @@ Codex 0.171 has no custom prompts (removed in 0.117: `~/.codex/prompts/*.md` is 
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 NAMESPACE = "agent-bridge"  # the folder under commands/: Claude Code names the commands /agent-bridge:NAME
@@ -131,19 +131,11 @@ def argv(name: str, raw: str) -> list[str]:
     return [command, *_words(raw)]  # inbox, questions, jobs: their own flags (--all, cancel ID)
 
 
-def main(name: str, stdin: str | None = None) -> int:
-    """`agent-bridge slash NAME`: run the command for the arguments on stdin (as typed)."""
-    from agent_bridge import cli
-
-    raw = sys.stdin.read(ARGS_MAX + 1) if stdin is None else stdin
-    if len(raw) > ARGS_MAX:
-        print(f"agent-bridge {name}: the arguments are longer than {ARGS_MAX:,} characters", file=sys.stderr)
-        return 2
-    if raw.strip() == "$ARGUMENTS":  # a host that left the placeholder unfilled: nothing was typed
-        raw = ""
-    try:
-        args = argv(name, raw)
-    except SlashError as exc:
-        print(f"agent-bridge {name}: {exc}", file=sys.stderr)
-        return 2
-    return cli.main(args)
+def typed_argv(name: str, typed: str) -> list[str]:
+    """`agent-bridge slash NAME` (agent_bridge.cli): the command line for what arrived on stdin.
+    Raises SlashError."""
+    if len(typed) > ARGS_MAX:
+        raise SlashError(f"the arguments are longer than {ARGS_MAX:,} characters")
+    if typed.strip() == "$ARGUMENTS":  # a host that left the placeholder unfilled: nothing was typed
+        typed = ""
+    return argv(name, typed)

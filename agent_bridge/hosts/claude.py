@@ -254,7 +254,8 @@ class Claude(Host):
         for scope in ("user", "project"):
             folder = self.commands_folder(scope, cwd)
             paths = [slash.command_path(folder, n) for n in slash.COMMANDS]
-            ours = [p for p in paths if p.is_file() and slash.is_ours(p.read_text(encoding="utf-8", errors="replace"))]
+            ours = [p for p in paths
+                    if p.is_file() and slash.is_ours(p.read_text(encoding="utf-8", errors="replace"))]
             if len(ours) == len(paths):
                 return Check(name, OK, f"/{slash.NAMESPACE}:{', :'.join(slash.COMMANDS)} ({scope} scope)")
             if ours:

@@ -232,7 +232,9 @@ def owned_file_edit(path: Path, text: str | None, is_ours: Callable[[str], bool]
     if before is not None and not is_ours(before):
         if text is None:
             return FileEdit(path, before, before, [], private, exact=True)
-        raise InstallError(f"{path} exists and is not one agent-bridge wrote; move it away and run install again")
+        raise InstallError(
+            f"{path} exists and is not one agent-bridge wrote; move it away and run install again"
+        )
     notes = ["removed our slash command" if text is None else
              "added our slash command" if before is None else "updated our slash command"]
     return FileEdit(path, before, text, notes, private, exact=True, prune=prune)

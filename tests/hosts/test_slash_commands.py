@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent_bridge.store import reader
-from tests.hosts.conftest import World
+from tests.hosts.conftest import World, poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +88,17 @@ def test_a_failing_command_shows_its_error_and_asks_the_model_nothing(world: Wor
                        skip_permissions=False).wait()
     assert world.claude_model.of_session(sid) == []
     assert "agent-bridge answer: no question has id '0000dead'" in run.out
+
+
+def test_codex_0171_has_no_custom_prompts_to_install(world: World) -> None:
+    """Why install writes no Codex prompts: Codex removed custom prompts in 0.117, and 0.171's TUI
+    refuses `/prompts:NAME` for a prompt file where older releases read them (`$CODEX_HOME/prompts`).
+    Should a Codex release take them again, this fails, and the prompts can be added."""
+    folder = world.codex_home / "prompts"
+    folder.mkdir()
+    (folder / "ping.md").write_text("---\ndescription: ping\n---\nSAY PONG-MARKER $ARGUMENTS\n")
+    tui = world.codex_tui()
+    poll_until(lambda: "Ask Codex" in tui.screen(), "the Codex TUI", timeout=90)
+    tui.type("/prompts:ping now")
+    poll_until(lambda: "Unrecognized command '/prompts:ping'" in tui.screen(), "Codex's answer", timeout=30)
+    assert not any("PONG-MARKER" in r.text for r in world.codex_model.requests)
