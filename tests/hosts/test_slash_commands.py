@@ -5,18 +5,20 @@ block, allowed by its own `allowed-tools`. The model is handed the CLI's output 
 to show it; what the owner typed reaches the CLI as typed, never read by a shell; a command that
 fails shows its one-line error to the owner, and the model gets nothing.
 
-Codex 0.171 has no custom prompts (agent_bridge/slash.py), so there is nothing to run there."""
+Codex 0.171 has no custom prompts (agent_bridge/slash.py), so install writes nothing there; its
+TUI's shell mode (`!agent-bridge …`) is what the README offers instead."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
 import pytest
 
 from agent_bridge.store import reader
-from tests.hosts.conftest import World, poll_until
+from tests.hosts.conftest import AGENT_BRIDGE, World, poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +58,7 @@ def test_the_owners_commands_run_in_claude_code_and_show_the_clis_output(world: 
         rows = conn.execute(
             "SELECT m.id, m.body, f.name FROM messages m JOIN peers p ON p.id = m.to_peer "
             "JOIN peers f ON f.id = m.from_peer WHERE p.host_session_id = ?", (target,)).fetchall()
+    assert len(rows) == 1, f"no message stored for the send; the model was shown: {shown(world, sid)!r}"
     (message_id, body, sender) = rows[0]
     assert (body, sender) == (TRICKY, "cli")  # verbatim, from the owner
     assert not list(world.root.rglob("pwned*"))  # no shell read what was typed
@@ -101,4 +104,21 @@ def test_codex_0171_has_no_custom_prompts_to_install(world: World) -> None:
     poll_until(lambda: "Ask Codex" in tui.screen(), "the Codex TUI", timeout=90)
     tui.type("/prompts:ping now")
     poll_until(lambda: "Unrecognized command '/prompts:ping'" in tui.screen(), "Codex's answer", timeout=30)
+    assert not any("PONG-MARKER" in r.text for r in world.codex_model.requests)
+
+    # What the README offers instead: Codex's shell mode runs the command in the session.
+    tui.type(f"!{AGENT_BRIDGE} questions")
+
+    pressed = [time.monotonic()]
+
+    def ran() -> bool:
+        if "You ran" in tui.screen():
+            return True
+        if time.monotonic() - pressed[-1] > 1:  # the first Enter may only have closed a popup
+            tui.tmux("send-keys", "Enter")
+            pressed.append(time.monotonic())
+        return False
+
+    poll_until(ran, "the shell command to run", timeout=30)
+    poll_until(lambda: "No open questions." in tui.screen(), "its output on the screen", timeout=30)
     assert not any("PONG-MARKER" in r.text for r in world.codex_model.requests)
