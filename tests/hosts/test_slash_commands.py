@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent_bridge.store import reader
-from tests.hosts.conftest import AGENT_BRIDGE, World, poll_until
+from tests.hosts.conftest import AGENT_BRIDGE, World, plan, poll_until, result_text, tool_results
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +91,18 @@ def test_a_failing_command_shows_its_error_and_asks_the_model_nothing(world: Wor
                        skip_permissions=False).wait()
     assert world.claude_model.of_session(sid) == []
     assert "agent-bridge answer: no question has id '0000dead'" in run.out
+
+
+def test_the_model_cannot_run_the_owners_commands(world: World) -> None:
+    """They act as the owner (author `cli`): a model that calls one with its Skill tool is refused
+    (`disable-model-invocation`), and nothing is recorded."""
+    sid = str(uuid.uuid4())
+    world.claude(plan(("Skill", {"skill": "agent-bridge:decide", "args": "db use sqlite"})),
+                 session_id=sid).wait()
+    results = [b for r in world.claude_model.of_session(sid) for b in tool_results(r.body)]
+    assert results and results[0].get("is_error") is True
+    assert "disable-model-invocation" in result_text(results[0])
+    assert json.loads(world.bridge("decisions", "--json").stdout) == []
 
 
 def test_codex_0171_has_no_custom_prompts_to_install(world: World) -> None:
