@@ -181,7 +181,8 @@ class Claude(Host):
         return (
             "Claude Code: start a new session (or run /mcp to reconnect); "
             + ("approve the project's .mcp.json server when asked; " if scope == "project" else "")
-            + "/hooks lists the SessionStart, PostToolUse and Stop hooks."
+            + "/hooks lists the SessionStart, PostToolUse and Stop hooks; /agent-bridge:inbox, :send, "
+            ":questions, :answer, :decide and :jobs run your commands there."
         )
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
