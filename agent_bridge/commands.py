@@ -177,6 +177,32 @@ def sent(ids: list[str], as_json: bool) -> int:
     return 0
 
 
+def inbox(as_json: bool) -> int:
+    """`agent-bridge inbox [--json]`: the messages sessions sent to the owner, newest first;
+    read-only, the broker may be down."""
+    from agent_bridge.store import queries, reader
+    from agent_bridge.store.schema import SchemaError
+
+    try:
+        with reader.reading(paths.db_path(paths.home())) as conn:
+            found = [] if conn is None else queries.owner_inbox(conn)
+    except SchemaError as exc:
+        return _fail("inbox", str(exc))
+    if as_json:
+        _print_json(found)
+        return 0
+    if not found:
+        print("No messages to the owner yet.")
+    for m in found:
+        sender = m["from"]
+        who = f"{sender['name'] or sender['id']} ({sender['agent']})" if sender["agent"] else sender["name"]
+        print(f"{visible(m['id'])}  from {visible(who or '?')}  {when(m['createdAt'])}")
+        print(f"    {visible(' '.join(m['text'].split()))}")
+    if found:
+        print("Reply with `agent-bridge send NAME TEXT`.")
+    return 0
+
+
 def receipt_line(r: dict[str, Any]) -> str:
     """`0199… to codex-app  acknowledged (shown 12:01:02, acknowledged 12:01:02); woken: confirmed;
     replies: 0199…`: a `sent` item for people."""

@@ -69,6 +69,9 @@ class FileEdit:
     # containers install filled (agent_bridge.install's docstring)
     was_empty: list[JsonPath] = field(default_factory=list)
     exact: bool = False  # `before`/`after` keep the file's own line ends (JSON edited in place)
+    # folders to remove, innermost first, when deleting this file leaves them empty (a command
+    # file's folders, which install made)
+    prune: tuple[Path, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -229,6 +232,22 @@ def _get(doc: Any, at: JsonPath) -> Any:
 
 def record_path() -> Path:
     return paths.home() / RECORD
+
+
+def owned_file_edit(path: Path, text: str | None, is_ours: Callable[[str], bool], *, private: bool,
+                    prune: tuple[Path, ...] = ()) -> FileEdit:
+    """A whole file that is ours (a slash command's): written as `text`, or deleted when `text` is
+    None. A file at `path` that is not ours is refused by install and left alone by uninstall."""
+    before = _read_exact(path)
+    if before is not None and not is_ours(before):
+        if text is None:
+            return FileEdit(path, before, before, [], private, exact=True)
+        raise InstallError(
+            f"{path} exists and is not one agent-bridge wrote; move it away and run install again"
+        )
+    notes = ["removed our slash command" if text is None else
+             "added our slash command" if before is None else "updated our slash command"]
+    return FileEdit(path, before, text, notes, private, exact=True, prune=prune)
 
 
 def read_record() -> dict[str, list[JsonPath]]:

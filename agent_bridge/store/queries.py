@@ -308,6 +308,27 @@ def sent_messages(
     ]
 
 
+INBOX_DEFAULT = 20  # `inbox`: the owner's newest messages
+
+
+def owner_inbox(conn: apsw.Connection, limit: int = INBOX_DEFAULT) -> list[dict[str, Any]]:
+    """The messages sessions sent to the owner (`to: "owner"`), newest first, as
+    `{"id", "from": {"id", "name", "agent"}, "text", "replyTo", "createdAt"}`. Questions, which also
+    go to the owner, are `questions`' to list."""
+    not_a_question = "AND m.id NOT IN (SELECT id FROM questions) " if has_table(conn, "questions") else ""
+    rows = conn.execute(
+        "SELECT m.id, m.from_peer, p.name, p.agent, m.body, m.reply_to, m.created_at FROM messages m "
+        f"LEFT JOIN peers p ON p.id = m.from_peer WHERE m.to_peer = ? {not_a_question}"
+        "ORDER BY m.rowid DESC LIMIT ?",
+        (CLI_ID, limit),
+    )
+    return [
+        {"id": mid, "from": {"id": fid, "name": name, "agent": agent}, "text": body, "replyTo": reply_to,
+         "createdAt": created}
+        for mid, fid, name, agent, body, reply_to, created in rows
+    ]
+
+
 def not_sent(found: Sequence[SentReceipt], ids: Sequence[str]) -> list[str]:
     """The ids among `ids` that name none of `found` (`sent_messages` for those ids): by its
     own id or its send's message_id."""

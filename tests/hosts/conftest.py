@@ -163,6 +163,9 @@ class World:
             "LANG": "C.UTF-8",
             "TMPDIR": str(self.root / "tmp"),
             "SHELL": "/bin/sh",
+            # a checkout run with PYTHONPATH=$PWD (a git worktree beside an editable install):
+            # the agent-bridge the hosts start is this checkout's too
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
         }
 
     def bridge(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -194,7 +197,9 @@ class World:
     # --- Claude Code ---------------------------------------------------------------------
 
     def claude(self, prompt: str, *, session_id: str | None = None, resume: str | None = None,
-               cwd: Path | None = None, tag: str = "claude") -> HostRun:
+               cwd: Path | None = None, tag: str = "claude", skip_permissions: bool = True) -> HostRun:
+        """`claude -p PROMPT`; with `skip_permissions` False, in the default permission mode (a
+        tool or `!` command runs only when a rule allows it)."""
         env = {
             **self.base_env(),
             **CLAUDE_OFFLINE_ENV,
@@ -207,7 +212,7 @@ class World:
             str(self.host_bin / "claude"),
             "-p",
             prompt,
-            "--dangerously-skip-permissions",
+            *(["--dangerously-skip-permissions"] if skip_permissions else []),
             "--output-format",
             "stream-json",
             "--verbose",
