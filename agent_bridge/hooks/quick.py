@@ -9,25 +9,56 @@ with no output. Otherwise (a file, no box, an input it cannot read this simply) 
 hook, `agent_bridge.hooks.post_tool_use`, in this process, with `site` loaded then.
 
 What it must agree on with the package, checked by tests/hooks/test_quick.py: the home folder
-(`paths.home`) and the file name (`paths.pending_path`).
+(`paths.home`) and the file name (`paths.pending_path`). Not on Windows (no `posix`): there the
+whole hook looks.
 """
 
-import os
 import sys
+
+try:  # the built-in module under `os`: without `site`, `import os` costs more than this whole look
+    import posix as _os
+except ImportError:  # not a POSIX system: the module that is there
+    import os as _os  # type: ignore[no-redef]
 
 KEY = b'"session_id"'
 
 
-def home() -> str:
-    """paths.home, without pathlib."""
-    explicit = os.environ.get("AGENT_BRIDGE_HOME")
+def _env(name: str) -> str | None:
+    environ = _os.environ
+    raw = environ.get(name.encode()) if _os.__name__ == "posix" else environ.get(name)  # type: ignore[call-overload]
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "surrogateescape")
+    return raw
+
+
+def _exists(path: str) -> bool:
+    try:
+        _os.stat(path)
+    except OSError:
+        return False
+    return True
+
+
+def home() -> str | None:
+    """paths.home (the same folder, not always the same spelling), without pathlib; None where
+    this look cannot tell (the whole hook then looks)."""
+    explicit = _env("AGENT_BRIDGE_HOME")
     if explicit:
-        return os.path.abspath(os.path.expanduser(explicit))
+        if explicit.startswith("~"):
+            user_home = _env("HOME")
+            if not user_home or not (explicit == "~" or explicit.startswith("~/")):
+                return None
+            explicit = user_home + explicit[1:]
+        return explicit if explicit.startswith("/") else _os.getcwd() + "/" + explicit
     if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
-        return os.path.join(base, "agent-bridge")
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "agent-bridge")
+        return None
+    state = _env("XDG_STATE_HOME")
+    if not state:
+        user_home = _env("HOME")
+        if not user_home:
+            return None
+        state = user_home + "/.local/state"
+    return state + "/agent-bridge"
 
 
 def session_id(raw: bytes) -> str | None:
@@ -56,18 +87,22 @@ def digest(text: str) -> str:
     """paths.host_session_digest."""
     try:
         from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:  # Python >= 3.12
-        from hashlib import sha256
+    except ImportError:
+        try:  # Python >= 3.12
+            from _sha2 import sha256  # type: ignore[import-not-found, no-redef, unused-ignore]
+        except ImportError:
+            from hashlib import sha256  # type: ignore[assignment, unused-ignore]
     return str(sha256(text.encode("utf-8")).hexdigest()[:32])
 
 
 def nothing_waits(raw: bytes) -> bool:
     """True only when the post box says so for this input's session."""
     sid = session_id(raw)
-    if sid is None:
+    folder = home()
+    if sid is None or folder is None:
         return False
-    box = os.path.join(home(), "pending")
-    return os.path.exists(os.path.join(box, "ready")) and not os.path.exists(os.path.join(box, digest(sid)))
+    box = folder + "/pending/"
+    return _exists(box + "ready") and not _exists(box + digest(sid))
 
 
 def main(argv: list[str]) -> int:
@@ -78,6 +113,7 @@ def main(argv: list[str]) -> int:
             return 0
     except Exception:  # noqa: BLE001 - whatever it is, the whole hook looks
         pass
+    import os
     import site
 
     site.main()  # the package's dependencies (the store reader's SQLite)

@@ -95,7 +95,7 @@ async def test_the_post_box_follows_the_messages_and_the_script_follows_the_post
             )
             assert (idle.returncode, idle.stdout) == (0, b"")
             imported = {line.split("|")[-1].strip() for line in idle.stderr.decode().splitlines()}
-            assert not {"agent_bridge", "apsw", "sqlite3", "json", "site"} & imported, sorted(imported)
+            assert not {"agent_bridge", "apsw", "sqlite3", "json", "site", "os"} & imported, sorted(imported)
             sent = await tx.request("send", to="hs-quick", text="between your tool calls")
             assert mark.exists()  # the send's answer waited for the post box
             result = await trio.to_thread.run_sync(
