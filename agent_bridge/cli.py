@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("post-tool-use", "PostToolUse: hand waiting active messages to the model between tool calls"),
         ("stop", "Stop: continue the session while active messages wait"),
         ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
-        ("user-prompt-submit", "UserPromptSubmit (Claude Code): a turn starts, the waiter stands aside"),
+        ("user-prompt-submit", "UserPromptSubmit: a turn starts, the waiter stands aside"),
+        ("interrupt", "Interrupt (Codex): a turn cut short, the session is idle"),
     ):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
@@ -209,6 +210,18 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "state, agent, access, runtime, last step, parent. `agent-bridge jobs cancel ID` stops one.",
         "agent-bridge jobs --all",
     ),
+    "inbox": (
+        "List the messages agents sent to the owner (send with to: \"owner\"), newest first (read-only; "
+        "no broker needed). Questions are in `agent-bridge questions`.",
+        "agent-bridge inbox --json",
+    ),
+    "slash": (
+        "What the slash commands install adds to Claude Code run (/agent-bridge:send, :inbox, :decide, "
+        ":questions, :answer, :jobs): the command NAME with the arguments as the owner typed them, read "
+        "from stdin, so no shell parses them. The first word (or a quoted phrase) is the recipient, "
+        "topic or question id; the rest is the text.",
+        "echo 'codex-app please rebase on main' | agent-bridge slash send",
+    ),
     "sessions": (
         "List every known session, connected or gone, with what waits for it (read-only; no broker needed).",
         "agent-bridge sessions",
@@ -270,6 +283,19 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     snt.add_argument("--json", action="store_true", help="print the sent tool's JSON result")
     snt.set_defaults(func=lambda ns: _commands().sent(ns.ids, ns.json))
 
+    inb = sub.add_parser(
+        "inbox", help="messages agents sent to the owner, newest first (read-only; broker may be down)"
+    )
+    inb.add_argument("--json", action="store_true", help="print JSON")
+    inb.set_defaults(func=lambda ns: _commands().inbox(ns.json))
+
+    sla = sub.add_parser(
+        "slash", help="run a slash command's owner command with the arguments as typed on stdin (install "
+        "writes the commands)"
+    )
+    sla.add_argument("name", choices=tuple(_slash().COMMANDS), help="the slash command")
+    sla.set_defaults(func=_run_slash)
+
     ret = sub.add_parser("retract", help="withdraw a topic's pinned decision (history keeps every revision)")
     ret.add_argument("topic", help="the decision's topic")
     ret.add_argument("--reason", help="why, shown in history and in the notice sessions get")
@@ -326,6 +352,23 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     fgt.add_argument("--json", action="store_true", help="print JSON")
     fgt.set_defaults(func=lambda ns: _commands().forget(ns.sessions, ns.gone_for, ns.json))
+
+
+def _slash() -> ModuleType:
+    from agent_bridge import slash
+
+    return slash
+
+
+def _run_slash(ns: argparse.Namespace) -> int:
+    """`agent-bridge slash NAME`: the owner command for the arguments on stdin, as typed."""
+    slash = _slash()
+    try:
+        args = slash.typed_argv(ns.name, sys.stdin.read(slash.ARGS_MAX + 1))
+    except slash.SlashError as exc:
+        print(f"agent-bridge {ns.name}: {exc}", file=sys.stderr)
+        return 2
+    return _main(args)
 
 
 def _commands() -> ModuleType:
@@ -393,6 +436,8 @@ HOME_COMMANDS = frozenset(
         "forget",
         "questions",
         "answer",
+        "inbox",
+        "slash",
         "jobs",
         "install",
         "uninstall",
@@ -433,6 +478,10 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import user_prompt_submit
 
         return user_prompt_submit.main(ns.agent)
+    if ns.event == "interrupt":
+        from agent_bridge.hooks import interrupt
+
+        return interrupt.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -474,7 +523,7 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:

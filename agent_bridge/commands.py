@@ -177,6 +177,32 @@ def sent(ids: list[str], as_json: bool) -> int:
     return 0
 
 
+def inbox(as_json: bool) -> int:
+    """`agent-bridge inbox [--json]`: the messages sessions sent to the owner, newest first;
+    read-only, the broker may be down."""
+    from agent_bridge.store import queries, reader
+    from agent_bridge.store.schema import SchemaError
+
+    try:
+        with reader.reading(paths.db_path(paths.home())) as conn:
+            found = [] if conn is None else queries.owner_inbox(conn)
+    except SchemaError as exc:
+        return _fail("inbox", str(exc))
+    if as_json:
+        _print_json(found)
+        return 0
+    if not found:
+        print("No messages to the owner yet.")
+    for m in found:
+        sender = m["from"]
+        who = f"{sender['name'] or sender['id']} ({sender['agent']})" if sender["agent"] else sender["name"]
+        print(f"{visible(m['id'])}  from {visible(who or '?')}  {when(m['createdAt'])}")
+        print(f"    {visible(' '.join(m['text'].split()))}")
+    if found:
+        print("Reply with `agent-bridge send NAME TEXT`.")
+    return 0
+
+
 def receipt_line(r: dict[str, Any]) -> str:
     """`0199… to codex-app  acknowledged (shown 12:01:02, acknowledged 12:01:02); woken: confirmed;
     replies: 0199…`: a `sent` item for people."""
@@ -462,8 +488,11 @@ def questions(include_closed: bool, as_json: bool) -> int:
         print(f"    {visible(q.question)}")
         if q.topic:
             print(f"    topic: {visible(q.topic)}")
+        if q.context:
+            print(f"    context: {visible(q.context)}")
         for n, option in enumerate(q.options, start=1):
-            print(f"    {n}. {visible(option)}")
+            mark = " (recommended)" if q.recommended == n - 1 else ""
+            print(f"    {n}. {visible(option)}{mark}")
         if q.state == "answered":
             print(f"    answered: decision {visible(q.decision_id)}")
         elif q.state == "declined":

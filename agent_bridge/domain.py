@@ -26,6 +26,7 @@ NOTE_TOPICS = 5
 NOTE_TEXT_MAX = 160
 QUESTION_MAX = 1000  # characters of a question for the owner (SPEC §4.6)
 OPTIONS_MAX = 10  # options a question offers
+CONTEXT_MAX = 2000  # characters of what an asker already knows (SPEC §4.6)
 OPTION_MAX = 200  # characters of one option
 QUESTION_TOPIC_WORDS = 80  # characters of a topic made from a question that had none
 
@@ -113,6 +114,30 @@ def normalize_question(question: object) -> str:
     if len(normalized) > QUESTION_MAX:
         raise InputError(f"question: at most {QUESTION_MAX} characters, got {len(normalized)}")
     return normalized
+
+
+def normalize_context(context: object) -> str | None:
+    """What the asker already knows, for the owner: trimmed; 1..2000 characters; None for none."""
+    if context is None:
+        return None
+    if not isinstance(context, str):
+        raise InputError(f"context: expected a string, got {_type_name(context)}")
+    _check_unicode(context, "context")
+    normalized = context.strip()
+    if len(normalized) > CONTEXT_MAX:
+        raise InputError(f"context: at most {CONTEXT_MAX} characters, got {len(normalized)}")
+    return normalized or None
+
+
+def recommended_option(value: object, options: tuple[str, ...]) -> int | None:
+    """The index (from 0) of the option the asker recommends, among `options`; None for none."""
+    if value is None:
+        return None
+    if not options:
+        raise InputError("recommended: the question offers no options to recommend one of")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(options):
+        raise InputError(f"recommended: expected an option's index from 0 to {len(options) - 1}")
+    return value
 
 
 def normalize_options(options: object) -> tuple[str, ...]:

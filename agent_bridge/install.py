@@ -121,6 +121,11 @@ def apply(edit: FileEdit, backups: Callable[[], Path]) -> Path | None:
         shutil.copy2(edit.path, backup)
     if edit.after is None:
         edit.path.unlink(missing_ok=True)
+        for folder in edit.prune:  # innermost first; one still holding anything stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         return backup
     edit.path.parent.mkdir(parents=True, exist_ok=True)
     tmp = edit.path.with_name(f".{edit.path.name}.agent-bridge-{os.getpid()}.tmp")

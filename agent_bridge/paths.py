@@ -19,6 +19,10 @@ LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole li
 # why the last `up` could not start a broker (for `doctor`); removed once one runs
 START_FAILURE = "broker.failed"
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
+# One empty file per host session with a message a hook may hand over (daemon.pending writes them;
+# the PostToolUse hook's first look), and READY once a broker keeps them.
+PENDING_DIR = "pending"
+PENDING_READY = "ready"
 PROMPTED_DIR = "prompted"  # per host session: the owner questions its UserPromptSubmit hook has shown
 JOBS_DIR = "jobs"  # per job (SPEC §4.7): its runs' output and its last answer
 WORKTREES_DIR = "worktrees"  # the git worktrees of worktree jobs
@@ -144,6 +148,11 @@ def writable_home(path: Path) -> Path:
             "fix that, or set AGENT_BRIDGE_HOME to a folder you can write",
         )
     return path
+
+
+def pending_path(home: Path, host_session_id: str) -> Path:
+    """`<home>/pending/<digest>`: present while the session may have a message to hand over."""
+    return home / PENDING_DIR / host_session_digest(host_session_id)
 
 
 def host_session_digest(host_session_id: str) -> str:

@@ -156,17 +156,20 @@ class Question(NamedTuple):
     scope: Scope
     asked_by: tuple[Author, ...]
     created_at: int
-    state: str  # "open", "answered" or "declined"
+    state: str  # "open", "answered", "declined" or "withdrawn" (every asker withdrew it)
     decision_id: str | None = None
     reason: str | None = None
+    context: str | None = None  # what the first asker already knew
+    recommended: int | None = None  # the index of the option the first asker recommended
 
     @property
     def open(self) -> bool:
         return self.state == "open"
 
     def to_json(self) -> JSON:
-        """The question object: exactly these fields, nullable ones null (SPEC §4.6)."""
-        return {
+        """The question object: exactly these fields, nullable ones null (SPEC §4.6); and
+        `context` and `recommended` where the asker gave them (richer questions)."""
+        out: JSON = {
             "id": self.id,
             "question": self.question,
             "topic": self.topic,
@@ -178,6 +181,11 @@ class Question(NamedTuple):
             "decisionId": self.decision_id,
             "reason": self.reason,
         }
+        if self.context is not None:
+            out["context"] = self.context
+        if self.recommended is not None:
+            out["recommended"] = self.recommended
+        return out
 
 
 class Message(NamedTuple):

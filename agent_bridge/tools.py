@@ -40,12 +40,13 @@ def _object(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dic
 STRING: dict[str, Any] = {"type": "string"}
 BOOLEAN: dict[str, Any] = {"type": "boolean"}
 # Any JSON value, or a string holding JSON or `all`; the broker judges it (domain.normalize_scope).
-SCOPE: dict[str, Any] = {"description": "all|{project:dir}|{sessions:[names]}; omit: project"}
+SCOPE: dict[str, Any] = {"description": "all|{project:dir}|{sessions:[names]}"}
 INBOX_WAIT_MAX = 60  # seconds an `inbox` call may wait for a first message
 SENT_WAIT_MAX = 50  # seconds a `sent` call may wait for a change
 SENT_IDS_MAX = 100  # message ids one `sent` call may name
 JOB_TASK_MAX = 20_000  # characters of a delegated task or a `continue` message
 JOB_WAIT_MAX = 50  # seconds a `delegate` call may wait for the job to end
+ASK_WAIT_MAX = 50  # seconds an `ask_owner` call may wait for the owner's answer
 
 _TOOLS = (
     Tool(
@@ -90,8 +91,8 @@ _TOOLS = (
     Tool(
         "send",
         "send",
-        "Message agent sessions, running or not. to: name, id, claude|codex or * (this "
-        "project). message_id (uuid): safe retry; `sent` says if read: don't resend.",
+        "Message agent sessions, running or not. to: name, id, claude|codex, * (project). "
+        "message_id (uuid): safe retry.",
         _object(
             ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING,
             message_id=STRING,
@@ -104,8 +105,7 @@ _TOOLS = (
     Tool(
         "sent",
         "sent",
-        "Your messages' receipts: shown, acknowledged, woken, replies. ids: default 20 newest; "
-        "wait_seconds: for a change.",
+        "Your messages' receipts: shown, acked, woken, replies.",
         _object(
             ids={"type": "array", "maxItems": SENT_IDS_MAX, "items": STRING},
             wait_seconds={"type": "number", "minimum": 0, "maximum": SENT_WAIT_MAX},
@@ -115,8 +115,7 @@ _TOOLS = (
     Tool(
         "inbox",
         None,
-        "Your inbox: agent sessions' messages (not the user's), oldest first; read unless peek. "
-        "wait_seconds: for one.",
+        "Your inbox: agent sessions' messages (not the user's), oldest first; read unless peek.",
         _object(wait_seconds={"type": "number", "minimum": 0, "maximum": INBOX_WAIT_MAX}, peek=BOOLEAN),
         # An `inbox` result never written to the host acknowledges nothing.
         idempotent=True,
@@ -125,7 +124,7 @@ _TOOLS = (
     Tool(
         "ask_owner",
         "ask_owner",
-        "Ask the human owner only what they must decide; check `decisions` first.",
+        "Ask the owner what they must decide; check `decisions` first. withdraw: id.",
         _object(
             ("question",),
             question={**STRING, "maxLength": domain.QUESTION_MAX},
@@ -136,6 +135,10 @@ _TOOLS = (
                 "items": {**STRING, "maxLength": domain.OPTION_MAX},
             },
             scope=SCOPE,
+            context={**STRING, "maxLength": domain.CONTEXT_MAX},
+            recommended={"type": "integer"},
+            wait_seconds={"type": "number", "minimum": 0, "maximum": ASK_WAIT_MAX},
+            withdraw=STRING,
         ),
         # Asked again, a question joins the open one it repeats: the same question, nobody added.
         idempotent=True,

@@ -71,6 +71,7 @@ def test_healthy_setup_passes_every_check(broker, env, home, user_home, workdir)
     assert found == {
         "home folder": "ok", "broker": "ok", "socket": "ok", "schema": "ok", "dashboard": "ok",
         "Claude Code MCP server": "ok", "Claude Code hooks": "ok", "Claude Code reach": "ok",
+        "Claude Code slash commands": "ok",
         "Codex MCP server": "ok", "Codex hooks": "ok", "Codex hooks feature": "ok", "Codex reach": "ok",
         "Codex hooks trust": "skip",  # no codex on PATH to ask
     }, result.stdout
@@ -115,6 +116,7 @@ def test_broken_setup_fails_and_says_what_to_fix(tmp_path, user_home, workdir):
     assert found == {
         "home folder": "FAIL", "broker": "FAIL", "socket": "skip", "schema": "FAIL", "dashboard": "skip",
         "Claude Code MCP server": "FAIL", "Claude Code hooks": "FAIL", "Claude Code reach": "warn",
+        "Claude Code slash commands": "warn",
         "Codex MCP server": "FAIL", "Codex hooks": "FAIL", "Codex hooks feature": "FAIL",
         "Codex hooks trust": "skip", "Codex reach": "warn",
     }, result.stdout

@@ -132,20 +132,23 @@ def test_codex_stop_answer_is_always_the_block_decision(tmp_path):
     }
 
 
-def test_codex_wakes_only_where_declared(tmp_path, monkeypatch):
-    """Codex's idle wake (a waiter running `codex queue`) is off unless AGENT_BRIDGE_CODEX_WAKE=1:
-    an interactive Codex's daemon outlives its TUI and would run a queued message's turn unwatched."""
+def test_codex_wakes_by_default_only_in_its_tui_unless_told(tmp_path, monkeypatch):
+    """Codex's idle wake (a waiter running `codex queue`) is on by default, and then only while the
+    TUI runs (an interactive Codex's daemon outlives its TUI and would run a queued message's turn
+    unwatched); AGENT_BRIDGE_CODEX_WAKE=0 turns it off, =1 wakes where no TUI is known too."""
     (tmp_path / "codex").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "codex").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     codex = hosts.by_name("codex")
     hook = HookInput("thread-1", "/w/app", "", False)
     assert codex.spawned_waiter and not hosts.by_name("claude").spawned_waiter
-    assert not codex.runs_waiter(hook, {})
-    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "yes"})
+    assert codex.runs_waiter(hook, {}) and codex.wakes_only_in_front({})
+    assert codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "yes"})
+    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "0"})
     assert codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})
+    assert not codex.wakes_only_in_front({"AGENT_BRIDGE_CODEX_WAKE": "1"})
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    assert not codex.runs_waiter(hook, {"AGENT_BRIDGE_CODEX_WAKE": "1"})  # no codex to queue with
+    assert not codex.runs_waiter(hook, {})  # no codex to queue with
 
 
 def test_claude_queued_prompts_counts_the_transcripts_queue_operations(tmp_path):
@@ -166,3 +169,12 @@ def test_claude_queued_prompts_counts_the_transcripts_queue_operations(tmp_path)
     assert claude.queued_prompts(write("enqueue", "enqueue", "remove")) == 1
     assert claude.queued_prompts(str(tmp_path / "missing.jsonl")) == 0
     assert claude.queued_prompts("") == 0
+
+
+def test_doctor_says_codex_wakes_by_default_and_when_it_does_not():
+    from agent_bridge.hosts.codex import codex_wake_text
+
+    default = codex_wake_text(None)
+    assert "on by default" in default and "does not fire" in default and "codex exec" in default
+    assert codex_wake_text("0").startswith("off")
+    assert "no TUI is known" in codex_wake_text("1")

@@ -14,11 +14,16 @@ from pathlib import Path
 
 import pytest
 
+import agent_bridge
 from tests.hostbin import CLAUDE_OFFLINE_ENV, host_program
 
 SCRIPT = Path(sys.executable).with_name("agent-bridge")
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent_bridge"]
 RUN = CLI[0] if SCRIPT.exists() else sys.executable  # what the registrations must name
+# The PostToolUse hook, by absolute path: the installing interpreter (the script's), without `site`,
+# running hooks/quick.py (tests/hooks/test_quick.py)
+INTERPRETER = SCRIPT.read_text().splitlines()[0][2:].strip() if SCRIPT.exists() else sys.executable
+QUICK = f"{INTERPRETER} -I -S {Path(agent_bridge.__file__).parent / 'hooks' / 'quick.py'}"
 
 CLAUDE_JSON = {
     "numStartups": 12,
@@ -167,7 +172,7 @@ def test_claude_user_scope_keeps_everything_and_is_idempotent(user_home, workdir
         "timeout": 86400,
         "asyncRewake": True,
     }
-    assert hook_commands(settings, "PostToolUse") == [f"{RUN} hook post-tool-use --agent claude"]
+    assert hook_commands(settings, "PostToolUse") == [f"{QUICK} post-tool-use --agent claude"]
     assert "matcher" not in settings["hooks"]["PostToolUse"][0]  # after every tool
     assert hook_commands(settings, "UserPromptSubmit") == [f"{RUN} hook user-prompt-submit --agent claude"]
     assert settings["hooks"]["Stop"][0]["hooks"][0]["type"] == "command"
@@ -242,7 +247,7 @@ def test_codex_user_scope_keeps_comments_and_entries(user_home, workdir, tmp_pat
         f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook session-start --agent codex"
     ]
     assert hook_commands(hooks, "PostToolUse") == [
-        f"AGENT_BRIDGE_HOME={bridge_home} {RUN} hook post-tool-use --agent codex"
+        f"AGENT_BRIDGE_HOME={bridge_home} {QUICK} post-tool-use --agent codex"
     ]
     assert [b.read_text() for b in backups_of(user_home / ".codex" / "config.toml")] == [CODEX_TOML]
     assert len(backups_of(user_home / ".codex" / "hooks.json")) == 1
@@ -735,7 +740,7 @@ def test_an_install_from_before_post_tool_use_gets_only_that_hook_added(user_hom
                 {
                     "type": "command",
                     "command": (
-                        f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {RUN} hook post-tool-use --agent claude"
+                        f"AGENT_BRIDGE_HOME={user_home / 'bridge'} {QUICK} post-tool-use --agent claude"
                     ),
                     "timeout": 10,
                 }
@@ -844,3 +849,82 @@ def test_install_warns_when_the_other_scope_is_installed(user_home, workdir):
     assert "also installed at project scope" in again.stderr and str(workdir / ".mcp.json") in again.stderr
     assert uninstall(env, workdir, "--claude", "--scope", "project").returncode == 0
     assert "also installed" not in install(env, workdir, "--claude").stderr
+
+
+# --- the owner's slash commands (SPEC §4.6, agent_bridge.slash) ----------------------------
+
+SLASH_NAMES = ("send", "inbox", "decide", "questions", "answer", "jobs")
+
+
+def command_files(claude_dir: Path) -> dict[str, str]:
+    folder = claude_dir / "commands" / "agent-bridge"
+    return {p.stem: p.read_text() for p in sorted(folder.glob("*.md"))} if folder.is_dir() else {}
+
+
+def test_slash_commands_are_added_and_removed_leaving_the_users_own(user_home, workdir, tmp_path):
+    claude_fixture(user_home)
+    mine = user_home / ".claude" / "commands" / "review.md"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"---\ndescription: my review\n---\nReview $ARGUMENTS\r\n")
+    before = snapshot(user_home)
+    env = install_env(user_home, tmp_path / "state")
+    done = install(env, workdir, "--claude")
+    assert done.returncode == 0, done.stderr
+
+    files = command_files(user_home / ".claude")
+    assert sorted(files) == sorted(SLASH_NAMES)
+    for name, text in files.items():
+        line = f"AGENT_BRIDGE_HOME={tmp_path / 'state'} {RUN} slash {name}"
+        assert f"allowed-tools: Bash({line}:*)\n" in text
+        assert f"```!\n{line} <<'AGENT_BRIDGE_ARGUMENTS'\n$ARGUMENTS\nAGENT_BRIDGE_ARGUMENTS\n```\n" in text
+        assert "disable-model-invocation: true\n" in text  # the model cannot act as the owner
+        assert f"commands/agent-bridge/{name}.md: added our slash command (new file)" in done.stdout
+    assert "argument-hint: TO TEXT\n" in files["send"]
+    assert (user_home / ".claude" / "commands" / "agent-bridge" / "send.md").stat().st_mode & 0o777 == 0o600
+    assert "nothing to change" in install(env, workdir, "--claude").stdout
+
+    removed = uninstall(env, workdir, "--claude")
+    assert removed.returncode == 0, removed.stderr
+    assert "commands/agent-bridge/jobs.md: removed our slash command" in removed.stdout
+    assert snapshot(user_home) == before  # the user's own command byte for byte, CRLF included
+    assert not (user_home / ".claude" / "commands" / "agent-bridge").exists()
+    assert [b.name for b in backups_of(user_home / ".claude" / "commands" / "agent-bridge" / "send.md")] == [
+        "send.md"]  # kept like every file uninstall changes
+
+
+def test_a_command_file_that_is_not_ours_is_refused_and_kept(user_home, workdir):
+    claude_fixture(user_home)
+    theirs = user_home / ".claude" / "commands" / "agent-bridge" / "send.md"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("---\ndescription: someone else's\n---\nsend it\n")
+    before = snapshot(user_home)
+    env = install_env(user_home)
+    done = install(env, workdir, "--claude")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"agent-bridge install: refused: {theirs} exists and is not one agent-bridge wrote; "
+        "move it away and run install again"
+    )
+    assert snapshot(user_home) == before  # nothing written, also not the other files
+
+    theirs.unlink()
+    assert install(env, workdir, "--claude").returncode == 0
+    theirs.write_text("mine now\n")  # replaced by the user after install
+    removed = uninstall(env, workdir, "--claude")
+    assert removed.returncode == 0, removed.stderr
+    assert theirs.read_text() == "mine now\n"
+    assert sorted(command_files(user_home / ".claude")) == ["send"]
+
+
+def test_project_scope_slash_commands_name_the_command_on_path(user_home, workdir):
+    env = install_env(user_home)
+    before = snapshot(workdir)
+    assert install(env, workdir, "--claude", "--scope", "project").returncode == 0
+    files = command_files(workdir / ".claude")
+    assert sorted(files) == sorted(SLASH_NAMES)
+    assert "```!\nagent-bridge slash decide <<'AGENT_BRIDGE_ARGUMENTS'\n" in files["decide"]
+    assert (workdir / ".claude" / "commands" / "agent-bridge" / "send.md").stat().st_mode & 0o777 == 0o644
+    assert command_files(user_home / ".claude") == {}
+    assert uninstall(env, workdir, "--claude", "--scope", "project").returncode == 0
+    assert snapshot(workdir) == before
+    assert not (workdir / ".claude" / "commands").exists()

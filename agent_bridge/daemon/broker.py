@@ -103,6 +103,7 @@ class Broker:
         # dashboard): `wait_active` waits on it.
         self.changes: Any = None
         self.waiters: Any = None  # daemon.waiters.Waiters: the wake waiters, set by daemon.root
+        self.pending: Any = None  # daemon.pending.Pending: the hooks' post box, set by daemon.root
         # The job supervisor (daemon.jobs.Supervisor), started by daemon.root beside the listener.
         self.jobs: Any = None
         check_handlers()  # a Broker without its handlers would refuse every request

@@ -76,6 +76,8 @@ async def send_batch(
             recipient = broker.sessions.get(to_id)  # as stored: an address may have followed a merge
             if recipient is not None:
                 recipient.poke()
+        if broker.pending is not None:
+            await broker.pending.settle()  # what the sender sees sent, the hooks find in the post box
     done = iter(stored)
     out: list[dict[str, Any] | InputError] = []
     for plan, args in zip(plans, batch, strict=True):

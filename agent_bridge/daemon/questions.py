@@ -11,42 +11,93 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_bridge import domain
+import trio
+
+from agent_bridge import domain, tools
 from agent_bridge.daemon.args import ADDRESS_MAX
 from agent_bridge.daemon.args import no_unknown as _no_unknown
 from agent_bridge.daemon.broker import Broker, control_op, session_op
 from agent_bridge.daemon.ops_decisions import decision_recipients, decision_recorded, unmatched_addresses
 from agent_bridge.daemon.sessions import Session
 from agent_bridge.domain import InputError
+from agent_bridge.rows import Question
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.peers import CLI_AUTHOR
 
 QUESTIONS_COMMAND = "`agent-bridge questions`"
 
 
+ASK_WAIT_MAX = tools.ASK_WAIT_MAX
+
+
 @session_op("ask_owner")
 async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
     """Record a question for the owner, join the open one it repeats, or answer with the
-    current decision on its topic (then nothing is recorded)."""
-    _no_unknown(args, {"question", "topic", "options", "scope"}, "ask_owner")
+    current decision on its topic (then nothing is recorded); with `wait_seconds`, wait that long
+    for the answer (`answer` in the result when it came). `withdraw: ID`: the caller withdraws
+    its question instead."""
+    _no_unknown(args, {"question", "topic", "options", "scope", "context", "recommended", "wait_seconds",
+                       "withdraw"}, "ask_owner")
+    if args.get("withdraw") is not None:
+        others = [k for k in args if k not in ("withdraw", "question") and args[k] is not None]
+        if others:  # `question` is required by the schema: its text is not looked at here
+            raise InputError(f"withdraw: give the question's id and nothing but `question` (not {others[0]})")
+        question_id = await _question_id(broker, args.get("withdraw"))
+        withdrawn = await broker.db.withdraw_question(
+            question_id=question_id, asker_id=session.id, now=now_ms()
+        )
+        return {"question": withdrawn.to_json(), "current": None}
     question = domain.normalize_question(args.get("question"))
     topic = None if args.get("topic") is None else domain.normalize_topic(args.get("topic"))
     options = domain.normalize_options(args.get("options"))
+    context = domain.normalize_context(args.get("context"))
+    recommended = domain.recommended_option(args.get("recommended"), options)
+    wait = _wait_seconds(args.get("wait_seconds"))
     raw_scope = args.get("scope")
     scope = {"project": session.peer.project} if raw_scope is None else domain.parse_scope(raw_scope)
     view = session.view()
-    asked, current = await broker.db.ask_question(
-        asker=view,
-        asker_agent=session.peer.agent,
-        question=question,
-        topic=topic,
-        options=options,
-        scope=scope,
-        caller_addresses=view.addresses,
-        now=now_ms(),
-    )
-    return {"question": None if asked is None else asked.to_json(),
-            "current": None if current is None else current.to_json()}
+    feed = broker.changes if wait > 0 else None
+    if feed is not None:
+        feed.listeners += 1  # from before the question is recorded: no answer is missed
+    try:
+        seen = feed.version if feed is not None else 0
+        asked, current = await broker.db.ask_question(
+            asker=view, asker_agent=session.peer.agent, question=question, topic=topic, options=options,
+            scope=scope, caller_addresses=view.addresses, now=now_ms(), context=context,
+            recommended=recommended,
+        )
+        result: dict[str, Any] = {"question": None if asked is None else asked.to_json(),
+                                  "current": None if current is None else current.to_json()}
+        if asked is not None and feed is not None:
+            with trio.move_on_after(wait):
+                while asked is not None and asked.open:
+                    seen = await feed.wait_beyond(seen)
+                    asked = await broker.db.question(asked.id)
+            if asked is not None and not asked.open:
+                result["question"] = asked.to_json()
+                result["answer"] = await _answer_of(broker, asked)
+    finally:
+        if feed is not None:
+            feed.listeners -= 1
+    return result
+
+
+def _wait_seconds(value: object) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= ASK_WAIT_MAX:
+        raise InputError(f"wait_seconds: expected a number from 0 to {ASK_WAIT_MAX}")
+    return float(value)
+
+
+async def _answer_of(broker: Broker, question: Question) -> dict[str, Any]:
+    """What became of a question the caller waited for: the owner's decision, or the reason
+    for a decline, or that it was withdrawn (the askers' answer message comes as well)."""
+    decision = None
+    if question.decision_id is not None:
+        found = await broker.db.decision(question.decision_id)
+        decision = None if found is None else found.to_json()
+    return {"state": question.state, "decision": decision, "reason": question.reason}
 
 
 @control_op("answer")

@@ -39,7 +39,7 @@ import trio
 
 from agent_bridge import paths
 from agent_bridge.config import Settings
-from agent_bridge.daemon import waiters
+from agent_bridge.daemon import pending, waiters
 from agent_bridge.daemon.alerts import serve_alerts
 from agent_bridge.daemon.broker import Broker
 from agent_bridge.daemon.desktop import Desktop
@@ -141,6 +141,8 @@ async def _serve(
         broker.web_url = await _start_dashboard(serving, home, broker, web_port)
         broker.waiters = waiters.for_broker(broker)
         serving.start_soon(broker.waiters.run)
+        broker.pending = pending.for_broker(broker)
+        await serving.start(broker.pending.run)
         if settings.alerts:
             desktop = Desktop()
             await serving.start(serve_alerts, paths.db_path(home), lambda: broker.changes, desktop.show)

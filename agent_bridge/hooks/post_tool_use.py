@@ -38,10 +38,11 @@ STDIN_MAX = 8 << 20
 # reader: `common`, `domain`, `hosts` and the client cost milliseconds at every tool call.
 
 
-def main(agent: str) -> int:
+def main(agent: str, raw: bytes | None = None) -> int:
+    """`raw`: the hook input, when hooks.quick has read it already."""
     home = paths.home()
     try:
-        raw = sys.stdin.buffer.read(STDIN_MAX + 1)
+        raw = sys.stdin.buffer.read(STDIN_MAX + 1) if raw is None else raw
         if not waiting(home, raw):
             return 0
         from agent_bridge import hosts, procinfo

@@ -20,6 +20,7 @@ acknowledged, so a second Stop continues only for messages that arrived since.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from agent_bridge import hosts, paths, procinfo
 from agent_bridge.hooks import common, handover
@@ -44,19 +45,30 @@ def main(agent: str) -> int:
         try:
             handover.hand_over(home, agent, EVENT, hook, host, chain, write)
         finally:
-            if (hook.prompt_id or target.spawned_waiter) and target.runs_waiter(hook, os.environ):
-                from agent_bridge.hooks import wake
-
-                launched = wake.launch_stamp(host, chain)
-                if wrote or target.prompt_queued(hook):
-                    # What it handed over continues the turn, or a prompt typed meanwhile runs next
-                    # (its UserPromptSubmit hook has already run): the next Stop ends it.
-                    wake.mark_busy(home, hook, launched)
-                else:
-                    # the session goes idle: the waiter may hand over now
-                    wake.mark_idle(home, hook, launched)
-                if target.spawned_waiter:
-                    wake.spawn(agent, raw, host)
+            arm_waiter(home, agent, hook, raw, host, chain, busy=wrote or target.prompt_queued(hook))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the session must be able to stop
         common.log(home, f"stop ({agent})", f"no block: {type(exc).__name__}: {exc}")
     return 0
+
+
+def arm_waiter(home: Path, agent: str, hook: common.HookInput, raw: bytes, host: procinfo.Proc | None,
+               chain: list[procinfo.Proc], *, busy: bool, interrupted: bool = False) -> None:
+    """The turn ended (a Stop, or an Interrupt): mark the session for its idle-wake waiter, and
+    start the waiter where the host does not (Codex). `busy`: what the Stop handed over continues
+    the turn, or a prompt typed meanwhile runs next (its UserPromptSubmit hook has already run),
+    so the next Stop ends it. `interrupted`: the person cut the turn short (the session is idle,
+    and the host may not take a wake then: `Host.wakes_after_interrupt`)."""
+    target = hosts.by_name(agent) or hosts.DEFAULT
+    if not ((hook.prompt_id or target.spawned_waiter) and target.runs_waiter(hook, os.environ)):
+        return
+    from agent_bridge.hooks import wake
+
+    launched = wake.launch_stamp(host, chain)
+    if busy:
+        wake.mark_busy(home, hook, launched)
+    else:
+        wake.mark_idle(home, hook, launched, interrupted=interrupted)  # the waiter may hand over now
+    if target.spawned_waiter:
+        front = wake.front_of(host)
+        if front is not None or not target.wakes_only_in_front(os.environ):
+            wake.spawn(agent, raw, host, front)

@@ -61,10 +61,12 @@ NO_BROKER_RETRY = 2.0  # seconds between looks for a broker when none runs
 HOST_POLL = 1.0  # seconds between looks at the host where no pidfd exists (not Linux)
 WAITERS_DIR = marks.WAITERS_DIR
 HOST_ENV = "AGENT_BRIDGE_WAKE_HOST"  # "pid:start" of the host, from a Stop hook that starts the waiter
+FRONT_ENV = "AGENT_BRIDGE_WAKE_FRONT"  # "pid:start" of the host's front (front_of), when it has one
 STOP_HOOK_WAIT = 15.0  # seconds the waiter lets the Stop hook of its Stop go first (the hook's timeout is 10)
 STOP_MARK_POLL = 0.02  # seconds between looks at the Stop hook's mark
 BUSY_POLL = 0.1  # seconds between looks at the session's mark while it is busy and a message waits
 BUSY = marks.BUSY
+INTERRUPTED = "interrupted"  # in an idle mark where a prompt id would be: the turn was cut short
 HOST_END_GRACE = 30.0  # seconds a waiter ended by SIGTERM waits (detached) for its host to end
 
 
@@ -73,6 +75,7 @@ def main(agent: str) -> int:
     try:
         given = os.environ.get(HOST_ENV)  # started by a Stop hook (Codex): its host, by pid and start time
         host, chain = given_host(given) if given else procinfo.current_host()  # before anything detaches
+        front = given_host(os.environ.get(FRONT_ENV, ""))[0] if os.environ.get(FRONT_ENV) else None
         hook = common.read_input()
         target = hosts.by_name(agent) or hosts.DEFAULT
         if not target.runs_waiter(hook, os.environ):
@@ -80,7 +83,9 @@ def main(agent: str) -> int:
         if host is None:
             common.log(home, f"wake ({agent})", "no agent host among the ancestors to watch: not waiting")
             return 0
-        watch = HostWatch(host)
+        if os.environ.get(FRONT_ENV) and front is None:
+            return 0  # the session's front (a Codex TUI) already ended: nobody to wake
+        watch = HostWatch(host, front)
         try:
             if not watch.alive():
                 return 0
@@ -124,9 +129,12 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
             return 0  # the host is gone
         if not found:
             continue
-        # a turn runs: its PostToolUse or Stop hook hands it over
-        if is_busy(read_mark(home, hook.session_id)):
-            while is_busy(read_mark(home, hook.session_id)):
+        # a turn runs: its PostToolUse or Stop hook hands it over, unless the person cut it short
+        def cut() -> bool:
+            return cut_short(home, hook, target)
+
+        if stands_aside(read_mark(home, hook.session_id), cut, target):
+            while stands_aside(read_mark(home, hook.session_id), cut, target):
                 if watch.wait(BUSY_POLL):
                     return 0
             continue
@@ -139,6 +147,16 @@ def wait(home: Path, agent: str, hook: common.HookInput, host: procinfo.Proc, ch
             return 2  # Claude Code's asyncRewake: exit 2 gives the model what was written to stderr
         if handed:
             mark_busy(home, hook, None)  # the woken turn runs; its Stop marks the session idle again
+
+
+def cut_short(home: Path, hook: common.HookInput, target: hosts.Host) -> bool:
+    """The busy turn was cut short (Esc) where the host runs no hook for that
+    (`Host.turn_interrupted`, after the busy mark was written): the session is idle."""
+    try:
+        since = session_mark(home, hook.session_id).stat().st_mtime
+    except OSError:
+        return False
+    return target.turn_interrupted(hook, since)
 
 
 class WakeFailed(Exception):
@@ -157,17 +175,20 @@ def given_host(value: str) -> tuple[procinfo.Proc | None, list[procinfo.Proc]]:
     return found[0], [found[0]]
 
 
-def spawn(agent: str, raw: bytes, host: procinfo.Proc | None) -> None:
+def spawn(agent: str, raw: bytes, host: procinfo.Proc | None, front: procinfo.Proc | None = None) -> None:
     """Start this session's waiter as a detached process (for a host without background hooks:
-    Codex), handing it the Stop hook's input and its host. It holds none of the hook's pipes, so
-    the host does not wait for it; it ends with the host, and leaves at once when a waiter for the
-    session already waits."""
+    Codex), handing it the Stop hook's input, its host and the host's front (front_of). It holds
+    none of the hook's pipes, so the host does not wait for it; it ends with the host or the
+    front, and leaves at once when a waiter for the session already waits."""
     import subprocess
     import sys
 
     if host is None:
         return
     env = dict(os.environ, **{HOST_ENV: f"{host.pid}:{host.start}"})
+    env.pop(FRONT_ENV, None)
+    if front is not None:
+        env[FRONT_ENV] = f"{front.pid}:{front.start}"
     proc = subprocess.Popen([sys.executable, "-m", "agent_bridge", "hook", "wake", "--agent", agent],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True, env=env)
@@ -176,6 +197,30 @@ def spawn(agent: str, raw: bytes, host: procinfo.Proc | None) -> None:
         proc.stdin.write(raw)
     finally:
         proc.stdin.close()
+
+
+def front_of(host: procinfo.Proc | None) -> procinfo.Proc | None:
+    """The process a person sees the session in, when the host is a daemon another process
+    started: the host leads a session of its own (it left the terminal's), and its parent still
+    runs and does not (it runs in a terminal's session). Codex 0.171's TUI is such a front: it
+    starts the app-server daemon that runs the hooks, and the daemon outlives it (seen: hook <-
+    app-server, its own session <- the TUI, in the terminal's). None otherwise: a host that is what
+    the person started (`codex exec`, Claude Code), a daemon whose starter ended (re-parented), or
+    one another daemon started (a job, which the broker starts)."""
+    if host is None or not hasattr(os, "getsid"):
+        return None
+    found = procinfo.describe(host.pid)
+    if found is None or found[0].start != host.start or found[1] <= 1:
+        return None
+    parent = procinfo.describe(found[1])
+    if parent is None:
+        return None
+    try:
+        if os.getsid(host.pid) != host.pid or os.getsid(parent[0].pid) == parent[0].pid:
+            return None
+    except OSError:
+        return None  # one of them ended
+    return parent[0]
 
 
 def wait_active(home: Path, host_session_id: str, watch: HostWatch) -> bool | None:
@@ -277,6 +322,15 @@ def is_busy(mark: str) -> bool:
     return mark.split(" ", 1)[0] == BUSY
 
 
+def stands_aside(mark: str, cut: Callable[[], bool], target: hosts.Host) -> bool:
+    """Whether the waiter leaves a waiting message to the session's next hooks: a turn runs (and
+    was not cut short: `cut`), or it was cut short where the host does not run a woken turn then."""
+    if is_busy(mark):
+        return not cut()
+    parts = mark.split(" ")
+    return len(parts) >= 2 and parts[1] == INTERRUPTED and not target.wakes_after_interrupt
+
+
 def is_idle_after(mark: str, prompt_id: str) -> bool:
     """The mark of the Stop hook of the Stop that ends `prompt_id`."""
     parts = mark.split(" ")
@@ -289,7 +343,7 @@ def _stamp(mark: str) -> int | None:
     return int(last) if last.isdigit() else None
 
 
-def mark_idle(home: Path, hook: common.HookInput, launched: int | None) -> bool:
+def mark_idle(home: Path, hook: common.HookInput, launched: int | None, *, interrupted: bool = False) -> bool:
     """The Stop hook has handed over what waited at this Stop (or found nothing): the waiter
     started by the same Stop may wait now, and hand over what comes while the session is idle.
 
@@ -303,9 +357,8 @@ def mark_idle(home: Path, hook: common.HookInput, launched: int | None) -> bool:
         stamp = _stamp(mark)
         return is_busy(mark) and stamp is not None and launched is not None and stamp > launched
 
-    return _write_mark(
-        home, hook.session_id, f"idle {hook.prompt_id or '-'} {_show(launched)}", unless=later_turn
-    )
+    turn = INTERRUPTED if interrupted else hook.prompt_id or "-"
+    return _write_mark(home, hook.session_id, f"idle {turn} {_show(launched)}", unless=later_turn)
 
 
 def mark_busy(home: Path, hook: common.HookInput, launched: int | None) -> None:
@@ -373,17 +426,21 @@ def outlive(home: Path, host_session_id: str, watch: HostWatch, lock: int) -> No
 
 
 class HostWatch:
-    """The host process, watched by pid **and** start time: on Linux a pidfd that becomes
-    readable when it exits (so a reused pid cannot fool it), elsewhere a look every second."""
+    """The host process, and the process a person sees its session in when that is another one
+    (`front`: a Codex TUI whose app-server daemon runs the hooks), each watched by pid **and**
+    start time: on Linux a pidfd that becomes readable when it exits (so a reused pid cannot fool
+    it), elsewhere a look every second. The host "ends" when either of them does."""
 
-    def __init__(self, host: procinfo.Proc) -> None:
+    def __init__(self, host: procinfo.Proc, front: procinfo.Proc | None = None) -> None:
         self.host = host
-        self.fd: int | None = None
-        if hasattr(os, "pidfd_open"):
+        self.procs = (host,) if front is None else (host, front)
+        self.fds: list[int] = []
+        self.polling = not hasattr(os, "pidfd_open")  # some process is looked at, not watched
+        for proc in self.procs if not self.polling else ():
             try:
-                self.fd = os.pidfd_open(host.pid)
+                self.fds.append(os.pidfd_open(proc.pid))
             except OSError:
-                self.fd = None  # already gone (alive() says so) or not allowed: look instead
+                self.polling = True  # already gone (alive() says so) or not allowed: look instead
         self.stopped = False  # a SIGTERM came (stop_on_sigterm)
         self._wakeup: int | None = None  # read end of the signal wake-up pipe
 
@@ -406,9 +463,12 @@ class HostWatch:
         signal.signal(signal.SIGTERM, stop)
 
     def alive(self) -> bool:
-        """The same process as when the waiter started (checked after the pidfd was opened)."""
-        found = procinfo.describe(self.host.pid)
-        return found is not None and found[0].start == self.host.start
+        """The same processes as when the waiter started (checked after the pidfds were opened)."""
+        for proc in self.procs:
+            found = procinfo.describe(proc.pid)
+            if found is None or found[0].start != proc.start:
+                return False
+        return True
 
     def wait(self, seconds: float) -> bool:
         """Wait up to `seconds`; True when the host is gone."""
@@ -425,23 +485,24 @@ class HostWatch:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            watched = [x for x in (sock, self.fd, self._wakeup) if x is not None]
-            step = left if self.fd is not None else min(left, HOST_POLL)
+            watched = [x for x in (sock, *self.fds, self._wakeup) if x is not None]
+            step = min(left, HOST_POLL) if self.polling else left
             ready, _, _ = select.select(watched, [], [], step)
             if self._wakeup is not None and self._wakeup in ready:
                 self._drain()  # any signal (the hand-over's SIGALRM too); `stopped` says which
                 continue
-            if self.fd is not None and self.fd in ready:
+            if any(fd in ready for fd in self.fds):
                 return None
-            if self.fd is None and not self.alive():
+            if self.polling and not self.alive():
                 return None
             if sock is not None and sock in ready:
                 return True
 
     def ended(self) -> bool:
-        """The host has exited: its pidfd says so (also while it waits, a zombie, for its parent
-        to reap it, when its /proc entry still looks alive), else it is no longer there."""
-        if self.fd is not None and select.select([self.fd], [], [], 0)[0]:
+        """The host (or its front) has exited: a pidfd says so (also while it waits, a zombie,
+        for its parent to reap it, when its /proc entry still looks alive), else it is no longer
+        there."""
+        if self.fds and select.select(self.fds, [], [], 0)[0]:
             return True
         return not self.alive()
 
@@ -452,8 +513,8 @@ class HostWatch:
         deadline = time.monotonic() + seconds
         while True:
             left = deadline - time.monotonic()
-            if self.fd is not None:
-                ready, _, _ = select.select([self.fd], [], [], max(0.0, left))
+            if not self.polling:
+                ready, _, _ = select.select(self.fds, [], [], max(0.0, left))
                 if ready:
                     return True
             elif not self.alive():
@@ -471,6 +532,6 @@ class HostWatch:
             pass
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []

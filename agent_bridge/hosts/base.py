@@ -217,6 +217,23 @@ class Host:
     # Claude Code's asyncRewake), or started by the Stop hook as a detached process (True: Codex).
     spawned_waiter = False
 
+    def wakes_only_in_front(self, env: Any) -> bool:
+        """For a spawned waiter: whether it wakes the session only while the process a person
+        sees it in runs (`hooks.wake.front_of`), so that a host whose hooks run in a daemon that
+        outlives that process never wakes a session nobody sees (yes, unless the host module
+        says otherwise)."""
+        return True
+
+    # Whether a wake after the person cut a turn short runs a turn (the waiter wakes such an idle
+    # session only then; else its messages wait for the next turn's hooks).
+    wakes_after_interrupt = True
+
+    def turn_interrupted(self, hook: HookInput, since: float) -> bool:
+        """Whether the person cut the running turn short (Esc) after `since` (epoch seconds, when
+        the turn was marked busy), for a host with no hook for that: then the session is idle
+        although no Stop marked it so (unknown: no)."""
+        return False
+
     def wake(self, text: str, hook: HookInput) -> bool:
         """Hand `text` to the idle session (the waiter's "write"); True once the host took it.
         After a wake the waiter exits when `spawned_waiter` is False (the host starts the next one

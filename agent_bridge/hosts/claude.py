@@ -97,14 +97,41 @@ class Claude(Host):
         ensure = partial(ensure_json_server, path=server_file, command=command, args=args, env=env)
         return [edit_json(server_file, ensure, private=private),
                 hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                                   extra=(WAKE_HOOK, PROMPT_HOOK))]
+                                   extra=(WAKE_HOOK, PROMPT_HOOK)),
+                *self.command_edits(scope, cwd, run, env, private=private)]
+
+    def commands_folder(self, scope: str, cwd: Path) -> Path:
+        """Where Claude Code reads custom commands: `~/.claude/commands` (user) or
+        `<project>/.claude/commands`; `commands/agent-bridge/send.md` is `/agent-bridge:send`
+        (seen with 2.1.332)."""
+        return (cwd if scope == "project" else Path.home()) / ".claude" / "commands"
+
+    def command_edits(self, scope: str, cwd: Path, run: list[str] | None, env: dict[str, str],
+                      *, private: bool) -> list[FileEdit]:
+        """The owner's slash commands (agent_bridge.slash): written for `run`, removed when None."""
+        import shlex
+
+        from agent_bridge import slash
+        from agent_bridge.hosts.edits import owned_file_edit
+
+        folder = self.commands_folder(scope, cwd)
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+        return [
+            owned_file_edit(
+                slash.command_path(folder, name),
+                None if run is None else slash.command_text(name, prefix + shlex.join([*run, "slash", name])),
+                slash.is_ours, private=private, prune=(folder / slash.NAMESPACE, folder),
+            )
+            for name in slash.COMMANDS
+        ]
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge.hosts.edits import edit_json, hooks_removal, remove_json_server
 
         server_file = self.mcp_file(scope, cwd)
         return [edit_json(server_file, partial(remove_json_server, path=server_file), private=private),
-                hooks_removal(self.hooks_file(scope, cwd), private=private)]
+                hooks_removal(self.hooks_file(scope, cwd), private=private),
+                *self.command_edits(scope, cwd, None, {}, private=private)]
 
     def tools_sentence(self) -> str:
         # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
@@ -133,6 +160,16 @@ class Claude(Host):
         transcript's `queue-operation` entries "enqueue" after that hook, "dequeue" when it runs)."""
         return queued_prompts(hook.transcript_path) > 0
 
+    def wakes_only_in_front(self, env: Any) -> bool:
+        """The waiter is Claude Code's own background hook (not spawned): it ends with the host."""
+        return True
+
+    def turn_interrupted(self, hook: HookInput, since: float) -> bool:
+        """Esc runs no hook in Claude Code 2.1.332 (no Stop, StopFailure or Notification: seen in
+        its TUI); it writes a user entry with `interruptedMessageId` ("[Request interrupted by
+        user]") to the transcript. One written after `since` ended the busy turn."""
+        return interrupted_at(hook.transcript_path) > since
+
     def wake(self, text: str, hook: HookInput) -> bool:
         """asyncRewake: the hook's stderr, given to the model when it exits 2 (which it does next)."""
         import os
@@ -154,7 +191,8 @@ class Claude(Host):
         return (
             "Claude Code: start a new session (or run /mcp to reconnect); "
             + ("approve the project's .mcp.json server when asked; " if scope == "project" else "")
-            + "/hooks lists the SessionStart, PostToolUse and Stop hooks."
+            + "/hooks lists the SessionStart, PostToolUse and Stop hooks; /agent-bridge:inbox, :send, "
+            ":questions, :answer, :decide and :jobs run your commands there."
         )
 
     def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
@@ -204,6 +242,7 @@ class Claude(Host):
         if in_project:
             found.append(project_approval(cwd, user_json, user_settings + project_settings))
         found.append(reach(registered_events(settings)))
+        found.append(self.commands_check(cwd, fix))
         twice = duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
         if twice:
             found.append(
@@ -217,6 +256,23 @@ class Claude(Host):
                 )
             )
         return found
+
+    def commands_check(self, cwd: Path, fix: str) -> Check:
+        """The owner's slash commands (agent_bridge.slash), at either scope."""
+        from agent_bridge import slash
+
+        name = "Claude Code slash commands"
+        for scope in ("user", "project"):
+            folder = self.commands_folder(scope, cwd)
+            paths = [slash.command_path(folder, n) for n in slash.COMMANDS]
+            ours = [p for p in paths
+                    if p.is_file() and slash.is_ours(p.read_text(encoding="utf-8", errors="replace"))]
+            if len(ours) == len(paths):
+                return Check(name, OK, f"/{slash.NAMESPACE}:{', :'.join(slash.COMMANDS)} ({scope} scope)")
+            if ours:
+                missing = ", ".join(p.name for p in paths if p not in ours)
+                return Check(name, WARN, f"{scope} scope lacks {missing} in {folder / slash.NAMESPACE}", fix)
+        return Check(name, WARN, f"none installed (/{slash.NAMESPACE}:send, :inbox, …)", fix)
 
     # --- jobs (SPEC §4.7): `claude -p`, the bridge on its command line ---------------------
 
@@ -376,6 +432,33 @@ def transcript_version(path: str) -> Version | None:
                 size = min(end, size * 4)
     except OSError:
         return None
+
+
+def interrupted_at(path: str) -> float:
+    """When the last turn cut short by Esc was (epoch seconds), from the `interruptedMessageId`
+    entries in the last TRANSCRIPT_TAIL bytes of the transcript; 0.0 when none or unreadable."""
+    import json
+    from datetime import datetime
+
+    if not path:
+        return 0.0
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            f.seek(max(0, end - TRANSCRIPT_TAIL))
+            lines = f.read(TRANSCRIPT_TAIL).split(b"\n")
+    except OSError:
+        return 0.0
+    for line in reversed(lines[1:] if end > TRANSCRIPT_TAIL else lines):  # the first may be cut
+        if b'"interruptedMessageId"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+            stamp = entry["timestamp"]
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return 0.0
 
 
 def queued_prompts(path: str) -> int:

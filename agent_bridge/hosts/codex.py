@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     from agent_bridge.hosts.edits import FileEdit
 
 QUEUE_TIMEOUT = 30.0  # seconds for `codex queue`; it answered in 0.16 s here
-# "1": the user accepts idle wakes through `codex queue` (see runs_waiter)
+# Idle wake through `codex queue` (runs_waiter): on unless "0"; "1" also where no TUI is known
+# (wakes_only_in_front)
 WAKE_ENV = "AGENT_BRIDGE_CODEX_WAKE"
 HOOKS_KEY_SINCE = (0, 130, 0)  # Codex renamed [features] codex_hooks to hooks (on by default)
 TABLE_MARK = "agent-bridge: added by `agent-bridge install`"  # comment above our [mcp_servers] table
@@ -65,6 +66,9 @@ ADDED_MARK = "added by agent-bridge install"  # trailing comment of a feature ke
 SWITCHED_MARK = "switched on by agent-bridge install (was false)"
 # Marks a turn's start, so that the idle-wake waiter leaves a busy session's messages to PostToolUse and Stop.
 PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt-submit", {})
+# A turn cut short (Esc) runs no Stop hook but this one (seen with 0.171.0): the session is idle.
+# Codex 0.171.0 clamps an Interrupt hook's timeout to 3 s, with a warning on the screen (seen).
+INTERRUPT_HOOK: tuple[str, str, dict[str, Any]] = ("Interrupt", "interrupt", {"timeout": 3})
 
 
 JOB_SINCE = (0, 171, 0)  # the newest Codex whose `exec` flags were checked (tests/hosts/test_job_hosts.py)
@@ -97,7 +101,8 @@ class Codex(Host):
                 self.config_file(scope, cwd), command, args, env, private=private, version=version
             ),
             hooks_edit(
-                self.hooks_file(scope, cwd), run, self.name, env, private=private, extra=(PROMPT_HOOK,)
+                self.hooks_file(scope, cwd), run, self.name, env, private=private,
+                extra=(PROMPT_HOOK, INTERRUPT_HOOK)
             ),
         ]
 
@@ -110,13 +115,27 @@ class Codex(Host):
     spawned_waiter = True  # Codex hooks have no background mode: the Stop hook starts the waiter
 
     def runs_waiter(self, hook: HookInput, env: Any) -> bool:
-        """Only when declared (AGENT_BRIDGE_CODEX_WAKE=1 where Codex runs), and with a codex on PATH
-        for `codex queue`. Why not always (seen with Codex 0.171.0): an interactive Codex runs its
-        hooks, and keeps its threads, in its app-server daemon, which outlives the TUI; a message
-        queued after the TUI has quit still runs a turn there, with nobody watching. The waiter's
-        host is that daemon, and nothing the hook sees tells an idle TUI from a closed one. In
-        `codex exec` the waiter ends with the exec run (its host), having nothing to wake."""
-        return env.get(WAKE_ENV) == "1" and codex_program() is not None and bool(hook.session_id)
+        """Unless turned off (AGENT_BRIDGE_CODEX_WAKE=0 where Codex runs), with a codex on PATH for
+        `codex queue`. Seen with Codex 0.171.0: an interactive Codex runs its hooks, and keeps its
+        threads, in an app-server daemon its TUI starts, which outlives the TUI; a message queued
+        after the TUI quit still runs a turn there, with nobody watching. So the waiter wakes only
+        while that TUI runs (`wakes_only_in_front`)."""
+        return env.get(WAKE_ENV) != "0" and codex_program() is not None and bool(hook.session_id)
+
+    def wakes_only_in_front(self, env: Any) -> bool:
+        """Yes, unless AGENT_BRIDGE_CODEX_WAKE=1 says to wake where the hooks cannot name the TUI
+        too: a TUI that joined a daemon an earlier TUI left running (`codex resume` after `/quit`,
+        seen with 0.171.0) runs its hooks in a daemon nobody's child, and a `codex exec` run (in
+        the terminal's session) is itself the host; its waiter ends with the run."""
+        return bool(env.get(WAKE_ENV) != "1")
+
+    # Seen with 0.171.0 in the TUI: after Esc, `codex queue --resume` exits 0 but no turn runs.
+    wakes_after_interrupt = False
+
+    def turn_interrupted(self, hook: HookInput, since: float) -> bool:
+        """Codex runs its Interrupt hooks then (`agent_bridge.hooks.interrupt` marks the session
+        idle): nothing to look for."""
+        return False
 
     def owner_types(self, env: Any) -> bool:
         """Nothing a Codex 0.171 hook sees tells `codex exec` from its TUI (both run the hooks with
@@ -664,9 +683,7 @@ def codex_checks(home: Path, cwd: Path) -> list[Check]:
             "Codex",
             registered_events(user_hooks + project_hooks),
             "the block decision (Codex has no additionalContext on Stop)",
-            "`codex queue` by a waiter the Stop hook starts, only where AGENT_BRIDGE_CODEX_WAKE=1 is set for "
-            f"Codex ({'set' if os.environ.get(WAKE_ENV) == '1' else 'not set'} here; off by default: a TUI's "
-            "daemon outlives it and a queued message would run a turn there)",
+            codex_wake_text(os.environ.get(WAKE_ENV)),
         )
     )
     twice = duplicate_hooks(user_hooks, project_hooks, same_command_runs_once=False)
@@ -706,3 +723,18 @@ def _codex_feature_check(features: list[tuple[Path, dict[str, Any]]], version: t
 
 
 HOST = Codex()
+
+
+def codex_wake_text(setting: str | None) -> str:
+    """doctor's line on Codex's idle wake, for AGENT_BRIDGE_CODEX_WAKE's value here."""
+    if setting == "0":
+        return "off (AGENT_BRIDGE_CODEX_WAKE=0 here): an idle Codex sees a message at its next turn"
+    when = (
+        "; also where no TUI is known (AGENT_BRIDGE_CODEX_WAKE=1 here)" if setting == "1" else
+        ". It does not fire: in `codex exec`; in a TUI of `codex resume` that joined an app-server "
+        "daemon an earlier TUI left running (its hooks cannot tell whether that TUI is open: "
+        "AGENT_BRIDGE_CODEX_WAKE=1 wakes there too); after Esc (Codex runs no queued turn then); "
+        "there the message waits for the next turn"
+    )
+    return ("`codex queue` by a waiter the Stop or Interrupt hook starts, on by default, while the TUI "
+            "that started the session's app-server daemon runs (its daemon outlives it)" + when)

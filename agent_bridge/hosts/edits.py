@@ -47,7 +47,8 @@ REQUIRED_EVENTS = ("SessionStart", "Stop")  # without these the bridge's hooks d
 # Stop handler. Uninstall removes every one of these, whichever host and version added it.
 WAKE = ("Stop", "wake")
 PROMPT = ("UserPromptSubmit", "user-prompt-submit")  # marks a turn's start for the waiter
-ALL_HOOKS = (*EVENTS, WAKE, PROMPT)
+INTERRUPT = ("Interrupt", "interrupt")  # Codex: a turn cut short marks the session idle
+ALL_HOOKS = (*EVENTS, WAKE, PROMPT, INTERRUPT)
 
 
 JsonPath = tuple[str, ...]  # keys from the document's root to a value
@@ -68,6 +69,9 @@ class FileEdit:
     # containers install filled (agent_bridge.install's docstring)
     was_empty: list[JsonPath] = field(default_factory=list)
     exact: bool = False  # `before`/`after` keep the file's own line ends (JSON edited in place)
+    # folders to remove, innermost first, when deleting this file leaves them empty (a command
+    # file's folders, which install made)
+    prune: tuple[Path, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -88,8 +92,14 @@ def bridge_env() -> dict[str, str]:
 
 
 def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]) -> str:
-    """The shell command line of one hook (both hosts run command hooks through a shell)."""
+    """The shell command line of one hook (both hosts run command hooks through a shell). The
+    PostToolUse hook, which runs after every tool call, is this interpreter running
+    `hooks/quick.py` without `site` where `run` names this machine's agent-bridge by absolute
+    path (user scope); a project's files name the command on PATH."""
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+    if event_arg == "post-tool-use" and Path(run[0]).is_absolute():
+        script = str((Path(__file__).parent.parent / "hooks" / "quick.py").absolute())
+        return prefix + shlex.join([sys.executable, "-I", "-S", script, event_arg, "--agent", agent])
     return prefix + shlex.join([*run, "hook", event_arg, "--agent", agent])
 
 
@@ -98,7 +108,10 @@ def mcp_args(run: list[str], agent: str) -> tuple[str, list[str]]:
 
 
 _HOOK_PATTERNS = {
-    event_arg: re.compile(rf"agent[-_]bridge\S*\s+hook\s+{event_arg}(\s|$)") for _, event_arg in ALL_HOOKS
+    event_arg: re.compile(
+        rf"(agent[-_]bridge\S*\s+hook|agent_bridge[/\\\\]hooks[/\\\\]quick\.py'?)\s+{event_arg}(\s|$)"
+    )
+    for _, event_arg in ALL_HOOKS
 }
 
 
@@ -219,6 +232,22 @@ def _get(doc: Any, at: JsonPath) -> Any:
 
 def record_path() -> Path:
     return paths.home() / RECORD
+
+
+def owned_file_edit(path: Path, text: str | None, is_ours: Callable[[str], bool], *, private: bool,
+                    prune: tuple[Path, ...] = ()) -> FileEdit:
+    """A whole file that is ours (a slash command's): written as `text`, or deleted when `text` is
+    None. A file at `path` that is not ours is refused by install and left alone by uninstall."""
+    before = _read_exact(path)
+    if before is not None and not is_ours(before):
+        if text is None:
+            return FileEdit(path, before, before, [], private, exact=True)
+        raise InstallError(
+            f"{path} exists and is not one agent-bridge wrote; move it away and run install again"
+        )
+    notes = ["removed our slash command" if text is None else
+             "added our slash command" if before is None else "updated our slash command"]
+    return FileEdit(path, before, text, notes, private, exact=True, prune=prune)
 
 
 def read_record() -> dict[str, list[JsonPath]]:

@@ -10,8 +10,7 @@ import apsw
 
 from agent_bridge.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
 from agent_bridge.store.job_queries import ENDED
-from agent_bridge.store.queries import CLI_ID, has_table
-from agent_bridge.store.question_queries import OPEN
+from agent_bridge.store.queries import CLI_ID, has_table, question_sql
 
 ROWS_MAX = 100  # rows of one kind read in one snapshot; the machine counts more than a few as one alert
 
@@ -61,11 +60,14 @@ def snapshot(conn: apsw.Connection, since: Cursor | None) -> Snapshot:
 
 
 def open_questions(conn: apsw.Connection) -> tuple[OpenQuestion, ...]:
+    """Questions neither answered, declined nor withdrawn (the open term of this schema)."""
+    ends = "LEFT JOIN question_ends e ON e.question_id = q.id " if has_table(conn, "question_ends") else ""
     return tuple(
         OpenQuestion(qid, at, who or "an agent", text)
         for qid, at, who, text in conn.execute(
             f"SELECT q.id, q.created_at, {_FIRST_ASKER}, q.question FROM questions q "
-            f"LEFT JOIN question_outcomes o ON o.question_id = q.id WHERE {OPEN} ORDER BY q.seq")
+            f"LEFT JOIN question_outcomes o ON o.question_id = q.id {ends}"
+            f"WHERE {question_sql(conn)[1]} ORDER BY q.seq")
     )
 
 

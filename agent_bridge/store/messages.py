@@ -193,6 +193,18 @@ class Messages(Peers):
             found.setdefault(str(peer_id), []).append(str(message_id))
         return found
 
+    def host_sessions_waiting(self, hop_limit: int) -> set[str]:
+        """The host session ids of every session with an unacknowledged message below
+        `hop_limit`: what the PostToolUse hook would find with `reader.active_waiting` (the
+        broker keeps a file per one, daemon.pending). One pass over the unacknowledged receipts."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT p.host_session_id FROM receipts r JOIN messages m ON m.id = r.message_id "
+            "JOIN peers p ON p.id = r.peer_id "
+            "WHERE r.acked_at IS NULL AND m.hop < ? AND p.host_session_id IS NOT NULL",
+            (hop_limit,),
+        )
+        return {str(hsid) for (hsid,) in rows if hsid}
+
     def queued(
         self, peer_id: str, *, after_seq: int = 0, limit: int = 200, tap: DeliveryTap | None = None
     ) -> list[Queued]:

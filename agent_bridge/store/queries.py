@@ -308,6 +308,27 @@ def sent_messages(
     ]
 
 
+INBOX_DEFAULT = 20  # `inbox`: the owner's newest messages
+
+
+def owner_inbox(conn: apsw.Connection, limit: int = INBOX_DEFAULT) -> list[dict[str, Any]]:
+    """The messages sessions sent to the owner (`to: "owner"`), newest first, as
+    `{"id", "from": {"id", "name", "agent"}, "text", "replyTo", "createdAt"}`. Questions, which also
+    go to the owner, are `questions`' to list."""
+    not_a_question = "AND m.id NOT IN (SELECT id FROM questions) " if has_table(conn, "questions") else ""
+    rows = conn.execute(
+        "SELECT m.id, m.from_peer, p.name, p.agent, m.body, m.reply_to, m.created_at FROM messages m "
+        f"LEFT JOIN peers p ON p.id = m.from_peer WHERE m.to_peer = ? {not_a_question}"
+        "ORDER BY m.rowid DESC LIMIT ?",
+        (CLI_ID, limit),
+    )
+    return [
+        {"id": mid, "from": {"id": fid, "name": name, "agent": agent}, "text": body, "replyTo": reply_to,
+         "createdAt": created}
+        for mid, fid, name, agent, body, reply_to, created in rows
+    ]
+
+
 def not_sent(found: Sequence[SentReceipt], ids: Sequence[str]) -> list[str]:
     """The ids among `ids` that name none of `found` (`sent_messages` for those ids): by its
     own id or its send's message_id."""
@@ -405,26 +426,49 @@ def retraction_for_message(conn: apsw.Connection, message_id: str) -> Retraction
 
 
 # A question with its askers (oldest first) and its outcome, if it has one (SPEC §4.6).
-SELECT_QUESTION = (
-    "SELECT q.id, q.question, q.topic, q.options, q.scope, q.created_at, o.state, o.decision_id, o.reason, "
+_ASKERS = (
     "(SELECT json_group_array(json_array(a.peer_id, a.name, a.agent)) FROM "
-    "(SELECT peer_id, name, agent FROM question_askers WHERE question_id = q.id ORDER BY seq) a) "
+    "(SELECT peer_id, name, agent FROM question_askers qa WHERE question_id = q.id{still} ORDER BY seq) a)"
+)
+SELECT_QUESTION_V6 = (  # a database from before V_ASK (a reader's, before the broker upgraded it)
+    "SELECT q.id, q.question, q.topic, q.options, q.scope, q.created_at, o.state, o.decision_id, o.reason, "
+    + _ASKERS.format(still="") + " "
     "FROM questions q LEFT JOIN question_outcomes o ON o.question_id = q.id "
 )
+SELECT_QUESTION = (
+    "SELECT q.id, q.question, q.topic, q.options, q.scope, q.created_at, coalesce(o.state, e.state), "
+    "o.decision_id, o.reason, "
+    + _ASKERS.format(still=" AND NOT EXISTS (SELECT 1 FROM question_withdrawals w "
+                           "WHERE w.question_id = qa.question_id AND w.peer_id = qa.peer_id)") + ", "
+    "d.context, d.recommended "
+    "FROM questions q LEFT JOIN question_outcomes o ON o.question_id = q.id "
+    "LEFT JOIN question_ends e ON e.question_id = q.id LEFT JOIN question_details d ON d.question_id = q.id "
+)
+OPEN_V6 = "o.question_id IS NULL"
+OPEN = "o.question_id IS NULL AND e.question_id IS NULL"
+
+
+def question_sql(conn: apsw.Connection) -> tuple[str, str]:
+    """(the SELECT of a question, the WHERE term of an open one) for this database's schema."""
+    if has_table(conn, "question_details"):
+        return SELECT_QUESTION, OPEN
+    return SELECT_QUESTION_V6, OPEN_V6
 
 
 def question_from_row(values: tuple[Any, ...]) -> Question:
-    qid, text, topic, options, scope, created, state, decision_id, reason, askers = values
+    qid, text, topic, options, scope, created, state, decision_id, reason, askers, *more = values
+    context, recommended = more if more else (None, None)
     return Question(
         qid, text, topic, tuple(json.loads(options)), domain.scope_from_json(scope),
         tuple(Author(*a) for a in json.loads(askers or "[]")), created, state or "open", decision_id, reason,
+        context, recommended,
     )
 
 
 def question_by_id(conn: apsw.Connection, question_id: str) -> Question | None:
     if not has_table(conn, "questions"):
         return None
-    row = conn.execute(SELECT_QUESTION + "WHERE q.id = ?", (question_id,)).fetchone()
+    row = conn.execute(question_sql(conn)[0] + "WHERE q.id = ?", (question_id,)).fetchone()
     return None if row is None else question_from_row(row)
 
 

@@ -10,24 +10,26 @@ from __future__ import annotations
 import apsw
 
 from agent_bridge.rows import Question
-from agent_bridge.store.queries import SELECT_QUESTION, has_table, question_from_row
-
-OPEN = "o.question_id IS NULL"
+from agent_bridge.store.queries import has_table, question_from_row, question_sql
 
 
 def list_questions(conn: apsw.Connection, *, include_closed: bool = False) -> list[Question]:
     """Open questions (every question with `include_closed`), oldest first."""
     if not has_table(conn, "questions"):
         return []
-    where = "" if include_closed else f"WHERE {OPEN} "
-    return [question_from_row(v) for v in conn.execute(SELECT_QUESTION + where + "ORDER BY q.seq")]
+    select, is_open = question_sql(conn)
+    where = "" if include_closed else f"WHERE {is_open} "
+    return [question_from_row(v) for v in conn.execute(select + where + "ORDER BY q.seq")]
 
 
 def open_count(conn: apsw.Connection) -> int:
     if not has_table(conn, "questions"):
         return 0
+    ends = has_table(conn, "question_ends")
     row = conn.execute(
-        f"SELECT count(*) FROM questions q LEFT JOIN question_outcomes o ON o.question_id = q.id WHERE {OPEN}"
+        "SELECT count(*) FROM questions q LEFT JOIN question_outcomes o ON o.question_id = q.id "
+        + ("LEFT JOIN question_ends e ON e.question_id = q.id " if ends else "")
+        + f"WHERE {question_sql(conn)[1]}"
     ).fetchone()
     return 0 if row is None else int(row[0])
 
@@ -46,14 +48,15 @@ def ids_starting(conn: apsw.Connection, prefix: str, limit: int = 10) -> list[st
 def find_open(conn: apsw.Connection, *, topic: str | None, scope_json: str, question: str) -> Question | None:
     """The open question a new one with this topic and scope joins: the same topic and scope;
     a question without a topic joins only one with the same text and scope and no topic."""
+    select, is_open = question_sql(conn)
     if topic is not None:
         row = conn.execute(
-            SELECT_QUESTION + f"WHERE q.topic = ? AND q.scope = ? AND {OPEN} ORDER BY q.seq LIMIT 1",
+            select + f"WHERE q.topic = ? AND q.scope = ? AND {is_open} ORDER BY q.seq LIMIT 1",
             (topic, scope_json),
         ).fetchone()
     else:
         row = conn.execute(
-            SELECT_QUESTION + f"WHERE q.topic IS NULL AND q.question = ? AND q.scope = ? AND {OPEN} "
+            select + f"WHERE q.topic IS NULL AND q.question = ? AND q.scope = ? AND {is_open} "
             "ORDER BY q.seq LIMIT 1",
             (question, scope_json),
         ).fetchone()

@@ -31,16 +31,21 @@ class Questions(Decisions):
     def question(self, question_id: str) -> Question | None:
         return queries.question_by_id(self.conn, question_id)
 
+    def decision(self, decision_id: str) -> Decision | None:
+        return queries.decision_by_id(self.conn, decision_id)
+
     def question_ids_starting(self, prefix: str) -> list[str]:
         return question_queries.ids_starting(self.conn, prefix)
 
     def ask_question(
         self, *, asker: SessionView, asker_agent: str, question: str, topic: str | None,
         options: Sequence[str], scope: Scope, caller_addresses: frozenset[str], now: int,
+        context: str | None = None, recommended: int | None = None,
     ) -> tuple[Question | None, Decision | None]:
-        """Record `asker`'s question, or add `asker` to the open question it repeats (same topic
-        and scope). When `topic` already has a current decision for `scope`, nothing is
-        recorded: (None, that decision)."""
+        """Record `asker`'s question (with what it knows, `context`, and the option it
+        recommends), or add `asker` to the open question it repeats (same topic and scope: that
+        question keeps its own context). When `topic` already has a current decision for
+        `scope`, nothing is recorded: (None, that decision)."""
         scope_json = domain.scope_to_json(scope)
         with self.conn:
             if topic is not None:
@@ -74,6 +79,11 @@ class Questions(Decisions):
                         now,
                     ),
                 )
+                if context is not None or recommended is not None:
+                    self.conn.execute(
+                        "INSERT INTO question_details(question_id, context, recommended) VALUES (?,?,?)",
+                        (question_id, context, recommended),
+                    )
             else:
                 question_id = found.id
             self.conn.execute(
@@ -84,6 +94,31 @@ class Questions(Decisions):
             asked = queries.question_by_id(self.conn, question_id)
         assert asked is not None
         return asked, None
+
+    def withdraw_question(self, *, question_id: str, asker_id: str, now: int) -> Question:
+        """`asker_id` withdraws its open question: it leaves `askedBy`; a question nobody asks
+        any more is `withdrawn` (closed, no outcome, nobody told). One transaction. InputError
+        when the question is not open or not the asker's."""
+        with self.conn:
+            question = _open_question(self.conn, question_id)
+            peer_id = self.resolve_peer(asker_id)
+            mine = [a for a in question.asked_by if a.id is not None and self.resolve_peer(a.id) == peer_id]
+            if not mine:
+                raise InputError(f"question {question.id} is not one you asked (or you withdrew it already)")
+            for asker in mine:
+                self.conn.execute(
+                    "INSERT OR IGNORE INTO question_withdrawals(question_id, peer_id, withdrawn_at) "
+                    "VALUES (?,?,?)",
+                    (question.id, asker.id, now),
+                )
+            if len(mine) == len(question.asked_by):
+                self.conn.execute(
+                    "INSERT INTO question_ends(question_id, state, created_at) VALUES (?, 'withdrawn', ?)",
+                    (question.id, now),
+                )
+            withdrawn = queries.question_by_id(self.conn, question.id)
+        assert withdrawn is not None
+        return withdrawn
 
     def answer_question(
         self, *, question_id: str, author: SessionView, topic: str, text: str, scope: Scope,
@@ -141,6 +176,8 @@ def _open_question(conn: apsw.Connection, question_id: str) -> Question:
         raise InputError(f"question {question_id} is already answered (decision {question.decision_id})")
     if question.state == "declined":
         raise InputError(f"question {question_id} was already declined")
+    if question.state == "withdrawn":
+        raise InputError(f"question {question_id} was withdrawn by those who asked it")
     return question
 
 

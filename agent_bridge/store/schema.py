@@ -311,7 +311,44 @@ CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
 PRAGMA user_version = 8;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS)
+V_ASK = """
+-- Richer owner questions (SPEC §4.6): what the first asker already knew (`context`) and the
+-- option it recommended, recorded once with the question. Appended, never changed.
+CREATE TABLE question_details (
+  question_id TEXT PRIMARY KEY REFERENCES questions(id),
+  context TEXT CHECK (context IS NULL OR length(context) BETWEEN 1 AND 2000),
+  recommended INTEGER CHECK (recommended IS NULL OR recommended BETWEEN 0 AND 9));
+CREATE TRIGGER question_details_no_update BEFORE UPDATE ON question_details
+  BEGIN SELECT RAISE(ABORT, 'question_details are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER question_details_no_delete BEFORE DELETE ON question_details
+  BEGIN SELECT RAISE(ABORT, 'question_details are append-only: DELETE is not allowed'); END;
+
+-- An asker that withdrew its question: it leaves `askedBy`. Appended, never changed. No
+-- reference to peers: forgetting a session keeps what it withdrew.
+CREATE TABLE question_withdrawals (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  question_id TEXT NOT NULL REFERENCES questions(id),
+  peer_id TEXT NOT NULL,
+  withdrawn_at INTEGER NOT NULL,
+  UNIQUE (question_id, peer_id));
+CREATE TRIGGER question_withdrawals_no_update BEFORE UPDATE ON question_withdrawals
+  BEGIN SELECT RAISE(ABORT, 'question_withdrawals are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER question_withdrawals_no_delete BEFORE DELETE ON question_withdrawals
+  BEGIN SELECT RAISE(ABORT, 'question_withdrawals are append-only: DELETE is not allowed'); END;
+
+-- A question nobody asks any more (its last asker withdrew it): closed without an outcome.
+CREATE TABLE question_ends (
+  question_id TEXT PRIMARY KEY REFERENCES questions(id),
+  state TEXT NOT NULL CHECK (state = 'withdrawn'),
+  created_at INTEGER NOT NULL);
+CREATE TRIGGER question_ends_no_update BEFORE UPDATE ON question_ends
+  BEGIN SELECT RAISE(ABORT, 'question_ends are append-only: UPDATE is not allowed'); END;
+CREATE TRIGGER question_ends_no_delete BEFORE DELETE ON question_ends
+  BEGIN SELECT RAISE(ABORT, 'question_ends are append-only: DELETE is not allowed'); END;
+PRAGMA user_version = 9;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_ASK)
 CURRENT_VERSION = len(STEPS)
 
 

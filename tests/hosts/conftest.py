@@ -163,6 +163,9 @@ class World:
             "LANG": "C.UTF-8",
             "TMPDIR": str(self.root / "tmp"),
             "SHELL": "/bin/sh",
+            # a checkout run with PYTHONPATH=$PWD (a git worktree beside an editable install):
+            # the agent-bridge the hosts start is this checkout's too
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
         }
 
     def bridge(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -194,7 +197,9 @@ class World:
     # --- Claude Code ---------------------------------------------------------------------
 
     def claude(self, prompt: str, *, session_id: str | None = None, resume: str | None = None,
-               cwd: Path | None = None, tag: str = "claude") -> HostRun:
+               cwd: Path | None = None, tag: str = "claude", skip_permissions: bool = True) -> HostRun:
+        """`claude -p PROMPT`; with `skip_permissions` False, in the default permission mode (a
+        tool or `!` command runs only when a rule allows it)."""
         env = {
             **self.base_env(),
             **CLAUDE_OFFLINE_ENV,
@@ -207,7 +212,7 @@ class World:
             str(self.host_bin / "claude"),
             "-p",
             prompt,
-            "--dangerously-skip-permissions",
+            *(["--dangerously-skip-permissions"] if skip_permissions else []),
             "--output-format",
             "stream-json",
             "--verbose",
@@ -288,12 +293,14 @@ class World:
         ]
         return self._start(args, env, cwd, self.root / f"{tag}-{uuid.uuid4().hex[:8]}.err")
 
-    def codex_tui(self, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> Tui:
+    def codex_tui(self, *, cwd: Path | None = None, env: dict[str, str] | None = None,
+                  resume: str | None = None) -> Tui:
         """An interactive Codex (its TUI) in a private tmux server, offline (NOTES.md, "The TUI
         offline"): the folder trusted, plugins off, and the agent-bridge hooks trusted the way a
         user's /hooks review records it (`[hooks.state."<key>"] trusted_hash`, the hashes asked of
         this Codex's app-server, as doctor does). The TUI starts an app-server daemon that
-        outlives it: `open_world` ends it."""
+        outlives it: `open_world` ends it. `resume`: `codex resume THREAD` (a second TUI of the
+        world finds the folder and the hooks trusted already)."""
         from agent_bridge.hosts import codex as codex_host
 
         folder = cwd or self.project
@@ -304,10 +311,11 @@ class World:
             **(env or {}),
         }
         config = self.codex_home / "config.toml"
-        config.write_text(
-            config.read_text(encoding="utf-8") + f'\n[projects."{folder}"]\ntrust_level = "trusted"\n',
-            encoding="utf-8",
-        )
+        if f'[projects."{folder}"]' not in config.read_text(encoding="utf-8"):
+            config.write_text(
+                config.read_text(encoding="utf-8") + f'\n[projects."{folder}"]\ntrust_level = "trusted"\n',
+                encoding="utf-8",
+            )
         saved = dict(os.environ)
         os.environ.update(env)  # codex_app_server runs the codex of this world with its CODEX_HOME
         try:
@@ -315,9 +323,10 @@ class World:
         finally:
             os.environ.clear()
             os.environ.update(saved)
+        known = config.read_text(encoding="utf-8")
         config.write_text(
-            config.read_text(encoding="utf-8")
-            + "".join(f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n' for h in hooks),
+            known + "".join(f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n'
+                            for h in hooks if f'[hooks.state."{h["key"]}"]' not in known),
             encoding="utf-8",
         )
         env["TERM"] = "xterm-256color"
@@ -326,7 +335,8 @@ class World:
             "#!/bin/sh\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
             + f"cd {shlex.quote(str(folder))}\n"
-            + shlex.join(["exec", str(self.host_bin / "codex"), "--dangerously-bypass-approvals-and-sandbox"])
+            + shlex.join(["exec", str(self.host_bin / "codex"), *(["resume", resume] if resume else []),
+                          "--dangerously-bypass-approvals-and-sandbox"])
             + "\n"
         )
         script.chmod(0o755)

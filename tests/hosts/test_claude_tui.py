@@ -147,3 +147,29 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     leftover = [p for p in (wake.session_mark(world.bridge_home, sid), wake.lock_path(world.bridge_home, sid))
                 if p.exists()]
     assert leftover == [], leftover
+
+
+def test_a_turn_cut_short_with_esc_counts_as_idle(world: World) -> None:
+    """Esc runs no hook in Claude Code 2.1.332 (no Stop): the session stays marked busy, but the
+    transcript says the turn was interrupted, so the waiter (armed at the previous Stop) wakes
+    the session with a message that arrives after the Esc."""
+    sid = str(uuid.uuid4())
+    tui = world.claude_tui(sid)
+    poll_until(lambda: ready(world, tui, sid), "the TUI's prompt and its MCP server")
+    tui.type(plan(("whoami", {})))
+    poll_until(lambda: waiters_held(world) == 1 and session_mark(world, sid).startswith("idle "),
+               "the first turn's Stop, the waiter armed")
+    tui.type(plan(("whoami", {}), (GATE, {"gate": "esc"}), ("whoami", {})))
+    world.claude_model.wait_reached("esc")
+    assert wake.is_busy(session_mark(world, sid))
+    tui.tmux("send-keys", "Escape")
+    poll_until(lambda: "Interrupted" in tui.screen(), "the turn cut short")
+    world.claude_model.open_gate("esc")
+    assert wake.is_busy(session_mark(world, sid))  # no hook ran: the mark still says busy
+    before = len(world.claude_model.of_session(sid))
+    world.bridge("send", sid, "after your Esc: the build is red")
+    woke = poll_until(lambda: next((r for r in world.claude_model.of_session(sid)[before:]
+                                    if "the build is red" in r.text), None), "the session woken after Esc")
+    assert "not from the user" in woke.text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")
+    exit_tui(world, tui)

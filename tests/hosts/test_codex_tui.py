@@ -1,33 +1,42 @@
 """The interactive Codex (its TUI, in tmux) on the bridge: an idle session is woken by a message
-with no keystroke (path 3: the waiter its Stop hook starts runs `codex queue --resume`), where
-the user declared it (AGENT_BRIDGE_CODEX_WAKE=1; see `agent_bridge.hosts.codex.Codex.runs_waiter`);
-and after `/compact` the SessionStart note, with the current decisions, is back (path 4)."""
+with no keystroke and no setting (path 3: the waiter its Stop hook starts runs `codex queue
+--resume`), only while the TUI runs (`agent_bridge.hooks.wake.front_of`); a turn cut short with
+Esc counts as idle (its Interrupt hook); and after `/compact` the SessionStart note, with the
+current decisions, is back (path 4)."""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
-from tests.hosts.conftest import World, codex_messages, plan, poll_until
+from agent_bridge.hooks import wake
+from tests.hosts.conftest import GATE_STEP, Tui, World, codex_messages, plan, poll_until
 from tests.hosts.test_claude_tui import waiters_held
 
 pytestmark = pytest.mark.slow
 
 
-def test_idle_codex_session_is_woken_by_a_message(world: World) -> None:
-    """With AGENT_BRIDGE_CODEX_WAKE=1 declared where Codex runs."""
-    tui = world.codex_tui(env={"AGENT_BRIDGE_CODEX_WAKE": "1"})
+def tui_ready(world: World, tui: Tui, count: int = 1) -> None:
     poll_until(
         lambda: (
             (world.bridge_home / "bridge.db").exists()
-            and any(p["agent"] == "codex" for p in world.peers())
+            and len([p for p in world.peers() if p["agent"] == "codex"]) >= count
             and "Ask Codex" in tui.screen()
         ),
         "the TUI and its MCP server",
         timeout=90,
     )
+
+
+def test_idle_codex_session_is_woken_by_default_and_a_closed_one_waits_for_its_resume(world: World) -> None:
+    """No AGENT_BRIDGE_CODEX_WAKE: the waiter wakes the idle TUI. After `/quit` the waiter ends with
+    the TUI (the app-server daemon, which would run a queued turn unwatched, runs on), and a
+    message then is not queued into Codex: it arrives at the first turn of `codex resume`."""
+    tui = world.codex_tui()
+    tui_ready(world, tui)
     tui.type(plan(("whoami", {})))
     poll_until(
         lambda: "done." in tui.screen() and waiters_held(world) == 1, "the turn ended, the waiter waiting"
@@ -58,10 +67,91 @@ def test_idle_codex_session_is_woken_by_a_message(world: World) -> None:
 
     tui.type("/quit")
     poll_until(lambda: not tui.running(), "Codex to exit")
-    # The waiter's host is the app-server daemon, which outlives the TUI (and keeps the thread: a
-    # message queued now would run a turn there). Hence AGENT_BRIDGE_CODEX_WAKE; open_world ends
-    # the daemon, and the waiter with it.
-    assert waiters_held(world) == 1
+    poll_until(lambda: waiters_held(world) == 0, "the waiter ended with the TUI")
+    assert world.leftovers(), "the app-server daemon runs on (it would run a queued turn)"
+    before = len(world.codex_model.of_session(thread))
+    world.bridge("send", thread, "while you were away: tests are green")
+    time.sleep(3)  # (a look for the opposite: nothing queued a turn into the daemon)
+    assert len(world.codex_model.of_session(thread)) == before
+    (receipt,) = [r for r in json.loads(world.bridge("sent", "--json").stdout)
+                  if "while you were away" in r["text"]]
+    assert receipt["state"] != "acknowledged" and receipt["woken"] is None, receipt
+
+    again = world.codex_tui(resume=thread)
+    poll_until(lambda: "Ask Codex" in again.screen() or "done." in again.screen(), "the resumed TUI")
+    submit(again, plan(("whoami", {}), ("whoami", {})), lambda: asked_since(world, thread, before))
+    arrived = poll_until(
+        lambda: request_with(world, thread, before, "tests are green"),
+        "the message at the resumed session's first turn",
+    )
+    assert "not from the user" in arrived.text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(thread)), "acknowledged once shown")
+    again.type("/quit")
+    poll_until(lambda: not again.running(), "Codex to exit")
+
+
+def asked_since(world: World, thread: str, before: int) -> bool:
+    return len(world.codex_model.of_session(thread)) > before
+
+
+def request_with(world: World, thread: str, before: int, text: str) -> Any:
+    """The first model request of `thread` since the first `before` that carries `text`."""
+    return next((r for r in world.codex_model.of_session(thread)[before:] if text in r.text), None)
+
+
+def submit(tui: Tui, text: str, sent: Any) -> None:
+    """Type `text` and press Enter until `sent()` holds: a TUI of `codex resume` 0.171 drops an
+    Enter that comes while it loads the thread (seen), and an Enter in an empty prompt does nothing."""
+    tui.type(text)
+    last = time.monotonic()
+
+    def done() -> bool:
+        nonlocal last
+        if sent():
+            return True
+        if time.monotonic() - last > 3:
+            tui.tmux("send-keys", "Enter")
+            last = time.monotonic()
+        return False
+
+    poll_until(done, "the prompt submitted")
+
+
+def test_a_codex_turn_cut_short_with_esc_is_idle_and_its_message_waits_for_its_next_turn(
+    world: World,
+) -> None:
+    """Esc during a turn runs Codex's Interrupt hook (no Stop): the session is marked idle (so
+    `peers` says), and its waiter armed. Codex 0.171 runs no turn for a message queued after an
+    interruption (seen), so the waiter leaves a message to the next turn's hooks: unacknowledged
+    until the person's next prompt, whose turn shows it."""
+    tui = world.codex_tui()
+    tui_ready(world, tui)
+    tui.type(plan(("whoami", {}), GATE_STEP("esc"), ("whoami", {})))
+    world.codex_model.wait_reached("esc")
+    thread = next(p["hostSessionId"] for p in world.peers() if p["agent"] == "codex")
+    assert wake.is_busy(wake.read_mark(world.bridge_home, thread))
+    assert waiters_held(world) == 0  # the first turn runs: no Stop has armed a waiter yet
+    tui.tmux("send-keys", "Escape")
+    poll_until(lambda: "interrupted" in tui.screen(), "the turn cut short")
+    poll_until(lambda: waiters_held(world) == 1, "the waiter the Interrupt hook armed")
+    assert wake.read_mark(world.bridge_home, thread).startswith("idle interrupted "), "not idle after Esc"
+    sessions = json.loads(world.bridge("sessions", "--json").stdout)
+    assert [s.get("state") for s in sessions if s.get("hostSessionId") == thread] == ["idle"], sessions
+    world.codex_model.open_gate("esc")
+    before = len(world.codex_model.of_session(thread))
+    world.bridge("send", thread, "after your Esc: look at the logs")
+    time.sleep(3)  # (a look for the opposite: the waiter queued nothing Codex would not run)
+    assert len(world.codex_model.of_session(thread)) == before
+    assert not any(r["ackedAt"] for r in world.receipts(thread))
+    submit(tui, plan(("whoami", {}), ("whoami", {})), lambda: asked_since(world, thread, before))
+    shown = poll_until(
+        lambda: request_with(world, thread, before, "look at the logs"),
+        "the message in the next turn",
+    )
+    assert "not from the user" in shown.text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(thread)), "acknowledged once shown")
+    tui.type("/quit")
+    poll_until(lambda: not tui.running(), "Codex to exit")
 
 
 def test_note_after_compaction(world: World) -> None:

@@ -168,10 +168,16 @@ def drive(url: str, ask: Any, artifacts: Path) -> list[str]:
         expect(item).to_have_count(1)  # arrived live: no reload, no click on Refresh
         item.locator(".q-reason").fill("not yet")
         question = ask(0, question="Which database for <b>jobs</b>?", topic="db",
-                       options=["PostgreSQL 16", "SQLite"])["question"]
+                       options=["PostgreSQL 16", "SQLite"], recommended=1,
+                       context="The jobs table holds <i>50</i> rows a day.")["question"]
         card = page.locator("#questions li").filter(has_text="Which database for <b>jobs</b>?")
         expect(card).to_have_count(1)  # as text: the markup is shown, not run
         expect(card.locator("b")).to_have_count(0)
+        # what the asker knew, and the option it recommends, marked
+        expect(card.locator(".q-context")).to_have_text("The jobs table holds <i>50</i> rows a day.")
+        expect(card.locator(".option.recommended")).to_have_count(1)
+        expect(card.locator(".option.recommended")).to_contain_text("SQLite")
+        expect(card.locator(".option.recommended")).to_contain_text("recommended")
         expect(item.locator(".q-reason")).to_have_value("not yet")
         ask(1, question="Postgres or SQLite?", topic="db")  # joined: the askers line grows
         expect(card.locator(".askers")).to_contain_text(",")

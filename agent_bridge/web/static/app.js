@@ -304,13 +304,19 @@
       q.topic ? el("span", { className: "tag decision", text: "topic: " + q.topic }) : null,
       el("span", { className: "when" }, [when(q.createdAt)]),
     ]);
-    const item = el("li", { className: "question" }, [head, el("p", { className: "q-text", text: q.question })]);
+    const item = el("li", { className: "question" }, [
+      head,
+      el("p", { className: "q-text", text: q.question }),
+      q.context ? el("p", { className: "q-context", text: q.context }) : null,
+    ]);
     item.dataset.question = q.id;
     if (state.canAct) {
       if (q.options.length) {
         const options = el("div", { className: "q-options" });
         q.options.forEach((option, i) => {
-          const button = el("button", { className: "button option", type: "button", text: option,
+          const recommended = q.recommended === i;
+          const button = el("button", { className: "button option" + (recommended ? " recommended" : ""),
+                                        type: "button", text: option + (recommended ? " ★ recommended" : ""),
                                         title: "Answer with this option (" + (i + 1) + ")" });
           button.addEventListener("click", () => answerQuestion(q, { option: i + 1 }, item));
           options.appendChild(button);
