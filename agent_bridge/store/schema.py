@@ -15,6 +15,9 @@ reached the host), with `offered_at` beside it for "offered, maybe shown" (repea
 caller's `message_id` of a send, so that a retry returns what it stored.
 V_JOBS adds jobs (SPEC §4.7): what was asked, once, and each job's events, appended (a job's
 state is its last event's).
+V_SEARCH adds the owner's search (SPEC §4.6 "Search"): FTS5 indexes over the text of messages,
+decisions and questions, kept in step by triggers (so inside the writer's own transactions) and
+built from the rows already there.
 """
 
 from __future__ import annotations
@@ -311,7 +314,41 @@ CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
 PRAGMA user_version = 8;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS)
+V_SEARCH = """
+-- Full-text indexes (FTS5, external content: the text stays only in its own table) over what the
+-- owner searches: every message's body, every decision revision's topic and text, every question's
+-- text and topic. A row's index entry is its rowid (messages) or seq (decisions, questions), so
+-- results come newest first without a sort. Triggers keep them in step, inside the transaction
+-- that writes the row: decisions and questions are append-only (insert only); messages may be
+-- deleted (forgetting a session drops what was queued to it), and their index entries go with them.
+-- Words: unicode61, case and diacritics folded ("Café" finds "cafe").
+CREATE VIRTUAL TABLE messages_fts USING fts5(
+  body, content='messages', content_rowid='rowid', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+  BEGIN INSERT INTO messages_fts(rowid, body) VALUES (NEW.rowid, NEW.body); END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+  BEGIN INSERT INTO messages_fts(messages_fts, rowid, body) VALUES ('delete', OLD.rowid, OLD.body); END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF body ON messages BEGIN
+  INSERT INTO messages_fts(messages_fts, rowid, body) VALUES ('delete', OLD.rowid, OLD.body);
+  INSERT INTO messages_fts(rowid, body) VALUES (NEW.rowid, NEW.body);
+END;
+INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+
+CREATE VIRTUAL TABLE decisions_fts USING fts5(
+  topic, text, content='decisions', content_rowid='seq', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER decisions_fts_insert AFTER INSERT ON decisions
+  BEGIN INSERT INTO decisions_fts(rowid, topic, text) VALUES (NEW.seq, NEW.topic, NEW.text); END;
+INSERT INTO decisions_fts(decisions_fts) VALUES ('rebuild');
+
+CREATE VIRTUAL TABLE questions_fts USING fts5(
+  question, topic, content='questions', content_rowid='seq', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER questions_fts_insert AFTER INSERT ON questions
+  BEGIN INSERT INTO questions_fts(rowid, question, topic) VALUES (NEW.seq, NEW.question, NEW.topic); END;
+INSERT INTO questions_fts(questions_fts) VALUES ('rebuild');
+PRAGMA user_version = 9;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH)
 CURRENT_VERSION = len(STEPS)
 
 
