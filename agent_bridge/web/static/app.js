@@ -916,9 +916,10 @@
       return;
     }
     let result = null;
-    let problem = "";
+    // The server's rule (domain.search_words), said before asking: a 400 would be a console error.
+    let problem = /[\p{L}\p{N}]/u.test(query) ? "" : "query: give at least one word to search for (letters or digits)";
     try {
-      result = await api("/api/search?q=" + encodeURIComponent(query));
+      if (!problem) result = await api("/api/search?q=" + encodeURIComponent(query));
     } catch (error) {
       if (!(error instanceof ApiError) || error.status === 403) throw error;
       problem = error.message;
