@@ -86,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     dec.set_defaults(func=_decisions)
 
     sea = sub.add_parser(
-        "search", help="find messages, decisions and questions by words (read-only; works with the broker down)"
+        "search",
+        help="find messages, decisions and questions by words (read-only; works with the broker down)",
     )
-    sea.add_argument("query", metavar="QUERY", help="words, each matched as the start of a word; all must match")
+    sea.add_argument("query", metavar="QUERY", help="words, all of which must match; one of 3 or more "
+                     "characters also matches the start of a longer word")
     sea.add_argument("--json", action="store_true", help="print JSON")
     sea.set_defaults(func=_search)
 
@@ -166,8 +168,9 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     ),
     "search": (
         "Find messages, decisions (every revision, marked current, superseded or retracted) and "
-        "questions by words, newest first, read straight from bridge.db (no broker needed). Each word "
-        "matches the start of a word, case and accents aside; every word must match.",
+        "questions by words, newest first, read straight from bridge.db (no broker needed). Every word "
+        "must match, case and accents aside; a word of 3 or more characters also matches the start of "
+        "a longer one (datab finds database). No search operators: quotes, OR, NEAR are words too.",
         "agent-bridge search 'postgres migration'",
     ),
     "install": (

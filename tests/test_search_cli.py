@@ -29,7 +29,8 @@ def sessions_and_a_message(home: Path) -> tuple[str, str]:
                               host_session_id=None, now=1_000)
         b = store.create_peer(agent="codex", name=f"codex-app{ESC}", project="/w/app", kind="interactive",
                               host_session_id=None, now=1_000)
-        [m] = store.send_messages(a.id, [Outgoing(b.id, f"the flamingo deploy {ESC}is green", 1, None)], 2_000)
+        text = f"the flamingo deploy {ESC}is green"
+        [m] = store.send_messages(a.id, [Outgoing(b.id, text, 1, None)], 2_000)
     finally:
         store.close()
     return m.id, b.name
@@ -64,7 +65,8 @@ def test_search_finds_what_the_broker_recorded_with_the_broker_up_and_down(env, 
     human = run_cli(env, "search", "flamingo green")
     assert human.returncode == 0, human.stderr
     lines = human.stdout.splitlines()
-    assert lines[0].endswith(f"message from claude-app to codex-app\\x1b]0;pwned\\x07\\x1b[2J  id {message_id}")
+    shown = "codex-app\\x1b]0;pwned\\x07\\x1b[2J"
+    assert lines[0].endswith(f"message from claude-app to {shown}  id {message_id}")
     assert lines[1] == "    the flamingo deploy \\x1b]0;pwned\\x07\\x1b[2Jis green"
     assert "\x1b" not in human.stdout and len(lines) == 2
     both = run_cli(env, "search", "flamingo")

@@ -78,8 +78,10 @@ def build(db: Path, version: int) -> None:
             "author_name, author_agent, created_at) VALUES ('d1','database','PostgreSQL with a runbook',"
             "'postgresql with a runbook','\"all\"','all',NULL,'p1','claude-w','claude',20)")
         conn.execute("INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) VALUES "
-                     "('n1','p1','p2','Pinned owner decision: database: PostgreSQL with a runbook',100,NULL,20)")
-        conn.execute("INSERT INTO decision_deliveries(decision_id, host_key, peer_id, message_id, created_at) "
+                     "('n1','p1','p2','Pinned owner decision: database: PostgreSQL with a runbook',"
+                     "100,NULL,20)")
+        conn.execute("INSERT INTO decision_deliveries(decision_id, host_key, peer_id, message_id, "
+                     "created_at) "
                      "VALUES ('d1','peer:p2','p2','n1',20)")
     if version >= 6:
         conn.execute("INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at) VALUES "
@@ -168,6 +170,11 @@ def test_every_word_must_match_and_each_is_a_prefix_with_case_and_accents_folded
     assert summary(find(db, "cafe DATAB")) == [("message", both)]
     assert summary(find(db, "migrat")) == [("message", both)]
     assert find(db, "cafe nothing-like-this") == []
+    # Under three characters a word matches whole words only (a one-letter prefix would merge the
+    # lists of every word starting with it).
+    assert find(db, "ca") == [] and find(db, "da") == []
+    short = send(store, a, b, "the db is up", 3)
+    assert summary(find(db, "DB")) == [("message", short)]
 
 
 @pytest.mark.parametrize(
@@ -204,7 +211,8 @@ def test_retracted_and_superseded_revisions_are_found_and_marked(store: Store, t
     db = tmp_path / "bridge.db"
     assert [(h.id, h.state) for h in find(db, "redis")] == [(second.id, "current"), (first.id, "superseded")]
     store.retract(topic="queue", reason="not yet", author=CLI_AUTHOR, author_agent="cli", connected=[], now=3)
-    assert [(h.id, h.state) for h in find(db, "redis")] == [(second.id, "retracted"), (first.id, "superseded")]
+    assert [(h.id, h.state) for h in find(db, "redis")] == [
+        (second.id, "retracted"), (first.id, "superseded")]
     assert summary(find(db, "queue")) == summary(find(db, "redis"))  # the topic is searched too
 
 
@@ -213,10 +221,12 @@ def test_answered_and_declined_questions_show_their_state(store: Store, tmp_path
     asked = []
     for i, topic in enumerate(("cache", "logging")):
         q, _ = store.ask_question(asker=a, asker_agent="claude", question=f"Which {topic} library?",
-                                  topic=topic, options=[], scope="all", caller_addresses=a.addresses, now=10 + i)
+                                  topic=topic, options=[], scope="all", caller_addresses=a.addresses,
+                                  now=10 + i)
         assert q is not None
         asked.append(q.id)
-    store.answer_question(question_id=asked[0], author=CLI_AUTHOR, topic="cache", text="Only the standard one",
+    store.answer_question(question_id=asked[0], author=CLI_AUTHOR, topic="cache",
+                          text="Only the standard one",
                           scope="all", recipients=[], now=20)
     store.decline_question(question_id=asked[1], reason="not now", now=21)
     db = tmp_path / "bridge.db"

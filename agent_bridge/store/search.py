@@ -6,7 +6,7 @@ What is searched: every decision revision (current, superseded or retracted, eac
 question, and the messages sessions and the owner wrote. The messages the bridge made from those (a
 decision's or a retraction's notices, the message that carries a question, the answers it sent to
 askers) are left out: their text is the decision's or the question's, found as that. What forgetting
-a session deleted is gone from the index with it (the index is kept by the messages table's triggers).
+a session deleted is gone from the index with it. The schema's triggers keep both rules (V_SEARCH).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from agent_bridge.rows import Author
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_SEARCH, SchemaError, user_version
 
 LIMIT = 50  # results, newest first: a search box's page; more words narrow it
+PREFIX_MIN = 3  # a shorter word matches whole words only: "p"* would merge the lists of every p-word
 SNIPPET_TOKENS = 24  # words of context around the first match (FTS5 allows at most 64)
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use marks around a match in FTS5's snippet, parsed out below
 SEARCH_VERSION = STEPS.index(V_SEARCH) + 1
@@ -67,31 +68,32 @@ class Hit(NamedTuple):
 
 
 def match_expression(words: Sequence[str]) -> str:
-    """An FTS5 query in which every word is a quoted phrase token matched as a prefix ("datab"
-    finds "database"), all of them required: no operator, column filter or syntax error can come
-    from the owner's text."""
-    return " ".join('"' + word.replace('"', '""') + '"*' for word in words)
+    """An FTS5 query in which every word is a quoted phrase, all of them required: no operator,
+    column filter or syntax error can come from the owner's text. A word of PREFIX_MIN characters
+    or more matches the start of a word ("datab" finds "database"); a shorter one, whole words."""
+    return " ".join(
+        '"' + word.replace('"', '""') + ('"*' if len(word) >= PREFIX_MIN else '"') for word in words
+    )
 
 
 def split_snippet(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """FTS5's snippet with OPEN/CLOSE around each match → (plain text, [start, end) of each)."""
-    plain: list[str] = []
+    """FTS5's snippet with OPEN/CLOSE around each match → (plain text, [start, end) of each).
+    (A text that itself holds those private-use characters loses them here.)"""
+    first, *marked_parts = marked.split(OPEN)
+    plain = [first.replace(CLOSE, "")]
+    length = len(plain[0])
     spans: list[tuple[int, int]] = []
-    length = 0
-    start = None
-    for ch in marked:
-        if ch == OPEN:
-            start = length
-        elif ch == CLOSE:
-            if start is not None and start < length:
-                spans.append((start, length))
-            start = None
-        else:
-            plain.append(ch)
-            length += 1
+    for part in marked_parts:
+        inner, _, rest = part.partition(CLOSE)
+        rest = rest.replace(CLOSE, "")
+        if inner:
+            spans.append((length, length + len(inner)))
+        plain += (inner, rest)
+        length += len(inner) + len(rest)
     return "".join(plain), tuple(spans)
 
 
+# Each query's last two columns are the row's time and its marked snippet (search() sorts on the first).
 _MESSAGES = f"""
 SELECT f.rowid, m.id, m.from_peer, fp.name, fp.agent, m.to_peer, tp.name, m.created_at,
        snippet(messages_fts, 0, '{OPEN}', '{CLOSE}', '…', {SNIPPET_TOKENS})
@@ -100,18 +102,15 @@ JOIN messages m ON m.rowid = f.rowid
 LEFT JOIN peers fp ON fp.id = m.from_peer
 LEFT JOIN peers tp ON tp.id = m.to_peer
 WHERE messages_fts MATCH :match
-  AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = m.id)
-  AND NOT EXISTS (SELECT 1 FROM retraction_notices rn WHERE rn.message_id = m.id)
-  AND NOT EXISTS (SELECT 1 FROM question_notices qn WHERE qn.message_id = m.id)
-  AND NOT EXISTS (SELECT 1 FROM questions q WHERE q.id = m.id)
 ORDER BY f.rowid DESC LIMIT :limit
 """
 
 _DECISIONS = f"""
-SELECT f.rowid, d.id, d.author_id, d.author_name, d.author_agent, d.topic, d.created_at,
+SELECT f.rowid, d.id, d.author_id, d.author_name, d.author_agent, d.topic,
        CASE WHEN h.seq = d.seq THEN 'current'
             WHEN EXISTS (SELECT 1 FROM decision_retractions r WHERE r.retracts = d.id) THEN 'retracted'
             ELSE 'superseded' END,
+       d.created_at,
        snippet(decisions_fts, 1, '{OPEN}', '{CLOSE}', '…', {SNIPPET_TOKENS})
 FROM decisions_fts f
 JOIN decisions d ON d.seq = f.rowid
@@ -121,7 +120,7 @@ ORDER BY f.rowid DESC LIMIT :limit
 """
 
 _QUESTIONS = f"""
-SELECT f.rowid, q.id, a.peer_id, a.name, a.agent, q.topic, q.created_at, COALESCE(o.state, 'open'),
+SELECT f.rowid, q.id, a.peer_id, a.name, a.agent, q.topic, COALESCE(o.state, 'open'), q.created_at,
        snippet(questions_fts, 0, '{OPEN}', '{CLOSE}', '…', {SNIPPET_TOKENS})
 FROM questions_fts f
 JOIN questions q ON q.seq = f.rowid
@@ -132,7 +131,8 @@ ORDER BY f.rowid DESC LIMIT :limit
 """
 
 _OWNER = Author("cli", "cli", "cli")
-_KIND_ORDER = {"message": 0, "question": 1, "decision": 2}  # on one millisecond: a decision answers a question
+# Within one millisecond: a decision that answers a question comes after (above) it.
+_KIND_ORDER = {"message": 0, "question": 1, "decision": 2}
 
 
 def search(conn: apsw.Connection, words: Sequence[str], *, limit: int = LIMIT) -> tuple[list[Hit], bool]:
@@ -142,20 +142,20 @@ def search(conn: apsw.Connection, words: Sequence[str], *, limit: int = LIMIT) -
     if found < SEARCH_VERSION:
         raise SearchUnavailable(found)
     args = {"match": match_expression(words), "limit": limit + 1}
-    hits: list[Hit] = []
-    for rowid, mid, from_id, from_name, from_agent, to_id, to_name, created, marked in conn.execute(
-        _MESSAGES, args
-    ):
-        text, spans = split_snippet(marked)
-        hits.append(Hit("message", mid, Author(from_id, from_name, from_agent), Author(to_id, to_name, None),
-                        None, None, created, text, spans, rowid))
-    for rowid, did, aid, aname, aagent, topic, created, state, marked in conn.execute(_DECISIONS, args):
-        text, spans = split_snippet(marked)
-        hits.append(Hit("decision", did, Author(aid, aname, aagent), None, topic, state, created, text, spans,
-                        rowid))
-    for rowid, qid, aid, aname, aagent, topic, created, state, marked in conn.execute(_QUESTIONS, args):
-        text, spans = split_snippet(marked)
-        hits.append(Hit("question", qid, Author(aid, aname, aagent), _OWNER, topic, state, created, text,
-                        spans, rowid))
-    hits.sort(key=lambda h: (h.created_at, _KIND_ORDER[h.kind], h.order), reverse=True)
-    return hits[:limit], len(hits) > limit
+    # (createdAt, kind order, rowid, kind, the row): the snippets are split once chosen.
+    rows: list[tuple[Any, ...]] = []
+    for kind, sql in (("message", _MESSAGES), ("decision", _DECISIONS), ("question", _QUESTIONS)):
+        rows += ((row[-2], _KIND_ORDER[kind], row[0], kind, row) for row in conn.execute(sql, args))
+    rows.sort(key=lambda r: r[:3], reverse=True)
+    return [_hit(kind, row) for *_, kind, row in rows[:limit]], len(rows) > limit
+
+
+def _hit(kind: str, row: tuple[Any, ...]) -> Hit:
+    text, spans = split_snippet(row[-1])
+    if kind == "message":
+        rowid, mid, from_id, from_name, from_agent, to_id, to_name, created, _ = row
+        sender, to = Author(from_id, from_name, from_agent), Author(to_id, to_name, None)
+        return Hit(kind, mid, sender, to, None, None, created, text, spans, rowid)
+    rowid, rid, aid, aname, aagent, topic, state, created, _ = row
+    return Hit(kind, rid, Author(aid, aname, aagent), None if kind == "decision" else _OWNER, topic, state,
+               created, text, spans, rowid)

@@ -36,7 +36,8 @@ async def test_search_answers_newest_first_with_who_and_when(dashboard: Running,
     assert [(r["kind"], r["id"]) for r in body["results"]] == nox_results(facts)
     reply, current, old = body["results"]
     assert reply["from"]["name"] == "codex-proj" and reply["to"]["name"] == "claude-proj"
-    assert reply["createdAt"] == facts.messages[1]["createdAt"] and reply["snippet"] == facts.messages[1]["text"]
+    assert reply["createdAt"] == facts.messages[1]["createdAt"]
+    assert reply["snippet"] == facts.messages[1]["text"]
     assert (current["topic"], current["state"], old["state"]) == ("build / ci", "current", "superseded")
     assert set(reply) == {"kind", "id", "from", "to", "topic", "state", "createdAt", "snippet", "highlights"}
 
@@ -46,7 +47,9 @@ async def test_search_answers_newest_first_with_who_and_when(dashboard: Running,
     [({}, "at least one word"), ({"q": "  "}, "at least one word"), ({"q": "?!"}, "at least one word"),
      ({"q": "x" * 513}, "at most 512 characters")],
 )
-async def test_a_bad_query_is_400_with_one_line(dashboard: Running, params: dict[str, str], says: str) -> None:
+async def test_a_bad_query_is_400_with_one_line(
+    dashboard: Running, params: dict[str, str], says: str
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with dashboard.client() as client:
             response = await client.get("/api/search", params=params)
