@@ -86,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--json", action="store_true", help="print JSON")
     dec.set_defaults(func=_decisions)
 
+    sea = sub.add_parser(
+        "search",
+        help="find messages, decisions and questions by words (read-only; works with the broker down)",
+    )
+    sea.add_argument("query", metavar="QUERY", help="words, all of which must match; one of 3 or more "
+                     "characters also matches the start of a longer word")
+    sea.add_argument("--json", action="store_true", help="print JSON")
+    sea.set_defaults(func=_search)
+
     inst = sub.add_parser(
         "install", help=f"register the MCP server and hooks with {titles.replace(' and ', ' and/or ')}"
     )
@@ -157,6 +166,13 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     "decisions": (
         "List the pinned owner decisions, read straight from bridge.db (no broker needed).",
         "agent-bridge decisions db --history",
+    ),
+    "search": (
+        "Find messages, decisions (every revision, marked current, superseded or retracted) and "
+        "questions by words, newest first, read straight from bridge.db (no broker needed). Every word "
+        "must match, case and accents aside; a word of 3 or more characters also matches the start of "
+        "a longer one (datab finds database). No search operators: quotes, OR, NEAR are words too.",
+        "agent-bridge search 'postgres migration'",
     ),
     "install": (
         "Register the MCP server and hooks in the hosts' own config files. Run it again at any "
@@ -428,6 +444,7 @@ HOME_COMMANDS = frozenset(
         "hook",
         "dashboard",
         "decisions",
+        "search",
         "decide",
         "send",
         "sent",
@@ -497,6 +514,12 @@ def _decisions(ns: argparse.Namespace) -> int:
     from agent_bridge import reads
 
     return reads.decisions_command(ns.query, ns.scope, ns.history, ns.json)
+
+
+def _search(ns: argparse.Namespace) -> int:
+    from agent_bridge import reads
+
+    return reads.search_command(ns.query, ns.json)
 
 
 def _install(ns: argparse.Namespace) -> int:

@@ -85,6 +85,20 @@ def normalize_query(query: object) -> str | None:
     return query.lower() or None
 
 
+def search_words(query: object) -> list[str]:
+    """The words of an owner's search (SPEC §4.6 "Search"): the query split at white space, each
+    word matched as written (no search operators), at least one holding a letter or digit."""
+    if not isinstance(query, str):
+        raise InputError(f"query: expected a string, got {_type_name(query)}")
+    _check_unicode(query, "query")
+    if len(query) > QUERY_MAX:
+        raise InputError(f"query: at most {QUERY_MAX} characters, got {len(query)}")
+    words = query.split()
+    if not any(ch.isalnum() for word in words for ch in word):
+        raise InputError("query: give at least one word to search for (letters or digits)")
+    return words
+
+
 def search_key(text: str) -> str:
     """What a query is matched against in a decision's text (lowercased once, at write time)."""
     return text.lower()

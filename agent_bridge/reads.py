@@ -1,4 +1,4 @@
-"""`agent-bridge decisions`: read pinned owner decisions straight from bridge.db (broker not needed)."""
+"""`agent-bridge decisions` and `agent-bridge search`: read straight from bridge.db (broker not needed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import apsw
 from agent_bridge import domain, paths
 from agent_bridge.display import scope_words, visible, when
 from agent_bridge.rows import Decision, Retraction
-from agent_bridge.store import queries, reader
+from agent_bridge.store import queries, reader, search
 from agent_bridge.store.schema import SchemaError
 
 
@@ -55,6 +55,51 @@ def decisions_command(query: str | None, scope: str | None, history: bool, as_js
     return 0
 
 
+def search_command(query: str, as_json: bool) -> int:
+    """`agent-bridge search QUERY [--json]`: messages, decisions and questions holding every word,
+    newest first (SPEC §4.6 "Search"); read-only, works with the broker down."""
+    try:
+        words = domain.search_words(query)
+    except domain.InputError as exc:
+        print(f"agent-bridge search: {exc}", file=sys.stderr)
+        return 2
+    db = paths.db_path(paths.home())
+    try:
+        with reader.reading(db) as conn:
+            hits, more = ([], False) if conn is None else search.search(conn, words)
+    except SchemaError as exc:
+        print(f"agent-bridge search: {exc}", file=sys.stderr)
+        return 1
+    except (apsw.Error, OSError) as exc:
+        return _cannot_read(db, exc, "search")
+    if as_json:
+        print(json.dumps({"query": query, "results": [h.to_json() for h in hits], "more": more},
+                         ensure_ascii=False, indent=2))
+        return 0
+    if not hits:
+        print("Nothing found.")
+        return 0
+    for h in hits:
+        print(f"{when(h.created_at)}  {_headline(h)}  id {h.id}")
+        print(f"    {visible(h.snippet)}")
+    if more:
+        print(f"(the {len(hits)} newest shown; more words narrow the search)")
+    return 0
+
+
+def _headline(hit: search.Hit) -> str:
+    """Who and what, in words: `message from A to B`, `decision db (current) by cli`, `question
+    (open) from A, topic db`."""
+    sender = visible(hit.sender.name or "?")
+    if hit.kind == "message":
+        to = visible(hit.to.name if hit.to is not None and hit.to.name else "?")
+        return f"message from {sender} to {to}"
+    if hit.kind == "decision":
+        return f"decision {visible(hit.topic)} ({hit.state}) by {sender}"
+    topic = f", topic {visible(hit.topic)}" if hit.topic else ""
+    return f"question ({hit.state}) from {sender}{topic}"
+
+
 def _print_history(found: list[Decision], retractions: list[Retraction]) -> None:
     """Each topic once (the topic with the newest revision first), its revisions under it, newest
     first, with each retraction just above the revision it withdrew."""
@@ -78,7 +123,7 @@ def _print_history(found: list[Decision], retractions: list[Retraction]) -> None
             print(f"      {visible(d.text)}")
 
 
-def _cannot_read(db: Path, exc: BaseException) -> int:
+def _cannot_read(db: Path, exc: BaseException, command: str = "decisions") -> int:
     """One line for the person; the traceback in broker.log for whoever debugs it."""
     busy = isinstance(exc, (apsw.BusyError, apsw.LockedError))
     why = (
@@ -87,9 +132,9 @@ def _cannot_read(db: Path, exc: BaseException) -> int:
         else f"{type(exc).__name__}: {exc}"
     )
     print(
-        f"agent-bridge decisions: cannot read {db}: {why} (details in {paths.log_path(db.parent)})",
+        f"agent-bridge {command}: cannot read {db}: {why} (details in {paths.log_path(db.parent)})",
         file=sys.stderr,
     )
     details = "".join(traceback.format_exception(exc)).replace("\n", " | ")
-    paths.append_log(db.parent, f"decisions: cannot read {db}: {details}")
+    paths.append_log(db.parent, f"{command}: cannot read {db}: {details}")
     return 1

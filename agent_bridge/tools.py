@@ -52,8 +52,7 @@ _TOOLS = (
     Tool(
         "decide",
         "decide",
-        "Pin an owner decision for sessions in scope. Research the owner's choice "
-        "before recording it.",
+        "Pin the owner's decision in scope. Research the owner's choice before recording it.",
         _object(
             ("topic", "text"),
             topic={**STRING, "maxLength": domain.TOPIC_MAX},
@@ -69,7 +68,7 @@ _TOOLS = (
     Tool(
         "decisions",
         "decisions",
-        "Owner decisions, newest first; query: words; history: superseded too.",
+        "Owner decisions, newest first; query: words; history: old too.",
         _object(query={**STRING, "maxLength": domain.QUERY_MAX}, scope=SCOPE, history=BOOLEAN),
         idempotent=True,
         body="tool_decisions",
@@ -92,7 +91,7 @@ _TOOLS = (
         "send",
         "send",
         "Message agent sessions, running or not. to: name, id, claude|codex, * (project). "
-        "message_id (uuid): safe retry.",
+        "message_id: safe retry; `sent` says if read: don't resend.",
         _object(
             ("to", "text"), to=STRING, text={**STRING, "maxLength": domain.MESSAGE_TEXT_MAX}, reply_to=STRING,
             message_id=STRING,
@@ -124,7 +123,7 @@ _TOOLS = (
     Tool(
         "ask_owner",
         "ask_owner",
-        "Ask the owner what they must decide; check `decisions` first. withdraw: id.",
+        "Ask the owner only what they must decide; check `decisions` first.",
         _object(
             ("question",),
             question={**STRING, "maxLength": domain.QUESTION_MAX},

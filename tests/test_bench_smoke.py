@@ -30,6 +30,7 @@ EXPECTED = {
     "bench_mcp_tool_call.py",
     "bench_message_throughput.py",
     "bench_reconnect_storm.py",
+    "bench_search.py",
     "bench_session_footprint.py",
     "bench_waiters.py",
 }

@@ -72,12 +72,16 @@ async def send_batch(
             await broker.identity.on_request(session)
         await broker.pause("send:resolved")
         stored = await broker.db.send(sender_id, planned, now_ms(), fault=broker.fault)
+        hosts: set[str] = set()
         for to_id in {m.to_id for s in stored if isinstance(s, Stored) for m in s.messages}:
             recipient = broker.sessions.get(to_id)  # as stored: an address may have followed a merge
             if recipient is not None:
                 recipient.poke()
-        if broker.pending is not None:
-            await broker.pending.settle()  # what the sender sees sent, the hooks find in the post box
+            peer = recipient.peer if recipient is not None else await broker.db.get_peer(to_id)
+            if peer is not None and peer.host_session_id:
+                hosts.add(peer.host_session_id)
+        if broker.pending is not None and hosts:
+            await broker.pending.add(hosts)  # what the sender sees sent, the hooks find in the post box
     done = iter(stored)
     out: list[dict[str, Any] | InputError] = []
     for plan, args in zip(plans, batch, strict=True):

@@ -5,10 +5,11 @@ in bridge.db with `reader.active_waiting`), and `<home>/pending/ready` once a br
 The hook runs after every tool call of every session, and a look at one file costs next to nothing
 where opening bridge.db costs a SQLite library (SPEC §9: the hook with nothing waiting). So the
 broker keeps the files current: after each store commit one pass asks the store, in one query,
-which host sessions have such a message, and adds and removes files to match; a send's answer
-waits for that pass (`settle`), so a message its sender saw sent is in the post box. A file that
-is there without a message only costs that hook its full look; one missing (a commit the pass has
-not reached yet) leaves the message to the next hook, at the next tool call or the Stop.
+which host sessions have such a message, and adds and removes files to match (at most one pass
+per GAP). A send adds its recipients' files before it answers (`add`), so a message its sender
+saw sent is in the post box. A file that is there without a message only costs that hook its full
+look; one missing (a commit the pass has not reached yet: an owner's answer, a job's end) leaves
+the message to the next hook, at the next tool call or the Stop.
 
 Without the commit feed (a broker with no dashboard) the pass runs every POLL seconds.
 """
@@ -28,6 +29,7 @@ from agent_bridge import paths
 log = logging.getLogger("agent_bridge.daemon")
 
 POLL = 0.5  # seconds between passes when no commit feed runs
+GAP = 0.2  # seconds at least between two passes: under a stream of commits, five queries a second
 
 
 def changes(present: set[str], wanted: set[str]) -> tuple[set[str], set[str]]:
@@ -68,6 +70,7 @@ class Pending:
                 if feed is None:
                     await trio.sleep(POLL)
                 else:
+                    await trio.sleep(GAP)
                     await feed.wait_beyond(seen)
         finally:
             if feed is not None:
@@ -81,6 +84,14 @@ class Pending:
             add, remove = changes(self.present, wanted)
             if add or remove:
                 await trio.to_thread.run_sync(self._apply, add, remove)
+
+    async def add(self, host_session_ids: set[str]) -> None:
+        """Files for these host sessions, now (a send's recipients): the next pass removes any
+        that has nothing waiting after all."""
+        async with self._lock:
+            add = {paths.host_session_digest(h) for h in host_session_ids} - self.present
+            if add:
+                await trio.to_thread.run_sync(self._apply, add, set())
 
     def _start(self) -> None:
         self.folder.mkdir(mode=0o700, exist_ok=True)

@@ -196,11 +196,12 @@ class Messages(Peers):
     def host_sessions_waiting(self, hop_limit: int) -> set[str]:
         """The host session ids of every session with an unacknowledged message below
         `hop_limit`: what the PostToolUse hook would find with `reader.active_waiting` (the
-        broker keeps a file per one, daemon.pending). One pass over the unacknowledged receipts."""
+        broker keeps a file per one, daemon.pending). One look per session with a host session id, by
+        the index of its unacknowledged receipts."""
         rows = self.conn.execute(
-            "SELECT DISTINCT p.host_session_id FROM receipts r JOIN messages m ON m.id = r.message_id "
-            "JOIN peers p ON p.id = r.peer_id "
-            "WHERE r.acked_at IS NULL AND m.hop < ? AND p.host_session_id IS NOT NULL",
+            "SELECT p.host_session_id FROM peers p WHERE p.host_session_id IS NOT NULL AND EXISTS ("
+            "SELECT 1 FROM receipts r JOIN messages m ON m.id = r.message_id "
+            "WHERE r.peer_id = p.id AND r.acked_at IS NULL AND m.hop < ?)",
             (hop_limit,),
         )
         return {str(hsid) for (hsid,) in rows if hsid}

@@ -15,6 +15,11 @@ reached the host), with `offered_at` beside it for "offered, maybe shown" (repea
 caller's `message_id` of a send, so that a retry returns what it stored.
 V_JOBS adds jobs (SPEC §4.7): what was asked, once, and each job's events, appended (a job's
 state is its last event's).
+V_SEARCH adds the owner's search (SPEC §4.6 "Search"): FTS5 indexes over the text of messages,
+decisions and questions, kept in step by triggers (so inside the writer's own transactions) and
+built from the rows already there.
+V_ASK adds richer owner questions (SPEC §4.6): a question's context and recommended option, the
+askers that withdrew it, and its end when nobody asks it any more; all appended.
 """
 
 from __future__ import annotations
@@ -311,6 +316,58 @@ CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
 PRAGMA user_version = 8;
 """
 
+V_SEARCH = """
+-- Full-text indexes (FTS5) over what the owner searches: the messages sessions and the owner
+-- wrote, every decision revision's topic and text, every question's text and topic. A row's
+-- index entry is its rowid (messages) or seq (decisions, questions), so results come newest first
+-- without a sort. Triggers keep them in step, inside the transaction that writes the row.
+-- Words: unicode61, case and diacritics folded ("Café" finds "cafe").
+--
+-- Messages: the index keeps its own copy of the text (an FTS5 table with content), so that an
+-- entry can be dropped by rowid alone. Every message is indexed as it is written; the ones the
+-- bridge made from a decision, a retraction or a question (the notices, the message carrying a
+-- question, the answers its askers got) leave the index as the row that makes them so is written
+-- (they are found as the decision or question); a deleted message (forgetting a session drops
+-- what was queued to it) leaves it too.
+CREATE VIRTUAL TABLE messages_fts USING fts5(body, tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+  BEGIN INSERT INTO messages_fts(rowid, body) VALUES (NEW.rowid, NEW.body); END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+  BEGIN DELETE FROM messages_fts WHERE rowid = OLD.rowid; END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF body ON messages
+  BEGIN UPDATE messages_fts SET body = NEW.body WHERE rowid = NEW.rowid; END;
+CREATE TRIGGER decision_deliveries_fts AFTER INSERT ON decision_deliveries WHEN NEW.message_id IS NOT NULL
+  BEGIN DELETE FROM messages_fts WHERE rowid = (SELECT rowid FROM messages WHERE id = NEW.message_id); END;
+CREATE TRIGGER retraction_notices_fts AFTER INSERT ON retraction_notices
+  BEGIN DELETE FROM messages_fts WHERE rowid = (SELECT rowid FROM messages WHERE id = NEW.message_id); END;
+CREATE TRIGGER question_notices_fts AFTER INSERT ON question_notices
+  BEGIN DELETE FROM messages_fts WHERE rowid = (SELECT rowid FROM messages WHERE id = NEW.message_id); END;
+CREATE TRIGGER questions_message_fts AFTER INSERT ON questions
+  BEGIN DELETE FROM messages_fts WHERE rowid = (SELECT rowid FROM messages WHERE id = NEW.id); END;
+INSERT INTO messages_fts(rowid, body) SELECT m.rowid, m.body FROM messages m
+  WHERE NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = m.id)
+    AND NOT EXISTS (SELECT 1 FROM retraction_notices rn WHERE rn.message_id = m.id)
+    AND NOT EXISTS (SELECT 1 FROM question_notices qn WHERE qn.message_id = m.id)
+    AND NOT EXISTS (SELECT 1 FROM questions q WHERE q.id = m.id);
+
+-- Decisions and questions are append-only: external-content indexes (the text stays only in its
+-- own table), fed on insert.
+CREATE VIRTUAL TABLE decisions_fts USING fts5(
+  topic, text, content='decisions', content_rowid='seq', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER decisions_fts_insert AFTER INSERT ON decisions
+  BEGIN INSERT INTO decisions_fts(rowid, topic, text) VALUES (NEW.seq, NEW.topic, NEW.text); END;
+INSERT INTO decisions_fts(decisions_fts) VALUES ('rebuild');
+-- Whether a found revision was retracted.
+CREATE INDEX decision_retractions_retracts ON decision_retractions(retracts);
+
+CREATE VIRTUAL TABLE questions_fts USING fts5(
+  question, topic, content='questions', content_rowid='seq', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER questions_fts_insert AFTER INSERT ON questions
+  BEGIN INSERT INTO questions_fts(rowid, question, topic) VALUES (NEW.seq, NEW.question, NEW.topic); END;
+INSERT INTO questions_fts(questions_fts) VALUES ('rebuild');
+PRAGMA user_version = 9;
+"""
+
 V_ASK = """
 -- Richer owner questions (SPEC §4.6): what the first asker already knew (`context`) and the
 -- option it recommended, recorded once with the question. Appended, never changed.
@@ -345,10 +402,10 @@ CREATE TRIGGER question_ends_no_update BEFORE UPDATE ON question_ends
   BEGIN SELECT RAISE(ABORT, 'question_ends are append-only: UPDATE is not allowed'); END;
 CREATE TRIGGER question_ends_no_delete BEFORE DELETE ON question_ends
   BEGIN SELECT RAISE(ABORT, 'question_ends are append-only: DELETE is not allowed'); END;
-PRAGMA user_version = 9;
+PRAGMA user_version = 10;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_ASK)
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK)
 CURRENT_VERSION = len(STEPS)
 
 

@@ -36,7 +36,7 @@ from werkzeug.routing import BaseConverter
 
 from agent_bridge import commands, config, domain, marks, paths
 from agent_bridge.rows import Peer
-from agent_bridge.store import job_queries, queries, question_queries, reader
+from agent_bridge.store import job_queries, queries, question_queries, reader, search
 from agent_bridge.store.schema import SchemaError
 from agent_bridge.web import auth, reads
 from agent_bridge.web.changes import ChangeFeed, watch_database
@@ -165,6 +165,7 @@ def create_app(
     _actions(app, dash)
     _questions(app, dash)
     _jobs(app, dash)
+    _search(app, dash)
     _events(app, dash)
     return app
 
@@ -615,6 +616,21 @@ def _jobs(app: QuartTrio, dash: _Dashboard) -> None:
         if isinstance(body, Response):
             return body
         return await dash.owner_action("job_cancel", {"jobId": job})
+
+
+def _search(app: QuartTrio, dash: _Dashboard) -> None:
+    """GET /api/search?q=: messages, decisions and questions by words (SPEC §4.6 "Search"), read-only,
+    as `agent-bridge search --json` prints them; 503 for a database from before the search index."""
+
+    @app.get("/api/search")
+    async def search_everything() -> Response:
+        query = request.args.get("q", "")
+        try:
+            words = domain.search_words(query)
+        except domain.InputError as exc:
+            return _error(400, str(exc))
+        hits, more = await dash.read(partial(search.search, words=words), ([], False))
+        return _json_response({"query": query, "results": [h.to_json() for h in hits], "more": more})
 
 
 def _events(app: QuartTrio, dash: _Dashboard) -> None:

@@ -23,6 +23,7 @@ API_PATHS = [
     "/api/receipts",
     "/api/decisions/camera/receipts",
     "/api/events",
+    "/api/search?q=nox",
 ]
 GUARDED_PATHS = ["/", "/static/app.js", "/static/app.css", "/api/nothing", "/nothing", *API_PATHS]
 

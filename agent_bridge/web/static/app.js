@@ -15,6 +15,8 @@
     topic: null,
     historyAsked: 0, // history loads started: only the latest one's answer is shown
     searchTimer: null,
+    findTimer: null, // the search box's pause before it asks
+    findAsked: 0, // searches started: only the latest one's answer is shown
     loading: false,
     again: false, // a change arrived while loading: load once more afterwards
     names: new Map(),
@@ -854,7 +856,7 @@
       state.hopLimit = status.hopLimit;
       state.canAct = status.mode === "broker"; // a standalone dashboard is read-only
       renderSessions(sessions.sessions);
-      await Promise.all([loadQuestions(), loadJobs(), loadMessages(), loadDecisions(), loadHistory()]);
+      await Promise.all([loadQuestions(), loadJobs(), loadMessages(), loadDecisions(), loadHistory(), loadSearch()]);
       if (window.abAlerts) window.abAlerts.seen(state.seen.questions, state.seen.jobs, state.seen.messages);
       const mode = $("mode");
       mode.textContent = status.mode === "broker" ? "broker running" : "broker down · read-only";
@@ -878,6 +880,86 @@
         refresh();
       }
     }
+  }
+
+  // --- search: messages, decisions and questions by words (GET /api/search) -------------------
+
+  const FOUND_STATES = { current: "current", superseded: "old", retracted: "retracted" };
+
+  // A snippet with its matched words in <mark>: `highlights` are [start, end) in code points.
+  function snippetNode(hit) {
+    const chars = Array.from(hit.snippet);
+    const node = el("p", { className: "msg-text open" });
+    let at = 0;
+    for (const [start, end] of hit.highlights) {
+      if (start < at || end > chars.length) continue;
+      node.appendChild(text(chars.slice(at, start).join("")));
+      node.appendChild(el("mark", { text: chars.slice(start, end).join("") }));
+      at = end;
+    }
+    node.appendChild(text(chars.slice(at).join("")));
+    return node;
+  }
+
+  function foundItem(hit) {
+    const from = hit.from && hit.from.name ? hit.from.name : "(unknown)";
+    const parts = [el("span", { className: "tag " + (hit.kind === "message" ? "passive" : "decision"), text: hit.kind })];
+    if (hit.kind === "message") {
+      parts.push(el("span", { className: "route", text: from + " → " + (hit.to && hit.to.name ? hit.to.name : "(unknown)") }));
+    } else if (hit.kind === "decision") {
+      const link = el("button", { className: "topic-link", type: "button", text: hit.topic, title: "Show this topic's history" });
+      link.addEventListener("click", () => openHistory(hit.topic, true));
+      parts.push(link, el("span", { className: "tag " + (FOUND_STATES[hit.state] || "old"), text: hit.state }),
+        el("span", { className: "muted", text: "by " + from }));
+    } else {
+      parts.push(el("span", { className: "route", text: from + " asked" }),
+        el("span", { className: "tag old", text: hit.state }));
+      if (hit.topic) parts.push(el("span", { className: "muted", text: "topic " + hit.topic }));
+    }
+    parts.push(el("span", { className: "when" }, [when(hit.createdAt)]));
+    const item = el("li", { className: "found " + hit.kind }, [el("div", { className: "msg-head" }, parts), snippetNode(hit)]);
+    item.dataset.id = hit.id;
+    return item;
+  }
+
+  async function loadSearch() {
+    const query = $("search-q").value.trim();
+    const asked = ++state.findAsked;
+    if (!query) {
+      show($("search-card"), false);
+      return;
+    }
+    let result = null;
+    // The server's rule (domain.search_words), said before asking: a 400 would be a console error.
+    let problem = /[\p{L}\p{N}]/u.test(query) ? "" : "query: give at least one word to search for (letters or digits)";
+    try {
+      if (!problem) result = await api("/api/search?q=" + encodeURIComponent(query));
+    } catch (error) {
+      if (!(error instanceof ApiError) || error.status === 403) throw error;
+      problem = error.message;
+    }
+    if (asked !== state.findAsked) return; // a newer search is on its way
+    $("search-error").textContent = problem;
+    show($("search-error"), Boolean(problem));
+    const hits = result ? result.results : [];
+    $("search-results").replaceChildren(...hits.map(foundItem));
+    setCount("search-count", hits.length + (result && result.more ? "+" : ""));
+    show($("search-empty"), Boolean(result) && hits.length === 0);
+    show($("search-more"), Boolean(result && result.more));
+    show($("search-card"), true);
+  }
+
+  function findSoon() {
+    clearTimeout(state.findTimer);
+    state.findTimer = setTimeout(() => {
+      loadSearch().catch(failed);
+    }, SEARCH_DELAY_MS);
+  }
+
+  function closeSearch() {
+    $("search-q").value = "";
+    state.findAsked++;
+    show($("search-card"), false);
   }
 
   // --- live updates: server-sent events, polling while the stream is down --------------------
@@ -987,6 +1069,12 @@
     });
     $("scope-value").addEventListener("input", searchSoon);
     $("refresh").addEventListener("click", refresh);
+    $("search-form").addEventListener("submit", (event) => {
+      event.preventDefault(); // form-action 'none': searching never navigates
+      findSoon();
+    });
+    $("search-q").addEventListener("input", findSoon);
+    $("search-close").addEventListener("click", closeSearch);
     $("history-close").addEventListener("click", closeHistory);
     $("decide-form").addEventListener("submit", recordDecision);
     $("decide-scope-kind").addEventListener("change", syncDecideScope);
