@@ -72,6 +72,8 @@ def drive(url: str, act: Any, granted: bool) -> list[str]:
         page.goto(url)
         expect(page.locator("#live")).to_have_text("live")
         expect(page).to_have_title(TITLE)
+        # the first load only learns what is there: wait for it, so what the test does next is new
+        expect(page.locator("html")).to_have_attribute("data-alerts", "watching")
         allow = page.locator("#alerts-allow")
         if not granted:
             expect(allow).to_be_visible()  # permission "default": the owner may allow alerts here
@@ -109,6 +111,7 @@ def drive(url: str, act: Any, granted: bool) -> list[str]:
         expect(page).to_have_title(TITLE)
         page.reload()  # what was there when the page loaded is not news
         expect(page.locator("#live")).to_have_text("live")
+        expect(page.locator("html")).to_have_attribute("data-alerts", "watching")
         expect(page.locator("#jobs li")).to_have_count(1)
         assert page.evaluate("window.__made") == []
     return problems

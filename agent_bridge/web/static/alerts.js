@@ -47,7 +47,10 @@ window.abAlerts = (function () {
   function seen(questions, jobs, messages) {
     document.title = questions.length > 0 ? "(" + questions.length + ") " + baseTitle : baseTitle;
     const first = known === null;
-    if (first) known = { questions: new Set(), jobs: new Map(), messages: new Set() };
+    if (first) {
+      known = { questions: new Set(), jobs: new Map(), messages: new Set() };
+      document.documentElement.dataset.alerts = "watching"; // from here on, what is new alerts
+    }
     for (const q of questions) {
       if (known.questions.has(q.id)) continue;
       known.questions.add(q.id);
