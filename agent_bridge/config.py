@@ -11,7 +11,7 @@ from agent_bridge import domain, jsonlimit, paths
 
 MAX_JOBS_DEFAULT = 4
 MAX_JOBS_LIMIT = 64
-KNOWN = ("hop_limit", "max_jobs")
+KNOWN = ("alerts", "hop_limit", "max_jobs")
 
 
 class ConfigError(ValueError):
@@ -22,6 +22,7 @@ class ConfigError(ValueError):
 class Settings:
     hop_limit: int = domain.HOP_LIMIT_DEFAULT
     max_jobs: int = MAX_JOBS_DEFAULT  # jobs running at once (SPEC §4.7); later ones wait
+    alerts: bool = True  # desktop notifications for the owner (SPEC §4.6 "The owner is told")
 
 
 def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -> Settings:
@@ -56,4 +57,7 @@ def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -
     if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or not 1 <= max_jobs <= MAX_JOBS_LIMIT:
         raise ConfigError(f"{config_file}: max_jobs: expected a whole number from 1 to {MAX_JOBS_LIMIT}, "
                           f"got {max_jobs!r}")
-    return Settings(hop_limit=hop_limit, max_jobs=max_jobs)
+    alerts = file_values.get("alerts", True)
+    if not isinstance(alerts, bool):
+        raise ConfigError(f"{config_file}: alerts: expected true or false, got {alerts!r}")
+    return Settings(hop_limit=hop_limit, max_jobs=max_jobs, alerts=alerts)

@@ -516,6 +516,7 @@ AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 
 
 CLI_AGENT = "cli"  # the author of `agent-bridge decide/send/retract`; no session may call itself that
+OWNER_ADDRESSES = frozenset({"owner", CLI_AGENT})  # `send` to the human owner (SPEC §4.6)
 
 
 def normalize_agent(agent: object) -> str:

@@ -354,3 +354,50 @@ class JobRow(NamedTuple):
             "startedAt": self.started_at, "endedAt": self.ended_at, "lastStep": self.last_step,
             "answer": self.answer,
         }
+
+
+# --- what the owner's alerts read (SPEC §4.6 "The owner is told"; core.alerts, store.alert_queries) ---
+
+QUESTION, JOB, MESSAGE = "question", "job", "message"
+ALERT_KINDS = (QUESTION, JOB, MESSAGE)
+
+
+class Cursor(NamedTuple):
+    """The newest row of each kind already considered: questions.seq, job_events.seq, the
+    rowid of messages."""
+
+    question: int = 0
+    job_event: int = 0
+    message: int = 0
+
+    def advanced(self, other: Cursor) -> Cursor:
+        return Cursor(*(max(a, b) for a, b in zip(self, other, strict=True)))
+
+
+class Event(NamedTuple):
+    """A row that may alert, as read: its kind, its sequence number within its kind, and what
+    the alert says about it."""
+
+    kind: str  # QUESTION, JOB or MESSAGE
+    key: str  # the question's id, "<job id>:<run>", the message's id
+    seq: int
+    at: int  # epoch ms: when it was asked, ended, sent
+    who: str  # the asker, the job's name, the sender
+    text: str  # the question, the job's title, the message
+    state: str | None = None  # a job's end: finished, failed, cancelled, interrupted
+
+
+class OpenQuestion(NamedTuple):
+    id: str
+    at: int  # epoch ms it was asked
+    who: str
+    text: str
+
+
+class Snapshot(NamedTuple):
+    """What bridge.db held at one moment: the newest row of each kind, the rows past the
+    cursor it was read from, and the questions open now."""
+
+    cursor: Cursor
+    events: tuple[Event, ...]
+    open_questions: tuple[OpenQuestion, ...]

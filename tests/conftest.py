@@ -20,6 +20,11 @@ import trio
 from agent_bridge import paths
 from agent_bridge.ipc import blocking
 
+# A test run never shows notifications on the desktop it runs on: the brokers the tests start
+# find no session bus unless a test gives them its own (tests/test_alerts_desktop.py).
+for _variable in ("DBUS_SESSION_BUS_ADDRESS", "DISPLAY"):
+    os.environ.pop(_variable, None)
+
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "agent_bridge"]
 READY_TIMEOUT = 30.0

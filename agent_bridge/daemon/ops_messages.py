@@ -160,10 +160,13 @@ async def recipients(
     broker: Broker, session: Session | None, to: str, project: str | None, listing: str
 ) -> tuple[list[str], int | None]:
     """The records `to` addresses (SPEC §3 "Addresses"), and when the one it names was last
-    seen if it is not connected: a session's name, id or host session id, connected or not;
+    seen if it is not connected: the owner (`owner` or `cli`, sent by a session); a session's
+    name, id or host session id, connected or not;
     else an agent kind (`claude`, `codex`, any connected session's agent): the one other
     connected session of that agent in `project`; or `*`: every other connected session of
     `project`, by name."""
+    if session is not None and to.lower() in domain.OWNER_ADDRESSES:
+        return [CLI_AUTHOR.id], None  # the owner reads it in the dashboard and is alerted (SPEC §4.6)
     if to == domain.BROADCAST:
         here = _connected_here(broker, session, project, to)
         if not here:

@@ -8,6 +8,8 @@ root nursery                    lives as long as the store
      │                          process group; adopts the jobs a killed broker left running
      ├─ Waiters.run             the wake waiters: one pass per store commit wakes those whose
      │                          session has an active message waiting
+     ├─ serve_alerts            the owner's desktop notifications (unless `alerts = false`): after
+     │                          store commits, a new question, a job's end, a message to the owner
      ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
      │                          holds one task per connection, and each session connection holds
      │                          its delivery task
@@ -38,7 +40,9 @@ import trio
 from agent_bridge import paths
 from agent_bridge.config import Settings
 from agent_bridge.daemon import pending, waiters
+from agent_bridge.daemon.alerts import serve_alerts
 from agent_bridge.daemon.broker import Broker
+from agent_bridge.daemon.desktop import Desktop
 from agent_bridge.daemon.faults import fault_injector
 from agent_bridge.daemon.jobs import Supervisor
 from agent_bridge.daemon.routing import handle_connection
@@ -139,6 +143,11 @@ async def _serve(
         serving.start_soon(broker.waiters.run)
         broker.pending = pending.for_broker(broker)
         await serving.start(broker.pending.run)
+        if settings.alerts:
+            desktop = Desktop()
+            await serving.start(serve_alerts, paths.db_path(home), lambda: broker.changes, desktop.show)
+        else:
+            log.info("alerts: off (alerts = false in config.toml)")
         record = {
             "pid": os.getpid(),
             "socket": broker.socket_path,

@@ -80,10 +80,10 @@ class Messages(Peers):
         results: list[Stored | InputError] = []
         written = []
         with self.conn:
-            if from_id == CLI_AUTHOR.id:
-                self._ensure_cli_peer(now)
             # Addresses resolved before this transaction may name a record merged meanwhile.
             to_ids = {o.to_id for s in sends for o in s.copies}
+            if from_id == CLI_AUTHOR.id or CLI_AUTHOR.id in to_ids:
+                self._ensure_cli_peer(now)  # the owner sends, or is sent to
             records = {i: self._record_named(i) for i in {from_id, *to_ids}}
             from_id, from_name, from_agent = records[from_id]
             sender = Author(from_id, from_name, from_agent)

@@ -39,6 +39,10 @@ def open_readonly(path: Path | str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -
         uri = path.absolute().as_uri() + "?mode=ro&immutable=1"
         conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
         version = user_version(conn)
+    except BaseException:
+        if conn is not None:
+            conn.close()  # not a database, say: closed now, not whenever the error is collected
+        raise
     if version > CURRENT_VERSION:
         conn.close()
         raise SchemaTooNew(version)

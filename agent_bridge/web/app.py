@@ -44,6 +44,7 @@ from agent_bridge.web.changes import ChangeFeed, watch_database
 STATIC = Path(__file__).with_name("static")
 STATIC_TYPES = {
     "app.js": "text/javascript; charset=utf-8",
+    "alerts.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }

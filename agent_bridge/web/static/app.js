@@ -4,6 +4,7 @@
 
 (function () {
   const POLL_MS = 5000; // without a live stream, the page asks again this often
+  const HIDDEN_POLL_MS = 15000; // a hidden tab gives its stream back but still asks, for the alerts
   const STREAM_RETRY_MS = [2000, 5000, 10000]; // waits before trying the stream again
   const SEARCH_DELAY_MS = 250;
   const NOTICE_TAGS = { decision: "decision notice", retraction: "retraction notice" };
@@ -29,6 +30,8 @@
     streamFailures: 0,
     streamTimer: null,
     pollTimer: null,
+    hiddenTimer: null,
+    seen: { questions: [], jobs: [], messages: [] }, // the last lists loaded, for the alerts
   };
 
   // --- DOM helpers -------------------------------------------------------------------------
@@ -425,6 +428,7 @@
 
   async function loadJobs() {
     const result = await api("/api/jobs?all=1");
+    state.seen.jobs = result.jobs;
     renderJobs(result.jobs);
   }
 
@@ -461,6 +465,7 @@
     closeStream();
     clearTimeout(state.streamTimer);
     clearInterval(state.pollTimer);
+    clearInterval(state.hiddenTimer);
     const mode = $("mode");
     mode.textContent = "not authorized";
     mode.className = "pill denied";
@@ -827,12 +832,14 @@
 
   async function loadQuestions() {
     const result = await api("/api/questions");
+    state.seen.questions = result.questions;
     renderQuestions(result.questions);
   }
 
   async function loadMessages() {
     const kind = state.messageKind ? "&kind=" + state.messageKind : "";
     const result = await api("/api/messages?limit=50" + kind);
+    state.seen.messages = state.messageKind === "notice" ? null : result.messages;
     renderMessages(result.messages);
   }
 
@@ -850,6 +857,7 @@
       state.canAct = status.mode === "broker"; // a standalone dashboard is read-only
       renderSessions(sessions.sessions);
       await Promise.all([loadQuestions(), loadJobs(), loadMessages(), loadDecisions(), loadHistory(), loadSearch()]);
+      if (window.abAlerts) window.abAlerts.seen(state.seen.questions, state.seen.jobs, state.seen.messages);
       const mode = $("mode");
       mode.textContent = status.mode === "broker" ? "broker running" : "broker down · read-only";
       mode.className = status.mode === "broker" ? "pill" : "pill standalone";
@@ -1079,9 +1087,11 @@
     }
     document.addEventListener("visibilitychange", () => {
       // A hidden tab gives its stream back (the dashboard allows a few per client).
+      clearInterval(state.hiddenTimer);
       if (document.hidden) {
         closeStream();
         clearTimeout(state.streamTimer);
+        if (!state.denied) state.hiddenTimer = setInterval(refresh, HIDDEN_POLL_MS); // alerts go on
       } else if (!state.denied) {
         refresh();
         openStream();
