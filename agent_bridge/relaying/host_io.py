@@ -52,16 +52,17 @@ class HostInput:
     def lines(self) -> Iterator[str | None]:
         pending = self.pending
         while True:
-            while pending:
-                # The line is made current before it leaves `pending`: a handler running in
-                # between finds it twice (a cancel taken back twice is taken back once), never
-                # not at all. No signal mask per line: two system calls a line saved.
-                self.current = pending[0]
-                pending.popleft()
-                if self.current.strip():
-                    yield self.current.decode("utf-8", "replace")
-            self.current = b""
-            yield None
+            if pending:
+                while pending:
+                    # The line is made current before it leaves `pending`: a handler running in
+                    # between finds it twice (a cancel taken back twice is taken back once),
+                    # never not at all. No signal mask per line: two system calls a line saved.
+                    self.current = pending[0]
+                    pending.popleft()
+                    if self.current.strip():
+                        yield self.current.decode("utf-8", "replace")
+                self.current = b""
+                yield None
             if SIGNAL_MASKS:  # wait with the signals open; the read itself does not wait then
                 select.select([self.fd], [], [])
             with signals_held():  # the bytes read are in `pending` or `rest` before a handler runs
