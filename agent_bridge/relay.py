@@ -152,6 +152,8 @@ class Relay:
     def __init__(self, options: Options, out_fd: int) -> None:
         self.options = options
         self.out_fd = out_fd
+        # `with self.lock` on the hot path, not `with self.cond`: the same lock, without the
+        # Condition's Python-level __enter__ and __exit__ (two calls each, per line).
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.deadlines = threading.Condition(self.lock)
@@ -196,7 +198,7 @@ class Relay:
                 self._write_buffered()
             answered, self.out_answers = self.out_answers, 0
         if answered:
-            with self.cond:
+            with self.lock:
                 self.requests.answering -= answered
                 self.cond.notify_all()
 
@@ -226,7 +228,7 @@ class Relay:
             self.on_notification(line, method, message, more)
             return
         request = request_of(message, line)
-        with self.cond:
+        with self.lock:
             self.replay.host_request(method, message)
             link = self.link
             if link is not None:
@@ -241,7 +243,7 @@ class Relay:
             # A result the host read (the one a cancel can cross) is reported written, and
             # noted as shown, before the cancel goes on: the broker sees them in that order.
             self.reporting.release()
-        with self.cond:
+        with self.lock:
             self.replay.host_notification(method)
             if method == "notifications/cancelled":
                 key = cancelled_key(message)
@@ -267,7 +269,7 @@ class Relay:
         self.write_out(answers.answer(rid, error=error))
 
     def forward(self, line: str, more: bool = False) -> None:
-        with self.cond:
+        with self.lock:
             link = self.link
         if link is not None:
             self.send(link, line_frames(line), queue=more)
@@ -299,7 +301,7 @@ class Relay:
 
     def flush(self) -> None:
         """What was queued for the broker, sent."""
-        with self.cond:
+        with self.lock:
             link = self.link
         if link is not None:
             try:
@@ -323,12 +325,12 @@ class Relay:
     def join(self, socket_path: str) -> Link:
         """Connect and say hello (`mcp`): the broker serves this session from now on."""
         resume = {"id": self.session_id, "secret": self.secret} if self.session_id and self.secret else None
-        with self.cond:
+        with self.lock:
             acked, offered = self.shown.for_hello()
         link, hello = connector.hello(socket_path, protocol.request(
             1, "mcp", **self.options.hello(resume), acked=acked, offered=offered))
         session = hello.get("session") or {}
-        with self.cond:
+        with self.lock:
             if isinstance(session.get("id"), str):
                 self.session_id = session["id"]
             if isinstance(hello.get("secret"), str):
@@ -385,7 +387,7 @@ class Relay:
             self.session_id = sid
 
     def on_held(self, link: Link, push: Held) -> None:
-        with self.cond:
+        with self.lock:
             if "id" not in push.message:
                 return
             if push.again:  # its result was cancelled: not shown, first in line
@@ -394,7 +396,7 @@ class Relay:
                 self.shown.showing.arrive(push.message, reack=False)
 
     def on_acked(self, link: Link, push: Acked) -> None:
-        with self.cond:  # recorded by the broker (here or by a Stop hook)
+        with self.lock:  # recorded by the broker (here or by a Stop hook)
             self.shown.showing.elsewhere(push.ids)
             self.shown.save_if_kept(self.session_id)
 
@@ -407,7 +409,7 @@ class Relay:
         key = self.answer_key(line)
         answered: Request | None = None
         if key is not None:
-            with self.cond:
+            with self.lock:
                 if self.replay.swallowed(key):
                     return
                 answered = self.requests.answered(key)  # `end` waits for it to be written
@@ -421,7 +423,7 @@ class Relay:
         try:
             with self.reporting:
                 self.write_out(line)
-                with self.cond:  # reported below; until the broker confirms it recorded them
+                with self.lock:  # reported below; until the broker confirms it recorded them
                     self.shown.showing.shown_directly(key, list(incoming.ids), reported=True)
                 try:
                     link.send([Written(incoming.seq)])
@@ -429,7 +431,7 @@ class Relay:
                     pass
         finally:
             if answered is not None:
-                with self.cond:
+                with self.lock:
                     self.requests.written()
                     self.cond.notify_all()
 
@@ -437,7 +439,7 @@ class Relay:
         """The connection ended: what was in flight on it is sent again to the next broker if
         doing it twice changes nothing, else answered with an error saying it may have been
         done."""
-        with self.cond:
+        with self.lock:
             if self.link is link:
                 self.link = None
             link.alive = False
@@ -480,7 +482,7 @@ class Relay:
 
     def wait_joined(self, timeout: float) -> None:
         """Until a broker answered, or its start failed or it refused us, or `timeout`."""
-        with self.cond:
+        with self.lock:
             self.cond.wait_for(lambda: self.joined or self.keeper.known, timeout)
 
     def end(self) -> None:
@@ -489,13 +491,13 @@ class Relay:
         broker records what the host was shown, and closes. A call that waits (`inbox` with
         `wait_seconds`, say) is cancelled as if the host had cancelled it: nobody reads its
         answer now, so it shows and acknowledges nothing, and the relay need not wait for it."""
-        with self.cond:
+        with self.lock:
             waiting_calls = self.requests.waiting_calls()
         for rid in waiting_calls:
             self.on_host_line(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                           "params": {"requestId": rid, "reason": "the host left"}}))
         self.flush()
-        with self.cond:
+        with self.lock:
             self.cond.wait_for(lambda: self.requests.settled, ANSWERS_AT_EXIT)
             link = self.link
             unanswered = self.requests.take_waiting()
@@ -506,7 +508,7 @@ class Relay:
         if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first
             self.reporting.release()
         self.send(link, [EOF])
-        with self.cond:
+        with self.lock:
             if not self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT):
                 # no answer in time: a broker that reads the ledger records them
                 self.shown.keep_written(self.session_id)

@@ -151,6 +151,6 @@ def hello(socket_path: str, hello_request: dict[str, Any]) -> tuple[Link, dict[s
         if err.get("code") == "bad_request":
             raise BadHello(str(err.get("message")))
         raise ConnectionRefusedError(str(err.get("message")))
-    sock.settimeout(KEEPALIVE_INTERVAL)
+    link.keep_alive(KEEPALIVE_INTERVAL)
     result = answer.get("result")
     return link, result if isinstance(result, dict) else {}

@@ -19,6 +19,10 @@ READ_CHUNK = 1 << 16
 UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
 LEAVING_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # hosts end their MCP servers with these
 SIGNAL_MASKS = hasattr(signal, "pthread_sigmask")  # POSIX
+try:  # the C function: `signal.pthread_sigmask` wraps it to turn each signal into an enum (per read)
+    from _signal import pthread_sigmask as _sigmask
+except ImportError:  # another Python, or Windows (no masks there: SIGNAL_MASKS is False)
+    _sigmask = getattr(signal, "pthread_sigmask", None)
 
 
 @contextmanager
@@ -30,11 +34,11 @@ def signals_held() -> Iterator[None]:
     if not SIGNAL_MASKS:
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, LEAVING_SIGNALS)
+    before = _sigmask(signal.SIG_BLOCK, LEAVING_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        _sigmask(signal.SIG_SETMASK, before)
 
 
 class HostInput:

@@ -7,6 +7,8 @@ was queued goes before what is sent after it, so the broker sees frames in the o
 
 from __future__ import annotations
 
+import socket
+import struct
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -51,10 +53,28 @@ class Link:
             data, self._queued = b"".join(self._queued), []
             self.sock.sendall(data)
 
+    def keep_alive(self, seconds: float) -> None:
+        """`receive` raises TimeoutError after `seconds` of silence, and a send that cannot go on
+        for that long fails. On a socket the kernel times them (SO_RCVTIMEO, SO_SNDTIMEO): a
+        socket with a Python timeout polls before every send and every receive, two system
+        calls a message; a named pipe keeps its own `settimeout`."""
+        if not isinstance(self.sock, socket.socket):
+            self.sock.settimeout(seconds)
+            return
+        whole = int(seconds)
+        timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
     def receive(self) -> dict[str, Any] | None:
-        """The next frame; None at end of stream. Raises TimeoutError after the socket's timeout."""
+        """The next frame; None at end of stream. Raises TimeoutError after `keep_alive`'s
+        seconds of silence."""
         while not self._ready:
-            data = self.sock.recv(READ_CHUNK)
+            try:
+                data = self.sock.recv(READ_CHUNK)
+            except BlockingIOError:  # SO_RCVTIMEO ran out
+                raise TimeoutError("the broker was silent") from None
             if not data:
                 return None
             self._ready.extend(self._decoder.feed(data))

@@ -52,3 +52,18 @@ def test_frames_read_together_are_handed_out_one_by_one_and_say_more_is_ready():
         assert link.receive()["line"] == "l2" and not link.more_ready  # type: ignore[index]
         broker.close()
         assert link.receive() is None
+
+
+def test_a_silent_broker_times_the_receive_out_and_the_link_still_works():
+    ours, broker = socket.socketpair()
+    with ours, broker:
+        link = Link(ours)
+        link.keep_alive(0.05)  # the kernel's timer, not a poll before each call
+        assert ours.gettimeout() is None
+        try:
+            link.receive()
+            raise AssertionError("a silent broker gave a frame")
+        except TimeoutError:
+            pass
+        broker.sendall(protocol.encode({"v": 1, "push": "line", "line": "after"}))
+        assert link.receive()["line"] == "after"  # type: ignore[index]
