@@ -58,7 +58,7 @@ class Link:
         for that long fails. On a socket the kernel times them (SO_RCVTIMEO, SO_SNDTIMEO): a
         socket with a Python timeout polls before every send and every receive, two system
         calls a message; a named pipe keeps its own `settimeout`."""
-        if not isinstance(self.sock, socket.socket):
+        if not hasattr(self.sock, "setsockopt"):  # a named pipe (a socket here may be _socket's)
             self.sock.settimeout(seconds)
             return
         whole = int(seconds)

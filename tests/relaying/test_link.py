@@ -3,7 +3,11 @@ in one write, before anything sent after them."""
 
 from __future__ import annotations
 
+import _socket
 import socket
+from contextlib import closing
+
+import pytest
 
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import PING, Written, line_frames, read_relay
@@ -54,9 +58,14 @@ def test_frames_read_together_are_handed_out_one_by_one_and_say_more_is_ready():
         assert link.receive() is None
 
 
-def test_a_silent_broker_times_the_receive_out_and_the_link_still_works():
+@pytest.mark.parametrize("c_level", [False, True])
+def test_a_silent_broker_times_the_receive_out_and_the_link_still_works(c_level):
+    """On a socket (the relay's is the C-level `_socket.socket`, as ipc.blocking makes it) the
+    kernel times the silence: no Python timeout, which polls before every send and receive."""
     ours, broker = socket.socketpair()
-    with ours, broker:
+    if c_level:
+        ours = _socket.socket(fileno=ours.detach())
+    with closing(ours), broker:
         link = Link(ours)
         link.keep_alive(0.05)  # the kernel's timer, not a poll before each call
         assert ours.gettimeout() is None
