@@ -7,7 +7,6 @@ was queued goes before what is sent after it, so the broker sees frames in the o
 
 from __future__ import annotations
 
-import socket
 import struct
 import threading
 from collections import deque
@@ -15,6 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_bridge.ipc import protocol
+
+try:  # the C module, as ipc.blocking uses it: `socket` costs the relay's start its imports
+    import _socket as sockets
+except ImportError:  # not CPython
+    import socket as sockets  # type: ignore[no-redef]
 from agent_bridge.ipc.frames import LineParts, RelayFrame, relay_frame
 
 READ_CHUNK = 1 << 16
@@ -64,8 +68,8 @@ class Link:
         whole = int(seconds)
         timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
         self.sock.settimeout(None)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        self.sock.setsockopt(sockets.SOL_SOCKET, sockets.SO_RCVTIMEO, timeval)
+        self.sock.setsockopt(sockets.SOL_SOCKET, sockets.SO_SNDTIMEO, timeval)
 
     def receive(self) -> dict[str, Any] | None:
         """The next frame; None at end of stream. Raises TimeoutError after `keep_alive`'s
