@@ -1,0 +1,104 @@
+"""The host's side of the pump: its lines in (HostInput), whole lines out (write_all), and the
+leaving signals held while the input changes hands.
+
+Hosts end their MCP servers with SIGINT, then SIGTERM; the relay's handler reads the host's
+unread input (`HostInput.unread`) for cancels sent before the signal, so every line must be in
+exactly one of the places it looks at, at every moment a handler can run.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+READ_CHUNK = 1 << 16
+UNREAD_MAX = 1 << 20  # bytes of unread host input looked through for cancels at a signal
+LEAVING_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # hosts end their MCP servers with these
+SIGNAL_MASKS = hasattr(signal, "pthread_sigmask")  # POSIX
+try:  # the C function: `signal.pthread_sigmask` wraps it to turn each signal into an enum (per read)
+    from _signal import pthread_sigmask as _sigmask
+except ImportError:  # another Python, or Windows (no masks there: SIGNAL_MASKS is False)
+    _sigmask = getattr(signal, "pthread_sigmask", None)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """LEAVING_SIGNALS wait while the host's input changes hands (POSIX; Windows has no signal
+    masks): their handler reads that input (HostInput.unread) and must find every line. Held
+    by the main thread, which alone takes them: the relay's other threads start with them
+    held (relay.main), since Python runs a handler on the main thread whichever thread received it."""
+    if not SIGNAL_MASKS:
+        yield
+        return
+    before = _sigmask(signal.SIG_BLOCK, LEAVING_SIGNALS)
+    try:
+        yield
+    finally:
+        _sigmask(signal.SIG_SETMASK, before)
+
+
+class HostInput:
+    """The host's lines on `fd`, decoded as the SDK decodes them (UTF-8, bad bytes replaced).
+
+    `lines` yields None after the last line of each read: what was read together has been
+    handed over (the pump sends what it buffered for the broker then)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.current = b""  # the line being handled
+        self.pending: deque[bytes] = deque()  # lines read and not handed over yet
+        self.rest = b""  # the start of a line not complete yet
+
+    def lines(self) -> Iterator[str | None]:
+        pending = self.pending
+        while True:
+            if pending:
+                while pending:
+                    # The line is made current before it leaves `pending`: a handler running in
+                    # between finds it twice (a cancel taken back twice is taken back once),
+                    # never not at all. No signal mask per line: two system calls a line saved.
+                    self.current = pending[0]
+                    pending.popleft()
+                    if self.current.strip():
+                        yield self.current.decode("utf-8", "replace")
+                self.current = b""
+                yield None
+            if SIGNAL_MASKS:  # wait with the signals open; the read itself does not wait then
+                select.select([self.fd], [], [])
+            with signals_held():  # the bytes read are in `pending` or `rest` before a handler runs
+                chunk = os.read(self.fd, READ_CHUNK)
+                if not chunk:
+                    self.current, self.rest = self.rest, b""
+                else:
+                    *complete, self.rest = (self.rest + chunk).split(b"\n")
+                    pending.extend(complete)
+            if not chunk:
+                if self.current.strip():
+                    yield self.current.decode("utf-8", "replace")
+                return
+
+    def unread(self) -> bytes:
+        """What the host wrote and was not handled to its end: the line being handled (a signal
+        may have interrupted that), the lines read after it, and what has not been read yet (up
+        to UNREAD_MAX, without waiting)."""
+        data = bytearray(b"\n".join([self.current, *self.pending, self.rest]))
+        try:  # polled, not made non-blocking: stdin may be a terminal this process shares
+            while SIGNAL_MASKS and len(data) < UNREAD_MAX and select.select([self.fd], [], [], 0)[0]:
+                chunk = os.read(self.fd, READ_CHUNK)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:  # closed
+            pass
+        return bytes(data)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` (a pipe may take it in parts); OSError when the reader is gone."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -1,0 +1,30 @@
+"""The host's input (agent_bridge.relaying.host_io) on a real pipe: its lines, the end of each
+read, and what a signal's handler finds unread at every step."""
+
+from __future__ import annotations
+
+import os
+
+from agent_bridge.relaying.host_io import HostInput, write_all
+
+
+def test_lines_of_one_read_then_a_mark_and_every_line_is_found_unread_until_handled():
+    read_end, write_end = os.pipe()
+    try:
+        write_all(write_end, b'{"a":1}\n\n{"b":2}\n{"c":')
+        host = HostInput(read_end)
+        lines = host.lines()
+        assert next(lines) == '{"a":1}'
+        # a handler now: the line being handled, those after it, and the partial one
+        assert host.unread().split(b"\n") == [b'{"a":1}', b"", b'{"b":2}', b'{"c":']
+        assert next(lines) == '{"b":2}'  # the blank line is skipped
+        assert b'{"a":1}' not in host.unread()
+        assert next(lines) is None  # what was read together is handed over
+        write_all(write_end, b'3}\n{"d":\xff}')
+        os.close(write_end)
+        write_end = -1
+        assert list(lines) == ['{"c":3}', None, '{"d":\ufffd}']  # bad bytes replaced, as the SDK does
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
