@@ -172,6 +172,7 @@ class Relay:
         self.requests = Requests()
         self.shown = Shown(options.home)  # what this relay holds and wrote, and the ledger
         self.alone = Alone(self, options.agent)
+        self.wanted = threading.Event()  # the host asked what only a broker answers (connector.START_GRACE)
         self.out_buffer: list[bytes] = []  # the broker's lines read together, written together
         self.out_answers = 0  # answers among them
 
@@ -566,7 +567,8 @@ def main(ns: argparse.Namespace) -> int:
     # Join the bridge before answering the host, so a session whose MCP server is ready is also
     # connected (a decide recorded right after sees it); a broker that cannot be reached in time
     # does not hold the host back: tools say so until it is.
-    relay.wait_joined(JOIN_BEFORE_SERVING)
+    if connector.broker_socket(options.home) is not None:  # none running: see connector.START_GRACE
+        relay.wait_joined(JOIN_BEFORE_SERVING)
     for line in host_input.lines():
         if line is None:  # the lines read together are handled: what they make goes to the broker
             relay.flush()

@@ -22,6 +22,7 @@ from agent_bridge.relaying.requests import Request, Requests
 from agent_bridge.relaying.shown import Shown
 
 IDLE_WAKE = 3600.0  # seconds the expiring thread sleeps when nothing waits (woken when one does)
+DISCOVER = "server/discover"
 
 
 class Serving(Protocol):
@@ -35,6 +36,7 @@ class Serving(Protocol):
     replay: Replay
     requests: Requests
     shown: Shown
+    wanted: threading.Event  # set once the host asked what only a broker answers
 
     def write_out(self, line: str) -> None: ...
 
@@ -67,7 +69,15 @@ class Alone:
         elif request.method in ("ping", "logging/setLevel"):  # a level is replayed to the broker later
             relay.write_out(answer(rid, result={}))
             return
-        elif request.tool == "inbox" and self.inbox(rid, message.get("params")):
+        elif request.method == DISCOVER:
+            # MCP 2026-07-28's probe (Claude Code 2.1.332 sends it first, also from `claude mcp
+            # list`): with no broker the relay speaks the protocol of its `initialize`, which the
+            # host then sends (seen), so a health check needs no broker.
+            relay.write_out(answer(rid, error={"code": -32601, "message": "Method not found",
+                                               "data": DISCOVER}))
+            return
+        relay.wanted.set()  # only a broker answers this: start one now if none runs
+        if request.tool == "inbox" and self.inbox(rid, message.get("params")):
             return
         reason = ""
         with relay.cond:

@@ -25,6 +25,9 @@ log = logging.getLogger("agent_bridge.mcp")
 START_TIMEOUT = 30.0  # seconds `agent-bridge up --detach` may take
 HELLO_TIMEOUT = 10.0  # seconds the broker may take to answer the relay's hello
 KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
+# With no broker running, the first start waits this long for the host to ask what only a broker
+# answers (`wanted`): a health check (`claude mcp list`) is answered and gone by then, and starts none.
+START_GRACE = 1.0
 
 
 class BadHello(Exception):
@@ -36,6 +39,7 @@ class Joining(Protocol):
 
     cond: threading.Condition
     keeper: Keeper
+    wanted: threading.Event
 
     def join(self, socket_path: str) -> Link: ...
 
@@ -53,11 +57,17 @@ def broker_socket(home: Path) -> str | None:
 def keep_connected(relay: Joining, home: Path, sleep: Callable[[float], None] = time.sleep) -> None:
     """Forever: a connection to the broker, served until it ends."""
     keeper = relay.keeper
+    first = True
     while True:
         socket_path = broker_socket(home)
         with relay.cond:
             due = keeper.start_due(time.monotonic(), socket_path is not None)
             blocked = keeper.blocked_until_changed is not None
+        if due and first and socket_path is None:
+            relay.wanted.wait(START_GRACE)  # a health check has gone by then
+            socket_path = broker_socket(home)  # another session may have started one meanwhile
+            due = socket_path is None
+        first = False
         if due:
             if not (blocked and still_blocked(relay, home)):
                 start_broker(relay, home)
