@@ -434,22 +434,27 @@ def transcript_version(path: str) -> Version | None:
         return None
 
 
-def interrupted_at(path: str) -> float:
-    """When the last turn cut short by Esc was (epoch seconds), from the `interruptedMessageId`
-    entries in the last TRANSCRIPT_TAIL bytes of the transcript; 0.0 when none or unreadable."""
-    import json
-    from datetime import datetime
-
+def tail_lines(path: str) -> list[bytes]:
+    """The whole lines in the last TRANSCRIPT_TAIL bytes of a transcript; [] when unreadable."""
     if not path:
-        return 0.0
+        return []
     try:
         with open(path, "rb") as f:
             end = f.seek(0, 2)
             f.seek(max(0, end - TRANSCRIPT_TAIL))
             lines = f.read(TRANSCRIPT_TAIL).split(b"\n")
     except OSError:
-        return 0.0
-    for line in reversed(lines[1:] if end > TRANSCRIPT_TAIL else lines):  # the first may be cut
+        return []
+    return lines[1:] if end > TRANSCRIPT_TAIL else lines  # the first one may be cut
+
+
+def interrupted_at(path: str) -> float:
+    """When the last turn cut short by Esc was (epoch seconds), from the `interruptedMessageId`
+    entries in the last TRANSCRIPT_TAIL bytes of the transcript; 0.0 when none or unreadable."""
+    import json
+    from datetime import datetime
+
+    for line in reversed(tail_lines(path)):
         if b'"interruptedMessageId"' not in line:
             continue
         try:
@@ -467,17 +472,7 @@ def queued_prompts(path: str) -> int:
     one; a "dequeue" of what was queued before the tail counts for nothing). 0 when unreadable."""
     import json
 
-    if not path:
-        return 0
-    try:
-        with open(path, "rb") as f:
-            end = f.seek(0, 2)
-            f.seek(max(0, end - TRANSCRIPT_TAIL))
-            lines = f.read(TRANSCRIPT_TAIL).split(b"\n")
-    except OSError:
-        return 0
-    if end > TRANSCRIPT_TAIL:
-        lines = lines[1:]  # the first one may be cut
+    lines = tail_lines(path)
     pending = 0
     for line in lines:
         if b'"queue-operation"' not in line:
