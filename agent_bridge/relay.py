@@ -27,7 +27,6 @@ answers the relay writes itself (answers).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -40,10 +39,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agent_bridge import domain, hosts, jsonlimit, paths, procinfo, tools
-from agent_bridge.core import showing
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import (
-    EOF,
     PING,
     Acked,
     Held,
@@ -54,15 +51,16 @@ from agent_bridge.ipc.frames import (
     line_frames,
     read_push,
 )
-from agent_bridge.relaying import answers, connector
+from agent_bridge.relaying import answers, connector, leaving
 from agent_bridge.relaying.alone import Alone
 from agent_bridge.relaying.answers import ANSWER_HEAD, INTERNAL_ERROR, INVALID_REQUEST, STATIC
 from agent_bridge.relaying.connector import BadHello
-from agent_bridge.relaying.host_io import LEAVING_SIGNALS, HostInput, signals_held, write_all
+from agent_bridge.relaying.host_io import LEAVING_SIGNALS, HostInput, HostOutput, signals_held
 from agent_bridge.relaying.keeper import START_ATTEMPTS, Keeper
+from agent_bridge.relaying.leaving import ACK_FLUSH_AT_EXIT, ANSWERS_AT_EXIT
 from agent_bridge.relaying.link import Link
 from agent_bridge.relaying.replay import Replay
-from agent_bridge.relaying.requests import Request, Requests, request_of
+from agent_bridge.relaying.requests import Request, Requests, cancelled_key, request_of
 from agent_bridge.relaying.shown import Shown
 
 __all__ = ["ANSWERS_AT_EXIT", "ANSWER_HEAD", "INVALID_REQUEST", "START_ATTEMPTS", "STATIC", "BadHello",
@@ -71,11 +69,6 @@ __all__ = ["ANSWERS_AT_EXIT", "ANSWER_HEAD", "INVALID_REQUEST", "START_ATTEMPTS"
 log = logging.getLogger("agent_bridge.mcp")
 
 JOIN_BEFORE_SERVING = 10.0  # seconds the relay waits for the broker before serving the host anyway
-ACK_FLUSH_AT_EXIT = 2.0  # seconds the broker gets to record the last acknowledgements when the host leaves
-# Seconds the broker gets to answer what the host asked before it closed stdin (its MCP server
-# stops reading at "eof", and an answer it has not written by then is never written).
-ANSWERS_AT_EXIT = 5.0
-SIGNAL_WAIT = 0.5  # seconds a signal's handler waits for another thread before it writes the ledger
 
 
 @dataclass
@@ -135,12 +128,6 @@ def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] 
 
 
 
-def cancelled_key(message: dict[str, Any]) -> str:
-    """The request a host's `notifications/cancelled` names (showing.key: the key of its answer)."""
-    params = message.get("params")
-    return showing.key(params.get("requestId") if isinstance(params, dict) else None)
-
-
 class Relay:
     """The pump and its wiring: host lines to the broker, the broker's lines to the host, each
     decision handed to its part. One lock (`cond`) for the parts' state; a second condition on it
@@ -151,13 +138,12 @@ class Relay:
 
     def __init__(self, options: Options, out_fd: int) -> None:
         self.options = options
-        self.out_fd = out_fd
         # `with self.lock` on the hot path, not `with self.cond`: the same lock, without the
         # Condition's Python-level __enter__ and __exit__ (two calls each, per line).
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.deadlines = threading.Condition(self.lock)
-        self.out_lock = threading.Lock()
+        self.out = HostOutput(out_fd, lambda: exit_now(0))  # the host's stdout
         # Held from writing a line that shows messages to reporting it written: the host may read
         # the line and close stdin at once, and the "eof" must not reach the broker first (it
         # stops reading there, and the report would be lost with this process); nor may a cancel
@@ -173,31 +159,17 @@ class Relay:
         self.shown = Shown(options.home)  # what this relay holds and wrote, and the ledger
         self.alone = Alone(self, options.agent)
         self.wanted = threading.Event()  # the host asked what only a broker answers (connector.START_GRACE)
-        self.out_buffer: list[bytes] = []  # the broker's lines read together, written together
-        self.out_answers = 0  # answers among them
 
     # --- the host's side ----------------------------------------------------------------
 
     def write_out(self, line: str) -> None:
         """One line to the host's stdout (after the lines buffered before it); returns once the
         pipe has all of it."""
-        with self.out_lock:
-            self.out_buffer.append((line + "\n").encode("utf-8", "surrogatepass"))
-            self._write_buffered()
-
-    def _write_buffered(self) -> None:
-        data, self.out_buffer = b"".join(self.out_buffer), []
-        try:
-            write_all(self.out_fd, data)
-        except OSError:  # the host closed its end: the session is over
-            exit_now(0)
+        self.out.write(line)
 
     def flush_out(self) -> None:
         """The broker's lines buffered (`to_host`) to the host."""
-        with self.out_lock:
-            if self.out_buffer:
-                self._write_buffered()
-            answered, self.out_answers = self.out_answers, 0
+        answered = self.out.flush()
         if answered:
             with self.lock:
                 self.requests.answering -= answered
@@ -257,17 +229,11 @@ class Relay:
         self.forward(line, more)
 
     def invalid_request(self, message: dict[str, Any], problem: str) -> None:
-        """JSON-RPC "Invalid Request" for a line this relay will not pass on (`message`: its
-        top-level members, as far as they could be read): answered with the request's id when
-        it has a usable one, else with null (JSON-RPC 2.0); a notification gets no answer."""
-        rid = message.get("id")
-        if "id" not in message and isinstance(message.get("method"), str):
+        line = answers.invalid_request(message, problem)
+        if line is None:
             log.warning("ignored a notification from the host: %s", problem)
-            return
-        if isinstance(rid, bool) or not isinstance(rid, (int, str)) or protocol.unstorable_text(rid):
-            rid = None  # not an id JSON-RPC allows, or one we could not write back as UTF-8
-        error = {"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"}
-        self.write_out(answers.answer(rid, error=error))
+        else:
+            self.write_out(line)
 
     def forward(self, line: str, more: bool = False) -> None:
         with self.lock:
@@ -416,10 +382,8 @@ class Relay:
                 answered = self.requests.answered(key)  # `end` waits for it to be written
                 if answered is not None:
                     self.replay.answered(answered.method)
-        if incoming.seq is None:
-            with self.out_lock:  # written with the lines read with it (flush_out)
-                self.out_buffer.append((line + "\n").encode("utf-8", "surrogatepass"))
-                self.out_answers += answered is not None
+        if incoming.seq is None:  # written with the lines read with it (flush_out)
+            self.out.buffer(line, answered is not None)
             return
         try:
             with self.reporting:
@@ -457,63 +421,10 @@ class Relay:
 
     # --- the whole process --------------------------------------------------------------
 
-    def keep_written_at_exit(self, unread: bytes) -> None:
-        """A signal ends the process now: what was shown and maybe never recorded is kept (as
-        when the host closes stdin and the broker does not confirm in time), once the cancels in
-        the host's `unread` input (sent before the signal, not read yet) are taken into account.
-        The handler runs on the main thread, which may hold `cond` (re-entrant) mid-change: at
-        worst an id is missed and shown again, as a repeat; held by another thread, it is
-        waited for only briefly, as is `reporting` (a line being written to the host is noted as
-        shown once written)."""
-        if self.reporting.acquire(timeout=SIGNAL_WAIT):  # a line the host may have read is noted first
-            self.reporting.release()
-        if self.cond.acquire(timeout=SIGNAL_WAIT):
-            try:
-                for line in unread.split(b"\n"):
-                    if b"notifications/cancelled" in line:
-                        try:
-                            message = jsonlimit.loads(line)
-                        except ValueError:  # (UnicodeDecodeError and TooDeep included)
-                            continue
-                        if isinstance(message, dict) and message.get("method") == "notifications/cancelled":
-                            self.shown.take_back(cancelled_key(message), self.session_id)
-                self.shown.keep_written(self.session_id)
-            finally:
-                self.cond.release()
-
     def wait_joined(self, timeout: float) -> None:
         """Until a broker answered, or its start failed or it refused us, or `timeout`."""
         with self.lock:
             self.cond.wait_for(lambda: self.joined or self.keeper.known, timeout)
-
-    def end(self) -> None:
-        """The host closed stdin: what it asked before that is answered (up to ANSWERS_AT_EXIT;
-        a request still waiting for a broker then gets the reason there is none), then the
-        broker records what the host was shown, and closes. A call that waits (`inbox` with
-        `wait_seconds`, say) is cancelled as if the host had cancelled it: nobody reads its
-        answer now, so it shows and acknowledges nothing, and the relay need not wait for it."""
-        with self.lock:
-            waiting_calls = self.requests.waiting_calls()
-        for rid in waiting_calls:
-            self.on_host_line(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                                          "params": {"requestId": rid, "reason": "the host left"}}))
-        self.flush()
-        with self.lock:
-            self.cond.wait_for(lambda: self.requests.settled, ANSWERS_AT_EXIT)
-            link = self.link
-            unanswered = self.requests.take_waiting()
-            reason = self.keeper.unreachable()
-        self.answer_unreachable(unanswered, reason)
-        if link is None:
-            return
-        if self.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first
-            self.reporting.release()
-        self.send(link, [EOF])
-        with self.lock:
-            if not self.cond.wait_for(lambda: self.link is not link, ACK_FLUSH_AT_EXIT):
-                # no answer in time: a broker that reads the ledger records them
-                self.shown.keep_written(self.session_id)
-
 
 # What the relay does with each push it uses (Relay.serve_link).
 PUSH_HANDLERS: dict[type, Callable[[Relay, Link, Any], None]] = {
@@ -548,7 +459,7 @@ def main(ns: argparse.Namespace) -> int:
     host_input = HostInput(0)
 
     def leave(*_: Any) -> None:
-        relay.keep_written_at_exit(host_input.unread())
+        leaving.keep_written_at_exit(relay, host_input.unread())
         exit_now(0)
 
     for signum in LEAVING_SIGNALS:
@@ -574,7 +485,7 @@ def main(ns: argparse.Namespace) -> int:
             relay.flush()
         else:
             relay.on_host_line(line, more=True)
-    relay.end()
+    leaving.end(relay)
     exit_now(0)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_bridge.core import showing
+from agent_bridge.ipc import protocol
 
 STATIC = Path(__file__).parent.parent / "mcp_static.json"
 INTERNAL_ERROR = -32603  # JSON-RPC 2.0
@@ -92,3 +93,15 @@ class Static:
         text = json.dumps(messages, ensure_ascii=False)
         content = [dict(c, text=text) if c["text"] == mark else c for c in template["result"]["content"]]
         return answer(rid, result=dict(template["result"], content=content))
+
+
+def invalid_request(message: dict[str, Any], problem: str) -> str | None:
+    """JSON-RPC "Invalid Request" for a line the relay will not pass on (`message`: its
+    top-level members, as far as they could be read): answered with the request's id when it
+    has a usable one, else with null (JSON-RPC 2.0); a notification gets no answer (None)."""
+    rid = message.get("id")
+    if "id" not in message and isinstance(message.get("method"), str):
+        return None
+    if isinstance(rid, bool) or not isinstance(rid, (int, str)) or protocol.unstorable_text(rid):
+        rid = None  # not an id JSON-RPC allows, or one we could not write back as UTF-8
+    return answer(rid, error={"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"})

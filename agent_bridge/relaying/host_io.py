@@ -1,5 +1,5 @@
-"""The host's side of the pump: its lines in (HostInput), whole lines out (write_all), and the
-leaving signals held while the input changes hands.
+"""The host's side of the pump: its lines in (HostInput), whole lines out (HostOutput, write_all),
+and the leaving signals held while the input changes hands.
 
 Hosts end their MCP servers with SIGINT, then SIGTERM; the relay's handler reads the host's
 unread input (`HostInput.unread`) for cancels sent before the signal, so every line must be in
@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import select
 import signal
+import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 READ_CHUNK = 1 << 16
@@ -102,3 +103,43 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+class HostOutput:
+    """Whole lines to the host's stdout (`fd`), under one lock: written at once (`write`), or
+    buffered (`buffer`: the broker's lines read together) and written together by the next
+    `write` or `flush`. `gone` runs when the host closed its end: the session is over."""
+
+    def __init__(self, fd: int, gone: Callable[[], object]) -> None:
+        self.fd = fd
+        self.gone = gone
+        self.lock = threading.Lock()
+        self.buffered: list[bytes] = []
+        self.answers = 0  # answers among the buffered lines
+
+    def write(self, line: str) -> None:
+        """One line, after the lines buffered before it; returns once the pipe has all of it."""
+        with self.lock:
+            self.buffered.append((line + "\n").encode("utf-8", "surrogatepass"))
+            self._write_buffered()
+
+    def buffer(self, line: str, answer: bool) -> None:
+        """One line for the next write (`answer`: it answers a request)."""
+        with self.lock:
+            self.buffered.append((line + "\n").encode("utf-8", "surrogatepass"))
+            self.answers += answer
+
+    def flush(self) -> int:
+        """The buffered lines, written; returns how many answers they held."""
+        with self.lock:
+            if self.buffered:
+                self._write_buffered()
+            answered, self.answers = self.answers, 0
+        return answered
+
+    def _write_buffered(self) -> None:
+        data, self.buffered = b"".join(self.buffered), []
+        try:
+            write_all(self.fd, data)
+        except OSError:
+            self.gone()

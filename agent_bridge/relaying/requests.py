@@ -121,3 +121,9 @@ class Requests:
 
     def next_deadline(self) -> float | None:
         return min((r.deadline for r in self.waiting), default=None)
+
+
+def cancelled_key(message: dict[str, Any]) -> str:
+    """The request a host's `notifications/cancelled` names (showing.key: the key of its answer)."""
+    params = message.get("params")
+    return showing.key(params.get("requestId") if isinstance(params, dict) else None)
