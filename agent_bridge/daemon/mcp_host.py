@@ -65,6 +65,7 @@ from agent_bridge.ipc.frames import (
     Offered,
     Ping,
     Written,
+    line_frames,
     push_frame,
     read_relay,
 )
@@ -185,11 +186,17 @@ class Bridge:
 
     async def on_messages(self, messages: list[dict[str, Any]]) -> None:
         """The delivery task's messages. A message kept in the inbox is also held by the relay,
-        which shows it from there if this broker goes away before the agent reads it."""
+        which shows it from there if this broker goes away before the agent reads it. The
+        "held" pushes and the arrivals' log lines go in one write: one wake-up of the relay."""
         added = [m for m in messages if self.showing.arrive(m)]
         if added:
             self.queued_more()
-            await self.relay.send_many([push_frame(Held(m)) for m in added])
+            frames = [push_frame(Held(m)) for m in added]
+            if self.pipe is not None and self.logs_arrivals():
+                for message in added:
+                    frames += [push_frame(f) for f in line_frames(
+                        log_line("info", "agent-bridge", render_for_agent(message)))]
+            await self.relay.send_many(frames)
             for message in added:
                 await self._announce(message)
         if self.showing.due():  # a replay of one shown here: its acknowledgement was lost
@@ -209,10 +216,15 @@ class Bridge:
     async def new_identity(self, notice: Identity) -> None:
         await self.relay.send(push_frame(notice))  # the relay resumes (and keeps its ledger as) this session
 
+    def logs_arrivals(self) -> bool:
+        """Whether arrivals get a log notification: the host asked for info or more."""
+        return self.mcp_session is not None and LOG_LEVELS.index(self.log_level) <= LOG_LEVELS.index("info")
+
     async def _announce(self, message: dict[str, Any]) -> None:
         """Tell the host a message arrived: a channel event for an active one to a host that
         takes them, which shows it (acknowledged once written); a log notification as a
-        courtesy for every arrival, which shows nothing."""
+        courtesy for every arrival, which shows nothing (sent with the "held" pushes, through a
+        relay: on_messages)."""
         session = self.mcp_session
         if session is None:
             return
@@ -222,15 +234,12 @@ class Bridge:
         text = render_for_agent(message)
         if active and self.channel and self.pipe is not None:
             await self._channel(str(message["id"]), text)
-        if LOG_LEVELS.index(self.log_level) > LOG_LEVELS.index("info"):
-            return  # the host asked for warnings and worse only
+        if self.pipe is not None or not self.logs_arrivals():
+            return
         try:
-            if self.pipe is not None:
-                await self.pipe.send_line(log_line("info", "agent-bridge", text))
-            else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    await session.send_log_message("info", text, logger="agent-bridge")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                await session.send_log_message("info", text, logger="agent-bridge")
         except mcp_sdk.HOST_GONE as exc:
             log.debug("log notification not sent: %s", exc)
         except Exception:  # noqa: BLE001 - a courtesy: never worth the session, but never silent
