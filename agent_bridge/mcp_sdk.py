@@ -28,6 +28,7 @@ import trio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_bridge.core import showing
 from agent_bridge.ipc.frames import line_frames, push_frame
@@ -40,6 +41,13 @@ HOST_GONE: tuple[type[BaseException], ...] = (
     BrokenPipeError, anyio.BrokenResourceError, anyio.ClosedResourceError, trio.BrokenResourceError,
     trio.ClosedResourceError,
 )
+
+
+def logs_between_requests(session: Any) -> bool:
+    """Whether the host's protocol takes `notifications/message` outside a request: the
+    handshake era does; from 2026-07-28 a log rides only the stream of a request that opted in
+    (SEP-2577), and the SDK drops the rest."""
+    return getattr(session, "protocol_version", None) not in MODERN_PROTOCOL_VERSIONS
 
 
 class SDKDrift(RuntimeError):

@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,58 @@ async def test_a_message_held_and_its_arrival_announced_reach_the_relay_in_one_w
     # the same write carries the arrival's log line (notifications/message) for this message
     _, _, after = held[0].partition("notifications/message")
     assert "one write for this" in after, held[0]
+
+
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.332"},
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+async def test_a_host_of_the_2026_protocol_gets_no_log_line_between_requests(broker, env):
+    """MCP 2026-07-28 (which Claude Code 2.1.332 speaks once the broker answers its
+    `server/discover` probe) sends `notifications/message` only on the stream of a request that
+    opted in (SEP-2577): an arrival is not announced with one. A host of the handshake era still
+    gets it (the test above)."""
+    with trio.fail_after(60):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/modern",
+             "--host-session-id", "hs-modern"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        host = RawHost(proc)
+        try:
+            probe = await host.request("server/discover", {"_meta": MODERN_META})
+            assert "result" in await host.answer(probe), host.lines
+            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
+            me = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            sent = await trio.to_thread.run_sync(
+                lambda: run_cli(env, "send", me["name"], "no log line for this", "--json"))
+            mid = json.loads(sent.stdout)["message"]["id"]
+            rid = await host.request("tools/call", {"name": "inbox", "arguments": {"wait_seconds": 10},
+                                                    "_meta": MODERN_META})
+            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            assert [m["id"] for m in shown] == [mid]
+            # one more request answered: a line sent after the inbox result would be read by now
+            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
+            await host.answer(rid)
+        finally:
+            await host.end()
+    assert [m for m in host.lines if m.get("method") == "notifications/message"] == []
+
+
+async def test_a_message_waiting_before_the_host_initialized_is_announced_once_it_did(broker, env):
+    """A handshake-era host gets the arrival's log line for a message that waited in its inbox
+    before it initialized (the session's earlier process saw it not), as for one that arrives
+    after."""
+    args = ("--project", "/w/announced-late", "--host-session-id", "hs-announced-late")
+    with trio.fail_after(60):
+        first = await RawHost.start(env, *args)
+        me = await first.tool("whoami")
+        assert await first.end() == 0
+        await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "waited for you", "--json"))
+        again = await RawHost.start(env, *args)
+        try:
+            while not any(m.get("method") == "notifications/message" and "waited for you" in json.dumps(m)
+                          for m in again.notifications):
+                assert await again._read_one(), again.lines
+        finally:
+            await again.end()

@@ -191,12 +191,7 @@ class Bridge:
         added = [m for m in messages if self.showing.arrive(m)]
         if added:
             self.queued_more()
-            frames = [push_frame(Held(m)) for m in added]
-            if self.pipe is not None and self.logs_arrivals():
-                for message in added:
-                    frames += [push_frame(f) for f in line_frames(
-                        log_line("info", "agent-bridge", render_for_agent(message)))]
-            await self.relay.send_many(frames)
+            await self.relay.send_many([push_frame(Held(m)) for m in added] + self.arrival_logs(added))
             for message in added:
                 await self._announce(message)
         if self.showing.due():  # a replay of one shown here: its acknowledgement was lost
@@ -217,8 +212,19 @@ class Bridge:
         await self.relay.send(push_frame(notice))  # the relay resumes (and keeps its ledger as) this session
 
     def logs_arrivals(self) -> bool:
-        """Whether arrivals get a log notification: the host asked for info or more."""
-        return self.mcp_session is not None and LOG_LEVELS.index(self.log_level) <= LOG_LEVELS.index("info")
+        """Whether arrivals get a log notification: the host initialized, asked for info or
+        more, and speaks a protocol that takes one outside a request."""
+        session = self.mcp_session
+        return (session is not None and LOG_LEVELS.index(self.log_level) <= LOG_LEVELS.index("info")
+                and mcp_sdk.logs_between_requests(session))
+
+    def arrival_logs(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The frames of the log lines announcing `messages` to the host through the relay, as
+        a courtesy (they show nothing); none when it does not take them."""
+        if self.pipe is None or not self.logs_arrivals():
+            return []
+        return [push_frame(frame) for message in messages
+                for frame in line_frames(log_line("info", "agent-bridge", render_for_agent(message)))]
 
     async def _announce(self, message: dict[str, Any]) -> None:
         """Tell the host a message arrived: a channel event for an active one to a host that
@@ -795,7 +801,12 @@ async def _capture(bridge: Bridge, session: Any) -> None:
     bridge.channel = declares_channel(session.client_capabilities)
     if not first:
         return
-    for message in bridge.showing.queued():
+    queued = bridge.showing.queued()
+    try:
+        await bridge.relay.send_many(bridge.arrival_logs(queued))
+    except mcp_sdk.HOST_GONE as exc:  # a courtesy: the relay's end is the session's to handle
+        log.debug("log notifications not sent: %s", exc)
+    for message in queued:
         await bridge._announce(message)
     await bridge.flush_acks()
 
