@@ -291,18 +291,20 @@ class Claude(Host):
 
     def job_command(self, launch: JobLaunch) -> JobCommand:
         """`claude -p` reading its prompt from stdin (so nothing the agent wrote is read as a flag),
-        streaming JSON lines, with only the job's bridge as MCP server (`--strict-mcp-config`) and
-        the bridge's SessionStart and PostToolUse hooks (`--settings`). Read access denies every
+        streaming JSON lines, with only the job's bridge as MCP server (`--strict-mcp-config`;
+        hosts.edits.mcp_command) and the bridge's SessionStart and PostToolUse hooks (`--settings`).
+        Read access denies every
         tool that edits or runs commands (`--disallowedTools`, seen with 2.1.332: the model gets
         "No such tool available" and nothing is written), not a permission mode alone; edit access
         is `acceptEdits`. The bridge's tools are allowed by name: `-p` has nobody to approve them."""
         import json
 
-        from agent_bridge.hosts.edits import hook_command
+        from agent_bridge.hosts.edits import hook_command, mcp_command
 
         run = launch.bridge[: launch.bridge.index("mcp")]
+        server = mcp_command(launch.bridge)
         servers = {"mcpServers": {"agent-bridge": {
-            "type": "stdio", "command": launch.bridge[0], "args": launch.bridge[1:], "env": launch.env}}}
+            "type": "stdio", "command": server[0], "args": server[1:], "env": launch.env}}}
         hooks = {
             event: [{"hooks": [{"type": "command", "timeout": JOB_HOOK_TIMEOUT,
                                 "command": hook_command(run, arg, self.name, launch.env)}]}]
