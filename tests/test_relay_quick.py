@@ -11,6 +11,7 @@ import select
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,23 @@ class Host:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         return self.proc.wait(timeout=READ_TIMEOUT)
+
+
+@pytest.fixture
+def start_host() -> Iterator[Callable[[list[str], dict[str, str]], Host]]:
+    """Host starter; whatever a test left running is killed at its end (a relay left behind
+    would start a broker of its own once the test's broker is gone)."""
+    started: list[Host] = []
+
+    def start(argv: list[str], env: dict[str, str]) -> Host:
+        started.append(Host(argv, env))
+        return started[-1]
+
+    yield start
+    for host in started:
+        if host.proc.poll() is None:
+            host.proc.kill()
+        host.proc.wait(timeout=READ_TIMEOUT)
 
 
 def initialize(rid: Any, version: str = "2025-11-25") -> dict[str, Any]:
@@ -167,11 +185,11 @@ def test_its_answers_are_the_relays_answers_with_no_broker(agent, version):
     assert front.init == initialize(7, version) and front.lines == [] and front.rest == b""
 
 
-def test_the_job_session_is_served_by_the_broker_after_the_handshake(broker, env, tmp_path):
+def test_the_job_session_is_served_by_the_broker_after_the_handshake(broker, env, tmp_path, start_host):
     """The host's lines all in one write, a line cut in two: the handshake from the script, the
     rest from the relay through the broker, which was handed the host's `initialize`: every
     request answered once, the tool call as the job's session."""
-    host = Host(job_argv("claude", tmp_path), env)
+    host = start_host(job_argv("claude", tmp_path), env)
     call_line = json.dumps(call(3, "whoami")).encode()
     host.send({"jsonrpc": "2.0", "id": 0, "method": "server/discover"}, initialize(1), INITIALIZED,
               {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
@@ -189,12 +207,12 @@ def test_the_job_session_is_served_by_the_broker_after_the_handshake(broker, env
     assert sorted(ids) == [0, 1, 2, 3, 4, 5], ids
 
 
-def test_a_quiet_host_s_job_session_joins_the_broker_all_the_same(broker, env, tmp_path):
+def test_a_quiet_host_s_job_session_joins_the_broker_all_the_same(broker, env, tmp_path, start_host):
     """After its lists the host waits on its model and sends nothing: the relay starts once the
     handshake has been quiet for LINGER, and the job's session is connected without a host line."""
     argv = job_argv("codex", tmp_path)
     name = argv[argv.index("--name") + 1]
-    host = Host(argv, env)
+    host = start_host(argv, env)
     host.send(initialize(1), INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
     host.answer(2)
 
@@ -208,8 +226,8 @@ def test_a_quiet_host_s_job_session_joins_the_broker_all_the_same(broker, env, t
     assert host.end() == 0
 
 
-def test_a_line_the_script_does_not_answer_goes_to_the_relay_with_what_follows(broker, env, tmp_path):
-    host = Host(job_argv("codex", tmp_path), env)
+def test_a_line_the_script_does_not_answer_goes_to_the_relay_with_the_rest(broker, env, tmp_path, start_host):
+    host = start_host(job_argv("codex", tmp_path), env)
     host.send({"jsonrpc": "2.0", "id": 1, "method": "ping"}, initialize(2), INITIALIZED,
               {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, call(4, "whoami"))
     assert host.answer(1)["result"] == {}
