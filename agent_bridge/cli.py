@@ -16,6 +16,8 @@ from agent_bridge import hosts
 if TYPE_CHECKING:
     import argparse
 
+    from agent_bridge.relay import Handed
+
 AGENTS_HELP = f"the agent host: {', '.join(hosts.NAMES)}, or another short name"
 
 
@@ -428,7 +430,7 @@ def _mcp(ns: argparse.Namespace) -> int:
         return 1
     from agent_bridge import relay
 
-    return relay.main(ns)
+    return relay.main(ns, ns.handed)
 
 
 # Commands that use the state folder named by AGENT_BRIDGE_HOME (or the default): each refuses a
@@ -563,10 +565,41 @@ def _hook_fast_path(args: Sequence[str]) -> int | None:
     return _hook(SimpleNamespace(event=args[1], agent=rest[1] if rest else hosts.DEFAULT.name))  # type: ignore[arg-type]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+MCP_OPTIONS = {"--agent": "agent", "--name": "name", "--project": "project",
+               "--host-session-id": "host_session_id"}
+
+
+def _mcp_fast_path(args: Sequence[str]) -> argparse.Namespace | None:
+    """`agent-bridge mcp [--agent A] [--name N] [--project P] [--job] [--host-session-id H]`, as
+    hosts and jobs start it: parsed without building the parser (its setup is about a tenth of the
+    relay's start, which a job's host waits for). Each option at most once, each value a separate
+    word that does not start with "-"; anything else (help, `--name=x`, a typo) goes through
+    argparse for its usual messages."""
+    if not args or args[0] != "mcp":
+        return None
+    ns: dict[str, object] = dict.fromkeys(MCP_OPTIONS.values())
+    ns.update(command="mcp", func=_mcp, job=False)
+    seen: set[str] = set()
+    rest = list(args[1:])
+    while rest:
+        flag = rest.pop(0)
+        if flag in seen:
+            return None
+        seen.add(flag)
+        if flag == "--job":
+            ns["job"] = True
+        elif flag in MCP_OPTIONS and rest and not rest[0].startswith("-"):
+            ns[MCP_OPTIONS[flag]] = rest.pop(0)
+        else:
+            return None
+    return SimpleNamespace(**ns)  # type: ignore[return-value]
+
+
+def main(argv: Sequence[str] | None = None, handed: Handed | None = None) -> int:
+    """`handed`: what relay_quick answered and read before an `mcp` command ran (relay.main)."""
     try:
         try:
-            code = _main(sys.argv[1:] if argv is None else list(argv))
+            code = _main(sys.argv[1:] if argv is None else list(argv), handed)
         finally:
             # so that a reader gone early (`| head -1`) shows here, not at interpreter exit
             sys.stdout.flush()
@@ -578,14 +611,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _main(args: list[str]) -> int:
+def _main(args: list[str], handed: Handed | None = None) -> int:
     fast = _hook_fast_path(args)
     if fast is not None:
         return fast
-    parser = build_parser()
-    ns = parser.parse_args(args)
+    ns = _mcp_fast_path(args)
+    if ns is None:
+        parser = build_parser()
+        ns = parser.parse_args(args)
+    ns.handed = handed
     if ns.command is None:  # bare `agent-bridge`: what it can do, not an error
-        parser.print_help()
+        build_parser().print_help()
         return 0
     if ns.command in HOME_COMMANDS and ns.command != "hook":  # `_hook` checks for itself (fast path)
         refused = _refuse_foreign_home(ns.command)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from agent_bridge import domain, hosts, jsonlimit, paths, procinfo, tools
 from agent_bridge.ipc import protocol
@@ -64,7 +64,7 @@ from agent_bridge.relaying.requests import Request, Requests, cancelled_key, req
 from agent_bridge.relaying.shown import Shown
 
 __all__ = ["ANSWERS_AT_EXIT", "ANSWER_HEAD", "INVALID_REQUEST", "START_ATTEMPTS", "STATIC", "BadHello",
-           "Options", "Relay", "main"]
+           "Handed", "Options", "Relay", "main"]
 
 log = logging.getLogger("agent_bridge.mcp")
 
@@ -435,7 +435,30 @@ PUSH_HANDLERS: dict[type, Callable[[Relay, Link, Any], None]] = {
 }
 
 
-def main(ns: argparse.Namespace) -> int:
+class Handed(Protocol):
+    """What relay_quick answered and read before the relay ran in its process."""
+
+    init: dict[str, object] | None  # the host's initialize, answered with a result
+    initialized: bool  # the host sent notifications/initialized
+    lines: list[bytes]  # complete lines read and not handled
+    rest: bytes  # the start of a line not complete yet
+
+
+def take_handed(relay: Relay, host_input: HostInput, handed: Handed) -> None:
+    """The relay goes on from where relay_quick stopped: the `initialize` it answered is the
+    host's, replayed to each broker that joins (as one the relay answered alone), and the lines
+    it read and did not handle are the next host input."""
+    with relay.lock:
+        if handed.init is not None:
+            relay.replay.host_request("initialize", dict(handed.init))
+            relay.replay.answered("initialize")
+        if handed.initialized:
+            relay.replay.host_notification("notifications/initialized")
+    host_input.pending.extend(handed.lines)
+    host_input.rest = handed.rest
+
+
+def main(ns: argparse.Namespace, handed: Handed | None = None) -> int:
     # Hosts end their MCP servers with SIGINT, then SIGTERM: end now. Whatever was not written
     # to the host stays unacknowledged in the broker; what was, and the broker has not confirmed
     # recording, goes to the ledger first (Relay.keep_written_at_exit), once there is a relay.
@@ -457,6 +480,8 @@ def main(ns: argparse.Namespace) -> int:
     os.dup2(2, 1)
     relay = Relay(options, out_fd)
     host_input = HostInput(0)
+    if handed is not None:
+        take_handed(relay, host_input, handed)
 
     def leave(*_: Any) -> None:
         leaving.keep_written_at_exit(relay, host_input.unread())

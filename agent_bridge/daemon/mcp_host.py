@@ -870,8 +870,8 @@ TOOL_MARK, REASON_MARK = "agent_bridge_tool", "<the reason>"  # filled in by the
 def static_answers() -> dict[str, Any]:
     """The answers `agent-bridge mcp` gives with no broker, produced by this server through the
     SDK: `initialize` per agent kind (claude declares channels) and requested protocol version,
-    `tools/list`, the shape of a tool error, and an `inbox` result. `tests/test_relay.py` checks
-    that the shipped file is this."""
+    `tools/list` (and the empty prompt and resource lists, for relay_quick), the shape of a tool
+    error, and an `inbox` result. `tests/test_relay.py` checks that the shipped file is this."""
     return trio.run(_static_answers)
 
 
@@ -901,6 +901,13 @@ async def _static_answers() -> dict[str, Any]:
     listed = await _serve_lines(build_server(cast(Bridge, None)), "other", [
         initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ], 2)
+    # The other lists a host asks for right after `tools/list` (Claude Code: prompts and
+    # resources), always empty here: relay_quick answers them for a job's host.
+    others = ("prompts/list", "resources/list", "resources/templates/list")
+    other_lists = await _serve_lines(build_server(cast(Bridge, None)), "other", [
+        initialize(1, HANDSHAKE_PROTOCOL_VERSIONS[-1]),
+        *({"jsonrpc": "2.0", "id": 2 + i, "method": method} for i, method in enumerate(others)),
+    ], 1 + len(others))
     # The shapes of a failed call and of an `inbox` result, from probe tools served alike.
     probes = {
         TOOL_MARK: Tool(TOOL_MARK, None, "", {"type": "object", "properties": {}}, idempotent=True),
@@ -937,6 +944,7 @@ async def _static_answers() -> dict[str, Any]:
         "generatedBy": "python -m agent_bridge.daemon.mcp_host",
         "initialize": answers,
         "tools/list": listed[1]["result"],
+        "lists": {others[answer["id"] - 2]: answer["result"] for answer in other_lists if answer["id"] >= 2},
         "toolError": {"marks": {"tool": TOOL_MARK, "reason": REASON_MARK}, "result": failed},
         # Read by relays older than agent_bridge.tools, still running across an upgrade.
         "idempotentTools": {name: tool.idempotent for name, tool in tools.TOOLS.items()},

@@ -66,6 +66,10 @@ PROMPT_HOOK: tuple[str, str, dict[str, Any]] = ("UserPromptSubmit", "user-prompt
 # Jobs: the newest Claude Code whose `-p` flags were checked (tests/hosts/test_job_hosts.py).
 JOB_SINCE: Version = (2, 1, 332)
 JOB_HOOK_TIMEOUT = 30  # seconds for a job's SessionStart and PostToolUse hooks
+# A job's SessionStart hook runs when its session resumes (`continue`) or is compacted, not at its
+# start: the first run's note goes before the task, as for Codex (the hook, a Python process
+# beside the MCP server's, cost the start about 100 ms, docs/performance.md).
+JOB_SESSION_START = "resume|compact"
 # Every built-in tool that edits files or runs commands (2.1.332's tool names): denied under read.
 READ_DENIED = ("Bash", "Edit", "Write", "NotebookEdit", "MultiEdit", "BashOutput", "KillShell")
 TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
@@ -291,23 +295,27 @@ class Claude(Host):
 
     def job_command(self, launch: JobLaunch) -> JobCommand:
         """`claude -p` reading its prompt from stdin (so nothing the agent wrote is read as a flag),
-        streaming JSON lines, with only the job's bridge as MCP server (`--strict-mcp-config`) and
-        the bridge's SessionStart and PostToolUse hooks (`--settings`). Read access denies every
+        streaming JSON lines, with only the job's bridge as MCP server (`--strict-mcp-config`;
+        hosts.edits.mcp_command) and the bridge's SessionStart and PostToolUse hooks (`--settings`).
+        SessionStart runs on `resume` and `compact` only: a first run's note goes before the task,
+        as for Codex, and the session starts without waiting for the hook. Read access denies every
         tool that edits or runs commands (`--disallowedTools`, seen with 2.1.332: the model gets
         "No such tool available" and nothing is written), not a permission mode alone; edit access
         is `acceptEdits`. The bridge's tools are allowed by name: `-p` has nobody to approve them."""
         import json
 
-        from agent_bridge.hosts.edits import hook_command
+        from agent_bridge.hosts.edits import hook_command, mcp_command
 
         run = launch.bridge[: launch.bridge.index("mcp")]
+        server = mcp_command(launch.bridge)
         servers = {"mcpServers": {"agent-bridge": {
-            "type": "stdio", "command": launch.bridge[0], "args": launch.bridge[1:], "env": launch.env}}}
-        hooks = {
+            "type": "stdio", "command": server[0], "args": server[1:], "env": launch.env}}}
+        hooks: dict[str, list[dict[str, Any]]] = {
             event: [{"hooks": [{"type": "command", "timeout": JOB_HOOK_TIMEOUT,
                                 "command": hook_command(run, arg, self.name, launch.env)}]}]
             for event, arg in (("SessionStart", "session-start"), ("PostToolUse", "post-tool-use"))
         }
+        hooks["SessionStart"][0]["matcher"] = JOB_SESSION_START
         argv = [shutil_which_or("claude"), "-p", "--output-format", "stream-json", "--verbose",
                 "--mcp-config", json.dumps(servers), "--strict-mcp-config",
                 "--settings", json.dumps({"hooks": hooks}),
@@ -322,7 +330,8 @@ class Claude(Host):
         # `-p` may send its first request before its MCP servers connect unless told to wait
         # (NOTES: MCP_CONNECTION_NONBLOCKING=0); a job's first step should have the bridge's tools
         env = {"CLAUDE_CODE_ENTRYPOINT": "sdk-cli", "MCP_CONNECTION_NONBLOCKING": "0"}
-        return JobCommand(argv, env, launch.task.encode("utf-8"))
+        task = launch.task if launch.thread or not launch.note else f"{launch.note}\n\n{launch.task}"
+        return JobCommand(argv, env, task.encode("utf-8"))
 
     def job_report(self, stdout: bytes) -> JobReport:
         """stream-json (2.1.332): `system`/`init` carries `session_id`; each `assistant` message's

@@ -205,15 +205,18 @@ class Codex(Host):
         tool fails, seen with 0.171.0; `workspace-write` for edit). Hooks given this way would not
         be trusted, and `codex exec` skips untrusted hooks, so the decisions note goes before the
         task. `codex exec resume THREAD -` continues a thread."""
+        from agent_bridge.hosts.edits import mcp_command
+
         server = "mcp_servers.agent-bridge"
+        command = mcp_command(launch.bridge)
         env = launch.env.items()
         sandbox = "read-only" if launch.access == "read" else "workspace-write"
         argv = [codex_program() or "codex", "exec"]
         if launch.thread:
             argv += ["resume", launch.thread]
         argv += ["--json", "--skip-git-repo-check",
-                 "-c", f"{server}.command={toml_string(launch.bridge[0])}",
-                 "-c", f"{server}.args=[{', '.join(toml_string(a) for a in launch.bridge[1:])}]",
+                 "-c", f"{server}.command={toml_string(command[0])}",
+                 "-c", f"{server}.args=[{', '.join(toml_string(a) for a in command[1:])}]",
                  "-c", f"{server}.env={{{', '.join(f'{k} = {toml_string(v)}' for k, v in env)}}}",
                  "-c", f"{server}.required=true",
                  "-c", f'{server}.default_tools_approval_mode="approve"',  # nobody to approve in exec

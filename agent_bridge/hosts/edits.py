@@ -103,6 +103,17 @@ def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]
     return prefix + shlex.join([*run, "hook", event_arg, "--agent", agent])
 
 
+def mcp_command(bridge: list[str]) -> list[str]:
+    """A job's MCP server command line, from `bridge` (`[agent-bridge, "mcp", ...]`). Where
+    `bridge` names this machine's agent-bridge by absolute path (the broker's launcher), on
+    POSIX: this interpreter running `relay_quick.py` without `site`, which answers the handshake
+    the job's host waits for before anything else is imported, then runs the relay."""
+    if os.name != "posix" or not Path(bridge[0]).is_absolute() or "mcp" not in bridge:
+        return bridge
+    script = str((Path(__file__).parent.parent / "relay_quick.py").absolute())
+    return [sys.executable, "-I", "-S", script, *bridge[bridge.index("mcp"):]]
+
+
 def mcp_args(run: list[str], agent: str) -> tuple[str, list[str]]:
     return run[0], [*run[1:], "mcp", "--agent", agent]
 

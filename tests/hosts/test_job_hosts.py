@@ -157,6 +157,30 @@ def test_continue_resumes_the_thread_with_its_context(bare: World, agent: str) -
     assert "HELIOTROPE" in last.text and "what was the word?" in last.text
 
 
+def test_a_claude_job_starts_with_its_note_before_the_task_and_its_hook_runs_at_continue(bare: World) -> None:
+    """Claude Code waits for a SessionStart hook before its first request: a job's first run has
+    its note before the task (as Codex has) and no hook; `continue` runs the hook, whose note
+    carries what was decided since."""
+    bare.bridge("decide", "queue", "RabbitMQ, decided before the job")
+    note = "agent-bridge: you are claude-job-x. Owner decisions: queue: RabbitMQ, decided before the job"
+    job = launch(bare, "claude", "PLAN [] first run", note=note)
+    first, _ = run_job(bare, "claude", job)
+    assert first.answer == "done." and first.thread
+    [request] = bare.claude_model.of_session(first.thread)
+    prompt = request.body["messages"][0]["content"]
+    prompt_text = prompt if isinstance(prompt, str) else " ".join(b.get("text", "") for b in prompt)
+    assert f"{note}\n\nPLAN [] first run" in prompt_text
+    assert "SessionStart hook additional context" not in request.text
+    bare.bridge("decide", "cache", "Redis, decided between the runs")
+    again = launch(bare, "claude", "PLAN [] second run", thread=first.thread, job_id=job.job_id, note=note)
+    second, _ = run_job(bare, "claude", again)
+    assert second.answer == "done."
+    last = bare.claude_model.requests[-1]
+    assert "SessionStart hook additional context" in last.text
+    assert "Redis, decided between the runs" in last.text
+    assert last.text.count(note) == 1  # the first run's prompt, in the thread; not put before this one
+
+
 @pytest.mark.parametrize("agent", HOSTS)
 def test_a_task_that_looks_like_a_flag_is_the_task(bare: World, agent: str) -> None:
     report, out = run_job(bare, agent, launch(bare, agent, "--help PLAN []"))
