@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_for
 from tests.test_delivery import RawHost
 
 pytestmark = pytest.mark.slow
@@ -43,9 +43,11 @@ async def test_a_message_held_and_its_arrival_announced_reach_the_relay_in_one_w
             try:
                 # strace has attached once the broker's next write shows in its log: a status
                 # request makes one.
-                while not trace.exists() or '\\"ok\\":' not in trace.read_text(errors="replace"):
+                async def attached() -> bool:
                     await trio.to_thread.run_sync(lambda: run_cli(env, "status", "--json"))
-                    await trio.sleep(0.05)
+                    return trace.exists() and '\\"ok\\":' in trace.read_text(errors="replace")
+
+                await wait_for(attached, what="strace attached to the broker")
                 sent = await trio.to_thread.run_sync(
                     lambda: run_cli(env, "send", me["name"], "one write for this", "--json"))
                 mid = json.loads(sent.stdout)["message"]["id"]
