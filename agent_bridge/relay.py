@@ -55,10 +55,11 @@ from agent_bridge.relaying import answers, connector, leaving
 from agent_bridge.relaying.alone import Alone
 from agent_bridge.relaying.answers import ANSWER_HEAD, INTERNAL_ERROR, INVALID_REQUEST, STATIC
 from agent_bridge.relaying.connector import BadHello
-from agent_bridge.relaying.host_io import LEAVING_SIGNALS, HostInput, HostOutput, signals_held
+from agent_bridge.relaying.host_io import LEAVING_SIGNALS, SIGNAL_MASKS, HostInput, HostOutput, signals_held
 from agent_bridge.relaying.keeper import START_ATTEMPTS, Keeper
 from agent_bridge.relaying.leaving import ACK_FLUSH_AT_EXIT, ANSWERS_AT_EXIT
 from agent_bridge.relaying.link import Link
+from agent_bridge.relaying.pump import Pump
 from agent_bridge.relaying.replay import Replay
 from agent_bridge.relaying.requests import Request, Requests, cancelled_key, request_of
 from agent_bridge.relaying.shown import Shown
@@ -159,6 +160,7 @@ class Relay:
         self.shown = Shown(options.home)  # what this relay holds and wrote, and the ledger
         self.alone = Alone(self, options.agent)
         self.wanted = threading.Event()  # the host asked what only a broker answers (connector.START_GRACE)
+        self.pump: Pump | None = None  # the one-thread pump, if main runs one (POSIX)
 
     # --- the host's side ----------------------------------------------------------------
 
@@ -173,7 +175,8 @@ class Relay:
         if answered:
             with self.lock:
                 self.requests.answering -= answered
-                self.cond.notify_all()
+                if self.pump is None:  # with a pump nothing waits on `cond` for answers (wait_for)
+                    self.cond.notify_all()
 
     def on_host_line(self, line: str, more: bool = False) -> None:
         """One line from the host; `more`: others read with it follow at once (what goes to the
@@ -207,7 +210,7 @@ class Relay:
             if link is not None:
                 self.requests.forward(request)
         if link is not None:
-            self.send(link, line_frames(line), queue=more)
+            self.send_line(link, line, more)
             return
         self.alone.serve(request, message)
 
@@ -239,7 +242,16 @@ class Relay:
         with self.lock:
             link = self.link
         if link is not None:
-            self.send(link, line_frames(line), queue=more)
+            self.send_line(link, line, more)
+
+    def send_line(self, link: Link, line: str, more: bool) -> None:
+        """A host's line to the broker (`more`: with the next frames)."""
+        try:
+            link.queue_line(line)
+            if not more:
+                link.flush()
+        except (OSError, protocol.ProtocolError) as exc:
+            self.broken(link, exc)
 
     def answer_unreachable(self, requests: list[Request], reason: str) -> None:
         """Requests no broker will carry out: each answered with `reason` (a tool error for a
@@ -323,9 +335,12 @@ class Relay:
 
     def serve_link(self, link: Link) -> None:
         """Write the broker's lines to the host until the connection ends; then settle what
-        was in flight on it. Each push (ipc.frames.read_push) goes to its handler
-        (PUSH_HANDLERS); one this relay has no use for is skipped. Lines read together are
-        written together."""
+        was in flight on it. With a pump (POSIX), the main thread does that and this waits;
+        otherwise this thread reads the frames one by one. Lines read together are written
+        together."""
+        if self.pump is not None and hasattr(link.sock, "setsockopt"):  # a socket, not a named pipe
+            self.pump.serve(link)
+            return
         try:
             while True:
                 try:
@@ -335,18 +350,27 @@ class Relay:
                     continue
                 if incoming is None:
                     break
-                push = read_push(incoming)
-                handler = PUSH_HANDLERS.get(type(push))
-                if handler is not None:
-                    handler(self, link, push)
-                if not link.more_ready:
-                    self.flush_out()
+                self.on_frames(link, [incoming], flush=not link.more_ready)
         except (OSError, protocol.ProtocolError) as exc:
             log.info("broker connection lost: %s", exc)
         finally:
+            self.end_link(link)
+
+    def on_frames(self, link: Link, frames: list[dict[str, Any]], flush: bool = True) -> None:
+        """Each push (ipc.frames.read_push) to its handler (PUSH_HANDLERS); one this relay has
+        no use for is skipped. `flush`: the lines they made, written to the host."""
+        for frame in frames:
+            push = read_push(frame)
+            handler = PUSH_HANDLERS.get(type(push))
+            if handler is not None:
+                handler(self, link, push)
+        if flush:
             self.flush_out()
-            link.close()
-            self.lost(link)
+
+    def end_link(self, link: Link) -> None:
+        self.flush_out()
+        link.close()
+        self.lost(link)
 
     def on_identity(self, link: Link, push: Identity) -> None:
         sid = push.session.get("id")
@@ -398,7 +422,8 @@ class Relay:
             if answered is not None:
                 with self.lock:
                     self.requests.written()
-                    self.cond.notify_all()
+                    if self.pump is None:
+                        self.cond.notify_all()
 
     def lost(self, link: Link) -> None:
         """The connection ended: what was in flight on it is sent again to the next broker if
@@ -408,6 +433,7 @@ class Relay:
             if self.link is link:
                 self.link = None
             link.alive = False
+            link.ended.set()
             unsure = self.requests.lost(time.monotonic())
             self.replay.lost()
             self.shown.keep_written(self.session_id)
@@ -420,6 +446,17 @@ class Relay:
             )))
 
     # --- the whole process --------------------------------------------------------------
+
+    def wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Until `done()` (called under the lock) or `timeout`: whether it is done. The pump, if
+        any, serves the broker meanwhile: this is the main thread."""
+        if self.pump is not None:
+            def locked() -> bool:
+                with self.lock:
+                    return done()
+            return self.pump.wait_for(locked, timeout)
+        with self.lock:
+            return self.cond.wait_for(done, timeout)
 
     def wait_joined(self, timeout: float) -> None:
         """Until a broker answered, or its start failed or it refused us, or `timeout`."""
@@ -480,15 +517,17 @@ def main(ns: argparse.Namespace, handed: Handed | None = None) -> int:
     os.dup2(2, 1)
     relay = Relay(options, out_fd)
     host_input = HostInput(0)
+    if SIGNAL_MASKS:  # POSIX: select watches the host's pipe as well as the socket
+        relay.pump = Pump(relay, host_input, connector.KEEPALIVE_INTERVAL)
     if handed is not None:
         take_handed(relay, host_input, handed)
 
-    def leave(*_: Any) -> None:
+    def leave() -> None:
         leaving.keep_written_at_exit(relay, host_input.unread())
         exit_now(0)
 
     for signum in LEAVING_SIGNALS:
-        signal.signal(signum, leave)
+        signal.signal(signum, host_input.deferring(leave))
 
     def run() -> None:
         try:
@@ -505,11 +544,14 @@ def main(ns: argparse.Namespace, handed: Handed | None = None) -> int:
     # does not hold the host back: tools say so until it is.
     if connector.broker_socket(options.home) is not None:  # none running: see connector.START_GRACE
         relay.wait_joined(JOIN_BEFORE_SERVING)
-    for line in host_input.lines():
-        if line is None:  # the lines read together are handled: what they make goes to the broker
-            relay.flush()
-        else:
-            relay.on_host_line(line, more=True)
+    if relay.pump is not None:
+        relay.pump.run()
+    else:
+        for line in host_input.lines():
+            if line is None:  # the lines read together are handled: what they make goes to the broker
+                relay.flush()
+            else:
+                relay.on_host_line(line, more=True)
     leaving.end(relay)
     exit_now(0)
 

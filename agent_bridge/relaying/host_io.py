@@ -1,5 +1,5 @@
 """The host's side of the pump: its lines in (HostInput), whole lines out (HostOutput, write_all),
-and the leaving signals held while the input changes hands.
+and the leaving signals put off while the input changes hands (HostInput.deferring).
 
 Hosts end their MCP servers with SIGINT, then SIGTERM; the relay's handler reads the host's
 unread input (`HostInput.unread`) for cancels sent before the signal, so every line must be in
@@ -28,10 +28,10 @@ except ImportError:  # another Python, or Windows (no masks there: SIGNAL_MASKS 
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """LEAVING_SIGNALS wait while the host's input changes hands (POSIX; Windows has no signal
-    masks): their handler reads that input (HostInput.unread) and must find every line. Held
-    by the main thread, which alone takes them: the relay's other threads start with them
-    held (relay.main), since Python runs a handler on the main thread whichever thread received it."""
+    """LEAVING_SIGNALS held (POSIX; Windows has no signal masks) while the relay starts its other
+    threads, which inherit the mask: the main thread alone takes them (their handler reads the
+    host's input, HostInput.unread, which that thread changes), and a process such a thread
+    starts does not hold them (it takes them again itself, as the broker does)."""
     if not SIGNAL_MASKS:
         yield
         return
@@ -46,41 +46,70 @@ class HostInput:
     """The host's lines on `fd`, decoded as the SDK decodes them (UTF-8, bad bytes replaced).
 
     `lines` yields None after the last line of each read: what was read together has been
-    handed over (the pump sends what it buffered for the broker then)."""
+    handed over (the pump sends what it buffered for the broker then). The one-thread pump
+    (relaying.pump) calls `read` when the descriptor is readable, then handles what `take` gives."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.current = b""  # the line being handled
         self.pending: deque[bytes] = deque()  # lines read and not handed over yet
         self.rest = b""  # the start of a line not complete yet
+        self.reading = False  # a read's bytes are not in `pending` or `rest` yet
+        self.deferred: Callable[[], object] | None = None  # a signal's handler, put off by `reading`
 
     def lines(self) -> Iterator[str | None]:
-        pending = self.pending
         while True:
-            if pending:
-                while pending:
-                    # The line is made current before it leaves `pending`: a handler running in
-                    # between finds it twice (a cancel taken back twice is taken back once),
-                    # never not at all. No signal mask per line: two system calls a line saved.
-                    self.current = pending[0]
-                    pending.popleft()
-                    if self.current.strip():
-                        yield self.current.decode("utf-8", "replace")
-                self.current = b""
+            if self.pending:
+                yield from self.take()
                 yield None
             if SIGNAL_MASKS:  # wait with the signals open; the read itself does not wait then
                 select.select([self.fd], [], [])
-            with signals_held():  # the bytes read are in `pending` or `rest` before a handler runs
-                chunk = os.read(self.fd, READ_CHUNK)
-                if not chunk:
-                    self.current, self.rest = self.rest, b""
-                else:
-                    *complete, self.rest = (self.rest + chunk).split(b"\n")
-                    pending.extend(complete)
-            if not chunk:
-                if self.current.strip():
-                    yield self.current.decode("utf-8", "replace")
+            if not self.read():
+                yield from self.take()
                 return
+
+    def read(self) -> bool:
+        """One read (it waits only if nothing is ready): its complete lines join `pending`;
+        False at the end of the input, with the last line, unended, pending too."""
+        self.reading = SIGNAL_MASKS  # POSIX, where a read follows a select: it does not wait
+        try:  # the bytes read are in `pending` or `rest` before a handler runs (`deferring`)
+            chunk = os.read(self.fd, READ_CHUNK)
+            if chunk:
+                *complete, self.rest = (self.rest + chunk).split(b"\n")
+                self.pending.extend(complete)
+            else:
+                self.pending.append(self.rest)
+                self.rest = b""
+        finally:
+            self.reading = False
+        if self.deferred is not None:
+            self.deferred()
+        return bool(chunk)
+
+    def deferring(self, handler: Callable[[], object]) -> Callable[..., None]:
+        """A signal handler that runs `handler`, or, while a read's bytes are on their way to
+        `pending` (where `unread` looks), right after they got there. A flag, not a signal
+        mask: two system calls a read saved; Python runs handlers on the main thread only,
+        between its bytecodes, and this thread is the one that reads."""
+        def on_signal(*_: object) -> None:
+            if self.reading:
+                self.deferred = handler
+            else:
+                handler()
+        return on_signal
+
+    def take(self) -> Iterator[str]:
+        """The pending lines, blank ones skipped, each `current` while it is handled."""
+        pending = self.pending
+        while pending:
+            # The line is made current before it leaves `pending`: a handler running in
+            # between finds it twice (a cancel taken back twice is taken back once), never not
+            # at all. No signal mask per line: two system calls a line saved.
+            self.current = pending[0]
+            pending.popleft()
+            if self.current.strip():
+                yield self.current.decode("utf-8", "replace")
+        self.current = b""
 
     def unread(self) -> bytes:
         """What the host wrote and was not handled to its end: the line being handled (a signal

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from agent_bridge import jsonlimit
@@ -40,6 +40,7 @@ class Leaving(Protocol):
     def flush(self) -> None: ...
     def send(self, link: Link, frames: Sequence[RelayFrame], queue: bool = False) -> None: ...
     def answer_unreachable(self, requests: list[Request], reason: str) -> None: ...
+    def wait_for(self, done: Callable[[], bool], timeout: float) -> bool: ...
 
 
 def keep_written_at_exit(relay: Leaving, unread: bytes) -> None:
@@ -79,8 +80,8 @@ def end(relay: Leaving) -> None:
         relay.on_host_line(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                       "params": {"requestId": rid, "reason": "the host left"}}))
     relay.flush()
+    relay.wait_for(lambda: relay.requests.settled, ANSWERS_AT_EXIT)
     with relay.lock:
-        relay.cond.wait_for(lambda: relay.requests.settled, ANSWERS_AT_EXIT)
         link = relay.link
         unanswered = relay.requests.take_waiting()
         reason = relay.keeper.unreachable()
@@ -90,7 +91,6 @@ def end(relay: Leaving) -> None:
     if relay.reporting.acquire(timeout=ACK_FLUSH_AT_EXIT):  # a line the host read is reported first
         relay.reporting.release()
     relay.send(link, [EOF])
-    with relay.lock:
-        if not relay.cond.wait_for(lambda: relay.link is not link, ACK_FLUSH_AT_EXIT):
-            # no answer in time: a broker that reads the ledger records them
+    if not relay.wait_for(lambda: relay.link is not link, ACK_FLUSH_AT_EXIT):
+        with relay.lock:  # no answer in time: a broker that reads the ledger records them
             relay.shown.keep_written(relay.session_id)
