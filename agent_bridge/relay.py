@@ -41,7 +41,6 @@ from typing import Any, NoReturn, Protocol
 from agent_bridge import domain, hosts, jsonlimit, paths, procinfo, tools
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import (
-    PING,
     Acked,
     Held,
     Identity,
@@ -59,7 +58,7 @@ from agent_bridge.relaying.host_io import LEAVING_SIGNALS, SIGNAL_MASKS, HostInp
 from agent_bridge.relaying.keeper import START_ATTEMPTS, Keeper
 from agent_bridge.relaying.leaving import ACK_FLUSH_AT_EXIT, ANSWERS_AT_EXIT
 from agent_bridge.relaying.link import Link
-from agent_bridge.relaying.pump import Pump
+from agent_bridge.relaying.pump import Pump, read_here
 from agent_bridge.relaying.replay import Replay
 from agent_bridge.relaying.requests import Request, Requests, cancelled_key, request_of
 from agent_bridge.relaying.shown import Shown
@@ -334,27 +333,12 @@ class Relay:
         return frames
 
     def serve_link(self, link: Link) -> None:
-        """Write the broker's lines to the host until the connection ends; then settle what
-        was in flight on it. With a pump (POSIX), the main thread does that and this waits;
-        otherwise this thread reads the frames one by one. Lines read together are written
-        together."""
+        """The broker's frames to their handlers until the connection ends, then what was in
+        flight on it settled: by the pump (POSIX; this waits meanwhile), or on this thread."""
         if self.pump is not None and hasattr(link.sock, "setsockopt"):  # a socket, not a named pipe
             self.pump.serve(link)
-            return
-        try:
-            while True:
-                try:
-                    incoming = link.receive()
-                except TimeoutError:
-                    self.send(link, [PING])
-                    continue
-                if incoming is None:
-                    break
-                self.on_frames(link, [incoming], flush=not link.more_ready)
-        except (OSError, protocol.ProtocolError) as exc:
-            log.info("broker connection lost: %s", exc)
-        finally:
-            self.end_link(link)
+        else:
+            read_here(self, link)
 
     def on_frames(self, link: Link, frames: list[dict[str, Any]], flush: bool = True) -> None:
         """Each push (ipc.frames.read_push) to its handler (PUSH_HANDLERS); one this relay has
@@ -371,25 +355,6 @@ class Relay:
         self.flush_out()
         link.close()
         self.lost(link)
-
-    def on_identity(self, link: Link, push: Identity) -> None:
-        sid = push.session.get("id")
-        if isinstance(sid, str):
-            self.session_id = sid
-
-    def on_held(self, link: Link, push: Held) -> None:
-        with self.lock:
-            if "id" not in push.message:
-                return
-            if push.again:  # its result was cancelled: not shown, first in line
-                self.shown.showing.again(push.message)
-            else:
-                self.shown.showing.arrive(push.message, reack=False)
-
-    def on_acked(self, link: Link, push: Acked) -> None:
-        with self.lock:  # recorded by the broker (here or by a Stop hook)
-            self.shown.showing.elsewhere(push.ids)
-            self.shown.save_if_kept(self.session_id)
 
     def on_line(self, link: Link, push: Line) -> None:
         line = link.parts.add(push)
@@ -451,10 +416,7 @@ class Relay:
         """Until `done()` (called under the lock) or `timeout`: whether it is done. The pump, if
         any, serves the broker meanwhile: this is the main thread."""
         if self.pump is not None:
-            def locked() -> bool:
-                with self.lock:
-                    return done()
-            return self.pump.wait_for(locked, timeout)
+            return self.pump.wait_for(done, timeout)
         with self.lock:
             return self.cond.wait_for(done, timeout)
 
@@ -463,11 +425,33 @@ class Relay:
         with self.lock:
             self.cond.wait_for(lambda: self.joined or self.keeper.known, timeout)
 
-# What the relay does with each push it uses (Relay.serve_link).
+def on_identity(relay: Relay, link: Link, push: Identity) -> None:
+    sid = push.session.get("id")
+    if isinstance(sid, str):
+        relay.session_id = sid
+
+
+def on_held(relay: Relay, link: Link, push: Held) -> None:
+    with relay.lock:
+        if "id" not in push.message:
+            return
+        if push.again:  # its result was cancelled: not shown, first in line
+            relay.shown.showing.again(push.message)
+        else:
+            relay.shown.showing.arrive(push.message, reack=False)
+
+
+def on_acked(relay: Relay, link: Link, push: Acked) -> None:
+    with relay.lock:  # recorded by the broker (here or by a Stop hook)
+        relay.shown.showing.elsewhere(push.ids)
+        relay.shown.save_if_kept(relay.session_id)
+
+
+# What the relay does with each push it uses (Relay.on_frames).
 PUSH_HANDLERS: dict[type, Callable[[Relay, Link, Any], None]] = {
-    Identity: Relay.on_identity,
-    Held: Relay.on_held,
-    Acked: Relay.on_acked,
+    Identity: on_identity,
+    Held: on_held,
+    Acked: on_acked,
     Line: Relay.on_line,
 }
 

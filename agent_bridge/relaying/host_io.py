@@ -83,7 +83,8 @@ class HostInput:
         finally:
             self.reading = False
         if self.deferred is not None:
-            self.deferred()
+            deferred, self.deferred = self.deferred, None
+            deferred()
         return bool(chunk)
 
     def deferring(self, handler: Callable[[], object]) -> Callable[..., None]:

@@ -35,7 +35,7 @@ class Pumped(Protocol):
 
     def on_host_line(self, line: str, more: bool = False) -> None: ...
     def flush(self) -> None: ...
-    def on_frames(self, link: Link, frames: list[dict[str, Any]]) -> None: ...
+    def on_frames(self, link: Link, frames: list[dict[str, Any]], flush: bool = True) -> None: ...
     def end_link(self, link: Link) -> None: ...
     def send(self, link: Link, frames: Sequence[RelayFrame], queue: bool = False) -> None: ...
     def broken(self, link: Link, exc: Exception) -> None: ...
@@ -88,14 +88,17 @@ class Pump:
         relay.flush()
 
     def wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
-        """The broker's frames served until `done()`, or `timeout` seconds: whether it is done."""
+        """The broker's frames served until `done()` (called under the relay's lock), or `timeout`
+        seconds: whether it is done."""
         deadline = time.monotonic() + timeout
-        while not done():
+        while True:
+            with self.relay.lock:
+                if done():
+                    return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             self.step(left, host=False)
-        return True
 
     def step(self, timeout: float | None, host: bool) -> bool:
         """One wait, and what it found ready handled; False once the host's input ended."""
@@ -155,3 +158,22 @@ class Pump:
             relay.end_link(link)
         elif frames:
             relay.on_frames(link, frames)
+
+
+def read_here(relay: Pumped, link: Link) -> None:
+    """Without a pump (a named pipe; Windows): `link` read on the calling thread, frame by frame,
+    until it ends; the lines of frames read together are written together."""
+    try:
+        while True:
+            try:
+                incoming = link.receive()
+            except TimeoutError:
+                relay.send(link, [PING])
+                continue
+            if incoming is None:
+                break
+            relay.on_frames(link, [incoming], flush=not link.more_ready)
+    except (OSError, protocol.ProtocolError) as exc:
+        log.info("broker connection lost: %s", exc)
+    finally:
+        relay.end_link(link)

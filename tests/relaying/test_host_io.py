@@ -28,3 +28,26 @@ def test_lines_of_one_read_then_a_mark_and_every_line_is_found_unread_until_hand
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+
+
+def test_a_signal_that_comes_during_a_read_is_handled_once_its_bytes_are_where_unread_looks():
+    """The relay's SIGINT and SIGTERM handler reads `unread` for the host's cancels: one that
+    comes while a read's bytes are on their way to `pending` runs right after they got there
+    (HostInput.deferring); one that comes otherwise runs at once."""
+    read_end, write_end = os.pipe()
+    try:
+        write_all(write_end, b'{"a":1}\n{"b"')
+        host = HostInput(read_end)
+        seen: list[bytes] = []
+        on_signal = host.deferring(lambda: seen.append(host.unread()))
+        host.reading = True  # the moment between os.read returning and its bytes placed
+        on_signal()
+        assert seen == []  # put off
+        assert host.read()
+        assert seen == [b'\n{"a":1}\n{"b"']  # then run: no line current, one pending, one partial
+        assert not host.reading
+        on_signal()  # not reading: at once
+        assert len(seen) == 2
+    finally:
+        os.close(read_end)
+        os.close(write_end)
