@@ -17,7 +17,8 @@ host's `initialize` to the new broker and drops that answer; a request in flight
 connection broke is sent again if doing it twice changes nothing, and otherwise answered with
 an error saying it may or may not have been carried out: nothing is answered twice.
 
-This module is the pump and its wiring; each decision is a part of its own (agent_bridge.relaying):
+This module is the wiring; each decision is a part of its own (agent_bridge.relaying): the
+pump (pump: on POSIX the host's side and the broker's on the main thread, under one select),
 the host's input and output (host_io), the broker connection (link), finding, starting and
 rejoining the broker (keeper: the decisions; connector: their I/O), the `initialize` replay
 (replay), the requests in flight (requests), what was shown (shown, over the ledger) and the

@@ -277,9 +277,21 @@ INITIALIZE = {
 INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
 
 
+FLOOR_RELAY = BENCH_DIR / "_floor_relay.py"
+floor = False  # set by a bench's --floor (floor_option): sessions through FLOOR_RELAY, not the relay
+
+
+def floor_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--floor", action="store_true", help=(
+        "sessions through bench/_floor_relay.py (a process that only moves frames) instead of "
+        "`agent-bridge mcp`: the floor of the relay path, a reading, never a result to compare"))
+
+
 def relay_command(name: str, project: str) -> list[str]:
     """`agent-bridge mcp` for a session `name` (also its host session id) in `project`."""
-    return [*CLI, "mcp", "--agent", "claude", "--project", project, "--name", name, "--host-session-id", name]
+    head = [PYTHON, str(FLOOR_RELAY)] if floor else CLI
+    return [*head, "mcp", "--agent", "claude", "--project", project, "--name", name,
+            "--host-session-id", name]
 
 
 def tool_result(result: dict[str, Any]) -> Any:

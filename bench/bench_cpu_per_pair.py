@@ -12,7 +12,9 @@ median round; `details.broker_us_per_pair` and `details.relays_us_per_pair` spli
 
 Baseline, in alternating rounds: the broker's CPU per pair on the broker-only path (two
 sessions through the IPC client library: `send`, the push, `ack`). p50/p99: over the rounds.
-No target: this is a reading for comparisons, `ok` is always true.
+No target: this is a reading for comparisons, `ok` is always true. `--floor`: the sessions go
+through bench/_floor_relay.py, a process that only moves frames, instead of the relay: what any
+relay of this shape would cost (details say `floor`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def cpu(pids: list[int]) -> list[float]:
 
 
 def main() -> None:
-    args = c.parse_args(__doc__ or "")
+    args = c.parse_args(__doc__ or "", options=c.floor_option)
+    c.floor = args.floor
     rounds, pairs, warmup = (1, 100, 10) if args.quick else (5, 500, 50)
     import trio
 
@@ -117,6 +120,7 @@ def main() -> None:
             "broker_only_us_per_pair": c.median(ipc_us),
             "wall_ms_per_pair": c.median(wall_ms),
             "clock_tick_us": 1e6 / os.sysconf("SC_CLK_TCK"),
+            **({"floor": True} if args.floor else {}),
         },
     )
 

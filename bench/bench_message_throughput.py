@@ -47,10 +47,13 @@ one-at-a-time p50. The broker-only readings stay in `details`:
 headline (a6f431d and earlier); `compare.py` runs it against such a tree with this script on
 both sides. With relays connected and their rounds in between, the broker-only rounds run
 beside a waiting `inbox` and the relays' late acknowledgements: a reading of its own.
+`--floor`: the sessions go through bench/_floor_relay.py, a process that only moves frames,
+instead of the relay (details say `floor`): the rate any relay of this shape would allow.
 """
 
 from __future__ import annotations
 
+import argparse
 import socket
 import subprocess
 import sys
@@ -412,9 +415,13 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
 
 
 def main() -> None:
-    args = c.parse_args(__doc__ or "", options=lambda parser: parser.add_argument(
-        "--broker-only", action="store_true", help="no relays: the broker-only rate is the value"
-    ))
+    def options(parser: argparse.ArgumentParser) -> None:
+        c.floor_option(parser)
+        parser.add_argument("--broker-only", action="store_true",
+                            help="no relays: the broker-only rate is the value")
+
+    args = c.parse_args(__doc__ or "", options=options)
+    c.floor = args.floor
     rounds, per_round, warmup = (2, 50, 1) if args.quick else (10, 1000, 1)
     import trio
 
@@ -451,6 +458,7 @@ def main() -> None:
         f"{TARGET_FLOOR_RATIO:g} (one at a time, p50 over the same-run floor)"
     )
     details = {
+        **({"floor": True} if args.floor else {}),
         "rounds": rounds,
         "per_round": per_round,
         "window": WINDOW,
