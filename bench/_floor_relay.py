@@ -25,7 +25,7 @@ from agent_bridge.relaying import connector
 
 
 def main() -> None:
-    ns = cli._mcp_fast_path(sys.argv[2:])
+    ns = cli._mcp_fast_path(sys.argv[1:])
     assert ns is not None, "plain `mcp` options only"
     options = options_from(ns)
     socket_path = connector.broker_socket(options.home)
