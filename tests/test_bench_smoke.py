@@ -75,6 +75,21 @@ def test_benchmark_quick_run_prints_one_json_line(script: str, tmp_path: Path) -
     assert results.read_text(encoding="utf-8").splitlines() == lines  # appended, same line
 
 
+@pytest.mark.slow
+def test_the_floor_relay_carries_the_pairs_of_cpu_per_pair(tmp_path: Path) -> None:
+    """`--floor`: the sessions through bench/_floor_relay.py, whose every pair must go through
+    (a `send` shown by the other session's `inbox`), or the floor it reads is of nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
+    env["AGENT_BRIDGE_BENCH_RESULTS"] = str(tmp_path / "results.jsonl")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_cpu_per_pair.py"), "--quick", "--floor"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout)
+    assert line["details"]["floor"] is True and line["n"] == line["details"]["pairs"]
+
+
 def _compare_module():
     import importlib.util
 
