@@ -10,7 +10,7 @@ from contextlib import closing
 import pytest
 
 from agent_bridge.ipc import protocol
-from agent_bridge.ipc.frames import PING, Written, line_frames, read_relay
+from agent_bridge.ipc.frames import PING, Written, line_frames, read_relay, relay_frame
 from agent_bridge.relaying.link import Link
 
 
@@ -76,3 +76,21 @@ def test_a_silent_broker_times_the_receive_out_and_the_link_still_works(c_level)
             pass
         broker.sendall(protocol.encode({"v": 1, "push": "line", "line": "after"}))
         assert link.receive()["line"] == "after"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("line", [
+    '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+    '{"text":"caf\u00e9 \\"quoted\\" \\\\ \u2028 \U0001f600"}',
+    "control \x00\x1f\x7f and a tab\t",
+    "x" * 450_001,  # longer than a frame takes: in parts
+])
+def test_a_host_line_queued_directly_is_the_frames_the_encoder_makes(line):
+    """`queue_line` builds a `Line` frame's bytes itself (the hot path); they must be exactly what
+    `protocol.encode` makes of the frame, parts and all."""
+    ours, broker = socket.socketpair()
+    with ours, broker:
+        link = Link(ours)
+        link.queue_line(line)
+        direct = b"".join(link._queued)
+        expected = b"".join(protocol.encode(relay_frame(f)) for f in line_frames(line))
+        assert direct == expected
