@@ -398,7 +398,6 @@ class Relay:
         with self.lock:
             if self.link is link:
                 self.link = None
-            link.alive = False
             link.ended.set()
             unsure = self.requests.lost(time.monotonic())
             self.replay.lost()

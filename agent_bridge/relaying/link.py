@@ -38,8 +38,7 @@ READ_CHUNK = 1 << 16
 class Link:
     def __init__(self, sock: Any) -> None:
         self.sock = sock
-        self.alive = True
-        self.ended = threading.Event()  # set with `alive` False: what was in flight on it is settled
+        self.ended = threading.Event()  # set once it has ended and what was in flight on it is settled
         self._send_lock = threading.Lock()
         self._decoder = protocol.FrameDecoder()
         self._ready: deque[dict[str, Any]] = deque()

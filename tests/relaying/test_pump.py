@@ -46,7 +46,6 @@ class Relay:
 
     def end_link(self, link: Link) -> None:
         link.close()
-        link.alive = False
         link.ended.set()
         self.link = None
         self.ended.append(link)
