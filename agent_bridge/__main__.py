@@ -1,5 +1,5 @@
 import sys
 
-from agent_bridge.cli import main
+from agent_bridge.cli.main import main
 
 sys.exit(main())

@@ -34,7 +34,7 @@ SESSION = "bench-post-tool-use"
 
 def build(db: Path, sessions: int, messages: int) -> str:
     """The measured session's project folder, after filling the database."""
-    from agent_bridge import domain
+    from agent_bridge.common import domain
     from agent_bridge.store.messages import Outgoing
     from agent_bridge.store.writer import Store
 

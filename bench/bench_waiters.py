@@ -36,7 +36,7 @@ def cpu_pct(pid: int, seconds: float) -> float:
 
 
 def main() -> None:
-    from agent_bridge import paths
+    from agent_bridge.common import paths
     from agent_bridge.ipc import blocking
     from agent_bridge.store.writer import Store
 

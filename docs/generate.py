@@ -7,7 +7,7 @@ A generated part sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->
 file; only the text between the two markers is replaced, everything around it is written by hand.
 The parts come from the objects the program itself uses: the CLI's argparse parser, the MCP
 server's advertised tools, the dashboard's URL map, the schema's migration steps, the host modules'
-hook answers, and the state folder's file names in `agent_bridge.paths`. (The CLI part is built
+hook answers, and the state folder's file names in `agent_bridge.common.paths`. (The CLI part is built
 from the parser's actions rather than from `--help`, whose layout differs between Python versions
 and terminal widths.)
 """
@@ -81,7 +81,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 
 def cli_reference() -> str:
-    from agent_bridge import cli
+    from agent_bridge.cli import main as cli
 
     parser = cli.build_parser()
     out = [f"`{_usage('agent-bridge', parser)}`", "", *_table(_argument_rows(parser))]
@@ -110,8 +110,8 @@ def _table(rows: list[str]) -> list[str]:
 
 def mcp_tools() -> str:
     """The tools as `tools/list` advertises them (name, description, input schema): the tool
-    table (agent_bridge.tools), which the server lists as it is."""
-    from agent_bridge import tools
+    table (agent_bridge.common.tools), which the server lists as it is."""
+    from agent_bridge.common import tools
 
     out = []
     for tool in tools.TOOLS.values():
@@ -121,7 +121,7 @@ def mcp_tools() -> str:
 
 
 def http_routes() -> str:
-    from agent_bridge.web.app import create_app
+    from agent_bridge.dashboard.app import create_app
 
     app = create_app(Path("/nonexistent"), port=0, token="x")
     rows = []
@@ -172,7 +172,8 @@ def hook_answers() -> str:
 
 
 def home_files() -> str:
-    from agent_bridge import install, ledger, paths
+    from agent_bridge.cli import install
+    from agent_bridge.common import ledger, paths
     from agent_bridge.hosts import edits
 
     names = [
@@ -190,7 +191,7 @@ def home_files() -> str:
 
 
 def limits() -> str:
-    from agent_bridge import domain, jsonlimit
+    from agent_bridge.common import domain, jsonlimit
     from agent_bridge.ipc import protocol
 
     rows = [

@@ -16,7 +16,7 @@ import pytest
 import trio
 from pydantic import BaseModel, ConfigDict
 
-from agent_bridge import paths, procinfo
+from agent_bridge.common import paths, procinfo
 from agent_bridge.ipc import blocking
 from agent_bridge.store import reader
 from tests.conftest import BrokerProcess, call, call_error, mcp_server_pids, mcp_session, run_cli, wait_for
@@ -143,7 +143,7 @@ async def test_long_poll_wakes_on_arrival(home):
     and the test is the session's relay, so the send goes out only once the poll is provably
     waiting (a task waits on the inbox's arrival event); the poll asks to wait far longer than
     the deadline it must meet."""
-    from agent_bridge.daemon import mcp_host
+    from agent_bridge.broker.mcp import host as mcp_host
     from agent_bridge.ipc.client import open_bridge_client
     from tests.test_absorb_offers import broker_in_process
 
@@ -542,7 +542,7 @@ async def test_a_line_nested_too_deep_from_a_relay_client_is_refused_and_the_ses
     """A client speaking the relay protocol for itself (no relay to catch it first) sends a
     `tools/call` whose scope nests 1,500 deep: it gets JSON-RPC -32600 with its id, and the
     session answers its next call."""
-    from agent_bridge import jsonlimit
+    from agent_bridge.common import jsonlimit
     from tests.test_absorb_offers import broker_in_process
 
     deep = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"decide","arguments":' \

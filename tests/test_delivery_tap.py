@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge.daemon.delivery import Backlog
-from agent_bridge.daemon.storage import StoreCalls, StoreRunner
-from agent_bridge.domain import SessionView
-from agent_bridge.rows import Author, Message
+from agent_bridge.broker.delivery import Backlog
+from agent_bridge.broker.storage import StoreCalls, StoreRunner
+from agent_bridge.common.domain import SessionView
+from agent_bridge.common.rows import Author, Message
 from agent_bridge.store import queries
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.messages import Outgoing

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from agent_bridge import cli, hosts
+from agent_bridge import hosts
+from agent_bridge.cli import main as cli
 from agent_bridge.hooks.common import HookInput
 from agent_bridge.hosts import claude
 from agent_bridge.hosts.base import Host

@@ -14,9 +14,9 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge.daemon import storage
-from agent_bridge.daemon.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
-from agent_bridge.rows import Message
+from agent_bridge.broker import storage
+from agent_bridge.broker.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
+from agent_bridge.common.rows import Message
 from agent_bridge.store.messages import Outgoing, Send
 from agent_bridge.store.writer import Store
 from tests.conftest import wait_for

@@ -1,4 +1,4 @@
-"""The tool table (agent_bridge.tools) is the one place a tool is defined: the MCP server's
+"""The tool table (agent_bridge.common.tools) is the one place a tool is defined: the MCP server's
 tool list, its argument checks, the protocol's tool ops, the relay's retry rule and advice, the
 shipped static answers and the documented tool list all agree with it."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import trio
 
-from agent_bridge import relay, tools
-from agent_bridge.daemon import mcp_host
+from agent_bridge.broker.mcp import host as mcp_host
+from agent_bridge.common import tools
 from agent_bridge.ipc import protocol
+from agent_bridge.relay import main as relay
 
 REPO = Path(__file__).resolve().parent.parent
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

@@ -112,10 +112,10 @@ class Claude(Host):
 
     def command_edits(self, scope: str, cwd: Path, run: list[str] | None, env: dict[str, str],
                       *, private: bool) -> list[FileEdit]:
-        """The owner's slash commands (agent_bridge.slash): written for `run`, removed when None."""
+        """The owner's slash commands (agent_bridge.hosts.slash): written for `run`, removed when None."""
         import shlex
 
-        from agent_bridge import slash
+        from agent_bridge.hosts import slash
         from agent_bridge.hosts.edits import owned_file_edit
 
         folder = self.commands_folder(scope, cwd)
@@ -262,8 +262,8 @@ class Claude(Host):
         return found
 
     def commands_check(self, cwd: Path, fix: str) -> Check:
-        """The owner's slash commands (agent_bridge.slash), at either scope."""
-        from agent_bridge import slash
+        """The owner's slash commands (agent_bridge.hosts.slash), at either scope."""
+        from agent_bridge.hosts import slash
 
         name = "Claude Code slash commands"
         for scope in ("user", "project"):

@@ -508,7 +508,7 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     import subprocess
     import threading
 
-    from agent_bridge import jsonlimit
+    from agent_bridge.common import jsonlimit
 
     requests = [
         {

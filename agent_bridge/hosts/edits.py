@@ -4,7 +4,7 @@ line, the hook command lines and how to recognise ours), the JSON edits, the TOM
 and the record of the empty containers install filled.
 
 Editing rules: a file that does not parse is refused (clear error, nothing written, also not the
-other files). JSON files are edited in place (agent_bridge.jsonedit): only the values that change
+other files). JSON files are edited in place (agent_bridge.hosts.jsonedit): only the values that change
 are written, in the file's own layout, and everything else stays byte for byte. TOML files are
 edited with tomlkit (format-preserving): tables are appended or removed, keys set, renamed or
 removed in place, so comments and layout stay. Either way the result must parse to exactly
@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ from tomlkit.container import Container
 from tomlkit.items import Comment, Item, Key, Null, SingleKey, Table, Whitespace
 from tomlkit.toml_document import TOMLDocument
 
-from agent_bridge import hostconfig, jsonedit, paths
+from agent_bridge.common import paths
+from agent_bridge.hosts import hostconfig, jsonedit
 
 SERVER_NAME = "agent-bridge"
 HOOK_TIMEOUT = 10  # seconds the host gives one hook run; ours take well under one
@@ -66,7 +68,7 @@ class FileEdit:
     after: str | None  # None: the file is to be deleted
     notes: list[str] = field(default_factory=list)
     private: bool = True  # a new file gets 0600 (user scope) or 0644 (project files, shared)
-    # containers install filled (agent_bridge.install's docstring)
+    # containers install filled (agent_bridge.cli.install's docstring)
     was_empty: list[JsonPath] = field(default_factory=list)
     exact: bool = False  # `before`/`after` keep the file's own line ends (JSON edited in place)
     # folders to remove, innermost first, when deleting this file leaves them empty (a command
@@ -91,6 +93,21 @@ def bridge_env() -> dict[str, str]:
     return {} if chosen == default else {"AGENT_BRIDGE_HOME": str(chosen)}
 
 
+def launcher() -> list[str]:
+    """How to run the installed agent-bridge, by absolute path.
+
+    The program running now when it is the `agent-bridge` script (the one the user chose);
+    else the one on PATH; else this interpreter with `-m agent_bridge`.
+    """
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name in ("agent-bridge", "agent-bridge.exe") and Path(argv0).exists():
+        return [str(Path(argv0).absolute())]
+    found = shutil.which("agent-bridge")
+    if found:
+        return [str(Path(found).absolute())]
+    return [str(Path(sys.executable).absolute()), "-m", "agent_bridge"]
+
+
 def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]) -> str:
     """The shell command line of one hook (both hosts run command hooks through a shell). The
     PostToolUse hook, which runs after every tool call, is this interpreter running
@@ -106,11 +123,11 @@ def hook_command(run: list[str], event_arg: str, agent: str, env: dict[str, str]
 def mcp_command(bridge: list[str]) -> list[str]:
     """A job's MCP server command line, from `bridge` (`[agent-bridge, "mcp", ...]`). Where
     `bridge` names this machine's agent-bridge by absolute path (the broker's launcher), on
-    POSIX: this interpreter running `relay_quick.py` without `site`, which answers the handshake
+    POSIX: this interpreter running `relay/quick.py` without `site`, which answers the handshake
     the job's host waits for before anything else is imported, then runs the relay."""
     if os.name != "posix" or not Path(bridge[0]).is_absolute() or "mcp" not in bridge:
         return bridge
-    script = str((Path(__file__).parent.parent / "relay_quick.py").absolute())
+    script = str((Path(__file__).parent.parent / "relay" / "quick.py").absolute())
     return [sys.executable, "-I", "-S", script, *bridge[bridge.index("mcp"):]]
 
 

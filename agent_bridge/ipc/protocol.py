@@ -59,7 +59,7 @@ import json
 import struct
 from typing import Any, NamedTuple
 
-from agent_bridge import jsonlimit, tools
+from agent_bridge.common import jsonlimit, tools
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
@@ -78,7 +78,7 @@ class Op(NamedTuple):
 
 
 # Every request of the protocol: the one list to extend for a new op. A tool's op comes from
-# its entry in agent_bridge.tools (a session's request; a control request too for the CLI's).
+# its entry in agent_bridge.common.tools (a session's request; a control request too for the CLI's).
 OPS: dict[str, Op] = {
     "hello": Op(session=False, control=False, idempotent=False),  # turns a connection into a session's
     "mcp": Op(session=False, control=False, idempotent=False),  # the same, for a relay: the broker serves MCP

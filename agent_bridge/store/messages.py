@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from agent_bridge.domain import BROADCAST, InputError
-from agent_bridge.rows import Author, Message, Queued, SentReceipt
+from agent_bridge.common.domain import BROADCAST, InputError
+from agent_bridge.common.rows import Author, Message, Queued, SentReceipt
 from agent_bridge.store import queries
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.peers import CLI_AUTHOR, Peers

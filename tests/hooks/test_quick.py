@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import agent_bridge
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.hooks import quick
 from agent_bridge.ipc.client import open_bridge_client
 from tests.conftest import wait_for

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from agent_bridge import tools
+from agent_bridge.common import tools
 from agent_bridge.store import reader
 from tests.hostbin import CLAUDE_OFFLINE_ENV
 from tests.hosts import clis

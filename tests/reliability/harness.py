@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import apsw
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store import reader
 from tests.conftest import CLI, BrokerProcess, run_cli, wait_for
 
