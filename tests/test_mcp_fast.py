@@ -21,7 +21,7 @@ from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from agent_bridge.broker.mcp.fast import cancelled_request, error_text, log_line, result_line
-from agent_bridge.broker.mcp.host import _serve_lines
+from agent_bridge.broker.mcp.server import serve_lines as _serve_lines
 from tests.test_delivery import RawHost
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone

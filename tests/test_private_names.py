@@ -65,8 +65,9 @@ def test_the_check_finds_both_forms():
     """The walker itself, on source written for it: an import and an attribute through a module."""
     source = ("from agent_bridge.common.paths import _secret\nfrom agent_bridge.common import domain\n"
               "from agent_bridge.ipc import protocol as p\nx = domain._rule\ny = p.PUBLIC\nz = p._frame\n")
-    modules = {"agent_bridge", "agent_bridge.common", "agent_bridge.common.paths", "agent_bridge.common.domain", "agent_bridge.ipc",
-               "agent_bridge.ipc.protocol", "agent_bridge.cli.demo"}
+    modules = {"agent_bridge", "agent_bridge.common", "agent_bridge.common.paths",
+               "agent_bridge.common.domain", "agent_bridge.ipc", "agent_bridge.ipc.protocol",
+               "agent_bridge.cli.demo"}
     assert private_uses("agent_bridge.cli.demo", ast.parse(source), modules) == {
         ("agent_bridge.cli.demo", "agent_bridge.common.paths", "_secret"),
         ("agent_bridge.cli.demo", "agent_bridge.common.domain", "_rule"),

@@ -20,7 +20,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_bridge.broker.mcp import host as mcp_host
+from agent_bridge.broker.mcp import bridge, static
 from agent_bridge.common import ledger, tools
 from agent_bridge.relay import main as relay
 from tests.conftest import run_cli, wait_for
@@ -120,9 +120,9 @@ async def test_the_relay_process_never_imports_trio_the_sdk_or_pydantic(broker, 
 
 def test_the_shipped_static_answers_are_what_the_server_answers():
     """`initialize`, `tools/list` and the error shapes the relay answers with no broker are
-    generated from the real server (`python -m agent_bridge.broker.mcp.host`), never copied."""
-    assert relay.STATIC.read_text(encoding="utf-8") == mcp_host.static_text(), (
-        "agent_bridge/mcp_static.json is stale: run python -m agent_bridge.broker.mcp.host"
+    generated from the real server (`python -m agent_bridge.broker.mcp.static`), never copied."""
+    assert relay.STATIC.read_text(encoding="utf-8") == static.static_text(), (
+        "agent_bridge/relay/mcp_static.json is stale: run python -m agent_bridge.broker.mcp.static"
     )
 
 
@@ -450,7 +450,7 @@ def test_a_broker_joining_while_the_relay_answers_initialize_is_handed_that_init
     joining = JoinsWhileAnsweringInitialize(options, write_end)
     joining.socket_path = record["socket"]
     joining.on_host_line(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": PROTOCOL, "capabilities": {"experimental": {mcp_host.CHANNEL_CAPABILITY: {}}},
+        "protocolVersion": PROTOCOL, "capabilities": {"experimental": {bridge.CHANNEL_CAPABILITY: {}}},
         "clientInfo": {"name": "raw", "version": "1"}}}))
     host_lines(read_end, lambda m: m.get("id") == 1)
     assert joining.link is not None

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import agent_bridge
-from agent_bridge.broker.mcp import host as mcp_host
+from agent_bridge.broker.mcp import static
 from agent_bridge.cli import main as cli
 from agent_bridge.hosts.edits import mcp_command
 from agent_bridge.relay import quick as relay_quick
@@ -159,7 +159,7 @@ def test_the_lists_it_answers_are_the_servers():
         answers = {a["id"]: a["result"] for a in map(json.loads, f.read().splitlines())}
     os.close(host_in)
     assert answers.pop(1)["serverInfo"]["name"] == "agent-bridge"
-    assert answers == {**{m: mcp_host.static_answers()["lists"][m] for m in methods[1:]},
+    assert answers == {**{m: static.static_answers()["lists"][m] for m in methods[1:]},
                        "tools/list": Static("claude").tools_list()}
     assert answers["prompts/list"] == {"prompts": []} and answers["resources/list"] == {"resources": []}
 

@@ -6,7 +6,7 @@ else is derived from this table:
   the arguments each takes judged by its `schema` (unknown ones refused, JSON types strict);
 - the tool ops of the bridge protocol (ipc.protocol: `OPS`) and the broker's handler check;
 - the relay's rule for a call in flight when the broker went away (`idempotent`, `unsure`);
-- the relay's answers with no broker (agent_bridge/mcp_static.json) and docs/mcp-tools.md.
+- the relay's answers with no broker (agent_bridge/relay/mcp_static.json) and docs/mcp-tools.md.
 
 Adding a tool: an entry here, and its op's handler in daemon.broker (see docs/mcp-tools.md).
 """

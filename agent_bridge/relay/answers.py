@@ -2,7 +2,7 @@
 but reading the generated data once.
 
 With no broker at all, `initialize`, `tools/list` and `ping` are answered from data generated
-from the real server (`mcp_static.json`, written by `python -m agent_bridge.broker.mcp.host`);
+from the real server (`mcp_static.json`, written by `python -m agent_bridge.broker.mcp.static`);
 so are the shapes of a tool error and of an `inbox` result.
 """
 

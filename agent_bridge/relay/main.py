@@ -11,7 +11,7 @@ with backoff, and acknowledging only what it wrote: a line that shows messages i
 "written" to the broker after its bytes are in the host's pipe, or, with no broker to tell, kept
 in the ledger file (agent_bridge.common.ledger) for the next one. With no broker at all, `initialize`,
 `tools/list` and `ping` are answered from data generated from the real server
-(`mcp_static.json`, written by `python -m agent_bridge.broker.mcp.host`), and tool calls wait
+(`mcp_static.json`, written by `python -m agent_bridge.broker.mcp.static`), and tool calls wait
 for the broker, then get the reason it is not there. Across a broker restart it replays the
 host's `initialize` to the new broker and drops that answer; a request in flight when the
 connection broke is sent again if doing it twice changes nothing, and otherwise answered with
