@@ -15,7 +15,7 @@ import trio
 
 from agent_bridge.broker.alerts.task import read_snapshot, serve_alerts
 from agent_bridge.core.alerts import REMIND_AFTER_MS
-from agent_bridge.dashboard.changes import ChangeFeed
+from agent_bridge.store.feed import ChangeFeed
 from agent_bridge.store.writer import Store
 from tests.test_questions_store import _ask, _sessions
 

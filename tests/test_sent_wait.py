@@ -16,7 +16,7 @@ import trio
 
 from agent_bridge.broker.ops import messages as ops_messages
 from agent_bridge.common import domain
-from agent_bridge.dashboard.changes import ChangeFeed
+from agent_bridge.store.feed import ChangeFeed
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.writer import Store
 

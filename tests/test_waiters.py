@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from agent_bridge.broker.feeds.waiters import Waiters
-from agent_bridge.dashboard.changes import ChangeFeed
+from agent_bridge.store.feed import ChangeFeed
 from tests.conftest import run_cli
 
 

@@ -50,6 +50,7 @@ from agent_bridge.common import paths
 from agent_bridge.common.config import Settings
 from agent_bridge.ipc.listener import serve_unix
 from agent_bridge.ipc.pipe import serve_pipe
+from agent_bridge.store.feed import ChangeFeed
 
 log = logging.getLogger("agent_bridge.broker")
 MCP_HOST = "agent_bridge.broker.mcp.host"
@@ -130,6 +131,7 @@ async def _serve(
 ) -> None:
     """The IPC listener and the dashboard, until `stop`; the store outlives this."""
     async with trio.open_nursery() as serving:
+        _commit_feed(broker)
         serving.start_soon(_close_sessions_on, stop, broker, serving.cancel_scope)
         broker.jobs = Supervisor(broker, serving)
         await serving.start(broker.jobs.run)
@@ -186,15 +188,20 @@ async def _preload_mcp(broker: Broker) -> None:
         log.warning("could not load the MCP side ahead of the first session: %s", exc)
 
 
-async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
-    from agent_bridge.dashboard.changes import ChangeFeed
-    from agent_bridge.dashboard.server import serve_dashboard  # quart and hypercorn: the broker only
-
-    changes = ChangeFeed()  # the live stream learns of each commit from the store itself
+def _commit_feed(broker: Broker) -> ChangeFeed:
+    """The store's commit feed, one for the broker: the store pokes it after each commit that
+    changed rows, and every task that acts on commits follows it (store/feed.py)."""
+    changes = ChangeFeed()
     changes.bind()
     broker.store.on_change = changes.poke
-    broker.changes = changes  # `wait_active` (a wake waiter) waits on the same commits
-    url: str = await serving.start(
-        partial(serve_dashboard, home, live=broker.connected_ids, changes=changes, port=web_port)
+    broker.changes = changes
+    return changes
+
+
+async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
+    from agent_bridge.dashboard.server import serve_dashboard  # quart and hypercorn: the broker only
+
+    url: str = await serving.start(  # the live stream follows the broker's commit feed
+        partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port)
     )
     return url

@@ -37,9 +37,10 @@ from werkzeug.routing import BaseConverter
 from agent_bridge.common import config, domain, marks, paths
 from agent_bridge.common.rows import Peer
 from agent_bridge.dashboard import auth, reads
-from agent_bridge.dashboard.changes import ChangeFeed, watch_database
+from agent_bridge.dashboard.changes import watch_database
 from agent_bridge.ipc import owner
 from agent_bridge.store import job_queries, queries, question_queries, reader, search
+from agent_bridge.store.feed import ChangeFeed
 from agent_bridge.store.schema import SchemaError
 
 STATIC = Path(__file__).with_name("static")

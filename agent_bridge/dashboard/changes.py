@@ -1,10 +1,11 @@
 """What tells the dashboard's live stream (`GET /api/events`) that bridge.db changed.
 
-One `ChangeFeed` per dashboard: a version number that grows on every change and wakes the
-streams waiting on it. Who feeds it depends on who runs the dashboard:
+One `ChangeFeed` (store/feed.py) per dashboard: a version number that grows on every change and
+wakes the streams waiting on it. Who feeds it depends on who runs the dashboard:
 
-- inside the broker, the store's worker thread pokes it after each job that changed rows
-  (`StoreRunner.on_change`), so a decide shows up as soon as it is committed;
+- inside the broker, the dashboard shares the broker's feed, which the store's worker thread
+  pokes after each job that changed rows (`StoreRunner.on_change`), so a decide shows up as
+  soon as it is committed;
 - standalone (`agent-bridge dashboard` with no broker) nothing in this process writes, so
   `watch_database` asks SQLite's `data_version` on a read-only connection, twice a second, and
   only while a stream is open. A broker started later, or any other writer, is seen the same way.
@@ -20,54 +21,10 @@ import apsw
 import trio
 
 from agent_bridge.store import reader
+from agent_bridge.store.feed import ChangeFeed
 from agent_bridge.store.schema import SchemaError
 
 POLL_INTERVAL = 0.5  # seconds between data_version checks (standalone); well within the 2 s a page may lag
-
-
-class ChangeFeed:
-    """A change counter that streams wait on. Lives on one Trio loop; `poke` is its only entry
-    from other threads."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.listeners = 0  # open streams; the store pokes only while someone listens
-        self._changed = trio.Event()
-        self._token: trio.lowlevel.TrioToken | None = None  # the loop `poke` reaches; set by `bind`
-        self._poke_pending = False
-
-    def bind(self) -> None:
-        """Attach the feed to the running Trio loop, so other threads can `poke` it."""
-        self._token = trio.lowlevel.current_trio_token()
-
-    def notify(self) -> None:
-        """Something changed (call on the feed's loop)."""
-        self.version += 1
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def poke(self) -> None:
-        """`notify` from any thread (the store's worker). Coalesced: while one wake-up is on its
-        way to the loop, further pokes add nothing, and a change committed before that wake-up
-        runs is covered by it."""
-        token = self._token
-        if token is None or not self.listeners or self._poke_pending:
-            return
-        self._poke_pending = True
-        try:
-            token.run_sync_soon(self._fire)
-        except trio.RunFinishedError:
-            pass  # the loop is gone, and so is everyone who listened
-
-    def _fire(self) -> None:
-        self._poke_pending = False
-        self.notify()
-
-    async def wait_beyond(self, seen: int) -> int:
-        """Return the version once it differs from `seen`."""
-        while self.version == seen:
-            await self._changed.wait()
-        return self.version
 
 
 async def watch_database(

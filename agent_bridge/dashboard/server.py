@@ -27,7 +27,7 @@ from hypercorn.config import Config, Sockets
 from agent_bridge.common import paths
 from agent_bridge.dashboard import auth
 from agent_bridge.dashboard.app import create_app
-from agent_bridge.dashboard.changes import ChangeFeed
+from agent_bridge.store.feed import ChangeFeed
 
 HOST = "127.0.0.1"  # loopback only (SPEC §6)
 DEFAULT_PORT = 7878  # fixed so a bookmark-free URL stays the same; a free port when it is taken

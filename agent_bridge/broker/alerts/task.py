@@ -16,13 +16,13 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from agent_bridge.common.rows import Cursor, Snapshot
 from agent_bridge.core.alerts import AlertMachine
 from agent_bridge.store import alert_queries, reader
+from agent_bridge.store.feed import ChangeFeed, Following
 from agent_bridge.store.ids import now_ms
 
 log = logging.getLogger("agent_bridge.broker")
@@ -61,7 +61,7 @@ class _Reads:
 
 async def serve_alerts(
     db: Path,
-    feed: Callable[[], Any],
+    feed: Callable[[], ChangeFeed | None],
     show: Callable[[str, str], Awaitable[bool]],
     *,
     clock: Callable[[], int] = now_ms,
@@ -82,28 +82,15 @@ async def serve_alerts(
         await trio.sleep(POLL)
         first = await reads.snapshot(None)
     machine.start(first, clock())
-    changes = feed()
-    if changes is not None:
-        changes.listeners += 1  # the store pokes the feed only while someone listens
-    try:
+    with Following(feed(), POLL) as commits:
         while True:
-            seen = 0 if changes is None else changes.version
+            seen = commits.seen()
             snapshot = await reads.snapshot(machine.cursor)
             for alert in machine.feed(snapshot, clock()) if snapshot is not None else ():
                 try:
                     await show(alert.title, alert.body)
                 except Exception as exc:  # noqa: BLE001 - one lost alert, never a broker down
                     log.warning("alerts: could not show an alert: %s", exc)
-            wait = POLL if changes is None else math.inf
             due = machine.next_due()
-            if due is not None:
-                wait = min(wait, max(0.0, (due - clock()) / 1000))
-            with trio.move_on_after(wait):
-                if changes is None:
-                    await trio.sleep_forever()
-                else:
-                    await changes.wait_beyond(seen)
+            await commits.beyond(seen, math.inf if due is None else max(0.0, (due - clock()) / 1000))
             await trio.sleep(GAP)
-    finally:
-        if changes is not None:
-            changes.listeners -= 1

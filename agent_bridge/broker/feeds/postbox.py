@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from agent_bridge.common import paths
+from agent_bridge.store.feed import ChangeFeed, Following
 
 log = logging.getLogger("agent_bridge.broker")
 
@@ -40,10 +41,11 @@ def changes(present: set[str], wanted: set[str]) -> tuple[set[str], set[str]]:
 class Pending:
     """The post box of one home folder, and the pass that keeps it current."""
 
-    def __init__(self, home: Path, find: Callable[[], Awaitable[set[str]]], feed: Callable[[], Any]) -> None:
+    def __init__(self, home: Path, find: Callable[[], Awaitable[set[str]]],
+                 feed: Callable[[], ChangeFeed | None]) -> None:
         self.folder = home / paths.PENDING_DIR
         self.find = find  # host session ids with a message a hook may hand over (one query)
-        self.feed = feed  # the store's commit feed (web.changes.ChangeFeed), or None
+        self.feed = feed  # the store's commit feed, or None
         self.present: set[str] = set()  # digests whose file this broker knows is there
         self.passes = 0
         self._lock = trio.Lock()  # one pass at a time: the background one or a send's
@@ -55,26 +57,18 @@ class Pending:
         await self.settle()
         await trio.to_thread.run_sync(self._ready)
         task_status.started()
-        feed = self.feed()
-        if feed is not None:
-            feed.listeners += 1  # the store pokes the feed only while someone listens
-        try:
+        with Following(self.feed(), POLL) as commits:
             while True:
-                seen = feed.version if feed is not None else 0
+                seen = commits.seen()
                 try:
                     await self.settle()
                 except Exception as exc:  # noqa: BLE001 - a store or folder that fails now: look again
                     log.warning("post box: could not bring it up to date: %s", exc)
                     await trio.sleep(POLL)
                     continue
-                if feed is None:
-                    await trio.sleep(POLL)
-                else:
+                if commits.feed is not None:
                     await trio.sleep(GAP)
-                    await feed.wait_beyond(seen)
-        finally:
-            if feed is not None:
-                feed.listeners -= 1
+                await commits.beyond(seen)
 
     async def settle(self) -> None:
         """One pass: ask the store, then add and remove files to match."""

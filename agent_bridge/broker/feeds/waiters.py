@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import trio
 
 from agent_bridge.broker.state import Broker
+from agent_bridge.store.feed import ChangeFeed, Following
 
 log = logging.getLogger("agent_bridge.broker")
 
@@ -29,9 +29,9 @@ class Waiters:
     """Sessions' waiters, by session id, and the pass that wakes them."""
 
     def __init__(self, find: Callable[[Sequence[str]], Awaitable[set[str]]],
-                 feed: Callable[[], Any]) -> None:
+                 feed: Callable[[], ChangeFeed | None]) -> None:
         self.find = find  # which of these sessions have an active message waiting (one query)
-        self.feed = feed  # the store's commit feed (web.changes.ChangeFeed), or None
+        self.feed = feed  # the store's commit feed, or None
         self.waiting: dict[str, set[trio.Event]] = {}
         self.passes = 0  # passes run (each one query)
         self._someone = trio.Event()  # set when a waiter joins an empty pass
@@ -43,25 +43,16 @@ class Waiters:
         """Run the passes while anyone waits; sleep otherwise. Lives in the serving nursery."""
         while True:
             await self._someone.wait()
-            feed = self.feed()
-            if feed is not None:
-                feed.listeners += 1  # the store pokes the feed only while someone listens
-            try:
+            with Following(self.feed(), WAIT_POLL) as commits:
                 while self.waiting:
-                    seen = feed.version if feed is not None else 0
+                    seen = commits.seen()
                     try:
                         await self._pass()
                     except Exception as exc:  # noqa: BLE001 - a store that cannot answer now: look again
                         log.warning("wake waiters: could not look for active messages: %s", exc)
                         await trio.sleep(WAIT_POLL)
                         continue
-                    if feed is None:
-                        await trio.sleep(WAIT_POLL)
-                    else:
-                        await feed.wait_beyond(seen)
-            finally:
-                if feed is not None:
-                    feed.listeners -= 1
+                    await commits.beyond(seen)
             self._someone = trio.Event()
 
     async def _pass(self) -> None:
@@ -76,32 +67,26 @@ class Waiters:
     async def wait(self, session: str, seconds: float) -> bool:
         """Whether an active message waits for `session` now or comes within `seconds`."""
         feed = self.feed()
-        if feed is not None:
-            feed.listeners += 1
-        try:
-            with trio.move_on_after(seconds):
-                while True:
-                    seen = None if feed is None else feed.version
-                    if session in await self.find([session]):
-                        return True
-                    if feed is None or feed.version == seen:
-                        break  # no commit during the look: the pass sees every later one
-                event = trio.Event()
-                self.waiting.setdefault(session, set()).add(event)
-                self._someone.set()
-                try:
-                    await event.wait()
+        with Following(feed, WAIT_POLL) as commits, trio.move_on_after(seconds):
+            while True:
+                seen = commits.seen()
+                if session in await self.find([session]):
                     return True
-                finally:
-                    events = self.waiting.get(session)
-                    if events is not None:
-                        events.discard(event)
-                        if not events:
-                            del self.waiting[session]
-            return False
-        finally:
-            if feed is not None:
-                feed.listeners -= 1
+                if feed is None or commits.seen() == seen:
+                    break  # no commit during the look: the pass sees every later one
+            event = trio.Event()
+            self.waiting.setdefault(session, set()).add(event)
+            self._someone.set()
+            try:
+                await event.wait()
+                return True
+            finally:
+                events = self.waiting.get(session)
+                if events is not None:
+                    events.discard(event)
+                    if not events:
+                        del self.waiting[session]
+        return False
 
 
 def for_broker(broker: Broker) -> Waiters:

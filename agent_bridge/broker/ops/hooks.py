@@ -16,6 +16,7 @@ from agent_bridge.common import domain
 from agent_bridge.common.domain import InputError
 from agent_bridge.common.rows import Message
 from agent_bridge.ipc.frames import Acked, Offered
+from agent_bridge.store.feed import Following
 from agent_bridge.store.ids import now_ms
 
 WAIT_ACTIVE_MAX_MS = 60_000  # longest `wait_active`: a waiter that died unseen holds a task at most this long
@@ -82,25 +83,15 @@ async def wait_active(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
         raise InputError(f"timeoutMs: expected an integer 0..{WAIT_ACTIVE_MAX_MS}")
     waiters = broker.waiters
     deadline = trio.current_time() + timeout / 1000
-    feed = broker.changes
-    if feed is not None:
-        feed.listeners += 1  # the store pokes the feed only while someone listens
-    try:
-        with trio.move_on_after(timeout / 1000):
-            while True:  # until the bridge knows the session (a waiter can start first)
-                seen = feed.version if feed is not None else 0
-                peer_id = await stop_peer(broker, hsid)
-                if peer_id is not None:
-                    break
-                if feed is None:
-                    await trio.sleep(WAIT_ACTIVE_POLL)
-                else:
-                    await feed.wait_beyond(seen)
-            left = max(0.0, deadline - trio.current_time())
-            return {"active": await waiters.wait(peer_id, left)}
-    finally:
-        if feed is not None:
-            feed.listeners -= 1
+    with Following(broker.changes, WAIT_ACTIVE_POLL) as commits, trio.move_on_after(timeout / 1000):
+        while True:  # until the bridge knows the session (a waiter can start first)
+            seen = commits.seen()
+            peer_id = await stop_peer(broker, hsid)
+            if peer_id is not None:
+                break
+            await commits.beyond(seen)
+        left = max(0.0, deadline - trio.current_time())
+        return {"active": await waiters.wait(peer_id, left)}
     return {"active": False}
 
 
