@@ -5,11 +5,10 @@ many stops it. The sessions' connections import this module, so the broker they 
 
 from __future__ import annotations
 
-from agent_bridge.broker.jobs import supervisor as jobs
 from agent_bridge.broker.ops import decisions as ops_decisions
 from agent_bridge.broker.ops import hooks as ops_hooks
+from agent_bridge.broker.ops import jobs, questions
 from agent_bridge.broker.ops import messages as ops_messages
-from agent_bridge.broker.ops import questions
 from agent_bridge.broker.ops import sessions as ops_sessions
 from agent_bridge.broker.state import check_handlers
 
