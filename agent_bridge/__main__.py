@@ -1,3 +1,5 @@
+"""`python -m agent_bridge`: the command line, as `agent-bridge` runs it."""
+
 import sys
 
 from agent_bridge.cli.main import main

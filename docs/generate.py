@@ -216,7 +216,48 @@ def ipc_summary() -> str:
     return "```text\n" + (protocol.__doc__ or "").strip() + "\n```\n"
 
 
+# The package's folders in the order of the layers (pyproject.toml's import-linter contract):
+# the processes of SPEC §1 first, the shared parts they stand on beneath them.
+FOLDER_ORDER = ("cli", "broker", "dashboard", "relay", "hooks", "federation", "store", "ipc", "core", "hosts",
+                "common")
+SUMMARY_MAX = 88  # characters of a module's first docstring sentence shown in the tree
+
+
+def _summary(path: Path) -> str:
+    """The first sentence of a module's docstring, on one line, cut to SUMMARY_MAX."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    cut = re.split(r"(?<=\.)\s", first, maxsplit=1)[0].rstrip(".")
+    return cut if len(cut) <= SUMMARY_MAX else cut[: SUMMARY_MAX - 1].rstrip() + "…"
+
+
+def _tree(folder: Path, depth: int) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    modules = sorted(p for p in folder.glob("*.py") if p.name != "__init__.py")
+    folders = sorted((p for p in folder.iterdir() if (p / "__init__.py").exists()),
+                     key=lambda p: (FOLDER_ORDER.index(p.name) if depth == 0 and p.name in FOLDER_ORDER
+                                    else len(FOLDER_ORDER), p.name))
+    for module in modules:
+        rows.append(("  " * (depth + 1) + module.name, _summary(module)))
+    for sub in folders:
+        rows.append(("  " * (depth + 1) + sub.name + "/", _summary(sub / "__init__.py")))
+        rows += _tree(sub, depth + 1)
+    return rows
+
+
+def package_tree() -> str:
+    """The package as it is on disk: every folder and module with the first sentence of its
+    docstring (docs/architecture.md: the picture of the layout is the tree itself)."""
+    rows = [("agent_bridge/", _summary(REPO / "agent_bridge" / "__init__.py"))]
+    rows += _tree(REPO / "agent_bridge", 0)
+    width = max(len(name) for name, _ in rows) + 2
+    return "```text\n" + "".join(f"{name:<{width}}{text}".rstrip() + "\n" for name, text in rows) + "```\n"
+
+
 PARTS: dict[str, Callable[[], str]] = {
+    "layout": package_tree,
     "limits": limits,
     "ipc": ipc_summary,
     "cli": cli_reference,

@@ -1,4 +1,4 @@
-"""The broker's alerts task (daemon/alerts.py) on a real bridge.db, with Trio's mock clock standing in
+"""The broker's alerts task (broker/alerts/task.py) on a real bridge.db, with Trio's mock clock standing in
 for the 15 minutes: it alerts after a commit, wakes by itself when a reminder is due and shows it
 then (not before), reminds nobody of a question answered meanwhile, and a database it cannot read
 makes one log line while the task goes on. `show` is the test's: the desktop side is proved on a

@@ -1,5 +1,5 @@
 """The store's delivery tap (store.tap.DeliveryTap) and the delivery task's reading side
-(daemon.delivery.Backlog, which `deliver` runs): what `send_messages` committed for a
+(broker.delivery.Backlog, which `deliver` runs): what `send_messages` committed for a
 session since its delivery task read the database, pushed without reading it back. Only a
 shortcut: these tests hold the real Backlog, over a real StoreRunner thread and a real SQLite
 file, to "the tap plus the cursor never skip or repeat a committed message"."""

@@ -1,4 +1,4 @@
-"""The tool calls the broker serves without the MCP SDK's request path (daemon.mcp_fast) are
+"""The tool calls the broker serves without the MCP SDK's request path (broker.mcp.fast) are
 answered exactly as the SDK answers them: the same bytes on the wire for a result, the same
 words for a failure. Compared with the installed SDK itself, never with our own encoder."""
 

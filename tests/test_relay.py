@@ -1,5 +1,5 @@
 """`agent-bridge mcp` as a relay (agent_bridge.relay.main): a standard-library process that pumps the
-host's JSON-RPC lines to the broker, which serves MCP itself (daemon.mcp_host). Real processes,
+host's JSON-RPC lines to the broker, which serves MCP itself (broker.mcp.host). Real processes,
 real stdio spoken by hand, a real broker killed with SIGKILL."""
 
 from __future__ import annotations

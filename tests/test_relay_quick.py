@@ -167,7 +167,7 @@ def test_the_lists_it_answers_are_the_servers():
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_its_answers_are_the_relays_answers_with_no_broker(agent, version):
-    """What the script answers is what a relay alone answers (relaying.answers.Static, generated
+    """What the script answers is what a relay alone answers (relay.answers.Static, generated
     from the real server)."""
     host_in, script_in = os.pipe()
     script_out, host_out = os.pipe()

@@ -1,4 +1,4 @@
-"""The broker's store runner (daemon.storage): where its SQLite work runs.
+"""The broker's store runner (broker.storage): where its SQLite work runs.
 
 Real SQLite files through a VFS that records which thread writes which file: a commit writes
 the WAL, and in WAL mode the database file itself is written only by checkpoints, so the

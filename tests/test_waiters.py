@@ -1,4 +1,4 @@
-"""The wake waiters answered together (daemon.waiters, issue 33 "Waiters at scale"): one query
+"""The wake waiters answered together (broker.feeds.waiters, issue 33 "Waiters at scale"): one query
 per store commit for all of them, and only the waiters whose session got an active message
 wake. On the broker's own commit feed, with Trio's mock clock (no wall-clock waits); then end to
 end: a real broker, 30 real `wait_active` requests and one `agent-bridge send`."""

@@ -57,7 +57,7 @@ async def serve_session(broker: Broker, conn: FramedStream, request_id: int, arg
     if session is None:
         return
     try:
-        # The secret lets this MCP server resume exactly this session later (daemon.identity).
+        # The secret lets this MCP server resume exactly this session later (broker.sessions.identity).
         hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
         await conn.send(protocol.ok(request_id, hello))
         async with trio.open_nursery() as nursery:

@@ -3,7 +3,7 @@ with SIGKILL the n-th time (default: the first time) it reaches `<point>`; with 
 it, the broker stops itself (SIGSTOP) there instead, so a test can act while it stands still
 (send it a signal) and then let it go on (SIGCONT).
 
-Read once, when the broker starts (`daemon.root.run_broker`); nothing else reads it. Unset (as
+Read once, when the broker starts (`broker.root.run_broker`); nothing else reads it. Unset (as
 it is for every user) the injector is a no-op. The points, each named where it is called:
 
   upgrade:backup-copied    the pre-upgrade backup is copied, not yet renamed into place

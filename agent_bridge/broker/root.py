@@ -85,7 +85,7 @@ async def run_broker(
             await root.start(watch_signals, stop)
             with trio.CancelScope() as starting:
                 root.start_soon(_cancel_on, stop, starting)  # Ctrl-C while migrating: stop starting
-                fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (daemon/faults.py)
+                fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (broker/faults.py)
                 store = await root.start(
                     partial(serve_store, paths.db_path(home), lambda line: log.info("%s", line), fault=fault)
                 )

@@ -1,5 +1,5 @@
 """An accepted connection, routed by its first request: a bridge-protocol session (`hello`,
-daemon.connection), an MCP relay's session (`mcp`, daemon.mcp_host), or control requests
+broker.connection), an MCP relay's session (`mcp`, broker.mcp.host), or control requests
 (hooks, the command line: a few requests, then it closes)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What both kinds of session connection share (a bridge-protocol `hello` in daemon.connection,
-an MCP relay in daemon.mcp_host): attaching the session, answering a request, the storage
+"""What both kinds of session connection share (a bridge-protocol `hello` in broker.connection,
+an MCP relay in broker.mcp.host): attaching the session, answering a request, the storage
 errors a request may meet, and sends that may find the client gone."""
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Everything that changes bridge.db goes through the StoreRunner (the only writer); the
 in-memory state is which sessions are connected right now. Each op of the protocol
 (ipc.protocol.OPS) has its handler in a module of its domain, registered here with
-`@session_op` / `@control_op`: daemon.ops_messages (send, offer, withdraw, ack),
-daemon.ops_decisions (decide, decisions, retractions, retract), daemon.ops_sessions (whoami,
-peers, learn_identity, identify, connected, forget; ping, status, shutdown), daemon.ops_hooks
-(stop_check, stop_ack, wait_active), daemon.questions (ask_owner, answer). daemon.handlers
+`@session_op` / `@control_op`: broker.ops.messages (send, offer, withdraw, ack),
+broker.ops.decisions (decide, decisions, retractions, retract), broker.ops.sessions (whoami,
+peers, learn_identity, identify, connected, forget; ping, status, shutdown), broker.ops.hooks
+(stop_check, stop_ack, wait_active), broker.ops.questions (ask_owner, answer). broker.ops.handlers
 loads them all and checks them against the table (`check_handlers`); a Broker checks them again
 when it is built.
 """
@@ -43,7 +43,7 @@ async def no_pause(point: str) -> None:
 
 
 # The handler of each op of the protocol (ipc.protocol.OPS), registered by the decorators below
-# (in the daemon.ops_* modules): one for a session's connection, one for a control request
+# (in the broker.ops modules): one for a session's connection, one for a control request
 # (hooks, the command line). Each takes the Broker first.
 SessionHandler = Callable[["Broker", Session, dict[str, Any]], Awaitable[Any]]
 ControlHandler = Callable[["Broker", dict[str, Any]], Awaitable[Any]]
@@ -99,12 +99,12 @@ class Broker:
         # identity merge there deterministically. A no-op otherwise.
         self.pause = pause
         self.identity = Identity(self.registry, self.db, home, stop)
-        # The store's commit feed (web.changes.ChangeFeed, set by daemon.root with the
+        # The store's commit feed (dashboard.changes.ChangeFeed, set by broker.root with the
         # dashboard): `wait_active` waits on it.
         self.changes: Any = None
-        self.waiters: Any = None  # daemon.waiters.Waiters: the wake waiters, set by daemon.root
-        self.pending: Any = None  # daemon.pending.Pending: the hooks' post box, set by daemon.root
-        # The job supervisor (daemon.jobs.Supervisor), started by daemon.root beside the listener.
+        self.waiters: Any = None  # broker.feeds.waiters.Waiters: the wake waiters, set by broker.root
+        self.pending: Any = None  # broker.feeds.postbox.Pending: the hooks' post box, set by broker.root
+        # The job supervisor (broker.jobs.supervisor.Supervisor), started by broker.root beside the listener.
         self.jobs: Any = None
         check_handlers()  # a Broker without its handlers would refuse every request
 
@@ -124,7 +124,7 @@ class Broker:
     def find_connected(self, address: str) -> Session | None:
         return self.registry.find_connected(address)
 
-    # --- identity (SPEC §3): daemon.identity has the rules --------------------------------
+    # --- identity (SPEC §3): broker.sessions.identity has the rules --------------------------------
 
     async def attach(self, conn: Link, args: dict[str, Any]) -> Session:
         return await self.identity.attach(conn, args)
@@ -154,7 +154,7 @@ class Broker:
         return await handler(self, session, args)
 
     async def stop_check(self, args: dict[str, Any]) -> Any:
-        """The Stop hook's request (daemon.ops_hooks), as a hook sends it."""
+        """The Stop hook's request (broker.ops.hooks), as a hook sends it."""
         return await self.handle(None, "stop_check", args)
 
     async def persist_offers(self, session: Session) -> None:
@@ -225,7 +225,7 @@ class Broker:
 
 def check_handlers() -> None:
     """Every op the protocol admits has exactly the handlers its table entry says (once
-    daemon.handlers has loaded them)."""
+    broker.ops.handlers has loaded them)."""
     for where, handlers, names in (
         ("session", SESSION_HANDLERS, protocol.SESSION_OPS),
         ("control", CONTROL_HANDLERS, protocol.CONTROL_OPS),
@@ -233,6 +233,6 @@ def check_handlers() -> None:
         if set(handlers) != names:
             raise RuntimeError(f"{where} ops without a handler: {sorted(names - set(handlers))}; "
                                f"handlers of no {where} op: {sorted(set(handlers) - names)} "
-                               "(daemon.handlers loads the modules that register them)")
+                               "(broker.ops.handlers loads the modules that register them)")
 
 

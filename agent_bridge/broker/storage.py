@@ -153,7 +153,7 @@ class StoreRunner:
             self.watch_wal()
         self._thread = threading.Thread(target=self._work, name="agent-bridge store", daemon=True)
         # Called on the worker thread after a job that changed rows has committed (the
-        # dashboard's live stream: web.changes.ChangeFeed.poke). Must be cheap and thread-safe.
+        # dashboard's live stream: dashboard.changes.ChangeFeed.poke). Must be cheap and thread-safe.
         self.on_change: Callable[[], None] | None = None
         self._thread.start()
 
@@ -373,7 +373,7 @@ async def serve_store(
     task_status: trio.TaskStatus[StoreRunner] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Open and migrate the database, report the runner as started, hold it until cancelled,
-    then checkpoint and close. `fault`: test-only crash points (daemon.faults)."""
+    then checkpoint and close. `fault`: test-only crash points (broker.faults)."""
     runner = StoreRunner()
     try:
         runner.store = await runner.run(Store.open, db, log, fault=fault)

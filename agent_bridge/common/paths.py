@@ -19,7 +19,7 @@ LOCK_NAME = "broker.lock"  # held (flock) by the running broker for its whole li
 # why the last `up` could not start a broker (for `doctor`); removed once one runs
 START_FAILURE = "broker.failed"
 REPORTS_DIR = "reports"  # hook identity reports left while no broker runs
-# One empty file per host session with a message a hook may hand over (daemon.pending writes them;
+# One empty file per host session with a message a hook may hand over (broker.feeds.postbox writes them;
 # the PostToolUse hook's first look), and READY once a broker keeps them.
 PENDING_DIR = "pending"
 PENDING_READY = "ready"

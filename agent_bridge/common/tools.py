@@ -2,13 +2,13 @@
 
 Standard library only: the relay reads its retry rules and its advice from here. Everything
 else is derived from this table:
-- the tools the broker's MCP server lists and calls (daemon.mcp_host: `build_server`), with
+- the tools the broker's MCP server lists and calls (broker.mcp.host: `build_server`), with
   the arguments each takes judged by its `schema` (unknown ones refused, JSON types strict);
 - the tool ops of the bridge protocol (ipc.protocol: `OPS`) and the broker's handler check;
 - the relay's rule for a call in flight when the broker went away (`idempotent`, `unsure`);
 - the relay's answers with no broker (agent_bridge/relay/mcp_static.json) and docs/mcp-tools.md.
 
-Adding a tool: an entry here, and its op's handler in daemon.broker (see docs/mcp-tools.md).
+Adding a tool: an entry here, and its op's handler in broker.state (see docs/mcp-tools.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Tool(NamedTuple):
     unsure: str = ""  # not idempotent: what to do when it may or may not have been carried out
     retry_key: str = ""  # an argument that makes a call of it idempotent: one that carries it is resent
     cli: bool = False  # its op is also a control request (an `agent-bridge` command sends it)
-    body: str = ""  # "" the op with the given arguments, its answer as JSON; else the body in daemon.mcp_host
+    body: str = ""  # "" the op with the given arguments, its answer as JSON; else the body in broker.mcp.host
 
 
 def _object(required: tuple[str, ...] = (), **properties: dict[str, Any]) -> dict[str, Any]:

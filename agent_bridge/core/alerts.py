@@ -1,5 +1,5 @@
 """What the owner is alerted of (SPEC §4.6 "The owner is told"), with no I/O: the broker's alerts
-task (daemon/alerts.py) reads what bridge.db holds after each commit, feeds it here as a
+task (broker/alerts/task.py) reads what bridge.db holds after each commit, feeds it here as a
 `Snapshot` with the time, and sends the `Alert`s it gets back as desktop notifications.
 
 Rules:

@@ -8,10 +8,10 @@ the broker exactly as the command line does (`owner.broker_call` on a worker thr
 `cli`), after three checks on top of the cookie: the page's own token in `X-AB-Token`, an
 `Origin` that is the dashboard's, and a JSON body. Every other method gets 405. Decision lookups
 are `domain` + `store.queries`, the same functions the MCP tools and the CLI use; what only the
-dashboard asks (receipts, notices) is `web.reads`.
+dashboard asks (receipts, notices) is `dashboard.reads`.
 
 `GET /api/events` is the one long-lived response: a server-sent event stream that says
-"something changed" (`web.changes` explains what feeds it), so the page fetches again instead
+"something changed" (`dashboard.changes` explains what feeds it), so the page fetches again instead
 of polling. It carries no data of its own.
 """
 

@@ -288,7 +288,7 @@ def _police_connections() -> None:
         or not hasattr(hypercorn.protocol, "H11Protocol")
         or not hasattr(hypercorn.protocol.h11.H11Protocol, "_send_error_response")
     ):
-        raise RuntimeError("hypercorn no longer builds its connections as web/server.py expects")
+        raise RuntimeError("hypercorn no longer builds its connections as dashboard/server.py expects")
     hypercorn.trio.run.TCPServer = _PolicedTCPServer  # type: ignore[misc, unused-ignore]
     hypercorn.protocol.H11Protocol = _HardenedH11Protocol  # type: ignore[misc, unused-ignore]
 

@@ -1,4 +1,5 @@
-"""The parts of `agent-bridge mcp` (agent_bridge.relay.main), one job each, standard library only.
+"""The relay (`agent-bridge mcp`, one per agent session): main.py and its parts, one job each,
+standard library only; quick.py, a job's MCP server as a script.
 
 Decisions with no I/O: `keeper` (when to look for, start or wait for the broker), `replay`
 (what a joining broker hears first), `requests` (what is in flight, what is resent), `answers`

@@ -1,5 +1,5 @@
 """The host's requests while no broker answers: what needs no broker is answered from the
-generated data (relaying.answers); `inbox` from what the broker's inbox held for this session
+generated data (relay.answers); `inbox` from what the broker's inbox held for this session
 when it went away; the rest waits for a broker, up to CALL_TIMEOUT, then gets the reason there
 is none (`expire_waiting`, a thread of its own, woken only when that reason or a deadline
 changes).

@@ -1,6 +1,6 @@
 """The connection keeper's I/O: find the broker, start one (`agent-bridge up --detach`), say
 hello, serve the connection until it ends, and again, sleeping as the keeper
-(relaying.keeper) says.
+(relay.keeper) says.
 """
 
 from __future__ import annotations

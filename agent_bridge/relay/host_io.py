@@ -47,7 +47,7 @@ class HostInput:
 
     `lines` yields None after the last line of each read: what was read together has been
     handed over (the pump sends what it buffered for the broker then). The one-thread pump
-    (relaying.pump) calls `read` when the descriptor is readable, then handles what `take` gives."""
+    (relay.pump) calls `read` when the descriptor is readable, then handles what `take` gives."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

@@ -1,7 +1,7 @@
 """When the relay looks for its broker, starts one, and how long it waits between tries: the
 connection keeper's decisions, with no I/O (time and what was found are arguments).
 
-The I/O half (relaying.connector) finds the broker's socket, runs `agent-bridge up --detach`,
+The I/O half (relay.connector) finds the broker's socket, runs `agent-bridge up --detach`,
 says hello, sleeps for as long as this machine says, and tells it what happened:
 
 - nothing answered (`missed`): wait BACKOFF_START, doubling up to BACKOFF_MAX; a broker that

@@ -4,7 +4,7 @@ Frames out are sent at once (`send`), or queued (`queue`) and sent together by t
 or `flush`: the host's lines that arrived in one read go to the broker in one write. Whatever
 was queued goes before what is sent after it, so the broker sees frames in the order made.
 
-Read by a thread of its own (`receive`, which waits), or `pumped` (relaying.pump): read only
+Read by a thread of its own (`receive`, which waits), or `pumped` (relay.pump): read only
 when the socket is readable (`receive_ready`), and never waited on to send either: what the
 socket does not take at once waits in `backlog` until it is writable (`drain`), so the one
 thread that reads is never stuck sending to a broker that is stuck sending to it.
@@ -44,7 +44,7 @@ class Link:
         self._ready: deque[dict[str, Any]] = deque()
         self._queued: list[bytes] = []
         self.parts = LineParts()  # a broker's line that comes in parts
-        self.pumped = False  # read by the pump (relaying.pump) from now on, sent to without waiting
+        self.pumped = False  # read by the pump (relay.pump) from now on, sent to without waiting
         self.backlog = bytearray()  # (pumped) bytes the socket has not taken yet
         self.stalled = 0.0  # (pumped) when the backlog last failed to shrink
         self.heard = 0.0  # (pumped) when the broker's last bytes came

@@ -1,7 +1,7 @@
 """`agent-bridge mcp`: the stdio process of one agent session (SPEC §5), standard library only.
 
 The host starts one per session. It relays the host's JSON-RPC lines to the broker, which serves
-the MCP protocol itself (daemon.mcp_host), and writes the broker's lines to the host's stdout. It
+the MCP protocol itself (broker.mcp.host), and writes the broker's lines to the host's stdout. It
 imports neither trio nor the MCP SDK nor pydantic, like the hooks: a session costs a small
 Python process, and the host's start does not wait for those imports.
 

@@ -4,7 +4,7 @@ pipe watched by one `select` on the main thread, each ready one handed to the re
 With a thread per side, a broker's push that arrives while the host's next line is being handled
 makes the two threads take turns at the interpreter lock: futex calls and task switches per
 message that do no work. Here each side's bytes wait in the kernel until the one thread gets to
-them. The broker thread (relaying.connector) still finds, starts and joins the broker, and hands
+them. The broker thread (relay.connector) still finds, starts and joins the broker, and hands
 each connection it joins to the pump (`serve`), then waits for it to end.
 """
 

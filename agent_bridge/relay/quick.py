@@ -6,11 +6,11 @@ A job's host waits for its MCP servers before its first model request (Codex: `r
 Claude Code: MCP_CONNECTION_NONBLOCKING=0), and `delegate` is measured to that request (SPEC §9
 "Delegation"). The relay answers only after its imports and its join to the broker, about
 100 ms after its spawn; a Python process that answers at once is ready in a fifth of that. So
-this script answers the handshake first, the way a relay with no broker does (relaying.alone:
+this script answers the handshake first, the way a relay with no broker does (relay.alone:
 `server/discover` "Method not found", `initialize` and `tools/list` from the generated data in
 mcp_static.json), with Python started without `site` and nothing imported but json and
 select. Then it runs the whole relay in this process (relay.main), handing it what it answered,
-so that a broker joining later is given the host's `initialize` again (relaying.replay), and
+so that a broker joining later is given the host's `initialize` again (relay.replay), and
 what it read and did not handle. The relay starts at the host's next line (its first tool call
 waits for the relay's start and join, about 100 ms, as a tool call to a relay still joining
 does), or after LINGER of quiet: the job's session joins the broker up to that much later than
@@ -31,7 +31,7 @@ except ImportError:  # not a POSIX system: the module that is there
     import os as _os  # type: ignore[no-redef]
 
 LINE_MAX = 1 << 16  # a handshake line longer than this goes to the relay (jsonlimit checks depth there)
-DISCOVER = "server/discover"  # relaying.alone.DISCOVER
+DISCOVER = "server/discover"  # relay.alone.DISCOVER
 # What a host lists after `initialize` (Codex 0.171.0: tools; Claude Code 2.1.332: tools, prompts
 # and resources, together), answered from the generated data.
 LISTS = ("tools/list", "prompts/list", "resources/list", "resources/templates/list")
@@ -89,7 +89,7 @@ def parse_mcp(args: list[str]) -> dict[str, object] | None:
 
 
 def answer(rid: object, body: dict[str, object]) -> bytes:
-    """relaying.answers.answer, as bytes for the host's pipe."""
+    """relay.answers.answer, as bytes for the host's pipe."""
     import json
 
     return (json.dumps({"jsonrpc": "2.0", "id": rid, **body}, ensure_ascii=False) + "\n").encode(
@@ -97,7 +97,7 @@ def answer(rid: object, body: dict[str, object]) -> bytes:
 
 
 def static_answers(agent: str) -> dict[str, object]:
-    """relaying.answers.Static's data, read the same way."""
+    """relay.answers.Static's data, read the same way."""
     import json
 
     with open(package_root() + "/agent_bridge/relay/mcp_static.json", encoding="utf-8") as f:

@@ -1,6 +1,6 @@
 """The PostToolUse hook as `install` registers it where it names this machine's interpreter:
 `python -I -S .../agent_bridge/hooks/quick.py post-tool-use --agent HOST`, whose first look is
-the broker's post box (`<home>/pending/`, daemon.pending) instead of bridge.db."""
+the broker's post box (`<home>/pending/`, broker.feeds.postbox) instead of bridge.db."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ KEEPALIVE = 15.0
 
 
 class Relay:
-    """The relay as the pump sees it (relaying.pump.Pumped), recording what it is handed."""
+    """The relay as the pump sees it (relay.pump.Pumped), recording what it is handed."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()

@@ -2,9 +2,9 @@
 nursery, started unless `alerts = false` in config.toml. After store commits it reads what may
 alert from bridge.db on a read-only connection (store.alert_queries, on a worker thread), asks
 the alerts machine (core.alerts) what to say, and shows that as desktop notifications
-(daemon.desktop). It also wakes when the machine's next reminder is due.
+(broker.alerts.desktop). It also wakes when the machine's next reminder is due.
 
-It follows commits like the wake waiters (daemon.waiters): through the store's commit feed,
+It follows commits like the wake waiters (broker.feeds.waiters): through the store's commit feed,
 counted as a listener, or every POLL seconds without one. Reads are at least GAP apart, so a
 burst of commits costs one read, and their alerts arrive together (one counting alert for many
 of a kind). A read that fails is logged and tried again; nothing here can stop the broker.

@@ -105,7 +105,7 @@ class Pending:
 
 
 def for_broker(broker: Any) -> Pending:
-    """The broker's post box (`broker`: daemon.broker.Broker)."""
+    """The broker's post box (`broker`: broker.state.Broker)."""
     from agent_bridge.common import domain
 
     async def find() -> set[str]:

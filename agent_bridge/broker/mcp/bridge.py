@@ -131,7 +131,7 @@ class Bridge:
     async def report_use(self) -> None:
         """Tell the broker, once, that the host called a tool (any tool, `inbox` too, which is
         served from memory): a connection that never does is a health check and leaves no
-        session behind (daemon.identity)."""
+        session behind (broker.sessions.identity)."""
         if not self.used or self.use_reported:
             return
         self.use_reported = True

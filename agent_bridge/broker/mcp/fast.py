@@ -1,4 +1,4 @@
-"""Tool calls served straight from the host's line, beside the MCP SDK (daemon.mcp_host).
+"""Tool calls served straight from the host's line, beside the MCP SDK (broker.mcp.host).
 
 The SDK's way from a line to its answer (parse the line into pydantic models, a task and a
 context per request, its middleware, result models, serialize them again) costs more than the

@@ -65,7 +65,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
                 log.warning("could not record a relay's acknowledgements: %s", exc)
         if isinstance(offered, list) and offered:
             await bridge.offered_by_relay([i for i in offered if isinstance(i, str)][: ledger.IDS_MAX])
-        # The secret lets this relay resume exactly this session later (daemon.identity).
+        # The secret lets this relay resume exactly this session later (broker.sessions.identity).
         hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
         await conn.send(protocol.ok(request_id, hello))
         server = build_server(bridge)

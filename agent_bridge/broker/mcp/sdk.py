@@ -1,6 +1,6 @@
 """Every contact with the MCP SDK beyond its documented surface, in one place.
 
-The broker's MCP server (daemon.mcp_host) is the SDK's low-level `Server`, registered through
+The broker's MCP server (broker.mcp.host) is the SDK's low-level `Server`, registered through
 its public handlers. What the SDK (2.x) has no public way for is learning when a response has
 reached the host. The acknowledgement rule (SPEC §3, "What 'shown' means") needs
 that last one: a message counts as shown once the bytes carrying it are written to the host's
@@ -147,7 +147,7 @@ class RelayPipe:
     # --- our own messages -------------------------------------------------------------
 
     async def send_response(self, rid: types.RequestId, line: str, *, shows: bool) -> None:
-        """A response serialized without the SDK (daemon.mcp_fast), sent as `flush` sends the
+        """A response serialized without the SDK (broker.mcp.fast), sent as `flush` sends the
         SDK's: the watch for `rid` ends, and counts only if the response `shows` (a result,
         not an error)."""
         key = _key(rid)

@@ -1,5 +1,5 @@
 """Every op's handler, each in the module of its domain, registered with the broker's table
-(daemon.broker: `session_op`, `control_op`) as its module loads; checked here against the
+(broker.state: `session_op`, `control_op`) as its module loads; checked here against the
 protocol's op table (ipc.protocol.OPS) when the broker loads: a handler missing or one too
 many stops it. The sessions' connections import this module, so the broker they serve has them all."""
 

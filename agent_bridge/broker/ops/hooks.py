@@ -75,7 +75,7 @@ async def wait_active(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
     session id has an unacknowledged active message (`{"active": true}`), or `timeoutMs`
     passes (`{"active": false}`; it asks again). It hands nothing over: the waiter then
     fetches with `stop_check` and acknowledges with `stop_ack`, as a Stop hook does. All the
-    waiters are answered together (daemon.waiters): one query per store commit."""
+    waiters are answered together (broker.feeds.waiters): one query per store commit."""
     _no_unknown(args, {"hostSessionId", "timeoutMs"}, "wait_active")
     hsid = _req_str(args, "hostSessionId", ADDRESS_MAX)
     timeout = args.get("timeoutMs", WAIT_ACTIVE_MAX_MS)

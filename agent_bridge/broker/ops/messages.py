@@ -178,7 +178,8 @@ async def recipients(
     target = broker.find_connected(to)
     if target is not None and not target.tentative:
         return [target.id], None
-    # a session that may still vanish (daemon.identity) gets a message only if nobody else is addressed
+    # a session that may still vanish (broker.sessions.identity) gets a message only if nobody else
+    # is addressed
     tentative = {s.id for s in broker.sessions.values() if s.tentative}
     found = [p for p in await broker.db.find_peers_by_address(to) if p.id not in tentative]
     if found:

@@ -2,7 +2,7 @@
 `answer` as a control request (`agent-bridge answer`, the dashboard's owner action).
 
 An answer is a pinned decision recorded by the owner (`cli`) with the rules and fan-out of
-`decide` (daemon.ops_decisions: the same recipients, the same notices to sessions held back while
+`decide` (broker.ops.decisions: the same recipients, the same notices to sessions held back while
 they identify), the question marked answered, and one active message to every asker, which
 wakes an idle asker where its host's reach allows: all in one transaction (store.questions).
 """

@@ -1,4 +1,4 @@
-"""The broker's handlers of who is who (SPEC §3; daemon.identity has the rules): `whoami`,
+"""The broker's handlers of who is who (SPEC §3; broker.sessions.identity has the rules): `whoami`,
 `peers`, `learn_identity` on a session's connection; `identify` (a hook), `connected` and
 `forget` (the command line) as control requests; and the broker's own `ping`, `status`,
 `shutdown`."""

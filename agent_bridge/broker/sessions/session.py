@@ -22,10 +22,10 @@ RANK_EXPLICIT = 4
 
 
 class Link(Protocol):
-    """What a connected session's delivery task pushes to (daemon.delivery), and what ends its
+    """What a connected session's delivery task pushes to (broker.delivery), and what ends its
     connection when another connection takes the session over: the wire for a
-    bridge-protocol client (daemon.connection.WireLink), the MCP side's inbox for a relay
-    (daemon.mcp_host.SessionLink)."""
+    bridge-protocol client (broker.connection.WireLink), the MCP side's inbox for a relay
+    (broker.mcp.host.SessionLink)."""
 
     @property
     def closed(self) -> bool: ...
@@ -51,7 +51,7 @@ class Session:
     # that produces one never waits on this session's socket. Bounded: one identity (the
     # latest) and one "acked" holding the ids acknowledged elsewhere since the last send.
     notices: deque[Notice] = field(default_factory=deque)
-    # Identity without a host session id (daemon.identity): the resume secret handed out at
+    # Identity without a host session id (broker.sessions.identity): the resume secret handed out at
     # hello (kept only for that answer), the host instance (pid, start time) the connection
     # runs under, and whether it is still tentative: a new record with no host identity and
     # no tool call yet, which gets no decision notices (the ones it missed are listed, to be
@@ -61,7 +61,7 @@ class Session:
     tentative: bool = False
     missed: list[str] = field(default_factory=list)
     # What this connection is showing its host, message by message (agent_bridge.core.showing):
-    # driven by its MCP side (daemon.mcp_host.Bridge) or, for a bridge-protocol client, by its
+    # driven by its MCP side (broker.mcp.host.Bridge) or, for a bridge-protocol client, by its
     # offer / withdraw / ack requests. It moves with the session when its record changes.
     showing: Showing = field(default_factory=Showing)
 
