@@ -63,7 +63,7 @@ def main() -> None:
 
         with c.BrokerProcess(home, env) as broker:
             # the broker loads the sessions' MCP side on a thread once sessions stop joining
-            # (daemon.root._preload_mcp): half a second of CPU that is not the waiters'
+            # (broker.root._preload_mcp): half a second of CPU that is not the waiters'
             time.sleep(SETTLE)
             idle = cpu_pct(broker.pid, window)  # nobody waits
             alone = send_cost()
