@@ -309,16 +309,8 @@ def edit_codex_config(
 ) -> FileEdit:
     import copy
 
-    from agent_bridge.hosts.edits import (
-        SERVER_NAME,
-        InstallError,
-        append_table,
-        finish_toml,
-        merge_env,
-        set_value,
-        toml_doc,
-        toml_table,
-    )
+    from agent_bridge.hosts.edits import SERVER_NAME, InstallError, merge_env
+    from agent_bridge.hosts.tomledit import append_table, finish_toml, set_value, toml_doc, toml_table
 
     before, data, doc = toml_doc(path)
     expected = copy.deepcopy(data)
@@ -382,7 +374,8 @@ def by_hand(server: dict[str, object], codex_hooks: bool) -> str:
     """The TOML a user adds by hand when install cannot edit the file itself."""
     import tomlkit
 
-    from agent_bridge.hosts.edits import SERVER_NAME, append_table
+    from agent_bridge.hosts.edits import SERVER_NAME
+    from agent_bridge.hosts.tomledit import append_table
 
     sample = tomlkit.document()
     append_table(sample, ("mcp_servers", SERVER_NAME), server)
@@ -396,7 +389,8 @@ def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, 
     """Make the installed Codex run hooks, in the key it reads (see the module docstring).
     `feature` None: the version is unknown (no codex on PATH), so the spelling the user has is
     kept; only a key that switches hooks off is switched on."""
-    from agent_bridge.hosts.edits import InstallError, append_table, rename_key, set_value, toml_table
+    from agent_bridge.hosts.edits import InstallError
+    from agent_bridge.hosts.tomledit import append_table, rename_key, set_value, toml_table
 
     features = expected.get("features", {})
     if not isinstance(features, dict):
@@ -441,9 +435,8 @@ def _ensure_hooks_feature(path: Path, data: dict[str, Any], expected: dict[str, 
 def remove_codex_config(path: Path, *, private: bool) -> FileEdit:
     import copy
 
-    from agent_bridge.hosts.edits import (
-        SERVER_NAME,
-        InstallError,
+    from agent_bridge.hosts.edits import SERVER_NAME, InstallError
+    from agent_bridge.hosts.tomledit import (
         finish_toml,
         is_blank,
         key_comment,
