@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from agent_bridge.hosts import codex
+from agent_bridge.hosts import codex_config as codex
 from agent_bridge.hosts.edits import InstallError
 from agent_bridge.hosts.tomledit import finish_toml
 
