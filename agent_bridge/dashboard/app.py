@@ -104,8 +104,8 @@ def create_app(
     live streams, which would otherwise hold the shutdown until its deadline.
 
     The routes are registered by area, each from one function: the request guard, the response
-    headers, the error answers, the page itself, the reads, the owner's actions, the owner's
-    questions, the jobs, the live stream.
+    headers, the error answers, the page itself (here), the API's reads and the owner's actions
+    (dashboard.routes), the live stream (dashboard.live).
     """
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
@@ -117,8 +117,7 @@ def create_app(
     _errors(app)
     _page(app, dash)
     routes.register(app, dash)
-    mode = "standalone" if live is None else "broker"
-    streams = LiveStreams(app, paths.db_path(home), mode=mode, changes=changes, closing=closing)
+    streams = LiveStreams(app, paths.db_path(home), mode=dash.mode(), changes=changes, closing=closing)
     live_streams.register(app, streams)
     return app
 
