@@ -3,8 +3,9 @@
 
 Registers the MCP server (`agent-bridge mcp --agent …`) and the SessionStart, PostToolUse and Stop hooks in
 each host's own configuration files. Which files and keys a host uses, and the host-specific
-edits (Codex's `config.toml`), are in its module under agent_bridge/hosts; the edits they share
-(the command lines, the JSON edits, the TOML edits' check) are in agent_bridge/hosts/edits.py.
+edits (Codex's `config.toml`, hosts/codex_config.py), are in its modules under agent_bridge/hosts;
+the edits they share are in agent_bridge/hosts/edits.py (the command lines, the JSON edits) and
+agent_bridge/hosts/tomledit.py (the TOML edits and their check).
 This module plans the edits of the chosen hosts, shows them (`--dry-run`), backs files up and
 writes them.
 

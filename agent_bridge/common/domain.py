@@ -1,7 +1,8 @@
 """Domain rules of pinned owner decisions and sessions (SPEC §3, §4).
 
 Pure, synchronous functions shared by the broker, the dashboard, the hooks and the CLI.
-Standard library only: the hooks import this module at every session start.
+Standard library only: the hooks import this module at every session start. The rules of a
+question for the owner are in common.questions, over this module.
 """
 
 from __future__ import annotations
@@ -24,11 +25,6 @@ HOP_LIMIT_DEFAULT = 10
 DECISION_HOP = HOP_MAX  # decision notifications are always passive
 NOTE_TOPICS = 5
 NOTE_TEXT_MAX = 160
-QUESTION_MAX = 1000  # characters of a question for the owner (SPEC §4.6)
-OPTIONS_MAX = 10  # options a question offers
-CONTEXT_MAX = 2000  # characters of what an asker already knows (SPEC §4.6)
-OPTION_MAX = 200  # characters of one option
-QUESTION_TOPIC_WORDS = 80  # characters of a topic made from a question that had none
 
 SCOPE_HELP = 'expected "all", {"project": "/absolute/folder"} or {"sessions": ["name-or-id", ...]}'
 
@@ -43,7 +39,7 @@ class InputError(ValueError):
 def normalize_topic(topic: object) -> str:
     """Topic identity: trimmed and lowercased; 1..200 characters."""
     if not isinstance(topic, str):
-        raise InputError(f"topic: expected a string, got {_type_name(topic)}")
+        raise InputError(f"topic: expected a string, got {type_name(topic)}")
     normalized = topic.strip().lower()
     if not normalized:
         raise InputError("topic: must not be empty")
@@ -55,7 +51,7 @@ def normalize_topic(topic: object) -> str:
 def normalize_text(text: object) -> str:
     """Decision text: trimmed; 1..4000 characters."""
     if not isinstance(text, str):
-        raise InputError(f"text: expected a string, got {_type_name(text)}")
+        raise InputError(f"text: expected a string, got {type_name(text)}")
     normalized = text.strip()
     if not normalized:
         raise InputError("text: must not be empty")
@@ -64,7 +60,7 @@ def normalize_text(text: object) -> str:
     return normalized
 
 
-def _check_unicode(text: str, what: str) -> None:
+def check_unicode(text: str, what: str) -> None:
     """Text that UTF-8 cannot hold (a lone surrogate: bytes that were not UTF-8 on a command
     line, or a `\\ud800` escape) is refused here, not by the first encoder that meets it."""
     try:
@@ -78,8 +74,8 @@ def normalize_query(query: object) -> str | None:
     if query is None:
         return None
     if not isinstance(query, str):
-        raise InputError(f"query: expected a string, got {_type_name(query)}")
-    _check_unicode(query, "query")
+        raise InputError(f"query: expected a string, got {type_name(query)}")
+    check_unicode(query, "query")
     if len(query) > QUERY_MAX:
         raise InputError(f"query: at most {QUERY_MAX} characters, got {len(query)}")
     return query.lower() or None
@@ -89,8 +85,8 @@ def search_words(query: object) -> list[str]:
     """The words of an owner's search (SPEC §4.6 "Search"): the query split at white space, each
     word matched as written (no search operators), at least one holding a letter or digit."""
     if not isinstance(query, str):
-        raise InputError(f"query: expected a string, got {_type_name(query)}")
-    _check_unicode(query, "query")
+        raise InputError(f"query: expected a string, got {type_name(query)}")
+    check_unicode(query, "query")
     if len(query) > QUERY_MAX:
         raise InputError(f"query: at most {QUERY_MAX} characters, got {len(query)}")
     words = query.split()
@@ -106,111 +102,12 @@ def search_key(text: str) -> str:
 
 def normalize_message_text(text: object) -> str:
     if not isinstance(text, str):
-        raise InputError(f"text: expected a string, got {_type_name(text)}")
+        raise InputError(f"text: expected a string, got {type_name(text)}")
     if not text.strip():
         raise InputError("text: must not be empty")
     if len(text) > MESSAGE_TEXT_MAX:
         raise InputError(f"text: at most {MESSAGE_TEXT_MAX} characters, got {len(text)}")
     return text
-
-
-# --- questions for the owner (SPEC §4.6) ---------------------------------------
-
-
-def normalize_question(question: object) -> str:
-    """A question for the owner: trimmed; 1..1000 characters."""
-    if not isinstance(question, str):
-        raise InputError(f"question: expected a string, got {_type_name(question)}")
-    _check_unicode(question, "question")
-    normalized = question.strip()
-    if not normalized:
-        raise InputError("question: must not be empty")
-    if len(normalized) > QUESTION_MAX:
-        raise InputError(f"question: at most {QUESTION_MAX} characters, got {len(normalized)}")
-    return normalized
-
-
-def normalize_context(context: object) -> str | None:
-    """What the asker already knows, for the owner: trimmed; 1..2000 characters; None for none."""
-    if context is None:
-        return None
-    if not isinstance(context, str):
-        raise InputError(f"context: expected a string, got {_type_name(context)}")
-    _check_unicode(context, "context")
-    normalized = context.strip()
-    if len(normalized) > CONTEXT_MAX:
-        raise InputError(f"context: at most {CONTEXT_MAX} characters, got {len(normalized)}")
-    return normalized or None
-
-
-def recommended_option(value: object, options: tuple[str, ...]) -> int | None:
-    """The index (from 0) of the option the asker recommends, among `options`; None for none."""
-    if value is None:
-        return None
-    if not options:
-        raise InputError("recommended: the question offers no options to recommend one of")
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(options):
-        raise InputError(f"recommended: expected an option's index from 0 to {len(options) - 1}")
-    return value
-
-
-def normalize_options(options: object) -> tuple[str, ...]:
-    """The answers a question offers: at most 10 strings of 1..200 characters (trimmed, each
-    once); None or [] for none."""
-    if options is None:
-        return ()
-    if not isinstance(options, list):
-        raise InputError(f"options: expected a list of strings, got {_type_name(options)}")
-    if len(options) > OPTIONS_MAX:
-        raise InputError(f"options: at most {OPTIONS_MAX}, got {len(options)}")
-    out: list[str] = []
-    for i, item in enumerate(options):
-        if not isinstance(item, str):
-            raise InputError(f"options[{i}]: expected a string, got {_type_name(item)}")
-        _check_unicode(item, f"options[{i}]")
-        item = " ".join(item.split())
-        if not item:
-            raise InputError(f"options[{i}]: must not be empty")
-        if len(item) > OPTION_MAX:
-            raise InputError(f"options[{i}]: at most {OPTION_MAX} characters, got {len(item)}")
-        if item not in out:
-            out.append(item)
-    return tuple(out)
-
-
-def topic_from_question(question: str) -> str:
-    """The topic of the decision that answers a question asked without one: its first words,
-    lowercased, on one line, cut at a word within QUESTION_TOPIC_WORDS characters."""
-    words = " ".join(question.split()).lower().rstrip("?").strip() or "question"
-    if len(words) > QUESTION_TOPIC_WORDS:
-        cut = (
-            words[: QUESTION_TOPIC_WORDS + 1].rsplit(" ", 1)[0] if " " in words[:QUESTION_TOPIC_WORDS] else ""
-        )
-        words = (cut or words[:QUESTION_TOPIC_WORDS]).rstrip(" ,;:.") + "…"
-    return words
-
-
-def option_number(option: object, options: tuple[str, ...]) -> str:
-    """The text of option N (numbered from 1, as `agent-bridge questions` shows them)."""
-    if isinstance(option, bool) or not isinstance(option, int):
-        raise InputError(f"option: expected a number from 1 to {len(options)}, got {option!r:.40}")
-    if not options:
-        raise InputError("option: this question offers no options; answer it with a text")
-    if not 1 <= option <= len(options):
-        raise InputError(f"option: expected a number from 1 to {len(options)}, got {option}")
-    return options[option - 1]
-
-
-def normalize_reason(reason: object, what: str = "reason") -> str:
-    """A reason the owner gives (declining a question): trimmed; 1..4000 characters."""
-    if not isinstance(reason, str):
-        raise InputError(f"{what}: expected a string, got {_type_name(reason)}")
-    normalized = reason.strip()
-    if not normalized:
-        raise InputError(f"{what}: must not be empty")
-    if len(normalized) > TEXT_MAX:
-        raise InputError(f"{what}: at most {TEXT_MAX} characters, got {len(normalized)}")
-    return normalized
 
 
 # --- folders ----------------------------------------------------------------
@@ -229,7 +126,7 @@ def normalize_folder(path: object, *, what: str = "project") -> str:
     lowercased, so `C:\\Users\\Me\\Proj` and `c:/users/me/proj/` are one scope.
     """
     if not isinstance(path, str):
-        raise InputError(f"{what}: expected an absolute folder as a string, got {_type_name(path)}")
+        raise InputError(f"{what}: expected an absolute folder as a string, got {type_name(path)}")
     if not path or path != path.strip():
         raise InputError(f"{what}: expected an absolute folder, got {json.dumps(path)}")
     if "\x00" in path:
@@ -271,7 +168,7 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
     if isinstance(value, str):
         raise InputError(f"scope: {SCOPE_HELP}; got the string {_short(value)}")
     if not isinstance(value, Mapping):
-        raise InputError(f"scope: {SCOPE_HELP}; got {_type_name(value)}")
+        raise InputError(f"scope: {SCOPE_HELP}; got {type_name(value)}")
     keys = sorted(value)
     if keys == ["project"]:
         return {"project": normalize_folder(value["project"], what="scope.project")}
@@ -289,7 +186,7 @@ def parse_scope(raw: object, *, allow_string_json: bool = True) -> Scope:
 
 def _scope_value(raw: str, *, allow_string_json: bool) -> object:
     """A scope given as a string: the literal `all`, or (where allowed) JSON text."""
-    _check_unicode(raw, "scope")
+    check_unicode(raw, "scope")
     text = raw.strip()
     if text == ALL:
         return ALL
@@ -308,13 +205,13 @@ def _scope_value(raw: str, *, allow_string_json: bool) -> object:
 def _scope_sessions(sessions: object) -> list[str]:
     """`scope.sessions`: a non-empty list of names or ids, stripped, duplicates dropped."""
     if not isinstance(sessions, list):
-        raise InputError(f"scope.sessions: expected a non-empty list of strings, got {_type_name(sessions)}")
+        raise InputError(f"scope.sessions: expected a non-empty list of strings, got {type_name(sessions)}")
     if not sessions:
         raise InputError("scope.sessions: expected a non-empty list of strings, got an empty list")
     cleaned: list[str] = []
     for i, item in enumerate(sessions):
         if not isinstance(item, str):
-            raise InputError(f"scope.sessions[{i}]: expected a string, got {_type_name(item)}")
+            raise InputError(f"scope.sessions[{i}]: expected a string, got {type_name(item)}")
         item = item.strip()
         if not item:
             raise InputError(f"scope.sessions[{i}]: must not be empty")
@@ -452,7 +349,7 @@ def normalize_message_id(value: object) -> str:
     if not isinstance(value, str) or not UUID_SHAPED.match(value.strip()):
         raise InputError(
             f"message_id: expected a uuid you chose (e.g. 0f8fad5b-d9cb-469f-a165-70867728950e), got "
-            f"{_short(value) if isinstance(value, str) else _type_name(value)}"
+            f"{_short(value) if isinstance(value, str) else type_name(value)}"
         )
     h = value.strip().replace("-", "").lower()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
@@ -580,7 +477,8 @@ def sent_to_self(message: Any) -> bool:
             and sender.get("id") == recipient.get("id"))
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
+    """How an error message names the JSON type of `value` ("an object", "a list", "null", …)."""
     if value is None:
         return "null"
     return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from agent_bridge.common import domain
+from agent_bridge.common import domain, questions
 
 
 class Tool(NamedTuple):
@@ -126,15 +126,15 @@ _TOOLS = (
         "Ask the owner only what they must decide; check `decisions` first.",
         _object(
             ("question",),
-            question={**STRING, "maxLength": domain.QUESTION_MAX},
+            question={**STRING, "maxLength": questions.QUESTION_MAX},
             topic={**STRING, "maxLength": domain.TOPIC_MAX},
             options={
                 "type": "array",
-                "maxItems": domain.OPTIONS_MAX,
-                "items": {**STRING, "maxLength": domain.OPTION_MAX},
+                "maxItems": questions.OPTIONS_MAX,
+                "items": {**STRING, "maxLength": questions.OPTION_MAX},
             },
             scope=SCOPE,
-            context={**STRING, "maxLength": domain.CONTEXT_MAX},
+            context={**STRING, "maxLength": questions.CONTEXT_MAX},
             recommended={"type": "integer"},
             wait_seconds={"type": "number", "minimum": 0, "maximum": ASK_WAIT_MAX},
             withdraw=STRING,

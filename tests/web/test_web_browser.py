@@ -453,7 +453,7 @@ async def test_page_polls_while_the_stream_is_refused_then_goes_live(
     nursery: trio.Nursery, web_home: Path, facts: Facts
 ) -> None:
 
-    from agent_bridge.dashboard.app import STREAMS_PER_CLIENT
+    from agent_bridge.dashboard.live import STREAMS_PER_CLIENT
 
     with trio.fail_after(BROWSER_TIMEOUT):
         running = await start_dashboard(nursery, web_home, live={facts.peers["claude-proj"]["id"]})

@@ -20,8 +20,8 @@ import pytest
 import trio
 from webfixtures import PROJECT, TIMEOUT, BrokerInProcess, Facts, Running, start_dashboard
 
-from agent_bridge.dashboard import app as web_app
 from agent_bridge.dashboard import auth
+from agent_bridge.dashboard import live as web_app
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.messages import Outgoing

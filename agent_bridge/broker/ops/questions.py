@@ -18,7 +18,7 @@ from agent_bridge.broker.args import no_unknown as _no_unknown
 from agent_bridge.broker.ops.decisions import decision_recipients, decision_recorded, unmatched_addresses
 from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker, control_op, session_op
-from agent_bridge.common import domain, tools
+from agent_bridge.common import domain, questions, tools
 from agent_bridge.common.domain import InputError
 from agent_bridge.common.rows import Question
 from agent_bridge.store.ids import now_ms
@@ -47,11 +47,11 @@ async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> A
             question_id=question_id, asker_id=session.id, now=now_ms()
         )
         return {"question": withdrawn.to_json(), "current": None}
-    question = domain.normalize_question(args.get("question"))
+    question = questions.normalize_question(args.get("question"))
     topic = None if args.get("topic") is None else domain.normalize_topic(args.get("topic"))
-    options = domain.normalize_options(args.get("options"))
-    context = domain.normalize_context(args.get("context"))
-    recommended = domain.recommended_option(args.get("recommended"), options)
+    options = questions.normalize_options(args.get("options"))
+    context = questions.normalize_context(args.get("context"))
+    recommended = questions.recommended_option(args.get("recommended"), options)
     wait = _wait_seconds(args.get("wait_seconds"))
     raw_scope = args.get("scope")
     scope = {"project": session.peer.project} if raw_scope is None else domain.parse_scope(raw_scope)
@@ -116,7 +116,7 @@ async def answer(broker: Broker, args: dict[str, Any]) -> Any:
     if "decline" in given:
         if args.get("scope") is not None:
             raise InputError("scope: a declined question records no decision, so it takes no scope")
-        reason = domain.normalize_reason(args.get("decline"), "decline")
+        reason = questions.normalize_reason(args.get("decline"), "decline")
         declined, told = await broker.db.decline_question(
             question_id=question.id, reason=reason, now=now_ms()
         )
@@ -124,12 +124,12 @@ async def answer(broker: Broker, args: dict[str, Any]) -> Any:
         return {"question": declined.to_json(), "decision": None, "deliveredTo": [],
                 "askersTold": [name for _, name in told]}
     if "option" in given:
-        text = domain.option_number(args.get("option"), question.options)
+        text = questions.option_number(args.get("option"), question.options)
     else:
         text = domain.normalize_text(args.get("text"))
     raw_scope = args.get("scope")
     scope = question.scope if raw_scope is None else domain.parse_scope(raw_scope)
-    topic = question.topic or domain.topic_from_question(question.question)
+    topic = question.topic or questions.topic_from_question(question.question)
     notified, held_back, recipients = decision_recipients(broker, scope)
     await broker.pause("decide:resolved")
     answered, decision, delivered, told = await broker.db.answer_question(
