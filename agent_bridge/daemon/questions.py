@@ -40,7 +40,9 @@ async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> A
                        "withdraw"}, "ask_owner")
     if args.get("withdraw") is not None:
         if args.get("question") is not None:
-            raise InputError("ask_owner: give `question` to ask, or `withdraw` (your question's id), not both")
+            raise InputError(
+                "ask_owner: give `question` to ask, or `withdraw` (your question's id), not both"
+            )
         others = [k for k in args if k != "withdraw" and args[k] is not None]
         if others:
             raise InputError(f"withdraw: give the question's id and nothing else (not {others[0]})")
