@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge import config, paths
+from agent_bridge.daemon import control, root
 from agent_bridge.store.schema import CURRENT_VERSION
 from tests.conftest import CLI, BrokerProcess, run_cli, wait_until
 
@@ -85,15 +86,17 @@ def test_up_detach_starts_one_when_the_lock_it_waited_on_goes_free(env, home, tm
 # A broker as `agent-bridge up` runs one (the lock for its whole life, then the real run_broker),
 # held between the two until the test lets it go on: a broker caught starting, for as long as
 # the test needs, with no gap in which the lock is free.
-GATED_BROKER = """
+# (The modules by their names here, so that the script follows them wherever they move.)
+GATED_BROKER = f"""
 import sys
 from functools import partial
 
 import trio
 
-from agent_bridge import config, paths
-from agent_bridge.daemon.control import BrokerLock
-from agent_bridge.daemon.root import run_broker
+import {config.__name__} as config
+import {paths.__name__} as paths
+from {control.__name__} import BrokerLock
+from {root.__name__} import run_broker
 
 home = paths.writable_home(paths.home())
 assert BrokerLock(home).acquire()
