@@ -40,12 +40,29 @@ def ensure_host_clis(session: nox.Session) -> dict[str, str]:
     return {"AGENT_BRIDGE_HOST_BIN": str(out).strip().splitlines()[-1]}
 
 
+# The whole suite in two passes. First every test that may share the machine, spread over
+# pytest-xdist workers (`-n auto`: one per core; tests that must share a worker take an
+# `xdist_group` mark). Then the tests marked `serial`, one at a time with nothing else of the
+# suite running: the real hosts' TUIs under tmux, the benchmarks' smoke runs, the dashboard's
+# fixed default port. Each pass prints its 15 slowest tests, so the cost stays visible in CI.
+PASSES = (
+    ("-m", "not serial", "-n", "auto", "--dist", "loadgroup", "--durations=15"),
+    ("-m", "serial", "-n", "0", "--durations=15"),
+)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
+    """The suite in its two passes (PASSES); `nox -s tests -- ARGS` runs pytest once with ARGS
+    instead (add `-n auto` to spread them over the cores)."""
     session.install("-e", ".[test]")
     ensure_chromium(session)
     env = ensure_host_clis(session)
-    session.run("pytest", *session.posargs, env=env)
+    if session.posargs:
+        session.run("pytest", *session.posargs, env=env)
+        return
+    for args in PASSES:
+        session.run("pytest", *args, env=env)
 
 
 @nox.session

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# serial: the benchmarks load the machine on purpose, and the tests beside them would skew them;
+# nox runs these in its second pass, with nothing else of the suite running.
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("bench_*.py"))

@@ -31,7 +31,8 @@ async def test_tools_and_their_descriptions(broker, env):
             assert "Research the owner's choice before recording it" in tools["decide"].description
             assert "check `decisions` first" in tools["ask_owner"].description
             required_args = {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set(),
-                             "ask_owner": {"question"}, "delegate": {"agent", "task"}, "job": {"id"}}
+                             # `question`, or `withdraw` alone (SPEC §5): the broker refuses neither and both
+                             "ask_owner": set(), "delegate": {"agent", "task"}, "job": {"id"}}
             for name, required in required_args.items():
                 assert set(tools[name].input_schema.get("required", [])) == required
 

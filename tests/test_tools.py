@@ -93,6 +93,8 @@ def test_every_schema_names_its_arguments_types_and_limits():
     assert ask["question"]["maxLength"] == 1000  # SPEC §4.6
     assert (ask["options"]["maxItems"], ask["options"]["items"]) == (10, {"type": "string", "maxLength": 200})
     assert (ask["topic"], ask["scope"]) == (decide["topic"], decide["scope"])
+    # `question` or `withdraw` (SPEC §5): a withdrawal needs no question, so nothing is required
+    assert "required" not in tools.TOOLS["ask_owner"].schema and "withdraw" in ask
 
 
 def test_ask_owner_says_to_look_at_decisions_and_ask_only_what_the_owner_must_decide():

@@ -414,9 +414,18 @@ def _read_all(fd: int) -> str:
 
 def down() -> int:
     """Stop this home's broker: ask it on its socket; signal its process only once the lock
-    confirms the pid is that broker (a pid in a stale broker.json may be anyone's by now)."""
+    confirms the pid is that broker (a pid in a stale broker.json may be anyone's by now).
+    A broker still starting (it holds the lock, broker.json not yet written: a relay may start
+    one right after the last one stopped) is waited for, then stopped: it would otherwise come
+    up after `down` looked, and stay."""
     home = paths.home()
     record = paths.running_broker(home)
+    if record is None:
+        try:
+            record = _starting_broker(home)
+        except TimeoutError as exc:
+            print(f"agent-bridge down: {exc}", file=sys.stderr)
+            return 1
     if record is None:
         print("agent-bridge: no broker is running")
         return 0
@@ -441,6 +450,29 @@ def down() -> int:
         print(f"agent-bridge: {interrupted} running job{'s' if interrupted != 1 else ''} interrupted; "
               'each can be resumed: job(id, action="continue", message) (see `agent-bridge jobs --all`)')
     return 0
+
+
+def _starting_broker(home: Path) -> dict[str, Any] | None:
+    """The record of the broker that holds this home's lock without being ready yet, once it
+    is (it has DETACH_TIMEOUT, as for `up --detach`); None when nobody holds the lock, or the
+    holder lets it go without becoming ready (a broker that could not start). TimeoutError
+    when it holds the lock that long without becoming ready."""
+    holder = paths.lock_holder(home)
+    if holder is None:
+        return None
+    named = f" (pid {holder})" if holder else ""
+    print(f"agent-bridge: a broker{named} is starting; waiting for it to stop it", flush=True)
+    deadline = time.monotonic() + DETACH_TIMEOUT
+    while True:
+        record = paths.running_broker(home)
+        if record is not None:
+            return record
+        if paths.lock_holder(home) is None:
+            return None
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the broker{named} holding {home / LOCK_NAME} did not become ready in "
+                               f"{DETACH_TIMEOUT:.0f}s; see {paths.log_path(home)}")
+        time.sleep(0.05)
 
 
 def _stopped(home: Path, pid: int) -> bool:

@@ -144,7 +144,7 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     ),
     "down": (
         "Stop this state folder's running broker gracefully (connected sessions reconnect to the "
-        "next one); says so when none runs.",
+        "next one); one still starting is waited for, then stopped; says so when none runs.",
         "agent-bridge down",
     ),
     "status": (

@@ -124,8 +124,9 @@ _TOOLS = (
         "ask_owner",
         "ask_owner",
         "Ask the owner only what they must decide; check `decisions` first.",
+        # `question`, or `withdraw` (an id) alone: neither is required by the schema, the broker
+        # refuses a call with neither or both (broker.ops.questions).
         _object(
-            ("question",),
             question={**STRING, "maxLength": questions.QUESTION_MAX},
             topic={**STRING, "maxLength": domain.TOPIC_MAX},
             options={

@@ -105,6 +105,7 @@ def test_the_model_cannot_run_the_owners_commands(world: World) -> None:
     assert json.loads(world.bridge("decisions", "--json").stdout) == []
 
 
+@pytest.mark.serial  # Codex's TUI under tmux (see tests/hosts/test_codex_tui.py)
 def test_codex_0171_has_no_custom_prompts_to_install(world: World) -> None:
     """Why install writes no Codex prompts: Codex removed custom prompts in 0.117, and 0.171's TUI
     refuses `/prompts:NAME` for a prompt file where older releases read them (`$CODEX_HOME/prompts`).

@@ -122,6 +122,7 @@ def occupy(port: int) -> socket.socket | None:
     return sock
 
 
+@pytest.mark.serial  # the fixed default port: no other test of the suite may take it meanwhile
 async def test_default_port_falls_back_to_a_free_one_when_taken(
     nursery: trio.Nursery, web_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

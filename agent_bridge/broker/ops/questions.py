@@ -34,19 +34,25 @@ ASK_WAIT_MAX = tools.ASK_WAIT_MAX
 async def ask_owner(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
     """Record a question for the owner, join the open one it repeats, or answer with the
     current decision on its topic (then nothing is recorded); with `wait_seconds`, wait that long
-    for the answer (`answer` in the result when it came). `withdraw: ID`: the caller withdraws
-    its question instead."""
+    for the answer (`answer` in the result when it came). `withdraw: ID` instead of `question`:
+    the caller withdraws its question. Neither, or both, is refused in one line."""
     _no_unknown(args, {"question", "topic", "options", "scope", "context", "recommended", "wait_seconds",
                        "withdraw"}, "ask_owner")
     if args.get("withdraw") is not None:
-        others = [k for k in args if k not in ("withdraw", "question") and args[k] is not None]
-        if others:  # `question` is required by the schema: its text is not looked at here
-            raise InputError(f"withdraw: give the question's id and nothing but `question` (not {others[0]})")
+        if args.get("question") is not None:
+            raise InputError(
+                "ask_owner: give `question` to ask, or `withdraw` (your question's id), not both"
+            )
+        others = [k for k in args if k != "withdraw" and args[k] is not None]
+        if others:
+            raise InputError(f"withdraw: give the question's id and nothing else (not {others[0]})")
         question_id = await _question_id(broker, args.get("withdraw"))
         withdrawn = await broker.db.withdraw_question(
             question_id=question_id, asker_id=session.id, now=now_ms()
         )
         return {"question": withdrawn.to_json(), "current": None}
+    if args.get("question") is None:
+        raise InputError("ask_owner: give `question` to ask, or `withdraw` with your question's id")
     question = questions.normalize_question(args.get("question"))
     topic = None if args.get("topic") is None else domain.normalize_topic(args.get("topic"))
     options = questions.normalize_options(args.get("options"))
