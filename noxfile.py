@@ -42,7 +42,7 @@ def ensure_host_clis(session: nox.Session) -> dict[str, str]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,federation]")
     ensure_chromium(session)
     env = ensure_host_clis(session)
     session.run("pytest", *session.posargs, env=env)

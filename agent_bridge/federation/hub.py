@@ -1,0 +1,194 @@
+"""The nats-server configuration a team's hub runs (SPEC §10), printed by
+`agent-bridge federation hub-config NAME=PUBKEY… [--team T] [--port N] [--store DIR]`.
+
+Plain `nats-server -c FILE` runs it: JetStream on, and one NKEY user per machine whose permissions let it
+  - publish only subjects that name it as sender (subjects.py);
+  - create the team's two streams (create only: never update, purge or delete; a create with the
+    exact config a stream already has is a no-op, so every machine makes sure of them at start);
+  - create, look up, pull from and ack only its own three durable consumers, each create pinned to
+    its filter through the subject `$JS.API.CONSUMER.CREATE.<stream>.<consumer>.<filter>` (the server
+    refuses a request whose body's filter differs from the subject's), so a machine can make no
+    consumer that reads what is addressed to another;
+  - read presence (the last message of each machine) by `$JS.API.STREAM.MSG.GET` on the presence
+    stream only;
+  - receive only under its own inbox prefix `_INBOX_<machine>.>` (the client connects with
+    `inbox_prefix`), so no machine reads another's replies or pulled messages.
+Everything else is denied, including every other `$JS.API` subject. A client without credentials or
+with a key not listed is refused at connect ("Authorization Violation").
+
+The configuration carries only public keys: it can be printed, mailed and committed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from agent_bridge.federation import subjects
+from agent_bridge.federation.errors import FederationError
+
+DEFAULT_PORT = 4222
+DEFAULT_HOST = "0.0.0.0"  # a hub serves other machines
+PUBKEY_LEN = 56  # base32 of prefix byte + 32-byte key + 2-byte CRC
+PREFIX_BYTE_USER = 20 << 3  # encodes to "U"
+
+# The streams, the same on every machine (a create with any other config is refused by the hub once
+# a stream exists, so they are constants here, not settings).
+DUPLICATE_WINDOW = timedelta(minutes=10)  # a retry with the same Nats-Msg-Id within it stores nothing
+# How long the hub keeps what it carried: a machine away longer loses what was sent to it meanwhile (its
+# senders' outboxes republish what has no receipt). Receivers dedupe by message id, so a republish after
+# the duplicate window is still shown once.
+MAX_AGE = timedelta(days=30)
+PRESENCE_DUPLICATE_WINDOW = timedelta(seconds=30)
+
+
+class HubConfigError(FederationError):
+    """A bad NAME=PUBKEY, team, port or store folder: one line."""
+
+
+@dataclass(frozen=True)
+class Member:
+    machine: str
+    public_key: str
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, as NKEYs use it."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def is_user_public_key(key: str) -> bool:
+    """An NKEY user public key: "U" + 55 base32 characters whose checksum holds."""
+    if len(key) != PUBKEY_LEN or not key.startswith("U"):
+        return False
+    try:
+        raw = base64.b32decode(key)  # 56 characters: 35 bytes, no padding needed
+    except ValueError:
+        return False
+    if len(raw) != 35 or raw[0] != PREFIX_BYTE_USER:
+        return False
+    return _crc16(raw[:33]) == int.from_bytes(raw[33:], "little")
+
+
+def parse_members(pairs: Iterable[str]) -> list[Member]:
+    """NAME=PUBKEY words as `hub-config` takes them; HubConfigError (one line) for the first bad one."""
+    members: list[Member] = []
+    for pair in pairs:
+        name, sep, key = pair.partition("=")
+        if not sep:
+            raise HubConfigError(f"expected NAME=PUBKEY (from `agent-bridge machine` on that machine), got {pair!r}")
+        if not subjects.is_name(name):
+            raise HubConfigError(f"{pair!r}: machine name: expected {subjects.NAME_RULE}, got {name!r}")
+        if not is_user_public_key(key):
+            raise HubConfigError(f"{pair!r}: public key: expected an NKEY user public key (U and 55 more "
+                                 f"characters, as `agent-bridge machine` prints), got {key!r}")
+        for other in members:
+            if other.machine == name:
+                raise HubConfigError(f"machine {name!r} is given twice")
+            if other.public_key == key:
+                raise HubConfigError(f"machines {other.machine!r} and {name!r} have the same public key")
+        members.append(Member(name, key))
+    if not members:
+        raise HubConfigError("expected at least one NAME=PUBKEY")
+    return members
+
+
+def check_team(team: str) -> str:
+    if not subjects.is_team(team):
+        raise HubConfigError(f"--team: expected {subjects.NAME_RULE}, not ending in "
+                             f"{subjects.RESERVED_TEAM_SUFFIX}, got {team!r}")
+    return team
+
+
+def check_port(port: int) -> int:
+    if not 1 <= port <= 65535:
+        raise HubConfigError(f"--port: expected 1 to 65535, got {port}")
+    return port
+
+
+def permissions(team: str, machine: str) -> tuple[list[str], list[str]]:
+    """(publish allow, subscribe allow) for one machine: exactly what transport.py uses."""
+    stream = subjects.stream(team)
+    presence = subjects.presence_stream(team)
+    publish = [
+        f"{team}.msg.{machine}.*",
+        f"{team}.rcpt.{machine}.*",
+        subjects.dec(team, machine),
+        subjects.presence(team, machine),
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.CREATE.{presence}",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.INFO.{presence}",
+        f"$JS.API.STREAM.MSG.GET.{presence}",
+    ]
+    for kind in subjects.KINDS:
+        name = subjects.consumer(machine, kind)
+        publish += [
+            f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{subjects.consumer_filter(team, machine, kind)}",
+            f"$JS.API.CONSUMER.INFO.{stream}.{name}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}",
+            f"$JS.ACK.{stream}.{name}.>",
+        ]
+    return publish, [subjects.inbox_prefix(machine) + ".>"]
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)  # nats-server's config reads JSON strings; "$" inside quotes is no variable
+
+
+def _list(items: Sequence[str], indent: str) -> str:
+    inner = "".join(f"{indent}  {_q(item)}\n" for item in items)
+    return f"[\n{inner}{indent}]"
+
+
+def render(members: Sequence[Member], team: str = subjects.DEFAULT_TEAM, port: int = DEFAULT_PORT,
+           store: Path | None = None, host: str = DEFAULT_HOST, command: str | None = None) -> str:
+    """The configuration text for `nats-server -c`. `store`: JetStream's folder (absolute)."""
+    check_team(team)
+    check_port(port)
+    store = (store or Path("agent-bridge-hub")).expanduser().absolute()
+    names = ", ".join(m.machine for m in members)
+    lines = [
+        f"# nats-server configuration for the agent-bridge team {team!r} (machines: {names}).",
+    ]
+    if command:
+        lines.append(f"# Made by: {command}")
+    lines += [
+        "# Run it with: nats-server -c THIS_FILE",
+        "# Each machine publishes only as itself, reads only its own durable consumers and gets replies",
+        f"# only under _INBOX_<machine>. The machines create the streams {subjects.stream(team)} and",
+        f"# {subjects.presence_stream(team)} themselves (create only; none may update, purge or delete one).",
+        "# Only public keys are here. Add a machine: run hub-config again with every NAME=PUBKEY, restart.",
+        f"listen: {_q(f'{host}:{port}')}",
+        "",
+        "jetstream {",
+        f"  store_dir: {_q(str(store))}",
+        "}",
+        "",
+        "authorization {",
+        "  users: [",
+    ]
+    for member in members:
+        publish, subscribe = permissions(team, member.machine)
+        lines += [
+            f"    # machine {member.machine}",
+            "    {",
+            f"      nkey: {_q(member.public_key)}",
+            "      permissions: {",
+            f"        publish: {{ allow: {_list(publish, '        ')} }}",
+            f"        subscribe: {{ allow: {_list(subscribe, '        ')} }}",
+            "      }",
+            "    }",
+        ]
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)
