@@ -208,8 +208,15 @@ class _Wire:
         js_errors = require("nats.js.errors")
         try:
             sub = await self._subscription(kind)
+        except js_errors.APIError as exc:
+            raise HubError(f"making the {kind} consumer: the hub refused: {exc.description}") from None
+        except FederationError:
+            raise
+        except Exception as exc:
+            raise _unknown_or(exc, f"making the {kind} consumer") from None
+        try:
             msgs = await sub.fetch(batch, timeout=timeout)
-        except nats_errors.TimeoutError:
+        except (nats_errors.TimeoutError, TimeoutError):  # nothing came (nats-py raises either)
             return []
         except js_errors.APIError as exc:
             raise HubError(f"reading {kind}: the hub refused: {exc.description}") from None
