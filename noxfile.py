@@ -64,7 +64,7 @@ def typecheck(session: nox.Session) -> None:
     # adapter: no Any leaking out of a typed function, no bare generics.
     session.run("mypy", "--strict", "agent_bridge/daemon", "agent_bridge/store", "agent_bridge/relay.py",
                 "agent_bridge/relaying", "agent_bridge/ledger.py", "agent_bridge/core",
-                "agent_bridge/mcp_sdk.py")
+                "agent_bridge/mcp_sdk.py", "agent_bridge/federation")
 
 
 @nox.session

@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=_doctor)
 
     add_owner_commands(sub)
+    add_federation_commands(sub)
 
     demo = sub.add_parser("demo", help="a guided run with simulated sessions")
     demo.add_argument(
@@ -249,6 +250,18 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "gone sessions share is refused: give an id.",
         "agent-bridge forget --gone-for 7d",
     ),
+    "machine": (
+        "Print this machine's name (from [federation] in config.toml, else a suggestion from the host "
+        "name) and its NKEY public key, creating the seed <home>/machine.nk (mode 0600) on first use. Give "
+        "NAME=PUBKEY to whoever runs the team's hub.",
+        "agent-bridge machine --json",
+    ),
+    "federation": (
+        "Several machines through a NATS JetStream hub (SPEC §10). `hub-config` prints a configuration "
+        "that a plain `nats-server -c FILE` runs: JetStream on, one NKEY user per machine, each allowed "
+        "only its own subjects, consumers and inbox.",
+        "agent-bridge federation hub-config laptop=UAB… devbox=UCD… --team acme > hub.conf",
+    ),
     "demo": (
         "A guided run with simulated sessions, for trying the bridge without Claude Code or Codex.",
         "agent-bridge demo",
@@ -372,6 +385,34 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     fgt.set_defaults(func=lambda ns: _commands().forget(ns.sessions, ns.gone_for, ns.json))
 
 
+def add_federation_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """machine, federation hub-config: several machines' brokers through a NATS hub
+    (agent_bridge.federation.commands, SPEC §10)."""
+    mac = sub.add_parser("machine", help="this machine's name and NKEY public key (creates its seed, 0600)")
+    mac.add_argument("--json", action="store_true", help="print JSON")
+    mac.set_defaults(func=lambda ns: _federation().machine(ns.json))
+
+    fed = sub.add_parser("federation", help="several machines through a NATS JetStream hub")
+    fed_sub = fed.add_subparsers(dest="federation_command", metavar="{hub-config}", required=True)
+    hcf = fed_sub.add_parser("hub-config", help="print a nats-server configuration for these machines")
+    hcf.add_argument("members", nargs="+", metavar="NAME=PUBKEY",
+                     help="each machine's name and public key, as `agent-bridge machine` prints them")
+    hcf.add_argument("--team", default="ab", help="the team's subject prefix (default: ab)")
+    hcf.add_argument("--port", type=int, default=4222, help="the client port (default: 4222)")
+    hcf.add_argument("--store", metavar="DIR", help="JetStream's folder (default: ./agent-bridge-hub)")
+    hcf.add_argument("--listen", metavar="HOST", default="0.0.0.0",
+                     help="the address to listen on (default: 0.0.0.0, every interface)")
+    hcf.set_defaults(
+        func=lambda ns: _federation().hub_config(ns.members, ns.team, ns.port, ns.store, ns.listen)
+    )
+
+
+def _federation() -> ModuleType:
+    from agent_bridge.federation import commands
+
+    return commands
+
+
 def _slash() -> ModuleType:
     from agent_bridge import slash
 
@@ -460,6 +501,7 @@ HOME_COMMANDS = frozenset(
         "jobs",
         "install",
         "uninstall",
+        "machine",
     }
 )
 

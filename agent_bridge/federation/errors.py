@@ -13,7 +13,7 @@ class FederationError(Exception):
 
 
 class SettingsError(FederationError):
-    """A bad value in the [federation] table of config.toml: names the key, what is allowed, what was given."""
+    """A bad value in [federation] of config.toml: names the key, what is allowed, what was given."""
 
 
 class IdentityError(FederationError):
@@ -44,4 +44,6 @@ def require(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError:
         top = name.split(".")[0]
-        raise MissingExtra(f"federation needs the {top!r} package, which is not installed: {INSTALL_HINT}") from None
+        raise MissingExtra(
+            f"federation needs the {top!r} package, which is not installed: {INSTALL_HINT}"
+        ) from None

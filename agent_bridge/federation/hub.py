@@ -21,20 +21,17 @@ The configuration carries only public keys: it can be printed, mailed and commit
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from agent_bridge.federation import subjects
+from agent_bridge.federation import keys, subjects
 from agent_bridge.federation.errors import FederationError
 
 DEFAULT_PORT = 4222
 DEFAULT_HOST = "0.0.0.0"  # a hub serves other machines
-PUBKEY_LEN = 56  # base32 of prefix byte + 32-byte key + 2-byte CRC
-PREFIX_BYTE_USER = 20 << 3  # encodes to "U"
 
 # The streams, the same on every machine (a create with any other config is refused by the hub once
 # a stream exists, so they are constants here, not settings).
@@ -56,42 +53,22 @@ class Member:
     public_key: str
 
 
-def _crc16(data: bytes) -> int:
-    """CRC-16/XMODEM, as NKEYs use it."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def is_user_public_key(key: str) -> bool:
-    """An NKEY user public key: "U" + 55 base32 characters whose checksum holds."""
-    if len(key) != PUBKEY_LEN or not key.startswith("U"):
-        return False
-    try:
-        raw = base64.b32decode(key)  # 56 characters: 35 bytes, no padding needed
-    except ValueError:
-        return False
-    if len(raw) != 35 or raw[0] != PREFIX_BYTE_USER:
-        return False
-    return _crc16(raw[:33]) == int.from_bytes(raw[33:], "little")
-
-
 def parse_members(pairs: Iterable[str]) -> list[Member]:
     """NAME=PUBKEY words as `hub-config` takes them; HubConfigError (one line) for the first bad one."""
     members: list[Member] = []
     for pair in pairs:
         name, sep, key = pair.partition("=")
         if not sep:
-            raise HubConfigError(f"expected NAME=PUBKEY (from `agent-bridge machine` on that machine), got {pair!r}")
+            raise HubConfigError(
+                f"expected NAME=PUBKEY (from `agent-bridge machine` on that machine), got {pair!r}"
+            )
         if not subjects.is_name(name):
             raise HubConfigError(f"{pair!r}: machine name: expected {subjects.NAME_RULE}, got {name!r}")
-        if not is_user_public_key(key):
-            raise HubConfigError(f"{pair!r}: public key: expected an NKEY user public key (U and 55 more "
-                                 f"characters, as `agent-bridge machine` prints), got {key!r}")
+        if not keys.is_user_public_key(key):
+            raise HubConfigError(
+                f"{pair!r}: public key: expected an NKEY user public key (U and 55 more "
+                f"characters, as `agent-bridge machine` prints), got {key!r}"
+            )
         for other in members:
             if other.machine == name:
                 raise HubConfigError(f"machine {name!r} is given twice")
@@ -105,8 +82,10 @@ def parse_members(pairs: Iterable[str]) -> list[Member]:
 
 def check_team(team: str) -> str:
     if not subjects.is_team(team):
-        raise HubConfigError(f"--team: expected {subjects.NAME_RULE}, not ending in "
-                             f"{subjects.RESERVED_TEAM_SUFFIX}, got {team!r}")
+        raise HubConfigError(
+            f"--team: expected {subjects.NAME_RULE}, not ending in "
+            f"{subjects.RESERVED_TEAM_SUFFIX}, got {team!r}"
+        )
     return team
 
 
@@ -151,8 +130,14 @@ def _list(items: Sequence[str], indent: str) -> str:
     return f"[\n{inner}{indent}]"
 
 
-def render(members: Sequence[Member], team: str = subjects.DEFAULT_TEAM, port: int = DEFAULT_PORT,
-           store: Path | None = None, host: str = DEFAULT_HOST, command: str | None = None) -> str:
+def render(
+    members: Sequence[Member],
+    team: str = subjects.DEFAULT_TEAM,
+    port: int = DEFAULT_PORT,
+    store: Path | None = None,
+    host: str = DEFAULT_HOST,
+    command: str | None = None,
+) -> str:
     """The configuration text for `nats-server -c`. `store`: JetStream's folder (absolute)."""
     check_team(team)
     check_port(port)

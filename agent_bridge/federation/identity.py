@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_bridge.federation import keys
 from agent_bridge.federation.errors import IdentityError, require
 
 SEED_MODE = 0o600
@@ -41,8 +42,10 @@ def public_key_of(seed: str) -> str:
         raise IdentityError("not an NKEY seed") from None
     text = public.decode() if isinstance(public, bytes | bytearray) else str(public)
     if not text.startswith("U"):
-        raise IdentityError(f"an NKEY seed of the wrong kind (public key {text[:1]}…; a machine needs a "
-                            "user seed, starting SU)")
+        raise IdentityError(
+            f"an NKEY seed of the wrong kind (public key {text[:1]}…; a machine needs a "
+            "user seed, starting SU)"
+        )
     return text
 
 
@@ -83,6 +86,8 @@ def read_seed(path: Path) -> str:
         raise IdentityError(f"{path}: cannot read the machine's seed: {reason}") from None
     if len(seed) > SEED_MAX or not seed.startswith("SU"):
         raise IdentityError(f"{path}: not an NKEY user seed (one line starting SU)")
+    if not keys.is_user_seed(seed):
+        raise IdentityError(f"{path}: not an NKEY seed (its checksum does not hold)")
     return seed
 
 

@@ -76,8 +76,9 @@ def parse(table: object, home_dir: Path, source: str = "config.toml") -> Federat
         return SettingsError(f"{source}: {TABLE}.{key}: expected {allowed}, got {given!r}")
 
     if not isinstance(table, dict):
-        raise SettingsError(f"{source}: {TABLE}: expected a table ([{TABLE}] with url and machine), "
-                            f"got {table!r}")
+        raise SettingsError(
+            f"{source}: {TABLE}: expected a table ([{TABLE}] with url and machine), got {table!r}"
+        )
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
         raise SettingsError(f"{source}: {TABLE}.{unknown[0]}: unknown setting; known: {', '.join(KEYS)}")
@@ -107,11 +108,15 @@ def parse(table: object, home_dir: Path, source: str = "config.toml") -> Federat
     ca = None if "ca" not in table else _path(table["ca"], home_dir, "ca", bad)
     tls = servers[0].startswith("tls://")
     if tls and ca is None:
-        raise SettingsError(f"{source}: {TABLE}.ca: required with tls:// URLs (the hub's CA certificate, "
-                            "pinned), missing")
+        raise SettingsError(
+            f"{source}: {TABLE}.ca: required with tls:// URLs (the hub's CA certificate, pinned), missing"
+        )
     if ca is not None and not tls:
-        raise bad("ca", "no ca with nats:// URLs (ca pins the CA of a tls:// hub; use tls:// to encrypt)",
-                  str(table["ca"]))
+        raise bad(
+            "ca",
+            "no ca with nats:// URLs (ca pins the CA of a tls:// hub; use tls:// to encrypt)",
+            str(table["ca"]),
+        )
     if ca is not None and not ca.is_file():
         raise bad("ca", "a readable CA certificate file (PEM)", f"{ca} (no such file)")
     return FederationSettings(url=url, servers=servers, machine=machine, team=team, seed=seed, ca=ca)

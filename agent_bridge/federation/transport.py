@@ -93,15 +93,29 @@ def stream_configs(team: str) -> list[Any]:
     """The two streams as nats-py StreamConfigs: the same on every machine, so each one's create of an
     existing stream is a no-op."""
     api = require("nats.js.api")
-    common = dict(storage=api.StorageType.FILE, retention=api.RetentionPolicy.LIMITS,
-                  discard=api.DiscardPolicy.OLD, deny_delete=True, deny_purge=True, num_replicas=1)
+    common = dict(
+        storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.OLD,
+        deny_delete=True,
+        deny_purge=True,
+        num_replicas=1,
+    )
     return [
-        api.StreamConfig(name=subjects.stream(team), subjects=subjects.stream_subjects(team),
-                         max_age=hub.MAX_AGE.total_seconds(),
-                         duplicate_window=hub.DUPLICATE_WINDOW.total_seconds(), **common),
-        api.StreamConfig(name=subjects.presence_stream(team), subjects=subjects.presence_subjects(team),
-                         max_msgs_per_subject=1,
-                         duplicate_window=hub.PRESENCE_DUPLICATE_WINDOW.total_seconds(), **common),
+        api.StreamConfig(
+            name=subjects.stream(team),
+            subjects=subjects.stream_subjects(team),
+            max_age=hub.MAX_AGE.total_seconds(),
+            duplicate_window=hub.DUPLICATE_WINDOW.total_seconds(),
+            **common,
+        ),
+        api.StreamConfig(
+            name=subjects.presence_stream(team),
+            subjects=subjects.presence_subjects(team),
+            max_msgs_per_subject=1,
+            duplicate_window=hub.PRESENCE_DUPLICATE_WINDOW.total_seconds(),
+            **common,
+        ),
     ]
 
 
@@ -125,8 +139,9 @@ class _Wire:
         self.status = replace(self.status, connected=False, since=time.time())
 
     async def _on_reconnected(self) -> None:
-        self.status = replace(self.status, connected=True, since=time.time(),
-                              reconnects=self.status.reconnects + 1)
+        self.status = replace(
+            self.status, connected=True, since=time.time(), reconnects=self.status.reconnects + 1
+        )
 
     async def connect(self) -> None:
         nats = require("nats")
@@ -165,22 +180,33 @@ class _Wire:
                 await js.add_stream(config)
             except js_errors.APIError as exc:
                 if exc.err_code == STREAM_EXISTS_DIFFERENT:
-                    raise HubError(f"the hub's stream {config.name} exists with another configuration (made "
-                                   "by another agent-bridge version?); the hub's admin must reconcile it") from None
-                raise HubError(f"the hub refused to create the stream {config.name}: {exc.description}") from None
+                    raise HubError(
+                        f"the hub's stream {config.name} exists with another configuration (made "
+                        "by another agent-bridge version?); the hub's admin must reconcile it"
+                    ) from None
+                raise HubError(
+                    f"the hub refused to create the stream {config.name}: {exc.description}"
+                ) from None
             except Exception as exc:
                 raise _unknown_or(exc, f"creating the stream {config.name}") from None
 
-    async def publish(self, subject: str, body: bytes, msg_id: str, timeout: float) -> Published:
+    # asyncio side: nats-py takes its timeouts as arguments (no Trio cancel scope reaches here)
+    async def publish(self, subject: str, body: bytes, msg_id: str, timeout: float) -> Published:  # noqa: ASYNC109
         js = self._jetstream()
         js_errors = require("nats.js.errors")
         try:
-            ack = await js.publish(subject, body, timeout=timeout, stream=_stream_of(self.settings.team, subject),
-                                   headers={MSG_ID: msg_id})
+            ack = await js.publish(
+                subject,
+                body,
+                timeout=timeout,
+                stream=_stream_of(self.settings.team, subject),
+                headers={MSG_ID: msg_id},
+            )
         except js_errors.APIError as exc:
             if isinstance(exc, js_errors.NoStreamResponseError):
-                raise Unknown(f"publish {msg_id}: no stream answered (the hub starting, or its stream "
-                              "missing)") from None
+                raise Unknown(
+                    f"publish {msg_id}: no stream answered (the hub starting, or its stream missing)"
+                ) from None
             raise HubError(f"publish {msg_id}: the hub refused it: {exc.description}") from None
         except Exception as exc:
             raise _unknown_or(exc, f"publish {msg_id}") from None
@@ -193,9 +219,14 @@ class _Wire:
             team, me = self.settings.team, self.settings.machine
             name = subjects.consumer(me, kind)
             config = api.ConsumerConfig(
-                name=name, durable_name=name, filter_subject=subjects.consumer_filter(team, me, kind),
-                ack_policy=api.AckPolicy.EXPLICIT, ack_wait=self._ack_wait,
-                deliver_policy=api.DeliverPolicy.ALL, max_ack_pending=MAX_ACK_PENDING, max_deliver=-1,
+                name=name,
+                durable_name=name,
+                filter_subject=subjects.consumer_filter(team, me, kind),
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=self._ack_wait,
+                deliver_policy=api.DeliverPolicy.ALL,
+                max_ack_pending=MAX_ACK_PENDING,
+                max_deliver=-1,
             )
             sub = await self._jetstream().pull_subscribe(
                 config.filter_subject, durable=name, stream=subjects.stream(team), config=config
@@ -203,7 +234,7 @@ class _Wire:
             self._subs[kind] = sub
         return sub
 
-    async def fetch(self, kind: subjects.Kind, batch: int, timeout: float) -> list[Incoming]:
+    async def fetch(self, kind: subjects.Kind, batch: int, timeout: float) -> list[Incoming]:  # noqa: ASYNC109
         nats_errors = require("nats.errors")
         js_errors = require("nats.js.errors")
         try:
@@ -235,11 +266,19 @@ class _Wire:
                 await m.ack_sync(timeout=API_TIMEOUT)  # our own decision, back from the hub: nothing to do
                 continue
             meta = m.metadata
-            out.append(Incoming(
-                subject=m.subject, kind=address.kind, sender=address.sender, to=address.to, body=bytes(m.data),
-                msg_id=(m.headers or {}).get(MSG_ID), num_delivered=int(meta.num_delivered),
-                stream_seq=int(meta.sequence.stream), ack_token=m,
-            ))
+            out.append(
+                Incoming(
+                    subject=m.subject,
+                    kind=address.kind,
+                    sender=address.sender,
+                    to=address.to,
+                    body=bytes(m.data),
+                    msg_id=(m.headers or {}).get(MSG_ID),
+                    num_delivered=int(meta.num_delivered),
+                    stream_seq=int(meta.sequence.stream),
+                    ack_token=m,
+                )
+            )
         return out
 
     async def ack(self, token: Any) -> None:
@@ -272,7 +311,9 @@ class _Wire:
                 address = None
             if address is not None and address.kind == "presence":
                 stamp = raw.time.timestamp() if raw.time is not None else None
-                entries.append(PresenceEntry(address.sender, bytes(raw.data or b""), int(raw.seq or 0), stamp))
+                entries.append(
+                    PresenceEntry(address.sender, bytes(raw.data or b""), int(raw.seq or 0), stamp)
+                )
             seq = int(raw.seq or seq) + 1
 
     async def close(self) -> None:
@@ -302,8 +343,14 @@ def _unknown_or(exc: Exception, what: str) -> FederationError:
     nats_errors = require("nats.errors")
     if isinstance(exc, nats_errors.ConnectionClosedError):
         return NotConnected(f"{what}: the connection to the hub is closed")
-    if isinstance(exc, TimeoutError | nats_errors.TimeoutError | nats_errors.ConnectionReconnectingError
-                  | nats_errors.StaleConnectionError | nats_errors.FlushTimeoutError):
+    if isinstance(
+        exc,
+        TimeoutError
+        | nats_errors.TimeoutError
+        | nats_errors.ConnectionReconnectingError
+        | nats_errors.StaleConnectionError
+        | nats_errors.FlushTimeoutError,
+    ):
         return Unknown(f"{what}: no answer from the hub in time ({_describe(exc)}); outcome unknown")
     return HubError(f"{what}: {_describe(exc)}")
 
@@ -327,9 +374,16 @@ class Transport:
     async def ensure_streams(self) -> None:
         await self._bridge.call(self._wire.ensure_streams)
 
-    async def publish(self, subject: str, body: bytes, msg_id: str, timeout: float = PUBLISH_TIMEOUT) -> Published:
+    async def publish(
+        self,
+        subject: str,
+        body: bytes,
+        msg_id: str,
+        timeout: float = PUBLISH_TIMEOUT,  # noqa: ASYNC109 (an outcome: Unknown after it, not a cancel)
+    ) -> Published:
         """Store `body` on the hub under `subject` (which must name this machine as sender) once per
-        `msg_id`. Raises Unknown (retry with the same id), HubError or NotConnected."""
+        `msg_id`. Raises Unknown (retry with the same id) when the hub has not answered within `timeout`,
+        HubError or NotConnected. (A Trio cancellation also ends it, as Cancelled: outcome unknown too.)"""
         address = subjects.parse(self.settings.team, subject)
         if address.sender != self.settings.machine:
             raise ValueError(f"{subject!r} does not name this machine ({self.settings.machine}) as sender")
@@ -337,9 +391,16 @@ class Transport:
             raise ValueError("msg_id: expected a non-empty id")
         return await self._bridge.call(self._wire.publish, subject, body, msg_id, timeout)
 
-    async def fetch(self, kind: subjects.Kind, batch: int = 64, timeout: float = 1.0) -> list[Incoming]:
+    async def fetch(
+        self,
+        kind: subjects.Kind,
+        batch: int = 64,
+        timeout: float = 1.0,  # noqa: ASYNC109 (the pull request's expiry on the hub, a long poll)
+    ) -> list[Incoming]:
         """Up to `batch` messages of `kind` addressed to this machine (all but our own decisions), waiting
-        at most `timeout` for the first; [] when none came."""
+        at most `timeout` for the first; [] when none came. `timeout` is the pull request's expiry on the
+        hub: a Trio deadline instead would leave the request pending there, and messages it delivers
+        later would wait out ack_wait unseen."""
         if kind not in subjects.KINDS:
             raise ValueError(f"kind: expected one of {', '.join(subjects.KINDS)}, got {kind!r}")
         return await self._bridge.call(self._wire.fetch, kind, batch, timeout)
@@ -360,8 +421,9 @@ class Transport:
 
 
 @asynccontextmanager
-async def open_transport(settings: FederationSettings, *, ack_wait: float = ACK_WAIT,
-                         connect: bool = True) -> AsyncIterator[Transport]:
+async def open_transport(
+    settings: FederationSettings, *, ack_wait: float = ACK_WAIT, connect: bool = True
+) -> AsyncIterator[Transport]:
     """A transport on its own asyncio loop thread, connected unless connect=False (then call
     `connect()`, in a task of its own: it returns only once the hub answers). Closed, and the thread
     gone, when the context exits. IdentityError for an unusable seed, MissingExtra without nats-py."""

@@ -57,7 +57,8 @@ class Machine:
     def settings(self, hub_: Hub) -> settings.FederationSettings:
         """This machine's [federation] table, written to its config.toml and read back as the broker would."""
         (self.home / "config.toml").write_text(
-            f'[federation]\nurl = "{hub_.url}"\nmachine = "{self.name}"\nteam = "{hub_.team}"\n', encoding="utf-8"
+            f'[federation]\nurl = "{hub_.url}"\nmachine = "{self.name}"\nteam = "{hub_.team}"\n',
+            encoding="utf-8",
         )
         loaded = settings.load(self.home)
         assert loaded is not None
@@ -73,20 +74,25 @@ class Hub:
         self.store = folder / "store"
         self.conf = folder / "hub.conf"
         members = [hub.Member(m.name, m.public_key) for m in machines]
-        self.conf.write_text(hub.render(members, team=team, port=self.port, store=self.store, host="127.0.0.1"))
+        self.conf.write_text(
+            hub.render(members, team=team, port=self.port, store=self.store, host="127.0.0.1")
+        )
         self.machines = {m.name: m for m in machines}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: trio.Process | None = None
         self.log = folder / "hub.log"
+        self._log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     async def start(self) -> None:
         assert self.proc is None
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([nats_server_binary(), "-c", str(self.conf)], stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = await trio.lowlevel.open_process(
+            [nats_server_binary(), "-c", str(self.conf)], stdout=self._log_fd, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         with trio.fail_after(START_TIMEOUT):
             while True:
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"nats-server exited with {self.proc.returncode}: {self.log.read_text()}")
+                    log = self.log.read_text()
+                    raise AssertionError(f"nats-server exited with {self.proc.returncode}: {log}")
                 try:
                     stream = await trio.open_tcp_stream("127.0.0.1", self.port)
                 except OSError:
@@ -101,13 +107,12 @@ class Hub:
             return
         proc.send_signal(sig)
         with trio.fail_after(START_TIMEOUT):
-            await trio.to_thread.run_sync(proc.wait)
+            await proc.wait()
 
-    def kill_now(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+    async def kill(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stop(signal.SIGKILL)
+        os.close(self._log_fd)
 
 
 @pytest.fixture
@@ -133,4 +138,4 @@ async def team_hub(folder: Path) -> AsyncIterator[Hub]:
     try:
         yield h
     finally:
-        h.kill_now()
+        await h.kill()

@@ -76,7 +76,9 @@ async def test_trio_cancellation_cancels_the_asyncio_task_and_waits_for_its_end(
 
 async def _other_tasks() -> int:
     me = asyncio.current_task()
-    return sum(1 for t in asyncio.all_tasks() if t is not me and not t.get_coro().__qualname__.endswith("main"))
+    return sum(
+        1 for t in asyncio.all_tasks() if t is not me and not t.get_coro().__qualname__.endswith("main")
+    )
 
 
 async def test_the_thread_is_gone_after_the_context_and_calls_are_refused() -> None:

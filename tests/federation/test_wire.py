@@ -19,9 +19,11 @@ GUARD = 30
 async def test_publish_fetch_ack_round_trip_for_each_kind(team_hub: Hub) -> None:
     m = team_hub.machines
     with trio.fail_after(GUARD):
-        async with open_transport(m["a"].settings(team_hub)) as a, \
-                open_transport(m["b"].settings(team_hub)) as b, \
-                open_transport(m["c"].settings(team_hub)) as c:
+        async with (
+            open_transport(m["a"].settings(team_hub)) as a,
+            open_transport(m["b"].settings(team_hub)) as b,
+            open_transport(m["c"].settings(team_hub)) as c,
+        ):
             await a.ensure_streams()
             await b.ensure_streams()  # a second machine's create of the same streams is a no-op
             assert a.status.connected and a.status.since is not None
@@ -84,8 +86,10 @@ async def test_a_retry_with_the_same_id_is_a_duplicate_also_after_a_hub_restart(
 async def test_what_is_not_acked_is_delivered_again(team_hub: Hub) -> None:
     m = team_hub.machines
     with trio.fail_after(GUARD):
-        async with open_transport(m["a"].settings(team_hub)) as a, \
-                open_transport(m["b"].settings(team_hub), ack_wait=1.0) as b:
+        async with (
+            open_transport(m["a"].settings(team_hub)) as a,
+            open_transport(m["b"].settings(team_hub), ack_wait=1.0) as b,
+        ):
             await a.ensure_streams()
             msg_id = str(uuid.uuid4())
             await a.publish(subjects.msg(TEAM, "a", "b"), b"ack me", msg_id)
@@ -101,9 +105,11 @@ async def test_what_is_not_acked_is_delivered_again(team_hub: Hub) -> None:
 async def test_presence_keeps_the_last_of_each_machine_and_everyone_reads_all(team_hub: Hub) -> None:
     m = team_hub.machines
     with trio.fail_after(GUARD):
-        async with open_transport(m["a"].settings(team_hub)) as a, \
-                open_transport(m["b"].settings(team_hub)) as b, \
-                open_transport(m["c"].settings(team_hub)) as c:
+        async with (
+            open_transport(m["a"].settings(team_hub)) as a,
+            open_transport(m["b"].settings(team_hub)) as b,
+            open_transport(m["c"].settings(team_hub)) as c,
+        ):
             await a.ensure_streams()
             assert await c.read_presence() == []
             await a.publish_presence(b"a-1")
@@ -128,8 +134,9 @@ async def test_a_hub_restart_while_publishing_loses_nothing_and_repeats_nothing(
                 for n, msg_id in enumerate(ids):
                     while True:
                         try:
-                            published = await a.publish(subjects.msg(TEAM, "a", "b"), f"#{n}".encode(), msg_id,
-                                                         timeout=0.5)
+                            published = await a.publish(
+                                subjects.msg(TEAM, "a", "b"), f"#{n}".encode(), msg_id, timeout=0.5
+                            )
                         except Unknown:
                             outcomes["unknown"] += 1
                             continue

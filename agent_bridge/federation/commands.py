@@ -1,0 +1,94 @@
+"""`agent-bridge machine [--json]` and `agent-bridge federation hub-config NAME=PUBKEY…` (SPEC §10).
+
+Errors a person can cause are one line on stderr: exit 2 for a bad argument or setting, 1 for a seed
+that cannot be used or a missing extra. Neither command needs a running broker.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent_bridge import paths
+from agent_bridge.federation import hub, identity, settings
+from agent_bridge.federation.errors import FederationError, IdentityError, MissingExtra, SettingsError
+
+
+def _fail(command: str, exc: Exception, code: int) -> int:
+    print(f"agent-bridge {command}: {exc}", file=sys.stderr)
+    return code
+
+
+def machine(as_json: bool) -> int:
+    """This machine's name and NKEY public key, creating the seed (0600) on first use.
+
+    The name is `machine` from [federation] when the table exists; else one made from the host name
+    (settings.default_machine), marked as a suggestion: nothing uses it until it is in config.toml."""
+    home = paths.home()
+    try:
+        configured = settings.load(home)
+    except SettingsError as exc:
+        return _fail("machine", exc, 2)
+    name = configured.machine if configured else settings.default_machine()
+    seed_path = configured.seed if configured else settings.default_seed(home)
+    try:
+        if seed_path.parent == home:
+            paths.ensure_home(home)
+        made = identity.ensure(seed_path)
+    except (IdentityError, MissingExtra) as exc:
+        return _fail("machine", exc, 1)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "machine": name,
+                    "public_key": made.public_key,
+                    "seed": str(made.seed_path),
+                    "created": made.created,
+                    "configured": configured is not None,
+                    "team": configured.team if configured else None,
+                }
+            )
+        )
+        return 0
+    note = "" if configured else "  (from the host name: set machine in [federation] of config.toml)"
+    print(f"machine     {name}{note}")
+    print(f"public key  {made.public_key}")
+    print(f"seed        {made.seed_path}{'  (created now, mode 0600)' if made.created else ''}")
+    print(f"for the hub {name}={made.public_key}")
+    return 0
+
+
+def hub_config(pairs: Sequence[str], team: str, port: int, store: str | None, listen: str) -> int:
+    """Print the nats-server configuration for these machines (hub.render)."""
+    command = shlex.join(
+        [
+            "agent-bridge",
+            "federation",
+            "hub-config",
+            *pairs,
+            "--team",
+            team,
+            "--port",
+            str(port),
+            *(["--store", store] if store else []),
+            *(["--listen", listen] if listen != hub.DEFAULT_HOST else []),
+        ]
+    )
+    try:
+        members = hub.parse_members(pairs)
+        text = hub.render(
+            members,
+            team=hub.check_team(team),
+            port=hub.check_port(port),
+            store=Path(store) if store else None,
+            host=listen,
+            command=command,
+        )
+    except FederationError as exc:
+        return _fail("federation hub-config", exc, 2)
+    sys.stdout.write(text)
+    return 0
