@@ -402,8 +402,12 @@ def add_federation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     hcf.add_argument("--store", metavar="DIR", help="JetStream's folder (default: ./agent-bridge-hub)")
     hcf.add_argument("--listen", metavar="HOST", default="0.0.0.0",
                      help="the address to listen on (default: 0.0.0.0, every interface)")
+    hcf.add_argument("--tls-cert", metavar="FILE", help="the hub's TLS certificate (PEM): clients must use tls://")
+    hcf.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
     hcf.set_defaults(
-        func=lambda ns: _federation().hub_config(ns.members, ns.team, ns.port, ns.store, ns.listen)
+        func=lambda ns: _federation().hub_config(
+            ns.members, ns.team, ns.port, ns.store, ns.listen, ns.tls_cert, ns.tls_key
+        )
     )
 
 

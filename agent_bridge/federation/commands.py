@@ -62,7 +62,15 @@ def machine(as_json: bool) -> int:
     return 0
 
 
-def hub_config(pairs: Sequence[str], team: str, port: int, store: str | None, listen: str) -> int:
+def hub_config(
+    pairs: Sequence[str],
+    team: str,
+    port: int,
+    store: str | None,
+    listen: str,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> int:
     """Print the nats-server configuration for these machines (hub.render)."""
     command = shlex.join(
         [
@@ -76,10 +84,12 @@ def hub_config(pairs: Sequence[str], team: str, port: int, store: str | None, li
             str(port),
             *(["--store", store] if store else []),
             *(["--listen", listen] if listen != hub.DEFAULT_HOST else []),
+            *(["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert and tls_key else []),
         ]
     )
     try:
         members = hub.parse_members(pairs)
+        tls = _tls_files(tls_cert, tls_key)
         text = hub.render(
             members,
             team=hub.check_team(team),
@@ -87,8 +97,20 @@ def hub_config(pairs: Sequence[str], team: str, port: int, store: str | None, li
             store=Path(store) if store else None,
             host=listen,
             command=command,
+            tls=tls,
         )
     except FederationError as exc:
         return _fail("federation hub-config", exc, 2)
     sys.stdout.write(text)
     return 0
+
+
+def _tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise hub.HubConfigError("--tls-cert and --tls-key go together (the hub's certificate and its key)")
+    for flag, value in (("--tls-cert", cert), ("--tls-key", key)):
+        if not Path(value).expanduser().is_file():
+            raise hub.HubConfigError(f"{flag}: expected a PEM file, got {value!r} (no such file)")
+    return Path(cert), Path(key)

@@ -137,8 +137,11 @@ def render(
     store: Path | None = None,
     host: str = DEFAULT_HOST,
     command: str | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> str:
-    """The configuration text for `nats-server -c`. `store`: JetStream's folder (absolute)."""
+    """The configuration text for `nats-server -c`. `store`: JetStream's folder (absolute). `tls`: the
+    hub's certificate and key files (PEM): then every client must speak TLS (machines use tls:// with
+    `ca` pinned to the CA that signed it)."""
     check_team(team)
     check_port(port)
     store = (store or Path("agent-bridge-hub")).expanduser().absolute()
@@ -160,6 +163,11 @@ def render(
         f"  store_dir: {_q(str(store))}",
         "}",
         "",
+    ]
+    if tls is not None:
+        cert, key = (p.expanduser().absolute() for p in tls)
+        lines += ["tls {", f"  cert_file: {_q(str(cert))}", f"  key_file: {_q(str(key))}", "}", ""]
+    lines += [
         "authorization {",
         "  users: [",
     ]

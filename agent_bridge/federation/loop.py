@@ -55,6 +55,13 @@ class AsyncioBridge:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
+    def to_trio(self, fn: Callable[[], None]) -> None:
+        """From the asyncio thread: run `fn()` soon on the Trio thread (dropped once Trio has ended)."""
+        try:
+            self._token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            pass
+
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `await fn(*args)` on the asyncio loop and return (or raise) what it does."""
         if self._closed:

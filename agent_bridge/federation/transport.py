@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -127,19 +127,25 @@ class _Wire:
         self._seed = seed
         self._ack_wait = ack_wait
         self.status = Status()
+        self.on_status: Callable[[], None] = lambda: None  # called on the asyncio thread after each change
         self._nc: Any = None
         self._js: Any = None
         self._subs: dict[str, Any] = {}
 
-    # nats-py's callbacks: each replaces the whole Status (read from the Trio thread without a lock)
+    def _set_status(self, status: Status, /, **changes: Any) -> None:
+        """Replace the whole Status (read from the Trio thread without a lock), then say so."""
+        self.status = replace(status, **changes)
+        self.on_status()
+
+    # nats-py's callbacks
     async def _on_error(self, exc: Exception) -> None:
-        self.status = replace(self.status, last_error=_describe(exc), last_error_at=time.time())
+        self._set_status(self.status, last_error=_describe(exc), last_error_at=time.time())
 
     async def _on_disconnected(self) -> None:
-        self.status = replace(self.status, connected=False, since=time.time())
+        self._set_status(self.status, connected=False, since=time.time())
 
     async def _on_reconnected(self) -> None:
-        self.status = replace(
+        self._set_status(
             self.status, connected=True, since=time.time(), reconnects=self.status.reconnects + 1
         )
 
@@ -165,7 +171,7 @@ class _Wire:
             reconnected_cb=self._on_reconnected,
         )
         self._js = nc.jetstream(timeout=API_TIMEOUT)
-        self.status = replace(self.status, connected=True, since=time.time())
+        self._set_status(self.status, connected=True, since=time.time())
 
     def _jetstream(self) -> Any:
         if self._js is None or self._nc is None or self._nc.is_closed:
@@ -323,8 +329,8 @@ class _Wire:
             try:
                 await nc.close()  # never drain(): it can hang its whole drain_timeout after a fetch
             except Exception as exc:  # a connect cut short leaves nats-py half set up; closing is best effort
-                self.status = replace(self.status, last_error=_describe(exc), last_error_at=time.time())
-        self.status = replace(self.status, connected=False, since=time.time())
+                self._set_status(self.status, last_error=_describe(exc), last_error_at=time.time())
+        self._set_status(self.status, connected=False, since=time.time())
 
 
 def _stream_of(team: str, subject: str) -> str:
@@ -362,9 +368,20 @@ class Transport:
         self._bridge = bridge
         self._wire = wire
         self.settings = wire.settings
+        self._status_changed = trio.Event()
+        wire.on_status = lambda: bridge.to_trio(self._signal_status)
+
+    def _signal_status(self) -> None:
+        self._status_changed.set()
+        self._status_changed = trio.Event()
 
     @property
     def status(self) -> Status:
+        return self._wire.status
+
+    async def status_changed(self) -> Status:
+        """Wait for the next change of `status` (connected, disconnected, an error) and return it."""
+        await self._status_changed.wait()
         return self._wire.status
 
     async def connect(self) -> None:

@@ -66,16 +66,18 @@ class Machine:
 
 
 class Hub:
-    def __init__(self, folder: Path, machines: list[Machine], team: str) -> None:
+    def __init__(
+        self, folder: Path, machines: list[Machine], team: str, tls: tuple[Path, Path] | None = None
+    ) -> None:
         self.folder = folder
         self.team = team
         self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
+        self.url = f"tls://localhost:{self.port}" if tls else f"nats://127.0.0.1:{self.port}"
         self.store = folder / "store"
         self.conf = folder / "hub.conf"
         members = [hub.Member(m.name, m.public_key) for m in machines]
         self.conf.write_text(
-            hub.render(members, team=team, port=self.port, store=self.store, host="127.0.0.1")
+            hub.render(members, team=team, port=self.port, store=self.store, host="127.0.0.1", tls=tls)
         )
         self.machines = {m.name: m for m in machines}
         self.proc: trio.Process | None = None
@@ -85,7 +87,9 @@ class Hub:
     async def start(self) -> None:
         assert self.proc is None
         self.proc = await trio.lowlevel.open_process(
-            [nats_server_binary(), "-c", str(self.conf)], stdout=self._log_fd, stderr=subprocess.STDOUT,
+            [nats_server_binary(), "-c", str(self.conf)],
+            stdout=self._log_fd,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         with trio.fail_after(START_TIMEOUT):
