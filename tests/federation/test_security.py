@@ -243,3 +243,42 @@ async def test_a_machine_without_its_inbox_prefix_gets_no_replies(team_hub: Hub)
     with trio.fail_after(GUARD):
         outcome = await on_asyncio(run)
     assert violation(outcome, 'subscription to "_INBOX.'), outcome
+
+
+@pytest.mark.parametrize("forged", ["t1.msg.a.*", "t1.msg.a.>", "t1.rcpt.a.*"])
+async def test_a_wildcard_as_recipient_reaches_nobody(team_hub: Hub, forged: str) -> None:
+    """a may publish t1.msg.a.<anything>; a literal wildcard there is stored (it is a's to send) but
+    matches no machine's consumer, whose filters name the recipient literally."""
+    await streams_made(team_hub)
+
+    async def publish_raw(nc: Any) -> str:
+        await nc.publish(forged, b"to everyone?")
+        return "sent"
+
+    async def run() -> None:
+        errors: list[str] = []
+
+        async def error_cb(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            servers=[team_hub.url],
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            nkeys_seed_str=seed_of(team_hub, "a"),
+            error_cb=error_cb,
+            inbox_prefix=subjects.inbox_prefix("a"),
+            skip_subject_validation=True,
+        )
+        try:
+            await publish_raw(nc)
+            await nc.flush(timeout=2)
+        finally:
+            await nc.close()
+
+    with trio.fail_after(GUARD):
+        await on_asyncio(run)
+        for machine in ("a", "b", "c"):
+            async with open_transport(team_hub.machines[machine].settings(team_hub)) as t:
+                for kind in subjects.KINDS:
+                    assert await t.fetch(kind, timeout=0.3) == [], (machine, kind)
