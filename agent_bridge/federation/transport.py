@@ -293,6 +293,13 @@ class _Wire:
         except Exception as exc:
             raise _unknown_or(exc, "ack") from None
 
+    async def term(self, token: Any) -> None:
+        try:
+            await token.term()
+            await self._nc.flush(timeout=API_TIMEOUT)
+        except Exception as exc:
+            raise _unknown_or(exc, "term") from None
+
     async def read_presence(self) -> list[PresenceEntry]:
         """The last presence message of every machine: one STREAM.MSG.GET per machine, walking the
         presence stream (one message per subject) by next_by_subj."""
@@ -426,6 +433,11 @@ class Transport:
         """Acknowledge `incoming` to the hub: call only after it is committed locally. Unknown on a
         timeout (the hub redelivers what it did not get an ack for: the receiver dedupes by id)."""
         await self._bridge.call(self._wire.ack, incoming.ack_token)
+
+    async def term(self, incoming: Incoming) -> None:
+        """Tell the hub never to deliver `incoming` again: for a body this machine can never store
+        (malformed, from a newer version), after recording why. Otherwise it comes back every ack_wait."""
+        await self._bridge.call(self._wire.term, incoming.ack_token)
 
     async def publish_presence(self, body: bytes) -> Published:
         subject = subjects.presence(self.settings.team, self.settings.machine)

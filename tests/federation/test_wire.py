@@ -102,6 +102,25 @@ async def test_what_is_not_acked_is_delivered_again(team_hub: Hub) -> None:
             assert await b.fetch("msg", timeout=1.5) == []
 
 
+async def test_what_is_termed_is_not_delivered_again(team_hub: Hub) -> None:
+    m = team_hub.machines
+    with trio.fail_after(GUARD):
+        async with (
+            open_transport(m["a"].settings(team_hub)) as a,
+            open_transport(m["b"].settings(team_hub), ack_wait=1.0) as b,
+        ):
+            await a.ensure_streams()
+            await a.publish(subjects.msg(TEAM, "a", "b"), b"\xffnot an envelope", "bad-1")
+            await a.publish(subjects.msg(TEAM, "a", "b"), b"fine", "good-1")
+            got = await b.fetch("msg", batch=2, timeout=2)
+            assert [i.msg_id for i in got] == ["bad-1", "good-1"]
+            await b.term(got[0])
+            # good-1 not acked: back after ack_wait; bad-1 never again
+            again = await b.fetch("msg", batch=2, timeout=3)
+            assert [(i.msg_id, i.num_delivered) for i in again] == [("good-1", 2)]
+            await b.ack(again[0])
+
+
 async def test_presence_keeps_the_last_of_each_machine_and_everyone_reads_all(team_hub: Hub) -> None:
     m = team_hub.machines
     with trio.fail_after(GUARD):
