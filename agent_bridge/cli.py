@@ -404,9 +404,16 @@ def add_federation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
                      help="the address to listen on (default: 0.0.0.0, every interface)")
     hcf.add_argument("--tls-cert", metavar="FILE", help="the hub's TLS certificate (PEM): clients must use tls://")
     hcf.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    hcf.add_argument("--cluster", metavar="NAME", help="one node of a hub of several: the cluster's name")
+    hcf.add_argument("--node", metavar="NODE", help="this node's name, unique in the cluster")
+    hcf.add_argument("--routes", metavar="HOST:PORT,...", help="every node's route port, comma-separated")
+    hcf.add_argument("--cluster-port", type=int, default=6222, help="this node's route port (default: 6222)")
+    hcf.add_argument("--cluster-secret-file", metavar="FILE",
+                     help="the secret the nodes' routes share (the same file for every node)")
     hcf.set_defaults(
         func=lambda ns: _federation().hub_config(
-            ns.members, ns.team, ns.port, ns.store, ns.listen, ns.tls_cert, ns.tls_key
+            ns.members, ns.team, ns.port, ns.store, ns.listen, ns.tls_cert, ns.tls_key,
+            (ns.cluster, ns.node, ns.routes, ns.cluster_secret_file), ns.cluster_port,
         )
     )
 

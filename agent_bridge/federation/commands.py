@@ -70,8 +70,11 @@ def hub_config(
     listen: str,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    cluster: Sequence[str | None] = (None, None, None, None),
+    cluster_port: int = hub.DEFAULT_CLUSTER_PORT,
 ) -> int:
-    """Print the nats-server configuration for these machines (hub.render)."""
+    """Print the nats-server configuration for these machines (hub.render). `cluster`: (name, node,
+    routes, secret file), all or none, for one node of a hub of several."""
     command = shlex.join(
         [
             "agent-bridge",
@@ -85,6 +88,8 @@ def hub_config(
             *(["--store", store] if store else []),
             *(["--listen", listen] if listen != hub.DEFAULT_HOST else []),
             *(["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert and tls_key else []),
+            *([f"--{flag}={value}" for flag, value in zip(CLUSTER_FLAGS, cluster, strict=True) if value]),
+            *(["--cluster-port", str(cluster_port)] if any(cluster) else []),
         ]
     )
     try:
@@ -98,11 +103,35 @@ def hub_config(
             host=listen,
             command=command,
             tls=tls,
+            cluster=_cluster(cluster, cluster_port),
         )
     except FederationError as exc:
         return _fail("federation hub-config", exc, 2)
     sys.stdout.write(text)
     return 0
+
+
+CLUSTER_FLAGS = ("cluster", "node", "routes", "cluster-secret-file")
+
+
+def _cluster(values: Sequence[str | None], port: int) -> hub.Cluster | None:
+    if not any(values):
+        return None
+    missing = [f"--{flag}" for flag, value in zip(CLUSTER_FLAGS, values, strict=True) if not value]
+    if missing:
+        raise hub.HubConfigError(
+            f"a cluster node needs --cluster, --node, --routes and --cluster-secret-file; "
+            f"missing {', '.join(missing)}"
+        )
+    name, node, routes, secret_file = (str(v) for v in values)
+    secret_path = Path(secret_file).expanduser()
+    try:
+        secret = secret_path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        raise hub.HubConfigError(
+            f"--cluster-secret-file: expected a readable file, got {secret_file!r}"
+        ) from None
+    return hub.make_cluster(name, node, port, routes.split(","), secret)
 
 
 def _tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:

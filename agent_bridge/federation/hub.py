@@ -22,6 +22,7 @@ The configuration carries only public keys: it can be printed, mailed and commit
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +33,9 @@ from agent_bridge.federation.errors import FederationError
 
 DEFAULT_PORT = 4222
 DEFAULT_HOST = "0.0.0.0"  # a hub serves other machines
+DEFAULT_CLUSTER_PORT = 6222
+SECRET_RE = re.compile(r"[A-Za-z0-9_-]{24,128}")
+ROUTE_USER = "route"  # the user the cluster's nodes authenticate each other's routes with
 
 # The streams, the same on every machine (a create with any other config is refused by the hub once
 # a stream exists, so they are constants here, not settings).
@@ -41,6 +45,20 @@ DUPLICATE_WINDOW = timedelta(minutes=10)  # a retry with the same Nats-Msg-Id wi
 # the duplicate window is still shown once.
 MAX_AGE = timedelta(days=30)
 PRESENCE_DUPLICATE_WINDOW = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One node of a hub made of several nats-server nodes (a JetStream cluster, 3 or more for R3).
+
+    Every node gets the same members and team; each its own `node` name, store and ports. Routes carry
+    everything between the nodes, so they are authenticated with a secret all nodes share (`secret`)."""
+
+    name: str  # the cluster's name, the same on every node
+    node: str  # this node's server_name, unique in the cluster
+    port: int  # this node's route port
+    routes: tuple[str, ...]  # host:port of every node's route port (its own may be in it)
+    secret: str
 
 
 class HubConfigError(FederationError):
@@ -78,6 +96,39 @@ def parse_members(pairs: Iterable[str]) -> list[Member]:
     if not members:
         raise HubConfigError("expected at least one NAME=PUBKEY")
     return members
+
+
+def make_cluster(name: str, node: str, port: int, routes: Sequence[str], secret: str) -> Cluster:
+    """A checked Cluster; HubConfigError (one line) for the first bad value."""
+    if not subjects.is_name(name):
+        raise HubConfigError(f"--cluster: expected {subjects.NAME_RULE}, got {name!r}")
+    if not subjects.is_name(node):
+        raise HubConfigError(f"--node: expected {subjects.NAME_RULE}, got {node!r}")
+    check_port(port)
+    cleaned = tuple(r.strip() for r in routes)
+    for route in cleaned:
+        host, sep, route_port = route.rpartition(":")
+        if (
+            not sep
+            or not host
+            or not route_port.isdigit()
+            or not 1 <= int(route_port) <= 65535
+            or "/" in host
+        ):
+            raise HubConfigError(
+                f"--routes: expected HOST:PORT of each node's route port, comma-separated, got {route!r}"
+            )
+    if len(cleaned) < 2:
+        raise HubConfigError(
+            f"--routes: expected the route ports of the hub's nodes (3 or more for "
+            f"streams kept on 3), got {','.join(cleaned)!r}"
+        )
+    if not SECRET_RE.fullmatch(secret):
+        raise HubConfigError(
+            "--cluster-secret-file: expected 24 to 128 of A-Z, a-z, 0-9, _ and - "
+            "(e.g. `openssl rand -hex 32`), the same file for every node"
+        )
+    return Cluster(name, node, port, cleaned, secret)
 
 
 def check_team(team: str) -> str:
@@ -138,6 +189,7 @@ def render(
     host: str = DEFAULT_HOST,
     command: str | None = None,
     tls: tuple[Path, Path] | None = None,
+    cluster: Cluster | None = None,
 ) -> str:
     """The configuration text for `nats-server -c`. `store`: JetStream's folder (absolute). `tls`: the
     hub's certificate and key files (PEM): then every client must speak TLS (machines use tls:// with
@@ -156,7 +208,9 @@ def render(
         "# Each machine publishes only as itself, reads only its own durable consumers and gets replies",
         f"# only under _INBOX_<machine>. The machines create the streams {subjects.stream(team)} and",
         f"# {subjects.presence_stream(team)} themselves (create only; none may update, purge or delete one).",
-        "# Only public keys are here. Add a machine: run hub-config again with every NAME=PUBKEY, restart.",
+        "# Only public keys are here"
+        + (" and the routes' secret: keep it private." if cluster else ".")
+        + " Add a machine: run hub-config again with every NAME=PUBKEY, restart.",
         f"listen: {_q(f'{host}:{port}')}",
         "",
         "jetstream {",
@@ -164,6 +218,21 @@ def render(
         "}",
         "",
     ]
+    if cluster is not None:
+        check_port(cluster.port)
+        routes = [f"nats://{ROUTE_USER}:{cluster.secret}@{route}" for route in cluster.routes]
+        at = lines.index("jetstream {")
+        lines[at:at] = [f"server_name: {_q(cluster.node)}", ""]
+        lines += [
+            "# The nodes' routes: only this hub's nodes, with the shared secret (keep this file private).",
+            "cluster {",
+            f"  name: {_q(cluster.name)}",
+            f"  listen: {_q(f'{host}:{cluster.port}')}",
+            f"  authorization {{ user: {_q(ROUTE_USER)}, password: {_q(cluster.secret)} }}",
+            f"  routes: {_list(routes, '  ')}",
+            "}",
+            "",
+        ]
     if tls is not None:
         cert, key = (p.expanduser().absolute() for p in tls)
         lines += ["tls {", f"  cert_file: {_q(str(cert))}", f"  key_file: {_q(str(key))}", "}", ""]

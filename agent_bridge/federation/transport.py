@@ -47,6 +47,11 @@ MAX_ACK_PENDING = 1000  # at most this many delivered and unacked per consumer
 RECONNECT_WAIT = 2.0  # between attempts to reach the hub; forever (a machine works on while away)
 CLOSE_GRACE = 5.0
 STREAM_EXISTS_DIFFERENT = 10058  # JetStream's "stream name already in use with a different configuration"
+NOT_CLUSTERED = 10074  # "replicas > 1 not supported in non-clustered mode": a hub of one nats-server
+# On a hub of several nodes every stream is kept on 3 of them, so it survives losing one. Every machine
+# asks for 3 first and for 1 only when the hub says it is a single server, so all of them ask for the
+# same config, and a create of an existing stream stays a no-op.
+CLUSTER_REPLICAS = 3
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,16 @@ class Incoming:
 
 
 @dataclass(frozen=True)
+class StreamState:
+    """What the hub says of one of the team's streams (for `federation status` and the tests)."""
+
+    name: str
+    replicas: int
+    leader: str | None  # the node that leads it, on a hub of several
+    messages: int
+
+
+@dataclass(frozen=True)
 class PresenceEntry:
     machine: str
     body: bytes
@@ -89,9 +104,9 @@ class PresenceEntry:
     time: float | None  # when the hub stored it (time.time() scale)
 
 
-def stream_configs(team: str) -> list[Any]:
+def stream_configs(team: str, replicas: int = 1) -> list[Any]:
     """The two streams as nats-py StreamConfigs: the same on every machine, so each one's create of an
-    existing stream is a no-op."""
+    existing stream is a no-op. `replicas`: CLUSTER_REPLICAS on a clustered hub, else 1 (ensure_streams)."""
     api = require("nats.js.api")
     common = dict(
         storage=api.StorageType.FILE,
@@ -99,7 +114,7 @@ def stream_configs(team: str) -> list[Any]:
         discard=api.DiscardPolicy.OLD,
         deny_delete=True,
         deny_purge=True,
-        num_replicas=1,
+        num_replicas=replicas,
     )
     return [
         api.StreamConfig(
@@ -181,20 +196,25 @@ class _Wire:
     async def ensure_streams(self) -> None:
         js_errors = require("nats.js.errors")
         js = self._jetstream()
-        for config in stream_configs(self.settings.team):
-            try:
-                await js.add_stream(config)
-            except js_errors.APIError as exc:
-                if exc.err_code == STREAM_EXISTS_DIFFERENT:
+        for replicas in (CLUSTER_REPLICAS, 1):
+            for config in stream_configs(self.settings.team, replicas):
+                try:
+                    await js.add_stream(config)
+                except js_errors.APIError as exc:
+                    if exc.err_code == NOT_CLUSTERED and replicas > 1:
+                        break  # a single server: the same streams with one replica
+                    if exc.err_code == STREAM_EXISTS_DIFFERENT:
+                        raise HubError(
+                            f"the hub's stream {config.name} exists with another configuration (made "
+                            "by another agent-bridge version?); the hub's admin must reconcile it"
+                        ) from None
                     raise HubError(
-                        f"the hub's stream {config.name} exists with another configuration (made "
-                        "by another agent-bridge version?); the hub's admin must reconcile it"
+                        f"the hub refused to create the stream {config.name}: {exc.description}"
                     ) from None
-                raise HubError(
-                    f"the hub refused to create the stream {config.name}: {exc.description}"
-                ) from None
-            except Exception as exc:
-                raise _unknown_or(exc, f"creating the stream {config.name}") from None
+                except Exception as exc:
+                    raise _unknown_or(exc, f"creating the stream {config.name}") from None
+            else:
+                return
 
     # asyncio side: nats-py takes its timeouts as arguments (no Trio cancel scope reaches here)
     async def publish(self, subject: str, body: bytes, msg_id: str, timeout: float) -> Published:  # noqa: ASYNC109
@@ -292,6 +312,23 @@ class _Wire:
             await token.ack_sync(timeout=API_TIMEOUT)
         except Exception as exc:
             raise _unknown_or(exc, "ack") from None
+
+    async def streams(self) -> list[StreamState]:
+        js_errors = require("nats.js.errors")
+        js = self._jetstream()
+        states = []
+        for name in (subjects.stream(self.settings.team), subjects.presence_stream(self.settings.team)):
+            try:
+                info = await js.stream_info(name)
+            except js_errors.APIError as exc:
+                raise HubError(f"the stream {name}: {exc.description}") from None
+            except Exception as exc:
+                raise _unknown_or(exc, f"the stream {name}") from None
+            leader = info.cluster.leader if info.cluster is not None else None
+            states.append(
+                StreamState(name, int(info.config.num_replicas or 1), leader, int(info.state.messages))
+            )
+        return states
 
     async def term(self, token: Any) -> None:
         try:
@@ -433,6 +470,10 @@ class Transport:
         """Acknowledge `incoming` to the hub: call only after it is committed locally. Unknown on a
         timeout (the hub redelivers what it did not get an ack for: the receiver dedupes by id)."""
         await self._bridge.call(self._wire.ack, incoming.ack_token)
+
+    async def streams(self) -> list[StreamState]:
+        """The team's two streams as the hub has them: replicas, leader node, message count."""
+        return await self._bridge.call(self._wire.streams)
 
     async def term(self, incoming: Incoming) -> None:
         """Tell the hub never to deliver `incoming` again: for a body this machine can never store

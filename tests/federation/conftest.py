@@ -67,8 +67,14 @@ class Machine:
 
 class Hub:
     def __init__(
-        self, folder: Path, machines: list[Machine], team: str, tls: tuple[Path, Path] | None = None
+        self,
+        folder: Path,
+        machines: list[Machine],
+        team: str,
+        tls: tuple[Path, Path] | None = None,
+        cluster: hub.Cluster | None = None,
     ) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.team = team
         self.port = free_port()
@@ -77,7 +83,15 @@ class Hub:
         self.conf = folder / "hub.conf"
         members = [hub.Member(m.name, m.public_key) for m in machines]
         self.conf.write_text(
-            hub.render(members, team=team, port=self.port, store=self.store, host="127.0.0.1", tls=tls)
+            hub.render(
+                members,
+                team=team,
+                port=self.port,
+                store=self.store,
+                host="127.0.0.1",
+                tls=tls,
+                cluster=cluster,
+            )
         )
         self.machines = {m.name: m for m in machines}
         self.proc: trio.Process | None = None
