@@ -45,6 +45,8 @@ DUPLICATE_WINDOW = timedelta(minutes=10)  # a retry with the same Nats-Msg-Id wi
 # the duplicate window is still shown once.
 MAX_AGE = timedelta(days=30)
 PRESENCE_DUPLICATE_WINDOW = timedelta(seconds=30)
+# A machine publishes its presence every 30 s; one gone for a day drops out of everyone's list.
+PRESENCE_MAX_AGE = timedelta(days=1)
 
 
 @dataclass(frozen=True)

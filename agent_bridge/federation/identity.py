@@ -107,7 +107,7 @@ def ensure(path: Path) -> Identity:
     if path.exists():
         return load(path)
     seed = new_seed()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SEED_MODE)

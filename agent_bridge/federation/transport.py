@@ -128,6 +128,7 @@ def stream_configs(team: str, replicas: int = 1) -> list[Any]:
             name=subjects.presence_stream(team),
             subjects=subjects.presence_subjects(team),
             max_msgs_per_subject=1,
+            max_age=hub.PRESENCE_MAX_AGE.total_seconds(),
             duplicate_window=hub.PRESENCE_DUPLICATE_WINDOW.total_seconds(),
             **common,
         ),

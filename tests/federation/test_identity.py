@@ -51,6 +51,26 @@ def test_the_seed_is_never_readable_by_others_even_while_written(
     assert modes == [0o600]
 
 
+def test_first_runs_at_once_keep_one_seed(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "machine.nk"
+    keys_seen: list[str] = []
+    start = threading.Barrier(8)
+
+    def first_run() -> None:
+        start.wait()
+        keys_seen.append(identity.ensure(path).public_key)
+
+    threads = [threading.Thread(target=first_run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(keys_seen) == 8 and len(set(keys_seen)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["machine.nk"]
+
+
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644, 0o620, 0o602])
 def test_a_looser_seed_is_refused_in_one_line(tmp_path: Path, mode: int) -> None:
     path = tmp_path / "machine.nk"
