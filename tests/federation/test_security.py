@@ -282,3 +282,34 @@ async def test_a_wildcard_as_recipient_reaches_nobody(team_hub: Hub, forged: str
             async with open_transport(team_hub.machines[machine].settings(team_hub)) as t:
                 for kind in subjects.KINDS:
                     assert await t.fetch(kind, timeout=0.3) == [], (machine, kind)
+
+
+async def test_a_stream_made_first_with_another_config_is_reported_in_one_line(team_hub: Hub) -> None:
+    """What a member can do with the create permission: make the team's stream first, with another
+    config (docs/federation.md says so). Every other machine's ensure_streams then says it in one
+    line instead of using it."""
+    from agent_bridge.federation.errors import HubError
+
+    async def create_short_lived(nc: Any) -> str:
+        msg = await request(
+            nc,
+            f"$JS.API.STREAM.CREATE.{STREAM}",
+            json.dumps(
+                {
+                    "name": STREAM,
+                    "subjects": ["t1.msg.>", "t1.rcpt.>", "t1.dec.>"],
+                    "storage": "memory",
+                    "max_age": 1_000_000_000,
+                }
+            ).encode(),
+        )
+        return msg.data.decode()
+
+    result, errors = await denied(team_hub, "a", create_short_lived)
+    assert '"created"' in result and errors == "", (result, errors)
+    with trio.fail_after(GUARD):
+        async with open_transport(team_hub.machines["b"].settings(team_hub)) as b:
+            with pytest.raises(HubError) as caught:
+                await b.ensure_streams()
+    text = str(caught.value)
+    assert "\n" not in text and STREAM in text and "another configuration" in text, text
