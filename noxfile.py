@@ -74,8 +74,9 @@ def bench(session: nox.Session) -> None:
     import json
 
     # The reach and job benchmarks drive the real hosts with the tests' scripted model servers
-    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does.
-    session.install("-e", ".[test]")
+    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does; the
+    # federation ones a real nats-server and nats-py, as tests/federation do.
+    session.install("-e", ".[test,federation]")
     env = ensure_host_clis(session)
     lines = []
     for script in sorted(os.listdir("bench")):
