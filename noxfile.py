@@ -42,7 +42,7 @@ def ensure_host_clis(session: nox.Session) -> dict[str, str]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,federation]")
     ensure_chromium(session)
     env = ensure_host_clis(session)
     session.run("pytest", *session.posargs, env=env)
@@ -63,7 +63,7 @@ def typecheck(session: nox.Session) -> None:
     # The broker and its store, the relay and its ledger, the showing state machine and the SDK
     # adapter: no Any leaking out of a typed function, no bare generics.
     session.run("mypy", "--strict", "agent_bridge/broker", "agent_bridge/store", "agent_bridge/relay",
-                "agent_bridge/common/ledger.py", "agent_bridge/core")
+                "agent_bridge/common/ledger.py", "agent_bridge/core", "agent_bridge/federation")
 
 
 @nox.session
@@ -73,8 +73,9 @@ def bench(session: nox.Session) -> None:
     import json
 
     # The reach and job benchmarks drive the real hosts with the tests' scripted model servers
-    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does.
-    session.install("-e", ".[test]")
+    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does; the
+    # federation ones a real nats-server and nats-py, as tests/federation do.
+    session.install("-e", ".[test,federation]")
     env = ensure_host_clis(session)
     lines = []
     for script in sorted(os.listdir("bench")):
