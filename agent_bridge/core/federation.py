@@ -42,7 +42,10 @@ and the test seen failing, 2026-12-05):
      landed);
   4. PubAck treated as delivered: a message's row is dropped at PubAck (lost when the hub loses
      an acknowledged write);
-  5. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait.
+  5. a restart forgets relayed messages: `restore` skips rows with `relayed_at` (lost when the
+     hub loses them);
+  6. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait.
+`python3 tests/federation/mutate_outbox.py` applies each one and runs the test.
 """
 
 from __future__ import annotations

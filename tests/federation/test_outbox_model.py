@@ -133,13 +133,17 @@ class World(RuleBasedStateMachine):
                 body = action.id  # the body always names the row's own id (message id, mid/state)
                 self.in_flight.append(InFlight(s.name, s.epoch, action.kind, action.id, action.msg_id, body))
             elif isinstance(action, MarkRelayed):
-                assert s is self.a
+                row = s.outbox_rows.get((MSG, action.id))
+                if row is not None:
+                    s.outbox_rows[(MSG, action.id)] = row._replace(relayed_at=action.at)
             elif isinstance(action, MarkUnconfirmed):
                 assert s is self.a
                 queued = self.a_sends[action.id]
                 assert action.at - queued >= fed.UNCONFIRMED_AFTER, "unconfirmed before the bound"
                 assert self.a_receipt.get(action.id, 0) == 0, "unconfirmed after a receipt"
                 self.a_unconfirmed[action.id] = action.at
+                row = s.outbox_rows[(MSG, action.id)]
+                s.outbox_rows[(MSG, action.id)] = row._replace(unconfirmed_at=action.at)
             elif isinstance(action, Drop):
                 s.outbox_rows.pop((action.kind, action.id), None)
 
@@ -155,7 +159,7 @@ class World(RuleBasedStateMachine):
                     assert self.b_inbox[entry.body] >= 1, f"acked {entry.body} to the stream before commit"
                 else:
                     mid, state = entry.body.split("/")
-                    assert self.a_receipt.get(mid, 0) >= fed.receipt_rank(state), "receipt acked before commit"
+                    assert self.a_receipt.get(mid, 0) >= fed.receipt_rank(state), "acked before commit"
                 entry.acked = True
 
     def queue_receipt(self, mid: str) -> None:
