@@ -290,7 +290,7 @@ def _field(d: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
 
 
 def _id(d: dict[str, Any], key: str, name: str | None = None) -> str:
-    value = _field(d, key, str) if name is None else _named(d, key, str, name)
+    value: str = _named(d, key, str, name or key)
     if not ID.match(value):
         raise EnvelopeError(f"{name or key}: expected an id (letters, digits, '.', '_', ':', '-'), "
                             f"got {value[:40]!r}")
