@@ -68,6 +68,18 @@ UNCONFIRMED_AFTER = 900.0  # s after it was queued: a message with no receipt is
 MAX_IN_FLIGHT = 64  # publishes awaiting their PubAck at once (the rest wait their turn)
 
 
+OFFLINE_AFTER_MS = 90_000  # a machine not heard from for this long: its sessions show offline
+SESSION_STATES = ("busy", "idle", "offline")
+
+
+def session_state(said: str | None, heard_at: int | None, now: int) -> str:
+    """A remote session's state as shown here (SPEC §10): what its machine last said, or
+    offline when that machine has been silent for OFFLINE_AFTER_MS (times in epoch ms)."""
+    if heard_at is None or now - heard_at > OFFLINE_AFTER_MS or said not in SESSION_STATES:
+        return "offline"
+    return said
+
+
 def receipt_rank(state: str | None) -> int:
     """0 for no receipt, then stored < shown < acknowledged: receipts apply monotonically."""
     return 0 if state is None else RECEIPTS.index(state) + 1

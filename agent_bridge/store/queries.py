@@ -84,12 +84,15 @@ def query_decisions(
     history: bool = False,
     topic: str | None = None,
     limit: int | None = None,
+    project_key: str | None = None,
 ) -> list[Decision]:
     """Decisions, newest revision first (SPEC §4.2, §6).
 
     `needle` is an already-normalized query (domain.normalize_query); `lookup` a parsed scope or
     None for every scope; `caller_addresses` the calling session's addresses (a project lookup
-    through MCP also includes decisions addressed to the caller).
+    through MCP also includes decisions addressed to the caller). `project_key`: the project
+    folder's key (projectkey.py), so a project lookup also finds other machines' decisions for
+    that key (recorded for the folder `git:<key>`, SPEC §10).
     """
     if not has_table(conn, "decisions"):
         return []
@@ -114,6 +117,9 @@ def query_decisions(
             assert isinstance(lookup, dict)
             args["project"] = lookup["project"]
             clause = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
+            if project_key is not None:
+                args["keyed"] = "git:" + project_key
+                clause += " OR (d.scope_kind = 'project' AND d.scope_project = :keyed)"
             if addresses:
                 clause += " OR d.scope_kind = 'sessions'"
             where.append(f"({clause})")
@@ -128,7 +134,8 @@ def query_decisions(
     for values in conn.execute(sql, args):
         scope = domain.scope_from_json(values[4])
         if lookup is not None and not domain.lookup_matches(scope, lookup, addresses=addresses):
-            continue
+            if not (project_key is not None and scope == {"project": "git:" + project_key}):
+                continue
         out.append(Decision.from_row(values, scope))
         if limit is not None and len(out) >= limit:
             break
@@ -359,6 +366,8 @@ def list_peers(conn: apsw.Connection) -> list[Peer]:
         f"SELECT id, name, agent, project, {host_col}, kind, created_at, last_seen_at FROM peers "
         f"WHERE {LISTED_PEERS} ORDER BY last_seen_at DESC, rowid DESC"
     )
+    if not has_column(conn, "peers", "machine"):  # before federation (version 11)
+        sql = sql.replace(" AND machine IS NULL", "")
     if not has_column(conn, "peers", "forgotten_at"):
         sql = sql.replace(" AND forgotten_at IS NULL", "")
     return [Peer(*v) for v in conn.execute(sql)]
@@ -371,7 +380,8 @@ CLI_ID = "cli"
 def listed_peers(alias: str = "") -> str:
     """SQL condition on peers (`alias.`-qualified): rows listed and addressable."""
     p = f"{alias}." if alias else ""
-    return f"{p}id != '{CLI_ID}' AND {p}forgotten_at IS NULL"
+    # machine: a session of another machine (SPEC §10) is listed by the federation reads, never here
+    return f"{p}id != '{CLI_ID}' AND {p}forgotten_at IS NULL AND {p}machine IS NULL"
 
 
 LISTED_PEERS = listed_peers()
