@@ -2,8 +2,9 @@
 outbox and with what the hub delivers, as two state machines with no I/O.
 
 The broker's federation task feeds them what happened and carries out what they answer; the
-store's rows are the truth, these only decide *when*. Time is an argument (seconds, any
-monotonic origin); there are no threads, sockets or clocks in here. `tests/federation/
+store's rows are the truth, these only decide *when*. Time is an argument, in epoch milliseconds
+as the store keeps it (a row's age must survive a restart); there are no threads, sockets or
+clocks in here. `tests/federation/
 test_outbox_model.py` drives both against a reference model with hypothesis.
 
 **Outbox** (the sending side). Every row of the store's outbox (a message to a remote session,
@@ -60,11 +61,12 @@ KINDS = (MSG, RCPT, DEC)
 STORED, SHOWN, ACKNOWLEDGED = "stored", "shown", "acknowledged"
 RECEIPTS = (STORED, SHOWN, ACKNOWLEDGED)
 
-BACKOFF_FIRST = 0.5  # s: the first retry after an unknown outcome (a hub restart takes ~1 s)
-BACKOFF_MAX = 30.0  # s: retries never wait longer than this while the hub answers nothing
-RECEIPT_WAIT = 60.0  # s: a relayed message with no receipt is published again after this
-RECEIPT_WAIT_MAX = 600.0  # s: ... doubling each time, up to this
-UNCONFIRMED_AFTER = 900.0  # s after it was queued: a message with no receipt is marked unconfirmed
+# Times are epoch milliseconds.
+BACKOFF_FIRST = 500  # the first retry after an unknown outcome (a hub restart takes about 1 s)
+BACKOFF_MAX = 30_000  # retries never wait longer than this while the hub answers nothing
+RECEIPT_WAIT = 60_000  # a relayed message with no receipt is published again after this
+RECEIPT_WAIT_MAX = 600_000  # ... the wait doubling each time, up to this
+UNCONFIRMED_AFTER = 900_000  # after it was queued: a message with no receipt is marked unconfirmed
 MAX_IN_FLIGHT = 64  # publishes awaiting their PubAck at once (the rest wait their turn)
 
 
@@ -155,11 +157,16 @@ class Outbox:
     # --- the store's rows -----------------------------------------------------------------
 
     def restore(self, rows: list[OutboxRow], now: float) -> None:
-        """After a restart: every committed row, due at once (what was in flight is unknown)."""
+        """After a restart: every committed row, due at once (what was in flight is unknown),
+        except a relayed message, which waits for its receipt as before."""
         self._entries.clear()
         self._in_flight = 0
         for row in rows:
             self.queued(row, now)
+            if row.relayed_at is not None:
+                entry = self._entries[(row.kind, row.id)]
+                entry.relays = 1
+                entry.next_try = max(now, row.relayed_at + RECEIPT_WAIT)
 
     def queued(self, row: OutboxRow, now: float) -> None:
         """A row was committed (a send, a receipt, a decision). A row already held is kept: a

@@ -341,7 +341,7 @@ class Federation(Decisions):
     # --- the outbox -----------------------------------------------------------------------------
 
     def outbox_rows(self) -> list[fed.OutboxRow]:
-        """Every row, for core.federation.Outbox.restore (times in seconds)."""
+        """Every row, for core.federation.Outbox.restore."""
         return fq.outbox_rows(self.conn)
 
     def outbox_item(self, kind: str, row_id: str) -> tuple[str | None, bytes] | None:

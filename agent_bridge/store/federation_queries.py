@@ -91,8 +91,7 @@ def outbox_rows(conn: apsw.Connection) -> list[fed.OutboxRow]:
     if not has_table(conn, "outbox"):
         return []
     return [
-        fed.OutboxRow(row_id, kind, queued / 1000, None if relayed is None else relayed / 1000,
-                      None if unconfirmed is None else unconfirmed / 1000)
+        fed.OutboxRow(row_id, kind, queued, relayed, unconfirmed)
         for kind, row_id, queued, relayed, unconfirmed in conn.execute(
             "SELECT kind, id, queued_at, relayed_at, unconfirmed_at FROM outbox ORDER BY queued_at"
         )

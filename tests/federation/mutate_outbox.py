@@ -31,9 +31,9 @@ MUTATIONS = {
         "        if True:\n            del self._entries",
     ),
     "a restart forgets relayed messages": (
-        "        for row in rows:\n            self.queued(row, now)",
-        "        for row in rows:\n            if row.relayed_at is None:\n"
-        "                self.queued(row, now)",
+        "            self.queued(row, now)\n            if row.relayed_at is not None:",
+        "            if row.relayed_at is None:\n"
+        "                self.queued(row, now)\n            if False:",
     ),
     "unconfirmed before the bound": (
         "now - entry.queued_at >= UNCONFIRMED_AFTER",
