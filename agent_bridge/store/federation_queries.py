@@ -5,6 +5,7 @@ before federation (version < 11) has none of them (empty results).
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 import apsw
@@ -97,3 +98,38 @@ def outbox_rows(conn: apsw.Connection) -> list[fed.OutboxRow]:
         )
     ]
 
+
+
+class RemoteMarks(NamedTuple):
+    """What `sent` adds for a message to another machine's session (SPEC §10)."""
+
+    machine: str  # the recipient's machine
+    relayed_at: int | None  # the hub acknowledged it (relayed, not delivered)
+    stored_at: int | None  # its machine stored it (its first receipt)
+    unconfirmed_at: int | None  # no receipt within the bound (cleared by a late one)
+
+
+def remote_marks(conn: apsw.Connection, message_ids: list[str]) -> dict[str, RemoteMarks]:
+    """The marks of those of `message_ids` that went to another machine's session."""
+    if not message_ids or not has_column(conn, "messages", "relayed_at"):
+        return {}
+    rows = conn.execute(
+        "SELECT m.id, p.machine, m.relayed_at, m.stored_at, m.unconfirmed_at FROM messages m "
+        "JOIN peers p ON p.id = m.to_peer WHERE p.machine IS NOT NULL "
+        "AND m.id IN (SELECT value FROM json_each(?))",
+        (json.dumps(message_ids),),
+    )
+    return {mid: RemoteMarks(machine, relayed, stored, unconfirmed)
+            for mid, machine, relayed, stored, unconfirmed in rows}
+
+
+def sending_machines(conn: apsw.Connection, message_ids: list[str]) -> dict[str, str]:
+    """`from.machine` of those of `message_ids` that came from another machine."""
+    if not message_ids or not has_column(conn, "messages", "machine"):
+        return {}
+    rows = conn.execute(
+        "SELECT id, machine FROM messages WHERE machine IS NOT NULL "
+        "AND id IN (SELECT value FROM json_each(?))",
+        (json.dumps(message_ids),),
+    )
+    return {str(mid): str(machine) for mid, machine in rows}

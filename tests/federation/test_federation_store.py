@@ -8,6 +8,8 @@ from pathlib import Path
 
 import apsw
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent_bridge import domain
 from agent_bridge.core import envelopes as env
@@ -131,6 +133,10 @@ def test_a_message_arrives_once_and_its_receipts_come_back(laptop: Store, devbox
     assert outbox(laptop, fed.MSG) == {}  # its receipt ends the outbox row
     row = laptop.conn.execute("SELECT stored_at, unconfirmed_at FROM messages WHERE id = ?", (mid,))
     assert row.fetchone() == (T0 + 11, None)
+    marks = fq.RemoteMarks("devbox", None, T0 + 11, None)
+    assert fq.remote_marks(laptop.conn, [mid, "other"]) == {mid: marks}
+    assert fq.sending_machines(devbox.conn, [mid]) == {mid: "laptop"}
+    assert fq.sending_machines(laptop.conn, [mid]) == {} and fq.remote_marks(devbox.conn, [mid]) == {}
 
 
 def test_a_repeat_answers_with_the_receipt_it_has_now(laptop: Store, devbox: Store) -> None:
@@ -254,6 +260,46 @@ def test_every_machine_agrees_on_the_current_revision_whatever_the_arrival_order
         assert store.apply_remote_decision("x", dec("old", "db", "Old", T0 - 1), T0) is Applied.NEW
         assert current(store, "db") == "z9"  # a late old revision changes nothing
         store.close()
+
+
+REVISION = st.tuples(st.integers(0, 4), st.sampled_from("abc"), st.booleans())  # (ms, id letter, retraction)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(revisions=st.lists(REVISION, min_size=1, max_size=8, unique_by=lambda r: r[:2]), data=st.data())
+def test_any_two_arrival_orders_agree_on_the_current_revision(
+    tmp_path: Path, revisions: list[tuple[int, str, bool]], data: st.DataObject
+) -> None:
+    """Revisions and retractions of one topic, each applied once on two machines in two orders
+    (a retraction waiting until what it retracts is there): both end with one current revision,
+    the same, and it is the latest by (createdAt, id) unless a retraction is later still."""
+    first = [r for r in revisions if not r[2]] or [(0, "a", False)]
+    records: list[env.DecisionEnvelope | env.RetractionEnvelope] = []
+    for at, letter, is_retraction in revisions:
+        rid = f"{letter}{at}"
+        if is_retraction:
+            target = data.draw(st.sampled_from(first))
+            retracts = f"d{target[1]}{target[0]}"
+            records.append(env.RetractionEnvelope("r" + rid, "db", retracts, None, CLI, T0 + at))
+        else:
+            records.append(dec("d" + rid, "db", rid, T0 + at))
+    if not any(isinstance(r, env.DecisionEnvelope) for r in records):
+        records.append(dec("da0", "db", "a0", T0))
+    ends = []
+    for n in range(2):
+        order = data.draw(st.permutations(records))
+        path = tmp_path / f"{n}-{len(list(tmp_path.iterdir()))}.db"
+        store = Store.open(path)
+        waiting = list(order)
+        while waiting:
+            results = [store.apply_remote_decision("x", r, T0) for r in waiting]
+            assert Applied.NEW in results  # a retraction only waits for a decision still to come
+            waiting = [r for r, got in zip(waiting, results, strict=True) if got is Applied.WAITING]
+        ends.append(current(store, "db"))
+        store.close()
+    assert ends[0] == ends[1]
+    latest = max(records, key=lambda r: (r.created_at, r.id))
+    assert ends[0] == (None if isinstance(latest, env.RetractionEnvelope) else latest.id)
 
 
 def test_a_retraction_before_its_decision_waits(devbox: Store) -> None:
