@@ -143,29 +143,33 @@ def query_decisions(
 
 
 def note_decisions(
-    conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int
+    conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int,
+    project_key: str | None = None,
 ) -> tuple[list[Decision], int]:
     """(the `limit` newest current decisions a project lookup by `project` finds, how many it finds
     in all), for the SessionStart note (SPEC §4.5). Same matching as `query_decisions(conn,
     lookup={"project": project}, caller_addresses=...)`, without rendering every row: the hook
-    runs at every session start, also over 10,000 decisions (SPEC §9).
+    runs at every session start, also over 10,000 decisions (SPEC §9). `project_key`: the
+    folder's key (projectkey.py): other machines' decisions for it count too (SPEC §10).
     """
     if not has_table(conn, "decisions"):
         return [], 0
     lookup: Scope = {"project": project}
     addresses = set(caller_addresses)
-    where = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
+    keyed = None if project_key is None else {"project": "git:" + project_key}
+    where = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project IN (:project, :keyed))"
     if addresses:
         where += " OR d.scope_kind = 'sessions'"
+    args = {"project": project, "keyed": None if keyed is None else keyed["project"]}
     # decisions first (CROSS JOIN keeps it the outer loop): newest rows come in rowid order, no sort.
     sql = (
         _SELECT_DECISION + "FROM decisions d CROSS JOIN decision_heads h ON h.topic = d.topic "
         f"WHERE h.seq = d.seq AND ({where}) ORDER BY d.seq DESC"
     )
     shown: list[Decision] = []
-    for values in conn.execute(sql, {"project": project}):
+    for values in conn.execute(sql, args):
         scope = domain.scope_from_json(values[4])
-        if domain.lookup_matches(scope, lookup, addresses=addresses):
+        if scope == keyed or domain.lookup_matches(scope, lookup, addresses=addresses):
             shown.append(Decision.from_row(values, scope))
             if len(shown) >= limit:
                 break
@@ -173,10 +177,10 @@ def note_decisions(
     # (usually few) session-addressed scopes, which are matched against the addresses here.
     counts = conn.execute(
         "SELECT count(*) FILTER (WHERE d.scope_kind = 'all' "
-        "OR (d.scope_kind = 'project' AND d.scope_project = :project)), "
+        "OR (d.scope_kind = 'project' AND d.scope_project IN (:project, :keyed))), "
         "json_group_array(d.scope) FILTER (WHERE d.scope_kind = 'sessions' AND :sessions) "
         "FROM decision_heads h JOIN decisions d ON d.seq = h.seq",
-        {"project": project, "sessions": bool(addresses)},
+        {**args, "sessions": bool(addresses)},
     ).fetchone()
     assert counts is not None  # an aggregate always answers one row
     total, session_scopes = int(counts[0]), counts[1]

@@ -236,6 +236,11 @@ def test_decisions_reach_the_team_by_scope_and_project_key(laptop: Store, devbox
     assert {d.id for d in other_key} == {d_all}
     no_key = queries.query_decisions(devbox.conn, lookup={"project": "/srv/app"})
     assert {d.id for d in no_key} == {d_all}
+    # the SessionStart note of a folder with that key shows both; another folder only the global one
+    shown, total = queries.note_decisions(devbox.conn, "/srv/app", limit=5, project_key=KEY)
+    assert ({d.id for d in shown}, total) == ({d_all, d_app}, 2)
+    shown, total = queries.note_decisions(devbox.conn, "/srv/app", limit=5)
+    assert ({d.id for d in shown}, total) == ({d_all}, 1)
 
     # applied again (a redelivery): a no-op
     body = env.encode(dec(d_all, "camera", "hold to look", T0))
