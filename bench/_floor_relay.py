@@ -20,8 +20,7 @@ import sys
 
 from agent_bridge.cli.main import main as cli
 from agent_bridge.ipc import protocol
-from agent_bridge.relay.main import connector
-from agent_bridge.relay.main import options_from
+from agent_bridge.relay.main import connector, options_from
 
 
 def main() -> None:

@@ -26,9 +26,9 @@ import json
 from collections.abc import Callable, Sequence
 
 from agent_bridge.common import domain
+from agent_bridge.common.rows import Author, Message
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
-from agent_bridge.common.rows import Author, Message
 from agent_bridge.store import federation_queries as fq
 from agent_bridge.store import queries
 from agent_bridge.store.decisions import Decisions, Recipient

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
-from agent_bridge.common.domain import SessionView
 from agent_bridge.store import federation_queries as fq
 from agent_bridge.store import queries
 from agent_bridge.store.federation import Applied
