@@ -397,7 +397,10 @@ def add_federation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     mac.set_defaults(func=lambda ns: _federation().machine(ns.json))
 
     fed = sub.add_parser("federation", help="several machines through a NATS JetStream hub")
-    fed_sub = fed.add_subparsers(dest="federation_command", metavar="{hub-config}", required=True)
+    fed_sub = fed.add_subparsers(dest="federation_command", metavar="{status,hub-config}", required=True)
+    fst = fed_sub.add_parser("status", help="the hub connection, the team's machines, the outbox")
+    fst.add_argument("--json", action="store_true", help="print JSON")
+    fst.set_defaults(func=lambda ns: _federation().status(ns.json))
     hcf = fed_sub.add_parser("hub-config", help="print a nats-server configuration for these machines")
     hcf.add_argument("members", nargs="+", metavar="NAME=PUBKEY",
                      help="each machine's name and public key, as `agent-bridge machine` prints them")

@@ -143,3 +143,68 @@ def _tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
         if not Path(value).expanduser().is_file():
             raise hub.HubConfigError(f"{flag}: expected a PEM file, got {value!r} (no such file)")
     return Path(cert), Path(key)
+
+
+def status(as_json: bool) -> int:
+    """`agent-bridge federation status [--json]`: the hub connection as the broker has it (none
+    while no broker runs), the team's machines with when each was last heard, the outbox's depth
+    and oldest row, and the last error. Reads bridge.db itself: works with the broker down."""
+    import time
+
+    from agent_bridge.ipc import blocking
+    from agent_bridge.ipc.protocol import RemoteError
+    from agent_bridge.store import federation_queries, reader
+
+    home = paths.home()
+    try:
+        configured = settings.load(home)
+    except SettingsError as exc:
+        return _fail("federation status", exc, 2)
+    if configured is None:
+        if as_json:
+            print(json.dumps({"configured": False}))
+        else:
+            print("federation: not configured (no [federation] in config.toml; see docs/federation.md)")
+        return 0
+    try:
+        hub_state: dict[str, object] | None = blocking.call(home, "status", timeout=5.0).get("federation")
+    except (blocking.BrokerUnavailable, RemoteError, OSError):
+        hub_state = None
+    with reader.reading(paths.db_path(home)) as conn:
+        machines = [] if conn is None else federation_queries.machines(conn)
+        outbox = (federation_queries.OutboxStats(0, None) if conn is None
+                  else federation_queries.outbox_stats(conn))
+    others = [{"name": m.name, "heardAt": m.heard_at} for m in machines if m.name != configured.machine]
+    now = int(time.time() * 1000)
+    out = {
+        "configured": True,
+        "machine": configured.machine,
+        "team": configured.team,
+        "url": configured.url,
+        "broker": hub_state is not None,
+        "connected": bool(hub_state and hub_state.get("connected")),
+        "since": None if hub_state is None else hub_state.get("since"),
+        "lastError": None if hub_state is None else hub_state.get("lastError"),
+        "lastErrorAt": None if hub_state is None else hub_state.get("lastErrorAt"),
+        "machines": others,
+        "outbox": {"depth": outbox.depth, "oldest": outbox.oldest},
+    }
+    if as_json:
+        print(json.dumps(out))
+        return 0
+
+    def ago(at: object) -> str:
+        return "never" if not isinstance(at, int) else f"{max(0, now - at) // 1000} s ago"
+
+    print(f"federation: machine {configured.machine} of team {configured.team}, hub {configured.url}")
+    if hub_state is None:
+        print("hub: unknown (no broker runs: `agent-bridge up`)")
+    else:
+        print(f"hub: {'connected' if out['connected'] else 'not connected'} since {ago(out['since'])}")
+    heard = ", ".join(f"{m['name']} (heard {ago(m['heardAt'])})" for m in others)
+    print(f"machines: {heard or 'none heard yet'}")
+    oldest = f", oldest queued {ago(outbox.oldest)}" if outbox.oldest else ""
+    print(f"outbox: {outbox.depth} waiting{oldest}")
+    if out["lastError"]:
+        print(f"last error: {out['lastError']} ({ago(out['lastErrorAt'])})")
+    return 0
