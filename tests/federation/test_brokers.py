@@ -80,6 +80,7 @@ async def test_two_machines_send_reply_and_see_their_receipts(team_hub: Hub) -> 
             assert sent["relayed"] is False and sent["message"]["to"]["name"] == "bob@b"
             arrived = await next_message(bob_pushes)
             assert arrived["id"] == sent["message"]["id"] and arrived["text"] == "hello from a"
+            assert arrived["from"]["name"] == "alice@a" and arrived["from"]["machine"] == "a"
             await bob.request("ack", ids=[arrived["id"]])
 
             async def acknowledged_there() -> bool:
