@@ -62,9 +62,8 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "agent_bridge")
     # The broker and its store, the relay and its ledger, the showing state machine and the SDK
     # adapter: no Any leaking out of a typed function, no bare generics.
-    session.run("mypy", "--strict", "agent_bridge/daemon", "agent_bridge/store", "agent_bridge/relay.py",
-                "agent_bridge/relaying", "agent_bridge/ledger.py", "agent_bridge/core",
-                "agent_bridge/mcp_sdk.py", "agent_bridge/federation")
+    session.run("mypy", "--strict", "agent_bridge/broker", "agent_bridge/store", "agent_bridge/relay",
+                "agent_bridge/common/ledger.py", "agent_bridge/core", "agent_bridge/federation")
 
 
 @nox.session

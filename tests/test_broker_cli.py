@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store.schema import CURRENT_VERSION
 from tests.conftest import CLI, BrokerProcess, run_cli, wait_until
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

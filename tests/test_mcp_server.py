@@ -12,8 +12,8 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge import paths
-from agent_bridge.daemon.mcp_host import codex_thread_id
+from agent_bridge.broker.mcp.observe import codex_thread_id
+from agent_bridge.common import paths
 from tests.conftest import call, mcp_session, run_cli, wait_for, wait_until
 from tests.test_store import build_v2
 

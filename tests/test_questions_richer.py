@@ -12,7 +12,7 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge.domain import InputError, SessionView
+from agent_bridge.common.domain import InputError, SessionView
 from agent_bridge.store import question_queries
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_ASK
 from agent_bridge.store.writer import Store

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.federation import hub, identity, settings
 from agent_bridge.federation.errors import FederationError, IdentityError, MissingExtra, SettingsError
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent_bridge import config
+from agent_bridge.common import config
 from agent_bridge.federation import subjects
 from agent_bridge.federation.errors import SettingsError
 

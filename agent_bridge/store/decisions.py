@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from agent_bridge import domain
-from agent_bridge.domain import Scope, SessionView
-from agent_bridge.rows import Decision, Retraction
+from agent_bridge.common import domain
+from agent_bridge.common.domain import Scope, SessionView
+from agent_bridge.common.rows import Decision, Retraction
 from agent_bridge.store import queries
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.messages import Messages

@@ -12,9 +12,9 @@ from typing import Any
 
 import apsw
 
-from agent_bridge import domain
-from agent_bridge.domain import Scope
-from agent_bridge.rows import (
+from agent_bridge.common import domain
+from agent_bridge.common.domain import Scope
+from agent_bridge.common.rows import (
     Author,
     Decision,
     Message,

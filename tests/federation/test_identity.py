@@ -165,7 +165,7 @@ def test_the_package_imports_without_the_extra_and_says_what_to_install(tmp_path
             sys.executable,
             "-c",
             "import sys; sys.modules['nkeys'] = None; "
-            "from agent_bridge.cli import main; sys.exit(main(['machine']))",
+            "from agent_bridge.cli.main import main; sys.exit(main(['machine']))",
         ],
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge import config
+from agent_bridge.common import config
 from agent_bridge.federation import settings, subjects
 from agent_bridge.federation.errors import SettingsError
 

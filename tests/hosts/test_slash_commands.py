@@ -5,7 +5,7 @@ block, allowed by its own `allowed-tools`. The model is handed the CLI's output 
 to show it; what the owner typed reaches the CLI as typed, never read by a shell; a command that
 fails shows its one-line error to the owner, and the model gets nothing.
 
-Codex 0.171 has no custom prompts (agent_bridge/slash.py), so install writes nothing there; its
+Codex 0.171 has no custom prompts (agent_bridge/hosts/slash.py), so install writes nothing there; its
 TUI's shell mode (`!agent-bridge …`) is what the README offers instead."""
 
 from __future__ import annotations

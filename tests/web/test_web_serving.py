@@ -13,8 +13,14 @@ import pytest
 import trio
 from webfixtures import TIMEOUT, build_database, start_dashboard
 
-from agent_bridge.web import server
-from agent_bridge.web.server import DEFAULT_PORT, PORT_ENV, DashboardError, requested_port, serve_dashboard
+from agent_bridge.dashboard import server
+from agent_bridge.dashboard.server import (
+    DEFAULT_PORT,
+    PORT_ENV,
+    DashboardError,
+    requested_port,
+    serve_dashboard,
+)
 
 
 def refused(port: int) -> bool:
@@ -190,7 +196,7 @@ async def test_the_token_is_never_logged(web_home: Path, caplog: pytest.LogCaptu
             nursery.cancel_scope.cancel()
     # Everything the server side logged (the test's own HTTP client logs its request URLs).
     server_side = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
-    assert any(r.name == server.LOGGER for r in server_side), "Hypercorn logs through agent_bridge.web"
+    assert any(r.name == server.LOGGER for r in server_side), "Hypercorn logs through agent_bridge.dashboard"
     text = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in server_side)
     assert running.token not in text
     assert running.token[::-1] not in text
