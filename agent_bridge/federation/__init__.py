@@ -16,4 +16,5 @@ Hooks and the relay never import it (import-linter's forbidden contract).
   loop       an asyncio loop on its own thread, owned by a Trio task
   transport  the nats-py connection on that loop, and its Trio-facing wrapper
   commands   `agent-bridge machine` and `agent-bridge federation hub-config`
+  checks     what doctor can say without the network (settings, seed, extra)
 """

@@ -415,6 +415,8 @@ class Transport:
         self.settings = wire.settings
         self._status_changed = trio.Event()
         wire.on_status = lambda: bridge.to_trio(self._signal_status)
+        # one fetch at a time per kind: nats-py's pull subscription is not made for overlapping fetches
+        self._fetching = {kind: trio.Lock() for kind in subjects.KINDS}
 
     def _signal_status(self) -> None:
         self._status_changed.set()
@@ -465,7 +467,8 @@ class Transport:
         later would wait out ack_wait unseen."""
         if kind not in subjects.KINDS:
             raise ValueError(f"kind: expected one of {', '.join(subjects.KINDS)}, got {kind!r}")
-        return await self._bridge.call(self._wire.fetch, kind, batch, timeout)
+        async with self._fetching[kind]:
+            return await self._bridge.call(self._wire.fetch, kind, batch, timeout)
 
     async def ack(self, incoming: Incoming) -> None:
         """Acknowledge `incoming` to the hub: call only after it is committed locally. Unknown on a

@@ -173,3 +173,22 @@ def test_the_package_imports_without_the_extra_and_says_what_to_install(tmp_path
         timeout=60,
     )
     assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "agent-bridge[federation]" in cli.stderr
+
+
+def test_local_problems_for_doctor(tmp_path: Path) -> None:
+    from agent_bridge.federation import checks
+
+    home = tmp_path / "home"
+    assert checks.local_problems(home) == []  # no [federation]: nothing to say
+    home.mkdir()
+    (home / "config.toml").write_text('[federation]\nurl = "nats://h"\nmachine = "a"\n')
+    (problem,) = checks.local_problems(home)
+    assert "no seed yet" in problem and "agent-bridge machine" in problem
+    identity.ensure(home / "machine.nk")
+    assert checks.local_problems(home) == []
+    (home / "machine.nk").chmod(0o640)
+    (problem,) = checks.local_problems(home)
+    assert "0640" in problem
+    (home / "config.toml").write_text('[federation]\nurl = "nats://h"\nmachine = "A"\n')
+    (problem,) = checks.local_problems(home)
+    assert "federation.machine" in problem and "\n" not in problem

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from agent_bridge.federation import subjects
-from agent_bridge.federation.errors import Unknown
+from agent_bridge.federation.errors import HubError, Unknown
 from agent_bridge.federation.transport import Published, open_transport
 
 from .conftest import TEAM, Hub
@@ -196,3 +196,70 @@ async def test_a_hub_restart_while_publishing_loses_nothing_and_repeats_nothing(
                     await b.ack(incoming)
         print(f"outcomes: {outcomes}")  # how many retries the hub had in fact stored (shown with -s)
         assert sorted(got) == sorted(ids)  # each exactly once
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
+async def test_a_hub_restart_while_both_sides_run(team_hub: Hub, sig: int) -> None:
+    """Sender and receiver both keep going while the hub stops (or is killed) and restarts: every
+    message arrives, each stored once on the hub (one stream sequence per id). A repeat delivery is
+    what the receiving broker's store-by-id is for: after a stop it is only a redelivery
+    (num_delivered > 1, an ack the hub did not get); after a kill -9 the hub can also lose its
+    consumer's recent acks and deliveries, and deliver a message again with num_delivered 1 (seen
+    here in every run), so a receiver must never take num_delivered == 1 for "new"."""
+    m = team_hub.machines
+    ids = [str(uuid.uuid4()) for _ in range(30)]
+    seen: dict[str, list[tuple[int, int]]] = {}  # id: (num_delivered, stream_seq) of each delivery
+    down = trio.Event()
+    timed_out = trio.Event()
+    with trio.fail_after(90):
+        async with (
+            open_transport(m["a"].settings(team_hub)) as a,
+            open_transport(m["b"].settings(team_hub)) as b,
+        ):
+            await a.ensure_streams()
+
+            async def send() -> None:
+                for n, msg_id in enumerate(ids):
+                    while True:
+                        try:
+                            await a.publish(subjects.msg(TEAM, "a", "b"), b"x", msg_id, timeout=0.5)
+                            break
+                        except Unknown:
+                            timed_out.set()
+                    if n == 8:
+                        down.set()
+                    await trio.sleep(0.01)  # a steady stream of sends
+
+            async def receive() -> None:
+                while len(seen) < len(ids):
+                    try:
+                        batch = await b.fetch("msg", batch=10, timeout=0.5)
+                    except (Unknown, HubError):
+                        continue  # the hub is away: the consumer is still there when it is back
+                    for incoming in batch:
+                        seen.setdefault(incoming.msg_id or "", []).append(
+                            (incoming.num_delivered, incoming.stream_seq)
+                        )
+                        try:
+                            await b.ack(incoming)
+                        except (Unknown, HubError):
+                            pass  # redelivered after ack_wait
+
+            async def restart() -> None:
+                await down.wait()
+                await team_hub.stop(sig)
+                await timed_out.wait()
+                await team_hub.start()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                nursery.start_soon(receive)
+                nursery.start_soon(restart)
+    assert sorted(seen) == sorted(ids)
+    for msg_id, deliveries in seen.items():
+        assert len({seq for _, seq in deliveries}) == 1, (msg_id, deliveries)  # stored once
+        if sig == signal.SIGTERM:
+            assert deliveries[0][0] == 1 and all(n > 1 for n, _ in deliveries[1:]), (msg_id, deliveries)
+    repeats = {k: v for k, v in seen.items() if len(v) > 1}
+    shown = list(repeats.values())[:3]
+    print(f"{signal.Signals(sig).name}: {len(repeats)} of {len(ids)} delivered again: {shown}")
