@@ -111,8 +111,9 @@ def test_a_message_arrives_once_and_its_receipts_come_back(laptop: Store, devbox
     assert devbox.apply_remote_message("laptop", message, T0 + 2) is Applied.NEW
     assert devbox.apply_remote_message("laptop", message, T0 + 3) is Applied.REPEAT  # redelivered
     [got] = devbox.unacked(codex)
-    assert (got.id, got.text, got.sender.name) == (mid, "review please?", "claude-app")
-    assert got.sender.id.endswith("@laptop")
+    # shown by its address on its machine (SPEC §10: `from.machine` and `name@machine`)
+    assert (got.id, got.text, got.sender.name) == (mid, "review please?", "claude-app@laptop")
+    assert got.sender.id.endswith("@laptop") and got.sender.to_json()["machine"] == "laptop"
     assert devbox.conn.execute("SELECT machine FROM messages WHERE id = ?", (mid,)).fetchone()[0] == "laptop"
     assert list(outbox(devbox, fed.RCPT)) == [f"{mid}/stored"]  # answered, once
 
