@@ -134,3 +134,21 @@ async def test_federation_status_says_connected_and_names_the_machines(team_hub:
             await wait_for(heard_b, timeout=DEADLINE, what="machine b heard by a")
         shown = await trio.to_thread.run_sync(lambda: run_cli(broker_env(a.home), "federation", "status"))
         assert shown.returncode == 0 and "connected" in shown.stdout and "b" in shown.stdout
+
+
+async def test_doctor_names_the_hub_it_reached_and_a_bad_setting_in_one_line(team_hub: Hub) -> None:
+    a = team_hub.machines["a"]
+    with trio.fail_after(DEADLINE), federated_broker(a, team_hub):
+        async def connected() -> bool:
+            done = await trio.to_thread.run_sync(lambda: run_cli(broker_env(a.home), "doctor"))
+            return any(line.split()[:2] == ["ok", "federation"] and line.endswith(": connected")
+                       for line in done.stdout.splitlines())
+
+        await wait_for(connected, timeout=DEADLINE, what="doctor: federation connected")
+    (a.home / "config.toml").write_text('[federation]\nurl = "nats://127.0.0.1:1"\nmachine = "A B"\n')
+    for command in (["doctor"], ["federation", "status"], ["up"]):
+        done = await trio.to_thread.run_sync(lambda c=command: run_cli(broker_env(a.home), *c))
+        said = (done.stdout + done.stderr).splitlines()
+        bad = [line for line in said if "machine" in line and "A B" in line]
+        assert bad and "Traceback" not in done.stderr, (command, done.stdout, done.stderr)
+    assert done.returncode == 2  # `up` refuses a bad [federation] value
