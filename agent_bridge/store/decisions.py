@@ -188,6 +188,7 @@ class Decisions(Messages):
         caller_addresses: Iterable[str] = (),
         history: bool = False,
         topic: str | None = None,
+        project_key: str | None = None,
     ) -> list[Decision]:
         return queries.query_decisions(
             self.conn,
@@ -196,6 +197,7 @@ class Decisions(Messages):
             caller_addresses=caller_addresses,
             history=history,
             topic=topic,
+            project_key=project_key,
         )
 
     def retractions(self, topics: Sequence[str]) -> list[Retraction]:

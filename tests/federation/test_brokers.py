@@ -152,3 +152,38 @@ async def test_doctor_names_the_hub_it_reached_and_a_bad_setting_in_one_line(tea
         bad = [line for line in said if "machine" in line and "A B" in line]
         assert bad and "Traceback" not in done.stderr, (command, done.stdout, done.stderr)
     assert done.returncode == 2  # `up` refuses a bad [federation] value
+
+
+def clone(folder: Path, origin: str) -> str:
+    """A folder that git would call a clone of `origin` (its .git/config names the remote)."""
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {origin}\n', encoding="utf-8")
+    return str(folder)
+
+
+async def test_a_project_decision_reaches_the_same_origin_only(team_hub: Hub, tmp_path: Path) -> None:
+    """Scope project on machine a: on machine b a clone of the same origin (written another way)
+    sees it, a folder with another origin does not."""
+    a, b = team_hub.machines["a"], team_hub.machines["b"]
+    here = clone(tmp_path / "a" / "api", "git@github.com:acme/api.git")
+    same = clone(tmp_path / "b" / "api-clone", "https://github.com/acme/api")
+    other = clone(tmp_path / "b" / "web", "git@github.com:acme/web.git")
+    with trio.fail_after(DEADLINE), federated_broker(a, team_hub), federated_broker(b, team_hub):
+        async with session(a.home, "alice", here) as (alice, _), \
+                session(b.home, "bob", same) as (bob, _), session(b.home, "carol", other) as (carol, _):
+            decided = await alice.request("decide", topic="api style", text="REST, no GraphQL",
+                                          scope={"project": here})
+            assert decided["decision"]["text"] == "REST, no GraphQL"
+
+            async def seen_by_bob() -> bool:
+                return any(d["text"] == "REST, no GraphQL" for d in await bob.request("decisions"))
+
+            await wait_for(seen_by_bob, timeout=DEADLINE, what="the project decision on b, same origin")
+            assert await carol.request("decisions") == []
+            await alice.request("decide", topic="db", text="PostgreSQL", scope="all")
+
+            async def everyone() -> bool:
+                return any(d["text"] == "PostgreSQL" for d in await carol.request("decisions"))
+
+            await wait_for(everyone, timeout=DEADLINE, what="the decision for all on b")
+            assert [d["text"] for d in await carol.request("decisions")] == ["PostgreSQL"]
