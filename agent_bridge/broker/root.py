@@ -219,6 +219,7 @@ async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, we
     from agent_bridge.dashboard.server import serve_dashboard  # quart and hypercorn: the broker only
 
     url: str = await serving.start(  # the live stream follows the broker's commit feed
-        partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port)
+        partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port,
+                hub=lambda: None if broker.federation is None else broker.federation.status())
     )
     return url

@@ -187,3 +187,36 @@ async def test_a_project_decision_reaches_the_same_origin_only(team_hub: Hub, tm
 
             await wait_for(everyone, timeout=DEADLINE, what="the decision for all on b")
             assert [d["text"] for d in await carol.request("decisions")] == ["PostgreSQL"]
+
+
+async def test_the_dashboard_shows_the_team(team_hub: Hub) -> None:
+    """/api/sessions lists the other machine's sessions with their machine; /api/status carries
+    the hub connection and the machines heard (the status card's federation pill)."""
+    import httpx
+
+    from agent_bridge.dashboard import auth
+
+    a, b = team_hub.machines["a"], team_hub.machines["b"]
+    with trio.fail_after(DEADLINE), federated_broker(a, team_hub), federated_broker(b, team_hub):
+        url = (a.home / "dashboard.url").read_text(encoding="utf-8").strip()
+        base, token = url.split("/?", 1)[0], url.split(f"?{auth.TOKEN_PARAM}=", 1)[1]
+        async with session(b.home, "bob", "/w/b"), session(a.home, "alice", "/w/a"):
+            async def get(path: str) -> Any:
+                def fetch() -> Any:
+                    with httpx.Client(base_url=base, cookies={auth.COOKIE: token}) as client:
+                        answer = client.get(path)
+                        assert answer.status_code == 200, answer.text
+                        return answer.json()
+
+                return await trio.to_thread.run_sync(fetch)
+
+            async def bob_shown() -> bool:
+                sessions = (await get("/api/sessions"))["sessions"]
+                return any(s["name"] == "bob@b" and s["machine"] == "b" and s["connected"] for s in sessions)
+
+            await wait_for(bob_shown, timeout=DEADLINE, what="bob@b in the dashboard's sessions")
+            alice = [s for s in (await get("/api/sessions"))["sessions"] if s["name"] == "alice"]
+            assert alice and alice[0]["machine"] is None
+            federation = (await get("/api/status"))["federation"]
+            assert federation["machine"] == "a" and federation["connected"] is True
+            assert [m["name"] for m in federation["machines"]] == ["b"]
