@@ -72,10 +72,12 @@ def _reads(app: QuartTrio, dash: Dashboard) -> None:
             partial(_states, dash.home, peers, connected), limiter=dash.reader_pool.limiter
         )
         team = await read(partial(federation_queries.remote_sessions, now=now_ms()), [])
+        # with federation (SPEC §10): `machine` on every session, null here; without, as before
+        here: dict[str, Any] = {"machine": None} if team or (dash.hub is not None and dash.hub()) else {}
         return json_response({"sessions": [
-            *({**p.to_json(), "connected": p.id in connected, "machine": None, **state.to_json()}
+            *({**p.to_json(), "connected": p.id in connected, **here, **state.to_json()}
               for p, state in zip(peers, states, strict=True)),
-            *(_remote(r) for r in team),  # the team's other machines (SPEC §10)
+            *(_remote(r) for r in team),  # the team's other machines
         ]})
 
     @app.get("/api/messages")
