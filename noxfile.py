@@ -27,6 +27,15 @@ def ensure_chromium(session: nox.Session) -> None:
         )
 
 
+def ensure_iproute2(session: nox.Session) -> None:
+    """The federation's partition test makes network namespaces with Debian's iproute2 (`ip`), as
+    root; elsewhere it is skipped with the reason."""
+    if shutil.which("ip") or not (shutil.which("apt-get") and os.geteuid() == 0):
+        return
+    session.run("apt-get", "install", "-y", "-qq", "iproute2", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 def ensure_host_clis(session: nox.Session) -> dict[str, str]:
     """The real-host tests drive Claude Code and Codex from npm at pinned versions, installed
     into .nox/hostcli when missing (tests/hosts/clis.py). Without npm they skip, except on CI."""
@@ -44,6 +53,7 @@ def ensure_host_clis(session: nox.Session) -> dict[str, str]:
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,federation]")
     ensure_chromium(session)
+    ensure_iproute2(session)
     env = ensure_host_clis(session)
     session.run("pytest", *session.posargs, env=env)
 
