@@ -27,6 +27,15 @@ def ensure_chromium(session: nox.Session) -> None:
         )
 
 
+def ensure_iproute2(session: nox.Session) -> None:
+    """The federation's partition test makes network namespaces with Debian's iproute2 (`ip`), as
+    root; elsewhere it is skipped with the reason."""
+    if shutil.which("ip") or not (shutil.which("apt-get") and os.geteuid() == 0):
+        return
+    session.run("apt-get", "install", "-y", "-qq", "iproute2", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 def ensure_host_clis(session: nox.Session) -> dict[str, str]:
     """The real-host tests drive Claude Code and Codex from npm at pinned versions, installed
     into .nox/hostcli when missing (tests/hosts/clis.py). Without npm they skip, except on CI."""
@@ -55,8 +64,9 @@ PASSES = (
 def tests(session: nox.Session) -> None:
     """The suite in its two passes (PASSES); `nox -s tests -- ARGS` runs pytest once with ARGS
     instead (add `-n auto` to spread them over the cores)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,federation]")
     ensure_chromium(session)
+    ensure_iproute2(session)
     env = ensure_host_clis(session)
     if session.posargs:
         session.run("pytest", *session.posargs, env=env)
@@ -80,7 +90,7 @@ def typecheck(session: nox.Session) -> None:
     # The broker and its store, the relay and its ledger, the showing state machine and the SDK
     # adapter: no Any leaking out of a typed function, no bare generics.
     session.run("mypy", "--strict", "agent_bridge/broker", "agent_bridge/store", "agent_bridge/relay",
-                "agent_bridge/common/ledger.py", "agent_bridge/core")
+                "agent_bridge/common/ledger.py", "agent_bridge/core", "agent_bridge/federation")
 
 
 @nox.session
@@ -90,8 +100,9 @@ def bench(session: nox.Session) -> None:
     import json
 
     # The reach and job benchmarks drive the real hosts with the tests' scripted model servers
-    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does.
-    session.install("-e", ".[test]")
+    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does; the
+    # federation ones a real nats-server and nats-py, as tests/federation do.
+    session.install("-e", ".[test,federation]")
     env = ensure_host_clis(session)
     lines = []
     for script in sorted(os.listdir("bench")):

@@ -186,6 +186,9 @@ def home_files() -> str:
     names.append(("ledger.FOLDER", ledger.FOLDER))
     names.append(("ledger.IGNORED", ledger.IGNORED))
     names.extend([("install.BACKUPS", install.BACKUPS), ("hosts.edits.RECORD", edits.RECORD)])
+    from agent_bridge.federation import settings as federation_settings
+
+    names.append(("federation.settings.SEED_NAME", federation_settings.SEED_NAME))
     rows = [f"| `{value}` | `{name}` |" for name, value in names]
     return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
 

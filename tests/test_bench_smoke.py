@@ -27,6 +27,7 @@ EXPECTED = {
     "bench_cpu_per_pair.py",
     "bench_decide_fanout.py",
     "bench_decisions_query.py",
+    "bench_federation.py",
     "bench_hook_post_tool_use.py",
     "bench_job_start.py",
     "bench_reach.py",

@@ -13,14 +13,18 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import apsw
 
 from agent_bridge.common import config, paths
+from agent_bridge.federation.errors import FederationError
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
 from agent_bridge.store.schema import SchemaError
+
+if TYPE_CHECKING:
+    from agent_bridge.federation.settings import FederationSettings
 
 E = TypeVar("E", bound=BaseException)
 
@@ -122,6 +126,21 @@ def setup_logging(home: Path, *, to_stderr: bool) -> None:
     )
 
 
+def _federation_settings(home: Path) -> FederationSettings | None:
+    """[federation] of config.toml (None without one), its seed readable and private, and nats-py
+    there: each refusal one line, before anything starts (SPEC §10)."""
+    from agent_bridge.federation import settings as federation_settings
+
+    found = federation_settings.load(home)
+    if found is not None:
+        from agent_bridge.federation.errors import require
+        from agent_bridge.federation.identity import read_seed
+
+        require("nats")
+        read_seed(found.seed)
+    return found
+
+
 def up(*, detach: bool) -> int:  # noqa: C901 - the start-up order, and each refusal with its own line, in one place
     os.umask(0o077)  # bridge.db, its WAL files and the log: this user only
     _take_stop_signals()
@@ -130,7 +149,10 @@ def up(*, detach: bool) -> int:  # noqa: C901 - the start-up order, and each ref
     try:
         paths.writable_home(home)  # a read-only folder: one line here, before any file is opened in it
         settings = config.load(home)
+        federation = _federation_settings(home)
     except config.ConfigError as exc:
+        return _refuse(reasons, f"{exc} {paths.PERMANENT}until the setting changes)", code=2)
+    except FederationError as exc:  # a bad [federation] value, an unusable seed, a missing extra
         return _refuse(reasons, f"{exc} {paths.PERMANENT}until the setting changes)", code=2)
     except paths.HomeError as exc:
         return _refuse(reasons, str(exc))
@@ -173,7 +195,7 @@ def up(*, detach: bool) -> int:  # noqa: C901 - the start-up order, and each ref
 
         _raise_open_files_limit()
         try:
-            trio.run(partial(run_broker, home, settings, on_ready=on_ready))
+            trio.run(partial(run_broker, home, settings, on_ready=on_ready, federation=federation))
         except* (SchemaError, DashboardError) as group:
             # Refusals we understand (a newer database, a dashboard port in use): say why, exit 1.
             refused.extend(_permanent(refusal) for refusal in _leaves(group))

@@ -3,13 +3,18 @@
 root nursery                    lives as long as the store
  ├─ watch_signals               SIGINT / SIGTERM set `stop`
  ├─ serve_store                 the only writer of bridge.db (migrated before it reports started)
- └─ serving nursery             inside the store's lifetime, as Hypercorn nests its workers
+ └─ serving nursery             inside the store's lifetime, as Hypercorn nests its workers;
+     │                          the store's commit feed (store/feed.py) made first, for its followers
      ├─ Supervisor.run          the jobs (SPEC §4.7): one task per running job watches its
      │                          process group; adopts the jobs a killed broker left running
      ├─ Waiters.run             the wake waiters: one pass per store commit wakes those whose
      │                          session has an active message waiting
+     ├─ Pending.run             the hooks' post box, kept current after store commits
      ├─ serve_alerts            the owner's desktop notifications (unless `alerts = false`): after
      │                          store commits, a new question, a job's end, a message to the owner
+     ├─ serve_federation        with [federation] in config.toml (SPEC §10): the hub connection on
+     │                          an asyncio thread of its own, the outbox published after commits,
+     │                          one pull per kind from this machine's consumers, presence
      ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
      │                          holds one task per connection, and each session connection holds
      │                          its delivery task
@@ -33,7 +38,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -51,6 +56,9 @@ from agent_bridge.common.config import Settings
 from agent_bridge.ipc.listener import serve_unix
 from agent_bridge.ipc.pipe import serve_pipe
 from agent_bridge.store.feed import ChangeFeed
+
+if TYPE_CHECKING:
+    from agent_bridge.federation.settings import FederationSettings
 
 log = logging.getLogger("agent_bridge.broker")
 MCP_HOST = "agent_bridge.broker.mcp.host"
@@ -77,6 +85,7 @@ async def run_broker(
     *,
     web_port: int | None = None,
     on_ready: Callable[[dict[str, Any]], None] = lambda record: None,
+    federation: FederationSettings | None = None,
 ) -> None:
     stop = trio.Event()
     record_path = home / paths.BROKER_JSON
@@ -92,7 +101,7 @@ async def run_broker(
                 broker = Broker(store, settings, home, stop, fault=fault)
                 await broker.ingest_reports()
             if not stop.is_set():
-                await _serve(broker, home, settings, web_port, stop, on_ready)
+                await _serve(broker, home, settings, web_port, stop, on_ready, federation)
             log.info("stopping")
             root.cancel_scope.cancel()  # the store closes last, after everything that writes to it
     finally:
@@ -128,8 +137,10 @@ async def _serve(
     web_port: int | None,
     stop: trio.Event,
     on_ready: Callable[[dict[str, Any]], None],
+    federation: FederationSettings | None = None,
 ) -> None:
-    """The IPC listener and the dashboard, until `stop`; the store outlives this."""
+    """The IPC listener, the dashboard and the commit feed's followers (the federation among
+    them when config.toml has [federation]), until `stop`; the store outlives this."""
     async with trio.open_nursery() as serving:
         _commit_feed(broker)
         serving.start_soon(_close_sessions_on, stop, broker, serving.cancel_scope)
@@ -151,6 +162,12 @@ async def _serve(
             await serving.start(serve_alerts, paths.db_path(home), lambda: broker.changes, desktop.show)
         else:
             log.info("alerts: off (alerts = false in config.toml)")
+        if federation is not None:  # nats-py, on an asyncio loop of its own thread: this broker only
+            from agent_bridge.broker.federation import serve_federation
+
+            await serving.start(serve_federation, broker, federation)
+            log.info("federation: machine %s of team %s, hub %s", federation.machine, federation.team,
+                     federation.url)
         record = {
             "pid": os.getpid(),
             "socket": broker.socket_path,
@@ -202,6 +219,7 @@ async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, we
     from agent_bridge.dashboard.server import serve_dashboard  # quart and hypercorn: the broker only
 
     url: str = await serving.start(  # the live stream follows the broker's commit feed
-        partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port)
+        partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port,
+                hub=lambda: None if broker.federation is None else broker.federation.status())
     )
     return url

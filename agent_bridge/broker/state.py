@@ -104,6 +104,7 @@ class Broker:
         self.changes: Any = None
         self.waiters: Any = None  # broker.feeds.waiters.Waiters: the wake waiters, set by broker.root
         self.pending: Any = None  # broker.feeds.postbox.Pending: the hooks' post box, set by broker.root
+        self.federation: Any = None  # broker.federation.Federation while config.toml has [federation]
         # The job supervisor (broker.jobs.supervisor.Supervisor), started by broker.root beside the listener.
         self.jobs: Any = None
         check_handlers()  # a Broker without its handlers would refuse every request
@@ -220,6 +221,7 @@ class Broker:
             # wake waiters held now, and the passes that answered them (one query each)
             "waiters": 0 if self.waiters is None else self.waiters.held(),
             "waiterPasses": 0 if self.waiters is None else self.waiters.passes,
+            **({} if self.federation is None else {"federation": self.federation.status()}),
         }
 
 

@@ -221,6 +221,40 @@ def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
     )
 
 
+def check_federation(home: Path, record: dict[str, Any] | None) -> Check | None:
+    """With [federation] in config.toml (SPEC §10): the table, the seed's mode and the extra,
+    then the hub as the running broker sees it. None without the table: nothing to say."""
+    from agent_bridge.federation import checks as federation_checks
+    from agent_bridge.federation import settings as federation_settings
+    from agent_bridge.federation.errors import FederationError
+    from agent_bridge.ipc import blocking
+    from agent_bridge.ipc.protocol import RemoteError
+
+    problems = federation_checks.local_problems(home)
+    if problems:
+        return Check("federation", FAIL, problems[0], "fix config.toml's [federation] (docs/federation.md)")
+    try:
+        configured = federation_settings.load(home)
+    except FederationError:  # said by local_problems already
+        return None
+    if configured is None:
+        return None
+    where = f"machine {configured.machine}, team {configured.team}, hub {configured.url}"
+    if record is None:
+        return Check("federation", WARN, f"{where}; no broker runs to reach the hub",
+                     "agent-bridge up --detach")
+    try:
+        hub = blocking.call(home, "status", timeout=5.0).get("federation") or {}
+    except (blocking.BrokerUnavailable, RemoteError, OSError) as exc:
+        return Check("federation", WARN, f"{where}; the broker did not answer: {exc}")
+    if hub.get("connected"):
+        return Check("federation", OK, f"{where}: connected")
+    why = hub.get("lastError") or "not connected yet"
+    return Check("federation", FAIL, f"{where}: hub not reached ({why})",
+                 "check url and ca in [federation], that the hub runs, and that it knows this machine's key "
+                 "(agent-bridge machine)")
+
+
 def run_checks(home: Path, cwd: Path) -> list[Check]:
     try:
         paths.check_home(home)  # the one ownership check every command goes through
@@ -242,6 +276,9 @@ def run_checks(home: Path, cwd: Path) -> list[Check]:
         folder = check_socket_folder(home, record)
         if folder is not None:
             checks.insert(3, folder)
+        federation = check_federation(home, record)
+        if federation is not None:
+            checks.append(federation)
     for host in hosts.ALL:
         checks += host.doctor_checks(home, cwd)
     return checks

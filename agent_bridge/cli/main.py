@@ -86,6 +86,7 @@ HOME_COMMANDS = frozenset(
         "jobs",
         "install",
         "uninstall",
+        "machine",
     }
 )
 

@@ -123,6 +123,7 @@ def build_parser(run: Runs) -> argparse.ArgumentParser:
     doc.set_defaults(func=run["doctor"])
 
     add_owner_commands(sub, run)
+    add_federation_commands(sub)
 
     demo = sub.add_parser("demo", help="a guided run with simulated sessions")
     demo.add_argument(
@@ -251,6 +252,18 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "gone sessions share is refused: give an id.",
         "agent-bridge forget --gone-for 7d",
     ),
+    "machine": (
+        "Print this machine's name (from [federation] in config.toml, else a suggestion from the host "
+        "name) and its NKEY public key, creating the seed <home>/machine.nk (mode 0600) on first use. Give "
+        "NAME=PUBKEY to whoever runs the team's hub.",
+        "agent-bridge machine --json",
+    ),
+    "federation": (
+        "Several machines through a NATS JetStream hub (SPEC §10). `hub-config` prints a configuration "
+        "that a plain `nats-server -c FILE` runs: JetStream on, one NKEY user per machine, each allowed "
+        "only its own subjects, consumers and inbox.",
+        "agent-bridge federation hub-config laptop=UAB… devbox=UCD… --team acme > hub.conf",
+    ),
     "demo": (
         "A guided run with simulated sessions, for trying the bridge without Claude Code or Codex.",
         "agent-bridge demo",
@@ -374,6 +387,48 @@ def add_owner_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     )
     fgt.add_argument("--json", action="store_true", help="print JSON")
     fgt.set_defaults(func=lambda ns: _commands().forget(ns.sessions, ns.gone_for, ns.json))
+
+
+def add_federation_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """machine, federation hub-config: several machines' brokers through a NATS hub
+    (agent_bridge.federation.commands, SPEC §10)."""
+    mac = sub.add_parser("machine", help="this machine's name and NKEY public key (creates its seed, 0600)")
+    mac.add_argument("--json", action="store_true", help="print JSON")
+    mac.set_defaults(func=lambda ns: _federation().machine(ns.json))
+
+    fed = sub.add_parser("federation", help="several machines through a NATS JetStream hub")
+    fed_sub = fed.add_subparsers(dest="federation_command", metavar="{status,hub-config}", required=True)
+    fst = fed_sub.add_parser("status", help="the hub connection, the team's machines, the outbox")
+    fst.add_argument("--json", action="store_true", help="print JSON")
+    fst.set_defaults(func=lambda ns: _federation().status(ns.json))
+    hcf = fed_sub.add_parser("hub-config", help="print a nats-server configuration for these machines")
+    hcf.add_argument("members", nargs="+", metavar="NAME=PUBKEY",
+                     help="each machine's name and public key, as `agent-bridge machine` prints them")
+    hcf.add_argument("--team", default="ab", help="the team's subject prefix (default: ab)")
+    hcf.add_argument("--port", type=int, default=4222, help="the client port (default: 4222)")
+    hcf.add_argument("--store", metavar="DIR", help="JetStream's folder (default: ./agent-bridge-hub)")
+    hcf.add_argument("--listen", metavar="HOST", default="0.0.0.0",
+                     help="the address to listen on (default: 0.0.0.0, every interface)")
+    hcf.add_argument("--tls-cert", metavar="FILE", help="the hub's TLS certificate (PEM): clients must use tls://")
+    hcf.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    hcf.add_argument("--cluster", metavar="NAME", help="one node of a hub of several: the cluster's name")
+    hcf.add_argument("--node", metavar="NODE", help="this node's name, unique in the cluster")
+    hcf.add_argument("--routes", metavar="HOST:PORT,...", help="every node's route port, comma-separated")
+    hcf.add_argument("--cluster-port", type=int, default=6222, help="this node's route port (default: 6222)")
+    hcf.add_argument("--cluster-secret-file", metavar="FILE",
+                     help="the secret the nodes' routes share (the same file for every node)")
+    hcf.set_defaults(
+        func=lambda ns: _federation().hub_config(
+            ns.members, ns.team, ns.port, ns.store, ns.listen, ns.tls_cert, ns.tls_key,
+            (ns.cluster, ns.node, ns.routes, ns.cluster_secret_file), ns.cluster_port,
+        )
+    )
+
+
+def _federation() -> ModuleType:
+    from agent_bridge.federation import commands
+
+    return commands
 
 
 def _commands() -> ModuleType:

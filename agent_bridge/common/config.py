@@ -11,7 +11,7 @@ from agent_bridge.common import domain, jsonlimit, paths
 
 MAX_JOBS_DEFAULT = 4
 MAX_JOBS_LIMIT = 64
-KNOWN = ("alerts", "hop_limit", "max_jobs")
+KNOWN = ("alerts", "hop_limit", "max_jobs", "federation")  # [federation]: agent_bridge.federation.settings
 
 
 class ConfigError(ValueError):
@@ -25,8 +25,9 @@ class Settings:
     alerts: bool = True  # desktop notifications for the owner (SPEC §4.6 "The owner is told")
 
 
-def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -> Settings:
-    env = os.environ if env is None else env
+def read_file(home_dir: Path) -> tuple[Path, dict[str, object]]:
+    """config.toml's path and its parsed top level ({} when there is none); ConfigError for a file
+    that does not parse or names an unknown setting. Shared with agent_bridge.federation.settings."""
     file_values: dict[str, object] = {}
     config_file = home_dir / paths.CONFIG_NAME
     if config_file.exists():
@@ -44,6 +45,12 @@ def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -
             raise ConfigError(
                 f"{config_file}: unknown setting {unknown[0]!r}; known settings: {', '.join(KNOWN)}"
             )
+    return config_file, file_values
+
+
+def load(home_dir: Path, env: dict[str, str] | os._Environ[str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    config_file, file_values = read_file(home_dir)
     hop_limit = domain.HOP_LIMIT_DEFAULT
     try:
         if "hop_limit" in file_values:

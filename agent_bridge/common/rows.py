@@ -29,7 +29,10 @@ class Author(NamedTuple):
     agent: str | None
 
     def to_json(self) -> JSON:
-        return {"id": self.id, "name": self.name, "agent": self.agent}
+        out: JSON = {"id": self.id, "name": self.name, "agent": self.agent}
+        if self.id and "@" in self.id:  # another machine's session: its record's id is `<id>@<machine>`
+            out["machine"] = self.id.rsplit("@", 1)[1]
+        return out
 
 
 class Peer(NamedTuple):

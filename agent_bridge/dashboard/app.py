@@ -34,7 +34,15 @@ from agent_bridge.common import paths
 from agent_bridge.dashboard import auth, routes
 from agent_bridge.dashboard import live as live_streams
 from agent_bridge.dashboard.live import LiveStreams
-from agent_bridge.dashboard.state import ACTION_BODY_MAX, STATIC_TYPES, Dashboard, Live, Unreadable, error
+from agent_bridge.dashboard.state import (
+    ACTION_BODY_MAX,
+    STATIC_TYPES,
+    Dashboard,
+    Hub,
+    Live,
+    Unreadable,
+    error,
+)
 from agent_bridge.store.feed import ChangeFeed
 
 FORBIDDEN_STYLE = """
@@ -94,6 +102,7 @@ def create_app(
     live: Live | None = None,
     changes: ChangeFeed | None = None,
     closing: trio.Event | None = None,
+    hub: Hub | None = None,
 ) -> QuartTrio:
     """The dashboard for the state folder `home`, answering on `127.0.0.1:<port>` with `token`.
 
@@ -111,7 +120,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = ACTION_BODY_MAX  # only the owner's actions have bodies
     app.url_map.merge_slashes = False  # `a//b` is a topic, not a redirect
     app.url_map.converters["anypath"] = _AnyPath
-    dash = Dashboard(home, port=port, token=token, live=live)
+    dash = Dashboard(home, port=port, token=token, live=live, hub=hub)
     _guard(app, dash)
     _harden(app)
     _errors(app)

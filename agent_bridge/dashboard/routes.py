@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import apsw
@@ -23,7 +24,8 @@ from agent_bridge.common import domain, marks, paths
 from agent_bridge.common.rows import Peer
 from agent_bridge.dashboard import reads
 from agent_bridge.dashboard.state import Dashboard, error, json_response, short
-from agent_bridge.store import job_queries, queries, question_queries, search
+from agent_bridge.store import federation_queries, job_queries, queries, question_queries, search
+from agent_bridge.store.ids import now_ms
 
 MESSAGES_DEFAULT = 50
 MESSAGES_MAX = 500
@@ -58,6 +60,7 @@ def _reads(app: QuartTrio, dash: Dashboard) -> None:
                 "database": paths.db_path(dash.home).exists(),
                 "readOnly": dash.live is None,  # standalone (no broker): reads only (SPEC §1)
                 "hopLimit": dash.hop_limit,
+                **({} if dash.hub is None or dash.hub() is None else {"federation": await _federation(dash)}),
             }
         )
 
@@ -68,9 +71,13 @@ def _reads(app: QuartTrio, dash: Dashboard) -> None:
         states = await trio.to_thread.run_sync(
             partial(_states, dash.home, peers, connected), limiter=dash.reader_pool.limiter
         )
+        team = await read(partial(federation_queries.remote_sessions, now=now_ms()), [])
+        # with federation (SPEC §10): `machine` on every session, null here; without, as before
+        here: dict[str, Any] = {"machine": None} if team or (dash.hub is not None and dash.hub()) else {}
         return json_response({"sessions": [
-            {**p.to_json(), "connected": p.id in connected, **state.to_json()}
-            for p, state in zip(peers, states, strict=True)
+            *({**p.to_json(), "connected": p.id in connected, **here, **state.to_json()}
+              for p, state in zip(peers, states, strict=True)),
+            *(_remote(r) for r in team),  # the team's other machines
         ]})
 
     @app.get("/api/messages")
@@ -132,6 +139,21 @@ def _decision_reads(app: QuartTrio, dash: Dashboard) -> None:
         """Receipts of every current decision (the decisions table shows them per row)."""
         found = await read(_current_receipts, [])
         return json_response({"receipts": dash.with_connected(found)})
+
+
+def _remote(r: federation_queries.RemoteSession) -> dict[str, Any]:
+    return {"id": r.id, "name": r.address, "agent": r.agent, "project": r.project, "hostSessionId": None,
+            "kind": r.kind, "createdAt": None, "lastSeenAt": r.last_heard, "machine": r.machine,
+            "connected": r.state != "offline", "state": r.state, "stateSince": r.last_heard}
+
+
+async def _federation(dash: Dashboard) -> dict[str, Any]:
+    """The status card's federation line: the hub as the broker has it, the machines heard."""
+    hub = dash.hub() if dash.hub is not None else None
+    machines = await dash.read(federation_queries.machines, [])
+    outbox = await dash.read(federation_queries.outbox_stats, federation_queries.OutboxStats(0, None))
+    return {**(hub or {}), "machines": [{"name": m.name, "heardAt": m.heard_at} for m in machines],
+            "outbox": {"depth": outbox.depth, "oldest": outbox.oldest}}
 
 
 def _states(home: Path, peers: list[Peer], connected: set[str]) -> list[marks.SessionState]:

@@ -27,6 +27,7 @@ from hypercorn.config import Config, Sockets
 from agent_bridge.common import paths
 from agent_bridge.dashboard import auth
 from agent_bridge.dashboard.app import create_app
+from agent_bridge.dashboard.state import Hub
 from agent_bridge.store.feed import ChangeFeed
 
 HOST = "127.0.0.1"  # loopback only (SPEC §6)
@@ -64,6 +65,7 @@ async def serve_dashboard(
     live: Live | None = None,
     changes: ChangeFeed | None = None,
     port: int | None = None,
+    hub: Hub | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the dashboard of `home` until cancelled; `task_status.started(base_url)` once it
@@ -71,12 +73,13 @@ async def serve_dashboard(
 
     `live` returns the ids of the sessions connected right now (None: nothing is, standalone).
     `changes`: the broker's feed of store commits for the live stream (None: the dashboard
-    watches bridge.db itself, as standalone).
+    watches bridge.db itself, as standalone). `hub`: the broker's hub connection (SPEC §10),
+    None without federation.
     `port`: this port (0 = any free port); None = `AGENT_BRIDGE_WEB_PORT`, else 7878 falling back
     to a free port when taken. Raises DashboardError (before `started`) for a bad port setting,
     a port in use, or a home that cannot take `dashboard.url`.
     """
-    await _run(home, live=live, changes=changes, port=port, require_url_file=True,
+    await _run(home, live=live, changes=changes, port=port, require_url_file=True, hub=hub,
                started=lambda dashboard: task_status.started(dashboard.base_url))
 
 
@@ -103,13 +106,15 @@ async def _run(
     port: int | None,
     require_url_file: bool,
     started: Callable[[Dashboard], None],
+    hub: Hub | None = None,
 ) -> None:
     sock = bind_loopback(port)
     try:
         bound_port = sock.getsockname()[1]
         token = auth.new_token()
         stop = trio.Event()  # also ends the live streams, so they never hold a shutdown
-        app = create_app(home, port=bound_port, token=token, live=live, changes=changes, closing=stop)
+        app = create_app(home, port=bound_port, token=token, live=live, changes=changes, closing=stop,
+                         hub=hub)
         base_url = f"http://{HOST}:{bound_port}"
         url = f"{base_url}/?{auth.TOKEN_PARAM}={token}"
         drain = trio.CancelScope()  # shielded once serving: see _serve_until

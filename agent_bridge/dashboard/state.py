@@ -37,6 +37,7 @@ ACTION_TOKEN_HEADER = "X-AB-Token"
 TOKEN_META = b'<meta name="ab-token" content="">'
 
 Live = Callable[[], Collection[str]]
+Hub = Callable[[], "dict[str, Any] | None"]  # the broker's federation status (SPEC §10), None: none
 
 
 class Reads:
@@ -58,11 +59,14 @@ class Dashboard:
     """What the routes share: the state folder, the secrets the guard checks, the read pool,
     what is connected, and the checks and the call of an owner's action."""
 
-    def __init__(self, home: Path, *, port: int, token: str, live: Live | None) -> None:
+    def __init__(
+        self, home: Path, *, port: int, token: str, live: Live | None, hub: Hub | None = None
+    ) -> None:
         self.home = home
         self.port = port
         self.token = token
         self.live = live
+        self.hub = hub  # the broker's hub connection (SPEC §10); None without federation
         db = paths.db_path(home)
         self.reader_pool = Reads(db)
         self.hop_limit = hop_limit(home)

@@ -58,10 +58,12 @@ class Decisions(Messages):
             if source_message_id is not None and not self.message_exists(source_message_id):
                 source_message_id = None
             # The topic's last revision: the current one, or the retracted one a new decide restarts.
+            # Latest by (createdAt, id), the order every machine of a team agrees on (SPEC §10).
             last = self.conn.execute(
-                "SELECT id FROM decisions WHERE topic = ? ORDER BY seq DESC LIMIT 1", (topic,)
+                "SELECT id FROM decisions WHERE topic = ? ORDER BY created_at DESC, id DESC LIMIT 1", (topic,)
             ).fetchone()
             supersedes = last[0] if last else None
+            created_at = self._after_newest(topic, now)
             self.conn.execute(
                 "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, "
                 "author_id, author_name, author_agent, created_at, source_message_id, supersedes) "
@@ -77,7 +79,7 @@ class Decisions(Messages):
                     author_id,
                     author.name,
                     author_agent,
-                    now,
+                    created_at,
                     source_message_id,
                     supersedes,
                 ),
@@ -90,6 +92,18 @@ class Decisions(Messages):
         fault("decide:after-commit")
         assert decision is not None
         return decision, sorted(r.session.name for r in recipients)
+
+    def _after_newest(self, topic: str, now: int) -> int:
+        """The createdAt of a revision (or retraction) recorded here now: `now`, or just past the
+        topic's newest one when that is not older (the same millisecond, or another machine's
+        clock ahead of ours), so what is recorded here is the topic's latest by (createdAt, id)."""
+        row = self.conn.execute(
+            "SELECT max(t) FROM (SELECT max(created_at) AS t FROM decisions WHERE topic = ?1 "
+            "UNION ALL SELECT max(created_at) FROM decision_retractions WHERE topic = ?1)",
+            (topic,),
+        ).fetchone()
+        newest = row[0] if row else None
+        return now if newest is None or newest < now else int(newest) + 1
 
     def _resolve_recipients(self, recipients: Sequence[Recipient]) -> list[Recipient]:
         """Recipients chosen before the transaction, each as the record it is now: one that was
@@ -174,6 +188,7 @@ class Decisions(Messages):
         caller_addresses: Iterable[str] = (),
         history: bool = False,
         topic: str | None = None,
+        project_key: str | None = None,
     ) -> list[Decision]:
         return queries.query_decisions(
             self.conn,
@@ -182,6 +197,7 @@ class Decisions(Messages):
             caller_addresses=caller_addresses,
             history=history,
             topic=topic,
+            project_key=project_key,
         )
 
     def retractions(self, topics: Sequence[str]) -> list[Retraction]:
@@ -215,7 +231,8 @@ class Decisions(Messages):
             self.conn.execute(
                 "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, "
                 "author_agent, created_at) VALUES (?,?,?,?,?,?,?,?)",
-                (retraction_id, topic, decision.id, reason, author.id, author.name, author_agent, now),
+                (retraction_id, topic, decision.id, reason, author.id, author.name, author_agent,
+                 self._after_newest(topic, now)),
             )
             targets: dict[str, str] = {}
             for session in connected:

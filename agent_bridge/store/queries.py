@@ -84,12 +84,15 @@ def query_decisions(
     history: bool = False,
     topic: str | None = None,
     limit: int | None = None,
+    project_key: str | None = None,
 ) -> list[Decision]:
     """Decisions, newest revision first (SPEC §4.2, §6).
 
     `needle` is an already-normalized query (domain.normalize_query); `lookup` a parsed scope or
     None for every scope; `caller_addresses` the calling session's addresses (a project lookup
-    through MCP also includes decisions addressed to the caller).
+    through MCP also includes decisions addressed to the caller). `project_key`: the project
+    folder's key (projectkey.py), so a project lookup also finds other machines' decisions for
+    that key (recorded for the folder `git:<key>`, SPEC §10).
     """
     if not has_table(conn, "decisions"):
         return []
@@ -114,6 +117,9 @@ def query_decisions(
             assert isinstance(lookup, dict)
             args["project"] = lookup["project"]
             clause = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
+            if project_key is not None:
+                args["keyed"] = "git:" + project_key
+                clause += " OR (d.scope_kind = 'project' AND d.scope_project = :keyed)"
             if addresses:
                 clause += " OR d.scope_kind = 'sessions'"
             where.append(f"({clause})")
@@ -128,7 +134,8 @@ def query_decisions(
     for values in conn.execute(sql, args):
         scope = domain.scope_from_json(values[4])
         if lookup is not None and not domain.lookup_matches(scope, lookup, addresses=addresses):
-            continue
+            if not (project_key is not None and scope == {"project": "git:" + project_key}):
+                continue
         out.append(Decision.from_row(values, scope))
         if limit is not None and len(out) >= limit:
             break
@@ -136,29 +143,33 @@ def query_decisions(
 
 
 def note_decisions(
-    conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int
+    conn: apsw.Connection, project: str, *, caller_addresses: Iterable[str] = (), limit: int,
+    project_key: str | None = None,
 ) -> tuple[list[Decision], int]:
     """(the `limit` newest current decisions a project lookup by `project` finds, how many it finds
     in all), for the SessionStart note (SPEC §4.5). Same matching as `query_decisions(conn,
     lookup={"project": project}, caller_addresses=...)`, without rendering every row: the hook
-    runs at every session start, also over 10,000 decisions (SPEC §9).
+    runs at every session start, also over 10,000 decisions (SPEC §9). `project_key`: the
+    folder's key (projectkey.py): other machines' decisions for it count too (SPEC §10).
     """
     if not has_table(conn, "decisions"):
         return [], 0
     lookup: Scope = {"project": project}
     addresses = set(caller_addresses)
-    where = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
+    keyed = None if project_key is None else {"project": "git:" + project_key}
+    where = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project IN (:project, :keyed))"
     if addresses:
         where += " OR d.scope_kind = 'sessions'"
+    args = {"project": project, "keyed": None if keyed is None else keyed["project"]}
     # decisions first (CROSS JOIN keeps it the outer loop): newest rows come in rowid order, no sort.
     sql = (
         _SELECT_DECISION + "FROM decisions d CROSS JOIN decision_heads h ON h.topic = d.topic "
         f"WHERE h.seq = d.seq AND ({where}) ORDER BY d.seq DESC"
     )
     shown: list[Decision] = []
-    for values in conn.execute(sql, {"project": project}):
+    for values in conn.execute(sql, args):
         scope = domain.scope_from_json(values[4])
-        if domain.lookup_matches(scope, lookup, addresses=addresses):
+        if scope == keyed or domain.lookup_matches(scope, lookup, addresses=addresses):
             shown.append(Decision.from_row(values, scope))
             if len(shown) >= limit:
                 break
@@ -166,10 +177,10 @@ def note_decisions(
     # (usually few) session-addressed scopes, which are matched against the addresses here.
     counts = conn.execute(
         "SELECT count(*) FILTER (WHERE d.scope_kind = 'all' "
-        "OR (d.scope_kind = 'project' AND d.scope_project = :project)), "
+        "OR (d.scope_kind = 'project' AND d.scope_project IN (:project, :keyed))), "
         "json_group_array(d.scope) FILTER (WHERE d.scope_kind = 'sessions' AND :sessions) "
         "FROM decision_heads h JOIN decisions d ON d.seq = h.seq",
-        {"project": project, "sessions": bool(addresses)},
+        {**args, "sessions": bool(addresses)},
     ).fetchone()
     assert counts is not None  # an aggregate always answers one row
     total, session_scopes = int(counts[0]), counts[1]
@@ -213,6 +224,8 @@ def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: 
         # Only a job's session is named so: other messages never pay for this lookup.
         job = has_table(conn, "job_events") and conn.execute(
             "SELECT 1 FROM job_events WHERE message_id = ?", (mid,)).fetchone() is not None
+    if from_id and "@" in from_id and from_name:  # another machine's session (SPEC §10): its address
+        from_name = f"{from_name}@{from_id.rsplit('@', 1)[1]}"
     kind = ("decision" if decision_id else "retraction" if retraction is not None
             else "answer" if question is not None else "job" if job else "message")
     return Message(
@@ -359,6 +372,8 @@ def list_peers(conn: apsw.Connection) -> list[Peer]:
         f"SELECT id, name, agent, project, {host_col}, kind, created_at, last_seen_at FROM peers "
         f"WHERE {LISTED_PEERS} ORDER BY last_seen_at DESC, rowid DESC"
     )
+    if not has_column(conn, "peers", "machine"):  # before federation (version 11)
+        sql = sql.replace(" AND machine IS NULL", "")
     if not has_column(conn, "peers", "forgotten_at"):
         sql = sql.replace(" AND forgotten_at IS NULL", "")
     return [Peer(*v) for v in conn.execute(sql)]
@@ -371,7 +386,8 @@ CLI_ID = "cli"
 def listed_peers(alias: str = "") -> str:
     """SQL condition on peers (`alias.`-qualified): rows listed and addressable."""
     p = f"{alias}." if alias else ""
-    return f"{p}id != '{CLI_ID}' AND {p}forgotten_at IS NULL"
+    # machine: a session of another machine (SPEC §10) is listed by the federation reads, never here
+    return f"{p}id != '{CLI_ID}' AND {p}forgotten_at IS NULL AND {p}machine IS NULL"
 
 
 LISTED_PEERS = listed_peers()

@@ -20,6 +20,10 @@ decisions and questions, kept in step by triggers (so inside the writer's own tr
 built from the rows already there.
 V_ASK adds richer owner questions (SPEC §4.6): a question's context and recommended option, the
 askers that withdrew it, and its end when nobody asks it any more; all appended.
+V_FED adds federation (SPEC §10): sessions and messages of other machines (`machine`), the
+outbox of what waits to be published, the remote receipts and marks of messages sent to another
+machine, the recording machine of decisions and retractions, and a topic's current revision
+chosen by (createdAt, id) instead of arrival, so every machine agrees on it.
 """
 
 from __future__ import annotations
@@ -405,7 +409,85 @@ CREATE TRIGGER question_ends_no_delete BEFORE DELETE ON question_ends
 PRAGMA user_version = 10;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK)
+V_FED = """
+-- Sessions of other machines, known from their presence (SPEC §10), are session records too, so
+-- messages and decisions can name them: `machine` is theirs (NULL: this machine), `id` is
+-- `<their id>@<machine>` (ids never collide, `cli` included), `remote_id` their id there, and
+-- `remote_state` what their machine last said (busy, idle, offline). Never listed or addressed as
+-- local sessions; `project_key` is their folder's git origin (projectkey.py), for showing.
+ALTER TABLE peers ADD COLUMN machine TEXT;
+ALTER TABLE peers ADD COLUMN remote_id TEXT;
+ALTER TABLE peers ADD COLUMN remote_state TEXT
+  CHECK (remote_state IS NULL OR remote_state IN ('busy','idle','offline'));
+ALTER TABLE peers ADD COLUMN project_key TEXT;
+CREATE UNIQUE INDEX peers_remote ON peers(machine, remote_id) WHERE machine IS NOT NULL;
+
+-- The team's machines this one heard from: when last (any body), and the presence last applied.
+CREATE TABLE machines (
+  name TEXT PRIMARY KEY,
+  heard_at INTEGER NOT NULL,
+  presence_at INTEGER);
+
+-- A message from another machine names it (`machine`, NULL: sent here); `reported` is the highest
+-- receipt queued back to it (1 stored, 2 shown, 3 acknowledged). A message to another machine's
+-- session: `relayed_at` when the hub acknowledged it (relayed, not delivered), `stored_at` when its
+-- machine said it stored it, `unconfirmed_at` when no receipt came within the bound (cleared by a
+-- late one). Shown and acknowledged arrive as the recipient's receipt row, as for a local one.
+ALTER TABLE messages ADD COLUMN machine TEXT;
+ALTER TABLE messages ADD COLUMN reported INTEGER;
+ALTER TABLE messages ADD COLUMN relayed_at INTEGER;
+ALTER TABLE messages ADD COLUMN stored_at INTEGER;
+ALTER TABLE messages ADD COLUMN unconfirmed_at INTEGER;
+CREATE INDEX messages_reporting ON messages(machine) WHERE machine IS NOT NULL AND reported < 3;
+
+-- What waits to be published (core/federation.py decides when): a message to a remote session
+-- (committed with it), a receipt going back (`<message id>/<state>`, committed with what made it),
+-- a decision or retraction going to the team. `machine`: the destination (NULL: the team).
+-- The body is the encoded envelope (core/envelopes.py). A row is deleted when it is done.
+CREATE TABLE outbox (
+  kind TEXT NOT NULL CHECK (kind IN ('msg','rcpt','dec')),
+  id TEXT NOT NULL,
+  machine TEXT CHECK ((kind = 'dec') = (machine IS NULL)),
+  body BLOB NOT NULL,
+  queued_at INTEGER NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  relayed_at INTEGER,
+  unconfirmed_at INTEGER,
+  PRIMARY KEY (kind, id)) WITHOUT ROWID;
+
+-- How far this machine's own decisions and retractions were put in the outbox for the team
+-- (the last seq queued), moved in the transaction that queues them.
+CREATE TABLE federation_cursors (
+  name TEXT PRIMARY KEY CHECK (name IN ('decisions','retractions')),
+  seq INTEGER NOT NULL);
+
+-- The machine that recorded a decision or a retraction (NULL: this one).
+ALTER TABLE decisions ADD COLUMN machine TEXT;
+ALTER TABLE decision_retractions ADD COLUMN machine TEXT;
+CREATE INDEX decisions_topic_order ON decisions(topic, created_at, id);
+CREATE INDEX decision_retractions_topic_order ON decision_retractions(topic, created_at, id);
+
+-- A topic's current revision is its latest by (createdAt, id) among its decisions and
+-- retractions, whatever order they arrived in; a retraction latest means none. Locally recorded
+-- revisions are always latest (store.decisions gives them a createdAt past the topic's newest).
+DROP TRIGGER decisions_head;
+CREATE TRIGGER decisions_head AFTER INSERT ON decisions
+  WHEN NOT EXISTS (SELECT 1 FROM decisions d WHERE d.topic = NEW.topic AND d.seq != NEW.seq
+                     AND (d.created_at, d.id) > (NEW.created_at, NEW.id))
+   AND NOT EXISTS (SELECT 1 FROM decision_retractions r WHERE r.topic = NEW.topic
+                     AND (r.created_at, r.id) > (NEW.created_at, NEW.id))
+  BEGIN INSERT OR REPLACE INTO decision_heads(topic, seq) VALUES (NEW.topic, NEW.seq); END;
+DROP TRIGGER decision_retractions_head;
+CREATE TRIGGER decision_retractions_head AFTER INSERT ON decision_retractions
+  WHEN NOT EXISTS (SELECT 1 FROM decisions d WHERE d.topic = NEW.topic
+                     AND (d.created_at, d.id) > (NEW.created_at, NEW.id))
+   AND NOT EXISTS (SELECT 1 FROM decision_retractions r WHERE r.topic = NEW.topic AND r.seq != NEW.seq
+                     AND (r.created_at, r.id) > (NEW.created_at, NEW.id))
+  BEGIN DELETE FROM decision_heads WHERE topic = NEW.topic; END;
+PRAGMA user_version = 11;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK, V_FED)
 CURRENT_VERSION = len(STEPS)
 
 

@@ -6,7 +6,7 @@ Every method is synchronous and is one transaction. The broker calls them on a w
 `Store` is one object composed of one class per concern, each in its own module:
 store.peers (sessions and their identity), store.messages (messages and receipts),
 store.decisions (decisions and retractions), store.questions (owner questions), store.jobs
-(jobs and their events) and
+(jobs and their events), store.federation (other machines and the outbox) and
 store.forgetting, all built on store.base (the connection and the delivery taps); opening, the
 version check and backups are in store.opening. A concern builds on the ones it needs (decisions
 on messages, both on peers), so its methods call theirs inside their own transaction.
@@ -27,13 +27,14 @@ from pathlib import Path
 
 import apsw
 
+from agent_bridge.store.federation import Federation
 from agent_bridge.store.forgetting import Forgetting
 from agent_bridge.store.jobs import JobRecords
 from agent_bridge.store.opening import apply_bestpractice, backup_database, backup_path, check_version
 from agent_bridge.store.schema import migrate, user_version
 
 
-class Store(Forgetting, JobRecords):
+class Store(Forgetting, JobRecords, Federation):
     """The only writer of bridge.db: every concern's methods on one connection."""
 
     @classmethod

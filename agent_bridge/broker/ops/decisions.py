@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from agent_bridge.broker.args import ADDRESS_MAX
 from agent_bridge.broker.args import no_unknown as _no_unknown
 from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker, control_op, session_op
 from agent_bridge.common import domain
 from agent_bridge.common.domain import CLI_AGENT, InputError, SessionView
+from agent_bridge.common.projectkey import project_key
 from agent_bridge.common.rows import Decision
 from agent_bridge.store.decisions import Recipient, host_key
 from agent_bridge.store.ids import now_ms
@@ -117,7 +120,13 @@ async def op_decisions(broker: Broker, session: Session, args: dict[str, Any]) -
     raw_scope = args.get("scope")
     lookup = {"project": session.peer.project} if raw_scope is None else domain.parse_scope(raw_scope)
     caller = session.view().addresses if domain.scope_kind(lookup) == "project" else frozenset()
-    found = await broker.db.decisions(needle=needle, lookup=lookup, caller_addresses=caller, history=history)
+    key = None
+    if broker.federation is not None and isinstance(lookup, dict) and "project" in lookup:
+        # other machines' decisions for this folder's git origin count too (SPEC §10)
+        key = await trio.to_thread.run_sync(project_key, lookup["project"])
+    found = await broker.db.decisions(
+        needle=needle, lookup=lookup, caller_addresses=caller, history=history, project_key=key
+    )
     return [d.to_json() for d in found]
 
 

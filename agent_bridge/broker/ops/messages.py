@@ -51,6 +51,16 @@ class Planned(NamedTuple):
     last_seen: int | None
 
 
+class PlannedRemote(NamedTuple):
+    """A send to a session of another machine (SPEC §10): its record here, and its state there."""
+
+    to_id: str
+    outgoing: Outgoing
+    key: str | None
+    address: str
+    state: str
+
+
 async def send_batch(
     broker: Broker, session: Session | None, batch: list[dict[str, Any]]
 ) -> list[dict[str, Any] | InputError]:
@@ -60,33 +70,22 @@ async def send_batch(
     commit. A send whose message_id stored messages before answers with those, marked
     `duplicate`, and stores, queues and wakes nothing."""
     sender_id = CLI_AUTHOR.id if session is None else session.id
-    plans: list[Planned | Stored | InputError] = []
+    plans: list[Planned | PlannedRemote | SentRemote | Stored | InputError] = []
     for args in batch:
         try:
             plans.append(await plan_send(broker, session, args))
         except InputError as exc:
             plans.append(exc)
+    for i, plan in enumerate(plans):
+        if isinstance(plan, PlannedRemote):  # the message and its outbox row, one transaction
+            plans[i] = await send_remote(broker, sender_id, plan)
     planned = [p.send for p in plans if isinstance(p, Planned)]
-    stored: list[Stored | InputError] = []
-    if planned:
-        if session is not None:
-            await broker.identity.on_request(session)
-        await broker.pause("send:resolved")
-        stored = await broker.db.send(sender_id, planned, now_ms(), fault=broker.fault)
-        hosts: set[str] = set()
-        for to_id in {m.to_id for s in stored if isinstance(s, Stored) for m in s.messages}:
-            recipient = broker.sessions.get(to_id)  # as stored: an address may have followed a merge
-            if recipient is not None:
-                recipient.poke()
-            peer = recipient.peer if recipient is not None else await broker.db.get_peer(to_id)
-            if peer is not None and peer.host_session_id:
-                hosts.add(peer.host_session_id)
-        if broker.pending is not None and hosts:
-            await broker.pending.add(hosts)  # what the sender sees sent, the hooks find in the post box
-    done = iter(stored)
+    done = iter(await commit_sends(broker, session, sender_id, planned) if planned else [])
     out: list[dict[str, Any] | InputError] = []
     for plan, args in zip(plans, batch, strict=True):
-        if isinstance(plan, Planned):
+        if isinstance(plan, SentRemote):
+            out.append(remote_result(plan.stored, plan.plan))
+        elif isinstance(plan, Planned):
             result = next(done)
             if isinstance(result, InputError):
                 out.append(result)
@@ -94,9 +93,31 @@ async def send_batch(
             out.append(await send_result(broker, result, plan.send.address, plan.last_seen))
         elif isinstance(plan, Stored):
             out.append(await send_result(broker, plan, args["to"].strip(), None))
-        else:
+        elif isinstance(plan, InputError):
             out.append(plan)
     return out
+
+
+async def commit_sends(
+    broker: Broker, session: Session | None, sender_id: str, planned: list[Send]
+) -> list[Stored | InputError]:
+    """The sends to sessions of this machine, in one transaction; their recipients' delivery
+    tasks poked and their post box files there before the answer."""
+    if session is not None:
+        await broker.identity.on_request(session)
+    await broker.pause("send:resolved")
+    stored = await broker.db.send(sender_id, planned, now_ms(), fault=broker.fault)
+    hosts: set[str] = set()
+    for to_id in {m.to_id for s in stored if isinstance(s, Stored) for m in s.messages}:
+        recipient = broker.sessions.get(to_id)  # as stored: an address may have followed a merge
+        if recipient is not None:
+            recipient.poke()
+        peer = recipient.peer if recipient is not None else await broker.db.get_peer(to_id)
+        if peer is not None and peer.host_session_id:
+            hosts.add(peer.host_session_id)
+    if broker.pending is not None and hosts:
+        await broker.pending.add(hosts)  # what the sender sees sent, the hooks find in the post box
+    return stored
 
 
 async def send_result(
@@ -125,7 +146,64 @@ async def send_result(
     return out
 
 
-async def plan_send(broker: Broker, session: Session | None, args: dict[str, Any]) -> Planned | Stored:
+class SentRemote(NamedTuple):
+    stored: Stored
+    plan: PlannedRemote
+
+
+async def send_remote(broker: Broker, sender_id: str, plan: PlannedRemote) -> SentRemote | InputError:
+    o = plan.outgoing
+    try:
+        stored = await broker.db.queue_remote_message(
+            sender_id, plan.to_id, o.text, o.hop, o.reply_to, now_ms(), key=plan.key, address=plan.address
+        )
+    except InputError as exc:
+        return exc
+    if broker.federation is not None:
+        broker.federation.kick()  # published now, not at the next look after commits
+    return SentRemote(stored, plan)
+
+
+def remote_result(stored: Stored, plan: PlannedRemote) -> dict[str, Any]:
+    """`send`'s answer for a session of another machine: `relayed` false until the hub has it
+    (`sent` tells the rest: relayed, stored there, shown, acknowledged, or unconfirmed)."""
+    (message,) = stored.messages
+    out: dict[str, Any] = {
+        "message": {**message.to_json(), "to": {"id": message.to_id, "name": plan.address}},
+        "recipientConnected": plan.state != "offline",
+        "recipientLastSeen": None,
+        "relayed": False,
+    }
+    if stored.duplicate:
+        out["duplicate"] = True
+    return out
+
+
+async def plan_remote(broker: Broker, to: str, text: str, reply_to: str | None,
+                      key: str | None) -> PlannedRemote | None:
+    """`name@machine` naming a session of another machine of the team, or None (not such an
+    address, or no federation here)."""
+    federation = broker.federation
+    if federation is None or "@" not in to:
+        return None
+    name, _, machine = to.rpartition("@")
+    if not name or machine == federation.machine:
+        return None
+    found = await broker.db.remote_session(name, machine, now_ms())
+    if found is None:
+        raise InputError(f"to: no session {name!r} is known on machine {machine!r} (see peers)")
+    parent_hop = None
+    if reply_to is not None:
+        parent_hop = await broker.db.message_hop(reply_to)
+        if parent_hop is None:
+            raise InputError(f"reply_to: no message with id {reply_to!r}")
+    hop = domain.reply_hop(parent_hop)
+    return PlannedRemote(found.id, Outgoing(found.id, text, hop, reply_to), key, found.address, found.state)
+
+
+async def plan_send(
+    broker: Broker, session: Session | None, args: dict[str, Any]
+) -> Planned | PlannedRemote | Stored:
     """The send to store and when its recipient was last seen (for one not connected); or,
     for a message_id that stored messages before, those (checked again when storing)."""
     allowed = {"to", "text", "reply_to", "message_id"} | ({"project"} if session is None else set())
@@ -140,6 +218,13 @@ async def plan_send(broker: Broker, session: Session | None, args: dict[str, Any
             raise before
         if before is not None:
             return before
+    remote = await plan_remote(broker, to, text, reply_to, key)
+    if remote is not None:
+        return remote
+    if broker.federation is not None and "@" in to:  # this machine's own name: the session here
+        name, _, machine = to.rpartition("@")
+        if machine == broker.federation.machine:
+            to = name
     listing = "peers" if session is not None else SESSIONS_COMMAND
     if session is not None:
         project: str | None = session.peer.project

@@ -19,6 +19,7 @@ from agent_bridge.broker.state import Broker, control_op, session_op
 from agent_bridge.common import domain, marks
 from agent_bridge.common.domain import InputError
 from agent_bridge.common.rows import Peer
+from agent_bridge.store.federation_queries import RemoteSession
 from agent_bridge.store.ids import now_ms
 
 log = logging.getLogger("agent_bridge.broker")
@@ -71,10 +72,24 @@ async def op_peers(broker: Broker, session: Session, args: dict[str, Any]) -> An
         states = await trio.to_thread.run_sync(session_states, broker.home, listed, connected)
     else:
         states = session_states(broker.home, listed, connected)  # no file to read: offline or unknown
-    return [
+    here = [
         {**p.public(), "connected": on, **state.to_json()}
         for p, on, state in zip(listed, connected, states, strict=True)
     ]
+    if broker.federation is None:
+        return here
+    # the team's other machines (SPEC §10): `machine` null here, their sessions as announced
+    others = [remote_peer_json(r) for r in await broker.db.remote_sessions(now_ms())
+              if project is None or r.project == project]
+    return [{**p, "machine": None} for p in here] + others
+
+
+def remote_peer_json(r: RemoteSession) -> dict[str, Any]:
+    """Another machine's session as `peers` and `agent-bridge sessions` list it: its address
+    `name@machine`, connected unless its machine is silent or said it left."""
+    return {"id": r.id, "name": r.address, "agent": r.agent, "project": r.project, "hostSessionId": None,
+            "kind": r.kind, "machine": r.machine, "connected": r.state != "offline", "state": r.state,
+            "stateSince": r.last_heard}
 
 
 def session_states(home: Path, peers: list[Peer], connected: list[bool]) -> list[marks.SessionState]:

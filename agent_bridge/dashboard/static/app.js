@@ -652,6 +652,7 @@
     if (s.hostSessionId) meta.push("host session " + s.hostSessionId);
     const parts = [el("span", { className: "session-name", text: s.name })];
     if (s.kind === "job") parts.push(text(" "), el("span", { className: "tag job", text: "job" }));
+    if (s.machine) parts.push(text(" "), el("span", { className: "tag machine", text: "on " + s.machine, title: "a session of machine " + s.machine + " (SPEC §10)" }));
     const busy = busyTag(s);
     if (busy) parts.push(text(" "), busy);
     const gone = age(s.lastSeenAt);
@@ -677,6 +678,20 @@
       text: s.state,
       title: (s.state === "busy" ? "working on a turn" : "waiting for its user") + " since " + absolute(s.stateSince),
     });
+  }
+
+  // The team (SPEC §10): this machine's name, the hub, the other machines heard and the outbox.
+  function renderFederation(f) {
+    const pill = $("federation");
+    show(pill, Boolean(f));
+    if (!f) return;
+    const heard = (f.machines || []).filter((m) => m.name !== f.machine).map((m) => m.name + " " + relative(m.heardAt));
+    pill.textContent = "machine " + f.machine + " · hub " + (f.connected ? "connected" : "not connected");
+    pill.className = f.connected ? "pill live" : "pill standalone";
+    pill.title = ["team " + f.team + ", hub " + f.url,
+      heard.length ? "heard: " + heard.join(", ") : "no other machine heard yet",
+      (f.outbox ? f.outbox.depth : 0) + " waiting in the outbox",
+      f.lastError ? "last error: " + f.lastError : ""].filter((x) => x).join("\n");
   }
 
   function renderSessions(sessions) {
@@ -862,6 +877,7 @@
       mode.textContent = status.mode === "broker" ? "broker running" : "broker down · read-only";
       mode.className = status.mode === "broker" ? "pill" : "pill standalone";
       show(mode, true);
+      renderFederation(status.federation);
       $("home").textContent = status.home;
       $("home").title = "state folder: " + status.home;
       $("hop-note").textContent = status.hopLimit

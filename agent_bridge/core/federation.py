@@ -1,0 +1,346 @@
+"""Exactly once or marked, end to end (SPEC §10): what the federation task may do with the
+outbox and with what the hub delivers, as two state machines with no I/O.
+
+The broker's federation task feeds them what happened and carries out what they answer; the
+store's rows are the truth, these only decide *when*. Time is an argument, in epoch milliseconds
+as the store keeps it (a row's age must survive a restart); there are no threads, sockets or
+clocks in here. `tests/federation/
+test_outbox_model.py` drives both against a reference model with hypothesis.
+
+**Outbox** (the sending side). Every row of the store's outbox (a message to a remote session,
+a receipt going back to a sender, a decision or retraction going to the team) was committed in
+the transaction that made it, so a kill -9 loses none; `restore(rows)` rebuilds this machine
+from them after a restart.
+
+    waiting ──tick (connected, due)──▶ publishing ──PubAck──▶ relayed (a message)
+       ▲                                   │                   │  no remote receipt for
+       │       timeout / error / hub gone: │                   │  RECEIPT_WAIT: publish again
+       └─────── unknown outcome, back off ─┘                   ▼
+                                                      a remote receipt: done (dropped)
+    receipts and decisions: PubAck ──▶ done (dropped)
+    a message with no receipt UNCONFIRMED_AFTER after it was queued: marked unconfirmed, and
+    still published now and then; a late receipt clears the mark and ends it.
+
+Rules: every publish of a row carries the row's own id as `Nats-Msg-Id` (the hub drops a
+repeat within its window, the receiver drops one after it); a timeout is an unknown outcome,
+never a failure (retried with the same id, backing off); a PubAck means relayed, not delivered
+(JetStream can lose an acknowledged write on a power cut, nats-server issue 7564), so only the
+receiving broker's receipt (`stored`, then `shown`, `acknowledged`) ends a message's row.
+
+**Inbound** (the receiving side): a delivery fetched from the hub is applied to the store (one
+transaction: the message stored by id, a repeat a no-op, with a receipt row queued back to the
+sender either way) and only after that commit acked to the stream; a body that cannot be read
+stores nothing and is acked so the stream stops redelivering it; a store failure acks nothing
+(the hub redelivers).
+
+Mutations `tests/federation/test_outbox_model.py` catches (each applied to this module by hand
+and the test seen failing, 2026-12-05):
+  1. ack before commit: `Inbound.fetched` answers `AckStream` beside `Apply` (a kill -9 of the
+     receiver between the two loses the message);
+  2. new message id on retry: a retry's `Publish.msg_id` is not the row's id (the receiver
+     stores the message twice);
+  3. timeout treated as failure: `not_published` drops the row (lost when the publish never
+     landed);
+  4. PubAck treated as delivered: a message's row is dropped at PubAck (lost when the hub loses
+     an acknowledged write);
+  5. a restart forgets relayed messages: `restore` skips rows with `relayed_at` (lost when the
+     hub loses them);
+  6. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait.
+`python3 tests/federation/mutate_outbox.py` applies each one and runs the test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+MSG, RCPT, DEC = "msg", "rcpt", "dec"  # what an outbox row carries (its subject's kind)
+KINDS = (MSG, RCPT, DEC)
+
+# Receipts a receiving broker sends back, in order: a later one implies the earlier ones.
+STORED, SHOWN, ACKNOWLEDGED = "stored", "shown", "acknowledged"
+RECEIPTS = (STORED, SHOWN, ACKNOWLEDGED)
+
+# Times are epoch milliseconds.
+BACKOFF_FIRST = 500  # the first retry after an unknown outcome (a hub restart takes about 1 s)
+BACKOFF_MAX = 30_000  # retries never wait longer than this while the hub answers nothing
+RECEIPT_WAIT = 60_000  # a relayed message with no receipt is published again after this
+RECEIPT_WAIT_MAX = 600_000  # ... the wait doubling each time, up to this
+UNCONFIRMED_AFTER = 900_000  # after it was queued: a message with no receipt is marked unconfirmed
+MAX_IN_FLIGHT = 64  # publishes awaiting their PubAck at once (the rest wait their turn)
+
+
+OFFLINE_AFTER_MS = 90_000  # a machine not heard from for this long: its sessions show offline
+SESSION_STATES = ("busy", "idle", "offline")
+
+
+def session_state(said: str | None, heard_at: int | None, now: int) -> str:
+    """A remote session's state as shown here (SPEC §10): what its machine last said, or
+    offline when that machine has been silent for OFFLINE_AFTER_MS (times in epoch ms)."""
+    if heard_at is None or now - heard_at > OFFLINE_AFTER_MS or said not in SESSION_STATES:
+        return "offline"
+    return said
+
+
+def receipt_rank(state: str | None) -> int:
+    """0 for no receipt, then stored < shown < acknowledged: receipts apply monotonically."""
+    return 0 if state is None else RECEIPTS.index(state) + 1
+
+
+class OutboxRow(NamedTuple):
+    """What the store keeps of one outbox row, and all a restarted machine needs."""
+
+    id: str  # the message's, decision's or retraction's id; a receipt's message id
+    kind: str  # MSG, RCPT or DEC
+    queued_at: float
+    relayed_at: float | None = None  # the last PubAck (a message only; others are dropped then)
+    unconfirmed_at: float | None = None
+
+
+# --- what the Outbox answers ------------------------------------------------------------
+
+
+class Publish(NamedTuple):
+    """Publish row `id` (the store has its subject and body) with Nats-Msg-Id `msg_id`; then
+    tell `published` (PubAck) or `not_published` (timeout, error: outcome unknown)."""
+
+    id: str
+    kind: str
+    msg_id: str
+
+
+class MarkRelayed(NamedTuple):
+    """Record that the hub acknowledged message `id` (`sent`: relayed, not yet delivered)."""
+
+    id: str
+    at: float
+
+
+class MarkUnconfirmed(NamedTuple):
+    """Mark message `id` unconfirmed: no receipt within the bound (still accepting one)."""
+
+    id: str
+    at: float
+
+
+class Drop(NamedTuple):
+    """The row is done: delete it from the store's outbox."""
+
+    id: str
+    kind: str
+
+
+OutboxAction = Publish | MarkRelayed | MarkUnconfirmed | Drop
+
+
+@dataclass
+class _Entry:
+    id: str
+    kind: str
+    queued_at: float
+    relayed_at: float | None
+    unconfirmed_at: float | None
+    next_try: float
+    tries: int = 0  # publishes since the last PubAck (for the backoff)
+    relays: int = 0  # PubAcks without a receipt (for the receipt wait's doubling)
+    in_flight: bool = False
+
+
+class Outbox:
+    """The sending side: which outbox rows to publish now, and what each outcome means."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self.connected = False
+        self._in_flight = 0
+
+    # --- the store's rows -----------------------------------------------------------------
+
+    def restore(self, rows: list[OutboxRow], now: float) -> None:
+        """After a restart: every committed row, due at once (what was in flight is unknown),
+        except a relayed message, which waits for its receipt as before."""
+        self._entries.clear()
+        self._in_flight = 0
+        for row in rows:
+            self.queued(row, now)
+            if row.relayed_at is not None:
+                entry = self._entries[(row.kind, row.id)]
+                entry.relays = 1
+                entry.next_try = max(now, row.relayed_at + RECEIPT_WAIT)
+
+    def queued(self, row: OutboxRow, now: float) -> None:
+        """A row was committed (a send, a receipt, a decision). A row already held is kept: a
+        receipt row moving on to a later state is the same row, due again."""
+        key = (row.kind, row.id)
+        held = self._entries.get(key)
+        if held is not None:
+            if not held.in_flight:
+                held.next_try = now
+            return
+        self._entries[key] = _Entry(
+            row.id, row.kind, row.queued_at, row.relayed_at, row.unconfirmed_at, next_try=now
+        )
+
+    # --- the hub ----------------------------------------------------------------------------
+
+    def hub_connected(self, now: float) -> None:
+        """Connected (again): what waited is due now, not after its backoff."""
+        self.connected = True
+        for entry in self._entries.values():
+            if entry.relayed_at is None:
+                entry.next_try = min(entry.next_try, now)
+
+    def hub_disconnected(self, now: float) -> None:
+        """Every publish in flight has an unknown outcome; nothing is published until connected."""
+        self.connected = False
+        for entry in self._entries.values():
+            if entry.in_flight:
+                self._unknown(entry, now)
+
+    # --- time ---------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[OutboxAction]:
+        """What to do now: marks that came due, and publishes while connected."""
+        actions: list[OutboxAction] = []
+        for entry in self._entries.values():
+            if (
+                entry.kind == MSG
+                and entry.unconfirmed_at is None
+                and now - entry.queued_at >= UNCONFIRMED_AFTER
+            ):
+                entry.unconfirmed_at = now
+                actions.append(MarkUnconfirmed(entry.id, now))
+        if not self.connected:
+            return actions
+        due = sorted(
+            (e for e in self._entries.values() if not e.in_flight and e.next_try <= now),
+            key=lambda e: (e.next_try, e.queued_at),
+        )
+        for entry in due[: max(0, MAX_IN_FLIGHT - self._in_flight)]:
+            entry.in_flight = True
+            entry.tries += 1
+            self._in_flight += 1
+            actions.append(Publish(entry.id, entry.kind, msg_id=entry.id))
+        return actions
+
+    def next_due(self) -> float | None:
+        """When `tick` may next have something to do (None: nothing is waiting)."""
+        times = [e.next_try for e in self._entries.values() if not e.in_flight]
+        times += [
+            e.queued_at + UNCONFIRMED_AFTER
+            for e in self._entries.values()
+            if e.kind == MSG and e.unconfirmed_at is None
+        ]
+        return min(times, default=None)
+
+    # --- outcomes -----------------------------------------------------------------------------
+
+    def published(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
+        """PubAck: the hub stored it. A message is relayed (and waits for its receipt); a
+        receipt or a decision is done."""
+        entry = self._take_in_flight(kind, row_id)
+        if entry is None:
+            return []
+        if kind != MSG:
+            del self._entries[(kind, row_id)]
+            return [Drop(row_id, kind)]
+        entry.tries = 0
+        entry.relayed_at = now
+        wait = min(RECEIPT_WAIT * 2**entry.relays, RECEIPT_WAIT_MAX)
+        entry.relays += 1
+        entry.next_try = now + wait
+        return [MarkRelayed(row_id, now)]
+
+    def not_published(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
+        """A timeout or an error: the hub may or may not have it. Again later, same id."""
+        entry = self._take_in_flight(kind, row_id)
+        if entry is not None:
+            self._unknown(entry, now)
+        return []
+
+    def receipt(self, message_id: str, state: str, now: float) -> list[OutboxAction]:
+        """The receiving broker's receipt for a message of ours was applied to the store (which
+        keeps the highest one): the message reached its machine, its row is done, and an
+        unconfirmed mark is cleared by the store's receipt."""
+        entry = self._entries.pop((MSG, message_id), None)
+        if entry is None:
+            return []
+        if entry.in_flight:
+            self._in_flight -= 1
+        return [Drop(message_id, MSG)]
+
+    def depth(self) -> int:
+        return len(self._entries)
+
+    def oldest(self) -> float | None:
+        return min((e.queued_at for e in self._entries.values()), default=None)
+
+    # --- inside ---------------------------------------------------------------------------------
+
+    def _take_in_flight(self, kind: str, row_id: str) -> _Entry | None:
+        entry = self._entries.get((kind, row_id))
+        if entry is None or not entry.in_flight:
+            return None  # a late answer for a row already done or already given up on
+        entry.in_flight = False
+        self._in_flight -= 1
+        return entry
+
+    def _unknown(self, entry: _Entry, now: float) -> None:
+        if entry.in_flight:
+            entry.in_flight = False
+            self._in_flight -= 1
+        entry.next_try = now + min(BACKOFF_FIRST * 2 ** max(0, entry.tries - 1), BACKOFF_MAX)
+
+
+# --- the receiving side -------------------------------------------------------------------------
+
+
+class Apply(NamedTuple):
+    """Apply delivery `token`'s body to the store (one transaction), then tell `applied`,
+    `rejected` (the body cannot be read: nothing stored) or `store_failed`."""
+
+    token: int
+
+
+class AckStream(NamedTuple):
+    """Ack delivery `token` to the stream: it is committed (or could never be)."""
+
+    token: int
+
+
+InboundAction = Apply | AckStream
+
+
+class Inbound:
+    """The receiving side: a delivery is acked to the stream only after its commit."""
+
+    def __init__(self) -> None:
+        self._applying: set[int] = set()
+
+    def fetched(self, token: int) -> list[InboundAction]:
+        """The hub delivered something (maybe again): apply it first."""
+        if token in self._applying:
+            return []  # already being applied; its ack follows the commit
+        self._applying.add(token)
+        return [Apply(token)]
+
+    def applied(self, token: int) -> list[InboundAction]:
+        """Committed (new, or a repeat that was a no-op): now the stream may forget it."""
+        if token not in self._applying:
+            return []
+        self._applying.discard(token)
+        return [AckStream(token)]
+
+    def rejected(self, token: int) -> list[InboundAction]:
+        """A body no machine of ours would send (bad JSON, too big): nothing was stored, and
+        redelivering it would change nothing, so it is acked (and logged by the caller)."""
+        return self.applied(token)
+
+    def store_failed(self, token: int) -> list[InboundAction]:
+        """The store could not commit (disk full, closed): no ack, the hub redelivers."""
+        self._applying.discard(token)
+        return []
+
+    def hub_disconnected(self) -> None:
+        """Deliveries not acked yet come again from the hub; their acks would go nowhere."""
+        self._applying.clear()

@@ -1,0 +1,386 @@
+"""The store's side of federation (store/federation.py, schema version 11), with two real stores
+standing for two machines and the test carrying the outbox's bodies between them as the hub would
+(decoded by core/envelopes, as the receiving broker does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
+from agent_bridge.core import envelopes as env
+from agent_bridge.core import federation as fed
+from agent_bridge.store import federation_queries as fq
+from agent_bridge.store import queries
+from agent_bridge.store.federation import Applied
+from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_FED
+from agent_bridge.store.writer import Store
+
+T0 = 1_790_000_000_000
+KEY = "github.com/Org/App"
+
+
+CLI = env.Author("cli", "cli", "cli")
+
+
+def dec(did: str, topic: str, text: str, at: int) -> env.DecisionEnvelope:
+    return env.DecisionEnvelope(did, topic, text, None, CLI, at, None, None)
+
+
+@pytest.fixture
+def laptop(tmp_path: Path) -> Store:
+    return Store.open(tmp_path / "laptop.db")
+
+
+@pytest.fixture
+def devbox(tmp_path: Path) -> Store:
+    return Store.open(tmp_path / "devbox.db")
+
+
+def session(store: Store, name: str, project: str = "/w/app") -> SessionView:
+    agent = name.split("-")[0]
+    return store.create_peer(agent=agent, name=name, project=project, kind="interactive",
+                             host_session_id=None, now=T0).view()
+
+
+def announce(store: Store, machine: str, sessions: list[SessionView], at: int, key: str | None = KEY) -> None:
+    """`store`'s machine hears `machine`'s presence."""
+    presence = env.PresenceEnvelope(at, tuple(
+        env.PresenceSession(s.id, s.name, s.name.split("-")[0], s.project, key, "interactive", "idle")
+        for s in sessions
+    ))
+    store.record_presence(machine, env.decode_presence(env.encode(presence)), at)
+
+
+def outbox(store: Store, kind: str) -> dict[str, tuple[str | None, bytes]]:
+    found = {}
+    for row in store.outbox_rows():
+        if row.kind == kind:
+            item = store.outbox_item(kind, row.id)
+            assert item is not None
+            found[row.id] = item
+    return found
+
+
+def test_remote_sessions_come_from_presence_and_go_offline_after_90_s(laptop: Store, devbox: Store) -> None:
+    codex = session(devbox, "codex-app")
+    mine = session(laptop, "claude-app")
+    announce(laptop, "devbox", [codex], T0)
+    [remote] = fq.remote_sessions(laptop.conn, T0 + 1000)
+    assert (remote.name, remote.machine, remote.state) == ("codex-app", "devbox", "idle")
+    assert remote.remote_id == codex.id
+    assert remote.address == "codex-app@devbox" and remote.project_key == KEY
+    assert [p.id for p in laptop.list_peers()] == [mine.id]  # never listed or addressed as local
+    assert laptop.find_peers_by_address("codex-app") == []
+    assert fq.remote_sessions(laptop.conn, T0 + fed.OFFLINE_AFTER_MS)[0].state == "idle"
+    assert fq.remote_sessions(laptop.conn, T0 + fed.OFFLINE_AFTER_MS + 1)[0].state == "offline"
+    announce(laptop, "devbox", [], T0 + 100_000)  # no longer announced: offline though heard
+    assert fq.remote_sessions(laptop.conn, T0 + 100_001)[0].state == "offline"
+    assert fq.remote_session(laptop.conn, "codex-app", "devbox", T0) is not None
+    assert fq.remote_session(laptop.conn, "codex-app", "laptop", T0) is None
+    assert [m.name for m in fq.machines(laptop.conn)] == ["devbox"]
+
+
+def test_session_state_rule() -> None:
+    assert fed.session_state("busy", T0, T0 + 90_000) == "busy"
+    assert fed.session_state("busy", T0, T0 + 90_001) == "offline"
+    assert fed.session_state("idle", None, T0) == "offline"
+    assert fed.session_state("weird", T0, T0) == "offline"
+
+
+def send_to_devbox(laptop: Store, devbox: Store, text: str = "review please?", **kw: str) -> tuple[str, str]:
+    sender = session(laptop, "claude-app")
+    codex = session(devbox, "codex-app")
+    announce(laptop, "devbox", [codex], T0)
+    stored = laptop.queue_remote_message(sender.id, f"{codex.id}@devbox", text, 1, None, T0 + 1, **kw)
+    return stored.messages[0].id, codex.id
+
+
+def test_a_message_arrives_once_and_its_receipts_come_back(laptop: Store, devbox: Store) -> None:
+    mid, codex = send_to_devbox(laptop, devbox)
+    [(machine, body)] = outbox(laptop, fed.MSG).values()
+    assert machine == "devbox"
+    message = env.decode_message(body)
+    assert (message.id, message.to_id, message.text) == (mid, codex, "review please?")
+
+    assert devbox.apply_remote_message("laptop", message, T0 + 2) is Applied.NEW
+    assert devbox.apply_remote_message("laptop", message, T0 + 3) is Applied.REPEAT  # redelivered
+    [got] = devbox.unacked(codex)
+    # shown by its address on its machine (SPEC §10: `from.machine` and `name@machine`)
+    assert (got.id, got.text, got.sender.name) == (mid, "review please?", "claude-app@laptop")
+    assert got.sender.id.endswith("@laptop") and got.sender.to_json()["machine"] == "laptop"
+    assert devbox.conn.execute("SELECT machine FROM messages WHERE id = ?", (mid,)).fetchone()[0] == "laptop"
+    assert list(outbox(devbox, fed.RCPT)) == [f"{mid}/stored"]  # answered, once
+
+    devbox.ack(codex, [mid], T0 + 10)
+    assert devbox.queue_receipt_updates(T0 + 11) == 1
+    assert devbox.queue_receipt_updates(T0 + 12) == 0  # reported once
+    receipts = outbox(devbox, fed.RCPT)
+    assert set(receipts) == {f"{mid}/stored", f"{mid}/acknowledged"}
+    assert {m for m, _ in receipts.values()} == {"laptop"}
+
+    ack = env.decode_receipt(receipts[f"{mid}/acknowledged"][1])
+    stored = env.decode_receipt(receipts[f"{mid}/stored"][1])
+    assert laptop.apply_remote_receipt("laptop", ack, T0 + 20) is False  # only its machine answers
+    assert laptop.apply_remote_receipt("devbox", ack, T0 + 20) is True
+    assert laptop.apply_remote_receipt("devbox", stored, T0 + 21) is False  # late, lower: no going back
+    [sent] = laptop.sent(laptop.list_peers()[0].id, [mid], 10)
+    assert sent.state == domain.ACKNOWLEDGED
+    assert outbox(laptop, fed.MSG) == {}  # its receipt ends the outbox row
+    row = laptop.conn.execute("SELECT stored_at, unconfirmed_at FROM messages WHERE id = ?", (mid,))
+    assert row.fetchone() == (T0 + 11, None)
+    marks = fq.RemoteMarks("devbox", None, T0 + 11, None)
+    assert fq.remote_marks(laptop.conn, [mid, "other"]) == {mid: marks}
+    assert fq.sending_machines(devbox.conn, [mid]) == {mid: "laptop"}
+    assert fq.sending_machines(laptop.conn, [mid]) == {} and fq.remote_marks(devbox.conn, [mid]) == {}
+
+
+def test_a_repeat_answers_with_the_receipt_it_has_now(laptop: Store, devbox: Store) -> None:
+    mid, codex = send_to_devbox(laptop, devbox)
+    message = env.decode_message(next(iter(outbox(laptop, fed.MSG).values()))[1])
+    devbox.apply_remote_message("laptop", message, T0 + 2)
+    devbox.ack(codex, [mid], T0 + 3)
+    for row in list(outbox(devbox, fed.RCPT)):
+        devbox.drop(fed.RCPT, row)  # published; then the hub lost them, and laptop sends again
+    assert devbox.apply_remote_message("laptop", message, T0 + 4) is Applied.REPEAT
+    assert list(outbox(devbox, fed.RCPT)) == [f"{mid}/acknowledged"]
+    assert len(devbox.unacked(codex)) == 0
+
+
+def test_unconfirmed_is_marked_and_a_late_receipt_clears_it(laptop: Store, devbox: Store) -> None:
+    mid, _ = send_to_devbox(laptop, devbox)
+    laptop.mark_relayed(fed.MSG, mid, T0 + 5)
+    laptop.mark_unconfirmed(mid, T0 + 900_000)
+    [row] = laptop.outbox_rows()
+    assert (row.relayed_at, row.unconfirmed_at) == (T0 + 5, T0 + 900_000)
+    marks = "SELECT relayed_at, unconfirmed_at FROM messages WHERE id = ?"
+    assert laptop.conn.execute(marks, (mid,)).fetchone() == (T0 + 5, T0 + 900_000)
+    late = env.ReceiptEnvelope(mid, "stored", T0 + 1_000_000)
+    assert laptop.apply_remote_receipt("devbox", late, T0 + 1_000_001) is True
+    assert laptop.conn.execute(marks, (mid,)).fetchone() == (T0 + 5, None)
+    assert laptop.outbox_rows() == []
+
+
+def test_a_send_with_a_message_id_is_stored_once(laptop: Store, devbox: Store) -> None:
+    key = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    mid, codex = send_to_devbox(laptop, devbox, key=key, address="codex-app@devbox")
+    assert mid == key
+    sender = laptop.list_peers()[0].id
+    again = laptop.queue_remote_message(sender, f"{codex}@devbox", "review please?", 1, None, T0 + 9,
+                                        key=key, address="codex-app@devbox")
+    assert again.duplicate and again.messages[0].id == key
+    assert len(laptop.outbox_rows()) == 1
+    with pytest.raises(domain.InputError):
+        laptop.queue_remote_message(sender, f"{codex}@devbox", "other text", 1, None, T0 + 9, key=key,
+                                    address="codex-app@devbox")
+
+
+def test_what_cannot_be_applied_stores_nothing(laptop: Store, devbox: Store) -> None:
+    mine = session(laptop, "claude-app")
+    with pytest.raises(domain.InputError):
+        laptop.queue_remote_message(mine.id, mine.id, "to a local session", 1, None, T0)
+    nobody = env.MessageEnvelope("m-x", env.Author("a", "claude-app", "claude"), "no-such-session", "ghost",
+                                 "hi", 1, None, T0, None)
+    with pytest.raises(domain.InputError):
+        devbox.apply_remote_message("laptop", nobody, T0)
+    assert devbox.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    assert devbox.outbox_rows() == []
+
+
+def decide(store: Store, author: SessionView, topic: str, text: str, scope: domain.Scope, now: int) -> str:
+    decision, _ = store.record_decision(author=author, author_agent="claude", topic=topic, text=text,
+                                        scope=scope, source_message_id=None, recipients=[], now=now)
+    return decision.id
+
+
+def replicate(source: Store, target: Store, machine: str, keys: dict[str, str | None]) -> list[Applied]:
+    source.queue_team_decisions(T0, lambda folder: keys.get(folder))
+    out = []
+    for row_id, (dest, body) in outbox(source, fed.DEC).items():
+        assert dest is None
+        out.append(target.apply_remote_decision(machine, env.decode_decision(body), T0 + 50))
+        source.drop(fed.DEC, row_id)
+    return out
+
+
+def current(store: Store, topic: str) -> str | None:
+    found = queries.query_decisions(store.conn, topic=topic)
+    return found[0].id if found else None
+
+
+def test_decisions_reach_the_team_by_scope_and_project_key(laptop: Store, devbox: Store) -> None:
+    me = session(laptop, "claude-app", "/home/me/app")
+    d_all = decide(laptop, me, "camera", "hold to look", "all", T0)
+    d_app = decide(laptop, me, "db", "PostgreSQL", {"project": "/home/me/app"}, T0 + 1)
+    decide(laptop, me, "secret", "x", {"sessions": [me.name]}, T0 + 2)  # stays here
+    decide(laptop, me, "tmp", "y", {"project": "/home/me/scratch"}, T0 + 3)  # no origin: stays here
+    keys = {"/home/me/app": KEY}
+    assert sorted(replicate(laptop, devbox, "laptop", keys), key=str) == [Applied.NEW, Applied.NEW]
+    assert laptop.queue_team_decisions(T0, keys.get) == 0  # queued once
+
+    assert current(devbox, "camera") == d_all and current(devbox, "db") == d_app
+    assert current(devbox, "secret") is None and current(devbox, "tmp") is None
+    remote = queries.decision_by_id(devbox.conn, d_app)
+    assert remote is not None and remote.scope == {"project": "git:" + KEY}
+    assert remote.author.id == f"{me.id}@laptop" and remote.author.name == "claude-app"
+    machine = devbox.conn.execute("SELECT machine FROM decisions WHERE id = ?", (d_app,)).fetchone()[0]
+    assert machine == "laptop"
+
+    same_key = queries.query_decisions(devbox.conn, lookup={"project": "/srv/app"}, project_key=KEY)
+    assert {d.id for d in same_key} == {d_all, d_app}
+    other_key = queries.query_decisions(devbox.conn, lookup={"project": "/srv/o"}, project_key="h/o/other")
+    assert {d.id for d in other_key} == {d_all}
+    no_key = queries.query_decisions(devbox.conn, lookup={"project": "/srv/app"})
+    assert {d.id for d in no_key} == {d_all}
+    # the SessionStart note of a folder with that key shows both; another folder only the global one
+    shown, total = queries.note_decisions(devbox.conn, "/srv/app", limit=5, project_key=KEY)
+    assert ({d.id for d in shown}, total) == ({d_all, d_app}, 2)
+    shown, total = queries.note_decisions(devbox.conn, "/srv/app", limit=5)
+    assert ({d.id for d in shown}, total) == ({d_all}, 1)
+
+    # applied again (a redelivery): a no-op
+    body = env.encode(dec(d_all, "camera", "hold to look", T0))
+    assert devbox.apply_remote_decision("laptop", env.decode_decision(body), T0) is Applied.REPEAT
+
+
+def test_every_machine_agrees_on_the_current_revision_whatever_the_arrival_order(tmp_path: Path) -> None:
+    revisions = [dec("a1", "db", "MySQL", T0), dec("b2", "db", "SQLite", T0 + 5),
+                 dec("c3", "db", "PostgreSQL", T0 + 5), dec("a0", "db", "Oracle", T0 + 2)]
+    retraction = env.RetractionEnvelope("r1", "db", "c3", "changed our mind", CLI, T0 + 7)
+    later = dec("z9", "db", "DuckDB", T0 + 9)
+    orders = [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1], [1, 3, 0, 2]]
+    for n, order in enumerate(orders):
+        store = Store.open(tmp_path / f"m{n}.db")
+        for i in order:
+            assert store.apply_remote_decision("x", revisions[i], T0) is Applied.NEW
+        assert current(store, "db") == "c3"  # the latest by (createdAt, id): c3 > b2 in the same ms
+        assert store.apply_remote_decision("x", retraction, T0) is Applied.NEW
+        assert current(store, "db") is None
+        assert store.apply_remote_decision("x", later, T0) is Applied.NEW
+        assert current(store, "db") == "z9"
+        assert store.apply_remote_decision("x", dec("old", "db", "Old", T0 - 1), T0) is Applied.NEW
+        assert current(store, "db") == "z9"  # a late old revision changes nothing
+        store.close()
+
+
+REVISION = st.tuples(st.integers(0, 4), st.sampled_from("abc"), st.booleans())  # (ms, id letter, retraction)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(revisions=st.lists(REVISION, min_size=1, max_size=8, unique_by=lambda r: r[:2]), data=st.data())
+def test_any_two_arrival_orders_agree_on_the_current_revision(
+    tmp_path: Path, revisions: list[tuple[int, str, bool]], data: st.DataObject
+) -> None:
+    """Revisions and retractions of one topic, each applied once on two machines in two orders
+    (a retraction waiting until what it retracts is there): both end with one current revision,
+    the same, and it is the latest by (createdAt, id) unless a retraction is later still."""
+    first = [r for r in revisions if not r[2]] or [(0, "a", False)]
+    records: list[env.DecisionEnvelope | env.RetractionEnvelope] = []
+    for at, letter, is_retraction in revisions:
+        rid = f"{letter}{at}"
+        if is_retraction:
+            target = data.draw(st.sampled_from(first))
+            retracts = f"d{target[1]}{target[0]}"
+            records.append(env.RetractionEnvelope("r" + rid, "db", retracts, None, CLI, T0 + at))
+        else:
+            records.append(dec("d" + rid, "db", rid, T0 + at))
+    if not any(isinstance(r, env.DecisionEnvelope) for r in records):
+        records.append(dec("da0", "db", "a0", T0))
+    ends = []
+    for n in range(2):
+        order = data.draw(st.permutations(records))
+        path = tmp_path / f"{n}-{len(list(tmp_path.iterdir()))}.db"
+        store = Store.open(path)
+        waiting = list(order)
+        while waiting:
+            results = [store.apply_remote_decision("x", r, T0) for r in waiting]
+            assert Applied.NEW in results  # a retraction only waits for a decision still to come
+            waiting = [r for r, got in zip(waiting, results, strict=True) if got is Applied.WAITING]
+        ends.append(current(store, "db"))
+        store.close()
+    assert ends[0] == ends[1]
+    latest = max(records, key=lambda r: (r.created_at, r.id))
+    assert ends[0] == (None if isinstance(latest, env.RetractionEnvelope) else latest.id)
+
+
+def test_a_retraction_before_its_decision_waits(devbox: Store) -> None:
+    retraction = env.RetractionEnvelope("r1", "db", "d1", None, env.Author("cli", "cli", "cli"), T0 + 7)
+    assert devbox.apply_remote_decision("laptop", retraction, T0) is Applied.WAITING
+    assert devbox.conn.execute("SELECT count(*) FROM decision_retractions").fetchone()[0] == 0
+    assert devbox.apply_remote_decision("laptop", dec("d1", "db", "MySQL", T0), T0) is Applied.NEW
+    assert devbox.apply_remote_decision("laptop", retraction, T0) is Applied.NEW
+    assert current(devbox, "db") is None
+
+
+def test_a_local_revision_is_latest_even_behind_another_machines_clock(devbox: Store) -> None:
+    me = session(devbox, "codex-app")
+    devbox.apply_remote_decision("laptop", dec("future", "db", "MySQL", T0 + 60_000), T0)
+    mine = decide(devbox, me, "db", "PostgreSQL", "all", T0)
+    assert current(devbox, "db") == mine
+    d = queries.decision_by_id(devbox.conn, mine)
+    assert d is not None and d.created_at == T0 + 60_001 and d.supersedes == "future"
+    again = decide(devbox, me, "db", "SQLite", "all", T0)  # the same millisecond here
+    assert current(devbox, "db") == again
+    retraction, _ = devbox.retract(topic="db", reason=None, author=me, author_agent="codex", connected=[],
+                                   now=T0)
+    assert current(devbox, "db") is None and retraction.created_at == T0 + 60_003
+
+
+def test_retractions_reach_the_team(laptop: Store, devbox: Store) -> None:
+    me = session(laptop, "claude-app", "/home/me/app")
+    decide(laptop, me, "camera", "hold to look", "all", T0)
+    replicate(laptop, devbox, "laptop", {})
+    laptop.retract(topic="camera", reason="gone", author=me, author_agent="claude", connected=[], now=T0 + 5)
+    assert replicate(laptop, devbox, "laptop", {}) == [Applied.NEW]
+    assert current(devbox, "camera") is None and current(laptop, "camera") is None
+    [r] = queries.retractions(devbox.conn, topic="camera")
+    assert r.reason == "gone"
+
+
+def build_v10(path: Path) -> None:
+    """A version-10 database as the previous release left it, with a session, an unacknowledged
+    message and two revisions of a decision."""
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA foreign_keys = ON")
+    for step in STEPS[: STEPS.index(V_FED)]:
+        with conn:
+            conn.execute(step)
+    conn.execute(
+        "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, host_session_id) VALUES "
+        "('p1','claude-app','claude','/w/app','interactive',1,1,'host-1'),"
+        "('p2','codex-app','codex','/w/app','interactive',1,5,'host-2')"
+    )
+    conn.execute("INSERT INTO messages(id, from_peer, to_peer, body, hop, created_at) "
+                 "VALUES ('m1','p1','p2','hello from v10',1,10)")
+    conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES ('m1','p2')")
+    for did, text, at, sup in (("d1", "MySQL", 100, None), ("d2", "PostgreSQL", 100, "d1")):
+        conn.execute(
+            "INSERT INTO decisions(id, topic, text, text_key, scope, scope_kind, scope_project, author_id, "
+            "author_name, author_agent, created_at, source_message_id, supersedes) "
+            "VALUES (?,'db',?,?,'\"all\"','all',NULL,'p1','claude-app','claude',?,NULL,?)",
+            (did, text, text.lower(), at, sup),
+        )
+    conn.close()
+
+
+def test_version_10_upgrades_to_11_keeping_everything(tmp_path: Path) -> None:
+    db = tmp_path / "bridge.db"
+    build_v10(db)
+    lines: list[str] = []
+    store = Store.open(db, lines.append)
+    assert CURRENT_VERSION == 11 and store.version() == 11
+    assert any("backed up" in line for line in lines)
+    assert [p.name for p in store.list_peers()] == ["codex-app", "claude-app"]
+    assert [m.text for m in store.unacked("p2")] == ["hello from v10"]
+    # d2 was recorded after d1 in the same millisecond: it stays current (the head was kept)
+    assert current(store, "db") == "d2"
+    assert store.conn.execute("SELECT count(*) FROM peers WHERE machine IS NOT NULL").fetchone()[0] == 0
+    assert store.outbox_rows() == [] and fq.remote_sessions(store.conn, T0) == []
+    d3 = decide(store, store.list_peers()[1].view(), "db", "SQLite", "all", 100)
+    assert current(store, "db") == d3
+    store.close()

@@ -1,0 +1,344 @@
+"""The outbox/receipt machines (core/federation.py) driven against a tiny world with hypothesis.
+
+The world: machine A sends messages to machine B through a hub. The hub is a JetStream-like
+stream per direction (messages A→B, receipts B→A): it drops a publish whose Nats-Msg-Id it saw
+within its dedupe window, delivers unacked entries in any order and any number of times, and can
+lose an entry it acknowledged (a power cut with the default fsync interval, nats-server issue
+7564). A publish may land or not, and its answer may be a PubAck or a timeout either way (an
+unknown outcome). Either broker can be killed -9: its machines are rebuilt from its committed
+rows only (a commit in progress is lost). Receipts come late, or never until asked again.
+
+What must hold:
+- never delivered twice: a message is in B's inbox at most once, and within the dedupe window the
+  hub holds each message once (retries carry the same Nats-Msg-Id);
+- never acked to the stream before commit: an ack names a delivery B (or A) has committed;
+- unconfirmed only after the bound, and only while no receipt has come;
+- never lost: after the faults stop (teardown: connected, no losses, time passing), every
+  committed send is in B's inbox exactly once, A has its receipt, and no mark is left.
+
+Mutations of core/federation.py this test catches (each applied by hand, the test seen failing):
+ack before commit (AckStream beside Apply in `Inbound.fetched`), a new message id on retry, a
+timeout treated as a failure (the row dropped), a PubAck treated as delivered (a message's row
+dropped at PubAck), and unconfirmed before the bound. See the module's docstring.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from agent_bridge.core import federation as fed
+from agent_bridge.core.federation import (
+    MSG,
+    RCPT,
+    AckStream,
+    Apply,
+    Drop,
+    Inbound,
+    MarkRelayed,
+    MarkUnconfirmed,
+    Outbox,
+    OutboxRow,
+    Publish,
+)
+
+
+@dataclass
+class Entry:
+    """One stream entry: its Nats-Msg-Id and the body's id (a message id, or `mid/state`)."""
+
+    seq: int
+    msg_id: str
+    body: str
+    acked: bool = False
+
+
+@dataclass
+class Stream:
+    entries: dict[int, Entry] = field(default_factory=dict)
+    window: dict[str, str] = field(default_factory=dict)  # Nats-Msg-Id -> body, within the window
+
+    def land(self, seq: int, msg_id: str, body: str) -> None:
+        if msg_id in self.window:
+            return  # a duplicate: PubAck, nothing stored
+        # within the window the hub holds each body once: a retry must carry the same id
+        assert body not in self.window.values(), f"{body} stored twice in the window (new id {msg_id})"
+        self.window[msg_id] = body
+        self.entries[seq] = Entry(seq, msg_id, body)
+
+    def unacked(self) -> list[Entry]:
+        return [e for e in self.entries.values() if not e.acked]
+
+
+@dataclass
+class InFlight:
+    side: str
+    epoch: int
+    kind: str
+    row_id: str
+    msg_id: str
+    body: str
+
+
+class Side:
+    """One broker: its committed rows (what a kill -9 keeps) and its machines (what it loses)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.outbox_rows: dict[tuple[str, str], OutboxRow] = {}
+        self.outbox = Outbox()
+        self.inbound = Inbound()
+        self.connected = False
+        self.epoch = 0  # a new connection or a restart: answers for older publishes go nowhere
+        self.applying: dict[int, Entry] = {}  # fetched, commit in progress (lost by a kill)
+
+    def restart(self, now: float) -> None:
+        self.outbox = Outbox()
+        self.inbound = Inbound()
+        self.applying.clear()
+        self.connected = False
+        self.epoch += 1
+        self.outbox.restore(list(self.outbox_rows.values()), now)
+
+
+class World(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1_790_000_000_000  # epoch ms
+        self.seq = 0
+        self.sent = 0
+        self.a, self.b = Side("a"), Side("b")
+        self.msgs, self.rcpts = Stream(), Stream()  # A→B messages, B→A receipts
+        self.in_flight: list[InFlight] = []
+        # A's committed rows: its sends, the receipts it applied, its marks
+        self.a_sends: dict[str, float] = {}  # message id -> queued at
+        self.a_receipt: dict[str, int] = {}  # message id -> highest receipt rank
+        self.a_unconfirmed: dict[str, float] = {}
+        # B's committed rows
+        self.b_inbox: Counter[str] = Counter()
+        self.b_state: dict[str, int] = {}  # message id -> its local receipt rank (stored, shown, acked)
+
+    # --- carrying out what the machines answer ------------------------------------------------
+
+    def side(self, name: str) -> Side:
+        return self.a if name == "a" else self.b
+
+    def run_outbox(self, s: Side, actions: list[fed.OutboxAction]) -> None:
+        for action in actions:
+            if isinstance(action, Publish):
+                body = action.id  # the body always names the row's own id (message id, mid/state)
+                self.in_flight.append(InFlight(s.name, s.epoch, action.kind, action.id, action.msg_id, body))
+            elif isinstance(action, MarkRelayed):
+                row = s.outbox_rows.get((MSG, action.id))
+                if row is not None:
+                    s.outbox_rows[(MSG, action.id)] = row._replace(relayed_at=action.at)
+            elif isinstance(action, MarkUnconfirmed):
+                assert s is self.a
+                queued = self.a_sends[action.id]
+                assert action.at - queued >= fed.UNCONFIRMED_AFTER, "unconfirmed before the bound"
+                assert self.a_receipt.get(action.id, 0) == 0, "unconfirmed after a receipt"
+                self.a_unconfirmed[action.id] = action.at
+                row = s.outbox_rows[(MSG, action.id)]
+                s.outbox_rows[(MSG, action.id)] = row._replace(unconfirmed_at=action.at)
+            elif isinstance(action, Drop):
+                s.outbox_rows.pop((action.kind, action.id), None)
+
+    def run_inbound(self, s: Side, actions: list[fed.InboundAction], stream: Stream) -> None:
+        for action in actions:
+            if isinstance(action, Apply):
+                s.applying[action.token] = stream.entries[action.token]
+            elif isinstance(action, AckStream):
+                entry = stream.entries.get(action.token)
+                if entry is None:
+                    continue
+                if s is self.b:
+                    assert self.b_inbox[entry.body] >= 1, f"acked {entry.body} to the stream before commit"
+                else:
+                    mid, state = entry.body.split("/")
+                    assert self.a_receipt.get(mid, 0) >= fed.receipt_rank(state), "acked before commit"
+                entry.acked = True
+
+    def queue_receipt(self, mid: str) -> None:
+        """B commits a receipt row for the message's current state (with what made it so)."""
+        state = fed.RECEIPTS[self.b_state[mid] - 1]
+        row = OutboxRow(f"{mid}/{state}", RCPT, self.now)
+        self.b.outbox_rows.setdefault((RCPT, row.id), row)
+        self.b.outbox.queued(row, self.now)
+
+    # --- rules: the senders -----------------------------------------------------------------
+
+    @rule()
+    def send(self) -> None:
+        """A commits a message to a remote session and its outbox row in one transaction."""
+        self.sent += 1
+        mid = f"m{self.sent}"
+        self.a_sends[mid] = self.now
+        row = OutboxRow(mid, MSG, self.now)
+        self.a.outbox_rows[(MSG, mid)] = row
+        self.a.outbox.queued(row, self.now)
+
+    @rule(dt=st.sampled_from([0, 300, 1_000, 5_000, 45_000, 120_000, 700_000, 1_000_000]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        for s in (self.a, self.b):
+            self.run_outbox(s, s.outbox.tick(self.now))
+
+    @rule(side=st.sampled_from("ab"), up=st.booleans())
+    def hub_link(self, side: str, up: bool) -> None:
+        s = self.side(side)
+        if up and not s.connected:
+            s.connected = True
+            s.epoch += 1
+            s.outbox.hub_connected(self.now)
+        elif not up and s.connected:
+            s.connected = False
+            s.epoch += 1
+            s.outbox.hub_disconnected(self.now)
+            s.inbound.hub_disconnected()
+
+    # --- rules: the hub -----------------------------------------------------------------------
+
+    @precondition(lambda self: self.in_flight)
+    @rule(data=st.data(), lands=st.booleans(), answered=st.booleans())
+    def publish_outcome(self, data: st.DataObject, lands: bool, answered: bool) -> None:
+        """A publish lands or not; its answer is a PubAck (only if it landed) or a timeout."""
+        p = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
+        if lands:
+            self.seq += 1
+            (self.msgs if p.kind == MSG else self.rcpts).land(self.seq, p.msg_id, p.body)
+        s = self.side(p.side)
+        if s.epoch != p.epoch:
+            return  # that connection or that process is gone: nobody hears the answer
+        if lands and answered:
+            self.run_outbox(s, s.outbox.published(p.kind, p.row_id, self.now))
+        else:
+            self.run_outbox(s, s.outbox.not_published(p.kind, p.row_id, self.now))
+
+    @rule(data=st.data(), receipts=st.booleans())
+    def hub_loses(self, data: st.DataObject, receipts: bool) -> None:
+        """An acknowledged write lost (power cut): the entry and its dedupe memory."""
+        stream = self.rcpts if receipts else self.msgs
+        if stream.entries:
+            seq = data.draw(st.sampled_from(sorted(stream.entries)))
+            entry = stream.entries.pop(seq)
+            stream.window.pop(entry.msg_id, None)
+
+    @rule()
+    def dedupe_window_passes(self) -> None:
+        self.msgs.window.clear()
+        self.rcpts.window.clear()
+
+    # --- rules: the receivers -------------------------------------------------------------------
+
+    @precondition(lambda self: self.b.connected and self.msgs.unacked())
+    @rule(data=st.data())
+    def b_fetch(self, data: st.DataObject) -> None:
+        """The hub delivers any unacked message to B (again, out of order)."""
+        entry = data.draw(st.sampled_from(self.msgs.unacked()))
+        self.run_inbound(self.b, self.b.inbound.fetched(entry.seq), self.msgs)
+
+    @precondition(lambda self: self.b.applying)
+    @rule(data=st.data())
+    def b_commit(self, data: st.DataObject) -> None:
+        self.b_commit_one(data.draw(st.sampled_from(sorted(self.b.applying))))
+
+    @precondition(lambda self: self.b_state)
+    @rule(data=st.data())
+    def b_shows(self, data: st.DataObject) -> None:
+        """The recipient session is shown the message, then acknowledges it: a receipt each."""
+        mid = data.draw(st.sampled_from(sorted(self.b_state)))
+        if self.b_state[mid] < fed.receipt_rank(fed.ACKNOWLEDGED):
+            self.b_state[mid] += 1
+            self.queue_receipt(mid)
+
+    @precondition(lambda self: self.a.connected and self.rcpts.unacked())
+    @rule(data=st.data())
+    def a_fetch(self, data: st.DataObject) -> None:
+        entry = data.draw(st.sampled_from(self.rcpts.unacked()))
+        self.run_inbound(self.a, self.a.inbound.fetched(entry.seq), self.rcpts)
+
+    @precondition(lambda self: self.a.applying)
+    @rule(data=st.data())
+    def a_commit(self, data: st.DataObject) -> None:
+        self.a_commit_one(data.draw(st.sampled_from(sorted(self.a.applying))))
+
+    # --- rules: kill -9 -------------------------------------------------------------------------
+
+    @rule(side=st.sampled_from("ab"))
+    def kill(self, side: str) -> None:
+        self.side(side).restart(self.now)
+
+    # --- invariants -----------------------------------------------------------------------------
+
+    @invariant()
+    def never_twice(self) -> None:
+        assert all(n == 1 for n in self.b_inbox.values())
+        assert set(self.b_inbox) <= set(self.a_sends)
+
+    @invariant()
+    def marks_only_after_the_bound(self) -> None:
+        for mid, at in self.a_unconfirmed.items():
+            assert at - self.a_sends[mid] >= fed.UNCONFIRMED_AFTER
+
+    def teardown(self) -> None:
+        """The faults stop: both connected, every publish lands, time passes. Nothing is lost."""
+        for _ in range(60):
+            for s in (self.a, self.b):
+                if not s.connected:
+                    self.hub_link(s.name, True)
+            while self.in_flight:
+                p = self.in_flight.pop(0)
+                self.seq += 1
+                (self.msgs if p.kind == MSG else self.rcpts).land(self.seq, p.msg_id, p.body)
+                s = self.side(p.side)
+                if s.epoch == p.epoch:
+                    self.run_outbox(s, s.outbox.published(p.kind, p.row_id, self.now))
+            for entry in self.msgs.unacked():
+                self.run_inbound(self.b, self.b.inbound.fetched(entry.seq), self.msgs)
+            while self.b.applying:
+                self.b_commit_one(min(self.b.applying))
+            for entry in self.rcpts.unacked():
+                self.run_inbound(self.a, self.a.inbound.fetched(entry.seq), self.rcpts)
+            while self.a.applying:
+                self.a_commit_one(min(self.a.applying))
+            if not self.in_flight and all(self.a_receipt.get(m, 0) for m in self.a_sends):
+                break
+            self.now += fed.RECEIPT_WAIT_MAX
+            for s in (self.a, self.b):
+                self.run_outbox(s, s.outbox.tick(self.now))
+        for mid in self.a_sends:
+            assert self.b_inbox[mid] == 1, f"{mid} lost: never reached B's inbox"
+            assert self.a_receipt.get(mid, 0) >= 1, f"{mid}: A never heard B's receipt"
+            assert mid not in self.a_unconfirmed, f"{mid} still marked unconfirmed after its receipt"
+        assert not self.a.outbox_rows, "a message with its receipt still in A's outbox"
+
+    # --- the stores' transactions --------------------------------------------------------------
+
+    def b_commit_one(self, token: int) -> None:
+        """B's store applies one delivery: stored by id (a repeat a no-op) and a receipt row
+        queued either way (a repeat means its sender did not hear the last one); then acked."""
+        mid = self.b.applying.pop(token).body
+        if self.b_inbox[mid] == 0:
+            self.b_inbox[mid] += 1
+            self.b_state[mid] = fed.receipt_rank(fed.STORED)
+        self.queue_receipt(mid)
+        if self.b.connected:
+            self.run_inbound(self.b, self.b.inbound.applied(token), self.msgs)
+
+    def a_commit_one(self, token: int) -> None:
+        """A's store applies a receipt monotonically, clears a mark and ends the message's row."""
+        mid, state = self.a.applying.pop(token).body.split("/")
+        self.a_receipt[mid] = max(self.a_receipt.get(mid, 0), fed.receipt_rank(state))
+        self.a_unconfirmed.pop(mid, None)
+        self.a.outbox_rows.pop((MSG, mid), None)
+        self.run_outbox(self.a, self.a.outbox.receipt(mid, state, self.now))
+        if self.a.connected:
+            self.run_inbound(self.a, self.a.inbound.applied(token), self.rcpts)
+
+
+TestOutboxModel = World.TestCase
+TestOutboxModel.settings = settings(max_examples=400, stateful_step_count=50, deadline=None)
