@@ -150,7 +150,11 @@ async def test_a_refused_key_shows_in_the_status_and_connect_can_be_cancelled(
     stranger = make_machines(folder / "elsewhere", ("a",))[0]  # same name, a key the hub does not know
     with trio.fail_after(GUARD):
         async with open_transport(stranger.settings(team_hub), connect=False) as t:
-            with trio.move_on_after(2) as scope:
-                await t.connect()
-            assert scope.cancelled_caught and not t.status.connected
-            assert "authorization violation" in (t.status.last_error or "").lower(), t.status
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(t.connect)  # retries for ever: the hub refuses this key each time
+                # Each refusal is a status change; a try may also end in a reset (the hub closing
+                # the refused connection first, seen under load), so wait for the refusal's own words.
+                while "authorization violation" not in (t.status.last_error or "").lower():
+                    await t.status_changed()
+                nursery.cancel_scope.cancel()  # connect() can be cancelled while it keeps trying
+            assert not t.status.connected
