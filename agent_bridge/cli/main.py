@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
         ("user-prompt-submit", "UserPromptSubmit: a turn starts, the waiter stands aside"),
         ("interrupt", "Interrupt (Codex): a turn cut short, the session is idle"),
+        ("ack", "acknowledge messages a host's plugin handed over (opencode), once the host took them"),
     ):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
@@ -487,6 +488,10 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import interrupt
 
         return interrupt.main(ns.agent)
+    if ns.event == "ack":
+        from agent_bridge.hooks import ack
+
+        return ack.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -534,7 +539,7 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt", "ack")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:
