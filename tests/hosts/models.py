@@ -159,7 +159,9 @@ def plan_of(prompt: str) -> list[tuple[str, dict[str, Any]]]:
     found = PLAN.search(prompt)
     if not found:
         return []
-    return [(str(step[0]), dict(step[1])) for step in json.loads(found.group(1))]
+    # the plan's own JSON value: text after it (opencode adds more to the prompt) is not part of it
+    steps, _ = json.JSONDecoder().raw_decode(prompt, found.start(1))
+    return [(str(step[0]), dict(step[1])) for step in steps]
 
 
 # --- Anthropic Messages API (Claude Code) -------------------------------------------------
@@ -358,7 +360,13 @@ class ChatServer(ModelServer):
         for i, message in enumerate(messages):
             if message.get("role") == "user":
                 start = i
-        steps = plan_of(_chat_text(messages[start])) if messages and request.body.get("tools") else []
+        prompt = _chat_text(messages[start]) if messages else ""
+        if prompt.startswith('"'):  # `opencode run` 1.18.33 passes a message with spaces as a quoted JSON string
+            try:
+                prompt = str(json.loads(prompt))
+            except ValueError:
+                pass
+        steps = plan_of(prompt) if request.body.get("tools") else []
         done = sum(1 for m in messages[start:] if m.get("role") == "tool")
         step = self.next_step(steps, done)
         n = len(self.requests)

@@ -1,0 +1,164 @@
+"""Real opencode sessions (`opencode run --format json`, `-s` to continue one) on the bridge, as
+the model saw them: opencode-ai at the pinned version (tests/hosts/clis.py), offline against the
+scripted chat completions server (tests/hosts/models.py ChatServer), configured by the real
+`agent-bridge install --opencode` on top of the user's own opencode.json with comments.
+
+Offline (NOTES.md, "opencode"): opencode installs `@opencode-ai/plugin` into each config folder
+at start and waits for the registry; pointed at a closed loopback port with no retries it gives
+up at once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts.conftest import GATE_STEP, HostRun, World, open_world, plan, poll_until
+from tests.hosts.models import ChatServer, Request
+
+pytestmark = pytest.mark.slow
+
+# The user's own config, with comments and a trailing comma (opencode reads JSONC): the scripted
+# model as its provider. `{url}` is the model server's.
+USER_CONFIG = """{
+  // my opencode settings
+  "$schema": "https://opencode.ai/config.json",
+  "model": "fake/m", /* the scripted model */
+  "small_model": "fake/m",
+  "autoupdate": false,
+  "share": "disabled",
+  "provider": {
+    "fake": {
+      "npm": "@ai-sdk/openai-compatible",
+      "options": {"baseURL": "{url}/v1", "apiKey": "x"},
+      "models": {"m": {"tool_call": true}}, // tools on
+    },
+  },
+}
+"""
+OFFLINE_ENV = {
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "npm_config_registry": "http://127.0.0.1:9/",  # closed: the plugin package install gives up at once
+    "npm_config_fetch_retries": "0",
+}
+
+
+class OpencodeWorld:
+    def __init__(self, world: World, model: ChatServer) -> None:
+        self.world = world
+        self.model = model
+
+    @property
+    def config(self) -> Path:
+        return self.world.home / ".config" / "opencode" / "opencode.json"
+
+    def run(self, prompt: str, *, session: str | None = None) -> HostRun:
+        w = self.world
+        env = {**w.base_env(), **OFFLINE_ENV}
+        args = [str(w.host_bin / "opencode"), "run", "--format", "json"]
+        if session:
+            args += ["-s", session]
+        args.append(prompt)
+        return w._start(args, env, None, w.root / f"opencode-{uuid.uuid4().hex[:8]}.err")
+
+    def main_requests(self, session: str) -> list[Request]:
+        """The session's requests that offer tools (its title request offers none)."""
+        return [r for r in self.model.of_session(session) if r.body.get("tools")]
+
+
+@pytest.fixture
+def oc(host_bin: Path) -> Iterator[OpencodeWorld]:
+    model = ChatServer().start()
+    try:
+        with open_world(host_bin) as world:
+            ow = OpencodeWorld(world, model)
+            ow.config.parent.mkdir(parents=True, exist_ok=True)
+            ow.config.write_text(USER_CONFIG.replace("{url}", model.url), encoding="utf-8")
+            world.bridge("install", "--opencode")
+            yield ow
+    finally:
+        model.close()
+
+
+def session_of(run: HostRun) -> str:
+    return next(str(e["sessionID"]) for e in run.events if str(e.get("sessionID", "")).startswith("ses_"))
+
+
+def tool_texts(body: dict[str, Any]) -> list[str]:
+    """The contents of the `tool` messages (tool results) of one chat completions request."""
+    return [m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+            for m in body.get("messages") or () if m.get("role") == "tool"]
+
+
+def system_texts(body: dict[str, Any]) -> list[str]:
+    return [m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+            for m in body.get("messages") or () if m.get("role") == "system"]
+
+
+def test_install_doctor_uninstall_keep_the_users_jsonc(oc: OpencodeWorld) -> None:
+    w = oc.world
+    installed = oc.config.read_text(encoding="utf-8")
+    assert "// my opencode settings" in installed and "/* the scripted model */" in installed
+    assert "// tools on" in installed and '"agent-bridge": {' in installed
+    plugin = w.home / ".config" / "opencode" / "plugin" / "agent-bridge.js"
+    assert plugin.read_text(encoding="utf-8").startswith("// agent-bridge plugin for opencode")
+    doctor = w.bridge("doctor", check=False).stdout
+    assert "ok    opencode MCP server" in doctor and "ok    opencode plugin" in doctor
+    assert "ok    opencode version" in doctor, doctor
+    again = w.bridge("install", "--opencode")  # idempotent: nothing changes
+    assert oc.config.read_text(encoding="utf-8") == installed, again.stdout
+    w.bridge("uninstall", "--opencode")
+    assert oc.config.read_bytes() == USER_CONFIG.replace("{url}", oc.model.url).encode()
+    assert not plugin.exists() and not plugin.parent.exists()
+
+
+def test_tools_answer_and_the_session_stays_itself_across_runs(oc: OpencodeWorld) -> None:
+    first = oc.run(plan(("whoami", {}))).wait()
+    session = session_of(first)
+    [asked] = [r for r in oc.main_requests(session) if tool_texts(r.body)]
+    me = json.loads(tool_texts(asked.body)[0])
+    assert me["agent"] == "opencode", me
+    second = oc.run(plan(("whoami", {})), session=session).wait()
+    assert session_of(second) == session
+    again = [r for r in oc.main_requests(session) if tool_texts(r.body)][-1]
+    assert json.loads(tool_texts(again.body)[-1])["id"] == me["id"]
+    [peer] = [p for p in oc.world.peers() if p["agent"] == "opencode"]
+    assert peer["hostSessionId"] == session and peer["id"] == me["id"]
+
+
+def test_the_decisions_note_is_in_the_first_request(oc: OpencodeWorld) -> None:
+    oc.world.bridge("decide", "camera", "Hold to look", "--scope", "all")
+    run = oc.run("say hi").wait()
+    first = oc.main_requests(session_of(run))[0]
+    note = [t for t in system_texts(first.body) if "camera: Hold to look" in t]
+    assert note and "agent-bridge_send" in note[0], system_texts(first.body)
+
+
+def test_a_message_arrives_between_tool_calls_exactly_once(oc: OpencodeWorld) -> None:
+    run = oc.run(plan(("whoami", {}), GATE_STEP("sent"), ("whoami", {}), ("whoami", {})))
+    oc.model.wait_reached("sent")
+    [peer] = poll_until(lambda: [p for p in oc.world.peers() if p["agent"] == "opencode" and p["hostSessionId"]],
+                        "the opencode session's identity")
+    sent = json.loads(oc.world.bridge("send", peer["name"], "codex here: the schema changed", "--json").stdout)
+    oc.model.open_gate("sent")
+    run.wait()
+    requests = oc.main_requests(peer["hostSessionId"])
+    carrying = [r for r in requests if "codex here: the schema changed" in r.text]
+    assert carrying, [r.text[-500:] for r in requests]
+    first = carrying[0]
+    # in the result of the tool called after the send, once, and in no other tool result after it
+    assert sum("codex here: the schema changed" in t for t in tool_texts(requests[-1].body)) == 1
+    assert "not from the user" in first.text
+    message_id = sent.get("message", sent).get("id") if isinstance(sent, dict) else None
+    receipts = poll_until(lambda: [r for r in oc.world.receipts(peer["hostSessionId"]) if r["ackedAt"]],
+                          "the acknowledgement after opencode stored the tool result", timeout=30)
+    assert not message_id or receipts[0]["id"] == message_id
+
