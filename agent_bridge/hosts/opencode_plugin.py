@@ -17,7 +17,9 @@ seen with the real CLI, tests/hosts/test_opencode.py):
   for opencode (`Host.defers_ack`); the plugin acknowledges (`agent-bridge hook ack`) only when
   opencode has stored the tool's result holding the text (the `message.part.updated` event whose
   tool part, of that call, is `completed`). A process killed before that acknowledges nothing:
-  the message is offered again, marked as a repeat.
+  the message is offered again, marked as a repeat. The session's next tool call waits for that
+  acknowledgement before it asks for more (seen with 1.18.33: without the wait, a model that
+  answers at once got the message a second time, in the next tool's result).
 
 No npm dependency: `node:child_process` only (opencode runs plugins on Bun, which has it). A hook
 that fails, times out or prints nothing changes nothing: a plugin never breaks its host.
@@ -38,6 +40,7 @@ import { spawn } from "node:child_process"
 const HOOKS = __HOOKS__
 const ENV = __ENV__
 const TIMEOUT_MS = 10000
+const ACK_WAIT_MS = 5000 // a tool call waits this long at most for the acknowledgement of the one before
 
 function run(argv, input, cwd) {
   return new Promise((resolve) => {
@@ -92,21 +95,28 @@ export const AgentBridge = async ({ directory }) => {
     "tool.execute.after": async (input, output) => {
       const id = input && input.sessionID
       if (!id || !output) return
+      // What an earlier tool call of the session handed over is acknowledged first (else it is
+      // offered again, as a repeat, to a model that has it already).
+      const earlier = [...pending.values()].filter((held) => held.id === id).map((held) => held.done)
+      if (earlier.length) await Promise.race([Promise.all(earlier), new Promise((r) => setTimeout(r, ACK_WAIT_MS))])
       const answer = await run(HOOKS["post-tool-use"], hookInput(id, "PostToolUse", { tool_name: input.tool }), directory)
       const text = context(answer)
       if (!text || !Array.isArray(answer.ids)) return
       if (Array.isArray(output.content)) output.content.push({ type: "text", text })
       else if (typeof output.output === "string") output.output = output.output + "\\n\\n" + text
       else return // nowhere to put it: not acknowledged, so offered again
-      pending.set(input.callID, { id, ids: answer.ids, peer: answer.peer })
+      let settle
+      const done = new Promise((resolve) => (settle = resolve))
+      pending.set(input.callID, { id, ids: answer.ids, peer: answer.peer, done, settle })
     },
     event: async ({ event }) => {
       if (!event || event.type !== "message.part.updated") return
       const part = event.properties && event.properties.part
       const held = part && part.type === "tool" ? pending.get(part.callID) : undefined
       if (!held || !part.state || part.state.status !== "completed") return
-      pending.delete(part.callID)
       await run(HOOKS.ack, { session_id: held.id, cwd: directory, ids: held.ids, peer: held.peer }, directory)
+      pending.delete(part.callID)
+      held.settle()
     },
   }
 }
