@@ -26,7 +26,9 @@ HOST_METHODS = sorted(
     name for name, value in vars(Host).items()
     if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS
 )
-DOCUMENTED_HOOK_ANSWERS = {"claude", "codex"}  # hosts whose hook answers were checked against their docs
+# hosts whose hook answers were checked against their docs; opencode runs no command hooks: its
+# answers are read by our own plugin (hosts/opencode_plugin.py), which takes these same shapes
+DOCUMENTED_HOOK_ANSWERS = {"claude", "codex", "opencode"}
 
 
 @pytest.mark.parametrize("host", hosts.ALL, ids=hosts.NAMES)
@@ -53,6 +55,8 @@ def test_cli_offers_every_registered_host(host):
 def test_process_names_map_to_their_host():
     assert hosts.for_process("claude") is hosts.by_name("claude")
     assert hosts.for_process("node", "codex") is hosts.by_name("codex")
+    assert hosts.for_process("opencode") is hosts.by_name("opencode")  # npm's binary: bin/opencode.exe
+    assert hosts.for_process("opencode.exe") is hosts.by_name("opencode")
     assert hosts.for_process("node", "sh", "") is None
     assert hosts.by_name("gemini") is None
 

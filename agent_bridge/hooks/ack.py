@@ -34,8 +34,8 @@ def main(agent: str) -> int:
             isinstance(i, str) and 0 < len(i) <= ID_MAX for i in ids
         ):
             raise common.HookInputError(f"ack input: ids must be 1..{IDS_MAX} message id strings")
-        handover.acknowledge(home, f"ack ({agent})", session_id.strip(), peer if isinstance(peer, str) else None,
-                             ids)
+        peer_id = peer if isinstance(peer, str) else None
+        handover.acknowledge(home, f"ack ({agent})", session_id.strip(), peer_id, ids)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the host goes on
         common.log(home, f"ack ({agent})", f"nothing acknowledged: {type(exc).__name__}: {exc}")
     return 0

@@ -23,7 +23,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check, HookInput, Host, JobCommand, JobLaunch, JobReport
+from agent_bridge.hosts.base import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    Check,
+    HookInput,
+    Host,
+    JobCommand,
+    JobLaunch,
+    JobReport,
+)
 
 if TYPE_CHECKING:
     from agent_bridge.hosts.edits import FileEdit
@@ -48,7 +59,8 @@ class Opencode(Host):
         """`opencode.json`, or the `opencode.jsonc` the user has instead."""
         folder = cwd if scope == "project" else config_dir()
         jsonc = folder / "opencode.jsonc"
-        return jsonc if jsonc.exists() and not (folder / "opencode.json").exists() else folder / "opencode.json"
+        plain = folder / "opencode.json"
+        return jsonc if jsonc.exists() and not plain.exists() else plain
 
     def plugin_folder(self, scope: str, cwd: Path) -> Path:
         return cwd / ".opencode" / "plugin" if scope == "project" else config_dir() / "plugin"
@@ -88,13 +100,17 @@ class Opencode(Host):
         return edit
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
+        from functools import partial
+
         path = self.config_file(scope, cwd)
-        return [edit_jsonc(path, lambda data, notes: remove_server(data, notes, path), private=private),
+        drop = partial(remove_server, path=path)
+        return [edit_jsonc(path, drop, private=private),
                 self.plugin_edit(scope, cwd, None, {}, private=private)]
 
     def tools_sentence(self) -> str:
         return ("Message other agent sessions with the `agent-bridge_send`, `agent-bridge_inbox` and "
-                "`agent-bridge_decisions` tools: they reach Claude Code and Codex sessions too, running or not.")
+                "`agent-bridge_decisions` tools: they reach Claude Code and Codex sessions too, "
+                "running or not.")
 
     def post_tool_use_output(self, text: str) -> dict[str, Any]:
         """Read by the plugin, which adds `text` to the tool's result."""
@@ -102,6 +118,22 @@ class Opencode(Host):
 
     def wake(self, text: str, hook: HookInput) -> bool:
         return False  # no idle wake for opencode yet: messages wait for the next turn's tool calls
+
+    def runs_waiter(self, hook: HookInput, env: Any) -> bool:
+        return False  # the plugin starts no waiter (yet): `session.idle` -> `promptAsync` is to come
+
+    def prompt_queued(self, hook: HookInput) -> bool:
+        return False  # the plugin reports no queued prompt
+
+    def wakes_only_in_front(self, env: Any) -> bool:
+        return True
+
+    def turn_interrupted(self, hook: HookInput, since: float) -> bool:
+        return False  # not known yet: the plugin will read `session.status` (idle after an abort)
+
+    def owner_types(self, env: Any) -> bool:
+        """`opencode run` is a script's prompt; the TUI a person's. The plugin does not say yet: yes."""
+        return True
 
     def next_step(self, scope: str) -> str:
         return ("opencode: start a new session; the agent-bridge tools are `agent-bridge_*`, and the plugin "
@@ -145,10 +177,11 @@ class Opencode(Host):
             if opencode_plugin.is_ours(text):
                 found.append(plugin)
         if found:
-            checks.append(Check("opencode plugin", OK, f"{', '.join(map(str, found))}: identity, the decisions "
-                                "note and messages between tool calls"))
+            checks.append(Check("opencode plugin", OK, f"{', '.join(map(str, found))}: identity, the "
+                                "decisions note and messages between tool calls"))
         else:
-            checks.append(Check("opencode plugin", FAIL, f"no agent-bridge plugin in {plugins[0].parent}", fix))
+            checks.append(Check("opencode plugin", FAIL, f"no agent-bridge plugin in {plugins[0].parent}",
+                                fix))
         version = opencode_version()
         if version is None:
             checks.append(Check("opencode version", WARN, "no `opencode` on PATH answers --version",
@@ -156,8 +189,9 @@ class Opencode(Host):
         else:
             checked = ".".join(map(str, CHECKED))
             status = OK if version >= CHECKED else WARN
-            checks.append(Check("opencode version", status, f"{'.'.join(map(str, version))} (plugin hooks checked "
-                                f"with {checked})", "" if status == OK else f"update opencode to {checked} or newer"))
+            said = f"{'.'.join(map(str, version))} (plugin hooks checked with {checked})"
+            checks.append(Check("opencode version", status, said,
+                                "" if status == OK else f"update opencode to {checked} or newer"))
         return checks
 
     def job_check(self) -> str | None:
@@ -221,7 +255,13 @@ def edit_jsonc(path: Path, mutate: Any, *, private: bool) -> FileEdit:
     import json
 
     from agent_bridge.hosts import jsonedit
-    from agent_bridge.hosts.edits import NOTHING_CHANGED, FileEdit, InstallError, dump_json_like, filled_empty
+    from agent_bridge.hosts.edits import (
+        NOTHING_CHANGED,
+        FileEdit,
+        InstallError,
+        dump_json_like,
+        filled_empty,
+    )
     from agent_bridge.hosts.hostconfig import ConfigError
 
     try:
@@ -267,8 +307,10 @@ def ensure_server(data: dict[str, Any], notes: list[str], path: Path, command: l
         raise InstallError(f'{path}: "mcp.{SERVER_NAME}" must be a JSON object. Nothing was changed.')
     entry = dict(current or {})
     entry.update({"type": "local", "command": command})
-    environment = {k: v for k, v in (entry.get("environment") or {}).items() if k != "AGENT_BRIDGE_HOME"} \
-        if isinstance(entry.get("environment"), dict) else {}
+    given = entry.get("environment")
+    environment = {}
+    if isinstance(given, dict):
+        environment = {k: v for k, v in given.items() if k != "AGENT_BRIDGE_HOME"}
     environment.update(env)
     if environment:
         entry["environment"] = environment
@@ -280,7 +322,7 @@ def ensure_server(data: dict[str, Any], notes: list[str], path: Path, command: l
         notes.append(f'{"added" if current is None else "updated"} MCP server "{SERVER_NAME}"')
 
 
-def remove_server(data: dict[str, Any], notes: list[str], path: Path) -> None:
+def remove_server(data: dict[str, Any], notes: list[str], *, path: Path) -> None:
     """Remove `mcp.agent-bridge`; an `mcp` object left empty goes too, unless install found it empty."""
     from agent_bridge.hosts.edits import SERVER_NAME, read_record
 

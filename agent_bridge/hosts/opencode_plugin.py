@@ -46,7 +46,8 @@ function run(argv, input, cwd) {
   return new Promise((resolve) => {
     let child
     try {
-      child = spawn(argv[0], argv.slice(1), { cwd, env: { ...process.env, ...ENV }, stdio: ["pipe", "pipe", "ignore"] })
+      const env = { ...process.env, ...ENV }
+      child = spawn(argv[0], argv.slice(1), { cwd, env, stdio: ["pipe", "pipe", "ignore"] })
     } catch {
       resolve(null)
       return
@@ -81,13 +82,15 @@ const context = (answer) => {
 export const AgentBridge = async ({ directory }) => {
   const notes = new Map() // session id -> the SessionStart note (a promise), asked once per session
   const pending = new Map() // tool call id -> what was handed over with its result, not yet acknowledged
-  const hookInput = (sessionID, event, extra) => ({ session_id: sessionID, cwd: directory, hook_event_name: event, ...extra })
+  const hookInput = (sessionID, event, extra) =>
+    ({ session_id: sessionID, cwd: directory, hook_event_name: event, ...extra })
   return {
     "experimental.chat.system.transform": async (input, output) => {
       const id = input && input.sessionID
       if (!id || !output || !Array.isArray(output.system)) return
       if (!notes.has(id)) {
-        notes.set(id, run(HOOKS["session-start"], hookInput(id, "SessionStart", { source: "startup" }), directory).then(context))
+        const input = hookInput(id, "SessionStart", { source: "startup" })
+        notes.set(id, run(HOOKS["session-start"], input, directory).then(context))
       }
       const note = await notes.get(id)
       if (note) output.system.push(note)
@@ -98,8 +101,10 @@ export const AgentBridge = async ({ directory }) => {
       // What an earlier tool call of the session handed over is acknowledged first (else it is
       // offered again, as a repeat, to a model that has it already).
       const earlier = [...pending.values()].filter((held) => held.id === id).map((held) => held.done)
-      if (earlier.length) await Promise.race([Promise.all(earlier), new Promise((r) => setTimeout(r, ACK_WAIT_MS))])
-      const answer = await run(HOOKS["post-tool-use"], hookInput(id, "PostToolUse", { tool_name: input.tool }), directory)
+      const bound = new Promise((resolve) => setTimeout(resolve, ACK_WAIT_MS))
+      if (earlier.length) await Promise.race([Promise.all(earlier), bound])
+      const asked = hookInput(id, "PostToolUse", { tool_name: input.tool })
+      const answer = await run(HOOKS["post-tool-use"], asked, directory)
       const text = context(answer)
       if (!text || !Array.isArray(answer.ids)) return
       if (Array.isArray(output.content)) output.content.push({ type: "text", text })

@@ -361,7 +361,7 @@ class ChatServer(ModelServer):
             if message.get("role") == "user":
                 start = i
         prompt = _chat_text(messages[start]) if messages else ""
-        if prompt.startswith('"'):  # `opencode run` 1.18.33 passes a message with spaces as a quoted JSON string
+        if prompt.startswith('"'):  # `opencode run` 1.18.33 passes a prompt with spaces as a JSON string
             try:
                 prompt = str(json.loads(prompt))
             except ValueError:

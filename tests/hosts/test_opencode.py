@@ -145,9 +145,11 @@ def test_the_decisions_note_is_in_the_first_request(oc: OpencodeWorld) -> None:
 def test_a_message_arrives_between_tool_calls_exactly_once(oc: OpencodeWorld) -> None:
     run = oc.run(plan(("whoami", {}), GATE_STEP("sent"), ("whoami", {}), ("whoami", {})))
     oc.model.wait_reached("sent")
-    [peer] = poll_until(lambda: [p for p in oc.world.peers() if p["agent"] == "opencode" and p["hostSessionId"]],
-                        "the opencode session's identity")
-    sent = json.loads(oc.world.bridge("send", peer["name"], "codex here: the schema changed", "--json").stdout)
+    [peer] = poll_until(
+        lambda: [p for p in oc.world.peers() if p["agent"] == "opencode" and p["hostSessionId"]],
+        "the opencode session's identity")
+    text = "codex here: the schema changed"
+    sent = json.loads(oc.world.bridge("send", peer["name"], text, "--json").stdout)
     oc.model.open_gate("sent")
     run.wait()
     requests = oc.main_requests(peer["hostSessionId"])
