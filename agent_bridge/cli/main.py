@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--host-session-id", help="the host's session id, when the launcher knows it")
     mcp.set_defaults(func=_mcp)
 
-    titles = " and ".join(h.title for h in hosts.ALL)
+    named = [h.title for h in hosts.ALL]
+    titles = f"{', '.join(named[:-1])} and {named[-1]}" if len(named) > 1 else named[0]
     hook = sub.add_parser("hook", help=f"hook commands for {titles} (JSON on stdin)")
     hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
     for event, text in (
