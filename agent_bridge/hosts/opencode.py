@@ -93,7 +93,9 @@ class Opencode(Host):
             hooks = {event: shlex.split(hook_command(run, event, self.name, {}))
                      for event in ("session-start", "post-tool-use")}
             hooks["ack"] = [*run, "hook", "ack", "--agent", self.name]
-            text = opencode_plugin.plugin_text(hooks, env)
+            from agent_bridge.common import paths
+
+            text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR))
         edit = owned_file_edit(folder / PLUGIN_NAME, text, opencode_plugin.is_ours, private=private,
                                prune=(folder,))
         edit.notes = [note.replace("slash command", "opencode plugin") for note in edit.notes]

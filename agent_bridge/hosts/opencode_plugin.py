@@ -20,6 +20,12 @@ seen with the real CLI, tests/hosts/test_opencode.py):
   the message is offered again, marked as a repeat. The session's next tool call waits for that
   acknowledgement before it asks for more (seen with 1.18.33: without the wait, a model that
   answers at once got the message a second time, in the next tool's result).
+- When idle (`session.idle`, `session.status` idle; an abort ends in idle too): active messages
+  waiting start a turn through the plugin's `client.session.promptAsync` (a user message, framed
+  as coming from another agent session), acknowledged once opencode accepted the prompt. While
+  the session stays idle the plugin watches the broker's post box (`<home>/pending/`, one file
+  per host session with a message waiting: broker.feeds.postbox) and hands over what comes. Not
+  in `opencode run`, which ends at its first idle; the watch ends with the opencode process.
 
 No npm dependency: `node:child_process` only (opencode runs plugins on Bun, which has it). A hook
 that fails, times out or prints nothing changes nothing: a plugin never breaks its host.
@@ -36,9 +42,15 @@ TEMPLATE = """\
 // `agent-bridge uninstall --opencode`. It runs the agent-bridge hook commands and hands their
 // answers to opencode (see agent_bridge/hosts/opencode_plugin.py). Edits here are overwritten.
 import { spawn } from "node:child_process"
+import { createHash } from "node:crypto"
+import { existsSync, watch } from "node:fs"
+import { join } from "node:path"
 
 const HOOKS = __HOOKS__
 const ENV = __ENV__
+const POST_BOX = __POST_BOX__ // <agent-bridge home>/pending: one file per host session with a message waiting
+// `opencode run` ends at its session's first idle: a turn started then would be cut short
+const SCRIPTED = process.argv.slice(1, 3).includes("run")
 const TIMEOUT_MS = 10000
 const ACK_WAIT_MS = 5000 // a tool call waits this long at most for the acknowledgement of the one before
 
@@ -79,11 +91,52 @@ const context = (answer) => {
   return typeof text === "string" && text ? text : null
 }
 
-export const AgentBridge = async ({ directory }) => {
+const digest = (id) => createHash("sha256").update(id, "utf8").digest("hex").slice(0, 32)
+
+export const AgentBridge = async ({ client, directory }) => {
   const notes = new Map() // session id -> the SessionStart note (a promise), asked once per session
   const pending = new Map() // tool call id -> what was handed over with its result, not yet acknowledged
   const hookInput = (sessionID, event, extra) =>
     ({ session_id: sessionID, cwd: directory, hook_event_name: event, ...extra })
+  const idle = new Set() // sessions whose last status was idle
+  const waking = new Set() // sessions a wake is being handed to
+  let watcher = null
+
+  // When idle: the messages waiting start a turn (a user message, framed as coming from another
+  // agent session), acknowledged once opencode accepted the prompt.
+  async function wake(id) {
+    if (SCRIPTED || !idle.has(id) || waking.has(id) || !existsSync(join(POST_BOX, digest(id)))) return
+    waking.add(id)
+    try {
+      const answer = await run(HOOKS["post-tool-use"], hookInput(id, "Stop", {}), directory)
+      const text = context(answer)
+      if (!text || !Array.isArray(answer.ids) || !idle.has(id)) return
+      const body = { parts: [{ type: "text", text }] }
+      const sent = await client.session.promptAsync({ path: { id }, body })
+      if (sent && sent.error) return // not taken: offered again, as a repeat
+      idle.delete(id)
+      await run(HOOKS.ack, { session_id: id, cwd: directory, ids: answer.ids, peer: answer.peer }, directory)
+    } catch {
+      // not taken: offered again
+    } finally {
+      waking.delete(id)
+    }
+  }
+
+  function watchPostBox() {
+    if (watcher || SCRIPTED) return
+    try {
+      watcher = watch(POST_BOX, () => {
+        for (const id of idle) wake(id)
+      })
+      watcher.on("error", () => {
+        watcher = null
+      })
+    } catch {
+      watcher = null // no post box yet (no broker ran): the next idle tries again
+    }
+  }
+
   return {
     "experimental.chat.system.transform": async (input, output) => {
       const id = input && input.sessionID
@@ -115,7 +168,19 @@ export const AgentBridge = async ({ directory }) => {
       pending.set(input.callID, { id, ids: answer.ids, peer: answer.peer, done, settle })
     },
     event: async ({ event }) => {
-      if (!event || event.type !== "message.part.updated") return
+      if (!event) return
+      const props = event.properties || {}
+      if (event.type === "session.status" && props.sessionID && props.status) {
+        if (props.status.type === "idle") idle.add(props.sessionID)
+        else idle.delete(props.sessionID)
+      }
+      if (event.type === "session.idle" && props.sessionID) {
+        idle.add(props.sessionID)
+        watchPostBox()
+        await wake(props.sessionID)
+        return
+      }
+      if (event.type !== "message.part.updated") return
       const part = event.properties && event.properties.part
       const held = part && part.type === "tool" ? pending.get(part.callID) : undefined
       if (!held || !part.state || part.state.status !== "completed") return
@@ -128,10 +193,12 @@ export const AgentBridge = async ({ directory }) => {
 """
 
 
-def plugin_text(hooks: dict[str, list[str]], env: dict[str, str]) -> str:
-    """The plugin, running the hook commands `hooks` (event -> argv) with `env` added."""
+def plugin_text(hooks: dict[str, list[str]], env: dict[str, str], post_box: str) -> str:
+    """The plugin, running the hook commands `hooks` (event -> argv) with `env` added, watching
+    `post_box` (the agent-bridge home's `pending` folder) while a session is idle."""
     return (TEMPLATE.replace("__HOOKS__", json.dumps(hooks, ensure_ascii=False))
-            .replace("__ENV__", json.dumps(env, ensure_ascii=False)))
+            .replace("__ENV__", json.dumps(env, ensure_ascii=False))
+            .replace("__POST_BOX__", json.dumps(post_box, ensure_ascii=False)))
 
 
 def is_ours(text: str) -> bool:

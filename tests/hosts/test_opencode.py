@@ -164,3 +164,56 @@ def test_a_message_arrives_between_tool_calls_exactly_once(oc: OpencodeWorld) ->
                           "the acknowledgement after opencode stored the tool result", timeout=30)
     assert not message_id or receipts[0]["id"] == message_id
 
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def api(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        raw = answer.read()
+    return json.loads(raw) if raw else None
+
+
+def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
+    """`opencode serve` (a session that stays open): after its turn the session is idle; a message
+    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken."""
+    w = oc.world
+    port = free_port()
+    serve = w._start([str(w.host_bin / "opencode"), "serve", "--port", str(port), "--hostname", "127.0.0.1"],
+                     {**w.base_env(), **OFFLINE_ENV}, None, w.root / "opencode-serve.err")
+
+    def up() -> bool:
+        try:
+            api(port, "GET", "/session/status")
+            return True
+        except OSError:
+            return False
+
+    poll_until(up, "opencode serve listening", timeout=60)
+    session = str(api(port, "POST", "/session", {})["id"])
+    prompt = {"parts": [{"type": "text", "text": plan(("whoami", {}))}]}
+    api(port, "POST", f"/session/{session}/prompt_async", prompt)
+    poll_until(lambda: any(tool_texts(r.body) for r in oc.main_requests(session)),
+               "the first turn's tool call")
+    poll_until(lambda: api(port, "GET", "/session/status") == {}, "the session idle", timeout=60)
+    [peer] = [p for p in w.peers() if p["hostSessionId"] == session]
+    before = len(oc.model.of_session(session))
+    text = "claude here: wake up and look"
+    w.bridge("send", peer["name"], text)
+    woken = poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
+                       "the woken turn's request", timeout=60)
+    users = [m for m in woken[0].body["messages"] if m.get("role") == "user" and text in json.dumps(m)]
+    assert users and "not from the user" in json.dumps(users[-1])
+    poll_until(lambda: [r for r in w.receipts(session) if r["ackedAt"]], "the acknowledgement", timeout=30)
+    assert serve.proc.poll() is None
