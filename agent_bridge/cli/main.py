@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("user-prompt-submit", "UserPromptSubmit: a turn starts, the waiter stands aside"),
         ("interrupt", "Interrupt (Codex): a turn cut short, the session is idle"),
         ("ack", "acknowledge messages a host's plugin handed over (opencode), once the host took them"),
+        ("status", "a host's plugin marks its session busy or idle (opencode)"),
     ):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,
@@ -489,6 +490,10 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import interrupt
 
         return interrupt.main(ns.agent)
+    if ns.event == "status":
+        from agent_bridge.hooks import status
+
+        return status.main(ns.agent)
     if ns.event == "ack":
         from agent_bridge.hooks import ack
 
@@ -540,7 +545,8 @@ def _demo(ns: argparse.Namespace) -> int:
     return demo.main(ns)
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt", "ack")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt", "ack",
+               "status")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:

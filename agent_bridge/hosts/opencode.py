@@ -93,6 +93,7 @@ class Opencode(Host):
             hooks = {event: shlex.split(hook_command(run, event, self.name, {}))
                      for event in ("session-start", "post-tool-use")}
             hooks["ack"] = [*run, "hook", "ack", "--agent", self.name]
+            hooks["status"] = [*run, "hook", "status", "--agent", self.name]
             from agent_bridge.common import paths
 
             text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR))

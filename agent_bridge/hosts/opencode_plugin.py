@@ -20,6 +20,9 @@ seen with the real CLI, tests/hosts/test_opencode.py):
   the message is offered again, marked as a repeat. The session's next tool call waits for that
   acknowledgement before it asks for more (seen with 1.18.33: without the wait, a model that
   answers at once got the message a second time, in the next tool's result).
+- Busy and idle: each change of `session.status` runs `agent-bridge hook status`, which keeps
+  the session's mark as the UserPromptSubmit and Stop hooks do for the other hosts (hooks.status),
+  so `peers` and `agent-bridge sessions` show the session busy or idle.
 - When idle (`session.idle`, `session.status` idle; an abort ends in idle too): active messages
   waiting start a turn through the plugin's `client.session.promptAsync` (a user message, framed
   as coming from another agent session), acknowledged once opencode accepted the prompt. While
@@ -101,6 +104,8 @@ export const AgentBridge = async ({ client, directory }) => {
   const idle = new Set() // sessions whose last status was idle
   const waking = new Set() // sessions a wake is being handed to
   let watcher = null
+  const marked = new Map() // session id -> the state last marked (busy or idle)
+  let marking = Promise.resolve() // the status hooks, one after the other, in the events' order
 
   // When idle: the messages waiting start a turn (a user message, framed as coming from another
   // agent session), acknowledged once opencode accepted the prompt.
@@ -171,8 +176,15 @@ export const AgentBridge = async ({ client, directory }) => {
       if (!event) return
       const props = event.properties || {}
       if (event.type === "session.status" && props.sessionID && props.status) {
-        if (props.status.type === "idle") idle.add(props.sessionID)
-        else idle.delete(props.sessionID)
+        const id = props.sessionID
+        const state = props.status.type === "idle" ? "idle" : "busy"
+        if (state === "idle") idle.add(id)
+        else idle.delete(id)
+        if (marked.get(id) !== state) {
+          marked.set(id, state)
+          const input = { session_id: id, cwd: directory, status: state }
+          marking = marking.then(() => run(HOOKS.status, input, directory))
+        }
       }
       if (event.type === "session.idle" && props.sessionID) {
         idle.add(props.sessionID)

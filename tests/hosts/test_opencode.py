@@ -148,6 +148,8 @@ def test_a_message_arrives_between_tool_calls_exactly_once(oc: OpencodeWorld) ->
     [peer] = poll_until(
         lambda: [p for p in oc.world.peers() if p["agent"] == "opencode" and p["hostSessionId"]],
         "the opencode session's identity")
+    poll_until(lambda: [s.get("state") for s in json.loads(oc.world.bridge("sessions", "--json").stdout)
+                        if s.get("id") == peer["id"]] == ["busy"], "the session marked busy (session.status)")
     text = "codex here: the schema changed"
     sent = json.loads(oc.world.bridge("send", peer["name"], text, "--json").stdout)
     oc.model.open_gate("sent")
@@ -208,6 +210,12 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
                "the first turn's tool call")
     poll_until(lambda: api(port, "GET", "/session/status") == {}, "the session idle", timeout=60)
     [peer] = [p for p in w.peers() if p["hostSessionId"] == session]
+
+    def state() -> str | None:
+        listed = json.loads(w.bridge("sessions", "--json").stdout)
+        return next((s.get("state") for s in listed if s.get("id") == peer["id"]), None)
+
+    poll_until(lambda: state() == "idle", "the session marked idle (session.status)", timeout=30)
     before = len(oc.model.of_session(session))
     text = "claude here: wake up and look"
     w.bridge("send", peer["name"], text)
