@@ -97,8 +97,10 @@ class Opencode(Host):
             from agent_bridge.common import paths
 
             text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR))
+        # the folders install made go when empty: `plugin/`, and a project's `.opencode/`
+        prune = (folder, folder.parent) if scope == "project" else (folder,)
         edit = owned_file_edit(folder / PLUGIN_NAME, text, opencode_plugin.is_ours, private=private,
-                               prune=(folder,))
+                               prune=prune)
         edit.notes = [note.replace("slash command", "opencode plugin") for note in edit.notes]
         return edit
 
@@ -264,6 +266,7 @@ def edit_jsonc(path: Path, mutate: Any, *, private: bool) -> FileEdit:
         InstallError,
         dump_json_like,
         filled_empty,
+        read_record,
     )
     from agent_bridge.hosts.hostconfig import ConfigError
 
@@ -283,6 +286,10 @@ def edit_jsonc(path: Path, mutate: Any, *, private: bool) -> FileEdit:
     mutate(updated, notes)
     if updated == data:
         return FileEdit(path, before, before, [], private, exact=True)
+    if not updated and before is not None and () not in read_record().get(str(path), []):
+        # nothing else in it, and install did not find it as `{}`: install made it
+        return FileEdit(path, before, None, [*notes, "deleted the file (nothing else was in it)"], private,
+                        exact=True)
     if before is None or not before.strip():
         return FileEdit(path, before, dump_json_like(updated, before), notes, private, exact=True)
     try:

@@ -225,3 +225,14 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
     assert users and "not from the user" in json.dumps(users[-1])
     poll_until(lambda: [r for r in w.receipts(session) if r["ackedAt"]], "the acknowledgement", timeout=30)
     assert serve.proc.poll() is None
+
+
+def test_project_scope_install_and_uninstall(oc: OpencodeWorld) -> None:
+    w = oc.world
+    w.bridge("install", "--opencode", "--scope", "project")
+    config = w.project / "opencode.json"
+    plugin = w.project / ".opencode" / "plugin" / "agent-bridge.js"
+    assert json.loads(config.read_text(encoding="utf-8"))["mcp"]["agent-bridge"]["enabled"] is True
+    assert plugin.read_text(encoding="utf-8").startswith("// agent-bridge plugin for opencode")
+    w.bridge("uninstall", "--opencode", "--scope", "project")
+    assert not config.exists() and not (w.project / ".opencode").exists()
