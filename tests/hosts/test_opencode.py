@@ -236,3 +236,25 @@ def test_project_scope_install_and_uninstall(oc: OpencodeWorld) -> None:
     assert plugin.read_text(encoding="utf-8").startswith("// agent-bridge plugin for opencode")
     w.bridge("uninstall", "--opencode", "--scope", "project")
     assert not config.exists() and not (w.project / ".opencode").exists()
+
+
+def test_a_message_to_a_killed_session_waits_for_its_next_run(oc: OpencodeWorld) -> None:
+    """opencode killed mid-turn with a message waiting: nothing is acknowledged, and the next run of
+    the session (`-s`) gets the message between its tool calls, once."""
+    run = oc.run(plan(("whoami", {}), GATE_STEP("kill"), ("whoami", {})))
+    oc.model.wait_reached("kill")
+    [peer] = poll_until(
+        lambda: [p for p in oc.world.peers() if p["agent"] == "opencode" and p["hostSessionId"]],
+        "the opencode session's identity")
+    session = peer["hostSessionId"]
+    text = "claude here: do not lose this"
+    oc.world.bridge("send", peer["name"], text)
+    run.proc.kill()
+    run.proc.communicate(timeout=30)
+    oc.model.open_gate("kill")
+    assert [r["ackedAt"] for r in oc.world.receipts(session)] == [None]
+    oc.run(plan(("whoami", {}), ("whoami", {})), session=session).wait()
+    latest = oc.main_requests(session)[-1]
+    assert sum(text in t for t in tool_texts(latest.body)) == 1, tool_texts(latest.body)
+    poll_until(lambda: [r for r in oc.world.receipts(session) if r["ackedAt"]], "the acknowledgement",
+               timeout=30)
