@@ -7,7 +7,8 @@ seen with the real CLI, tests/hosts/test_opencode.py):
 - `experimental.chat.system.transform` (input `{sessionID, model}`, output `{system: string[]}`,
   called before every model request): the first time a session asks, the SessionStart hook runs
   with the `ses_…` id; its note (identity and decisions, SPEC §4.5) is pushed onto `system` for
-  every request of the session. The hook reports the session id to the broker with the hook's
+  every request of the session, asked again after the session is compacted (`session.compacted`,
+  source `compact`). The hook reports the session id to the broker with the hook's
   ancestry, whose nearest agent host is this opencode process, as the MCP server's is: the two
   pair there, as for Claude Code and Codex (SPEC §3 "Host session identity").
 - `tool.execute.after` (input `{tool, sessionID, callID, args}`; output an MCP tool's result with
@@ -101,6 +102,7 @@ export const AgentBridge = async ({ client, directory }) => {
   const pending = new Map() // tool call id -> what was handed over with its result, not yet acknowledged
   const hookInput = (sessionID, event, extra) =>
     ({ session_id: sessionID, cwd: directory, hook_event_name: event, ...extra })
+  const compacted = new Set() // sessions compacted since their note was asked: asked again
   const idle = new Set() // sessions whose last status was idle
   const waking = new Set() // sessions a wake is being handed to
   let watcher = null
@@ -147,7 +149,8 @@ export const AgentBridge = async ({ client, directory }) => {
       const id = input && input.sessionID
       if (!id || !output || !Array.isArray(output.system)) return
       if (!notes.has(id)) {
-        const input = hookInput(id, "SessionStart", { source: "startup" })
+        const input = hookInput(id, "SessionStart", { source: compacted.has(id) ? "compact" : "startup" })
+        compacted.delete(id)
         notes.set(id, run(HOOKS["session-start"], input, directory).then(context))
       }
       const note = await notes.get(id)
@@ -185,6 +188,10 @@ export const AgentBridge = async ({ client, directory }) => {
           const input = { session_id: id, cwd: directory, status: state }
           marking = marking.then(() => run(HOOKS.status, input, directory))
         }
+      }
+      if (event.type === "session.compacted" && props.sessionID) {
+        notes.delete(props.sessionID) // the next request asks for the note again (current decisions)
+        compacted.add(props.sessionID)
       }
       if (event.type === "session.idle" && props.sessionID) {
         idle.add(props.sessionID)
