@@ -43,6 +43,7 @@ PLUGIN_NAME = "agent-bridge.js"
 Version = tuple[int, int, int]
 # The newest opencode whose plugin hooks and config were checked with the real CLI (tests/hosts).
 CHECKED: Version = (1, 18, 33)
+JOB_SINCE: Version = (1, 18, 33)  # the newest whose headless run (stdin, --format json) was checked
 
 
 class Opencode(Host):
@@ -200,13 +201,76 @@ class Opencode(Host):
         return checks
 
     def job_check(self) -> str | None:
-        return "jobs with opencode are not supported yet: delegate to claude or codex"
+        import shutil
+
+        program = shutil.which("opencode")
+        if program is None:
+            return "no opencode on PATH: install opencode (npm install -g opencode-ai) to run opencode jobs"
+        version = opencode_version(program)
+        if version is None or version < JOB_SINCE:
+            shown = "unknown" if version is None else ".".join(map(str, version))
+            return (f"opencode {shown} is older than {'.'.join(map(str, JOB_SINCE))}, whose headless run "
+                    "was checked: install a newer one (npm install -g opencode-ai)")
+        return None
 
     def job_command(self, launch: JobLaunch) -> JobCommand:
-        raise NotImplementedError("jobs with opencode are not supported yet")
+        """`opencode run --format json` (`-s SESSION` to continue), the task on stdin (opencode
+        1.18.33 reads stdin when it is not a terminal; nothing the agent wrote is read as a flag,
+        and a task given as arguments would reach the model re-quoted). The bridge and the access
+        come in `OPENCODE_CONFIG_CONTENT`, merged last over the user's config and touching none
+        of their files: `mcp.agent-bridge` is the job's MCP server; `read` denies `edit` (every
+        tool that writes files) and `bash` (opencode then does not offer them to the model, seen
+        with 1.18.33), `edit` allows both, since nobody is there to approve. `OPENCODE_PURE`
+        keeps the user's plugins (ours among them) out of the job, so the decisions note goes
+        before the task."""
+        import json
+        import shutil
+
+        from agent_bridge.hosts.edits import SERVER_NAME, mcp_command
+
+        allowed = "deny" if launch.access == "read" else "allow"
+        overlay = {
+            "mcp": {SERVER_NAME: {"type": "local", "command": mcp_command(launch.bridge),
+                                  "environment": dict(launch.env), "enabled": True}},
+            "permission": {"edit": allowed, "bash": allowed},
+        }
+        argv = [shutil.which("opencode") or "opencode", "run", "--format", "json"]
+        if launch.thread:
+            argv += ["-s", launch.thread]
+        if launch.model:
+            argv += ["-m", launch.model]
+        task = launch.task if launch.thread or not launch.note else f"{launch.note}\n\n{launch.task}"
+        env = {"OPENCODE_CONFIG_CONTENT": json.dumps(overlay, ensure_ascii=False), "OPENCODE_PURE": "1"}
+        return JobCommand(argv, env, task.encode("utf-8"))
 
     def job_report(self, stdout: bytes) -> JobReport:
-        raise NotImplementedError("jobs with opencode are not supported yet")
+        """`opencode run --format json` (1.18.33): every event carries `sessionID`; `text` events
+        are what the model said, `tool_use` events its tool calls, `step_finish` with reason
+        `stop` ends the run; `error` ends it in error."""
+        from agent_bridge.hosts.base import json_lines, one_line
+
+        report = JobReport()
+        said: str | None = None
+        for event in json_lines(stdout):
+            kind = event.get("type")
+            found = event.get("part")
+            part: dict[str, Any] = found if isinstance(found, dict) else {}
+            if report.thread is None and isinstance(event.get("sessionID"), str):
+                report.thread = event["sessionID"]
+            if kind == "text" and isinstance(part.get("text"), str):
+                said = part["text"]
+                report.last_step = one_line(said)
+            elif kind == "tool_use":
+                report.last_step = one_line(str(part.get("tool") or "a tool"))
+            elif kind == "step_finish" and part.get("reason") == "stop":
+                report.answer = said or ""
+            elif kind == "error":
+                raw = event.get("error")
+                error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                data: dict[str, Any] = error["data"] if isinstance(error.get("data"), dict) else {}
+                report.failed = one_line(str(data.get("message") or error.get("name") or "the run failed"))
+                report.answer = said or ""
+        return report
 
 
 HOST = Opencode()

@@ -38,8 +38,6 @@ pytestmark = pytest.mark.slow
 
 HOSTS = ("claude", "codex")
 
-JOB_HOSTS = [h for h in hosts.ALL if h.name != "opencode"]  # jobs with opencode: not done yet (issue 46)
-
 
 def tree(folder: Path) -> dict[str, str]:
     """Every file under `folder` (but .git's innards) with the hash of its bytes."""
@@ -194,12 +192,11 @@ def test_a_task_that_looks_like_a_flag_is_the_task(bare: World, agent: str) -> N
 
 def test_a_missing_cli_is_one_line_saying_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    for host in JOB_HOSTS:
+    for host in hosts.ALL:
         problem = host.job_check()
         assert problem is not None and "\n" not in problem and "install" in problem
 
 
 def test_the_installed_clis_can_run_jobs(host_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", os.pathsep.join([str(host_bin), os.environ.get("PATH", "")]))
-    assert [host.job_check() for host in JOB_HOSTS] == [None, None]
-    assert "not supported yet" in (hosts.by_name("opencode").job_check() or "")
+    assert [host.job_check() for host in hosts.ALL] == [None] * len(hosts.ALL)

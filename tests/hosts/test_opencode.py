@@ -11,6 +11,7 @@ up at once.
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,3 +259,59 @@ def test_a_message_to_a_killed_session_waits_for_its_next_run(oc: OpencodeWorld)
     assert sum(text in t for t in tool_texts(latest.body)) == 1, tool_texts(latest.body)
     poll_until(lambda: [r for r in oc.world.receipts(session) if r["ackedAt"]], "the acknowledgement",
                timeout=30)
+
+
+# --- jobs (SPEC §4.7): opencode run headless, the bridge and the access from the command's environment
+
+
+def run_opencode_job(oc: OpencodeWorld, task: str, *, access: str = "read", thread: str | None = None,
+                     note: str = "") -> tuple[Any, bytes]:
+    """Start the job's command as the broker does (its own process group, stdin from the command)."""
+    from agent_bridge import hosts
+    from tests.hosts.test_job_hosts import launch
+
+    w = oc.world
+    host = hosts.by_name("opencode")
+    assert host is not None
+    command = host.job_command(launch(w, "opencode", task, access=access, thread=thread, note=note))
+    env = {**w.base_env(), **OFFLINE_ENV, **command.env}
+    proc = subprocess.Popen(command.argv, cwd=w.project, env=env, start_new_session=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    w.procs.append(proc)  # type: ignore[arg-type]  # killed at teardown if still running
+    out, err = proc.communicate(command.stdin, timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    return host.job_report(out), out
+
+
+def job_writes(project: Path) -> str:
+    return "--looks-like-a-flag " + plan(
+        ("!bash", {"command": f"echo by-the-job > {project / 'shell.txt'}", "description": "write"}),
+        ("!write", {"filePath": str(project / "written.txt"), "content": "by the job"}))
+
+
+def test_an_opencode_job_under_read_leaves_the_project_byte_identical(oc: OpencodeWorld) -> None:
+    from tests.hosts.test_job_hosts import tree
+
+    w = oc.world
+    w.bridge("uninstall", "--opencode")  # the bridge comes from the job's command, not from install
+    (w.project / "keep.txt").write_text("the owner's file\n", encoding="utf-8")
+    before = tree(w.project)
+    report, _ = run_opencode_job(oc, job_writes(w.project), note="agent-bridge: camera: Hold to look")
+    assert report.answer == "done." and report.failed is None and str(report.thread).startswith("ses_")
+    assert tree(w.project) == before
+    first = oc.main_requests(str(report.thread))[0]
+    tools = {t.get("function", {}).get("name") for t in first.body.get("tools") or ()}
+    assert "agent-bridge_whoami" in tools and "bash" not in tools and "write" not in tools, tools
+    user = [m for m in first.body["messages"] if m.get("role") == "user"][0]
+    assert "camera: Hold to look" in json.dumps(user) and "--looks-like-a-flag" in json.dumps(user)
+
+
+def test_an_opencode_job_under_edit_writes_and_continue_resumes_its_session(oc: OpencodeWorld) -> None:
+    w = oc.world
+    report, _ = run_opencode_job(oc, job_writes(w.project), access="edit")
+    assert report.answer == "done."
+    assert (w.project / "shell.txt").exists() and (w.project / "written.txt").exists()
+    again, _ = run_opencode_job(oc, "and now: PLAN []", access="edit", thread=report.thread)
+    assert again.thread == report.thread and again.answer == "done."
+    last = oc.main_requests(str(report.thread))[-1]
+    assert "--looks-like-a-flag" in last.text and "and now" in last.text
