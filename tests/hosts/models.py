@@ -361,11 +361,9 @@ class ChatServer(ModelServer):
             if message.get("role") == "user":
                 start = i
         prompt = _chat_text(messages[start]) if messages else ""
-        if prompt.startswith('"'):  # `opencode run` 1.18.33 passes a prompt with spaces as a JSON string
-            try:
-                prompt = str(json.loads(prompt))
-            except ValueError:
-                pass
+        if prompt.startswith('"') and prompt.endswith('"'):
+            # `opencode run` 1.18.33 quotes an argument with spaces: `"…"`, each `"` in it as `\"`
+            prompt = prompt[1:-1].replace('\\"', '"')
         steps = plan_of(prompt) if request.body.get("tools") else []
         done = sum(1 for m in messages[start:] if m.get("role") == "tool")
         step = self.next_step(steps, done)

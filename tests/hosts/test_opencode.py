@@ -315,3 +315,41 @@ def test_an_opencode_job_under_edit_writes_and_continue_resumes_its_session(oc: 
     assert again.thread == report.thread and again.answer == "done."
     last = oc.main_requests(str(report.thread))[-1]
     assert "--looks-like-a-flag" in last.text and "and now" in last.text
+
+
+@pytest.fixture
+def oc_jobs(oc: OpencodeWorld) -> Iterator[OpencodeWorld]:
+    """A broker that runs jobs: every host offline against its scripted model."""
+    from tests.hosts.test_jobs import group_alive, jobs
+
+    oc.world.restart_broker({**oc.world.job_env(), **OFFLINE_ENV})
+    yield oc
+    oc.world.bridge("down", check=False)
+    for job in jobs(oc.world):
+        if job["pid"]:
+            poll_until(lambda pid=job["pid"]: not group_alive(pid), f"job {job['name']}'s processes to end",
+                       timeout=10)
+
+
+def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorld) -> None:
+    from tests.hosts.test_jobs import job_messages, jobs
+
+    w = oc_jobs.world
+    w.bridge("decide", "db", "PostgreSQL, decided before the job")
+    w.codex(plan(("delegate", {"agent": "opencode", "task": plan(("whoami", {})) + " check it",
+                              "wait_seconds": 50}), ("whoami", {}))).wait()
+    [job] = jobs(w)
+    assert job["state"] == "finished" and job["agent"] == "opencode" and job["answer"] == "done.", job
+    assert str(job["thread"]).startswith("ses_")
+    first = oc_jobs.main_requests(str(job["thread"]))[0]
+    assert "PostgreSQL, decided before the job" in first.text
+    said = f"Job {job['name']} (opencode, read access) finished"
+    assert any(said in r.text for r in w.codex_model.requests)
+
+    run = oc_jobs.run(plan(("delegate", {"agent": "codex", "task": plan(("whoami", {})) + " review",
+                                         "wait_seconds": 50}), ("whoami", {}))).wait()
+    [back] = [j for j in jobs(w) if j["agent"] == "codex"]
+    assert back["state"] == "finished" and back["answer"] == "done.", back
+    assert [to for to, _ in job_messages(w)][-1].startswith("opencode")
+    said = f"Job {back['name']} (codex, read access) finished"
+    assert any(said in r.text for r in oc_jobs.main_requests(session_of(run)))
