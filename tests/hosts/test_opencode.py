@@ -353,3 +353,21 @@ def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorl
     assert [to for to, _ in job_messages(w)][-1].startswith("opencode")
     said = f"Job {back['name']} (codex, read access) finished"
     assert any(said in r.text for r in oc_jobs.main_requests(session_of(run)))
+
+
+def test_cancel_ends_an_opencode_jobs_process_group(oc_jobs: OpencodeWorld) -> None:
+    from tests.hosts.test_jobs import group_alive, job_messages, jobs
+
+    w = oc_jobs.world
+    task = plan(("whoami", {}), GATE_STEP("held")) + " never ends"
+    w.codex(plan(("delegate", {"agent": "opencode", "task": task}),)).wait()
+    oc_jobs.model.wait_reached("held")
+    [job] = jobs(w)
+    pgid = job["pid"]
+    assert job["state"] == "running" and group_alive(pgid)
+    assert "Stopping" in w.bridge("jobs", "cancel", job["name"]).stdout
+    poll_until(lambda: not group_alive(pgid), "the job's process group to end", timeout=10)
+    poll_until(lambda: jobs(w)[0]["state"] == "cancelled", "the cancelled state")
+    [(to, body)] = job_messages(w)
+    assert to.startswith("codex") and f"Job {job['name']} (opencode, read access) was cancelled" in body
+    oc_jobs.model.open_gate("held")
