@@ -10,11 +10,15 @@ Configuration (opencode's config documentation, and what 1.18.33 reads, NOTES.md
 - No command hooks: plugins, `*.js` in `<config>/plugin/` (user) or `<project>/.opencode/plugin/`.
   Install writes `agent-bridge.js` there (hosts.opencode_plugin), which runs our hook commands.
 
+Jobs: `opencode run --format json`, the task on stdin, the bridge and the access in
+`OPENCODE_CONFIG_CONTENT` (`Opencode.job_command`).
+
 Process: the `opencode` program (argv[0] `opencode`; npm's executable is `bin/opencode.exe`,
 seen with 1.18.33 under `ps`). The plugin runs inside it, so the hooks it starts and the MCP
 servers it starts share it as their nearest agent host. One process here runs one session
 (`opencode run`, the TUI's current session); a new session id in the same process replaces the
-old one, as `/clear` does for Claude Code.
+old one, as `/clear` does for Claude Code. (`opencode serve` with several sessions at once has
+one MCP server for all of them: the bridge then sees one session, the latest to report itself.)
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ PLUGIN_NAME = "agent-bridge.js"
 Version = tuple[int, int, int]
 # The newest opencode whose plugin hooks and config were checked with the real CLI (tests/hosts).
 CHECKED: Version = (1, 18, 33)
+# What the plugin gives (SPEC §3 "Reach"), as doctor says it: seen with 1.18.33 (tests/hosts/test_opencode.py)
+REACH = ("1 between tool calls: the plugin adds them to the tool's result; 2 at Stop: none, at session.idle "
+         "way 3 takes them; 3 when idle: the plugin starts a turn (promptAsync), not in `opencode run`; "
+         "4 at start and compaction: the note in the system prompt")
 JOB_SINCE: Version = (1, 18, 33)  # the newest whose headless run (stdin, --format json) was checked
 
 
@@ -185,9 +193,12 @@ class Opencode(Host):
         if found:
             checks.append(Check("opencode plugin", OK, f"{', '.join(map(str, found))}: identity, the "
                                 "decisions note and messages between tool calls"))
+            checks.append(Check("opencode reach", OK, REACH))
         else:
             checks.append(Check("opencode plugin", FAIL, f"no agent-bridge plugin in {plugins[0].parent}",
                                 fix))
+            checks.append(Check("opencode reach", WARN, "none of the four ways without the plugin: messages "
+                                "wait for an `inbox` call", fix))
         version = opencode_version()
         if version is None:
             checks.append(Check("opencode version", WARN, "no `opencode` on PATH answers --version",

@@ -113,6 +113,7 @@ def test_install_doctor_uninstall_keep_the_users_jsonc(oc: OpencodeWorld) -> Non
     assert plugin.read_text(encoding="utf-8").startswith("// agent-bridge plugin for opencode")
     doctor = w.bridge("doctor", check=False).stdout
     assert "ok    opencode MCP server" in doctor and "ok    opencode plugin" in doctor
+    assert "ok    opencode reach" in doctor
     assert "ok    opencode version" in doctor, doctor
     again = w.bridge("install", "--opencode")  # idempotent: nothing changes
     assert oc.config.read_text(encoding="utf-8") == installed, again.stdout
