@@ -372,3 +372,20 @@ def test_cancel_ends_an_opencode_jobs_process_group(oc_jobs: OpencodeWorld) -> N
     [(to, body)] = job_messages(w)
     assert to.startswith("codex") and f"Job {job['name']} (opencode, read access) was cancelled" in body
     oc_jobs.model.open_gate("held")
+
+
+def test_send_and_decide_from_opencode_reach_a_codex_session(oc: OpencodeWorld) -> None:
+    """A Codex session held in its turn; opencode records a decision (delivered to Codex) and
+    sends it a message, which Codex's Stop hook hands to its model."""
+    w = oc.world
+    codex = w.codex(plan(("whoami", {}), GATE_STEP("codex-ends")))
+    w.codex_model.wait_reached("codex-ends")
+    name = next(p["name"] for p in w.peers() if p["agent"] == "codex")
+    run = oc.run(plan(("decide", {"topic": "ci", "text": "green before merge", "scope": "all"}),
+                      ("send", {"to": name, "text": "opencode here: ship it"}))).wait()
+    results = [t for r in oc.main_requests(session_of(run)) for t in tool_texts(r.body)]
+    decided = next(json.loads(t) for t in results if '"deliveredTo"' in t)
+    assert name in decided["deliveredTo"] and decided["decision"]["author"]["agent"] == "opencode"
+    w.codex_model.open_gate("codex-ends")
+    codex.wait()
+    assert any("opencode here: ship it" in r.text for r in w.codex_model.requests)
