@@ -189,13 +189,12 @@ def api(port: int, method: str, path: str, body: dict[str, Any] | None = None) -
     return json.loads(raw) if raw else None
 
 
-def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
-    """`opencode serve` (a session that stays open): after its turn the session is idle; a message
-    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken."""
+def serve(oc: OpencodeWorld) -> tuple[int, HostRun]:
+    """`opencode serve` on a free loopback port, once it answers."""
     w = oc.world
     port = free_port()
-    serve = w._start([str(w.host_bin / "opencode"), "serve", "--port", str(port), "--hostname", "127.0.0.1"],
-                     {**w.base_env(), **OFFLINE_ENV}, None, w.root / "opencode-serve.err")
+    run = w._start([str(w.host_bin / "opencode"), "serve", "--port", str(port), "--hostname", "127.0.0.1"],
+                   {**w.base_env(), **OFFLINE_ENV}, None, w.root / "opencode-serve.err")
 
     def up() -> bool:
         try:
@@ -205,6 +204,19 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
             return False
 
     poll_until(up, "opencode serve listening", timeout=60)
+    return port, run
+
+
+def state_of(w: World, peer_id: str) -> str | None:
+    listed = json.loads(w.bridge("sessions", "--json").stdout)
+    return next((s.get("state") for s in listed if s.get("id") == peer_id), None)
+
+
+def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
+    """`opencode serve` (a session that stays open): after its turn the session is idle; a message
+    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken."""
+    w = oc.world
+    port, serving = serve(oc)
     session = str(api(port, "POST", "/session", {})["id"])
     prompt = {"parts": [{"type": "text", "text": plan(("whoami", {}))}]}
     api(port, "POST", f"/session/{session}/prompt_async", prompt)
@@ -226,7 +238,7 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
     users = [m for m in woken[0].body["messages"] if m.get("role") == "user" and text in json.dumps(m)]
     assert users and "not from the user" in json.dumps(users[-1])
     poll_until(lambda: [r for r in w.receipts(session) if r["ackedAt"]], "the acknowledgement", timeout=30)
-    assert serve.proc.poll() is None
+    assert serving.proc.poll() is None
 
 
 def test_project_scope_install_and_uninstall(oc: OpencodeWorld) -> None:
@@ -389,3 +401,24 @@ def test_send_and_decide_from_opencode_reach_a_codex_session(oc: OpencodeWorld) 
     w.codex_model.open_gate("codex-ends")
     codex.wait()
     assert any("opencode here: ship it" in r.text for r in w.codex_model.requests)
+
+
+def test_an_aborted_turn_is_idle_and_a_message_then_wakes_it(oc: OpencodeWorld) -> None:
+    """An abort (what Esc does in the TUI) ends the turn in `session.status` idle: the session is
+    marked idle, and a message sent then starts a turn."""
+    w = oc.world
+    port, _ = serve(oc)
+    session = str(api(port, "POST", "/session", {})["id"])
+    prompt = {"parts": [{"type": "text", "text": plan(("whoami", {}), GATE_STEP("aborted"), ("whoami", {}))}]}
+    api(port, "POST", f"/session/{session}/prompt_async", prompt)
+    oc.model.wait_reached("aborted")
+    [peer] = poll_until(lambda: [p for p in w.peers() if p["hostSessionId"] == session], "the identity")
+    poll_until(lambda: state_of(w, peer["id"]) == "busy", "the session marked busy")
+    api(port, "POST", f"/session/{session}/abort", {})
+    poll_until(lambda: state_of(w, peer["id"]) == "idle", "the aborted session marked idle", timeout=30)
+    before = len(oc.model.of_session(session))
+    text = "codex here: after the abort"
+    w.bridge("send", peer["name"], text)
+    poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
+               "the woken turn's request", timeout=60)
+    oc.model.open_gate("aborted")
