@@ -14,6 +14,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,10 @@ class OpencodeWorld:
         return [r for r in self.model.of_session(session) if r.body.get("tools")]
 
 
-@pytest.fixture
-def oc(host_bin: Path) -> Iterator[OpencodeWorld]:
+@contextmanager
+def open_opencode_world(host_bin: Path) -> Iterator[OpencodeWorld]:
+    """A world (tests/hosts/conftest.py `open_world`) with the user's own opencode.json, the
+    scripted chat model as its provider, and `agent-bridge install --opencode` run."""
     model = ChatServer().start()
     try:
         with open_world(host_bin) as world:
@@ -87,6 +90,12 @@ def oc(host_bin: Path) -> Iterator[OpencodeWorld]:
             yield ow
     finally:
         model.close()
+
+
+@pytest.fixture
+def oc(host_bin: Path) -> Iterator[OpencodeWorld]:
+    with open_opencode_world(host_bin) as ow:
+        yield ow
 
 
 def session_of(run: HostRun) -> str:
