@@ -183,3 +183,9 @@ def test_doctor_says_codex_wakes_by_default_and_when_it_does_not():
     assert "on by default" in default and "does not fire" in default and "codex exec" in default
     assert codex_wake_text("0").startswith("off")
     assert "no TUI is known" in codex_wake_text("1")
+
+
+def test_delegate_offers_every_registered_host():
+    from agent_bridge.common import tools
+
+    assert tools.TOOLS["delegate"].schema["properties"]["agent"]["enum"] == list(hosts.NAMES)
