@@ -431,3 +431,19 @@ def test_an_aborted_turn_is_idle_and_a_message_then_wakes_it(oc: OpencodeWorld) 
     poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
                "the woken turn's request", timeout=60)
     oc.model.open_gate("aborted")
+
+
+def test_opencode_run_ending_leaves_a_late_message_waiting(oc: OpencodeWorld) -> None:
+    """A message that arrives after the last tool call of an `opencode run`: the run ends at its
+    idle without a wake (the plugin knows it runs under `run`), and the message waits, unacknowledged."""
+    run = oc.run(plan(("whoami", {}), GATE_STEP("late")))
+    oc.model.wait_reached("late")
+    [peer] = poll_until(
+        lambda: [p for p in oc.world.peers() if p["agent"] == "opencode" and p["hostSessionId"]],
+        "the opencode session's identity")
+    text = "claude here: too late for this run"
+    oc.world.bridge("send", peer["name"], text)
+    oc.model.open_gate("late")
+    run.wait()
+    assert not any(text in r.text for r in oc.model.requests)
+    assert [r["ackedAt"] for r in oc.world.receipts(peer["hostSessionId"])] == [None]
