@@ -13,6 +13,10 @@ servers of tests/hosts, offline. Per host and path, n runs each (5; 1 with --qui
   asyncRewake waiter wakes it. Target p50 <= 1 s.
 - codex_idle (path 3): an interactive Codex (TUI in tmux) whose turn has ended, with the idle wake
   declared (AGENT_BRIDGE_CODEX_WAKE=1); the waiter its Stop hook started runs `codex queue`.
+- opencode_busy (path 1): `opencode run` held at a gate between tool calls; the plugin's
+  `tool.execute.after` hands the message over with the next tool's result.
+- opencode_idle (path 3): an `opencode serve` session whose turn has ended; the plugin, watching
+  the post box, starts a turn with `promptAsync`. Target p50 <= 1 s.
 
 `value` is claude_idle's p50 (ms); the baseline is the 1 s target; `ok` also needs every busy run
 to carry the message in the next request. Timing is wall-clock on a shared machine: a benchmark,
@@ -34,6 +38,7 @@ import _common as c  # noqa: E402
 from tests.hosts import clis  # noqa: E402
 from tests.hosts.conftest import World, open_world, plan, poll_until  # noqa: E402
 from tests.hosts.models import GATE  # noqa: E402
+from tests.hosts.test_opencode import OpencodeWorld, open_opencode_world  # noqa: E402
 
 IDLE_TARGET_MS = 1000.0
 
@@ -141,6 +146,45 @@ def idle_codex(world: World, runs: int) -> list[float]:
     return times
 
 
+def busy_opencode(oc: OpencodeWorld, i: int) -> tuple[bool, float]:
+    gate = f"opencode-busy-{i}"
+    run = oc.run(plan(("whoami", {}), (GATE, {"gate": gate}), ("peers", {}), ("whoami", {})))
+    oc.model.wait_reached(gate)
+    with oc.model.lock:
+        a = str(oc.model.session_of(oc.model.requests[-1]))  # the request held at the gate
+    text = f"busy opencode {i} {uuid.uuid4().hex[:6]}"
+    oc.world.bridge("send", a, text)
+    sent = time.monotonic()
+    before = len(oc.model.of_session(a))
+    oc.model.open_gate(gate)
+    poll_until(lambda: any(text in r.text for r in oc.model.of_session(a)), "the message in a request")
+    took = time.monotonic() - sent
+    run.wait()
+    index = next(k for k, r in enumerate(oc.model.of_session(a)) if text in r.text)
+    return index == before, took
+
+
+def idle_opencode(oc: OpencodeWorld, runs: int) -> list[float]:
+    from tests.hosts.test_opencode import api, serve, state_of
+
+    port, _ = serve(oc)
+    session = str(api(port, "POST", "/session", {})["id"])
+    api(port, "POST", f"/session/{session}/prompt_async",
+        {"parts": [{"type": "text", "text": plan(("whoami", {}))}]})
+    [peer] = poll_until(lambda: [p for p in oc.world.peers() if p["hostSessionId"] == session], "identity")
+    times = []
+    for i in range(runs):
+        poll_until(lambda: state_of(oc.world, peer["id"]) == "idle", "idle", timeout=60)
+        text = f"idle opencode {i} {uuid.uuid4().hex[:6]}"
+        oc.world.bridge("send", session, text)
+        sent = time.monotonic()
+        poll_until(lambda text=text: any(text in r.text for r in oc.model.of_session(session)),
+                   "the idle session woken")
+        times.append(time.monotonic() - sent)
+        poll_until(lambda: all(r["ackedAt"] for r in oc.world.receipts(session)), "acknowledged")
+    return times
+
+
 def main() -> None:
     args = c.parse_args(__doc__ or "")
     runs = 1 if args.quick else 5
@@ -167,18 +211,23 @@ def main() -> None:
         claude_idle = idle_claude(world, runs)
     with open_world(host_bin) as world:
         codex_idle = idle_codex(world, runs)
+    with open_opencode_world(host_bin) as oc:
+        opencode_busy = [busy_opencode(oc, i) for i in range(runs)]
+        opencode_idle = idle_opencode(oc, runs)
     c.log(f"reach: {runs} runs per host and path")
     ms = [t * 1000 for t in claude_idle]
     p50 = c.median(ms)
-    busy_next = all(n for n, _ in claude_busy + codex_busy)
+    busy_next = all(n for n, _ in claude_busy + codex_busy + opencode_busy)
     c.report(
         "reach",
         value=p50,
         unit="ms (send returned -> first model request carrying it; idle Claude Code, asyncRewake waiter, "
              "p50)",
         baseline=IDLE_TARGET_MS,
-        target="idle p50 <= 1000 ms (Claude Code and Codex); busy: in the model's next request every time",
-        ok=p50 <= IDLE_TARGET_MS and c.median(codex_idle) * 1000 <= IDLE_TARGET_MS and busy_next,
+        target="idle p50 <= 1000 ms (Claude Code, Codex, opencode); busy: in the model's next request "
+               "every time",
+        ok=(p50 <= IDLE_TARGET_MS and c.median(codex_idle) * 1000 <= IDLE_TARGET_MS
+            and c.median(opencode_idle) * 1000 <= IDLE_TARGET_MS and busy_next),
         n=len(ms),
         p50=p50,
         p99=c.percentile(ms, 99),
@@ -193,6 +242,11 @@ def main() -> None:
             "codex_busy_p50_ms": c.median([t * 1000 for _, t in codex_busy]),
             "codex_idle_p50_ms": c.median([t * 1000 for t in codex_idle]),
             "codex_idle_p99_ms": c.percentile([t * 1000 for t in codex_idle], 99),
+            "opencode_version": clis.OPENCODE_VERSION,
+            "opencode_busy_next_request": sum(n for n, _ in opencode_busy) / len(opencode_busy),
+            "opencode_busy_p50_ms": c.median([t * 1000 for _, t in opencode_busy]),
+            "opencode_idle_p50_ms": c.median([t * 1000 for t in opencode_idle]),
+            "opencode_idle_p99_ms": c.percentile([t * 1000 for t in opencode_idle], 99),
         },
     )
 

@@ -26,7 +26,9 @@ HOST_METHODS = sorted(
     name for name, value in vars(Host).items()
     if inspect.isfunction(value) and not name.startswith("_") and name not in HOOK_ANSWERS
 )
-DOCUMENTED_HOOK_ANSWERS = {"claude", "codex"}  # hosts whose hook answers were checked against their docs
+# hosts whose hook answers were checked against their docs; opencode runs no command hooks: its
+# answers are read by our own plugin (hosts/opencode_plugin.py), which takes these same shapes
+DOCUMENTED_HOOK_ANSWERS = {"claude", "codex", "opencode"}
 
 
 @pytest.mark.parametrize("host", hosts.ALL, ids=hosts.NAMES)
@@ -53,6 +55,8 @@ def test_cli_offers_every_registered_host(host):
 def test_process_names_map_to_their_host():
     assert hosts.for_process("claude") is hosts.by_name("claude")
     assert hosts.for_process("node", "codex") is hosts.by_name("codex")
+    assert hosts.for_process("opencode") is hosts.by_name("opencode")  # npm's binary: bin/opencode.exe
+    assert hosts.for_process("opencode.exe") is hosts.by_name("opencode")
     assert hosts.for_process("node", "sh", "") is None
     assert hosts.by_name("gemini") is None
 
@@ -179,3 +183,9 @@ def test_doctor_says_codex_wakes_by_default_and_when_it_does_not():
     assert "on by default" in default and "does not fire" in default and "codex exec" in default
     assert codex_wake_text("0").startswith("off")
     assert "no TUI is known" in codex_wake_text("1")
+
+
+def test_delegate_offers_every_registered_host():
+    from agent_bridge.common import tools
+
+    assert tools.TOOLS["delegate"].schema["properties"]["agent"]["enum"] == list(hosts.NAMES)

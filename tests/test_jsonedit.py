@@ -94,3 +94,42 @@ def test_a_one_line_array_rewritten_whole_keeps_its_separators_so_the_undo_gives
         out = rewrite(text, doc, added)
         assert json.loads(out) == added
         assert rewrite(out, added, doc) == text
+
+
+# --- JSONC (opencode.json): comments and trailing commas ----------------------------------
+
+JSONC = """{
+  // the user's own words, "quoted", with a comma, and a } brace
+  "$schema": "https://opencode.ai/config.json", /* a block
+     comment over two lines */
+  "url": "http://x//not-a-comment/*", // after a string holding // and /*
+  "mcp": {
+    "theirs": {"type": "local", "command": ["x"]}, // trailing comma next
+  },
+  "list": [1, 2,],
+}
+"""
+
+
+def test_blank_keeps_every_offset_and_line_and_touches_no_string():
+    from agent_bridge.hosts.jsonedit import blank, loads
+
+    blanked = blank(JSONC)
+    assert len(blanked) == len(JSONC) and blanked.count("\n") == JSONC.count("\n")
+    assert loads(JSONC) == {"$schema": "https://opencode.ai/config.json", "url": "http://x//not-a-comment/*",
+                            "mcp": {"theirs": {"type": "local", "command": ["x"]}}, "list": [1, 2]}
+    assert blank('{"a": 1}') == '{"a": 1}'  # plain JSON: unchanged
+
+
+def test_jsonc_edited_in_place_keeps_its_comments_and_the_undo_gives_the_bytes_back():
+    from agent_bridge.hosts.jsonedit import loads
+
+    old = loads(JSONC)
+    for new in (
+        {**old, "mcp": {**old["mcp"], "agent-bridge": {"type": "local", "command": ["ab"], "enabled": True}}},
+        {**old, "extra": {"a": [1]}},
+    ):
+        after = rewrite(JSONC, old, new)
+        assert loads(after) == new, after
+        assert "// the user's own words" in after and "/* a block" in after
+        assert rewrite(after, new, old) == JSONC

@@ -128,6 +128,14 @@ def _hook(ns: argparse.Namespace) -> int:
         from agent_bridge.hooks import interrupt
 
         return interrupt.main(ns.agent)
+    if ns.event == "status":
+        from agent_bridge.hooks import status
+
+        return status.main(ns.agent)
+    if ns.event == "ack":
+        from agent_bridge.hooks import ack
+
+        return ack.main(ns.agent)
     from agent_bridge.hooks import stop
 
     return stop.main(ns.agent)
@@ -196,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
-HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt")
+HOOK_EVENTS = ("session-start", "post-tool-use", "stop", "wake", "user-prompt-submit", "interrupt", "ack",
+               "status")
 
 
 def _hook_fast_path(args: Sequence[str]) -> int | None:

@@ -59,7 +59,8 @@ def build_parser(run: Runs) -> argparse.ArgumentParser:
     mcp.add_argument("--host-session-id", help="the host's session id, when the launcher knows it")
     mcp.set_defaults(func=run["mcp"])
 
-    titles = " and ".join(h.title for h in hosts.ALL)
+    named = [h.title for h in hosts.ALL]
+    titles = f"{', '.join(named[:-1])} and {named[-1]}" if len(named) > 1 else named[0]
     hook = sub.add_parser("hook", help=f"hook commands for {titles} (JSON on stdin)")
     hook_sub = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
     for event, text in (
@@ -69,6 +70,8 @@ def build_parser(run: Runs) -> argparse.ArgumentParser:
         ("wake", "Stop (asyncRewake, Claude Code): wake the idle session when an active message arrives"),
         ("user-prompt-submit", "UserPromptSubmit: a turn starts, the waiter stands aside"),
         ("interrupt", "Interrupt (Codex): a turn cut short, the session is idle"),
+        ("ack", "acknowledge messages a host's plugin handed over (opencode), once the host took them"),
+        ("status", "a host's plugin marks its session busy or idle (opencode)"),
     ):
         h = hook_sub.add_parser(event, help=text)
         h.add_argument("--agent", choices=hosts.NAMES, default=hosts.DEFAULT.name,

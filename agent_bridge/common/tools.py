@@ -148,11 +148,11 @@ _JOB_TOOLS = (
     Tool(
         "delegate",
         "delegate",
-        "Another agent's opinion or work, as a job: read-only unless edit/worktree; answer comes as a "
-        "message.",
+        # (shorter than it was by the bytes the third host's name costs in `agent`: SPEC §9's 3,200)
+        "Another agent's view or work as a job: read-only unless edit/worktree; answer: a message.",
         _object(
             ("agent", "task"),
-            agent={**STRING, "enum": ["claude", "codex"]},
+            agent={**STRING, "enum": ["claude", "codex", "opencode"]},  # hosts.NAMES (checked by tests)
             task={**STRING, "maxLength": JOB_TASK_MAX},
             title=STRING,
             access={**STRING, "enum": ["read", "edit"]},

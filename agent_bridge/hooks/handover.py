@@ -34,11 +34,15 @@ def hand_over(
     write: Callable[[str], None],
     *,
     wake: bool = False,
+    deferred: Callable[[str, list[str], object], None] | None = None,
 ) -> int:
     """Fetch the session's active messages, `write` them (framed, one text), then acknowledge
     them. Returns how many were handed over (0: no broker, or nothing active waits). `wake`:
     the write wakes an idle session (the waiter's): the broker records a wake request for each
-    message it hands over, confirmed once the acknowledgement says they were shown."""
+    message it hands over, confirmed once the acknowledgement says they were shown.
+    `deferred`: instead of `write`, for a host whose plugin acknowledges once the host took the
+    text (`Host.defers_ack`): called with the text, the message ids and the session's peer id,
+    and nothing is acknowledged here (`agent-bridge hook ack` does it, hooks.ack)."""
     args = common.identify_args(agent, hook, event, host, chain)
     if wake:
         args["wake"] = True
@@ -58,8 +62,11 @@ def hand_over(
         ]
         if not messages:
             return 0
-        write(render(messages))
         ids = [str(m.get("id")) for m in messages]
+        if deferred is not None:
+            deferred(render(messages), ids, answer.get("sessionId"))
+            return len(messages)
+        write(render(messages))
         acknowledge(home, event, hook.session_id, answer.get("sessionId"), ids)
         return len(messages)
 

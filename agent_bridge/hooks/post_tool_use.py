@@ -51,8 +51,12 @@ def main(agent: str, raw: bytes | None = None) -> int:
         host, chain = hosts.current_host()
         hook = common.parse_input(raw)
         target = hosts.by_name(agent) or hosts.DEFAULT
+        deferred = None
+        if target.defers_ack:  # the host's plugin acknowledges once the host took the text (hooks.ack)
+            def deferred(text: str, ids: list[str], peer: object) -> None:
+                common.emit({**target.post_tool_use_output(text), "ids": ids, "peer": peer})
         handover.hand_over(home, agent, EVENT, hook, host, chain,
-                           lambda text: common.emit(target.post_tool_use_output(text)))
+                           lambda text: common.emit(target.post_tool_use_output(text)), deferred=deferred)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the tool call's turn goes on
         paths.append_log(home, f"hook post-tool-use ({agent}): nothing handed over: "
                          + " ".join(f"{type(exc).__name__}: {exc}".split()))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 
 from agent_bridge.common import procinfo
-from agent_bridge.hosts import claude, codex
+from agent_bridge.hosts import claude, codex, opencode
 from agent_bridge.hosts.base import Check, Host
 
 __all__ = ["ALL", "DEFAULT", "EXCLUSIVE", "NAMES", "Check", "Host", "by_name", "current_host", "find_host",
            "for_process"]
 
-ALL: tuple[Host, ...] = (claude.HOST, codex.HOST)
+ALL: tuple[Host, ...] = (claude.HOST, codex.HOST, opencode.HOST)
 NAMES: tuple[str, ...] = tuple(h.name for h in ALL)
 DEFAULT: Host = claude.HOST  # the agent assumed when neither `--agent` nor the host process says
 EXCLUSIVE: frozenset[str] = frozenset(h.name for h in ALL if h.exclusive)

@@ -161,6 +161,9 @@ class Host:
     process_prefixes: tuple[str, ...]  # an ancestor process whose name starts so is this host
     exclusive: bool  # one conversation per host process: a new host session id replaces the old
     session_env: str | None = None  # an environment variable in which the host passes its session id
+    # The hook that hands messages over between tool calls prints them with their ids and does not
+    # acknowledge them: the host's plugin does (`agent-bridge hook ack`) once the host took them.
+    defers_ack = False
 
     def is_set_up(self) -> bool:
         """Whether this user has the host's configuration folder (install's default hosts)."""

@@ -9,6 +9,11 @@ are cut out with their separator, so an install followed by an uninstall gives b
 bytes. What it cannot place in the file's layout (an element inserted in the middle of a list)
 is written as that whole value again, in the file's indentation. The caller checks the result
 parses to `new` (hosts.edits.edit_json).
+
+JSONC (JSON with `//` and `/* */` comments and trailing commas, which opencode reads): `blank`
+turns every comment and trailing comma into spaces of the same length (line ends kept), so the
+spans `parse` finds in the blanked text are the spans of the original, and `rewrite` edits the
+original text around its comments. For plain JSON `blank` changes nothing.
 """
 
 from __future__ import annotations
@@ -116,6 +121,52 @@ def _array(text: str, i: int) -> tuple[Node, int]:
         raise EditError("',' or ']' expected")
 
 
+_STRING_AT = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def blank(text: str) -> str:
+    """`text` with its comments and trailing commas replaced by spaces (line ends kept): the
+    same length, so every offset still points at the same value. Strings are left alone."""
+    out = list(text)
+    i, n = 0, len(text)
+    last_comma = -1  # the position of a comma not yet followed by a value
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            match = _STRING_AT.match(text, i)
+            i = match.end() if match else n
+            last_comma = -1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out[i:end] = " " * (end - i)
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out[i:end] = ["\n" if c == "\n" else "\r" if c == "\r" else " " for c in text[i:end]]
+            i = end
+        elif ch == ",":
+            last_comma = i
+            i += 1
+        elif ch in "]}":
+            if last_comma >= 0:
+                out[last_comma] = " "
+            last_comma = -1
+            i += 1
+        elif ch in " \t\r\n":
+            i += 1
+        else:
+            last_comma = -1
+            i += 1
+    return "".join(out)
+
+
+def loads(text: str) -> Any:
+    """JSONC as json.loads reads JSON (comments and trailing commas allowed)."""
+    return json.loads(blank(text))
+
+
 # --- the file's layout ------------------------------------------------------------------
 
 
@@ -168,6 +219,7 @@ def _dump(
 class _Editor:
     def __init__(self, text: str) -> None:
         self.text = text
+        self.view = blank(text)  # comments and trailing commas as spaces: the layout without them
         self.unit = indent_unit(text)
         self.nl = _newline(text)
         self.multiline = "\n" in text.strip() or text.strip() in ("{}", "[]")
@@ -202,8 +254,10 @@ class _Editor:
         the values written (None: on one line)."""
         if children:
             last = children[-1]
-            before = max(self.text.rfind(",", node.start, last), node.start)  # only blanks lie between
+            before = max(self.view.rfind(",", node.start, last), node.start)  # only blanks lie between
             gap = self.text[before + 1:last]
+            if gap != self.view[before + 1:last]:  # a comment lies between: a new line at the child's indent
+                gap = (self.nl + _line_indent(self.text, last)) if "\n" in gap else " "
             if "\n" in gap:
                 return gap, self.unit
             return gap, None
@@ -308,7 +362,7 @@ def _key(value: Any) -> str:
 def rewrite(text: str, old: Any, new: Any) -> str:
     """`text` (which parses to `old`) edited in place to parse to `new`."""
     try:
-        root = parse(text)
+        root = parse(blank(text))
     except (EditError, ValueError, RecursionError) as exc:
         raise EditError(str(exc)) from None
     editor = _Editor(text)

@@ -1,5 +1,6 @@
 """Scripted model servers on 127.0.0.1 for the real host CLIs: the Anthropic Messages API
-(Claude Code) and the OpenAI Responses API (Codex), both streamed as server-sent events.
+(Claude Code), the OpenAI Responses API (Codex) and the OpenAI chat completions API (opencode's
+`@ai-sdk/openai-compatible` provider), all streamed as server-sent events.
 
 The model is a script, not a model: the first user prompt of a conversation may carry a plan,
 `PLAN [["tool", {args}], ...]`, and each request answers with the next planned tool call (the
@@ -116,10 +117,7 @@ class ModelServer:
                 request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 with server.lock:
                     server.requests.append(request)
-                events = list(server.answer(request))
-                payload = "".join(
-                    f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events
-                ).encode()
+                payload = server.encode(list(server.answer(request)))
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
@@ -145,6 +143,10 @@ class ModelServer:
     def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
         raise NotImplementedError
 
+    def encode(self, events: list[tuple[str, dict[str, Any]]]) -> bytes:
+        """The answer's server-sent events, each named."""
+        return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+
     def of_session(self, session_id: str) -> list[Request]:
         with self.lock:
             return [r for r in self.requests if self.session_of(r) == session_id]
@@ -157,7 +159,9 @@ def plan_of(prompt: str) -> list[tuple[str, dict[str, Any]]]:
     found = PLAN.search(prompt)
     if not found:
         return []
-    return [(str(step[0]), dict(step[1])) for step in json.loads(found.group(1))]
+    # the plan's own JSON value: text after it (opencode adds more to the prompt) is not part of it
+    steps, _ = json.JSONDecoder().raw_decode(prompt, found.start(1))
+    return [(str(step[0]), dict(step[1])) for step in steps]
 
 
 # --- Anthropic Messages API (Claude Code) -------------------------------------------------
@@ -325,3 +329,60 @@ class OpenAIServer(ModelServer):
         yield "response.completed", {"type": "response.completed", "response": {
             "id": rid, "usage": {"input_tokens": 1, "input_tokens_details": None, "output_tokens": 1,
                                  "output_tokens_details": None, "total_tokens": 2}}}
+
+
+# --- OpenAI chat completions (opencode through @ai-sdk/openai-compatible) -----------------
+
+
+def _chat_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return " ".join(
+        c.get("text", "") for c in content or () if isinstance(c, dict) and isinstance(c.get("text"), str)
+    )
+
+
+class ChatServer(ModelServer):
+    """`POST /v1/chat/completions` answered as a stream of `chat.completion.chunk` frames: the next
+    planned call of a bridge tool, which opencode names `agent-bridge_<tool>` (a step marked "!",
+    "!bash", calls that built-in tool of opencode). A request that offers no tools (opencode's
+    title request, made with the small model before the main one) gets a text."""
+
+    server = "agent-bridge"
+
+    def session_of(self, request: Request) -> str | None:
+        return request.headers.get("x-session-affinity")
+
+    def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
+        messages = [m for m in request.body.get("messages") or [] if isinstance(m, dict)]
+        start = 0
+        for i, message in enumerate(messages):
+            if message.get("role") == "user":
+                start = i
+        prompt = _chat_text(messages[start]) if messages else ""
+        if prompt.startswith('"') and prompt.endswith('"'):
+            # `opencode run` 1.18.33 quotes an argument with spaces: `"…"`, each `"` in it as `\"`
+            prompt = prompt[1:-1].replace('\\"', '"')
+        steps = plan_of(prompt) if request.body.get("tools") else []
+        done = sum(1 for m in messages[start:] if m.get("role") == "tool")
+        step = self.next_step(steps, done)
+        n = len(self.requests)
+        chunk = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 0,
+                 "model": request.body.get("model", "m")}
+        if step is not None:
+            tool, args = step
+            name = tool[len(BUILTIN):] if tool.startswith(BUILTIN) else f"{self.server}_{tool}"
+            delta: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [{
+                "index": 0, "id": f"call_{n}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)}}]}
+            finish = "tool_calls"
+        else:
+            delta, finish = {"role": "assistant", "content": DONE_TEXT}, "stop"
+        yield "", {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        yield "", {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    def encode(self, events: list[tuple[str, dict[str, Any]]]) -> bytes:
+        """Unnamed `data:` frames ending in `data: [DONE]`, as the chat completions API streams."""
+        return ("".join(f"data: {json.dumps(data)}\n\n" for _, data in events) + "data: [DONE]\n\n").encode()
