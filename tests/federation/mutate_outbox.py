@@ -17,6 +17,10 @@ MUTATIONS = {
         "        self._applying.add(token)\n        return [Apply(token)]",
         "        self._applying.add(token)\n        return [Apply(token), AckStream(token)]",
     ),
+    "ack after a failed commit": (
+        "        self._applying.discard(token)\n        return []",
+        "        return self.applied(token)",
+    ),
     "new message id on retry": (
         "actions.append(Publish(entry.id, entry.kind, msg_id=entry.id))",
         'actions.append(Publish(entry.id, entry.kind, msg_id=f"{entry.id}#{entry.tries}"))',
@@ -54,8 +58,8 @@ def main() -> None:
             )
         finally:
             MODULE.write_text(original)
-        where = [line for line in run.stdout.splitlines() if line.endswith("Error")]
-        print(f"{name}: {'CAUGHT' if run.returncode else 'MISSED'}", *where[-1:])
+        why = [line.strip() for line in run.stdout.splitlines() if line.startswith("E") and "Error" in line]
+        print(f"{name}: {'CAUGHT' if run.returncode else 'MISSED'}", *why[:1])
 
 
 if __name__ == "__main__":

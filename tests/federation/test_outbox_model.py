@@ -16,10 +16,10 @@ What must hold:
 - never lost: after the faults stop (teardown: connected, no losses, time passing), every
   committed send is in B's inbox exactly once, A has its receipt, and no mark is left.
 
-Mutations of core/federation.py this test catches (each applied by hand, the test seen failing):
-ack before commit (AckStream beside Apply in `Inbound.fetched`), a new message id on retry, a
-timeout treated as a failure (the row dropped), a PubAck treated as delivered (a message's row
-dropped at PubAck), and unconfirmed before the bound. See the module's docstring.
+Mutations of core/federation.py this test catches (`python3 tests/federation/mutate_outbox.py`
+applies each and runs this test): ack before commit, ack after a failed commit, a new message id
+on retry, a timeout treated as a failure, a PubAck treated as delivered, a restart that forgets
+relayed messages, and unconfirmed before the bound. See the module's docstring.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ class World(RuleBasedStateMachine):
                 if entry is None:
                     continue
                 if s is self.b:
-                    assert self.b_inbox[entry.body] >= 1, f"acked {entry.body} to the stream before commit"
+                    readable = not entry.body.startswith("!")
+                    assert not readable or self.b_inbox[entry.body] >= 1, f"acked {entry.body} before commit"
                 else:
                     mid, state = entry.body.split("/")
                     assert self.a_receipt.get(mid, 0) >= fed.receipt_rank(state), "acked before commit"
@@ -246,6 +247,20 @@ class World(RuleBasedStateMachine):
     def b_commit(self, data: st.DataObject) -> None:
         self.b_commit_one(data.draw(st.sampled_from(sorted(self.b.applying))))
 
+    @precondition(lambda self: self.b.applying)
+    @rule(data=st.data())
+    def b_store_fails(self, data: st.DataObject) -> None:
+        """B's commit fails (disk full, the store closing): nothing stored, nothing acked."""
+        token = data.draw(st.sampled_from(sorted(self.b.applying)))
+        del self.b.applying[token]
+        self.run_inbound(self.b, self.b.inbound.store_failed(token), self.msgs)
+
+    @rule()
+    def hub_carries_garbage(self) -> None:
+        """A body no broker of ours would send lands in B's stream (`!`: unreadable)."""
+        self.seq += 1
+        self.msgs.entries[self.seq] = Entry(self.seq, f"garbage-{self.seq}", f"!{self.seq}")
+
     @precondition(lambda self: self.b_state)
     @rule(data=st.data())
     def b_shows(self, data: st.DataObject) -> None:
@@ -315,6 +330,7 @@ class World(RuleBasedStateMachine):
             assert self.a_receipt.get(mid, 0) >= 1, f"{mid}: A never heard B's receipt"
             assert mid not in self.a_unconfirmed, f"{mid} still marked unconfirmed after its receipt"
         assert not self.a.outbox_rows, "a message with its receipt still in A's outbox"
+        assert not self.msgs.unacked(), "a delivery never acked (garbage included)"
 
     # --- the stores' transactions --------------------------------------------------------------
 
@@ -322,6 +338,10 @@ class World(RuleBasedStateMachine):
         """B's store applies one delivery: stored by id (a repeat a no-op) and a receipt row
         queued either way (a repeat means its sender did not hear the last one); then acked."""
         mid = self.b.applying.pop(token).body
+        if mid.startswith("!"):  # unreadable: stored nothing, acked so it stops coming
+            if self.b.connected:
+                self.run_inbound(self.b, self.b.inbound.rejected(token), self.msgs)
+            return
         if self.b_inbox[mid] == 0:
             self.b_inbox[mid] += 1
             self.b_state[mid] = fed.receipt_rank(fed.STORED)
