@@ -27,6 +27,15 @@ def ensure_chromium(session: nox.Session) -> None:
         )
 
 
+def ensure_iproute2(session: nox.Session) -> None:
+    """The federation's partition test makes network namespaces with Debian's iproute2 (`ip`), as
+    root; elsewhere it is skipped with the reason."""
+    if shutil.which("ip") or not (shutil.which("apt-get") and os.geteuid() == 0):
+        return
+    session.run("apt-get", "install", "-y", "-qq", "iproute2", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 def ensure_host_clis(session: nox.Session) -> dict[str, str]:
     """The real-host tests drive Claude Code and Codex from npm at pinned versions, installed
     into .nox/hostcli when missing (tests/hosts/clis.py). Without npm they skip, except on CI."""
@@ -40,12 +49,30 @@ def ensure_host_clis(session: nox.Session) -> dict[str, str]:
     return {"AGENT_BRIDGE_HOST_BIN": str(out).strip().splitlines()[-1]}
 
 
+# The whole suite in two passes. First every test that may share the machine, spread over
+# pytest-xdist workers (`-n auto`: one per core; tests that must share a worker take an
+# `xdist_group` mark). Then the tests marked `serial`, one at a time with nothing else of the
+# suite running: the real hosts' TUIs under tmux, the benchmarks' smoke runs, the dashboard's
+# fixed default port. Each pass prints its 15 slowest tests, so the cost stays visible in CI.
+PASSES = (
+    ("-m", "not serial", "-n", "auto", "--dist", "loadgroup", "--durations=15"),
+    ("-m", "serial", "-n", "0", "--durations=15"),
+)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test]")
+    """The suite in its two passes (PASSES); `nox -s tests -- ARGS` runs pytest once with ARGS
+    instead (add `-n auto` to spread them over the cores)."""
+    session.install("-e", ".[test,federation]")
     ensure_chromium(session)
+    ensure_iproute2(session)
     env = ensure_host_clis(session)
-    session.run("pytest", *session.posargs, env=env)
+    if session.posargs:
+        session.run("pytest", *session.posargs, env=env)
+        return
+    for args in PASSES:
+        session.run("pytest", *args, env=env)
 
 
 @nox.session
@@ -62,9 +89,8 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "agent_bridge")
     # The broker and its store, the relay and its ledger, the showing state machine and the SDK
     # adapter: no Any leaking out of a typed function, no bare generics.
-    session.run("mypy", "--strict", "agent_bridge/daemon", "agent_bridge/store", "agent_bridge/relay.py",
-                "agent_bridge/relaying", "agent_bridge/ledger.py", "agent_bridge/core",
-                "agent_bridge/mcp_sdk.py")
+    session.run("mypy", "--strict", "agent_bridge/broker", "agent_bridge/store", "agent_bridge/relay",
+                "agent_bridge/common/ledger.py", "agent_bridge/core", "agent_bridge/federation")
 
 
 @nox.session
@@ -74,8 +100,9 @@ def bench(session: nox.Session) -> None:
     import json
 
     # The reach and job benchmarks drive the real hosts with the tests' scripted model servers
-    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does.
-    session.install("-e", ".[test]")
+    # (tests/hosts): they need the test dependencies and the pinned host CLIs, as `tests` does; the
+    # federation ones a real nats-server and nats-py, as tests/federation do.
+    session.install("-e", ".[test,federation]")
     env = ensure_host_clis(session)
     lines = []
     for script in sorted(os.listdir("bench")):

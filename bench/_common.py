@@ -187,7 +187,7 @@ class BrokerProcess:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
         """Poll until the broker answers `ping` on the socket its broker.json names."""
-        from agent_bridge import paths
+        from agent_bridge.common import paths
         from agent_bridge.ipc import blocking
 
         assert self.proc is not None

@@ -18,10 +18,9 @@ import os
 import select
 import sys
 
-from agent_bridge import cli
+from agent_bridge.cli.main import main as cli
 from agent_bridge.ipc import protocol
-from agent_bridge.relay import options_from
-from agent_bridge.relaying import connector
+from agent_bridge.relay.main import connector, options_from
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from agent_bridge.daemon import broker as broker_module
+from agent_bridge.broker import state as broker_module
 
 _timings: dict[str, list[int]] = {}
 _handle = broker_module.Broker.handle
@@ -38,6 +38,6 @@ broker_module.Broker.handle = timed_handle  # type: ignore[method-assign]
 broker_module.Broker.status = status_with_timings  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    from agent_bridge.cli import main
+    from agent_bridge.cli.main import main
 
     sys.exit(main(["up"]))

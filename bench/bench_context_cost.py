@@ -88,8 +88,8 @@ def tools_list(env: dict[str, str], cwd: Path) -> dict:
 
 
 def note(home: Path, env: dict[str, str], cwd: Path) -> str:
-    from agent_bridge import domain, paths
-    from agent_bridge.domain import SessionView
+    from agent_bridge.common import domain, paths
+    from agent_bridge.common.domain import SessionView
     from agent_bridge.store.writer import Store
 
     paths.ensure_home(home)

@@ -39,7 +39,7 @@ WORDS = (
 
 def build(db: Path, revisions: int, topics: int, projects: int, seed: int = 6) -> list[str]:
     """Write the rows; returns the project folders."""
-    from agent_bridge import domain
+    from agent_bridge.common import domain
     from agent_bridge.store.ids import new_id
     from agent_bridge.store.writer import Store
 
@@ -106,7 +106,7 @@ BARE_PROJECT = (
 def main() -> None:
     args = c.parse_args(__doc__ or "")
     revisions, topics, projects, loops = (2_000, 200, 10, 20) if args.quick else (100_000, 2_000, 50, 300)
-    from agent_bridge.domain import normalize_query
+    from agent_bridge.common.domain import normalize_query
     from agent_bridge.store import queries, reader
 
     rng = random.Random(9)

@@ -1,6 +1,6 @@
 """hook_post_tool_use: wall time of the PostToolUse hook with nothing waiting, as `install`
 registers it for the user (`python -I -S .../agent_bridge/hooks/quick.py post-tool-use`, whose
-first look is the broker's post box, daemon.pending) (SPEC §3 "Reach" item 1, §9).
+first look is the broker's post box, broker.feeds.postbox) (SPEC §3 "Reach" item 1, §9).
 
 The hook runs after every tool call, so what it costs when no active message waits is what every
 session pays all day. It runs as the hosts run it: the installed `agent-bridge` script, a
@@ -34,7 +34,7 @@ SESSION = "bench-post-tool-use"
 
 def build(db: Path, sessions: int, messages: int) -> str:
     """The measured session's project folder, after filling the database."""
-    from agent_bridge import domain
+    from agent_bridge.common import domain
     from agent_bridge.store.messages import Outgoing
     from agent_bridge.store.writer import Store
 

@@ -101,7 +101,7 @@ import sys, time, trio
 from pathlib import Path
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
-from agent_bridge.rows import Author, Message
+from agent_bridge.common.rows import Author, Message
 try:
     from agent_bridge.store.ids import new_id
     from agent_bridge.store.messages import Outgoing

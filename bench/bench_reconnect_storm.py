@@ -39,7 +39,7 @@ def read_backoff() -> tuple[float, float]:
 async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: int) -> dict:
     import trio
 
-    from agent_bridge import paths
+    from agent_bridge.common import paths
     from agent_bridge.ipc.client import BrokerGone, open_bridge_client
     from agent_bridge.ipc.protocol import RemoteError
 

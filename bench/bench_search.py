@@ -40,7 +40,7 @@ def sentence(rng: random.Random) -> str:
 
 def build(db: Path, messages: int, decisions: int, questions: int, seed: int = 34) -> None:
     """Write the rows (through the triggers, in one transaction)."""
-    from agent_bridge import domain
+    from agent_bridge.common import domain
     from agent_bridge.store.ids import new_id
     from agent_bridge.store.writer import Store
 
@@ -119,7 +119,7 @@ BARE = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid
 def main() -> None:
     args = c.parse_args(__doc__ or "")
     messages, decisions, questions, loops = (2_000, 40, 20, 36) if args.quick else (100_000, 2_000, 500, 600)
-    from agent_bridge import domain
+    from agent_bridge.common import domain
     from agent_bridge.store import reader, search
 
     with c.temp_home() as home:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c  # noqa: E402
 
-from agent_bridge.tools import TOOLS  # noqa: E402 - the tree measured (compare.py's PYTHONPATH)
+from agent_bridge.common.tools import TOOLS  # noqa: E402 - the tree measured (compare.py's PYTHONPATH)
 
 PROJECT = "/bench/footprint"
 TARGET_MS, TARGET_MB = 150.0, 25.0

@@ -36,7 +36,7 @@ def cpu_pct(pid: int, seconds: float) -> float:
 
 
 def main() -> None:
-    from agent_bridge import paths
+    from agent_bridge.common import paths
     from agent_bridge.ipc import blocking
     from agent_bridge.store.writer import Store
 
@@ -63,7 +63,7 @@ def main() -> None:
 
         with c.BrokerProcess(home, env) as broker:
             # the broker loads the sessions' MCP side on a thread once sessions stop joining
-            # (daemon.root._preload_mcp): half a second of CPU that is not the waiters'
+            # (broker.root._preload_mcp): half a second of CPU that is not the waiters'
             time.sleep(SETTLE)
             idle = cpu_pct(broker.pid, window)  # nobody waits
             alone = send_cost()

@@ -80,6 +80,28 @@ def worktree(rev: str) -> Iterator[Path]:
         shutil.rmtree(folder.parent, ignore_errors=True)
 
 
+def interpreter(scratch: Path) -> Path:
+    """This venv seen through a folder of its own (`pyvenv.cfg` and `lib` shared, a `bin` with
+    `python` and an `agent-bridge` of its own), whose console script runs `python -m agent_bridge`:
+    the venv's own script names the current tree's entry point (`agent_bridge.cli.main:main`),
+    which a tree from before the regrouping does not have. Both trees run through the same kind
+    of script, so the comparison stays even."""
+    venv = Path(sys.prefix)
+    view = scratch / "venv"
+    python = view / "bin" / "python"
+    if python.exists():
+        return python
+    (view / "bin").mkdir(parents=True)
+    shutil.copy(venv / "pyvenv.cfg", view / "pyvenv.cfg")
+    (view / "lib").symlink_to(venv / "lib")
+    python.symlink_to(Path(sys.executable).absolute())
+    script = view / "bin" / "agent-bridge"
+    script.write_text(f"#!{python}\nimport runpy\nrunpy.run_module('agent_bridge', run_name='__main__', "
+                      "alter_sys=True)\n", encoding="utf-8")
+    script.chmod(0o755)
+    return python
+
+
 def run_env(tree: Path, home: Path, results: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
     env["PYTHONPATH"] = str(tree)
@@ -95,8 +117,7 @@ def imported_by_relay(tree: Path, scratch: Path) -> Path:
     imported; it is killed as soon as agent_bridge's appears (long before it would start a
     broker of its own, which a relay does after RESTART_AFTER seconds without one).
     """
-    script = Path(sys.executable).with_name("agent-bridge")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "agent_bridge"]
+    command = [str(interpreter(scratch / "probe").with_name("agent-bridge"))]
     env = run_env(tree, scratch / "probe-home", scratch / "probe.jsonl")
     env["PYTHONVERBOSE"] = "1"
     proc = subprocess.Popen(
@@ -125,7 +146,8 @@ def imported_by_relay(tree: Path, scratch: Path) -> Path:
 def run_bench(script: Path, tree: Path, scratch: Path, extra: list[str]) -> dict[str, Any]:
     results = scratch / "results.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(script), *extra], cwd=tree, env=run_env(tree, scratch / "home", results),
+        [str(interpreter(scratch)), str(script), *extra], cwd=tree,
+        env=run_env(tree, scratch / "home", results),
         capture_output=True, text=True, timeout=RUN_TIMEOUT,
     )
     if proc.returncode != 0:

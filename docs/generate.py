@@ -7,7 +7,7 @@ A generated part sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->
 file; only the text between the two markers is replaced, everything around it is written by hand.
 The parts come from the objects the program itself uses: the CLI's argparse parser, the MCP
 server's advertised tools, the dashboard's URL map, the schema's migration steps, the host modules'
-hook answers, and the state folder's file names in `agent_bridge.paths`. (The CLI part is built
+hook answers, and the state folder's file names in `agent_bridge.common.paths`. (The CLI part is built
 from the parser's actions rather than from `--help`, whose layout differs between Python versions
 and terminal widths.)
 """
@@ -81,7 +81,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 
 def cli_reference() -> str:
-    from agent_bridge import cli
+    from agent_bridge.cli import main as cli
 
     parser = cli.build_parser()
     out = [f"`{_usage('agent-bridge', parser)}`", "", *_table(_argument_rows(parser))]
@@ -110,8 +110,8 @@ def _table(rows: list[str]) -> list[str]:
 
 def mcp_tools() -> str:
     """The tools as `tools/list` advertises them (name, description, input schema): the tool
-    table (agent_bridge.tools), which the server lists as it is."""
-    from agent_bridge import tools
+    table (agent_bridge.common.tools), which the server lists as it is."""
+    from agent_bridge.common import tools
 
     out = []
     for tool in tools.TOOLS.values():
@@ -121,7 +121,7 @@ def mcp_tools() -> str:
 
 
 def http_routes() -> str:
-    from agent_bridge.web.app import create_app
+    from agent_bridge.dashboard.app import create_app
 
     app = create_app(Path("/nonexistent"), port=0, token="x")
     rows = []
@@ -172,7 +172,8 @@ def hook_answers() -> str:
 
 
 def home_files() -> str:
-    from agent_bridge import install, ledger, paths
+    from agent_bridge.cli import install
+    from agent_bridge.common import ledger, paths
     from agent_bridge.hosts import edits
 
     names = [
@@ -185,12 +186,15 @@ def home_files() -> str:
     names.append(("ledger.FOLDER", ledger.FOLDER))
     names.append(("ledger.IGNORED", ledger.IGNORED))
     names.extend([("install.BACKUPS", install.BACKUPS), ("hosts.edits.RECORD", edits.RECORD)])
+    from agent_bridge.federation import settings as federation_settings
+
+    names.append(("federation.settings.SEED_NAME", federation_settings.SEED_NAME))
     rows = [f"| `{value}` | `{name}` |" for name, value in names]
     return "\n".join(["| name in the state folder | constant |", "| --- | --- |", *rows]) + "\n"
 
 
 def limits() -> str:
-    from agent_bridge import domain, jsonlimit
+    from agent_bridge.common import domain, jsonlimit
     from agent_bridge.ipc import protocol
 
     rows = [
@@ -215,7 +219,48 @@ def ipc_summary() -> str:
     return "```text\n" + (protocol.__doc__ or "").strip() + "\n```\n"
 
 
+# The package's folders in the order of the layers (pyproject.toml's import-linter contract):
+# the processes of SPEC §1 first, the shared parts they stand on beneath them.
+FOLDER_ORDER = ("cli", "broker", "dashboard", "relay", "hooks", "federation", "store", "ipc", "core", "hosts",
+                "common")
+SUMMARY_MAX = 88  # characters of a module's first docstring sentence shown in the tree
+
+
+def _summary(path: Path) -> str:
+    """The first sentence of a module's docstring, on one line, cut to SUMMARY_MAX."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    cut = re.split(r"(?<=\.)\s", first, maxsplit=1)[0].rstrip(".")
+    return cut if len(cut) <= SUMMARY_MAX else cut[: SUMMARY_MAX - 1].rstrip() + "…"
+
+
+def _tree(folder: Path, depth: int) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    modules = sorted(p for p in folder.glob("*.py") if p.name != "__init__.py")
+    folders = sorted((p for p in folder.iterdir() if (p / "__init__.py").exists()),
+                     key=lambda p: (FOLDER_ORDER.index(p.name) if depth == 0 and p.name in FOLDER_ORDER
+                                    else len(FOLDER_ORDER), p.name))
+    for module in modules:
+        rows.append(("  " * (depth + 1) + module.name, _summary(module)))
+    for sub in folders:
+        rows.append(("  " * (depth + 1) + sub.name + "/", _summary(sub / "__init__.py")))
+        rows += _tree(sub, depth + 1)
+    return rows
+
+
+def package_tree() -> str:
+    """The package as it is on disk: every folder and module with the first sentence of its
+    docstring (docs/architecture.md: the picture of the layout is the tree itself)."""
+    rows = [("agent_bridge/", _summary(REPO / "agent_bridge" / "__init__.py"))]
+    rows += _tree(REPO / "agent_bridge", 0)
+    width = max(len(name) for name, _ in rows) + 2
+    return "```text\n" + "".join(f"{name:<{width}}{text}".rstrip() + "\n" for name, text in rows) + "```\n"
+
+
 PARTS: dict[str, Callable[[], str]] = {
+    "layout": package_tree,
     "limits": limits,
     "ipc": ipc_summary,
     "cli": cli_reference,

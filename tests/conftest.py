@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc import blocking
 
 # A test run never shows notifications on the desktop it runs on: the brokers the tests start

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import ledger, paths
-from agent_bridge.config import Settings
-from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.routing import handle_connection
-from agent_bridge.daemon.storage import serve_store
+from agent_bridge.broker.routing import handle_connection
+from agent_bridge.broker.state import Broker
+from agent_bridge.broker.storage import serve_store
+from agent_bridge.common import ledger, paths
+from agent_bridge.common.config import Settings
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.ipc.listener import serve_unix
 from tests.conftest import wait_for

@@ -22,7 +22,7 @@ import trio
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, method
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import BrokerProcess, call, mcp_session, run_cli, wait_until
 from tests.hostbin import host_program
 

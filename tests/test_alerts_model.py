@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_bridge.common.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
 from agent_bridge.core.alerts import BURST, QUIET_MS, REMIND_AFTER_MS, TEXT_MAX, AlertMachine, one_line
-from agent_bridge.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
 
 T0 = 1_800_000_000_000  # epoch ms: the broker's start
 MINUTE = 60_000

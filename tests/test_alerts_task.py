@@ -1,4 +1,4 @@
-"""The broker's alerts task (daemon/alerts.py) on a real bridge.db, with Trio's mock clock standing in
+"""The broker's alerts task (broker/alerts/task.py) on a real bridge.db, with Trio's mock clock standing in
 for the 15 minutes: it alerts after a commit, wakes by itself when a reminder is due and shows it
 then (not before), reminds nobody of a question answered meanwhile, and a database it cannot read
 makes one log line while the task goes on. `show` is the test's: the desktop side is proved on a
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from agent_bridge.broker.alerts.task import read_snapshot, serve_alerts
 from agent_bridge.core.alerts import REMIND_AFTER_MS
-from agent_bridge.daemon.alerts import read_snapshot, serve_alerts
+from agent_bridge.store.feed import ChangeFeed
 from agent_bridge.store.writer import Store
-from agent_bridge.web.changes import ChangeFeed
 from tests.test_questions_store import _ask, _sessions
 
 T0 = 1_800_000_000_000
@@ -104,7 +104,7 @@ async def test_a_database_it_cannot_read_is_one_log_line_and_the_task_goes_on(
     db.write_bytes(b"not a database" * 100)
     feed, shown = ChangeFeed(), Shown()
     feed.bind()
-    with caplog.at_level(logging.INFO, logger="agent_bridge.daemon"), trio.fail_after(3600):
+    with caplog.at_level(logging.INFO, logger="agent_bridge.broker"), trio.fail_after(3600):
         async with trio.open_nursery() as nursery:
             await nursery.start(alerts_task(db, feed, shown))
             await trio.sleep(60)  # thirty tries

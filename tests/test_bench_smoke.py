@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# serial: the benchmarks load the machine on purpose, and the tests beside them would skew them;
+# nox runs these in its second pass, with nothing else of the suite running.
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("bench_*.py"))
@@ -23,6 +27,7 @@ EXPECTED = {
     "bench_cpu_per_pair.py",
     "bench_decide_fanout.py",
     "bench_decisions_query.py",
+    "bench_federation.py",
     "bench_hook_post_tool_use.py",
     "bench_job_start.py",
     "bench_reach.py",

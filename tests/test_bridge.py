@@ -16,7 +16,7 @@ import pytest
 import trio
 from pydantic import BaseModel, ConfigDict
 
-from agent_bridge import paths, procinfo
+from agent_bridge.common import paths, procinfo
 from agent_bridge.ipc import blocking
 from agent_bridge.store import reader
 from tests.conftest import BrokerProcess, call, call_error, mcp_server_pids, mcp_session, run_cli, wait_for
@@ -143,7 +143,7 @@ async def test_long_poll_wakes_on_arrival(home):
     and the test is the session's relay, so the send goes out only once the poll is provably
     waiting (a task waits on the inbox's arrival event); the poll asks to wait far longer than
     the deadline it must meet."""
-    from agent_bridge.daemon import mcp_host
+    from agent_bridge.common import tools
     from agent_bridge.ipc.client import open_bridge_client
     from tests.test_absorb_offers import broker_in_process
 
@@ -156,7 +156,7 @@ async def test_long_poll_wakes_on_arrival(home):
                 return bridge.arrived.statistics().tasks_waiting == 1
 
             await relay.send(relay_line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-                "name": "inbox", "arguments": {"wait_seconds": mcp_host.INBOX_WAIT_MAX, "peek": True}}}))
+                "name": "inbox", "arguments": {"wait_seconds": tools.INBOX_WAIT_MAX, "peek": True}}}))
             await wait_for(waiting, what="the poll waiting")
             async with open_bridge_client(sock, {"agent": "claude", "project": "/w/lp"}, keepalive=False) as (
                 tx,
@@ -164,7 +164,7 @@ async def test_long_poll_wakes_on_arrival(home):
             ):
                 await tx.request("send", to=me["name"], text="wake up")
             # woken by the arrival, well before its own wait ends
-            with trio.fail_after(mcp_host.INBOX_WAIT_MAX / 2):
+            with trio.fail_after(tools.INBOX_WAIT_MAX / 2):
                 result = json.loads((await relay_answer(relay, 2))["line"])
             await relay.aclose()
     assert [m["text"] for m in json.loads(result["result"]["content"][0]["text"])] == ["wake up"]
@@ -542,7 +542,7 @@ async def test_a_line_nested_too_deep_from_a_relay_client_is_refused_and_the_ses
     """A client speaking the relay protocol for itself (no relay to catch it first) sends a
     `tools/call` whose scope nests 1,500 deep: it gets JSON-RPC -32600 with its id, and the
     session answers its next call."""
-    from agent_bridge import jsonlimit
+    from agent_bridge.common import jsonlimit
     from tests.test_absorb_offers import broker_in_process
 
     deep = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"decide","arguments":' \

@@ -7,10 +7,12 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.broker import control, root
+from agent_bridge.common import config, paths
 from agent_bridge.store.schema import CURRENT_VERSION
 from tests.conftest import CLI, BrokerProcess, run_cli, wait_until
 
@@ -79,6 +81,81 @@ def test_up_detach_starts_one_when_the_lock_it_waited_on_goes_free(env, home, tm
         if waiting.poll() is None:
             waiting.kill()
         run_cli(env, "down")
+
+
+# A broker as `agent-bridge up` runs one (the lock for its whole life, then the real run_broker),
+# held between the two until the test lets it go on: a broker caught starting, for as long as
+# the test needs, with no gap in which the lock is free.
+# (The modules by their names here, so that the script follows them wherever they move.)
+GATED_BROKER = f"""
+import sys
+from functools import partial
+
+import trio
+
+import {config.__name__} as config
+import {paths.__name__} as paths
+from {control.__name__} import BrokerLock
+from {root.__name__} import run_broker
+
+home = paths.writable_home(paths.home())
+assert BrokerLock(home).acquire()
+sys.stdin.readline()  # the test lets it come up
+trio.run(partial(run_broker, home, config.load(home)))
+"""
+
+
+def test_down_waits_for_a_broker_still_starting_then_stops_it(env, home):
+    """`down` while a broker holds the lock and is not ready yet (a relay starting one right
+    after the last one stopped): `down` used to find no broker.json, say none runs, and the
+    broker came up after it and stayed. It waits for that broker, then stops it."""
+    starting = subprocess.Popen([sys.executable, "-c", GATED_BROKER], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    down = None
+    try:
+        wait_until(lambda: paths.lock_holder(home) == starting.pid, what="the starting broker's lock")
+        down = subprocess.Popen([*CLI, "down"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        assert down.stdout is not None and starting.stdin is not None
+        # it saw the broker starting (the lock held, no broker.json) and waits for it
+        said = down.stdout.readline()
+        assert said == f"agent-bridge: a broker (pid {starting.pid}) is starting; waiting for it to stop it\n"
+        assert paths.read_broker_json(home) is None
+        starting.stdin.write("\n")  # now it comes up
+        starting.stdin.flush()
+        out, err = down.communicate(timeout=60)
+        assert down.returncode == 0, err
+        assert f"agent-bridge: broker (pid {starting.pid}) stopped" in out
+        assert starting.wait(timeout=30) == 0, starting.stderr.read() if starting.stderr else ""
+        assert paths.lock_holder(home) is None and not (home / "broker.json").exists()
+    finally:
+        for proc in (starting, down):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def test_down_says_so_when_a_starting_broker_gives_up(env, home):
+    """The lock's holder lets it go without becoming ready (a broker that could not start):
+    `down` stops waiting and says no broker runs."""
+    starting = subprocess.Popen([sys.executable, "-c", GATED_BROKER], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    down = None
+    try:
+        wait_until(lambda: paths.lock_holder(home) == starting.pid, what="the starting broker's lock")
+        down = subprocess.Popen([*CLI, "down"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        assert down.stdout is not None
+        assert "is starting; waiting for it to stop it" in down.stdout.readline()
+        starting.kill()  # it never becomes ready; the kernel lets the lock go
+        starting.wait(timeout=30)
+        out, err = down.communicate(timeout=60)
+        assert (down.returncode, out, err) == (0, "agent-bridge: no broker is running\n", "")
+    finally:
+        for proc in (starting, down):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 def test_a_killed_broker_does_not_block_the_next(env, home):

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from agent_bridge import display
+from agent_bridge.common import display
 from tests.conftest import CLI, BrokerProcess, call, mcp_session, run_cli, wait_until
 
 ESC_TEXT = "Postgres\x1b]0;pwned\x07\x1b[2J\r\u202eevil\x9b"

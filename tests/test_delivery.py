@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import BrokerProcess, wait_for

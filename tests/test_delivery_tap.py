@@ -1,5 +1,5 @@
 """The store's delivery tap (store.tap.DeliveryTap) and the delivery task's reading side
-(daemon.delivery.Backlog, which `deliver` runs): what `send_messages` committed for a
+(broker.delivery.Backlog, which `deliver` runs): what `send_messages` committed for a
 session since its delivery task read the database, pushed without reading it back. Only a
 shortcut: these tests hold the real Backlog, over a real StoreRunner thread and a real SQLite
 file, to "the tap plus the cursor never skip or repeat a committed message"."""
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge.daemon.delivery import Backlog
-from agent_bridge.daemon.storage import StoreCalls, StoreRunner
-from agent_bridge.domain import SessionView
-from agent_bridge.rows import Author, Message
+from agent_bridge.broker.delivery import Backlog
+from agent_bridge.broker.storage import StoreCalls, StoreRunner
+from agent_bridge.common.domain import SessionView
+from agent_bridge.common.rows import Author, Message
 from agent_bridge.store import queries
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.messages import Outgoing

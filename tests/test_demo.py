@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 
-from agent_bridge import paths
-from tests.conftest import run_cli
+from agent_bridge.common import paths
+from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +61,71 @@ def test_demo_with_home_uses_the_running_broker_and_leaves_it(broker, env, home)
     assert "hop 10  passive" in out.stdout  # the running broker's default hop limit
     assert paths.read_broker_json(home)["pid"] == broker.pid  # still running
     assert broker.status()["pid"] == broker.pid
+
+
+def _processes_of(home: Path) -> list[int]:
+    """Live processes (zombies have no environment) working for the state folder `home`: the
+    demo's broker, an `up` or `down` it ran."""
+    mark = b"AGENT_BRIDGE_HOME=" + bytes(home)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if mark in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the processes through /proc")
+@pytest.mark.parametrize("when", ["starting", "running", "waiting"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+async def test_demo_ended_by_a_signal_leaves_no_broker_and_no_folder(env, tmp_path, sig, when):
+    """A closed terminal (SIGHUP), `timeout` or a process manager (SIGTERM) end the demo as Ctrl-C
+    (SIGINT) does: its broker stopped, its temporary folder removed; whether the signal comes
+    while its broker is still starting, while the simulated sessions run, or while it waits for
+    Ctrl-C at the end. Sent, as a terminal and `timeout` send it, to the demo's process group."""
+    e = {k: v for k, v in env.items() if k != "AGENT_BRIDGE_HOME"}
+    e["HOME"] = str(tmp_path)
+    e.pop("XDG_STATE_HOME", None)
+    with trio.fail_after(120):
+        proc = await trio.lowlevel.open_process(
+            [*CLI, "demo"], env=e, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        out = b""
+
+        async def until(text: bytes) -> None:
+            nonlocal out
+            while text not in out:
+                chunk = await proc.stdout.receive_some()
+                assert chunk, f"the demo ended before {text!r}: {out.decode()}"
+                out += chunk
+
+        try:
+            await until(" …\n".encode())
+            home = Path(re.search(r"Starting a broker in (\S+) …", out.decode()).group(1))
+            if when == "running":
+                await until(b"1. Three simulated sessions connected")
+            elif when == "waiting":
+                await until(b"Press Ctrl-C to end the demo.")
+                assert _processes_of(home)  # its broker runs
+            os.killpg(proc.pid, sig)
+            while chunk := await proc.stdout.receive_some():
+                out += chunk
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    said = out.decode()
+    assert code == 0, said  # ended by its own clean-up, not by the signal (a negative code)
+    if when != "starting":  # a signal to the group at the instant `up` starts may end it first
+        assert "Stopped the demo broker." in said
+    assert "Traceback" not in said
+    assert not await trio.Path(home).exists(), said
+    assert _processes_of(home) == [], said

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_bridge import domain
-from agent_bridge.domain import InputError, SessionView, lookup_matches, parse_scope, scope_applies
-from agent_bridge.rows import Decision
+from agent_bridge.common import domain
+from agent_bridge.common.domain import InputError, SessionView, lookup_matches, parse_scope, scope_applies
+from agent_bridge.common.rows import Decision
 from tests.shapes import DECISION_FIELDS
 
 # --- topics and texts ---------------------------------------------------------------

@@ -179,8 +179,8 @@ def test_parts_join_from_the_documented_wire() -> None:
 # --- what other requests queue for a session (Session.notify) --------------------------------
 
 def test_notices_coalesce_per_kind_and_leave_as_the_documented_pushes() -> None:
-    from agent_bridge.daemon.sessions import Session
-    from agent_bridge.rows import Peer
+    from agent_bridge.broker.sessions.session import Session
+    from agent_bridge.common.rows import Peer
 
     session = Session(conn=None, peer=Peer("s1", "blue-fox", "codex", "/w", None, "interactive", 0, 0))  # type: ignore[arg-type]
     session.notify(Acked(["m1"]))

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from agent_bridge import cli, hosts
+from agent_bridge import hosts
+from agent_bridge.cli import main as cli
 from agent_bridge.hooks.common import HookInput
 from agent_bridge.hosts import claude
 from agent_bridge.hosts.base import Host
@@ -172,7 +173,7 @@ def test_claude_queued_prompts_counts_the_transcripts_queue_operations(tmp_path)
 
 
 def test_doctor_says_codex_wakes_by_default_and_when_it_does_not():
-    from agent_bridge.hosts.codex import codex_wake_text
+    from agent_bridge.hosts.codex_doctor import codex_wake_text
 
     default = codex_wake_text(None)
     assert "on by default" in default and "does not fire" in default and "codex exec" in default

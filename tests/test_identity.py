@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store import reader
 from tests.conftest import CLI, BrokerProcess, call, call_error, mcp_session, run_cli, wait_for, wait_until
 
@@ -383,7 +383,7 @@ async def test_another_sessions_address_as_name_is_refused(broker, env, home):
 
 
 def test_names_never_look_like_session_ids():
-    from agent_bridge import domain
+    from agent_bridge.common import domain
 
     for bad in (str(uuid.uuid4()), str(uuid.uuid4()).upper(), uuid.uuid4().hex):
         with pytest.raises(domain.InputError, match="uuid"):

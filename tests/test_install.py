@@ -851,7 +851,7 @@ def test_install_warns_when_the_other_scope_is_installed(user_home, workdir):
     assert "also installed" not in install(env, workdir, "--claude").stderr
 
 
-# --- the owner's slash commands (SPEC §4.6, agent_bridge.slash) ----------------------------
+# --- the owner's slash commands (SPEC §4.6, agent_bridge.hosts.slash) ----------------------------
 
 SLASH_NAMES = ("send", "inbox", "decide", "questions", "answer", "jobs")
 

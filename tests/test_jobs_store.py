@@ -9,7 +9,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge import domain
+from agent_bridge.common import domain
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_JOBS
 from agent_bridge.store.writer import Store
 

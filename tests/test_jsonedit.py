@@ -1,4 +1,4 @@
-"""agent_bridge.jsonedit: a JSON file edited in place parses to the document wanted, and adding
+"""agent_bridge.hosts.jsonedit: a JSON file edited in place parses to the document wanted, and adding
 then removing the same things gives back the original bytes, whatever the file's layout."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_bridge.jsonedit import rewrite
+from agent_bridge.hosts.jsonedit import rewrite
 
 keys = st.text(alphabet="abcdefgh-_ é", min_size=1, max_size=6)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000), st.text(max_size=8))

@@ -1,4 +1,4 @@
-"""agent_bridge.jsonlimit: the one bound on JSON nesting depth (SPEC §8), and the readers of
+"""agent_bridge.common.jsonlimit: the one bound on JSON nesting depth (SPEC §8), and the readers of
 files and lines that go through it. Pure functions, no I/O beyond a temporary folder."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_bridge import hostconfig, jsonlimit, paths
-from agent_bridge.jsonlimit import MAX_DEPTH, NESTED, TooDeep
+from agent_bridge.common import jsonlimit, paths
+from agent_bridge.common.jsonlimit import MAX_DEPTH, NESTED, TooDeep
+from agent_bridge.hosts import hostconfig
 
 
 def nested(depth: int, inner: str = "") -> str:

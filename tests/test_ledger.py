@@ -1,4 +1,4 @@
-"""The acknowledgement ledger's file handling (agent_bridge.ledger): who wrote a file, and what
+"""The acknowledgement ledger's file handling (agent_bridge.common.ledger): who wrote a file, and what
 is not a file of ours."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from agent_bridge import ledger
+from agent_bridge.common import ledger
 
 
 def test_a_file_names_its_writer_by_pid_and_start_time(tmp_path):

@@ -1,4 +1,4 @@
-"""The tool calls the broker serves without the MCP SDK's request path (daemon.mcp_fast) are
+"""The tool calls the broker serves without the MCP SDK's request path (broker.mcp.fast) are
 answered exactly as the SDK answers them: the same bytes on the wire for a result, the same
 words for a failure. Compared with the installed SDK itself, never with our own encoder."""
 
@@ -20,8 +20,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from agent_bridge.daemon.mcp_fast import cancelled_request, error_text, log_line, result_line
-from agent_bridge.daemon.mcp_host import _serve_lines
+from agent_bridge.broker.mcp.fast import cancelled_request, error_text, log_line, result_line
+from agent_bridge.broker.mcp.server import serve_lines as _serve_lines
 from tests.test_delivery import RawHost
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone

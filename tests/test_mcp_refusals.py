@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent_bridge import relay
+from agent_bridge.relay import main as relay
 from tests.conftest import REPO, mcp_session, run_cli, wait_for
 from tests.test_refusals import newer_database
 
@@ -35,7 +35,7 @@ async def test_an_unstartable_broker_is_not_respawned_forever_and_tool_errors_sa
             said = await wait_for(gave_up, timeout=90, interval=0.2, what="the server to give up")
             assert "agent-bridge up" in said
     log = (home / "broker.log").read_text()
-    starts = log.count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
+    starts = log.count("ERROR agent_bridge.broker: bridge.db has schema version 99")
     assert 1 <= starts <= relay.START_ATTEMPTS, log
     assert "Traceback" not in log
     doctor = run_cli(env, "doctor")
@@ -99,7 +99,7 @@ def start_attempts(home: Path) -> int:
         return (
             (home / "broker.log")
             .read_text()
-            .count("ERROR agent_bridge.daemon: bridge.db has schema version 99")
+            .count("ERROR agent_bridge.broker: bridge.db has schema version 99")
         )
     except FileNotFoundError:
         return 0

@@ -1,4 +1,4 @@
-"""The MCP SDK adapter (agent_bridge.mcp_sdk): everything it assumes about the installed SDK
+"""The MCP SDK adapter (agent_bridge.broker.mcp.sdk): everything it assumes about the installed SDK
 holds, and its pipe reports a response as written exactly when the relay says the host's pipe
 has it. An SDK
 upgrade that breaks any of this fails here, loudly, instead of silently stopping delivery."""
@@ -14,7 +14,7 @@ import trio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
-from agent_bridge import mcp_sdk
+from agent_bridge.broker.mcp import sdk as mcp_sdk
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 

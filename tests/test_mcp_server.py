@@ -12,8 +12,8 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge import paths
-from agent_bridge.daemon.mcp_host import codex_thread_id
+from agent_bridge.broker.mcp.observe import codex_thread_id
+from agent_bridge.common import paths
 from tests.conftest import call, mcp_session, run_cli, wait_for, wait_until
 from tests.test_store import build_v2
 
@@ -31,7 +31,8 @@ async def test_tools_and_their_descriptions(broker, env):
             assert "Research the owner's choice before recording it" in tools["decide"].description
             assert "check `decisions` first" in tools["ask_owner"].description
             required_args = {"decide": {"topic", "text"}, "send": {"to", "text"}, "inbox": set(),
-                             "ask_owner": {"question"}, "delegate": {"agent", "task"}, "job": {"id"}}
+                             # `question`, or `withdraw` alone (SPEC §5): the broker refuses neither and both
+                             "ask_owner": set(), "delegate": {"agent", "task"}, "job": {"id"}}
             for name, required in required_args.items():
                 assert set(tools[name].input_schema.get("required", [])) == required
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store.schema import STEPS
 from tests.conftest import run_cli
 

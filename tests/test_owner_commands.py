@@ -14,9 +14,10 @@ import httpx
 import pytest
 import trio
 
-from agent_bridge import __version__, paths
+from agent_bridge import __version__
+from agent_bridge.common import paths
+from agent_bridge.dashboard import auth
 from agent_bridge.store import reader
-from agent_bridge.web import auth
 from tests.conftest import CLI, BrokerProcess, call, mcp_session, run_cli, wait_for, wait_until
 
 pytestmark = pytest.mark.slow

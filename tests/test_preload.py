@@ -34,8 +34,8 @@ def test_the_broker_reaches_ready_without_the_mcp_side() -> None:
     import sys
 
     code = (
-        "import sys; import agent_bridge.daemon.root, agent_bridge.daemon.handlers; "
-        "print(sorted(m for m in ('mcp', 'pydantic', 'agent_bridge.daemon.mcp_host') if m in sys.modules))"
+        "import sys; import agent_bridge.broker.root, agent_bridge.broker.ops.handlers; "
+        "print(sorted(m for m in ('mcp', 'pydantic', 'agent_bridge.broker.mcp.host') if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]", loaded

@@ -63,12 +63,13 @@ def test_no_private_name_is_used_outside_its_module():
 
 def test_the_check_finds_both_forms():
     """The walker itself, on source written for it: an import and an attribute through a module."""
-    source = ("from agent_bridge.paths import _secret\nfrom agent_bridge import domain\n"
+    source = ("from agent_bridge.common.paths import _secret\nfrom agent_bridge.common import domain\n"
               "from agent_bridge.ipc import protocol as p\nx = domain._rule\ny = p.PUBLIC\nz = p._frame\n")
-    modules = {"agent_bridge", "agent_bridge.paths", "agent_bridge.domain", "agent_bridge.ipc",
-               "agent_bridge.ipc.protocol", "agent_bridge.demo"}
-    assert private_uses("agent_bridge.demo", ast.parse(source), modules) == {
-        ("agent_bridge.demo", "agent_bridge.paths", "_secret"),
-        ("agent_bridge.demo", "agent_bridge.domain", "_rule"),
-        ("agent_bridge.demo", "agent_bridge.ipc.protocol", "_frame"),
+    modules = {"agent_bridge", "agent_bridge.common", "agent_bridge.common.paths",
+               "agent_bridge.common.domain", "agent_bridge.ipc", "agent_bridge.ipc.protocol",
+               "agent_bridge.cli.demo"}
+    assert private_uses("agent_bridge.cli.demo", ast.parse(source), modules) == {
+        ("agent_bridge.cli.demo", "agent_bridge.common.paths", "_secret"),
+        ("agent_bridge.cli.demo", "agent_bridge.common.domain", "_rule"),
+        ("agent_bridge.cli.demo", "agent_bridge.ipc.protocol", "_frame"),
     }

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from agent_bridge import procinfo
+from agent_bridge.common import procinfo
 
-PROBE = "import sys; from agent_bridge import procinfo; print(procinfo.{fn}(int(sys.argv[1]))[0].start)"
+PROBE = ("import sys; from agent_bridge.common import procinfo; "
+         "print(procinfo.{fn}(int(sys.argv[1]))[0].start)")
 
 
 def _start_seen_by_another_process(fn: str, pid: int) -> int:
@@ -57,7 +58,8 @@ def test_the_ps_path_gives_the_real_start_in_epoch_seconds(target):
 
 
 def test_lstart_is_parsed_as_local_time():
-    code = "from agent_bridge import procinfo; print(procinfo.lstart_epoch('Mon Nov 30 21:46:35  2026'))"
+    code = ("from agent_bridge.common import procinfo; "
+            "print(procinfo.lstart_epoch('Mon Nov 30 21:46:35  2026'))")
     env = {**os.environ, "TZ": "UTC"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30, check=True

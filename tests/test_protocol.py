@@ -208,8 +208,9 @@ async def test_sending_to_a_closed_peer_is_a_broken_stream():
 def test_every_op_of_the_protocol_table_has_its_broker_handlers_and_no_more():
     """The protocol's op table is the one list: the broker's handlers and the MCP server's
     resend rule derive from it (a handler for an op it lacks, or the reverse, fails loading)."""
-    from agent_bridge import tools
-    from agent_bridge.daemon import broker, handlers
+    from agent_bridge.broker import state as broker
+    from agent_bridge.broker.ops import handlers
+    from agent_bridge.common import tools
 
     assert handlers.MODULES  # the handlers register as their modules load (this test alone, too)
     assert set(broker.SESSION_HANDLERS) == {n for n, op in protocol.OPS.items() if op.session}

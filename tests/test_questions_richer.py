@@ -12,7 +12,7 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge.domain import InputError, SessionView
+from agent_bridge.common.domain import InputError, SessionView
 from agent_bridge.store import question_queries
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_ASK
 from agent_bridge.store.writer import Store
@@ -147,9 +147,20 @@ async def test_ask_owner_with_context_a_recommendation_and_a_wait_through_real_s
 
             # withdraw: the caller leaves askedBy; the last one closes it; not someone else's
             other = (await call(claude, "ask_owner", question="Which region?", topic="region"))["question"]
-            refused = await call_error(codex, "ask_owner", question="-", withdraw=other["id"])
+            refused = await call_error(codex, "ask_owner", withdraw=other["id"])
             assert "not one you asked" in refused
-            gone = (await call(claude, "ask_owner", question="-", withdraw=other["id"]))["question"]
+            # a question, or withdraw, never neither nor both: one line, nothing changed
+            for args in ({}, {"topic": "region"}, {"question": None, "withdraw": None}):
+                said = await call_error(claude, "ask_owner", **args)
+                assert said == ("Error executing tool ask_owner: ask_owner: give `question` to ask, "
+                                "or `withdraw` with your question's id"), said
+            said = await call_error(claude, "ask_owner", question="Which region?", withdraw=other["id"])
+            assert said == ("Error executing tool ask_owner: ask_owner: give `question` to ask, "
+                            "or `withdraw` (your question's id), not both"), said
+            assert "withdraw: give the question's id and nothing else (not topic)" in await call_error(
+                claude, "ask_owner", withdraw=other["id"], topic="region")
+            assert [x["id"] for x in cli_json(env, "questions", "--json")] == [other["id"]]
+            gone = (await call(claude, "ask_owner", withdraw=other["id"]))["question"]
             assert (gone["state"], gone["askedBy"]) == ("withdrawn", [])
             assert [x["id"] for x in cli_json(env, "questions", "--json")] == []
             assert "withdrawn" in cli_refused(env, "answer", other["id"], "eu-west-1")

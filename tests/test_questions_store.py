@@ -7,7 +7,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge.domain import SessionView
+from agent_bridge.common.domain import SessionView
 from agent_bridge.store import queries, question_queries, reader
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.peers import CLI_AUTHOR

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_bridge import domain
-from agent_bridge.domain import InputError
+from agent_bridge.common import domain
+from agent_bridge.common.domain import InputError
 from agent_bridge.store import queries
 from agent_bridge.store.messages import Outgoing, Send, Stored
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_WAKES

@@ -10,7 +10,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
-"""`agent-bridge mcp` as a relay (agent_bridge.relay): a standard-library process that pumps the
-host's JSON-RPC lines to the broker, which serves MCP itself (daemon.mcp_host). Real processes,
+"""`agent-bridge mcp` as a relay (agent_bridge.relay.main): a standard-library process that pumps the
+host's JSON-RPC lines to the broker, which serves MCP itself (broker.mcp.host). Real processes,
 real stdio spoken by hand, a real broker killed with SIGKILL."""
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_bridge import ledger, relay, tools
-from agent_bridge.daemon import mcp_host
+from agent_bridge.broker.mcp import bridge, static
+from agent_bridge.common import ledger, tools
+from agent_bridge.relay import main as relay
 from tests.conftest import run_cli, wait_for
 from tests.reliability.harness import (
     KILLED,
@@ -119,9 +120,9 @@ async def test_the_relay_process_never_imports_trio_the_sdk_or_pydantic(broker, 
 
 def test_the_shipped_static_answers_are_what_the_server_answers():
     """`initialize`, `tools/list` and the error shapes the relay answers with no broker are
-    generated from the real server (`python -m agent_bridge.daemon.mcp_host`), never copied."""
-    assert relay.STATIC.read_text(encoding="utf-8") == mcp_host.static_text(), (
-        "agent_bridge/mcp_static.json is stale: run python -m agent_bridge.daemon.mcp_host"
+    generated from the real server (`python -m agent_bridge.broker.mcp.static`), never copied."""
+    assert relay.STATIC.read_text(encoding="utf-8") == static.static_text(), (
+        "agent_bridge/relay/mcp_static.json is stale: run python -m agent_bridge.broker.mcp.static"
     )
 
 
@@ -211,7 +212,7 @@ async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was
     """The host reads an inbox result, then leaves (closes stdin; or ends the relay with
     SIGTERM, as hosts do) while the broker is paused (SIGSTOP), so it cannot confirm the
     acknowledgement: not within ACK_FLUSH_AT_EXIT, not at all before a signal. The relay exits
-    anyway, and leaves what it showed in the ledger (agent_bridge.ledger) as a process gone:
+    anyway, and leaves what it showed in the ledger (agent_bridge.common.ledger) as a process gone:
     once the broker runs again, the next session of that host is not shown the message again.
 
     Unless the host cancelled that request after the result was written (the cancel crossed
@@ -349,7 +350,7 @@ async def test_text_with_unicode_line_separators_crosses_the_relay_whole(broker,
 async def test_a_request_on_a_relay_connection_is_answered_and_the_session_goes_on(broker, home):
     """After `mcp`, the connection carries relay frames: a request frame there gets an error
     naming the problem (not silence), and the host's next line is still served."""
-    from agent_bridge import paths
+    from agent_bridge.common import paths
     from agent_bridge.ipc import protocol
     from agent_bridge.ipc.stream import FramedStream
 
@@ -439,7 +440,7 @@ def test_a_broker_joining_while_the_relay_answers_initialize_is_handed_that_init
     """The relay answered `initialize` itself; a broker that joins before the relay noted so
     must still get the host's `initialize` (its capabilities: here the channel), not only the
     lines after it."""
-    from agent_bridge import paths
+    from agent_bridge.common import paths
 
     record = paths.read_broker_json(home)
     assert record is not None
@@ -449,7 +450,7 @@ def test_a_broker_joining_while_the_relay_answers_initialize_is_handed_that_init
     joining = JoinsWhileAnsweringInitialize(options, write_end)
     joining.socket_path = record["socket"]
     joining.on_host_line(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": PROTOCOL, "capabilities": {"experimental": {mcp_host.CHANNEL_CAPABILITY: {}}},
+        "protocolVersion": PROTOCOL, "capabilities": {"experimental": {bridge.CHANNEL_CAPABILITY: {}}},
         "clientInfo": {"name": "raw", "version": "1"}}}))
     host_lines(read_end, lambda m: m.get("id") == 1)
     assert joining.link is not None

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_bridge import paths
-from agent_bridge.relay import STATIC
+from agent_bridge.common import paths
+from agent_bridge.relay.main import STATIC
 from tests.conftest import CLI, wait_until
 
 pytestmark = pytest.mark.slow

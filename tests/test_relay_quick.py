@@ -1,5 +1,5 @@
 """A job's MCP server as the broker gives it to the job's host (hosts.edits.mcp_command):
-`python -I -S .../agent_bridge/relay_quick.py mcp --job ...`, which answers the handshake before
+`python -I -S .../agent_bridge/relay/quick.py mcp --job ...`, which answers the handshake before
 it imports anything of the relay, then is the relay in the same process. Real processes, a real
 broker, stdio spoken by hand."""
 
@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 
 import agent_bridge
-from agent_bridge import cli, relay_quick
-from agent_bridge.daemon import mcp_host
+from agent_bridge.broker.mcp import static
+from agent_bridge.cli import main as cli
 from agent_bridge.hosts.edits import mcp_command
-from agent_bridge.relaying.answers import Static
+from agent_bridge.relay import quick as relay_quick
+from agent_bridge.relay.answers import Static
 from tests.conftest import run_cli, wait_until
 
-QUICK = Path(agent_bridge.__file__).parent / "relay_quick.py"
+QUICK = Path(agent_bridge.__file__).parent / "relay" / "quick.py"
 VERSIONS = ("2024-11-05", "2025-06-18", "2025-11-25", "1999-01-01")
 READ_TIMEOUT = 30.0
 
@@ -121,7 +122,7 @@ def test_the_handshake_is_answered_before_anything_of_the_relay_is_imported():
     code = (
         "import sys\n"
         f"sys.path.insert(0, {str(QUICK.parent)!r})\n"
-        "import relay_quick\n"
+        "import quick as relay_quick\n"
         "front = relay_quick.handshake('claude')\n"
         "heavy = sorted(m for m in sys.modules if m.startswith('agent_bridge') or m in "
         "('threading', 'socket', 'logging', 'pathlib', 'subprocess', 'os'))\n"
@@ -158,7 +159,7 @@ def test_the_lists_it_answers_are_the_servers():
         answers = {a["id"]: a["result"] for a in map(json.loads, f.read().splitlines())}
     os.close(host_in)
     assert answers.pop(1)["serverInfo"]["name"] == "agent-bridge"
-    assert answers == {**{m: mcp_host.static_answers()["lists"][m] for m in methods[1:]},
+    assert answers == {**{m: static.static_answers()["lists"][m] for m in methods[1:]},
                        "tools/list": Static("claude").tools_list()}
     assert answers["prompts/list"] == {"prompts": []} and answers["resources/list"] == {"resources": []}
 
@@ -166,7 +167,7 @@ def test_the_lists_it_answers_are_the_servers():
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_its_answers_are_the_relays_answers_with_no_broker(agent, version):
-    """What the script answers is what a relay alone answers (relaying.answers.Static, generated
+    """What the script answers is what a relay alone answers (relay.answers.Static, generated
     from the real server)."""
     host_in, script_in = os.pipe()
     script_out, host_out = os.pipe()

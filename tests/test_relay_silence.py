@@ -9,7 +9,7 @@ import json
 
 import trio
 
-from agent_bridge.daemon.serving import IDLE_TIMEOUT
+from agent_bridge.broker.serving import IDLE_TIMEOUT
 from agent_bridge.ipc.stream import FramedStream
 from tests.test_absorb_offers import broker_in_process
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge.rows import Peer
+from agent_bridge.common.rows import Peer
 from agent_bridge.store import queries
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.messages import Outgoing

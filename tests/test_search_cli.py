@@ -10,7 +10,7 @@ from pathlib import Path
 
 import apsw
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.schema import STEPS, V_SEARCH
 from agent_bridge.store.writer import Store

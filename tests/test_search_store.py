@@ -10,8 +10,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge import domain
-from agent_bridge.domain import SessionView
+from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
 from agent_bridge.store import reader, search
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.messages import Outgoing

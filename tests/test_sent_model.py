@@ -24,9 +24,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
-from agent_bridge import domain
+from agent_bridge.common import domain
+from agent_bridge.common.rows import SentReceipt
 from agent_bridge.core.showing import ACKED
-from agent_bridge.rows import SentReceipt
 from tests.test_showing_model import Delivery
 
 STATE_RANK = {state: i for i, state in enumerate(domain.RECEIPT_STATES)}

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import domain
-from agent_bridge.daemon import ops_messages
+from agent_bridge.broker.ops import messages as ops_messages
+from agent_bridge.common import domain
+from agent_bridge.store.feed import ChangeFeed
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.writer import Store
-from agent_bridge.web.changes import ChangeFeed
 
 EPOCH = 1_800_000_000_000  # the broker's clock at trio time 0
 

@@ -83,7 +83,7 @@ def test_an_answer_cancelled_after_its_write_is_a_repeat_for_the_stop_hook_too()
     """Found by tests/test_sent_model.py: an `inbox` answer on its way, the host reads it and
     cancels the call; the Stop hook then fetches the message. The store has no offer for it yet
     (the connection records its offers when it ends), so the broker's machine must say it may
-    have been shown: `repeats` (daemon.ops_hooks.stop_check asks it)."""
+    have been shown: `repeats` (broker.ops.hooks.stop_check asks it)."""
     m = Showing()
     m.arrive({"id": "m1"})
     m.arrive({"id": "m2"})

@@ -84,7 +84,7 @@ class Delivery(RuleBasedStateMachine):
         self.offered_in_store |= set(offered) | set(written)
 
     def stored_repeat(self, mid: str) -> bool:
-        """Pushed marked (daemon.connection.deliver): offered before in the store, or by this
+        """Pushed marked (broker.connection.deliver): offered before in the store, or by this
         connection (a replay)."""
         offered_here = self.broker is not None and self.broker.state(mid) not in (None, showing.QUEUED)
         return mid in self.offered_in_store or offered_here
@@ -267,7 +267,7 @@ class Delivery(RuleBasedStateMachine):
         fetched = [mid for mid in self.unacked if mid not in busy]
         if not fetched:
             return
-        # as daemon.ops_hooks.stop_check: a repeat as the store or the broker's machine knows it
+        # as broker.ops.hooks.stop_check: a repeat as the store or the broker's machine knows it
         held = self.broker.repeats(fetched)
         messages = [
             dict(self.unacked[m], repeat=True) if self.stored_repeat(m) or m in held else self.unacked[m]

@@ -11,7 +11,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge import paths, slash
+from agent_bridge.common import paths
+from agent_bridge.hosts import slash
 from agent_bridge.store.writer import Store
 from tests.conftest import run_cli
 

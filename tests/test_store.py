@@ -10,7 +10,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge.domain import SessionView
+from agent_bridge.common.domain import SessionView
 from agent_bridge.store import queries, reader
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.schema import CURRENT_VERSION, V1, V2, SchemaTooNew
@@ -228,7 +228,7 @@ def test_a_decide_that_dies_mid_transaction_leaves_nothing(tmp_path):
         f"""
         import os, signal
         from pathlib import Path
-        from agent_bridge.domain import SessionView
+        from agent_bridge.common.domain import SessionView
         from agent_bridge.store.decisions import Recipient
         from agent_bridge.store.writer import Store
         store = Store.open(Path({str(db)!r}))

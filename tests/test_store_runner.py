@@ -1,4 +1,4 @@
-"""The broker's store runner (daemon.storage): where its SQLite work runs.
+"""The broker's store runner (broker.storage): where its SQLite work runs.
 
 Real SQLite files through a VFS that records which thread writes which file: a commit writes
 the WAL, and in WAL mode the database file itself is written only by checkpoints, so the
@@ -14,9 +14,9 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge.daemon import storage
-from agent_bridge.daemon.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
-from agent_bridge.rows import Message
+from agent_bridge.broker import storage
+from agent_bridge.broker.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
+from agent_bridge.common.rows import Message
 from agent_bridge.store.messages import Outgoing, Send
 from agent_bridge.store.writer import Store
 from tests.conftest import wait_for

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from agent_bridge.hosts import codex
-from agent_bridge.hosts.edits import InstallError, finish_toml
+from agent_bridge.hosts import codex_config as codex
+from agent_bridge.hosts.edits import InstallError
+from agent_bridge.hosts.tomledit import finish_toml
 
 # a Codex that needs [features] codex_hooks, and one that reads `hooks`
 OLD, CURRENT = (0, 129, 0), (0, 150, 0)

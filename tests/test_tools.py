@@ -1,4 +1,4 @@
-"""The tool table (agent_bridge.tools) is the one place a tool is defined: the MCP server's
+"""The tool table (agent_bridge.common.tools) is the one place a tool is defined: the MCP server's
 tool list, its argument checks, the protocol's tool ops, the relay's retry rule and advice, the
 shipped static answers and the documented tool list all agree with it."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import trio
 
-from agent_bridge import relay, tools
-from agent_bridge.daemon import mcp_host
+from agent_bridge.broker.mcp import calls, server
+from agent_bridge.common import tools
 from agent_bridge.ipc import protocol
+from agent_bridge.relay import main as relay
 
 REPO = Path(__file__).resolve().parent.parent
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -19,7 +20,7 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
 
 
 def _listed() -> list[dict]:
-    answers = trio.run(mcp_host._serve_lines, mcp_host.build_server(None), "other",  # type: ignore[arg-type]
+    answers = trio.run(server.serve_lines, server.build_server(None), "other",  # type: ignore[arg-type]
                        [INIT, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}], 2)
     return answers[1]["result"]["tools"]
 
@@ -38,7 +39,7 @@ def test_the_shipped_static_answers_list_the_table():
 
 
 def test_every_tool_has_a_body_and_its_op_in_the_protocol():
-    assert set(mcp_host.TOOL_BODIES) == set(tools.TOOLS)
+    assert set(calls.TOOL_BODIES) == set(tools.TOOLS)
     for tool in tools.TOOLS.values():
         if tool.op is None:
             assert tool.body, f"{tool.name}: served without an op, so it needs its own body"
@@ -87,11 +88,13 @@ def test_every_schema_names_its_arguments_types_and_limits():
     assert tools.TOOLS["decide"].schema["properties"]["text"]["maxLength"] == 4000
     assert tools.TOOLS["send"].schema["properties"]["text"]["maxLength"] == 16_000
     wait = tools.TOOLS["inbox"].schema["properties"]["wait_seconds"]
-    assert (wait["minimum"], wait["maximum"]) == (0, mcp_host.INBOX_WAIT_MAX)
+    assert (wait["minimum"], wait["maximum"]) == (0, tools.INBOX_WAIT_MAX)
     ask, decide = tools.TOOLS["ask_owner"].schema["properties"], tools.TOOLS["decide"].schema["properties"]
     assert ask["question"]["maxLength"] == 1000  # SPEC §4.6
     assert (ask["options"]["maxItems"], ask["options"]["items"]) == (10, {"type": "string", "maxLength": 200})
     assert (ask["topic"], ask["scope"]) == (decide["topic"], decide["scope"])
+    # `question` or `withdraw` (SPEC §5): a withdrawal needs no question, so nothing is required
+    assert "required" not in tools.TOOLS["ask_owner"].schema and "withdraw" in ask
 
 
 def test_ask_owner_says_to_look_at_decisions_and_ask_only_what_the_owner_must_decide():

@@ -1,4 +1,4 @@
-"""The wake waiters answered together (daemon.waiters, issue 33 "Waiters at scale"): one query
+"""The wake waiters answered together (broker.feeds.waiters, issue 33 "Waiters at scale"): one query
 per store commit for all of them, and only the waiters whose session got an active message
 wake. On the broker's own commit feed, with Trio's mock clock (no wall-clock waits); then end to
 end: a real broker, 30 real `wait_active` requests and one `agent-bridge send`."""
@@ -16,8 +16,8 @@ import pytest
 import trio
 import trio.testing
 
-from agent_bridge.daemon.waiters import Waiters
-from agent_bridge.web.changes import ChangeFeed
+from agent_bridge.broker.feeds.waiters import Waiters
+from agent_bridge.store.feed import ChangeFeed
 from tests.conftest import run_cli
 
 
@@ -105,7 +105,7 @@ def broker_status(env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_one_send_wakes_exactly_one_of_thirty_real_waiters(env: dict[str, str], home: Path) -> None:
-    from agent_bridge import paths
+    from agent_bridge.common import paths
     from agent_bridge.ipc import blocking
     from agent_bridge.store.writer import Store as Writer
 
@@ -157,7 +157,7 @@ def test_forgetting_a_session_removes_its_waiter_files_but_not_a_live_waiters(
     """A session that never had a waiter (`claude -p`) leaves its busy/idle mark in
     <home>/waiters/; `forget` ends it for good, and its files go. A session whose waiter still
     holds its lock keeps them: its host runs, and the waiter removes them when that ends."""
-    from agent_bridge import marks, paths
+    from agent_bridge.common import marks, paths
     from agent_bridge.store.writer import Store as Writer
 
     paths.ensure_home(home)

@@ -1,5 +1,5 @@
 """What the owner is alerted of (SPEC §4.6 "The owner is told"), with no I/O: the broker's alerts
-task (daemon/alerts.py) reads what bridge.db holds after each commit, feeds it here as a
+task (broker/alerts/task.py) reads what bridge.db holds after each commit, feeds it here as a
 `Snapshot` with the time, and sends the `Alert`s it gets back as desktop notifications.
 
 Rules:
@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from agent_bridge.rows import ALERT_KINDS as KINDS
-from agent_bridge.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
+from agent_bridge.common.rows import ALERT_KINDS as KINDS
+from agent_bridge.common.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
 
 REMIND_AFTER_MS = 15 * 60 * 1000  # SPEC §4.6: a question still open 15 minutes later alerts once more
 TEXT_MAX = 200  # characters of an agent's text an alert carries (SPEC §4.6)

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agent_bridge import domain, jsonlimit
+from agent_bridge.common import domain, jsonlimit, questions
 
 VERSION = 1
 MAX_BODY = 128 * 1024  # bytes of a message, receipt or decision body (16,000 characters fit)
@@ -225,7 +225,7 @@ def decode_decision(body: bytes) -> DecisionEnvelope | RetractionEnvelope:
     if kind == "retraction":
         reason = d.get("reason")
         if reason is not None:
-            reason = _checked(lambda r: domain.normalize_reason(r), reason)
+            reason = _checked(lambda r: questions.normalize_reason(r), reason)
         return RetractionEnvelope(
             id=_id(d, "id"), topic=topic, retracts=_id(d, "retracts"), reason=reason,
             author=_author_of(d, "author"), created_at=_time(d, "createdAt"),

@@ -1,5 +1,5 @@
 """A job's life (SPEC §4.7), with no I/O: which jobs run, which wait, when one is stopped and
-how each run ends. The broker's job supervisor (daemon/jobs.py) feeds it what happened (a job
+how each run ends. The broker's job supervisor (broker/jobs/supervisor.py) feeds it what happened (a job
 was asked for, its process started or exited, the owner cancelled it, time passed, the broker
 goes down) and carries out what it answers: start this job's process, stop that one's process
 group, record and deliver this run's end.

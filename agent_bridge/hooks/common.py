@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import jsonlimit, paths, procinfo
+from agent_bridge.common import jsonlimit, paths, procinfo
 from agent_bridge.hosts.base import HookInput  # (defined beside the hosts, which read it)
 
 BROKER_TIMEOUT = 0.8  # seconds for one broker request: a hook must never hold up its host
@@ -46,7 +46,7 @@ class SessionIdError(HookInputError):
 
 def parse_input(raw: bytes) -> HookInput:
     """Validate the hook's stdin. Raises HookInputError naming what is wrong."""
-    from agent_bridge import domain
+    from agent_bridge.common import domain
 
     if len(raw) > STDIN_MAX:
         raise HookInputError(f"hook input of {len(raw)} bytes exceeds {STDIN_MAX}")

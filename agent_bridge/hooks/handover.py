@@ -6,7 +6,7 @@ as offered when the hook fetches them (`stop_check`), the hook writes its answer
 has the broker acknowledge them (`stop_ack`). A hook that times out or is killed before writing
 acknowledges nothing; one killed between writing and acknowledging shows them again next time,
 marked as a repeat. An acknowledgement the broker cannot take is left in the home folder
-(`agent_bridge.ledger`) for it. Passive messages (hop >= hop limit, every decision notification)
+(`agent_bridge.common.ledger`) for it. Passive messages (hop >= hop limit, every decision notification)
 are never handed over: the broker leaves them out of `stop_check`.
 
 Light (a hook imports it): the standard library, `domain`, `ledger` and the blocking client.
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import domain, ledger, paths, procinfo
+from agent_bridge.common import domain, ledger, paths, procinfo
 from agent_bridge.hooks import common
 
 

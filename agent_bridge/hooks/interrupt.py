@@ -13,7 +13,8 @@ Any failure: exit 0, one line in broker.log. Prints nothing.
 
 from __future__ import annotations
 
-from agent_bridge import paths, procinfo
+from agent_bridge import hosts
+from agent_bridge.common import paths
 from agent_bridge.hooks import common
 
 
@@ -22,7 +23,7 @@ def main(agent: str) -> int:
     try:
         from agent_bridge.hooks import stop
 
-        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        host, chain = hosts.current_host()  # first: before anything in the chain detaches
         raw = common.read_raw()
         hook = common.parse_input(raw)
         stop.arm_waiter(home, agent, hook, raw, host, chain, busy=False, interrupted=True)

@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 
 EVENT = "PostToolUse"
 READ_BUSY_MS = 200  # a locked database costs the tool call at most this long, then no delivery this time
@@ -45,10 +45,10 @@ def main(agent: str, raw: bytes | None = None) -> int:
         raw = sys.stdin.buffer.read(STDIN_MAX + 1) if raw is None else raw
         if not waiting(home, raw):
             return 0
-        from agent_bridge import hosts, procinfo
+        from agent_bridge import hosts
         from agent_bridge.hooks import common, handover
 
-        host, chain = procinfo.current_host()
+        host, chain = hosts.current_host()
         hook = common.parse_input(raw)
         target = hosts.by_name(agent) or hosts.DEFAULT
         handover.hand_over(home, agent, EVENT, hook, host, chain,

@@ -4,7 +4,7 @@ post-tool-use --agent HOST` (what `install` registers where it names this machin
 It runs after every tool call of every session, and nearly always nothing waits. So it starts
 Python without `site` and imports only built-in modules: it reads the hook input, takes the
 `session_id`, and looks for the session's file in the broker's post box (`<home>/pending/`,
-daemon.pending). No file, while a broker keeps the box (`pending/ready`): nothing waits; exit 0
+broker.feeds.postbox). No file, while a broker keeps the box (`pending/ready`): nothing waits; exit 0
 with no output. Otherwise (a file, no box, an input it cannot read this simply) it runs the whole
 hook, `agent_bridge.hooks.post_tool_use`, in this process, with `site` loaded then.
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_bridge import domain, hosts, paths, procinfo
+from agent_bridge import hosts
+from agent_bridge.common import domain, paths, procinfo
 from agent_bridge.hooks import common
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from agent_bridge.rows import Decision
+    from agent_bridge.common.rows import Decision
 
 EVENT = "SessionStart"
 READ_BUSY_MS = 300  # a locked database costs the session start at most this long, then no note
@@ -33,7 +34,7 @@ READ_BUSY_MS = 300  # a locked database costs the session start at most this lon
 def main(agent: str) -> int:
     home = paths.home()
     try:
-        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        host, chain = hosts.current_host()  # first: before anything in the chain detaches
         answer: dict[str, Any] | None = None
         try:
             hook = common.read_input()

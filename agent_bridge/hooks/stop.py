@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent_bridge import hosts, paths, procinfo
+from agent_bridge import hosts
+from agent_bridge.common import paths, procinfo
 from agent_bridge.hooks import common, handover
 
 EVENT = "Stop"
@@ -31,7 +32,7 @@ EVENT = "Stop"
 def main(agent: str) -> int:
     home = paths.home()
     try:
-        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        host, chain = hosts.current_host()  # first: before anything in the chain detaches
         raw = common.read_raw()
         hook = common.parse_input(raw)
         target = hosts.by_name(agent) or hosts.DEFAULT

@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent_bridge import hosts, jsonlimit, paths
+from agent_bridge import hosts
+from agent_bridge.common import jsonlimit, paths
 from agent_bridge.hooks import common
 
 if TYPE_CHECKING:
-    from agent_bridge.rows import Question
+    from agent_bridge.common.rows import Question
 
 READ_BUSY_MS = 200  # a locked database delays the prompt at most this long, then no questions this time
 SHOWN_MAX = 5  # questions in one prompt's note; the rest come with the next prompts
@@ -46,10 +47,9 @@ PROMPTED_KEEP_S = 30 * 86_400  # a host session's record of shown questions, onc
 def main(agent: str) -> int:
     home = paths.home()
     try:
-        from agent_bridge import procinfo
         from agent_bridge.hooks import wake
 
-        host, chain = procinfo.current_host()  # first: before anything in the chain detaches
+        host, chain = hosts.current_host()  # first: before anything in the chain detaches
         hook = common.read_input()
         wake.mark_busy(home, hook, wake.launch_stamp(host, chain))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the prompt goes to the model

@@ -51,7 +51,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import hosts, marks, paths, procinfo
+from agent_bridge import hosts
+from agent_bridge.common import marks, paths, procinfo
 from agent_bridge.hooks import common
 
 EVENT = "Stop"
@@ -74,7 +75,7 @@ def main(agent: str) -> int:
     home = paths.home()
     try:
         given = os.environ.get(HOST_ENV)  # started by a Stop hook (Codex): its host, by pid and start time
-        host, chain = given_host(given) if given else procinfo.current_host()  # before anything detaches
+        host, chain = given_host(given) if given else hosts.current_host()  # before anything detaches
         front = given_host(os.environ.get(FRONT_ENV, ""))[0] if os.environ.get(FRONT_ENV) else None
         hook = common.read_input()
         target = hosts.by_name(agent) or hosts.DEFAULT

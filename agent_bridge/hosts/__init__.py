@@ -11,10 +11,14 @@ Light: the hooks import this package, so it loads only the standard library's ch
 
 from __future__ import annotations
 
+import os
+
+from agent_bridge.common import procinfo
 from agent_bridge.hosts import claude, codex
 from agent_bridge.hosts.base import Check, Host
 
-__all__ = ["ALL", "DEFAULT", "EXCLUSIVE", "NAMES", "Check", "Host", "by_name", "for_process"]
+__all__ = ["ALL", "DEFAULT", "EXCLUSIVE", "NAMES", "Check", "Host", "by_name", "current_host", "find_host",
+           "for_process"]
 
 ALL: tuple[Host, ...] = (claude.HOST, codex.HOST)
 NAMES: tuple[str, ...] = tuple(h.name for h in ALL)
@@ -37,3 +41,25 @@ def for_process(*names: str) -> Host | None:
         if any(n.startswith(host.process_prefixes) for n in lowered):
             return host
     return None
+
+
+def find_host(chain: list[procinfo.Proc], host_pid: int | None = None) -> procinfo.Proc | None:
+    """The nearest agent host in `chain` (or the process AGENT_BRIDGE_HOST_PID names)."""
+    if host_pid is not None:
+        for proc in chain:
+            if proc.pid == host_pid:
+                return proc
+        found = procinfo.describe(host_pid)
+        return found[0] if found else None
+    for proc in chain:
+        if for_process(proc.exe, os.path.basename(proc.argv0)) is not None:
+            return proc
+    return None
+
+
+def current_host(
+    env: dict[str, str] | os._Environ[str] | None = None,
+) -> tuple[procinfo.Proc | None, list[procinfo.Proc]]:
+    """(this process's agent host, its ancestor chain). Call early, before anything detaches."""
+    chain = procinfo.ancestry()
+    return find_host(chain, procinfo.host_override(env)), chain

@@ -2,7 +2,7 @@
 reading the host's files, our hooks and MCP server entry found in them, whether the programs they
 name run and for which state folder, the same hooks at two scopes, the ways of reach (SPEC §3).
 Each host module builds its `Host.doctor_checks` from these; the files are read through
-agent_bridge.hostconfig.
+agent_bridge.hosts.hostconfig.
 
 Beneath the host modules, like hosts.edits (whose registrations these recognise): it imports no
 host module and not the registry.
@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import hostconfig
+from agent_bridge.hosts import hostconfig
 from agent_bridge.hosts.base import FAIL, OK, WARN, Check
 from agent_bridge.hosts.edits import (
     EVENTS,

@@ -17,14 +17,13 @@ Configuration (the files and keys Claude Code documents):
   "Stop hook reported a problem" label and without the "blocking error from command" system
   message that repeats the hook's command line to the model (both seen with 2.1.332): the Stop
   hook answers so when the running Claude Code is that new (`stop_output`).
-- Which Claude Code runs the session: every entry Claude Code writes to the session transcript
-  (`transcript_path` in each hook input) carries `"version"` (seen with 2.1.197 and 2.1.332). The
-  transcript is the running host's own record of itself, so a Stop hook reads it there rather than
-  asking `claude --version` (another install may be on PATH, and it costs a process).
 
 Process: the `claude` program (its process name, seen with Claude Code 2.1.197). One conversation
 per process: `/clear` gives the same process a new session id, which replaces the old one.
 It passes its session id to MCP servers in CLAUDE_CODE_SESSION_ID.
+
+Which Claude Code runs a session, and what its transcript says, is hosts.claude_transcript; what
+doctor checks, hosts.claude_doctor.
 """
 
 from __future__ import annotations
@@ -34,10 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_bridge.hosts.base import (
-    FAIL,
-    OK,
-    SKIP,
-    WARN,
     Check,
     HookInput,
     Host,
@@ -47,15 +42,20 @@ from agent_bridge.hosts.base import (
     json_lines,
     one_line,
 )
+from agent_bridge.hosts.claude_transcript import (
+    ASYNC_REWAKE_SINCE,
+    Version,
+    claude_version,
+    interrupted_at,
+    queued_prompts,
+    stop_takes_context,
+    transcript_version,
+)
 
 if TYPE_CHECKING:
     from agent_bridge.hosts.edits import FileEdit
 
-Version = tuple[int, int, int]
-STOP_CONTEXT_SINCE: Version = (2, 1, 163)  # Stop takes hookSpecificOutput.additionalContext (changelog)
-# `asyncRewake` hooks run in the background and wake the model on exit 2: seen with 2.1.332 (the
-# key is in 2.1.197's settings schema too, but no run of it was seen, so it is not relied on).
-ASYNC_REWAKE_SINCE: Version = (2, 1, 332)
+
 # seconds Claude Code lets the waiter run (its hook `timeout`); it ends with its host anyway
 WAKE_TIMEOUT = 86_400
 # The waiter's Stop handler (agent_bridge/hooks/wake.py). Registered whatever the installed version:
@@ -72,8 +72,6 @@ JOB_HOOK_TIMEOUT = 30  # seconds for a job's SessionStart and PostToolUse hooks
 JOB_SESSION_START = "resume|compact"
 # Every built-in tool that edits files or runs commands (2.1.332's tool names): denied under read.
 READ_DENIED = ("Bash", "Edit", "Write", "NotebookEdit", "MultiEdit", "BashOutput", "KillShell")
-TRANSCRIPT_TAIL = 64 << 10  # bytes read from the end of a transcript per step when looking for a version
-TRANSCRIPT_TAIL_MAX = 4 << 20  # give up (and answer as for an older host) past this much of the tail
 
 
 class Claude(Host):
@@ -112,10 +110,10 @@ class Claude(Host):
 
     def command_edits(self, scope: str, cwd: Path, run: list[str] | None, env: dict[str, str],
                       *, private: bool) -> list[FileEdit]:
-        """The owner's slash commands (agent_bridge.slash): written for `run`, removed when None."""
+        """The owner's slash commands (agent_bridge.hosts.slash): written for `run`, removed when None."""
         import shlex
 
-        from agent_bridge import slash
+        from agent_bridge.hosts import slash
         from agent_bridge.hosts.edits import owned_file_edit
 
         folder = self.commands_folder(scope, cwd)
@@ -191,6 +189,11 @@ class Claude(Host):
             return {"hookSpecificOutput": {"hookEventName": "Stop", "additionalContext": reason}}
         return {"decision": "block", "reason": reason}
 
+    def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
+        from agent_bridge.hosts.claude_doctor import claude_checks
+
+        return claude_checks(home, cwd, self.commands_folder)
+
     def next_step(self, scope: str) -> str:
         return (
             "Claude Code: start a new session (or run /mcp to reconnect); "
@@ -198,85 +201,6 @@ class Claude(Host):
             + "/hooks lists the SessionStart, PostToolUse and Stop hooks; /agent-bridge:inbox, :send, "
             ":questions, :answer, :decide and :jobs run your commands there."
         )
-
-    def doctor_checks(self, home: Path, cwd: Path) -> list[Check]:
-        from agent_bridge.hosts.checks import (
-            SERVER,
-            duplicate_hooks,
-            hooks_check,
-            load_json,
-            registered_events,
-            server_check,
-        )
-
-        user_json = Path.home() / ".claude.json"
-        project_mcp = cwd / ".mcp.json"
-        user_settings = [Path.home() / ".claude" / "settings.json"]
-        project_settings = [cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"]
-        settings = user_settings + project_settings
-        installed = (Path.home() / ".claude").is_dir() or user_json.exists() or project_mcp.exists()
-        if not installed:
-            return [Check("Claude Code", SKIP, "no ~/.claude folder: Claude Code not set up for this user")]
-        server = SERVER
-        fix = "agent-bridge install --claude"
-        candidates: list[tuple[str, Any, str | None]] = []  # (where, entry, parse error)
-        data, error = load_json(user_json)
-        if error:
-            candidates.append((str(user_json), None, error))
-        if data:
-            servers = data.get("mcpServers")
-            if isinstance(servers, dict) and server in servers:
-                candidates.append((f"{user_json} (user scope)", servers[server], None))
-            projects = data.get("projects")
-            local = projects.get(str(cwd)) if isinstance(projects, dict) else None
-            if (
-                isinstance(local, dict)
-                and isinstance(local.get("mcpServers"), dict)
-                and server in local["mcpServers"]
-            ):
-                candidates.append((f"{user_json} (local scope of {cwd})", local["mcpServers"][server], None))
-        data, error = load_json(project_mcp)
-        if error:
-            candidates.append((str(project_mcp), None, error))
-        in_project = bool(data and isinstance(data.get("mcpServers"), dict) and server in data["mcpServers"])
-        if in_project:
-            candidates.append((f"{project_mcp} (project scope)", data["mcpServers"][server], None))  # type: ignore[index]
-        found = [server_check("Claude Code MCP server", candidates, home, fix, env_required=False),
-                 hooks_check("Claude Code hooks", settings, home, fix)]
-        if in_project:
-            found.append(project_approval(cwd, user_json, user_settings + project_settings))
-        found.append(reach(registered_events(settings)))
-        found.append(self.commands_check(cwd, fix))
-        twice = duplicate_hooks(user_settings, project_settings, same_command_runs_once=True)
-        if twice:
-            found.append(
-                Check(
-                    "Claude Code hooks scope",
-                    FAIL,
-                    "registered at user and project scope with different "
-                    "command lines (" + "; ".join(twice) + "): Claude Code runs each of them, so every "
-                    "session runs the hook twice",
-                    "keep one: agent-bridge uninstall --claude --scope project (or --scope user)",
-                )
-            )
-        return found
-
-    def commands_check(self, cwd: Path, fix: str) -> Check:
-        """The owner's slash commands (agent_bridge.slash), at either scope."""
-        from agent_bridge import slash
-
-        name = "Claude Code slash commands"
-        for scope in ("user", "project"):
-            folder = self.commands_folder(scope, cwd)
-            paths = [slash.command_path(folder, n) for n in slash.COMMANDS]
-            ours = [p for p in paths
-                    if p.is_file() and slash.is_ours(p.read_text(encoding="utf-8", errors="replace"))]
-            if len(ours) == len(paths):
-                return Check(name, OK, f"/{slash.NAMESPACE}:{', :'.join(slash.COMMANDS)} ({scope} scope)")
-            if ours:
-                missing = ", ".join(p.name for p in paths if p not in ours)
-                return Check(name, WARN, f"{scope} scope lacks {missing} in {folder / slash.NAMESPACE}", fix)
-        return Check(name, WARN, f"none installed (/{slash.NAMESPACE}:send, :inbox, …)", fix)
 
     # --- jobs (SPEC §4.7): `claude -p`, the bridge on its command line ---------------------
 
@@ -352,229 +276,6 @@ class Claude(Host):
                     report.failed = one_line(str(text or event.get("subtype") or "the run failed"))
                 report.answer = text if isinstance(text, str) else ""
         return report
-
-
-
-
-def claude_version() -> Version | None:
-    """The version of the `claude` on PATH ("2.1.332 (Claude Code)"), or None."""
-    import shutil
-
-    from agent_bridge.hosts.base import version_output
-
-    printed = version_output(shutil.which("claude"))
-    return parse_version(printed) if printed is not None else None
-
-
-def reach(registered: set[str], version: Version | None = None, *, asked: bool = False) -> Check:
-    """doctor's line on which reach paths (SPEC §3) Claude Code will use, for the installed
-    version (`claude --version`; the Stop hook itself decides per session from its transcript)."""
-    from agent_bridge.hosts.checks import reach_check
-
-    version = version if asked else claude_version()
-    shown = ".".join(map(str, version)) if version else None
-    if version is None:
-        stop = (
-            "additionalContext on Claude Code 2.1.163 and later, "
-            "else the block decision (no claude on PATH to ask)"
-        )
-    elif stop_takes_context(version):
-        stop = f"additionalContext, no error label (Claude Code {shown})"
-    else:
-        stop = f"the block decision, shown as a hook error (Claude Code {shown} is older than 2.1.163)"
-    if "wake" not in registered or "user-prompt-submit" not in registered:
-        wake = (
-            "no (the waiter's Stop and UserPromptSubmit hooks are not both registered: "
-            "run agent-bridge install)"
-        )
-    elif version is not None and version < ASYNC_REWAKE_SINCE:
-        wake = f"no (Claude Code {shown}: the waiter needs 2.1.332 or later)"
-    else:
-        wake = "the asyncRewake waiter (interactive sessions; not claude -p)"
-    return reach_check("Claude Code", registered, stop, wake)
-
-
-def stop_takes_context(version: Version | None) -> bool:
-    """Whether this Claude Code version takes `additionalContext` on Stop (unknown: no)."""
-    return version is not None and version >= STOP_CONTEXT_SINCE
-
-
-def parse_version(text: object) -> Version | None:
-    """"2.1.332" (or "2.1.332 (Claude Code)") -> (2, 1, 332); None for anything else."""
-    if not isinstance(text, str):
-        return None
-    parts = text.strip().split(" ", 1)[0].split(".")
-    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
-        return None
-    return int(parts[0]), int(parts[1]), int(parts[2])
-
-
-def transcript_version(path: str) -> Version | None:
-    """The version of the Claude Code that last wrote this session transcript (JSON lines, each
-    entry Claude Code writes carrying `"version"`), from its newest complete line that has one;
-    None when there is no such line (or no readable file)."""
-    import json
-
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            end = f.seek(0, 2)
-            size = min(end, TRANSCRIPT_TAIL)
-            while True:
-                f.seek(end - size)
-                lines = f.read(size).split(b"\n")
-                if size < end:
-                    lines = lines[1:]  # the first one may be cut
-                for line in reversed(lines):
-                    if b'"version"' not in line:
-                        continue
-                    try:
-                        entry = json.loads(line)
-                    except ValueError:
-                        continue
-                    version = parse_version(entry.get("version")) if isinstance(entry, dict) else None
-                    if version is not None:
-                        return version
-                if size >= end or size >= TRANSCRIPT_TAIL_MAX:
-                    return None
-                size = min(end, size * 4)
-    except OSError:
-        return None
-
-
-def tail_lines(path: str) -> list[bytes]:
-    """The whole lines in the last TRANSCRIPT_TAIL bytes of a transcript; [] when unreadable."""
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as f:
-            end = f.seek(0, 2)
-            f.seek(max(0, end - TRANSCRIPT_TAIL))
-            lines = f.read(TRANSCRIPT_TAIL).split(b"\n")
-    except OSError:
-        return []
-    return lines[1:] if end > TRANSCRIPT_TAIL else lines  # the first one may be cut
-
-
-def interrupted_at(path: str) -> float:
-    """When the last turn cut short by Esc was (epoch seconds), from the `interruptedMessageId`
-    entries in the last TRANSCRIPT_TAIL bytes of the transcript; 0.0 when none or unreadable."""
-    import json
-    from datetime import datetime
-
-    for line in reversed(tail_lines(path)):
-        if b'"interruptedMessageId"' not in line:
-            continue
-        try:
-            entry = json.loads(line)
-            stamp = entry["timestamp"]
-            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return 0.0
-
-
-def queued_prompts(path: str) -> int:
-    """How many prompts wait in the session's queue, from the `queue-operation` entries in the
-    last TRANSCRIPT_TAIL bytes of its transcript ("enqueue" adds one; "dequeue" and "remove" take
-    one; a "dequeue" of what was queued before the tail counts for nothing). 0 when unreadable."""
-    import json
-
-    lines = tail_lines(path)
-    pending = 0
-    for line in lines:
-        if b'"queue-operation"' not in line:
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or entry.get("type") != "queue-operation":
-            continue
-        operation = entry.get("operation")
-        if operation == "enqueue":
-            pending += 1
-        elif operation in ("dequeue", "remove"):
-            pending = max(0, pending - 1)
-        elif operation == "clear":
-            pending = 0
-    return pending
-
-
-def project_approval(cwd: Path, user_json: Path, settings: list[Path]) -> Check:
-    """Whether Claude Code will start the `.mcp.json` server here, from the records Claude Code
-    2.1.197 writes and reads (seen with the real CLI: its approval dialog writes
-    `enabledMcpjsonServers`, `enableAllProjectMcpServers` or `disabledMcpjsonServers` to
-    `.claude/settings.local.json`; the same keys in `~/.claude/settings.json`,
-    `.claude/settings.json` and `~/.claude.json` `projects[<folder>]` count too; a rejection wins
-    over an approval; a folder whose trust dialog was not accepted stays pending; `claude mcp
-    list` shows "Pending approval" until both hold). Pending is a warning, not a failure: an
-    interactive session asks for the approval at its start, and a `claude -p` run starts the
-    server without it (seen with 2.1.197); only a rejection keeps every session from it."""
-    from agent_bridge.hosts.checks import SERVER, load_json
-
-    server = SERVER
-    name = "Claude Code project server"
-    sources: list[tuple[str, dict[str, Any]]] = []
-    for path in settings:
-        data, _ = load_json(path)
-        if data:
-            sources.append((str(path), data))
-    data, _ = load_json(user_json)
-    projects = data.get("projects") if data else None
-    entry = projects.get(str(cwd)) if isinstance(projects, dict) else None
-    if isinstance(entry, dict):
-        sources.append((f"{user_json} (projects[{cwd}])", entry))
-
-    def listed(key: str) -> list[str]:
-        return [where for where, d in sources if isinstance(d.get(key), list) and server in d[key]]
-
-    rejected = listed("disabledMcpjsonServers")
-    if rejected:
-        return Check(
-            name,
-            FAIL,
-            f'the .mcp.json server "{server}" was rejected ({", ".join(rejected)})',
-            f'enable it with /mcp in Claude Code, or remove "{server}" from disabledMcpjsonServers there',
-        )
-    approved = listed("enabledMcpjsonServers") + [
-        w for w, d in sources if d.get("enableAllProjectMcpServers") is True
-    ]
-    fix = (f'start `claude` in {cwd}, trust the folder and choose "Use this MCP server" '
-           "(Claude Code records it in .claude/settings.local.json), or approve it with /mcp")
-    if not approved:
-        return Check(
-            name,
-            WARN,
-            f'"{server}" in {cwd / ".mcp.json"} is pending approval: an interactive Claude '
-            "Code session asks for it and does not start it until you approve it",
-            fix,
-        )
-    trusted = [
-        p
-        for p in (cwd, *cwd.parents)
-        if isinstance(projects, dict)
-        and isinstance(projects.get(str(p)), dict)
-        and projects[str(p)].get("hasTrustDialogAccepted") is True
-    ]
-    if not trusted:
-        return Check(
-            name,
-            WARN,
-            f"approved, but {cwd} is not a trusted folder in {user_json}: an interactive "
-            "Claude Code session keeps the server pending until you trust the folder",
-            fix,
-        )
-    if trusted[0] != cwd:
-        return Check(
-            name,
-            WARN,
-            f"approved; the folder trust is recorded for {trusted[0]}, not {cwd}, and Claude "
-            "Code may still treat the server as pending",
-            fix,
-        )
-    return Check(name, OK, f"approved in {approved[0]}")
 
 
 HOST = Claude()

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc import peercred, protocol
 
 try:  # the C module: `socket` builds its enums at import, ~2 ms of every hook run (SPEC §9)

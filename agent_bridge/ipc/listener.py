@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc import peercred
 
 log = logging.getLogger("agent_bridge.ipc")

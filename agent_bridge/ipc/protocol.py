@@ -23,7 +23,7 @@ A hello for a host session id another connection holds with an equal or stronger
 the error code "refused" (try again later), not "bad_request" (fix the request).
 
 An `agent-bridge mcp` relay's first request is `mcp`, with hello's arguments and answer; the
-broker then serves the MCP session of the relay's host itself (daemon.mcp_host), and the
+broker then serves the MCP session of the relay's host itself (broker.mcp.host), and the
 connection carries the host's JSON-RPC lines, not requests (ipc.frames has them as types):
 
 Relay -> broker:  {"v":1, "relay": "line", "line": "<one JSON-RPC line from the host>"}
@@ -59,7 +59,7 @@ import json
 import struct
 from typing import Any, NamedTuple
 
-from agent_bridge import jsonlimit, tools
+from agent_bridge.common import jsonlimit, tools
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
@@ -69,8 +69,8 @@ HEADER = struct.Struct(">I")
 
 class Op(NamedTuple):
     """Where a request may come and what resending it does. The broker's handlers (in the
-    daemon.ops_* modules, registered with daemon.broker's `session_op` and `control_op`) are
-    checked against this table when they load (daemon.handlers)."""
+    broker.ops modules, registered with broker.state's `session_op` and `control_op`) are
+    checked against this table when they load (broker.ops.handlers)."""
 
     session: bool  # answered on a session's connection (after `hello`)
     control: bool  # answered as a control request (hooks, the command line)
@@ -78,7 +78,7 @@ class Op(NamedTuple):
 
 
 # Every request of the protocol: the one list to extend for a new op. A tool's op comes from
-# its entry in agent_bridge.tools (a session's request; a control request too for the CLI's).
+# its entry in agent_bridge.common.tools (a session's request; a control request too for the CLI's).
 OPS: dict[str, Op] = {
     "hello": Op(session=False, control=False, idempotent=False),  # turns a connection into a session's
     "mcp": Op(session=False, control=False, idempotent=False),  # the same, for a relay: the broker serves MCP
@@ -312,7 +312,7 @@ def push(kind: str, **fields: Any) -> dict[str, Any]:
 
 class Refused(Exception):
     """The broker will not take this session now: another connection holds its host session id
-    with an equal or stronger claim (daemon.identity). Answered with the error code "refused":
+    with an equal or stronger claim (broker.sessions.identity). Answered with the error code "refused":
     the client tries again later."""
 
 

@@ -29,7 +29,7 @@ class FramedStream:
         self._socket = (
             stream.socket if isinstance(stream, trio.SocketStream) and sys.platform != "win32" else None
         )
-        self.last_read = trio.current_time()  # when bytes last came in (daemon.connection's idle check)
+        self.last_read = trio.current_time()  # when bytes last came in (broker.connection's idle check)
 
     async def receive(self) -> dict[str, Any] | None:
         """The next frame, or None at end of stream. Raises ProtocolError on a bad frame."""
@@ -107,7 +107,7 @@ class FramedStream:
     async def _send_bytes(self, data: bytes, timeout: float) -> None:  # noqa: ASYNC109
         # Uncontended, the lock is taken without yielding: the frame goes on the wire in the same
         # scheduling step that produced it, so an answer leaves right after its commit
-        # (daemon.storage.StoreRunner relies on it) and a send costs one trip through the
+        # (broker.storage.StoreRunner relies on it) and a send costs one trip through the
         # scheduler, not two. Contended, wait in line.
         try:
             self._send_lock.acquire_nowait()

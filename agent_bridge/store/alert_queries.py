@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import apsw
 
-from agent_bridge.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
+from agent_bridge.common.rows import JOB, MESSAGE, QUESTION, Cursor, Event, OpenQuestion, Snapshot
 from agent_bridge.store.job_queries import ENDED
 from agent_bridge.store.queries import CLI_ID, has_table, question_sql
 

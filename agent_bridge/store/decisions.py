@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from agent_bridge import domain
-from agent_bridge.domain import Scope, SessionView
-from agent_bridge.rows import Decision, Retraction
+from agent_bridge.common import domain
+from agent_bridge.common.domain import Scope, SessionView
+from agent_bridge.common.rows import Decision, Retraction
 from agent_bridge.store import queries
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.messages import Messages
@@ -188,6 +188,7 @@ class Decisions(Messages):
         caller_addresses: Iterable[str] = (),
         history: bool = False,
         topic: str | None = None,
+        project_key: str | None = None,
     ) -> list[Decision]:
         return queries.query_decisions(
             self.conn,
@@ -196,6 +197,7 @@ class Decisions(Messages):
             caller_addresses=caller_addresses,
             history=history,
             topic=topic,
+            project_key=project_key,
         )
 
     def retractions(self, topics: Sequence[str]) -> list[Retraction]:

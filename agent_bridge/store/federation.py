@@ -25,10 +25,10 @@ import enum
 import json
 from collections.abc import Callable, Sequence
 
-from agent_bridge import domain
+from agent_bridge.common import domain
+from agent_bridge.common.rows import Author, Message
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
-from agent_bridge.rows import Author, Message
 from agent_bridge.store import federation_queries as fq
 from agent_bridge.store import queries
 from agent_bridge.store.decisions import Decisions, Recipient
@@ -339,6 +339,37 @@ class Federation(Decisions):
             )
 
     # --- the outbox -----------------------------------------------------------------------------
+
+    # --- reads for the broker (its federation task, `peers`, `send`, `federation status`) --------
+
+    def remote_sessions(self, now: int) -> list[fq.RemoteSession]:
+        return fq.remote_sessions(self.conn, now)
+
+    def remote_session(self, name: str, machine: str, now: int) -> fq.RemoteSession | None:
+        """The session `name@machine` addresses: an announced one, else one known only as the
+        sender of a message or the author of a decision here (a reply reaches it all the same)."""
+        found = fq.remote_session(self.conn, name, machine, now)
+        if found is not None:
+            return found
+        row = self.conn.execute(
+            "SELECT id, remote_id, name, agent, project, project_key, kind, remote_state FROM peers "
+            "WHERE machine = ? AND (name = ? OR remote_id = ?) AND forgotten_at IS NULL "
+            "ORDER BY last_seen_at DESC LIMIT 1",
+            (machine, name, name),
+        ).fetchone()
+        if row is None:
+            return None
+        pid, rid, pname, agent, project, key, kind, said = row
+        heard = self.conn.execute("SELECT heard_at FROM machines WHERE name = ?", (machine,)).fetchone()
+        heard_at = None if heard is None else heard[0]
+        return fq.RemoteSession(pid, rid, pname, agent, project, key, kind, machine,
+                                fed.session_state(said, heard_at, now), heard_at)
+
+    def machines(self) -> list[fq.Machine]:
+        return fq.machines(self.conn)
+
+    def outbox_stats(self) -> fq.OutboxStats:
+        return fq.outbox_stats(self.conn)
 
     def outbox_rows(self) -> list[fed.OutboxRow]:
         """Every row, for core.federation.Outbox.restore."""

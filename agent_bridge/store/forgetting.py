@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agent_bridge.rows import Forgotten
+from agent_bridge.common.rows import Forgotten
 from agent_bridge.store import queries
 from agent_bridge.store.peers import CLI_AUTHOR, Peers
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import apsw
 
-from agent_bridge.rows import Author, JobRow
+from agent_bridge.common.rows import Author, JobRow
 from agent_bridge.store.queries import has_table
 
 ENDED = ("finished", "failed", "cancelled", "interrupted")

@@ -9,7 +9,7 @@ parent, so every delivery path carries it and it waits durably when the parent i
 
 from __future__ import annotations
 
-from agent_bridge.rows import JobRow
+from agent_bridge.common.rows import JobRow
 from agent_bridge.store import job_queries
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.queries import LISTED_PEERS
@@ -34,7 +34,7 @@ class JobRecords(Questions):
     def job_note(self, project: str, addresses: frozenset[str]) -> list[str]:
         """The pinned decisions a job in `project` starts with (as the SessionStart note shows
         them): one `topic: text` line each, newest first, and a last line when there are more."""
-        from agent_bridge import domain
+        from agent_bridge.common import domain
         from agent_bridge.store.queries import note_decisions
 
         shown, total = note_decisions(self.conn, project, caller_addresses=set(addresses),

@@ -11,7 +11,7 @@ from pathlib import Path
 import apsw
 import apsw.bestpractice
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, user_version
 
 _bestpractice_applied = False

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable
 
-from agent_bridge import domain
-from agent_bridge.domain import SessionView
-from agent_bridge.rows import Peer
+from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
+from agent_bridge.common.rows import Peer
 from agent_bridge.store import queries
 from agent_bridge.store.base import StoreBase
 from agent_bridge.store.ids import new_id, now_ms

@@ -12,9 +12,9 @@ from typing import Any
 
 import apsw
 
-from agent_bridge import domain
-from agent_bridge.domain import Scope
-from agent_bridge.rows import (
+from agent_bridge.common import domain
+from agent_bridge.common.domain import Scope
+from agent_bridge.common.rows import (
     Author,
     Decision,
     Message,
@@ -224,6 +224,8 @@ def message_from_row(conn: apsw.Connection, values: tuple[Any, ...], *, repeat: 
         # Only a job's session is named so: other messages never pay for this lookup.
         job = has_table(conn, "job_events") and conn.execute(
             "SELECT 1 FROM job_events WHERE message_id = ?", (mid,)).fetchone() is not None
+    if from_id and "@" in from_id and from_name:  # another machine's session (SPEC §10): its address
+        from_name = f"{from_name}@{from_id.rsplit('@', 1)[1]}"
     kind = ("decision" if decision_id else "retraction" if retraction is not None
             else "answer" if question is not None else "job" if job else "message")
     return Message(

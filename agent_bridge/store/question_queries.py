@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import apsw
 
-from agent_bridge.rows import Question
+from agent_bridge.common.rows import Question
 from agent_bridge.store.queries import has_table, question_from_row, question_sql
 
 

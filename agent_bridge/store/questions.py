@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import apsw
 
-from agent_bridge import domain
-from agent_bridge.domain import InputError, Scope, SessionView
-from agent_bridge.rows import Decision, Question
+from agent_bridge.common import domain
+from agent_bridge.common.domain import InputError, Scope, SessionView
+from agent_bridge.common.rows import Decision, Question
 from agent_bridge.store import queries, question_queries
 from agent_bridge.store.decisions import Decisions, Recipient
 from agent_bridge.store.ids import new_id

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import apsw
 
-from agent_bridge.rows import Author
+from agent_bridge.common.rows import Author
 from agent_bridge.store.queries import has_table
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_SEARCH, SchemaError, user_version
 

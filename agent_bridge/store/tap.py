@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from agent_bridge.rows import Message, Queued
+from agent_bridge.common.rows import Message, Queued
 
 TAP_LIMIT = 1000  # messages a tap holds before it closes and its session reads the database
 

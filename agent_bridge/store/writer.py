@@ -1,7 +1,7 @@
 """The broker's store: the only writer of bridge.db (SPEC §7).
 
 Every method is synchronous and is one transaction. The broker calls them on a worker thread
-(`daemon.storage.StoreRunner`), never on the Trio event loop.
+(`broker.storage.StoreRunner`), never on the Trio event loop.
 
 `Store` is one object composed of one class per concern, each in its own module:
 store.peers (sessions and their identity), store.messages (messages and receipts),
@@ -47,7 +47,7 @@ class Store(Forgetting, JobRecords, Federation):
     ) -> Store:
         """Open (creating if needed) and migrate to the current version, backing up first.
 
-        `fault`: the broker's test-only crash points (daemon.faults); a no-op otherwise."""
+        `fault`: the broker's test-only crash points (broker.faults); a no-op otherwise."""
         apply_bestpractice()
         existed = path.exists()
         if existed:

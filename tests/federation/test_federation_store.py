@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_bridge import domain
+from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
-from agent_bridge.domain import SessionView
 from agent_bridge.store import federation_queries as fq
 from agent_bridge.store import queries
 from agent_bridge.store.federation import Applied
@@ -111,8 +111,9 @@ def test_a_message_arrives_once_and_its_receipts_come_back(laptop: Store, devbox
     assert devbox.apply_remote_message("laptop", message, T0 + 2) is Applied.NEW
     assert devbox.apply_remote_message("laptop", message, T0 + 3) is Applied.REPEAT  # redelivered
     [got] = devbox.unacked(codex)
-    assert (got.id, got.text, got.sender.name) == (mid, "review please?", "claude-app")
-    assert got.sender.id.endswith("@laptop")
+    # shown by its address on its machine (SPEC §10: `from.machine` and `name@machine`)
+    assert (got.id, got.text, got.sender.name) == (mid, "review please?", "claude-app@laptop")
+    assert got.sender.id.endswith("@laptop") and got.sender.to_json()["machine"] == "laptop"
     assert devbox.conn.execute("SELECT machine FROM messages WHERE id = ?", (mid,)).fetchone()[0] == "laptop"
     assert list(outbox(devbox, fed.RCPT)) == [f"{mid}/stored"]  # answered, once
 

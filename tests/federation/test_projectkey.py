@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge.projectkey import normalize_remote, origin_in_config, project_key
+from agent_bridge.common.projectkey import normalize_remote, origin_in_config, project_key
 
 SAME = [
     "git@github.com:Org/Repo.git",

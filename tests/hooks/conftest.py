@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_bridge import domain, paths
-from agent_bridge.domain import Scope, SessionView
+from agent_bridge.common import domain, paths
+from agent_bridge.common.domain import Scope, SessionView
 from agent_bridge.store.writer import Store
 
 SCRIPT = Path(sys.executable).with_name("agent-bridge")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import BrokerProcess, call, mcp_session, wait_for, wait_until
 from tests.hooks.conftest import hook_env, note_of, run_hook
 

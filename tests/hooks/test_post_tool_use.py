@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import wait_for
@@ -210,7 +210,7 @@ async def test_parallel_hooks_hand_a_message_over_once(broker, env, home, projec
 def test_the_light_path_keeps_the_shared_limits():
     """post_tool_use and the store reader hold copies of two limits so that the path taken when
     nothing waits imports neither `hooks.common` nor `domain`."""
-    from agent_bridge import domain
+    from agent_bridge.common import domain
     from agent_bridge.hooks import common, post_tool_use
 
     assert post_tool_use.STDIN_MAX == common.STDIN_MAX

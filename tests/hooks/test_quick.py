@@ -1,6 +1,6 @@
 """The PostToolUse hook as `install` registers it where it names this machine's interpreter:
 `python -I -S .../agent_bridge/hooks/quick.py post-tool-use --agent HOST`, whose first look is
-the broker's post box (`<home>/pending/`, daemon.pending) instead of bridge.db."""
+the broker's post box (`<home>/pending/`, broker.feeds.postbox) instead of bridge.db."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import agent_bridge
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.hooks import quick
 from agent_bridge.ipc.client import open_bridge_client
 from tests.conftest import wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agent_bridge import domain, paths
+from agent_bridge.common import domain, paths
 from tests.hooks.conftest import build_db, hook_env, log_lines, note_of, run_hook
 
 SID = "hs-7f3a"  # the host's session_id
@@ -248,7 +248,7 @@ def test_identity_report_is_left_for_the_next_broker(hook_home, project):
 
 IMPORT_PROBE = """
 import json, sys
-from agent_bridge.cli import main
+from agent_bridge.cli.main import main
 rc = main(["hook", sys.argv[1], "--agent", "claude"])
 with open(sys.argv[2], "w") as f:
     json.dump({"rc": rc, "modules": sorted(sys.modules)}, f)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.hooks.conftest import build_db, hook_env, log_lines, run_hook
 
 SID = "hs-stop-1"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import ledger, paths
+from agent_bridge.common import ledger, paths
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
 from tests.conftest import wait_for

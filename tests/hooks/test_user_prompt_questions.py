@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent_bridge import paths
-from agent_bridge.domain import SessionView
+from agent_bridge.common import paths
+from agent_bridge.common.domain import SessionView
 from agent_bridge.store.peers import CLI_AUTHOR
 from agent_bridge.store.writer import Store
 from tests.hooks.conftest import HOOK, hook_env

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import paths, procinfo
+from agent_bridge.common import paths, procinfo
 from agent_bridge.hooks import wake
 from agent_bridge.ipc.client import open_bridge_client
 from tests.conftest import wait_for

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc.client import open_bridge_client
 from tests.conftest import call, mcp_session, wait_for
 from tests.hooks.conftest import full_pipe

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from agent_bridge import tools
+from agent_bridge.common import tools
 from agent_bridge.store import reader
 from tests.hostbin import CLAUDE_OFFLINE_ENV
 from tests.hosts import clis
@@ -301,7 +301,7 @@ class World:
         this Codex's app-server, as doctor does). The TUI starts an app-server daemon that
         outlives it: `open_world` ends it. `resume`: `codex resume THREAD` (a second TUI of the
         world finds the folder and the hooks trusted already)."""
-        from agent_bridge.hosts import codex as codex_host
+        from agent_bridge.hosts import codex_doctor as codex_host
 
         folder = cwd or self.project
         env = {

@@ -16,7 +16,9 @@ from tests.hooks.conftest import waiter_locks_held
 from tests.hosts.conftest import Tui, World, claude_system_texts, plan, poll_until
 from tests.hosts.models import GATE
 
-pytestmark = pytest.mark.slow
+# serial: a TUI under tmux, read from its screen as a person would, shares the machine with no
+# other test (nox runs these in its second pass).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def ready(world: World, tui: Tui, sid: str) -> bool:

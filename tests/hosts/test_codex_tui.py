@@ -16,7 +16,9 @@ from agent_bridge.hooks import wake
 from tests.hosts.conftest import GATE_STEP, Tui, World, codex_messages, plan, poll_until
 from tests.hosts.test_claude_tui import waiters_held
 
-pytestmark = pytest.mark.slow
+# serial: a TUI under tmux, read from its screen as a person would, shares the machine with no
+# other test (nox runs these in its second pass).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def tui_ready(world: World, tui: Tui, count: int = 1) -> None:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.hosts.conftest import World
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store import job_queries, reader
 from tests.hosts.conftest import (
     GATE_STEP,

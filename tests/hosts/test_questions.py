@@ -24,7 +24,9 @@ from tests.hosts.conftest import (
 from tests.hosts.test_claude_tui import exit_tui, ready
 from tests.hosts.test_codex import DEPRECATED, codex_complaints, thread_of
 
-pytestmark = pytest.mark.slow
+# serial: the owner types in Claude Code's TUI under tmux, shares the machine with no
+# other test (nox runs these in its second pass).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 QUESTION = "Which queue should the jobs service use?"
 

@@ -5,7 +5,7 @@ block, allowed by its own `allowed-tools`. The model is handed the CLI's output 
 to show it; what the owner typed reaches the CLI as typed, never read by a shell; a command that
 fails shows its one-line error to the owner, and the model gets nothing.
 
-Codex 0.171 has no custom prompts (agent_bridge/slash.py), so install writes nothing there; its
+Codex 0.171 has no custom prompts (agent_bridge/hosts/slash.py), so install writes nothing there; its
 TUI's shell mode (`!agent-bridge …`) is what the README offers instead."""
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def test_the_model_cannot_run_the_owners_commands(world: World) -> None:
     assert json.loads(world.bridge("decisions", "--json").stdout) == []
 
 
+@pytest.mark.serial  # Codex's TUI under tmux (see tests/hosts/test_codex_tui.py)
 def test_codex_0171_has_no_custom_prompts_to_install(world: World) -> None:
     """Why install writes no Codex prompts: Codex removed custom prompts in 0.117, and 0.171's TUI
     refuses `/prompts:NAME` for a prompt file where older releases read them (`$CODEX_HOME/prompts`).

@@ -1,1 +1,1 @@
-"""The relay's parts (agent_bridge.relaying), driven directly: no broker, no threads, time an argument."""
+"""The relay's parts (agent_bridge.relay), driven directly: no broker, no threads, time an argument."""

@@ -1,11 +1,11 @@
-"""The host's input (agent_bridge.relaying.host_io) on a real pipe: its lines, the end of each
+"""The host's input (agent_bridge.relay.host_io) on a real pipe: its lines, the end of each
 read, and what a signal's handler finds unread at every step."""
 
 from __future__ import annotations
 
 import os
 
-from agent_bridge.relaying.host_io import HostInput, write_all
+from agent_bridge.relay.host_io import HostInput, write_all
 
 
 def test_lines_of_one_read_then_a_mark_and_every_line_is_found_unread_until_handled():

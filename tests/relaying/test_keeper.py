@@ -1,12 +1,12 @@
-"""The connection keeper's decisions (agent_bridge.relaying.keeper) under a mock clock: when to
+"""The connection keeper's decisions (agent_bridge.relay.keeper) under a mock clock: when to
 start a broker, how long to wait between tries, what a refusal and a failed start leave behind."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent_bridge.relaying import keeper as k
-from agent_bridge.relaying.keeper import Keeper
+from agent_bridge.relay import keeper as k
+from agent_bridge.relay.keeper import Keeper
 
 FILES = ((1, 2, 3), None)  # the start files' identity, as paths.start_files_identity gives it
 

@@ -1,4 +1,4 @@
-"""The broker connection (agent_bridge.relaying.link) over a real socket pair: queued frames go
+"""The broker connection (agent_bridge.relay.link) over a real socket pair: queued frames go
 in one write, before anything sent after them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import PING, Written, line_frames, read_relay, relay_frame
-from agent_bridge.relaying.link import Link
+from agent_bridge.relay.link import Link
 
 
 def frames_on(sock: socket.socket, count: int) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The relay's one-thread pump (agent_bridge.relaying.pump) over a real pipe (the host's input)
+"""The relay's one-thread pump (agent_bridge.relay.pump) over a real pipe (the host's input)
 and a real socket pair (the broker connection), driven one `step` at a time: what it hands the
 relay, the wake-up when another thread hands it a connection, the ping and the stall, and
 sends that never wait."""
@@ -15,15 +15,15 @@ from typing import Any
 
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import PING, Line, RelayFrame, read_relay
-from agent_bridge.relaying.host_io import HostInput, write_all
-from agent_bridge.relaying.link import Link
-from agent_bridge.relaying.pump import Pump
+from agent_bridge.relay.host_io import HostInput, write_all
+from agent_bridge.relay.link import Link
+from agent_bridge.relay.pump import Pump
 
 KEEPALIVE = 15.0
 
 
 class Relay:
-    """The relay as the pump sees it (relaying.pump.Pumped), recording what it is handed."""
+    """The relay as the pump sees it (relay.pump.Pumped), recording what it is handed."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()

@@ -1,4 +1,4 @@
-"""The `initialize` replay rule (agent_bridge.relaying.replay): what a joining broker hears
+"""The `initialize` replay rule (agent_bridge.relay.replay): what a joining broker hears
 first, and which answers are not the host's."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from agent_bridge.core import showing
-from agent_bridge.relaying.replay import Replay
+from agent_bridge.relay.replay import Replay
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {"experimental": {"claude/channel": {}}}}}

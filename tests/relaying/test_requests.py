@@ -1,4 +1,4 @@
-"""The requests in flight (agent_bridge.relaying.requests), with time an argument: what waits,
+"""The requests in flight (agent_bridge.relay.requests), with time an argument: what waits,
 what is resent after a lost connection, what is answered as maybe done; and, through every
 interleaving hypothesis finds, that no request is answered twice or forgotten."""
 
@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from agent_bridge.relaying.requests import CALL_TIMEOUT, Request, Requests, request_of
+from agent_bridge.relay.requests import CALL_TIMEOUT, Request, Requests, request_of
 
 
 def call(rid: Any, tool: str, **arguments: Any) -> Request:

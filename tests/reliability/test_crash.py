@@ -1,7 +1,7 @@
 """SPEC §8: a crash (kill -9) at any point loses no committed message, receipt or decision,
 never half-commits a decide, and a broker restart resumes every delivery; MCP servers survive
 it and reconnect. The broker kills itself at a named point (AGENT_BRIDGE_FAULT, see
-agent_bridge/daemon/faults.py) while real MCP server processes keep working; the MCP servers
+agent_bridge/broker/faults.py) while real MCP server processes keep working; the MCP servers
 start the next broker themselves."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.store.schema import CURRENT_VERSION
 from tests.conftest import CLI, BrokerProcess, call, mcp_session, wait_for
 from tests.reliability.harness import (

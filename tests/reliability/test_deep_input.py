@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent_bridge import jsonlimit
+from agent_bridge.common import jsonlimit
 from agent_bridge.ipc import blocking, protocol
 from tests.conftest import run_cli
 from tests.test_delivery import RawHost
@@ -183,7 +183,7 @@ def test_a_deeply_nested_config_is_one_line(env, home):
 def test_nothing_here_imports_trio_in_the_helper():
     """The one depth helper is standard library only (the relay and the hooks import it)."""
     code = (
-        "import sys, agent_bridge.jsonlimit; "
+        "import sys, agent_bridge.common.jsonlimit; "
         "print(sorted(m for m in ('trio', 'mcp', 'quart') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

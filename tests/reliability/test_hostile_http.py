@@ -21,14 +21,14 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_bridge import domain
+from agent_bridge.common import domain
+from agent_bridge.dashboard import auth
+from agent_bridge.dashboard.app import FORBIDDEN_CSP
+from agent_bridge.dashboard.server import serve_dashboard
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.writer import Store
-from agent_bridge.web import auth
-from agent_bridge.web.app import FORBIDDEN_CSP
-from agent_bridge.web.server import serve_dashboard
 from tests.reliability.harness import TrioThread
 from tests.reliability.test_hostile_input import FUZZ
 

@@ -21,7 +21,7 @@ import trio
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent_bridge import config
+from agent_bridge.common import config
 from agent_bridge.ipc import blocking, protocol
 from agent_bridge.ipc.client import open_bridge_client
 from tests.conftest import BrokerProcess, mcp_session, wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
@@ -249,7 +249,7 @@ async def test_tokenless_connections_from_another_uid_cannot_exhaust_the_broker(
             os.waitpid(child, 0)  # noqa: ASYNC222 - it has written its result: it is exiting
     finally:
         broker.kill()
-    from agent_bridge.web.server import MAX_CONNECTIONS
+    from agent_bridge.dashboard.server import MAX_CONNECTIONS
 
     assert "raised" not in result, result
     assert held < 200 + MAX_CONNECTIONS, f"the broker holds {held} descriptors with {FLOOD} idle clients"
@@ -265,7 +265,7 @@ async def test_tokenless_connections_from_another_uid_cannot_exhaust_the_broker(
 def test_the_servers_own_error_answers_carry_the_security_headers(broker, request_bytes, status):
     import socket
 
-    from agent_bridge.web.auth import SECURITY_HEADERS
+    from agent_bridge.dashboard.auth import SECURITY_HEADERS
 
     port = int(broker.status()["web"].rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:

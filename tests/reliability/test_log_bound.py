@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge import paths
-from agent_bridge.daemon import control
+from agent_bridge.broker import control
+from agent_bridge.common import paths
 from tests.conftest import run_cli, wait_until
 
 

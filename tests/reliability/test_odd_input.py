@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_bridge import cli
-from agent_bridge.daemon import control  # noqa: F401 - imported before the fork to `nobody`
+from agent_bridge.broker import control  # noqa: F401 - imported before the fork to `nobody`
+from agent_bridge.cli import main as cli
 from agent_bridge.ipc import blocking
 from tests.conftest import run_cli
 from tests.reliability.test_permissions import as_nobody, needs_root

@@ -12,7 +12,7 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge import domain, paths
+from agent_bridge.common import domain, paths
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.schema import CURRENT_VERSION

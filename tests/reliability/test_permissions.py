@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import CLI, run_cli, wait_until
 from tests.reliability.harness import all_cmdlines
 

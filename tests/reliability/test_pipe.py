@@ -25,12 +25,12 @@ import pytest
 import trio
 import trio.testing
 
-from agent_bridge import paths
-from agent_bridge.config import Settings
-from agent_bridge.daemon import root
-from agent_bridge.daemon.broker import Broker
-from agent_bridge.daemon.routing import handle_connection
-from agent_bridge.daemon.storage import serve_store
+from agent_bridge.broker import root
+from agent_bridge.broker.routing import handle_connection
+from agent_bridge.broker.state import Broker
+from agent_bridge.broker.storage import serve_store
+from agent_bridge.common import paths
+from agent_bridge.common.config import Settings
 from agent_bridge.ipc import blocking, client, pipe
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.ipc.listener import serve_unix

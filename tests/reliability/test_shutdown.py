@@ -12,7 +12,7 @@ import subprocess
 import apsw
 import pytest
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from tests.conftest import CLI, wait_until
 from tests.reliability.test_surrogates import raw_frame
 from tests.test_pipelining import read_frames

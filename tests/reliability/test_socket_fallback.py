@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent_bridge import paths
+from agent_bridge.common import paths
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.client import BrokerGone, open_bridge_client
 from tests.conftest import run_cli, wait_until

@@ -18,9 +18,9 @@ import apsw
 import pytest
 import trio
 
-from agent_bridge import paths
-from agent_bridge.config import Settings
-from agent_bridge.daemon.root import run_broker
+from agent_bridge.broker.root import run_broker
+from agent_bridge.common import paths
+from agent_bridge.common.config import Settings
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.ipc.protocol import RemoteError
 from tests.reliability.faultvfs import FaultyVFS

@@ -19,9 +19,9 @@ import trio
 from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, chromium_page
 from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts
 
+from agent_bridge.dashboard import auth
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store import reader
-from agent_bridge.web import auth
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60

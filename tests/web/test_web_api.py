@@ -10,8 +10,8 @@ import pytest
 import trio
 from webfixtures import OTHER, PROJECT, TIMEOUT, Facts, Running
 
-from agent_bridge.web import auth
-from agent_bridge.web.app import FORBIDDEN_CSP
+from agent_bridge.dashboard import auth
+from agent_bridge.dashboard.app import FORBIDDEN_CSP
 from tests.shapes import DECISION_FIELDS
 
 API_PATHS = [

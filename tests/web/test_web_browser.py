@@ -17,11 +17,11 @@ import pytest
 import trio
 from webfixtures import OTHER, PROJECT, BrokerInProcess, Facts, Running, start_dashboard
 
-from agent_bridge import domain
+from agent_bridge.common import domain
+from agent_bridge.dashboard.standalone import write_open_page
 from agent_bridge.ipc import blocking
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.writer import Store
-from agent_bridge.web.standalone import write_open_page
 
 pytestmark = pytest.mark.slow
 
@@ -453,7 +453,7 @@ async def test_page_polls_while_the_stream_is_refused_then_goes_live(
     nursery: trio.Nursery, web_home: Path, facts: Facts
 ) -> None:
 
-    from agent_bridge.web.app import STREAMS_PER_CLIENT
+    from agent_bridge.dashboard.live import STREAMS_PER_CLIENT
 
     with trio.fail_after(BROWSER_TIMEOUT):
         running = await start_dashboard(nursery, web_home, live={facts.peers["claude-proj"]["id"]})

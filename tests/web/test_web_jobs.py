@@ -20,11 +20,11 @@ import trio
 from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, chromium_page
 from webfixtures import BrokerInProcess, start_dashboard
 
-from agent_bridge import domain, procinfo
+from agent_bridge.common import domain, procinfo
+from agent_bridge.dashboard import auth
 from agent_bridge.store import reader
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.writer import Store
-from agent_bridge.web import auth
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow

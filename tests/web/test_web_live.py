@@ -20,12 +20,12 @@ import pytest
 import trio
 from webfixtures import PROJECT, TIMEOUT, BrokerInProcess, Facts, Running, start_dashboard
 
+from agent_bridge.dashboard import auth
+from agent_bridge.dashboard import live as web_app
 from agent_bridge.ipc.client import open_bridge_client
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.writer import Store
-from agent_bridge.web import app as web_app
-from agent_bridge.web import auth
 from tests.shapes import DECISION_FIELDS
 
 
@@ -319,7 +319,7 @@ async def test_a_watcher_that_breaks_ends_the_stream_not_the_dashboard(
 ) -> None:
     """Standalone, a failure watching bridge.db (here an unexpected error from the check,
     injected) is logged; the stream ends, so the page polls, and the dashboard keeps serving."""
-    from agent_bridge.web import changes
+    from agent_bridge.dashboard import changes
 
     def broken(self: object) -> tuple[int | None, int | None]:
         raise ValueError("injected: the watcher cannot read")
@@ -337,7 +337,7 @@ async def test_a_watcher_that_breaks_ends_the_stream_not_the_dashboard(
 async def test_retraction_notices_are_notices_and_a_retracted_topic_keeps_its_receipts(
     dashboard: Running, facts: Facts
 ) -> None:
-    from agent_bridge import domain
+    from agent_bridge.common import domain
 
     claude = facts.peers["claude-proj"]
     author = domain.SessionView(claude["id"], claude["name"], claude["project"], claude["hostSessionId"])

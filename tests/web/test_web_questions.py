@@ -19,8 +19,8 @@ import trio
 from test_web_browser import ARTIFACTS, BROWSER_TIMEOUT, chromium_page
 from webfixtures import OTHER, PROJECT, BrokerInProcess
 
+from agent_bridge.dashboard import auth
 from agent_bridge.ipc.client import open_bridge_client
-from agent_bridge.web import auth
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent_bridge.dashboard import reads
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.writer import Store
-from agent_bridge.web import reads
 
 
 def test_two_copies_for_one_session_are_one_entry_pending_until_both_are_acknowledged(tmp_path: Path) -> None:

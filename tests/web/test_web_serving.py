@@ -13,8 +13,14 @@ import pytest
 import trio
 from webfixtures import TIMEOUT, build_database, start_dashboard
 
-from agent_bridge.web import server
-from agent_bridge.web.server import DEFAULT_PORT, PORT_ENV, DashboardError, requested_port, serve_dashboard
+from agent_bridge.dashboard import server
+from agent_bridge.dashboard.server import (
+    DEFAULT_PORT,
+    PORT_ENV,
+    DashboardError,
+    requested_port,
+    serve_dashboard,
+)
 
 
 def refused(port: int) -> bool:
@@ -116,6 +122,7 @@ def occupy(port: int) -> socket.socket | None:
     return sock
 
 
+@pytest.mark.serial  # the fixed default port: no other test of the suite may take it meanwhile
 async def test_default_port_falls_back_to_a_free_one_when_taken(
     nursery: trio.Nursery, web_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,7 +197,7 @@ async def test_the_token_is_never_logged(web_home: Path, caplog: pytest.LogCaptu
             nursery.cancel_scope.cancel()
     # Everything the server side logged (the test's own HTTP client logs its request URLs).
     server_side = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
-    assert any(r.name == server.LOGGER for r in server_side), "Hypercorn logs through agent_bridge.web"
+    assert any(r.name == server.LOGGER for r in server_side), "Hypercorn logs through agent_bridge.dashboard"
     text = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in server_side)
     assert running.token not in text
     assert running.token[::-1] not in text

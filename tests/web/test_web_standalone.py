@@ -24,7 +24,7 @@ from webfixtures import (
     start_standalone,
 )
 
-from agent_bridge.web.standalone import OPEN_PAGE
+from agent_bridge.dashboard.standalone import OPEN_PAGE
 
 pytestmark = pytest.mark.slow
 

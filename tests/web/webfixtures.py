@@ -17,15 +17,15 @@ import apsw
 import httpx
 import trio
 
-from agent_bridge import domain, paths
-from agent_bridge.config import Settings
+from agent_bridge.common import domain, paths
+from agent_bridge.common.config import Settings
+from agent_bridge.dashboard import auth
+from agent_bridge.dashboard.server import serve_dashboard
 from agent_bridge.store import schema
 from agent_bridge.store.decisions import Recipient
 from agent_bridge.store.ids import now_ms
 from agent_bridge.store.messages import Outgoing
 from agent_bridge.store.writer import Store
-from agent_bridge.web import auth
-from agent_bridge.web.server import serve_dashboard
 
 AGENT_BRIDGE = Path(sys.prefix) / "bin" / "agent-bridge"  # the installed console script
 TIMEOUT = 30  # seconds: the fail_after guard of every test doing I/O
@@ -248,7 +248,7 @@ class BrokerInProcess:
         self._done: trio.Event | None = None
 
     async def start(self, nursery: trio.Nursery, *, web_port: int = 0) -> dict[str, Any]:
-        from agent_bridge.daemon.root import run_broker  # the broker's imports: only where used
+        from agent_bridge.broker.root import run_broker  # the broker's imports: only where used
 
         paths.ensure_home(self.home)
         ready, done, scope = trio.Event(), trio.Event(), trio.CancelScope()

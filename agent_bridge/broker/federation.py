@@ -1,0 +1,400 @@
+"""The federation task (SPEC §10): one task of the broker's serving nursery, started when
+config.toml has [federation]. It owns the hub connection (federation.transport, nats-py on an
+asyncio loop of its own thread) and carries out core.federation's two machines; bridge.db stays
+the record of truth, the hub only carries.
+
+- Sending: every row of the store's outbox (a message to another machine's session, committed
+  with it; a receipt going back; a decision or retraction for the team) is handed to the
+  `Outbox` machine, and published as it says, with the row's id as `Nats-Msg-Id`. A PubAck or an
+  unknown outcome goes back to the machine; its marks (relayed, unconfirmed, done) to the store.
+  The task follows the store's commit feed like the broker's other followers, at most one look
+  per GAP (receipts and the team's decisions are queued then), and is kicked at once by a send to
+  another machine.
+- Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
+  consumer, applies each delivery in one transaction (by id: a repeat stores nothing), and only
+  after that commit acks it to the stream (`Inbound`); a body this machine can never store is
+  logged and terminated; a store failure acks nothing, so the hub delivers it again.
+- Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
+  the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
+  shows its sessions offline: core.federation.session_state).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from agent_bridge.broker.ops.decisions import decision_recipients
+from agent_bridge.broker.state import Broker
+from agent_bridge.common import domain, marks
+from agent_bridge.common.projectkey import project_key
+from agent_bridge.core import envelopes as env
+from agent_bridge.core import federation as fed
+from agent_bridge.federation import subjects
+from agent_bridge.federation.errors import FederationError
+from agent_bridge.federation.settings import FederationSettings
+from agent_bridge.federation.transport import Incoming, Transport, open_transport
+from agent_bridge.store.decisions import Recipient, host_key
+from agent_bridge.store.federation import Applied
+from agent_bridge.store.feed import Following
+from agent_bridge.store.ids import now_ms
+
+log = logging.getLogger("agent_bridge.federation")
+
+GAP = 0.2  # seconds at least between two looks at the outbox after commits (a kick comes at once)
+POLL = 1.0  # seconds between looks without a commit feed (a broker without one: tests)
+FETCH_BATCH = 64  # deliveries pulled at once
+FETCH_WAIT = 1.0  # seconds a pull waits on the hub for its first delivery (a long poll there)
+RETRY = 1.0  # seconds after a receive loop's failure (the hub away, the store busy) before it pulls again
+PRESENCE_EVERY = 30.0  # seconds between two announcements of an unchanged presence
+PRESENCE_LOOK = 1.0  # seconds between looks at whether this machine's sessions changed
+PRESENCE_READ = 2.0  # seconds between reads of the other machines' presence
+
+
+@dataclass
+class Federation:
+    """The broker's side of the team: what `federation status` and `peers` ask of it."""
+
+    broker: Broker
+    settings: FederationSettings
+    transport: Transport
+    outbox: fed.Outbox = field(default_factory=fed.Outbox)
+    inbound: fed.Inbound = field(default_factory=fed.Inbound)
+    ready: trio.Event = field(default_factory=trio.Event)  # connected once and the streams exist
+    last_error: str | None = None
+    last_error_at: int | None = None
+    _kick: trio.Event = field(default_factory=trio.Event)
+    _tokens: dict[int, Incoming] = field(default_factory=dict)
+    _next_token: int = 0
+    _presence_seq: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def machine(self) -> str:
+        return self.settings.machine
+
+    def kick(self) -> None:
+        """A row was committed to the outbox (a send to another machine): look now."""
+        self._kick.set()
+
+    def error(self, what: str, exc: BaseException) -> None:
+        self.last_error, self.last_error_at = f"{what}: {exc}", now_ms()
+        log.warning("federation: %s: %s", what, exc)
+
+    def status(self) -> dict[str, Any]:
+        hub = self.transport.status
+        return {
+            "machine": self.machine,
+            "team": self.settings.team,
+            "url": self.settings.url,
+            "connected": hub.connected,
+            "since": None if hub.since is None else int(hub.since * 1000),
+            "lastError": hub.last_error or self.last_error,
+            "lastErrorAt": (int(hub.last_error_at * 1000) if hub.last_error_at is not None
+                            else self.last_error_at),
+            "reconnects": hub.reconnects,
+        }
+
+    # --- the hub connection ------------------------------------------------------------------
+
+    async def keep_connected(self) -> None:
+        """Connect (nats-py retries for ever), make sure of the streams, then follow the
+        connection's ups and downs into the outbox machine."""
+        await self.transport.connect()
+        while True:
+            try:
+                await self.transport.ensure_streams()
+                break
+            except FederationError as exc:
+                self.error("the hub's streams", exc)
+                await trio.sleep(RETRY)
+        self.outbox.hub_connected(now_ms())
+        self.ready.set()
+        self.kick()
+        connected = True
+        while True:
+            status = await self.transport.status_changed()
+            if status.connected and not connected:
+                self.outbox.hub_connected(now_ms())
+                self.kick()
+            elif not status.connected and connected:
+                self.outbox.hub_disconnected(now_ms())
+                self.inbound.hub_disconnected()
+            connected = status.connected
+
+    # --- sending --------------------------------------------------------------------------------
+
+    async def send_outbox(self) -> None:
+        """Queue what commits made due, hand new rows to the machine, publish what it says."""
+        db = self.broker.db
+        self.outbox.restore(await db.outbox_rows(), now_ms())
+        known = {(row.kind, row.id) for row in await db.outbox_rows()}
+        async with trio.open_nursery() as publishing:
+            with Following(self.broker.changes, POLL) as commits:
+                while True:
+                    seen = commits.seen()
+                    now = now_ms()
+                    await db.queue_receipt_updates(now)
+                    await db.queue_team_decisions(now, project_key)
+                    rows = await db.outbox_rows()
+                    for row in rows:
+                        if (row.kind, row.id) not in known:
+                            self.outbox.queued(row, now)
+                    known = {(row.kind, row.id) for row in rows}
+                    for action in self.outbox.tick(now_ms()):
+                        if isinstance(action, fed.Publish):
+                            publishing.start_soon(self._publish, action)
+                        else:
+                            await self._carry_out(action)
+                    due = self.outbox.next_due()
+                    within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
+                    await self._wait(commits, seen, within)
+
+    async def _wait(self, commits: Following, seen: int, within: float) -> None:
+        """Until a kick, or `within` seconds, or a commit after `seen` (looked at GAP apart)."""
+        kicked = self._kick
+        async with trio.open_nursery() as race:
+
+            async def on_kick() -> None:
+                await kicked.wait()
+                race.cancel_scope.cancel()
+
+            async def on_commit() -> None:
+                await commits.beyond(seen, within)
+                if commits.seen() != seen:
+                    await trio.sleep(GAP)
+                race.cancel_scope.cancel()
+
+            race.start_soon(on_kick)
+            race.start_soon(on_commit)
+        if kicked.is_set():
+            self._kick = trio.Event()
+
+    async def _publish(self, action: fed.Publish) -> None:
+        item = await self.broker.db.outbox_item(action.kind, action.id)
+        if item is None:  # done meanwhile (a message's receipt came): nothing to publish
+            now = now_ms()
+            done = (self.outbox.receipt(action.id, fed.STORED, now) if action.kind == fed.MSG
+                    else self.outbox.published(action.kind, action.id, now))
+            await self._carry_all(done)
+            return
+        machine, body = item
+        team, me = self.settings.team, self.machine
+        if action.kind == fed.MSG and machine is not None:
+            subject = subjects.msg(team, me, machine)
+        elif action.kind == fed.RCPT and machine is not None:
+            subject = subjects.rcpt(team, me, machine)
+        else:
+            subject = subjects.dec(team, me)
+        try:
+            await self.transport.publish(subject, body, action.msg_id)
+        except FederationError as exc:  # Unknown, HubError, NotConnected: the same id again later
+            log.info("federation: %s %s not published yet: %s", action.kind, action.id, exc)
+            await self._carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))
+        else:
+            await self._carry_all(self.outbox.published(action.kind, action.id, now_ms()))
+        self.kick()
+
+    async def _carry_all(self, actions: Sequence[fed.OutboxAction]) -> None:
+        for action in actions:
+            await self._carry_out(action)
+
+    async def _carry_out(self, action: fed.OutboxAction) -> None:
+        db = self.broker.db
+        if isinstance(action, fed.MarkRelayed):
+            await db.mark_relayed(fed.MSG, action.id, int(action.at))
+        elif isinstance(action, fed.MarkUnconfirmed):
+            await db.mark_unconfirmed(action.id, int(action.at))
+        elif isinstance(action, fed.Drop):
+            await db.drop_outbox_row(action.kind, action.id)
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    async def receive(self, kind: str) -> None:
+        """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked."""
+        await self.ready.wait()
+        while True:
+            try:
+                delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
+            except FederationError as exc:
+                self.error(f"receiving {kind}", exc)
+                await trio.sleep(RETRY)
+                continue
+            for incoming in delivered:
+                await self._receive_one(kind, incoming)
+
+    async def _receive_one(self, kind: str, incoming: Incoming) -> None:
+        token = self._next_token
+        self._next_token += 1
+        self._tokens[token] = incoming
+        try:
+            for action in self.inbound.fetched(token):
+                if isinstance(action, fed.Apply):
+                    await self._apply(kind, token, incoming)
+                elif isinstance(action, fed.AckStream):
+                    await self._ack(token)
+        finally:
+            self._tokens.pop(token, None)
+
+    async def _apply(self, kind: str, token: int, incoming: Incoming) -> None:
+        try:
+            outcome = await self._store(kind, incoming)
+        except (env.EnvelopeError, domain.InputError) as exc:  # never storable here: said once, dropped
+            log.warning("federation: a %s from %s could not be stored (%s); dropped",
+                        kind, incoming.sender, exc)
+            self.inbound.rejected(token)
+            await self._term(incoming)
+            return
+        except Exception as exc:  # noqa: BLE001 - the store could not commit now: the hub delivers it again
+            self.error(f"storing a {kind} from {incoming.sender}", exc)
+            self.inbound.store_failed(token)
+            return
+        if outcome is Applied.WAITING:  # needs a record not here yet: delivered again after ack_wait
+            self.inbound.store_failed(token)
+            return
+        for action in self.inbound.applied(token):
+            if isinstance(action, fed.AckStream):
+                await self._ack(action.token)
+
+    async def _store(self, kind: str, incoming: Incoming) -> Applied:
+        db, now, sender = self.broker.db, now_ms(), incoming.sender
+        if kind == fed.MSG:
+            message = env.decode_message(incoming.body)
+            applied = await db.apply_remote_message(sender, message, now)
+            if applied is Applied.NEW:
+                await self._arrived(message.to_id)
+            self.kick()  # its receipt row goes back
+            return applied
+        if kind == fed.RCPT:
+            receipt = env.decode_receipt(incoming.body)
+            await db.apply_remote_receipt(sender, receipt, now)
+            await self._carry_all(self.outbox.receipt(receipt.message_id, receipt.state, now))
+            return Applied.NEW
+        record = env.decode_decision(incoming.body)
+        recipients: list[Recipient] = []
+        if isinstance(record, env.DecisionEnvelope) and record.project_key is None:
+            _, _, recipients = decision_recipients(self.broker, domain.ALL)
+        elif isinstance(record, env.DecisionEnvelope):  # the sessions here whose folder has its key
+            sessions = [s for s in self.broker.sessions.values() if not s.is_job and not s.tentative]
+            keys = await trio.to_thread.run_sync(lambda: [_key_of(s.peer.project) for s in sessions])
+            recipients = [Recipient(s.view(), host_key(s.view()))
+                          for s, key in zip(sessions, keys, strict=True) if key == record.project_key]
+        applied = await db.apply_remote_decision(sender, record, now, recipients)
+        if applied is Applied.NEW:
+            for session in list(self.broker.sessions.values()):
+                session.poke()
+        return applied
+
+    async def _arrived(self, to_id: str) -> None:
+        """A message from another machine was committed for `to_id`: its delivery task reads it,
+        and the hooks' post box shows it."""
+        session = self.broker.sessions.get(to_id)
+        if session is not None:
+            session.poke()
+        peer = session.peer if session is not None else await self.broker.db.get_peer(to_id)
+        if peer is not None and peer.host_session_id and self.broker.pending is not None:
+            await self.broker.pending.add({peer.host_session_id})
+
+    async def _ack(self, token: int) -> None:
+        incoming = self._tokens.get(token)
+        if incoming is None:
+            return
+        try:
+            await self.transport.ack(incoming)
+        except FederationError as exc:  # the hub delivers it again; the store drops the repeat
+            self.error("acknowledging to the hub", exc)
+
+    async def _term(self, incoming: Incoming) -> None:
+        try:
+            await self.transport.term(incoming)
+        except FederationError as exc:
+            self.error("dropping an unreadable delivery", exc)
+
+    # --- presence -------------------------------------------------------------------------------
+
+    def presence(self) -> env.PresenceEnvelope:
+        """This machine's connected sessions, as another machine lists them."""
+        sessions = []
+        for s in sorted(self.broker.sessions.values(), key=lambda s: s.name):
+            if s.tentative:
+                continue
+            peer = s.peer
+            state = marks.session_state(self.broker.home, peer.host_session_id, connected=True,
+                                        last_seen=peer.last_seen_at).state
+            sessions.append(env.PresenceSession(
+                id=peer.id, name=peer.name, agent=peer.agent, project=peer.project,
+                project_key=_key_of(peer.project), kind=peer.kind,
+                state=state if state in ("busy", "idle") else "idle",
+            ))
+        return env.PresenceEnvelope(at=now_ms(), sessions=tuple(sessions))
+
+    async def announce(self) -> None:
+        """Publish this machine's presence when it changed, and every PRESENCE_EVERY."""
+        await self.ready.wait()
+        said: tuple[env.PresenceSession, ...] | None = None
+        said_at = -math.inf
+        while True:
+            presence = await trio.to_thread.run_sync(self.presence)  # marks are files: off the loop
+            if presence.sessions != said or trio.current_time() - said_at >= PRESENCE_EVERY:
+                try:
+                    await self.transport.publish_presence(env.encode(presence))
+                    said, said_at = presence.sessions, trio.current_time()
+                except FederationError as exc:
+                    self.error("announcing this machine's sessions", exc)
+            await trio.sleep(PRESENCE_LOOK)
+
+    async def listen(self) -> None:
+        """Record the other machines' presence as it changes."""
+        await self.ready.wait()
+        while True:
+            try:
+                entries = await self.transport.read_presence()
+            except FederationError as exc:
+                self.error("reading the team's presence", exc)
+                entries = []
+            for entry in entries:
+                if entry.machine == self.machine or self._presence_seq.get(entry.machine) == entry.seq:
+                    continue
+                try:
+                    presence = env.decode_presence(entry.body)
+                except env.EnvelopeError as exc:
+                    log.warning("federation: %s announced something unreadable: %s", entry.machine, exc)
+                    self._presence_seq[entry.machine] = entry.seq
+                    continue
+                heard = int(entry.time * 1000) if entry.time is not None else now_ms()
+                await self.broker.db.record_presence(entry.machine, presence, min(heard, now_ms()))
+                self._presence_seq[entry.machine] = entry.seq
+            await trio.sleep(PRESENCE_READ)
+
+
+def _key_of(project: str) -> str | None:
+    return project_key(Path(project)) if project else None
+
+
+async def serve_federation(
+    broker: Broker,
+    settings: FederationSettings,
+    *,
+    task_status: trio.TaskStatus[Federation] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The team, until cancelled: started once the transport's thread runs (the hub may be away:
+    this machine works locally meanwhile and catches up), closed with the broker."""
+    async with open_transport(settings, connect=False) as transport:
+        federation = Federation(broker, settings, transport)
+        broker.federation = federation
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(federation.keep_connected)
+                nursery.start_soon(federation.send_outbox)
+                for kind in subjects.KINDS:
+                    nursery.start_soon(federation.receive, kind)
+                nursery.start_soon(federation.announce)
+                nursery.start_soon(federation.listen)
+                task_status.started(federation)
+        finally:
+            broker.federation = None

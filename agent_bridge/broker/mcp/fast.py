@@ -1,0 +1,236 @@
+"""Tool calls served straight from the host's line, beside the MCP SDK (broker.mcp.host).
+
+The SDK's way from a line to its answer (parse the line into pydantic models, a task and a
+context per request, its middleware, result models, serialize them again) costs more than the
+tool's own work. Measured through the relays (bench/bench_mcp_tool_call.py, the same run, with
+and without this module, alternately three times, 2026-12): a `send` + `inbox` pair's p50 was
+1.7-2.2 ms with it and 2.7-3.9 ms without, `decisions` 4.8-6.4 ms against 5.5-8.1 ms. So a
+`tools/call` of one of the session's own tools is served here when everything about it is
+plain: the host has initialized (so the connection speaks a handshake-era version, whose
+answers are all shaped alike), the line holds no escaped surrogate, the request has only the
+fields JSON-RPC gives it and none of the protocol's reserved `_meta` keys, the tool is ours,
+and its arguments are exactly what the tool's advertised schema asks for (`argument_problem`
+finds nothing, nothing required is missing). The tool's body is the one the SDK runs
+(mcp_host's `TOOL_BODIES`), and the answer is the one the SDK would write (`result_line`:
+tests/test_mcp_fast.py checks it against the SDK's own serialization).
+
+Everything else goes to the SDK as before: the handshake, `tools/list`, every notification,
+a call to another tool or with anything unusual in it (an unknown argument, a value of the
+wrong type, a missing one, a reused request id), answered through the SDK by the server's
+own handler (mcp_host.call_tool: the same argument checks and words).
+A `notifications/cancelled` for a call served here stops it (it is then never answered, as
+the SDK does for its own), and still goes on to the SDK, whose cancel hook does the rest
+(Bridge.request_cancelled: an answer already written is offered again as a repeat).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple
+
+import trio
+from mcp.server.mcpserver.exceptions import ToolError
+
+from agent_bridge.common import jsonlimit
+from agent_bridge.core import showing
+
+log = logging.getLogger("agent_bridge.mcp")
+
+
+class ToolCall(NamedTuple):
+    """What a tool's body needs of the request beyond its arguments."""
+
+    request_id: int | str | None  # the JSON-RPC id, as the host sent it
+    meta: Any  # the request's `_meta`: a dict here, the SDK's model there (Codex puts its thread id in it)
+    session: Any  # the SDK's ServerSession the host initialized
+
+
+# `_meta` keys of the protocol's own (mcp_types.PROTOCOL_VERSION_META_KEY, ...)
+RESERVED_META = "io.modelcontextprotocol/"
+
+# A tool's body: (the session's Bridge, the call, **arguments) -> the result's text blocks.
+Body = Callable[..., Awaitable[list[str]]]
+
+
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "boolean": (bool,), "string": (str,), "integer": (int,), "number": (int, float),
+    "object": (dict,), "array": (list,),
+}
+
+
+def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
+    """What is wrong with a tool call's arguments, judged by the tool's advertised input
+    schema as the host reads it (SPEC §5): an argument it does not list, or a value not of
+    its JSON type (no "yes" or 1 for a boolean, no "0" for a number), or a required one
+    missing. None if nothing is. One line, in the project's words (never the validation
+    library's dump)."""
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return f"{tool}: arguments must be an object"
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    for name, value in arguments.items():
+        if name not in properties:
+            known = ", ".join(sorted(properties)) or "none"
+            return f"{tool}: unknown argument {name!r} (it takes: {known})"
+        expected = properties[name].get("type") if isinstance(properties[name], dict) else None
+        if not isinstance(expected, str) or expected not in JSON_TYPES:
+            continue  # any value (a scope): the broker judges it
+        if not isinstance(value, JSON_TYPES[expected]) or (isinstance(value, bool) and expected != "boolean"):
+            wanted = "true or false" if expected == "boolean" else f"a JSON {expected}"
+            return f"{name}: expected {wanted}, got {json.dumps(value, ensure_ascii=False)}"
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    missing = [name for name in required if name not in arguments]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        return (f"{tool}: missing required argument{s} {', '.join(missing)} "
+                f"(it takes: {', '.join(sorted(properties))})")
+    return None
+
+
+def drop_null_optionals(schema: Any, arguments: Any) -> Any:
+    """The arguments without the optional ones given as JSON null, which count as absent (SPEC
+    §5: models send that). A required one given as null stays, for `argument_problem` to refuse."""
+    if not isinstance(arguments, dict) or None not in arguments.values():
+        return arguments
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    return {k: v for k, v in arguments.items() if v is not None or k in required}
+
+
+def result_line(request_id: int | str, texts: list[str], *, is_error: bool) -> str:
+    """A `tools/call` answer of text blocks, byte for byte as the SDK puts it on the wire on a
+    handshake-era connection: shaped by the version's result model (which lists `text` before
+    `type`), then compact JSON with the text as it is (`model_dump_json`)."""
+    result = {"content": [{"text": text, "type": "text"} for text in texts], "isError": is_error}
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "result": result}, ensure_ascii=False, separators=(",", ":")
+    )
+
+
+def log_line(level: str, logger: str, data: str) -> str:
+    """A `notifications/message` (MCP logging) of text, byte for byte as the SDK's
+    `ServerSession.send_log_message` puts it on the wire on a handshake-era connection; the
+    SDK's way there (models, a memory channel, its writer task) cost more than the message's
+    whole delivery to the session's inbox."""
+    params = {"level": level, "logger": logger, "data": data}
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": params},
+                      ensure_ascii=False, separators=(",", ":"))
+
+
+def error_text(tool: str, exc: BaseException | None) -> str:
+    """A failed call's text, as the SDK's tool layer words it: a ToolError keeps its reason,
+    anything else (a bug) says nothing of itself to the host."""
+    return (
+        f"Error executing tool {tool}: {exc}"
+        if isinstance(exc, ToolError)
+        else f"Error executing tool {tool}"
+    )
+
+
+def cancelled_request(line: str) -> Any | None:
+    """The request id a host's `notifications/cancelled` line names, as the SDK would take it
+    (JSON-RPC 2.0, a notification, an integer or string `requestId`); None for any other line."""
+    try:
+        message = jsonlimit.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
+        return None
+    params = message.get("params")
+    if message.get("method") != "notifications/cancelled" or not isinstance(params, dict):
+        return None
+    rid = params.get("requestId")
+    return rid if isinstance(rid, (int, str)) and not isinstance(rid, bool) else None
+
+
+class FastCalls:
+    """The session's calls served here (see the module's docstring), each in its own task in
+    `nursery`, as the SDK runs each request in one: an `inbox` that waits holds up nothing."""
+
+    def __init__(self, bridge: Any, nursery: trio.Nursery, bodies: Mapping[str, Body],
+                 schemas: Mapping[str, Any]) -> None:
+        self.bridge = bridge  # mcp_host.Bridge: its pipe, its MCP session
+        self.nursery = nursery
+        self.bodies = bodies
+        self.schemas = schemas
+        self.running: dict[str, trio.CancelScope] = {}  # request id (as JSON) -> its call
+
+    def take(self, line: str) -> bool:
+        """Serve `line` here if it is a plain call of one of the session's tools; False: the
+        SDK's to answer (a cancel for a call served here is stopped, and the SDK's too)."""
+        if self.bridge.mcp_session is None or self.bridge.pipe is None or "\\ud" in line or "\\uD" in line:
+            return False  # before the handshake ends; a lone surrogate is mcp_stdin's to answer
+        if '"tools/call"' not in line and '"notifications/cancelled"' not in line:
+            return False
+        try:
+            message = jsonlimit.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return False
+        if message.get("method") == "notifications/cancelled":
+            self._cancel(message.get("params"))
+            return False
+        if message.get("method") != "tools/call" or set(message) != {"jsonrpc", "id", "method", "params"}:
+            return False
+        request_id, params = message["id"], message["params"]
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+            return False
+        if not isinstance(params, dict) or set(params) - {"name", "arguments", "_meta"}:
+            return False
+        meta = params.get("_meta")
+        if meta is not None and (
+            not isinstance(meta, dict) or any(str(k).startswith(RESERVED_META) for k in meta)
+        ):
+            return False  # the 2026 per-request envelope, refused on a handshake connection by the SDK
+        name = params.get("name")
+        arguments = params.get("arguments", {})
+        if not isinstance(name, str) or name not in self.bodies or not isinstance(arguments, dict):
+            return False
+        body = self.bodies[name]
+        schema = self.schemas.get(name)
+        arguments = drop_null_optionals(schema, arguments)
+        required = schema.get("required", []) if isinstance(schema, dict) else []
+        if argument_problem(name, schema, arguments) is not None or not set(required) <= set(arguments):
+            return False
+        key = showing.key(request_id)
+        if key in self.running:
+            return False
+        scope = self.running[key] = trio.CancelScope()
+        call = ToolCall(request_id, meta, self.bridge.mcp_session)
+        self.nursery.start_soon(self._serve, key, name, body, arguments, call, scope)
+        return True
+
+    def _cancel(self, params: Any) -> None:
+        if isinstance(params, dict) and "requestId" in params:
+            scope = self.running.get(showing.key(params["requestId"]))
+            if scope is not None:
+                scope.cancel()
+
+    async def _serve(self, key: str, name: str, body: Body, arguments: dict[str, Any], call: ToolCall,
+                     scope: trio.CancelScope) -> None:
+        texts: list[str] = []
+        failure: BaseException | None = None
+        try:
+            with scope:
+                try:
+                    texts = await body(self.bridge, call, **arguments)
+                except Exception as exc:  # noqa: BLE001 - answered as the SDK answers it
+                    failure = exc
+                    if not isinstance(exc, ToolError):
+                        log.exception("tool %r raised an unexpected exception", name)
+        finally:
+            del self.running[key]
+        if scope.cancel_called:
+            return  # the host cancelled it: never answered
+        assert call.request_id is not None
+        if failure is not None:
+            line = result_line(call.request_id, [error_text(name, failure)], is_error=True)
+        else:
+            line = result_line(call.request_id, texts, is_error=False)
+        try:
+            await self.bridge.pipe.send_response(call.request_id, line, shows=failure is None)
+        except BrokenPipeError:
+            pass  # the relay went away: the session ends with its connection

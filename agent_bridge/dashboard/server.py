@@ -1,0 +1,330 @@
+"""Serving the dashboard (SPEC §2, §6): bind loopback, rotate the token, publish `dashboard.url`,
+serve until cancelled.
+
+`serve_dashboard` is what the broker starts from its root nursery; `run_dashboard` is the same
+thing for `agent-bridge dashboard`, which also needs the tokenized URL and may run on a home
+it cannot write to.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import h11
+import hypercorn.protocol.h11
+import hypercorn.trio
+import hypercorn.trio.tcp_server
+import trio
+from hypercorn.config import Config, Sockets
+
+from agent_bridge.common import paths
+from agent_bridge.dashboard import auth
+from agent_bridge.dashboard.app import create_app
+from agent_bridge.dashboard.state import Hub
+from agent_bridge.store.feed import ChangeFeed
+
+HOST = "127.0.0.1"  # loopback only (SPEC §6)
+DEFAULT_PORT = 7878  # fixed so a bookmark-free URL stays the same; a free port when it is taken
+PORT_ENV = "AGENT_BRIDGE_WEB_PORT"
+GRACEFUL_TIMEOUT = 2.0  # seconds open requests get to finish once the dashboard is told to stop
+SHUTDOWN_MARGIN = 1.0  # on top of that, for Hypercorn's own lifespan shutdown
+LOGGER = "agent_bridge.dashboard"  # Hypercorn's error log; no access log: request lines carry ?t=<token>
+# Open dashboard connections at once. A person needs a handful (a few tabs, each holding one
+# long-lived /api/events stream besides its short requests); past this, a new connection is
+# closed as soon as it is accepted, so that nobody, token or not, can hold the broker's file
+# descriptors (its IPC listener shares them).
+MAX_CONNECTIONS = 64
+# seconds a connection with no request in flight stays open (a silent or slow client)
+KEEP_ALIVE_TIMEOUT = 5.0
+
+Live = Callable[[], Collection[str]]
+
+
+class DashboardError(RuntimeError):
+    """The dashboard cannot start (a bad port setting, a port in use, an unwritable home)."""
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    base_url: str  # without token, e.g. http://127.0.0.1:7878
+    url: str  # with this start's token: what dashboard.url holds
+    url_file: Path | None  # where the URL was published; None when the home could not take it
+    publish_error: str | None = None  # why it could not, for the standalone command to say
+
+
+async def serve_dashboard(
+    home: Path,
+    *,
+    live: Live | None = None,
+    changes: ChangeFeed | None = None,
+    port: int | None = None,
+    hub: Hub | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the dashboard of `home` until cancelled; `task_status.started(base_url)` once it
+    listens and `<home>/dashboard.url` holds this start's tokenized URL.
+
+    `live` returns the ids of the sessions connected right now (None: nothing is, standalone).
+    `changes`: the broker's feed of store commits for the live stream (None: the dashboard
+    watches bridge.db itself, as standalone). `hub`: the broker's hub connection (SPEC §10),
+    None without federation.
+    `port`: this port (0 = any free port); None = `AGENT_BRIDGE_WEB_PORT`, else 7878 falling back
+    to a free port when taken. Raises DashboardError (before `started`) for a bad port setting,
+    a port in use, or a home that cannot take `dashboard.url`.
+    """
+    await _run(home, live=live, changes=changes, port=port, require_url_file=True, hub=hub,
+               started=lambda dashboard: task_status.started(dashboard.base_url))
+
+
+async def run_dashboard(
+    home: Path,
+    *,
+    live: Live | None = None,
+    port: int | None = None,
+    require_url_file: bool = True,
+    task_status: trio.TaskStatus[Dashboard] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """`serve_dashboard`, reporting a `Dashboard` (with the tokenized URL). With
+    `require_url_file=False` a home that cannot take `dashboard.url` (read-only) is reported
+    in `Dashboard.publish_error` instead of raised."""
+    await _run(home, live=live, changes=None, port=port, require_url_file=require_url_file,
+               started=task_status.started)
+
+
+async def _run(
+    home: Path,
+    *,
+    live: Live | None,
+    changes: ChangeFeed | None,
+    port: int | None,
+    require_url_file: bool,
+    started: Callable[[Dashboard], None],
+    hub: Hub | None = None,
+) -> None:
+    sock = bind_loopback(port)
+    try:
+        bound_port = sock.getsockname()[1]
+        token = auth.new_token()
+        stop = trio.Event()  # also ends the live streams, so they never hold a shutdown
+        app = create_app(home, port=bound_port, token=token, live=live, changes=changes, closing=stop,
+                         hub=hub)
+        base_url = f"http://{HOST}:{bound_port}"
+        url = f"{base_url}/?{auth.TOKEN_PARAM}={token}"
+        drain = trio.CancelScope()  # shielded once serving: see _serve_until
+        refused: DashboardError | None = None
+        async with trio.open_nursery() as nursery:
+            url_file: Path | None = None
+            try:
+                await nursery.start(_serve_until, drain, app, _config(sock), stop)
+                drain.shield = True  # from now on a cancel becomes a graceful stop (finally below)
+                try:
+                    url_file = _publish(home, url)
+                    dashboard = Dashboard(base_url, url, url_file)
+                except OSError as exc:
+                    problem = f"cannot write {home / paths.DASHBOARD_URL}: {exc.strerror}"
+                    refused = DashboardError(problem) if require_url_file else None
+                    dashboard = Dashboard(base_url, url, None, problem)
+                if refused is None:
+                    started(dashboard)
+                    await trio.sleep_forever()
+            finally:
+                # Cancelled, refused or failed: stop taking requests, give open ones a deadline.
+                stop.set()
+                drain.deadline = trio.current_time() + GRACEFUL_TIMEOUT + SHUTDOWN_MARGIN
+                if url_file is not None:
+                    _unpublish(url_file, url)
+        if refused is not None:
+            raise refused
+    finally:
+        sock.close()
+
+
+async def _serve_until(
+    drain: trio.CancelScope,
+    app: object,
+    config: Config,
+    stop: trio.Event,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Hypercorn inside `drain`. The caller shields `drain` once Hypercorn has started, so that
+    its own cancellation becomes a graceful shutdown (`stop`) within the deadline it then puts on
+    `drain`. Not before: trio does not hand over a task started under a cancelled scope, and
+    start() then waits for the task to exit, which a shielded server never would."""
+    with drain:
+        await hypercorn.trio.serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)  # type: ignore[arg-type]
+
+
+# --- the port -------------------------------------------------------------------------------
+
+
+def requested_port(
+    port: int | None, env: dict[str, str] | os._Environ[str] | None = None
+) -> tuple[int, bool]:
+    """(port to try, whether it was asked for explicitly). An explicit port in use is an error;
+    the default one falls back to any free port."""
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise DashboardError(f"port: expected 0..65535 (0 = any free port), got {port!r}")
+        return port, True
+    env = os.environ if env is None else env
+    raw = env.get(PORT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PORT, False
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise DashboardError(f"{PORT_ENV}: expected a port number 0..65535 (0 = any free port), got {raw!r}")
+    return value, True
+
+
+def bind_loopback(port: int | None) -> socket.socket:
+    """A socket bound on 127.0.0.1 (not yet listening; Hypercorn listens)."""
+    wanted, explicit = requested_port(port)
+    try:
+        return _bind(wanted)
+    except OSError as exc:
+        if explicit or exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+            raise DashboardError(
+                f"cannot listen on {HOST}:{wanted}: {exc.strerror}; "
+                f"set {PORT_ENV} to another port, or to 0 for any free port"
+            ) from None
+    return _bind(0)
+
+
+def _bind(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if sys.platform == "win32":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined]
+        else:
+            # reuse a TIME_WAIT port after a restart
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((HOST, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _BoundConfig(Config):
+    """Hypercorn config serving a socket we bound ourselves: we know the port (for the Host
+    guard and the URL) before serving, and choose the fallback. Carries the connection slots
+    of this dashboard (`_PolicedTCPServer`)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.connection_slots = trio.CapacityLimiter(MAX_CONNECTIONS)
+
+    def create_sockets(self) -> Sockets:
+        return Sockets(secure_sockets=[], insecure_sockets=[self._sock], quic_sockets=[])
+
+
+class _PolicedTCPServer(hypercorn.trio.tcp_server.TCPServer):
+    """Hypercorn's per-connection server with two changes, for our dashboards only:
+
+    - at most MAX_CONNECTIONS at once; one over the cap is closed right away;
+    - closing a connection sends the FIN even from a cancelled scope. Hypercorn (0.18) closes a
+      connection after a `Connection: close` response from the request's task, whose scope is
+      already cancelled by then: `send_eof` raises Cancelled before shutting the socket down and
+      `aclose` is never reached, so the connection stayed open as long as the client kept it.
+
+    Installed by `_police_connections`; tests/reliability/test_local_surface.py fails if a
+    Hypercorn upgrade moves what this relies on.
+    """
+
+    async def run(self) -> None:
+        slots = getattr(self.config, "connection_slots", None)
+        if slots is None:  # not one of ours
+            return await super().run()
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+            return None
+        try:
+            return await super().run()
+        finally:
+            slots.release()
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):  # no await in it can block: shutdown(2) and close(2)
+            await super()._close()
+
+
+class _HardenedH11Protocol(hypercorn.protocol.h11.H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol, whose own error answers (400 for a malformed request, 431
+    for oversized headers: the app never sees those requests) carry our security headers too."""
+
+    async def _send_error_response(self, status_code: int) -> None:
+        if not isinstance(self.config, _BoundConfig):  # not one of ours
+            return await super()._send_error_response(status_code)
+        headers = [(b"content-length", b"0"), (b"connection", b"close")]
+        headers += [
+            (name.lower().encode("ascii"), value.encode("ascii"))
+            for name, value in auth.SECURITY_HEADERS.items()
+        ]
+        headers += self.config.response_headers("h11")
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await self._send_h11_event(h11.EndOfMessage())
+        return None
+
+
+def _police_connections() -> None:
+    """Make Hypercorn's trio worker build `_PolicedTCPServer`s and its connections speak
+    `_HardenedH11Protocol` (both are named at call time)."""
+    import hypercorn.protocol
+    import hypercorn.trio.run
+
+    if (
+        not hasattr(hypercorn.trio.run, "TCPServer")
+        or not hasattr(hypercorn.trio.tcp_server.TCPServer, "_close")
+        or not hasattr(hypercorn.protocol, "H11Protocol")
+        or not hasattr(hypercorn.protocol.h11.H11Protocol, "_send_error_response")
+    ):
+        raise RuntimeError("hypercorn no longer builds its connections as dashboard/server.py expects")
+    hypercorn.trio.run.TCPServer = _PolicedTCPServer  # type: ignore[misc, unused-ignore]
+    hypercorn.protocol.H11Protocol = _HardenedH11Protocol  # type: ignore[misc, unused-ignore]
+
+
+def _config(sock: socket.socket) -> Config:
+    _police_connections()
+    config = _BoundConfig(sock)
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
+    config.graceful_timeout = GRACEFUL_TIMEOUT
+    config.accesslog = None
+    config.errorlog = logging.getLogger(LOGGER)
+    config.include_server_header = False
+    return config
+
+
+# --- dashboard.url --------------------------------------------------------------------------
+
+
+def _publish(home: Path, url: str) -> Path:
+    if not home.is_dir():
+        paths.ensure_home(home)  # created 0700; an existing home's mode is left as it is
+    target = home / paths.DASHBOARD_URL
+    paths.write_private(target, url)
+    return target
+
+
+def _unpublish(target: Path, url: str) -> None:
+    """Remove dashboard.url if it still holds our URL (a later dashboard may have replaced it)."""
+    try:
+        if target.read_text(encoding="utf-8").strip() == url:
+            target.unlink()
+    except OSError:
+        pass
+

@@ -1,0 +1,96 @@
+"""The store's commit feed: a version number that grows with every commit that changed rows, and
+the tasks that follow it.
+
+The broker keeps one `ChangeFeed` (broker.root), poked by the store's worker thread after each
+job that changed rows (`StoreRunner.on_change`); every task that acts on commits follows that
+one feed: the dashboard's live stream, the wake waiters, the post box, the owner's alerts, a
+`sent` or `ask_owner` that waits. Each follows it the same way (`Following`): counted as a
+listener while it follows (the store pokes the feed only while someone listens), it notes the
+version before it reads and waits for the version to move past it, so a commit made during its
+read is never missed. A standalone dashboard feeds its own from SQLite's `data_version`
+(dashboard/changes.py). The feed carries no data: a follower reads again.
+"""
+
+from __future__ import annotations
+
+import math
+from types import TracebackType
+
+import trio
+
+
+class ChangeFeed:
+    """A change counter that streams wait on. Lives on one Trio loop; `poke` is its only entry
+    from other threads."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.listeners = 0  # open streams; the store pokes only while someone listens
+        self._changed = trio.Event()
+        self._token: trio.lowlevel.TrioToken | None = None  # the loop `poke` reaches; set by `bind`
+        self._poke_pending = False
+
+    def bind(self) -> None:
+        """Attach the feed to the running Trio loop, so other threads can `poke` it."""
+        self._token = trio.lowlevel.current_trio_token()
+
+    def notify(self) -> None:
+        """Something changed (call on the feed's loop)."""
+        self.version += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def poke(self) -> None:
+        """`notify` from any thread (the store's worker). Coalesced: while one wake-up is on its
+        way to the loop, further pokes add nothing, and a change committed before that wake-up
+        runs is covered by it."""
+        token = self._token
+        if token is None or not self.listeners or self._poke_pending:
+            return
+        self._poke_pending = True
+        try:
+            token.run_sync_soon(self._fire)
+        except trio.RunFinishedError:
+            pass  # the loop is gone, and so is everyone who listened
+
+    def _fire(self) -> None:
+        self._poke_pending = False
+        self.notify()
+
+    async def wait_beyond(self, seen: int) -> int:
+        """Return the version once it differs from `seen`."""
+        while self.version == seen:
+            await self._changed.wait()
+        return self.version
+
+
+class Following:
+    """One task following `feed` from `with` to its end; where there is no feed (a store without
+    one, in tests), it looks again every `poll` seconds instead."""
+
+    def __init__(self, feed: ChangeFeed | None, poll: float) -> None:
+        self.feed = feed
+        self.poll = poll
+
+    def __enter__(self) -> Following:
+        if self.feed is not None:
+            self.feed.listeners += 1  # the store pokes the feed only while someone listens
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.feed is not None:
+            self.feed.listeners -= 1
+
+    def seen(self) -> int:
+        """The version now: note it before a read, then wait beyond it."""
+        return 0 if self.feed is None else self.feed.version
+
+    async def beyond(self, seen: int, within: float = math.inf) -> None:
+        """Return once a commit came after `seen` (at once if one did already), or after
+        `within` seconds; with no feed, after `poll` seconds (or `within`, if sooner)."""
+        if self.feed is None:
+            await trio.sleep(min(self.poll, within))
+            return
+        with trio.move_on_after(within):
+            await self.feed.wait_beyond(seen)
