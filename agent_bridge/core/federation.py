@@ -33,20 +33,21 @@ sender either way) and only after that commit acked to the stream; a body that c
 stores nothing and is acked so the stream stops redelivering it; a store failure acks nothing
 (the hub redelivers).
 
-Mutations `tests/federation/test_outbox_model.py` catches (each applied to this module by hand
-and the test seen failing, 2026-12-05):
+Mutations `tests/federation/test_outbox_model.py` catches (`python3 tests/federation/
+mutate_outbox.py` applies each one to this module and runs the test; all seen failing):
   1. ack before commit: `Inbound.fetched` answers `AckStream` beside `Apply` (a kill -9 of the
      receiver between the two loses the message);
-  2. new message id on retry: a retry's `Publish.msg_id` is not the row's id (the receiver
-     stores the message twice);
-  3. timeout treated as failure: `not_published` drops the row (lost when the publish never
+  2. ack after a failed commit: `Inbound.store_failed` answers `AckStream` (the hub never
+     redelivers what was not stored);
+  3. new message id on retry: a retry's `Publish.msg_id` is not the row's id (the hub stores
+     the message twice within its dedupe window);
+  4. timeout treated as failure: `not_published` drops the row (lost when the publish never
      landed);
-  4. PubAck treated as delivered: a message's row is dropped at PubAck (lost when the hub loses
+  5. PubAck treated as delivered: a message's row is dropped at PubAck (lost when the hub loses
      an acknowledged write);
-  5. a restart forgets relayed messages: `restore` skips rows with `relayed_at` (lost when the
+  6. a restart forgets relayed messages: `restore` skips rows with `relayed_at` (lost when the
      hub loses them);
-  6. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait.
-`python3 tests/federation/mutate_outbox.py` applies each one and runs the test.
+  7. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait.
 """
 
 from __future__ import annotations

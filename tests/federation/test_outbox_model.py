@@ -16,10 +16,10 @@ What must hold:
 - never lost: after the faults stop (teardown: connected, no losses, time passing), every
   committed send is in B's inbox exactly once, A has its receipt, and no mark is left.
 
-Mutations of core/federation.py this test catches (each applied by hand, the test seen failing):
-ack before commit (AckStream beside Apply in `Inbound.fetched`), a new message id on retry, a
-timeout treated as a failure (the row dropped), a PubAck treated as delivered (a message's row
-dropped at PubAck), and unconfirmed before the bound. See the module's docstring.
+Mutations of core/federation.py this test catches (`python3 tests/federation/mutate_outbox.py`
+applies each and runs this test): ack before commit, ack after a failed commit, a new message id
+on retry, a timeout treated as a failure, a PubAck treated as delivered, a restart that forgets
+relayed messages, and unconfirmed before the bound. See the module's docstring.
 """
 
 from __future__ import annotations
@@ -121,6 +121,8 @@ class World(RuleBasedStateMachine):
         # B's committed rows
         self.b_inbox: Counter[str] = Counter()
         self.b_state: dict[str, int] = {}  # message id -> its local receipt rank (stored, shown, acked)
+        for side in (self.a, self.b):  # both start connected; `hub_link` takes them down and up
+            self.hub_link(side.name, True)
 
     # --- carrying out what the machines answer ------------------------------------------------
 
@@ -156,7 +158,8 @@ class World(RuleBasedStateMachine):
                 if entry is None:
                     continue
                 if s is self.b:
-                    assert self.b_inbox[entry.body] >= 1, f"acked {entry.body} to the stream before commit"
+                    readable = not entry.body.startswith("!")
+                    assert not readable or self.b_inbox[entry.body] >= 1, f"acked {entry.body} before commit"
                 else:
                     mid, state = entry.body.split("/")
                     assert self.a_receipt.get(mid, 0) >= fed.receipt_rank(state), "acked before commit"
@@ -168,6 +171,9 @@ class World(RuleBasedStateMachine):
         row = OutboxRow(f"{mid}/{state}", RCPT, self.now)
         self.b.outbox_rows.setdefault((RCPT, row.id), row)
         self.b.outbox.queued(row, self.now)
+
+    def deliverable(self) -> bool:
+        return bool(self.b.connected and self.msgs.unacked() or self.a.connected and self.rcpts.unacked())
 
     # --- rules: the senders -----------------------------------------------------------------
 
@@ -218,33 +224,47 @@ class World(RuleBasedStateMachine):
         else:
             self.run_outbox(s, s.outbox.not_published(p.kind, p.row_id, self.now))
 
-    @rule(data=st.data(), receipts=st.booleans())
-    def hub_loses(self, data: st.DataObject, receipts: bool) -> None:
-        """An acknowledged write lost (power cut): the entry and its dedupe memory."""
+    @rule(data=st.data(), fault=st.sampled_from(["loses", "forgets", "garbage"]), receipts=st.booleans())
+    def hub_fault(self, data: st.DataObject, fault: str, receipts: bool) -> None:
+        """The hub loses an acknowledged write (a power cut: the entry and its dedupe memory), or
+        its dedupe window passes, or a body no broker of ours would send lands in B's stream."""
         stream = self.rcpts if receipts else self.msgs
-        if stream.entries:
-            seq = data.draw(st.sampled_from(sorted(stream.entries)))
-            entry = stream.entries.pop(seq)
+        if fault == "loses" and stream.entries:
+            entry = stream.entries.pop(data.draw(st.sampled_from(sorted(stream.entries))))
             stream.window.pop(entry.msg_id, None)
+        elif fault == "forgets":
+            stream.window.clear()
+        elif fault == "garbage":
+            self.seq += 1  # `!`: unreadable
+            self.msgs.entries[self.seq] = Entry(self.seq, f"garbage-{self.seq}", f"!{self.seq}")
 
-    @rule()
-    def dedupe_window_passes(self) -> None:
-        self.msgs.window.clear()
-        self.rcpts.window.clear()
+    # --- rules: the receivers (one rule per step for both, so a run is rarely without one) ------
 
-    # --- rules: the receivers -------------------------------------------------------------------
+    @precondition(lambda self: self.deliverable())
+    @rule(data=st.data(), receipts=st.booleans())
+    def fetch(self, data: st.DataObject, receipts: bool) -> None:
+        """The hub delivers an unacked entry (again, out of order): a message to B, a receipt to A."""
+        s, stream = (self.a, self.rcpts) if receipts else (self.b, self.msgs)
+        if s.connected and stream.unacked():
+            entry = data.draw(st.sampled_from(stream.unacked()))
+            self.run_inbound(s, s.inbound.fetched(entry.seq), stream)
 
-    @precondition(lambda self: self.b.connected and self.msgs.unacked())
-    @rule(data=st.data())
-    def b_fetch(self, data: st.DataObject) -> None:
-        """The hub delivers any unacked message to B (again, out of order)."""
-        entry = data.draw(st.sampled_from(self.msgs.unacked()))
-        self.run_inbound(self.b, self.b.inbound.fetched(entry.seq), self.msgs)
-
-    @precondition(lambda self: self.b.applying)
-    @rule(data=st.data())
-    def b_commit(self, data: st.DataObject) -> None:
-        self.b_commit_one(data.draw(st.sampled_from(sorted(self.b.applying))))
+    @precondition(lambda self: self.a.applying or self.b.applying)
+    @rule(data=st.data(), receipts=st.booleans(), ok=st.booleans())
+    def commit(self, data: st.DataObject, receipts: bool, ok: bool) -> None:
+        """A store commits one delivery, or fails to (disk full, the store closing): then
+        nothing is stored and nothing may be acked."""
+        s, stream = (self.a, self.rcpts) if receipts else (self.b, self.msgs)
+        if not s.applying:
+            s, stream = (self.b, self.msgs) if receipts else (self.a, self.rcpts)
+        token = data.draw(st.sampled_from(sorted(s.applying)))
+        if not ok:
+            del s.applying[token]
+            self.run_inbound(s, s.inbound.store_failed(token), stream)
+        elif s is self.b:
+            self.b_commit_one(token)
+        else:
+            self.a_commit_one(token)
 
     @precondition(lambda self: self.b_state)
     @rule(data=st.data())
@@ -254,17 +274,6 @@ class World(RuleBasedStateMachine):
         if self.b_state[mid] < fed.receipt_rank(fed.ACKNOWLEDGED):
             self.b_state[mid] += 1
             self.queue_receipt(mid)
-
-    @precondition(lambda self: self.a.connected and self.rcpts.unacked())
-    @rule(data=st.data())
-    def a_fetch(self, data: st.DataObject) -> None:
-        entry = data.draw(st.sampled_from(self.rcpts.unacked()))
-        self.run_inbound(self.a, self.a.inbound.fetched(entry.seq), self.rcpts)
-
-    @precondition(lambda self: self.a.applying)
-    @rule(data=st.data())
-    def a_commit(self, data: st.DataObject) -> None:
-        self.a_commit_one(data.draw(st.sampled_from(sorted(self.a.applying))))
 
     # --- rules: kill -9 -------------------------------------------------------------------------
 
@@ -315,6 +324,7 @@ class World(RuleBasedStateMachine):
             assert self.a_receipt.get(mid, 0) >= 1, f"{mid}: A never heard B's receipt"
             assert mid not in self.a_unconfirmed, f"{mid} still marked unconfirmed after its receipt"
         assert not self.a.outbox_rows, "a message with its receipt still in A's outbox"
+        assert not self.msgs.unacked(), "a delivery never acked (garbage included)"
 
     # --- the stores' transactions --------------------------------------------------------------
 
@@ -322,6 +332,10 @@ class World(RuleBasedStateMachine):
         """B's store applies one delivery: stored by id (a repeat a no-op) and a receipt row
         queued either way (a repeat means its sender did not hear the last one); then acked."""
         mid = self.b.applying.pop(token).body
+        if mid.startswith("!"):  # unreadable: stored nothing, acked so it stops coming
+            if self.b.connected:
+                self.run_inbound(self.b, self.b.inbound.rejected(token), self.msgs)
+            return
         if self.b_inbox[mid] == 0:
             self.b_inbox[mid] += 1
             self.b_state[mid] = fed.receipt_rank(fed.STORED)
@@ -341,4 +355,5 @@ class World(RuleBasedStateMachine):
 
 
 TestOutboxModel = World.TestCase
-TestOutboxModel.settings = settings(max_examples=400, stateful_step_count=50, deadline=None)
+# No example database: each run searches afresh, so mutate_outbox.py sees what the search finds.
+TestOutboxModel.settings = settings(max_examples=2000, stateful_step_count=30, deadline=None, database=None)
