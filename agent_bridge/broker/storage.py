@@ -334,6 +334,7 @@ class StoreCalls:
     queue_remote_message = _OnStoreThread(Store.queue_remote_message)
     queue_team_decisions = _OnStoreThread(Store.queue_team_decisions)
     record_presence = _OnStoreThread(Store.record_presence)
+    remote_marks = _OnStoreThread(Store.remote_marks)
     remote_session = _OnStoreThread(Store.remote_session)
     remote_sessions = _OnStoreThread(Store.remote_sessions)
     ask_question = _OnStoreThread(Store.ask_question)

@@ -365,6 +365,9 @@ class Federation(Decisions):
         return fq.RemoteSession(pid, rid, pname, agent, project, key, kind, machine,
                                 fed.session_state(said, heard_at, now), heard_at)
 
+    def remote_marks(self, message_ids: list[str]) -> dict[str, fq.RemoteMarks]:
+        return fq.remote_marks(self.conn, message_ids)
+
     def machines(self) -> list[fq.Machine]:
         return fq.machines(self.conn)
 

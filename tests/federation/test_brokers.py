@@ -85,9 +85,12 @@ async def test_two_machines_send_reply_and_see_their_receipts(team_hub: Hub) -> 
 
             async def acknowledged_there() -> bool:
                 (receipt,) = await alice.request("sent", ids=[sent["message"]["id"]])
-                return bool(receipt.get("acknowledgedAt") or receipt.get("acknowledged"))
+                return receipt["state"] == "acknowledged"
 
             await wait_for(acknowledged_there, timeout=DEADLINE, what="the remote acknowledgement in sent")
+            (receipt,) = await alice.request("sent", ids=[sent["message"]["id"]])
+            assert receipt["machine"] == "b" and receipt["unconfirmed"] is False
+            assert receipt["relayedAt"] is not None and receipt["storedAt"] is not None
 
             again = await alice.request("send", to="bob@b", text="hello from a", message_id=MID)
             assert again.get("duplicate") is True and again["message"]["id"] == sent["message"]["id"]

@@ -339,7 +339,15 @@ async def op_sent(broker: Broker, session: Session, args: dict[str, Any]) -> Any
         if waiting:
             feed.listeners -= 1
     now = now_ms()
-    return [r.to_json(now) for r in found]
+    out = [r.to_json(now) for r in found]
+    if broker.federation is not None:  # a message to another machine: what its hub and machine said
+        marks = await broker.db.remote_marks([r.message.id for r in found])
+        for receipt, r in zip(out, found, strict=True):
+            mark = marks.get(r.message.id)
+            if mark is not None:
+                receipt.update(machine=mark.machine, relayedAt=mark.relayed_at, storedAt=mark.stored_at,
+                               unconfirmed=mark.unconfirmed_at is not None)
+    return out
 
 
 async def until_changed(
