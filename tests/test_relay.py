@@ -204,6 +204,9 @@ async def test_a_host_leaving_during_a_waiting_inbox_ends_the_relay_at_once_and_
     assert receipts(home, [later_id])[later_id][1] is None  # not acknowledged for a wait that ended
 
 
+# serial: it pauses the broker (SIGSTOP) within CANCEL_GRACE of a result; beside the parallel
+# pass's other processes on two cores that window was missed once (no ledger written, CI of 2026-12-05)
+@pytest.mark.serial
 @pytest.mark.parametrize("cancelled", [False, True], ids=["read", "cancelled"])
 @pytest.mark.parametrize("leaving", ["stdin closed", "SIGTERM"])
 async def test_a_host_leaving_while_the_broker_cannot_confirm_leaves_what_it_was_shown_in_the_ledger(

@@ -29,6 +29,9 @@ V3_COLUMNS = {
     "peers": "id, name, agent, project, kind, created_at, last_seen_at, host_session_id",
     "messages": "id, from_peer, to_peer, body, hop, reply_to, created_at, acked_at",
     "receipts": "message_id, peer_id, acked_at",
+    # V_FED (version 11) adds the recording machine
+    "decisions": "seq, id, topic, text, text_key, scope, scope_kind, scope_project, author_id, author_name, "
+                 "author_agent, created_at, source_message_id, supersedes",
 }
 
 
