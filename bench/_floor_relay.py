@@ -17,16 +17,18 @@ import json
 import os
 import select
 import sys
+from argparse import Namespace
 
-from agent_bridge.cli.main import main as cli
 from agent_bridge.ipc import protocol
-from agent_bridge.relay.main import connector, options_from
+from agent_bridge.relay import connector
+from agent_bridge.relay.main import options_from
+from agent_bridge.relay.quick import parse_mcp
 
 
 def main() -> None:
-    ns = cli._mcp_fast_path(sys.argv[1:])
-    assert ns is not None, "plain `mcp` options only"
-    options = options_from(ns)
+    parsed = parse_mcp(sys.argv[1:])
+    assert parsed is not None, "plain `mcp` options only"
+    options = options_from(Namespace(**parsed))
     socket_path = connector.broker_socket(options.home)
     assert socket_path is not None, "no broker running"
     hello = protocol.request(1, "mcp", **options.hello(None), acked=[], offered=[])
