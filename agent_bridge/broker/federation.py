@@ -134,13 +134,17 @@ class Federation:
         db = self.broker.db
         self.outbox.restore(await db.outbox_rows(), now_ms())
         known = {(row.kind, row.id) for row in await db.outbox_rows()}
+        queued_at = -math.inf  # when receipts and decisions were last queued (trio's clock)
+        queued_seen = -1  # the commit feed's version then
         async with trio.open_nursery() as publishing:
             with Following(self.broker.changes, POLL) as commits:
                 while True:
                     seen = commits.seen()
                     now = now_ms()
-                    await db.queue_receipt_updates(now)
-                    await db.queue_team_decisions(now, project_key)
+                    if trio.current_time() - queued_at >= GAP:  # a kick (a send) comes sooner: its row only
+                        queued_at, queued_seen = trio.current_time(), seen
+                        await db.queue_receipt_updates(now)
+                        await db.queue_team_decisions(now, project_key)
                     rows = await db.outbox_rows()
                     for row in rows:
                         if (row.kind, row.id) not in known:
@@ -153,6 +157,8 @@ class Federation:
                             await self._carry_out(action)
                     due = self.outbox.next_due()
                     within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
+                    if queued_seen != seen:  # commits this look did not queue for: look again after GAP
+                        within = min(within, max(0.0, queued_at + GAP - trio.current_time()))
                     await self._wait(commits, seen, within)
 
     async def _wait(self, commits: Following, seen: int, within: float) -> None:
@@ -268,7 +274,8 @@ class Federation:
             applied = await db.apply_remote_message(sender, message, now)
             if applied is Applied.NEW:
                 await self._arrived(message.to_id)
-            self.kick()  # its receipt row goes back
+            # its receipt row goes back at the outbox's next look after commits (GAP): a kick now
+            # would put that look's store calls before the recipient's delivery read
             return applied
         if kind == fed.RCPT:
             receipt = env.decode_receipt(incoming.body)
