@@ -72,7 +72,6 @@ class Federation:
     _kick: trio.Event = field(default_factory=trio.Event)
     _tokens: dict[int, Incoming] = field(default_factory=dict)
     _next_token: int = 0
-    _presence_seq: dict[str, int] = field(default_factory=dict)
 
     @property
     def machine(self) -> str:
@@ -322,16 +321,23 @@ class Federation:
         except FederationError as exc:
             self.error("dropping an unreadable delivery", exc)
 
-    # --- presence -------------------------------------------------------------------------------
+
+@dataclass
+class Presence:
+    """This machine's sessions announced to the team, and the other machines' recorded: a
+    machine silent for 90 s shows its sessions offline (core.federation.session_state)."""
+
+    team: Federation
+    seq: dict[str, int] = field(default_factory=dict)  # the last presence read of each machine
 
     def presence(self) -> env.PresenceEnvelope:
         """This machine's connected sessions, as another machine lists them."""
         sessions = []
-        for s in sorted(self.broker.sessions.values(), key=lambda s: s.name):
+        for s in sorted(self.team.broker.sessions.values(), key=lambda s: s.name):
             if s.tentative:
                 continue
             peer = s.peer
-            state = marks.session_state(self.broker.home, peer.host_session_id, connected=True,
+            state = marks.session_state(self.team.broker.home, peer.host_session_id, connected=True,
                                         last_seen=peer.last_seen_at).state
             sessions.append(env.PresenceSession(
                 id=peer.id, name=peer.name, agent=peer.agent, project=peer.project,
@@ -342,40 +348,40 @@ class Federation:
 
     async def announce(self) -> None:
         """Publish this machine's presence when it changed, and every PRESENCE_EVERY."""
-        await self.ready.wait()
+        await self.team.ready.wait()
         said: tuple[env.PresenceSession, ...] | None = None
         said_at = -math.inf
         while True:
             presence = await trio.to_thread.run_sync(self.presence)  # marks are files: off the loop
             if presence.sessions != said or trio.current_time() - said_at >= PRESENCE_EVERY:
                 try:
-                    await self.transport.publish_presence(env.encode(presence))
+                    await self.team.transport.publish_presence(env.encode(presence))
                     said, said_at = presence.sessions, trio.current_time()
                 except FederationError as exc:
-                    self.error("announcing this machine's sessions", exc)
+                    self.team.error("announcing this machine's sessions", exc)
             await trio.sleep(PRESENCE_LOOK)
 
     async def listen(self) -> None:
         """Record the other machines' presence as it changes."""
-        await self.ready.wait()
+        await self.team.ready.wait()
         while True:
             try:
-                entries = await self.transport.read_presence()
+                entries = await self.team.transport.read_presence()
             except FederationError as exc:
-                self.error("reading the team's presence", exc)
+                self.team.error("reading the team's presence", exc)
                 entries = []
             for entry in entries:
-                if entry.machine == self.machine or self._presence_seq.get(entry.machine) == entry.seq:
+                if entry.machine == self.team.machine or self.seq.get(entry.machine) == entry.seq:
                     continue
                 try:
                     presence = env.decode_presence(entry.body)
                 except env.EnvelopeError as exc:
                     log.warning("federation: %s announced something unreadable: %s", entry.machine, exc)
-                    self._presence_seq[entry.machine] = entry.seq
+                    self.seq[entry.machine] = entry.seq
                     continue
                 heard = int(entry.time * 1000) if entry.time is not None else now_ms()
-                await self.broker.db.record_presence(entry.machine, presence, min(heard, now_ms()))
-                self._presence_seq[entry.machine] = entry.seq
+                await self.team.broker.db.record_presence(entry.machine, presence, min(heard, now_ms()))
+                self.seq[entry.machine] = entry.seq
             await trio.sleep(PRESENCE_READ)
 
 
@@ -400,8 +406,9 @@ async def serve_federation(
                 nursery.start_soon(federation.send_outbox)
                 for kind in subjects.KINDS:
                     nursery.start_soon(federation.receive, kind)
-                nursery.start_soon(federation.announce)
-                nursery.start_soon(federation.listen)
+                presence = Presence(federation)
+                nursery.start_soon(presence.announce)
+                nursery.start_soon(presence.listen)
                 task_status.started(federation)
         finally:
             broker.federation = None

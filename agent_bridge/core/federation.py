@@ -24,7 +24,7 @@ from them after a restart.
 Rules: every publish of a row carries the row's own id as `Nats-Msg-Id` (the hub drops a
 repeat within its window, the receiver drops one after it); a timeout is an unknown outcome,
 never a failure (retried with the same id, backing off); a PubAck means relayed, not delivered
-(JetStream can lose an acknowledged write on a power cut, nats-server issue 7564), so only the
+(JetStream, with its default fsync interval, can lose an acknowledged write on a power cut), so only the
 receiving broker's receipt (`stored`, then `shown`, `acknowledged`) ends a message's row.
 
 **Inbound** (the receiving side): a delivery fetched from the hub is applied to the store (one

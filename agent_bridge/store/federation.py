@@ -31,6 +31,7 @@ from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
 from agent_bridge.store import federation_queries as fq
 from agent_bridge.store import queries
+from agent_bridge.store.base import StoreBase
 from agent_bridge.store.decisions import Decisions, Recipient
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.messages import Stored
@@ -48,149 +49,139 @@ def remote_peer_id(machine: str, remote_id: str) -> str:
     return f"{remote_id}@{machine}"
 
 
-class Federation(Decisions):
-    """Messages, receipts, decisions and presence of other machines, and the outbox."""
+class TeamRecords(StoreBase):
+    """The reads of what this machine knows of its team (for the federation task, `peers`,
+    `send`, `sent` and `federation status`) and the outbox's marks, each one transaction."""
 
-    # --- sending to another machine ------------------------------------------------------------
+    # --- reads for the broker (its federation task, `peers`, `send`, `federation status`) --------
 
-    def queue_remote_message(
-        self,
-        from_id: str,
-        to_peer_id: str,
-        text: str,
-        hop: int,
-        reply_to: str | None,
-        now: int,
-        *,
-        key: str | None = None,
-        address: str = "",
-    ) -> Stored:
-        """A send to a session of another machine (`to_peer_id`: its record here): the message,
-        its receipt row and its outbox row, one transaction. A send whose message_id stored one
-        before returns that (a duplicate). InputError for a recipient that is not remote."""
+    def remote_sessions(self, now: int) -> list[fq.RemoteSession]:
+        return fq.remote_sessions(self.conn, now)
+
+    def remote_session(self, name: str, machine: str, now: int) -> fq.RemoteSession | None:
+        """The session `name@machine` addresses: an announced one, else one known only as the
+        sender of a message or the author of a decision here (a reply reaches it all the same)."""
+        found = fq.remote_session(self.conn, name, machine, now)
+        if found is not None:
+            return found
+        row = self.conn.execute(
+            "SELECT id, remote_id, name, agent, project, project_key, kind, remote_state FROM peers "
+            "WHERE machine = ? AND (name = ? OR remote_id = ?) AND forgotten_at IS NULL "
+            "ORDER BY last_seen_at DESC LIMIT 1",
+            (machine, name, name),
+        ).fetchone()
+        if row is None:
+            return None
+        pid, rid, pname, agent, project, key, kind, said = row
+        heard = self.conn.execute("SELECT heard_at FROM machines WHERE name = ?", (machine,)).fetchone()
+        heard_at = None if heard is None else heard[0]
+        return fq.RemoteSession(pid, rid, pname, agent, project, key, kind, machine,
+                                fed.session_state(said, heard_at, now), heard_at)
+
+    def remote_marks(self, message_ids: list[str]) -> dict[str, fq.RemoteMarks]:
+        return fq.remote_marks(self.conn, message_ids)
+
+    def machines(self) -> list[fq.Machine]:
+        return fq.machines(self.conn)
+
+    def outbox_stats(self) -> fq.OutboxStats:
+        return fq.outbox_stats(self.conn)
+
+    def outbox_rows(self) -> list[fed.OutboxRow]:
+        """Every row, for core.federation.Outbox.restore."""
+        return fq.outbox_rows(self.conn)
+
+    def outbox_item(self, kind: str, row_id: str) -> tuple[str | None, bytes] | None:
+        """(destination machine or None for the team, body) of a row to publish; None: done."""
+        row = self.conn.execute(
+            "SELECT machine, body FROM outbox WHERE kind = ? AND id = ?", (kind, row_id)
+        ).fetchone()
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def mark_relayed(self, kind: str, row_id: str, at: int) -> None:
+        """The hub acknowledged the row (a message: relayed, not delivered)."""
         with self.conn:
-            if key is not None:
-                before = self.stored_send(from_id, key, text, address)
-                if isinstance(before, domain.InputError):
-                    raise before
-                if before is not None:
-                    return before
-            target = self.conn.execute(
-                "SELECT machine, remote_id, name FROM peers WHERE id = ? AND machine IS NOT NULL",
-                (to_peer_id,),
-            ).fetchone()
-            if target is None:
-                raise domain.InputError(f"to: {to_peer_id!r} is not a session of another machine")
-            machine, remote_id, to_name = target
-            if from_id == "cli":
-                self._ensure_cli_peer(now)
-            from_id, from_name, from_agent = self._record_named(from_id)
-            sender = Author(from_id, from_name, from_agent)
-            message_id = key if key is not None else new_id()
             self.conn.execute(
-                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, send_id, "
-                "send_to) VALUES (?,?,?,?,?,?,?,?,?)",
-                (message_id, from_id, to_peer_id, text, hop, reply_to, now, key,
-                 address if key is not None else None),
+                "UPDATE outbox SET relayed_at = ?, attempts = attempts + 1 WHERE kind = ? AND id = ?",
+                (at, kind, row_id),
+            )
+            if kind == fed.MSG:
+                self.conn.execute("UPDATE messages SET relayed_at = ? WHERE id = ?", (at, row_id))
+
+    def mark_unconfirmed(self, message_id: str, at: int) -> None:
+        """No receipt within the bound: `sent` shows the message unconfirmed until one comes."""
+        with self.conn:
+            self.conn.execute(
+                "UPDATE messages SET unconfirmed_at = ? WHERE id = ? AND stored_at IS NULL", (at, message_id)
             )
             self.conn.execute(
-                "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, to_peer_id)
+                "UPDATE outbox SET unconfirmed_at = ? WHERE kind = ? AND id = ?", (at, fed.MSG, message_id)
             )
-            body = env.encode(env.MessageEnvelope(
-                id=message_id, sender=env.Author(from_id, from_name or "", from_agent or ""),
-                to_id=remote_id, to_name=to_name, text=text, hop=hop, reply_to=reply_to,
-                created_at=now, send_id=key,
-            ))
-            self._queue_out(fed.MSG, message_id, machine, body, now)
-        return Stored([Message(message_id, sender, to_peer_id, to_name, text, hop, reply_to, "message", now)])
 
-    # --- what another machine sent -------------------------------------------------------------
-
-    def apply_remote_message(self, from_machine: str, message: env.MessageEnvelope, now: int) -> Applied:
-        """A message from `from_machine` to a session here: stored once by its id; a repeat stores
-        nothing. Either way a receipt row goes back (a repeat means its sender did not hear the
-        last one). InputError (nothing stored) for a recipient that is not a session here."""
+    def drop(self, kind: str, row_id: str) -> None:
         with self.conn:
-            row = self.conn.execute(
-                "SELECT machine, to_peer FROM messages WHERE id = ?", (message.id,)
-            ).fetchone()
-            if row is not None:
-                if row[0] != from_machine:
-                    raise domain.InputError(f"id: {message.id} is another machine's message here")
-                self._queue_receipt(message.id, from_machine, self._receipt_rank(message.id, row[1]), now)
-                return Applied.REPEAT
-            to = self.conn.execute(
-                f"SELECT id FROM peers WHERE id = ? AND {queries.LISTED_PEERS}", (message.to_id,)
-            ).fetchone()
-            if to is None:
-                raise domain.InputError(f"to: no session {message.to_id} ({message.to_name}) on this machine")
-            to_id = str(to[0])
-            sender = self._ensure_remote_peer(from_machine, message.sender, now)
-            self.conn.execute(
-                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, machine, "
-                "reported) VALUES (?,?,?,?,?,?,?,?,?)",
-                (message.id, sender, to_id, message.text, message.hop, message.reply_to,
-                 message.created_at, from_machine, fed.receipt_rank(fed.STORED)),
-            )
-            self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message.id, to_id))
-            self._close_tap(to_id)  # its delivery task reads it from the database
-            self._queue_receipt(message.id, from_machine, fed.receipt_rank(fed.STORED), now)
-            self._heard(from_machine, now)
-        return Applied.NEW
+            self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
 
-    def queue_receipt_updates(self, now: int) -> int:
-        """Receipts for messages from other machines that were shown or acknowledged here since
-        the last call: one outbox row each, with `reported` moved on, one transaction."""
-        with self.conn:
-            rows = self.conn.execute(
-                "SELECT m.id, m.machine, m.reported, r.delivered_at, r.acked_at FROM messages m "
-                "JOIN receipts r ON r.message_id = m.id AND r.peer_id = m.to_peer "
-                "WHERE m.machine IS NOT NULL AND m.reported < 3 "
-                "AND (r.acked_at IS NOT NULL OR (r.delivered_at IS NOT NULL AND m.reported < 2))"
-            ).fetchall()
-            for message_id, machine, reported, _shown, acked in rows:
-                rank = fed.receipt_rank(fed.ACKNOWLEDGED if acked is not None else fed.SHOWN)
-                if rank > int(reported or 0):
-                    self._queue_receipt(str(message_id), str(machine), rank, now)
-                    self.conn.execute("UPDATE messages SET reported = ? WHERE id = ?", (rank, message_id))
-        return len(rows)
+    # --- inside ---------------------------------------------------------------------------------
 
-    def apply_remote_receipt(self, from_machine: str, receipt: env.ReceiptEnvelope, now: int) -> bool:
-        """A receipt from `from_machine` for a message sent from here to one of its sessions
-        (another machine's receipt is ignored). Monotonic: a receipt never takes one back. Ends
-        the message's outbox row and clears an unconfirmed mark. True when it changed something."""
-        with self.conn:
-            row = self.conn.execute(
-                "SELECT m.to_peer, m.stored_at, m.unconfirmed_at, r.delivered_at, r.acked_at FROM messages m "
-                "JOIN peers p ON p.id = m.to_peer "
-                "JOIN receipts r ON r.message_id = m.id AND r.peer_id = m.to_peer "
-                "WHERE m.id = ? AND m.machine IS NULL AND p.machine = ?",
-                (receipt.message_id, from_machine),
-            ).fetchone()
-            if row is None:
-                return False
-            to_peer, stored_at, unconfirmed_at, shown_at, acked_at = row
-            rank = fed.receipt_rank(receipt.state)
-            changed = stored_at is None or unconfirmed_at is not None
-            self.conn.execute(
-                "UPDATE messages SET stored_at = coalesce(stored_at, ?), unconfirmed_at = NULL WHERE id = ?",
-                (receipt.at, receipt.message_id),
-            )
-            if rank >= fed.receipt_rank(fed.SHOWN) and shown_at is None:
-                changed = True
-                self.conn.execute(
-                    "UPDATE receipts SET delivered_at = ? WHERE message_id = ? AND peer_id = ?",
-                    (receipt.at, receipt.message_id, to_peer),
-                )
-            if rank >= fed.receipt_rank(fed.ACKNOWLEDGED) and acked_at is None:
-                changed = True
-                self.conn.execute(
-                    "UPDATE receipts SET acked_at = ? WHERE message_id = ? AND peer_id = ?",
-                    (receipt.at, receipt.message_id, to_peer),
-                )
-            self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (fed.MSG, receipt.message_id))
-            self._heard(from_machine, now)
-        return changed
+    def _queue_out(self, kind: str, row_id: str, machine: str | None, body: bytes, now: int) -> None:
+        self.conn.execute(
+            "INSERT INTO outbox(kind, id, machine, body, queued_at) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(kind, id) DO NOTHING",
+            (kind, row_id, machine, body, now),
+        )
+
+    def _queue_receipt(self, message_id: str, machine: str, rank: int, now: int) -> None:
+        state = fed.RECEIPTS[rank - 1]
+        body = env.encode(env.ReceiptEnvelope(message_id, state, now))
+        self._queue_out(fed.RCPT, f"{message_id}/{state}", machine, body, now)
+
+    def _receipt_rank(self, message_id: str, to_peer: str) -> int:
+        row = self.conn.execute(
+            "SELECT delivered_at, acked_at FROM receipts WHERE message_id = ? AND peer_id = ?",
+            (message_id, to_peer),
+        ).fetchone()
+        if row is None or row[1] is not None:
+            return fed.receipt_rank(fed.ACKNOWLEDGED if row is not None else fed.STORED)
+        return fed.receipt_rank(fed.SHOWN if row[0] is not None else fed.STORED)
+
+    def _ensure_remote_peer(self, machine: str, author: env.Author, now: int) -> str:
+        """The record of another machine's session (an author or sender), made when presence has
+        not announced it (a job that ended, that machine's `cli`): listed by nobody here."""
+        peer_id = remote_peer_id(machine, author.id)
+        self.conn.execute(
+            "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, machine, remote_id, "
+            "remote_state) VALUES (?, ?, ?, '', 'interactive', ?, ?, ?, ?, 'offline') "
+            "ON CONFLICT(id) DO NOTHING",
+            (peer_id, author.name, author.agent, now, now, machine, author.id),
+        )
+        return peer_id
+
+    def _has(self, table: str, row_id: str) -> bool:
+        return self.conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (row_id,)).fetchone() is not None
+
+    def _heard(self, machine: str, now: int) -> None:
+        self.conn.execute(
+            "INSERT INTO machines(name, heard_at) VALUES (?1, ?2) "
+            "ON CONFLICT(name) DO UPDATE SET heard_at = max(heard_at, ?2)",
+            (machine, now),
+        )
+
+    def _cursor(self, name: str) -> int:
+        row = self.conn.execute("SELECT seq FROM federation_cursors WHERE name = ?", (name,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _set_cursor(self, name: str, seq: int) -> None:
+        self.conn.execute(
+            "INSERT INTO federation_cursors(name, seq) VALUES (?1, ?2) "
+            "ON CONFLICT(name) DO UPDATE SET seq = ?2",
+            (name, seq),
+        )
+
+
+class TeamDecisions(TeamRecords, Decisions):
+    """The team's decisions and retractions (queued for the others, applied from them) and
+    the other machines' presence."""
 
     # --- decisions ------------------------------------------------------------------------------
 
@@ -338,129 +329,147 @@ class Federation(Decisions):
                 (machine, heard_at),
             )
 
-    # --- the outbox -----------------------------------------------------------------------------
 
-    # --- reads for the broker (its federation task, `peers`, `send`, `federation status`) --------
+class Federation(TeamDecisions):
+    """Messages, receipts, decisions and presence of other machines, and the outbox."""
 
-    def remote_sessions(self, now: int) -> list[fq.RemoteSession]:
-        return fq.remote_sessions(self.conn, now)
+    # --- sending to another machine ------------------------------------------------------------
 
-    def remote_session(self, name: str, machine: str, now: int) -> fq.RemoteSession | None:
-        """The session `name@machine` addresses: an announced one, else one known only as the
-        sender of a message or the author of a decision here (a reply reaches it all the same)."""
-        found = fq.remote_session(self.conn, name, machine, now)
-        if found is not None:
-            return found
-        row = self.conn.execute(
-            "SELECT id, remote_id, name, agent, project, project_key, kind, remote_state FROM peers "
-            "WHERE machine = ? AND (name = ? OR remote_id = ?) AND forgotten_at IS NULL "
-            "ORDER BY last_seen_at DESC LIMIT 1",
-            (machine, name, name),
-        ).fetchone()
-        if row is None:
-            return None
-        pid, rid, pname, agent, project, key, kind, said = row
-        heard = self.conn.execute("SELECT heard_at FROM machines WHERE name = ?", (machine,)).fetchone()
-        heard_at = None if heard is None else heard[0]
-        return fq.RemoteSession(pid, rid, pname, agent, project, key, kind, machine,
-                                fed.session_state(said, heard_at, now), heard_at)
-
-    def remote_marks(self, message_ids: list[str]) -> dict[str, fq.RemoteMarks]:
-        return fq.remote_marks(self.conn, message_ids)
-
-    def machines(self) -> list[fq.Machine]:
-        return fq.machines(self.conn)
-
-    def outbox_stats(self) -> fq.OutboxStats:
-        return fq.outbox_stats(self.conn)
-
-    def outbox_rows(self) -> list[fed.OutboxRow]:
-        """Every row, for core.federation.Outbox.restore."""
-        return fq.outbox_rows(self.conn)
-
-    def outbox_item(self, kind: str, row_id: str) -> tuple[str | None, bytes] | None:
-        """(destination machine or None for the team, body) of a row to publish; None: done."""
-        row = self.conn.execute(
-            "SELECT machine, body FROM outbox WHERE kind = ? AND id = ?", (kind, row_id)
-        ).fetchone()
-        return None if row is None else (row[0], bytes(row[1]))
-
-    def mark_relayed(self, kind: str, row_id: str, at: int) -> None:
-        """The hub acknowledged the row (a message: relayed, not delivered)."""
+    def queue_remote_message(
+        self,
+        from_id: str,
+        to_peer_id: str,
+        text: str,
+        hop: int,
+        reply_to: str | None,
+        now: int,
+        *,
+        key: str | None = None,
+        address: str = "",
+    ) -> Stored:
+        """A send to a session of another machine (`to_peer_id`: its record here): the message,
+        its receipt row and its outbox row, one transaction. A send whose message_id stored one
+        before returns that (a duplicate). InputError for a recipient that is not remote."""
         with self.conn:
+            if key is not None:
+                before = self.stored_send(from_id, key, text, address)
+                if isinstance(before, domain.InputError):
+                    raise before
+                if before is not None:
+                    return before
+            target = self.conn.execute(
+                "SELECT machine, remote_id, name FROM peers WHERE id = ? AND machine IS NOT NULL",
+                (to_peer_id,),
+            ).fetchone()
+            if target is None:
+                raise domain.InputError(f"to: {to_peer_id!r} is not a session of another machine")
+            machine, remote_id, to_name = target
+            if from_id == "cli":
+                self._ensure_cli_peer(now)
+            from_id, from_name, from_agent = self._record_named(from_id)
+            sender = Author(from_id, from_name, from_agent)
+            message_id = key if key is not None else new_id()
             self.conn.execute(
-                "UPDATE outbox SET relayed_at = ?, attempts = attempts + 1 WHERE kind = ? AND id = ?",
-                (at, kind, row_id),
-            )
-            if kind == fed.MSG:
-                self.conn.execute("UPDATE messages SET relayed_at = ? WHERE id = ?", (at, row_id))
-
-    def mark_unconfirmed(self, message_id: str, at: int) -> None:
-        """No receipt within the bound: `sent` shows the message unconfirmed until one comes."""
-        with self.conn:
-            self.conn.execute(
-                "UPDATE messages SET unconfirmed_at = ? WHERE id = ? AND stored_at IS NULL", (at, message_id)
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, send_id, "
+                "send_to) VALUES (?,?,?,?,?,?,?,?,?)",
+                (message_id, from_id, to_peer_id, text, hop, reply_to, now, key,
+                 address if key is not None else None),
             )
             self.conn.execute(
-                "UPDATE outbox SET unconfirmed_at = ? WHERE kind = ? AND id = ?", (at, fed.MSG, message_id)
+                "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, to_peer_id)
             )
+            body = env.encode(env.MessageEnvelope(
+                id=message_id, sender=env.Author(from_id, from_name or "", from_agent or ""),
+                to_id=remote_id, to_name=to_name, text=text, hop=hop, reply_to=reply_to,
+                created_at=now, send_id=key,
+            ))
+            self._queue_out(fed.MSG, message_id, machine, body, now)
+        return Stored([Message(message_id, sender, to_peer_id, to_name, text, hop, reply_to, "message", now)])
 
-    def drop(self, kind: str, row_id: str) -> None:
+    # --- what another machine sent -------------------------------------------------------------
+
+    def apply_remote_message(self, from_machine: str, message: env.MessageEnvelope, now: int) -> Applied:
+        """A message from `from_machine` to a session here: stored once by its id; a repeat stores
+        nothing. Either way a receipt row goes back (a repeat means its sender did not hear the
+        last one). InputError (nothing stored) for a recipient that is not a session here."""
         with self.conn:
-            self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
+            row = self.conn.execute(
+                "SELECT machine, to_peer FROM messages WHERE id = ?", (message.id,)
+            ).fetchone()
+            if row is not None:
+                if row[0] != from_machine:
+                    raise domain.InputError(f"id: {message.id} is another machine's message here")
+                self._queue_receipt(message.id, from_machine, self._receipt_rank(message.id, row[1]), now)
+                return Applied.REPEAT
+            to = self.conn.execute(
+                f"SELECT id FROM peers WHERE id = ? AND {queries.LISTED_PEERS}", (message.to_id,)
+            ).fetchone()
+            if to is None:
+                raise domain.InputError(f"to: no session {message.to_id} ({message.to_name}) on this machine")
+            to_id = str(to[0])
+            sender = self._ensure_remote_peer(from_machine, message.sender, now)
+            self.conn.execute(
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, machine, "
+                "reported) VALUES (?,?,?,?,?,?,?,?,?)",
+                (message.id, sender, to_id, message.text, message.hop, message.reply_to,
+                 message.created_at, from_machine, fed.receipt_rank(fed.STORED)),
+            )
+            self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message.id, to_id))
+            self._close_tap(to_id)  # its delivery task reads it from the database
+            self._queue_receipt(message.id, from_machine, fed.receipt_rank(fed.STORED), now)
+            self._heard(from_machine, now)
+        return Applied.NEW
 
-    # --- inside ---------------------------------------------------------------------------------
+    def queue_receipt_updates(self, now: int) -> int:
+        """Receipts for messages from other machines that were shown or acknowledged here since
+        the last call: one outbox row each, with `reported` moved on, one transaction."""
+        with self.conn:
+            rows = self.conn.execute(
+                "SELECT m.id, m.machine, m.reported, r.delivered_at, r.acked_at FROM messages m "
+                "JOIN receipts r ON r.message_id = m.id AND r.peer_id = m.to_peer "
+                "WHERE m.machine IS NOT NULL AND m.reported < 3 "
+                "AND (r.acked_at IS NOT NULL OR (r.delivered_at IS NOT NULL AND m.reported < 2))"
+            ).fetchall()
+            for message_id, machine, reported, _shown, acked in rows:
+                rank = fed.receipt_rank(fed.ACKNOWLEDGED if acked is not None else fed.SHOWN)
+                if rank > int(reported or 0):
+                    self._queue_receipt(str(message_id), str(machine), rank, now)
+                    self.conn.execute("UPDATE messages SET reported = ? WHERE id = ?", (rank, message_id))
+        return len(rows)
 
-    def _queue_out(self, kind: str, row_id: str, machine: str | None, body: bytes, now: int) -> None:
-        self.conn.execute(
-            "INSERT INTO outbox(kind, id, machine, body, queued_at) VALUES (?,?,?,?,?) "
-            "ON CONFLICT(kind, id) DO NOTHING",
-            (kind, row_id, machine, body, now),
-        )
-
-    def _queue_receipt(self, message_id: str, machine: str, rank: int, now: int) -> None:
-        state = fed.RECEIPTS[rank - 1]
-        body = env.encode(env.ReceiptEnvelope(message_id, state, now))
-        self._queue_out(fed.RCPT, f"{message_id}/{state}", machine, body, now)
-
-    def _receipt_rank(self, message_id: str, to_peer: str) -> int:
-        row = self.conn.execute(
-            "SELECT delivered_at, acked_at FROM receipts WHERE message_id = ? AND peer_id = ?",
-            (message_id, to_peer),
-        ).fetchone()
-        if row is None or row[1] is not None:
-            return fed.receipt_rank(fed.ACKNOWLEDGED if row is not None else fed.STORED)
-        return fed.receipt_rank(fed.SHOWN if row[0] is not None else fed.STORED)
-
-    def _ensure_remote_peer(self, machine: str, author: env.Author, now: int) -> str:
-        """The record of another machine's session (an author or sender), made when presence has
-        not announced it (a job that ended, that machine's `cli`): listed by nobody here."""
-        peer_id = remote_peer_id(machine, author.id)
-        self.conn.execute(
-            "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, machine, remote_id, "
-            "remote_state) VALUES (?, ?, ?, '', 'interactive', ?, ?, ?, ?, 'offline') "
-            "ON CONFLICT(id) DO NOTHING",
-            (peer_id, author.name, author.agent, now, now, machine, author.id),
-        )
-        return peer_id
-
-    def _has(self, table: str, row_id: str) -> bool:
-        return self.conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (row_id,)).fetchone() is not None
-
-    def _heard(self, machine: str, now: int) -> None:
-        self.conn.execute(
-            "INSERT INTO machines(name, heard_at) VALUES (?1, ?2) "
-            "ON CONFLICT(name) DO UPDATE SET heard_at = max(heard_at, ?2)",
-            (machine, now),
-        )
-
-    def _cursor(self, name: str) -> int:
-        row = self.conn.execute("SELECT seq FROM federation_cursors WHERE name = ?", (name,)).fetchone()
-        return 0 if row is None else int(row[0])
-
-    def _set_cursor(self, name: str, seq: int) -> None:
-        self.conn.execute(
-            "INSERT INTO federation_cursors(name, seq) VALUES (?1, ?2) "
-            "ON CONFLICT(name) DO UPDATE SET seq = ?2",
-            (name, seq),
-        )
+    def apply_remote_receipt(self, from_machine: str, receipt: env.ReceiptEnvelope, now: int) -> bool:
+        """A receipt from `from_machine` for a message sent from here to one of its sessions
+        (another machine's receipt is ignored). Monotonic: a receipt never takes one back. Ends
+        the message's outbox row and clears an unconfirmed mark. True when it changed something."""
+        with self.conn:
+            row = self.conn.execute(
+                "SELECT m.to_peer, m.stored_at, m.unconfirmed_at, r.delivered_at, r.acked_at FROM messages m "
+                "JOIN peers p ON p.id = m.to_peer "
+                "JOIN receipts r ON r.message_id = m.id AND r.peer_id = m.to_peer "
+                "WHERE m.id = ? AND m.machine IS NULL AND p.machine = ?",
+                (receipt.message_id, from_machine),
+            ).fetchone()
+            if row is None:
+                return False
+            to_peer, stored_at, unconfirmed_at, shown_at, acked_at = row
+            rank = fed.receipt_rank(receipt.state)
+            changed = stored_at is None or unconfirmed_at is not None
+            self.conn.execute(
+                "UPDATE messages SET stored_at = coalesce(stored_at, ?), unconfirmed_at = NULL WHERE id = ?",
+                (receipt.at, receipt.message_id),
+            )
+            if rank >= fed.receipt_rank(fed.SHOWN) and shown_at is None:
+                changed = True
+                self.conn.execute(
+                    "UPDATE receipts SET delivered_at = ? WHERE message_id = ? AND peer_id = ?",
+                    (receipt.at, receipt.message_id, to_peer),
+                )
+            if rank >= fed.receipt_rank(fed.ACKNOWLEDGED) and acked_at is None:
+                changed = True
+                self.conn.execute(
+                    "UPDATE receipts SET acked_at = ? WHERE message_id = ? AND peer_id = ?",
+                    (receipt.at, receipt.message_id, to_peer),
+                )
+            self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (fed.MSG, receipt.message_id))
+            self._heard(from_machine, now)
+        return changed
