@@ -164,6 +164,8 @@ class Host:
     # The hook that hands messages over between tool calls prints them with their ids and does not
     # acknowledge them: the host's plugin does (`agent-bridge hook ack`) once the host took them.
     defers_ack = False
+    # Hooks registered beside edits.EVENTS: (event, `agent-bridge hook` argument, more handler keys)
+    extra_hooks: tuple[tuple[str, str, dict[str, Any]], ...] = ()
 
     def is_set_up(self) -> bool:
         """Whether this user has the host's configuration folder (install's default hosts)."""

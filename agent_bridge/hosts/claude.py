@@ -80,6 +80,7 @@ class Claude(Host):
     process_prefixes = ("claude",)
     exclusive = True
     session_env = "CLAUDE_CODE_SESSION_ID"
+    extra_hooks = (WAKE_HOOK, PROMPT_HOOK)  # registered beside edits.EVENTS, by install and in the plugin
 
     def is_set_up(self) -> bool:
         return (Path.home() / ".claude").is_dir() or (Path.home() / ".claude.json").is_file()
@@ -99,7 +100,7 @@ class Claude(Host):
         ensure = partial(ensure_json_server, path=server_file, command=command, args=args, env=env)
         return [edit_json(server_file, ensure, private=private),
                 hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                                   extra=(WAKE_HOOK, PROMPT_HOOK)),
+                           extra=self.extra_hooks),
                 *self.command_edits(scope, cwd, run, env, private=private)]
 
     def commands_folder(self, scope: str, cwd: Path) -> Path:

@@ -53,6 +53,7 @@ class Codex(Host):
     title = "Codex"
     process_prefixes = ("codex",)
     exclusive = False
+    extra_hooks = (PROMPT_HOOK, INTERRUPT_HOOK)  # registered beside edits.EVENTS, by install and in the plugin
 
     def is_set_up(self) -> bool:
         return codex_home().is_dir()
@@ -77,7 +78,7 @@ class Codex(Host):
             ),
             hooks_edit(
                 self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                extra=(PROMPT_HOOK, INTERRUPT_HOOK)
+                extra=self.extra_hooks
             ),
         ]
 
