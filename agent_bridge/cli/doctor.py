@@ -280,8 +280,42 @@ def run_checks(home: Path, cwd: Path) -> list[Check]:
         if federation is not None:
             checks.append(federation)
     for host in hosts.ALL:
-        checks += host.doctor_checks(home, cwd)
+        checks += plugin_checks(host, cwd, host.doctor_checks(home, cwd))
     return checks
+
+
+def plugin_checks(host: hosts.Host, cwd: Path, found: list[Check]) -> list[Check]:
+    """The host's checks with its plugin's (`install --plugin`): the plugin installed and enabled,
+    `agent-bridge` on PATH for it; with the plugin alone, the config-edit checks that find nothing
+    registered are skipped; with both, a warning (the host would run every hook twice)."""
+    import shutil
+
+    from agent_bridge.hosts import plugin, plugin_install
+    from agent_bridge.hosts.edits import InstallError
+
+    folder = plugin_install.installed(host.name)
+    if folder is None:
+        return found
+    name = f"{host.title} plugin"
+    try:
+        edited = [str(e.path) for scope in ("user", "project")
+                  for e in host.uninstall_edits(scope, cwd.absolute(), private=True) if e.changed]
+    except InstallError:
+        edited = []
+    if shutil.which(plugin.RUN[0]) is None:
+        mine = Check(name, FAIL, f"{plugin.ID} is installed, but `{plugin.RUN[0]}`, which it runs, is not on "
+                     "PATH", "install agent-bridge so that the host finds it on PATH (pipx install)")
+    else:
+        mine = Check(name, OK, f"{plugin.ID} installed and enabled (from {folder})")
+    if edited:
+        twice = Check(name + "s", WARN, f"agent-bridge is installed twice: the plugin {plugin.ID} and the config "
+                      f"edits ({', '.join(edited)}): {host.title} starts two MCP servers and runs every hook twice",
+                      f"keep one: agent-bridge uninstall --{host.name} (the edits) or "
+                      f"agent-bridge uninstall --{host.name} --plugin")
+        return [mine, *found, twice]
+    title = host.title
+    return [mine, *[c if c.status not in (FAIL, WARN) or not c.name.startswith(title) else
+                    Check(c.name, SKIP, f"the plugin registers it ({c.detail})") for c in found]]
 
 
 def nothing_connected(checks: list[Check]) -> bool:

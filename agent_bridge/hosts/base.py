@@ -192,9 +192,10 @@ class Host:
     # documentation gives other forms overrides them (`tests/test_hosts.py` lists which hosts
     # were checked against their documentation).
 
-    def tools_sentence(self) -> str:
+    def tools_sentence(self, *, plugin: bool = False) -> str:
         """One sentence of the SessionStart note (SPEC §4.5): which bridge tools to use, named as
-        this host shows them to the model, and why rather than the host's own messaging."""
+        this host shows them to the model (`plugin`: its server is the plugin's, hosts.plugin), and
+        why rather than the host's own messaging."""
         return ("The agent-bridge tools `send`, `inbox` and `decisions` reach every agent session here, "
                 "Claude Code and Codex, running or not.")
 

@@ -136,11 +136,13 @@ class Claude(Host):
                 hooks_removal(self.hooks_file(scope, cwd), private=private),
                 *self.command_edits(scope, cwd, None, {}, private=private)]
 
-    def tools_sentence(self) -> str:
+    def tools_sentence(self, *, plugin: bool = False) -> str:
         # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
-        # them); its own SendMessage reaches running Claude Code sessions only.
+        # them): `mcp__plugin_<plugin>_<server>__` for a plugin's server. Its own SendMessage reaches
+        # running Claude Code sessions only.
+        prefix = "mcp__plugin_agent-bridge_agent-bridge__" if plugin else "mcp__agent-bridge__"
         return (
-            "Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
+            f"Message other agent sessions with `{prefix}send`, `…inbox`, `…decisions`: they reach "
             "Codex and sessions not running too, which SendMessage does not."
         )
 

@@ -149,8 +149,9 @@ class Codex(Host):
             return False
         return done.returncode == 0
 
-    def tools_sentence(self) -> str:
-        # Codex 0.171 gives the model the MCP tools as functions of one namespace, mcp__agent_bridge.
+    def tools_sentence(self, *, plugin: bool = False) -> str:
+        # Codex 0.171 gives the model the MCP tools as functions of one namespace, mcp__agent_bridge,
+        # a plugin's server's too (named by the server alone, NOTES.md "Plugins").
         return ("Message other agent sessions (Claude Code too, and sessions not running) with the "
                 "mcp__agent_bridge tools `send`, `inbox`, `decisions`.")
 
