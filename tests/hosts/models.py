@@ -349,6 +349,7 @@ class ChatServer(ModelServer):
     title request, made with the small model before the main one) gets a text."""
 
     server = "agent-bridge"
+    separator = "_"  # opencode's; GitHub Copilot CLI 1.0.102 names an MCP tool `agent-bridge-<tool>`
 
     def session_of(self, request: Request) -> str | None:
         return request.headers.get("x-session-affinity")
@@ -371,7 +372,7 @@ class ChatServer(ModelServer):
                  "model": request.body.get("model", "m")}
         if step is not None:
             tool, args = step
-            name = tool[len(BUILTIN):] if tool.startswith(BUILTIN) else f"{self.server}_{tool}"
+            name = tool[len(BUILTIN):] if tool.startswith(BUILTIN) else f"{self.server}{self.separator}{tool}"
             delta: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [{
                 "index": 0, "id": f"call_{n}", "type": "function",
                 "function": {"name": name, "arguments": json.dumps(args)}}]}

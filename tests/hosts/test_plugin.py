@@ -6,7 +6,7 @@ One world per host, each run checking several things (each host run costs second
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +15,7 @@ import pytest
 
 from agent_bridge.hosts import plugin
 from tests.hosts.conftest import (
+    BRIDGE_TOOLS,
     World,
     claude_note,
     claude_system_texts,
@@ -24,7 +25,7 @@ from tests.hosts.conftest import (
     plan,
     poll_until,
 )
-from tests.hosts.models import GATE
+from tests.hosts.models import GATE, ChatServer
 
 pytestmark = pytest.mark.slow
 
@@ -157,9 +158,58 @@ def test_codex_plugin(plugin_world: World) -> None:
 COPILOT_ENV = {"COPILOT_OFFLINE": "true", "COPILOT_MODEL": "fake-model"}
 
 
-@pytest.mark.skipif(not os.environ.get("AGENT_BRIDGE_HOST_BIN") and False, reason="")
 def test_copilot_cli_plugin(plugin_world: World) -> None:
-    """GitHub Copilot CLI installs the same plugin with its own commands; its MCP tools answer.
-    Which of the plugin's hooks ran, and what reached its model, is what the README's reach
-    table says of Copilot CLI."""
-    pytest.skip("written below")
+    """GitHub Copilot CLI installs the same plugin with its own commands from the package's
+    folder, and its model gets every bridge tool (`agent-bridge-<tool>`), which answers. Its hooks
+    run (SessionStart, UserPromptSubmit, PostToolUse, Stop: Copilot's own events), but with
+    Copilot's input (`sessionId`, not `session_id`) and answers it does not pass on: no note, no
+    message reaches its model; messages wait, not acknowledged, for `inbox`. It starts the server
+    in the plugin's folder, which the session takes for its project. The README's reach table
+    says this of Copilot CLI."""
+    world = plugin_world
+    env = {**world.base_env(), **COPILOT_ENV}
+    copilot = str(world.host_bin / "copilot")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([copilot, *args], env=env, cwd=world.project, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr + done.stdout
+        return done
+
+    run("plugin", "marketplace", "add", str(plugin.FOLDER))
+    assert "installed successfully" in run("plugin", "install", plugin.ID).stdout
+    model = ChatServer().start()
+    model.separator = "-"
+    try:
+        env["COPILOT_PROVIDER_BASE_URL"] = f"{model.url}/v1"
+        world.bridge("decide", *DECISION)
+        steps = plan(("whoami", {}), (GATE, {"gate": "mid"}), ("peers", {}), (GATE, {"gate": "end"}))
+        proc = subprocess.Popen([copilot, "-p", steps, "--allow-all-tools"], env=env, cwd=world.project,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        world.procs.append(proc)
+        model.wait_reached("mid")
+        session = next(p for p in world.peers() if p["agent"] == "claude")
+        world.bridge("send", session["id"], "mid-turn: rebase first")
+        model.open_gate("mid")
+        model.wait_reached("end")
+        world.bridge("send", session["id"], "at the end: the schema changed")
+        model.open_gate("end")
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err + out
+    finally:
+        model.close()
+    listed = {t.get("function", {}).get("name") for t in model.requests[0].body.get("tools") or ()}
+    assert {f"agent-bridge-{t}" for t in BRIDGE_TOOLS} <= listed, listed
+    answers = [m for m in model.requests[-1].body.get("messages") or () if m.get("role") == "tool"]
+    assert len(answers) == 2 and json.loads(answers[0]["content"])["name"] == session["name"], answers
+    assert session["project"] == str(plugin.FOLDER / plugin.NAME)  # where Copilot starts the server
+    texts = " ".join(r.text for r in model.requests)
+    assert DECISION[1] not in texts and "rebase first" not in texts and "schema changed" not in texts
+    sent = json.loads(world.bridge("sent", "--json").stdout)
+    assert [m["state"] for m in sent] == ["queued", "queued"], sent  # nothing acknowledged unseen
+    events = [json.loads(line) for f in (world.home / ".copilot" / "session-state").glob("*/events.jsonl")
+              for line in f.read_text(encoding="utf-8").splitlines()]
+    ran = {e["data"]["hookType"] for e in events if e.get("type") == "hook.end" and e["data"].get("success")}
+    assert ran == {"sessionStart", "userPromptSubmitted", "postToolUse", "agentStop"}, ran
+    inputs = [e["data"]["input"] for e in events if e.get("type") == "hook.start"]
+    assert all("sessionId" in i and "session_id" not in i for i in inputs), inputs
