@@ -213,3 +213,28 @@ def test_copilot_cli_plugin(plugin_world: World) -> None:
     assert ran == {"sessionStart", "userPromptSubmitted", "postToolUse", "agentStop"}, ran
     inputs = [e["data"]["input"] for e in events if e.get("type") == "hook.start"]
     assert all("sessionId" in i and "session_id" not in i for i in inputs), inputs
+
+
+@pytest.mark.serial  # a TUI under tmux
+def test_claude_code_plugin_wakes_an_idle_tui(plugin_world: World) -> None:
+    """The plugin's idle-wake waiter (its asyncRewake Stop hook) wakes an idle Claude Code TUI:
+    a message sent after the turn ended runs a new turn with no keystroke."""
+    from tests.hosts.test_claude_tui import exit_tui, ready, session_mark, waiters_held
+
+    world = plugin_world
+    world.bridge("install", "--plugin", "--claude")
+    sid = str(uuid.uuid4())
+    tui = world.claude_tui(sid)
+    poll_until(lambda: ready(world, tui, sid), "the TUI's prompt and its MCP server")
+    tui.type(plan(("whoami", {})))
+    poll_until(lambda: waiters_held(world) == 1 and session_mark(world, sid).startswith("idle "),
+               "the turn's Stop, the waiter armed")
+    before = len(world.claude_model.of_session(sid))
+    world.bridge("send", sid, "idle wake: are you there?")
+    woke = poll_until(lambda: next((r for r in world.claude_model.of_session(sid)[before:]
+                                    if "are you there?" in r.text), None), "the idle session woken")
+    assert "not from the user" in woke.text
+    poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")
+    woken = {r["text"]: r["woken"] for r in json.loads(world.bridge("sent", "--json").stdout)}
+    assert woken == {"idle wake: are you there?": "confirmed"}, woken
+    exit_tui(world, tui)
