@@ -6,7 +6,8 @@
 A generated part sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->` in a docs/*.md
 file; only the text between the two markers is replaced, everything around it is written by hand.
 It also writes the plugin's files (agent_bridge/hosts/plugin.py: the marketplace at the
-repository's root and in agent_bridge/marketplace/). The parts come from the objects the program itself uses: the CLI's argparse parser, the MCP
+repository's root and in agent_bridge/marketplace/). The parts come from the objects the program
+itself uses: the CLI's argparse parser, the MCP
 server's advertised tools, the dashboard's URL map, the schema's migration steps, the host modules'
 hook answers, and the state folder's file names in `agent_bridge.common.paths`. (The CLI part is built
 from the parser's actions rather than from `--help`, whose layout differs between Python versions

@@ -308,8 +308,9 @@ def plugin_checks(host: hosts.Host, cwd: Path, found: list[Check]) -> list[Check
     else:
         mine = Check(name, OK, f"{plugin.ID} installed and enabled (from {folder})")
     if edited:
-        twice = Check(name + "s", WARN, f"agent-bridge is installed twice: the plugin {plugin.ID} and the config "
-                      f"edits ({', '.join(edited)}): {host.title} starts two MCP servers and runs every hook twice",
+        twice = Check(name + "s", WARN,
+                      f"agent-bridge is installed twice: the plugin {plugin.ID} and the config edits "
+                      f"({', '.join(edited)}): {host.title} starts two MCP servers and runs every hook twice",
                       f"keep one: agent-bridge uninstall --{host.name} (the edits) or "
                       f"agent-bridge uninstall --{host.name} --plugin")
         return [mine, *found, twice]

@@ -123,7 +123,8 @@ def build_parser(run: Runs) -> argparse.ArgumentParser:
         "--scope", choices=("user", "project"), default="user", help="which files (default: user)"
     )
     uninst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
-    uninst.add_argument("--plugin", action="store_true", help="remove the plugin `install --plugin` installed")
+    uninst.add_argument("--plugin", action="store_true",
+                        help="remove the plugin `install --plugin` installed")
     uninst.set_defaults(func=run["uninstall"])
 
     doc = sub.add_parser("doctor", help="check the setup and say what to fix")

@@ -80,7 +80,7 @@ class Claude(Host):
     process_prefixes = ("claude",)
     exclusive = True
     session_env = "CLAUDE_CODE_SESSION_ID"
-    extra_hooks = (WAKE_HOOK, PROMPT_HOOK)  # registered beside edits.EVENTS, by install and in the plugin
+    extra_hooks = (WAKE_HOOK, PROMPT_HOOK)  # beside edits.EVENTS, by install and in the plugin
 
     def is_set_up(self) -> bool:
         return (Path.home() / ".claude").is_dir() or (Path.home() / ".claude.json").is_file()

@@ -53,7 +53,7 @@ class Codex(Host):
     title = "Codex"
     process_prefixes = ("codex",)
     exclusive = False
-    extra_hooks = (PROMPT_HOOK, INTERRUPT_HOOK)  # registered beside edits.EVENTS, by install and in the plugin
+    extra_hooks = (PROMPT_HOOK, INTERRUPT_HOOK)  # beside edits.EVENTS, by install and in the plugin
 
     def is_set_up(self) -> bool:
         return codex_home().is_dir()

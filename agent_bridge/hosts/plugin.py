@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from agent_bridge import __version__
 from agent_bridge.hosts import claude, codex, slash
-from agent_bridge.hosts.skill import SKILL_TEXT
 from agent_bridge.hosts.edits import ensure_json_hooks, ensure_json_server, hook_command, mcp_args
+from agent_bridge.hosts.skill import SKILL_TEXT
 
 NAME = "agent-bridge"  # the plugin's name and its marketplace's
 ID = f"{NAME}@{NAME}"  # how the hosts name the installed plugin: NAME@MARKETPLACE
@@ -62,7 +63,8 @@ def _hooks(host: claude.Claude | codex.Codex) -> str:
     """The host's hooks as install registers them (edits.hooks_edit), from RUN, with no env."""
     from agent_bridge.hosts.edits import EVENTS
 
-    entries = [(event, arg, hook_command(RUN, arg, host.name, {}), {}) for event, arg in EVENTS]
+    entries: list[tuple[str, str, str, dict[str, Any]]] = [
+        (event, arg, hook_command(RUN, arg, host.name, {}), {}) for event, arg in EVENTS]
     entries += [(event, arg, hook_command(RUN, arg, host.name, {}), dict(keys))
                 for event, arg, keys in host.extra_hooks]
     data: dict[str, object] = {}
@@ -74,8 +76,8 @@ def plugin_files() -> dict[str, str]:
     """The plugin folder's files: relative path -> text."""
     files = {
         ".claude-plugin/plugin.json": _manifest(),
-        ".codex-plugin/plugin.json": _manifest(mcpServers="./codex.mcp.json", hooks="./hooks/codex-hooks.json",
-                                               skills="./skills/"),
+        ".codex-plugin/plugin.json": _manifest(mcpServers="./codex.mcp.json",
+                                               hooks="./hooks/codex-hooks.json", skills="./skills/"),
         ".mcp.json": _servers(claude.HOST.name),
         "codex.mcp.json": _servers(codex.HOST.name),
         "hooks/hooks.json": _hooks(claude.HOST),

@@ -112,7 +112,7 @@ def restore(host: str, parse: Any, step: Step) -> None:
             continue
         was, left = (parse(text), parse(now)) if text is not None else ({}, parse(now))
         if text is None and isinstance(left, dict):
-            left.pop("version", None)  # a file the host made holds its format's version (installed_plugins.json)
+            left.pop("version", None)  # its format's version (installed_plugins.json)
         if _pruned(left) != _pruned(was):
             step.lines.append(f"{path}: left as it is (it holds more than before the install)")
             continue
@@ -189,10 +189,12 @@ def claude_install(program: str, folder: Path) -> Step:
     same = claude_market_folder() == str(folder)
     if known and installed and same:
         return step
-    folders = [claude_dir() / "plugins", claude_dir() / "plugins" / "cache", claude_dir() / "plugins" / "marketplaces"]
+    plugins = claude_dir() / "plugins"
+    folders = [plugins, plugins / "cache", plugins / "marketplaces"]
     remember("claude", list(claude_files()), folders)
     if known and not same:
-        run_host([program, "plugin", "marketplace", "remove", plugin.NAME, "--json"], "replace the marketplace")
+        run_host([program, "plugin", "marketplace", "remove", plugin.NAME, "--json"],
+                 "replace the marketplace")
         step.lines.append(f"removed the marketplace {plugin.NAME} (it named {claude_market_folder()})")
         known = installed = False
     if not known:
@@ -212,7 +214,8 @@ def claude_uninstall(program: str) -> Step:
         run_host([program, "plugin", "uninstall", plugin.ID, "--json"], "uninstall the plugin")
         step.lines.append(f"uninstalled the plugin {plugin.ID}")
     if known:
-        run_host([program, "plugin", "marketplace", "remove", plugin.NAME, "--json"], "remove the marketplace")
+        run_host([program, "plugin", "marketplace", "remove", plugin.NAME, "--json"],
+                 "remove the marketplace")
         step.lines.append(f"removed the marketplace {plugin.NAME}")
     _remove_tree(claude_dir() / "plugins" / "cache" / plugin.NAME, step)
     _remove_tree(claude_dir() / "plugins" / "data" / f"{plugin.NAME}-{plugin.NAME}", step)
@@ -306,8 +309,9 @@ def codex_install(program: str, folder: Path, cwd: Path) -> Step:
         raise InstallError(f"{codex_config()} has [features] plugins = false: Codex loads no plugin. Remove "
                            "that line, or use `agent-bridge install --codex` (the config edits) instead")
     home = codex_home()
-    remember("codex", [codex_config()], [home / "plugins", home / "plugins" / "cache", home / "plugins" / "data",
-                                         home / ".tmp", home / ".tmp" / "marketplaces"])
+    remember("codex", [codex_config()], [home / "plugins", home / "plugins" / "cache",
+                                         home / "plugins" / "data", home / ".tmp",
+                                         home / ".tmp" / "marketplaces"])
     if market.get("source") != str(folder):
         if market:
             run_host([program, "plugin", "marketplace", "remove", plugin.NAME], "replace the marketplace")
@@ -318,7 +322,7 @@ def codex_install(program: str, folder: Path, cwd: Path) -> Step:
         step.lines.append(f"added and enabled the plugin {plugin.ID}")
     trust = wanted_trust(plugin_hooks(program, cwd))
     if not trust:
-        raise InstallError(f"Codex lists no hook of {plugin.ID} after adding it; run `codex` and check /hooks")
+        raise InstallError(f"Codex lists no hook of {plugin.ID} after adding it; run `codex`, check /hooks")
     if write_trust(trust):
         step.lines.append(f"{codex_config()}: trusted the plugin's {len(trust)} hooks "
                           '([hooks.state."agent-bridge@agent-bridge:…"], as /hooks would)')
@@ -335,7 +339,8 @@ def codex_uninstall(program: str) -> Step:
         run_host([program, "plugin", "marketplace", "remove", plugin.NAME], "remove the marketplace")
         step.lines.append(f"removed the marketplace {plugin.NAME}")
     if write_trust({}, drop=True):
-        step.lines.append(f'{codex_config()}: removed the plugin\'s [hooks.state."{plugin.ID}:…"] trust entries')
+        step.lines.append(f"{codex_config()}: removed the plugin's trust entries "
+                          f'([hooks.state."{plugin.ID}:…"])')
     _remove_tree(codex_home() / "plugins" / "cache" / plugin.NAME, step)
     for data in sorted((codex_home() / "plugins" / "data").glob(f"{plugin.NAME}*")):
         _remove_tree(data, step)

@@ -48,8 +48,8 @@ def usable(bin_dir: Path) -> bool:
 
 
 def ensure(cache: Path = CACHE) -> Path:
-    """The folder holding `claude`, `codex`, `opencode` and `copilot` at the pinned versions: $AGENT_BRIDGE_HOST_BIN
-    when set, else the cache (installed with npm when missing). Raises Missing."""
+    """The folder holding `claude`, `codex`, `opencode` and `copilot` at the pinned versions:
+    $AGENT_BRIDGE_HOST_BIN when set, else the cache (installed with npm when missing). Raises Missing."""
     given = os.environ.get(BIN_ENV)
     if given:
         if not usable(Path(given)):
@@ -63,7 +63,8 @@ def ensure(cache: Path = CACHE) -> Path:
         return bin_dir
     npm = shutil.which("npm")
     if npm is None:
-        raise Missing("npm is not installed: the real Claude Code, Codex, opencode and Copilot CLIs come from npm")
+        raise Missing("npm is not installed: the real Claude Code, Codex, opencode and Copilot CLIs "
+                      "come from npm")
     cache.mkdir(parents=True, exist_ok=True)
     subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), *PINNED], check=True,
                    stdout=sys.stderr)  # stdout carries only the answer

@@ -162,7 +162,8 @@ class World:
         run in."""
         return {
             # the plugin runs `agent-bridge` found on PATH (as after `pipx install agent-bridge`)
-            "PATH": os.pathsep.join([str(self.host_bin), *([str(Path(AGENT_BRIDGE).parent)] if self.plugin else []),
+            "PATH": os.pathsep.join([str(self.host_bin),
+                                     *([str(Path(AGENT_BRIDGE).parent)] if self.plugin else []),
                                      os.environ.get("PATH", "/usr/bin:/bin")]),
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
@@ -291,7 +292,8 @@ class World:
             "--json",
             "--dangerously-bypass-approvals-and-sandbox",
             # the plugin's world: its hooks are trusted by `install --plugin`, its server is the plugin's
-            *([] if self.plugin else ["--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true"]),
+            *([] if self.plugin else
+              ["--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true"]),
             *extra,
             prompt,
         ]
@@ -443,7 +445,8 @@ def open_world(host_bin: Path, *, plugin: bool = False) -> Iterator[World]:
     keep = os.environ.get("AGENT_BRIDGE_KEEP_HOST_WORLD")
     for folder in (w.home, w.project, w.root / "tmp", w.codex_home):
         folder.mkdir(parents=True, exist_ok=True)
-    (w.codex_home / "config.toml").write_text(codex_provider(codex_model.url, plugins=plugin), encoding="utf-8")
+    (w.codex_home / "config.toml").write_text(codex_provider(codex_model.url, plugins=plugin),
+                                              encoding="utf-8")
     try:
         if not plugin:
             w.bridge("install", "--claude", "--codex")

@@ -34,8 +34,9 @@ DECISION = ("db", "PostgreSQL 16 for every service")
 # backup of ~/.claude.json, telemetry it could not send offline, its sessions' transcripts and
 # shell snapshots, its built-in plugins' store. `uninstall --plugin` leaves every other byte of
 # ~/.claude as it was.
-CLAUDE_OWN = ("backups/", "telemetry/", "projects/", "shell-snapshots/", "session-env/", "todos/", "statsig/",
-              "debug/", "file-history/", "paste-cache/", "plans/", "tasks/", "plugins/store/", ".last-cleanup")
+CLAUDE_OWN = ("backups/", "telemetry/", "projects/", "shell-snapshots/", "session-env/", "todos/",
+              "statsig/", "debug/", "file-history/", "paste-cache/", "plans/", "tasks/", "plugins/store/",
+              ".last-cleanup")
 
 
 @pytest.fixture
@@ -71,7 +72,8 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     settings = json.loads((claude_dir / "settings.json").read_text(encoding="utf-8"))
     assert settings["extraKnownMarketplaces"]["agent-bridge"]["source"]["path"] == str(plugin.FOLDER)
     doctor = doctor_lines(world)
-    assert any("Claude Code plugin" in line and "ok" in line and plugin.ID in line for line in doctor), "\n".join(doctor)
+    assert any("Claude Code plugin" in line and "ok" in line and plugin.ID in line for line in doctor), (
+        "\n".join(doctor))
 
     world.bridge("decide", *DECISION)
     sid = str(uuid.uuid4())
@@ -108,7 +110,8 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     world.bridge("uninstall", "--claude")
 
     gone = world.bridge("uninstall", "--plugin", "--claude").stdout
-    assert "uninstalled the plugin agent-bridge@agent-bridge" in gone and "removed the marketplace" in gone, gone
+    assert "uninstalled the plugin agent-bridge@agent-bridge" in gone, gone
+    assert "removed the marketplace" in gone, gone
     after = {k: v for k, v in snapshot(claude_dir).items() if not k.startswith(CLAUDE_OWN)}
     assert after == before, sorted(set(after) ^ set(before)) or [k for k in after if after[k] != before[k]]
     assert "nothing to change" in world.bridge("uninstall", "--plugin", "--claude").stdout
