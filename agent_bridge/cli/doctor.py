@@ -307,6 +307,16 @@ def plugin_checks(host: hosts.Host, cwd: Path, found: list[Check]) -> list[Check
                      "PATH", "install agent-bridge so that the host finds it on PATH (pipx install)")
     else:
         mine = Check(name, OK, f"{plugin.ID} installed and enabled (from {folder})")
+    program = shutil.which(host.name) if host.name == "codex" else None
+    if program is not None and mine.status == OK:
+        try:
+            untrusted = plugin_install.untrusted_hooks(program, cwd)
+        except InstallError as exc:
+            untrusted = [str(exc)]
+        if untrusted:
+            mine = Check(name, FAIL, f"{plugin.ID} is installed, but Codex does not trust {len(untrusted)} "
+                         f"of its hooks ({untrusted[0]}, …): `codex exec` skips them, the TUI asks",
+                         f"agent-bridge install --{host.name} --plugin (or trust them in /hooks)")
     if edited:
         twice = Check(name + "s", WARN,
                       f"agent-bridge is installed twice: the plugin {plugin.ID} and the config edits "

@@ -185,7 +185,8 @@ def main(ns: argparse.Namespace) -> int:
     except InstallError as exc:
         print(f"agent-bridge install: refused: {exc}", file=sys.stderr)
         return 1
-    for warning in [*scope_warnings(ns.scope, env), *other_scope_warnings(chosen, ns.scope)]:
+    for warning in [*scope_warnings(ns.scope, env), *other_scope_warnings(chosen, ns.scope),
+                    *both_ways_warnings(chosen, plugin_now=False)]:
         print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
     done = _carry_out("install", edits, ns.dry_run, titles, f"{titles}, running {shlex.join(run)}",
                       nothing=f"{titles} already set up with {shlex.join(run)}")
@@ -297,6 +298,9 @@ def plugin_main(command: str, ns: argparse.Namespace) -> int:
         print(f"agent-bridge install: refused: {plugin.FOLDER} holds no plugin (a broken install?)",
               file=sys.stderr)
         return 1
+    if command == "install":
+        for warning in both_ways_warnings(chosen, plugin_now=True):
+            print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
     steps: list[tuple[str, list[str]]] = []
     for host in chosen:
         program = shutil.which(host.name)
@@ -329,3 +333,28 @@ def plugin_main(command: str, ns: argparse.Namespace) -> int:
         print("Next: start a new session; `agent-bridge doctor` checks it. The plugin runs `agent-bridge` "
               "found on PATH.")
     return 0
+
+
+def both_ways_warnings(chosen: list[hosts.Host], *, plugin_now: bool) -> list[str]:
+    """A host that has the plugin and the config edits would start two servers and run every hook
+    twice: say so when installing the one while the other is there."""
+    from agent_bridge.hosts import plugin_install
+
+    found = []
+    for host in chosen:
+        if host.name not in PLUGIN_HOSTS:
+            continue
+        if plugin_now:
+            try:
+                edits = host.uninstall_edits("user", Path.cwd().absolute(), private=True)
+                other = any(e.changed for e in edits)
+            except InstallError:
+                other = False
+        else:
+            other = plugin_install.installed(host.name) is not None
+        if other:
+            way = "by config edits" if plugin_now else "as a plugin"
+            found.append(f"{host.title} also has agent-bridge {way}; "
+                         f"it would run every hook twice. Keep one: agent-bridge uninstall --{host.name}"
+                         + ("" if plugin_now else " --plugin"))
+    return found

@@ -28,6 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from agent_bridge import __version__
 from agent_bridge.hosts import plugin
 from agent_bridge.hosts.codex_config import codex_home
 from agent_bridge.hosts.edits import InstallError, read_record_key, write_record_key
@@ -303,8 +304,9 @@ def write_trust(trust: dict[str, dict[str, str]], drop: bool = False) -> bool:
 
 def codex_install(program: str, folder: Path, cwd: Path) -> Step:
     step = Step()
-    market, entry, trusted = codex_tables()
-    cache = codex_home() / "plugins" / "cache" / plugin.NAME
+    market, entry, _ = codex_tables()
+    # Codex runs its copy of this version (another version's copy: an upgrade of agent-bridge)
+    cache = codex_home() / "plugins" / "cache" / plugin.NAME / plugin.NAME / __version__
     if ((_toml_or_empty(_text(codex_config())) or {}).get("features") or {}).get("plugins") is False:
         raise InstallError(f"{codex_config()} has [features] plugins = false: Codex loads no plugin. Remove "
                            "that line, or use `agent-bridge install --codex` (the config edits) instead")
@@ -349,6 +351,11 @@ def codex_uninstall(program: str) -> Step:
 
 
 # --- doctor --------------------------------------------------------------------------------
+
+
+def untrusted_hooks(program: str, cwd: Path) -> list[str]:
+    """The plugin's hooks the installed Codex does not trust (`codex exec` skips them): their keys."""
+    return [str(h.get("key")) for h in plugin_hooks(program, cwd) if h.get("trustStatus") != "trusted"]
 
 
 def installed(host: str) -> str | None:

@@ -103,7 +103,8 @@ def test_claude_code_plugin(plugin_world: World) -> None:
                "both messages acknowledged")
 
     # Both ways at once: the host would run every hook twice.
-    world.bridge("install", "--claude")
+    plain = world.bridge("install", "--claude").stderr
+    assert "Claude Code also has agent-bridge as a plugin" in plain, plain
     doctor = doctor_lines(world)
     both = [line for line in doctor if "installed twice" in line]
     assert both and both[0].lstrip().startswith("warn"), doctor
@@ -127,6 +128,12 @@ def test_codex_plugin(plugin_world: World) -> None:
     before = config.read_text(encoding="utf-8")
     first = world.bridge("install", "--plugin", "--codex").stdout
     assert "trusted the plugin's 5 hooks" in first, first
+    installed = config.read_text(encoding="utf-8")
+    config.write_text(installed[: installed.index("\n[hooks.state.")] + "\n", encoding="utf-8")  # untrusted
+    doctor = doctor_lines(world)
+    assert any("Codex plugin" in line and "does not trust 5" in line for line in doctor), doctor
+    assert "trusted the plugin's 5 hooks" in world.bridge("install", "--plugin", "--codex").stdout
+    assert config.read_text(encoding="utf-8") == installed
     assert world.bridge("install", "--plugin", "--codex").stdout.startswith("agent-bridge install: nothing")
     doctor = doctor_lines(world)
     assert any("Codex plugin" in line and "ok" in line for line in doctor), doctor
