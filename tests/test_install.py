@@ -941,8 +941,8 @@ def test_codex_gets_the_skill_and_uninstall_takes_it_with_its_folders(user_home,
     assert install(env, workdir, "--codex").returncode == 0
     written = user_home / ".codex" / "skills" / "agent-bridge" / "SKILL.md"
     assert written.read_text(encoding="utf-8") == skill.SKILL_TEXT
-    done = subprocess.run([*CLI, "uninstall", "--codex"], env=env, cwd=workdir, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([*CLI, "uninstall", "--codex"], env=env, cwd=workdir, capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0 and "removed our skill (SKILL.md)" in done.stdout, done.stdout
     assert not (user_home / ".codex" / "skills").exists()
     assert snapshot(user_home / ".codex") == before
