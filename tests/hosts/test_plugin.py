@@ -80,6 +80,7 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     run = world.claude(plan(("whoami", {}), (GATE, {"gate": "mid"}), ("peers", {}), (GATE, {"gate": "end"})),
                        session_id=sid)
     world.claude_model.wait_reached("mid")
+    known = len(world.claude_model.of_session(sid))
     world.bridge("send", sid, "mid-turn: rebase first")
     world.claude_model.open_gate("mid")
     world.claude_model.wait_reached("end")
@@ -95,6 +96,7 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     assert "mcp__agent-bridge__" not in requests[0].text  # no second server: only the plugin's
     assert [p["hostSessionId"] for p in world.peers() if p["hostSessionId"]] == [sid]
     mid = next(r for r in requests if "rebase first" in r.text)
+    assert requests.index(mid) == known  # the very next request, after the next tool call
     assert any(t.startswith("PostToolUse:") for t in claude_system_texts(mid.body) if "rebase first" in t)
     assert "schema changed" not in mid.text
     end = next(r for r in requests if "schema changed" in r.text)
@@ -142,6 +144,7 @@ def test_codex_plugin(plugin_world: World) -> None:
     run = world.codex(plan(("whoami", {}), (GATE, {"gate": "mid"}), ("peers", {}), (GATE, {"gate": "end"})))
     world.codex_model.wait_reached("mid")
     thread = next(p["hostSessionId"] for p in world.peers() if p["hostSessionId"])
+    known = len(world.codex_model.of_session(thread))
     world.bridge("send", thread, "mid-turn: rebase first")
     world.codex_model.open_gate("mid")
     world.codex_model.wait_reached("end")
@@ -155,7 +158,7 @@ def test_codex_plugin(plugin_world: World) -> None:
     assert notes and DECISION[1] in notes[0], codex_messages(requests[0].body, "developer")
     assert json.loads(codex_outputs(requests[-1].body)[0][0])["hostSessionId"] == thread
     mid = next(r for r in requests if "rebase first" in r.text)
-    assert "schema changed" not in mid.text
+    assert requests.index(mid) == known and "schema changed" not in mid.text
     assert any("schema changed" in r.text for r in requests)
     poll_until(lambda: len([r for r in world.receipts(thread) if r["ackedAt"]]) == 2, "both acknowledged")
 
