@@ -115,7 +115,7 @@ def restore(host: str, parse: Any, step: Step) -> None:
         if text is None and isinstance(left, dict):
             left.pop("version", None)  # its format's version (installed_plugins.json)
         if _pruned(left) != _pruned(was):
-            step.lines.append(f"{path}: left as it is (it holds more than before the install)")
+            _drop_leftovers(path, left, was, parse, step)
             continue
         if text is None:
             path.unlink()
@@ -130,6 +130,18 @@ def restore(host: str, parse: Any, step: Step) -> None:
         except OSError:
             pass
     write_record_key(RECORD_KEY, record)
+
+
+def _drop_leftovers(path: Path, left: Any, was: Any, parse: Any, step: Step) -> None:
+    """A file that holds more than before the install (the user changed it since): only the empty
+    entries the host left that were not there before go (JSON, which the host rewrote anyway)."""
+    empty = [k for k, v in left.items() if v in ({}, []) and k not in was] if isinstance(left, dict) else []
+    if parse is not _json_or_empty or not empty or not isinstance(was, dict):
+        step.lines.append(f"{path}: left as it is (it holds more than before the install)")
+        return
+    path.write_text(json.dumps({k: v for k, v in left.items() if k not in empty}, indent=2,
+                               ensure_ascii=False) + "\n", encoding="utf-8")
+    step.lines.append(f"{path}: removed the empty {', '.join(empty)} the host left (the rest changed since)")
 
 
 def _json_or_empty(text: str | None) -> Any:
