@@ -94,7 +94,8 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     assert "mcp__plugin_agent-bridge_agent-bridge__send" in note, note  # the tools by the names it sees
     assert all(f"mcp__plugin_agent-bridge_agent-bridge__{t}" in requests[0].text for t in ("send", "inbox"))
     assert "mcp__agent-bridge__" not in requests[0].text  # no second server: only the plugin's
-    assert [p["hostSessionId"] for p in world.peers() if p["hostSessionId"]] == [sid]
+    assert [(p["hostSessionId"], p["project"]) for p in world.peers() if p["hostSessionId"]] == [
+        (sid, str(world.project))]
     mid = next(r for r in requests if "rebase first" in r.text)
     assert requests.index(mid) == known  # the very next request, after the next tool call
     assert any(t.startswith("PostToolUse:") for t in claude_system_texts(mid.body) if "rebase first" in t)
@@ -157,6 +158,7 @@ def test_codex_plugin(plugin_world: World) -> None:
     notes = [t for t in codex_messages(requests[0].body, "developer") if t.startswith("agent-bridge:")]
     assert notes and DECISION[1] in notes[0], codex_messages(requests[0].body, "developer")
     assert json.loads(codex_outputs(requests[-1].body)[0][0])["hostSessionId"] == thread
+    assert [p["project"] for p in world.peers() if p["hostSessionId"]] == [str(world.project)]
     mid = next(r for r in requests if "rebase first" in r.text)
     assert requests.index(mid) == known and "schema changed" not in mid.text
     assert any("schema changed" in r.text for r in requests)
