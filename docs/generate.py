@@ -5,7 +5,9 @@
 
 A generated part sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->` in a docs/*.md
 file; only the text between the two markers is replaced, everything around it is written by hand.
-The parts come from the objects the program itself uses: the CLI's argparse parser, the MCP
+It also writes the plugin's files (agent_bridge/hosts/plugin.py: the marketplace at the
+repository's root and in agent_bridge/marketplace/). The parts come from the objects the program
+itself uses: the CLI's argparse parser, the MCP
 server's advertised tools, the dashboard's URL map, the schema's migration steps, the host modules'
 hook answers, and the state folder's file names in `agent_bridge.common.paths`. (The CLI part is built
 from the parser's actions rather than from `--help`, whose layout differs between Python versions
@@ -302,8 +304,10 @@ def stale(docs: Path = DOCS) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    from agent_bridge.hosts import plugin  # the plugin's files (tests/test_plugin.py checks them)
+
     if argv == ["--check"]:
-        problems = stale()
+        problems = stale() + [f"the plugin's {path} is stale" for path in plugin.stale(REPO)]
         for problem in problems:
             print(f"docs/generate.py: {problem}; run python docs/generate.py", file=sys.stderr)
         return 1 if problems else 0
@@ -317,6 +321,8 @@ def main(argv: list[str]) -> int:
         if updated != text:
             path.write_text(updated, encoding="utf-8")
             print(f"updated {path.relative_to(REPO)}")
+    for written in plugin.write(REPO):
+        print(f"updated {written}")
     return 0
 
 

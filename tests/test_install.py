@@ -928,3 +928,49 @@ def test_project_scope_slash_commands_name_the_command_on_path(user_home, workdi
     assert uninstall(env, workdir, "--claude", "--scope", "project").returncode == 0
     assert snapshot(workdir) == before
     assert not (workdir / ".claude" / "commands").exists()
+
+
+def test_codex_gets_the_skill_and_uninstall_takes_it_with_its_folders(user_home, workdir):
+    """Codex has no custom prompts: install writes the agent-bridge skill where Codex loads skills
+    (hosts/skill.py); uninstall removes it and the folders it made, and nothing else of HOME."""
+    from agent_bridge.hosts import skill
+
+    codex_fixture(user_home / ".codex")
+    env = install_env(user_home)
+    before = snapshot(user_home / ".codex")
+    assert install(env, workdir, "--codex").returncode == 0
+    written = user_home / ".codex" / "skills" / "agent-bridge" / "SKILL.md"
+    assert written.read_text(encoding="utf-8") == skill.SKILL_TEXT
+    done = subprocess.run([*CLI, "uninstall", "--codex"], env=env, cwd=workdir, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "removed our skill (SKILL.md)" in done.stdout, done.stdout
+    assert not (user_home / ".codex" / "skills").exists()
+    assert snapshot(user_home / ".codex") == before
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (("--plugin", "--opencode"), "opencode has no plugin command"),
+    (("--plugin", "--claude", "--scope", "project"), "for this user only"),
+    (("--plugin", "--codex", "--dry-run"), "no dry run"),
+])
+def test_a_plugin_install_it_cannot_do_is_refused_in_one_line(user_home, workdir, args, why):
+    before = snapshot(user_home)
+    done = install(install_env(user_home), workdir, *args)
+    assert done.returncode == 1 and why in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and snapshot(user_home) == before
+
+
+def test_a_codex_with_plugins_off_is_refused_before_anything_runs(user_home, workdir, tmp_path):
+    """Codex 0.171 with [features] plugins = false answers `plugin add` with "not found": install
+    --plugin says why instead (a stand-in codex on PATH records that it was never run)."""
+    codex_fixture(user_home / ".codex")
+    config = user_home / ".codex" / "config.toml"
+    config.write_text(CODEX_TOML + "plugins = false\n", encoding="utf-8")
+    ran = tmp_path / "ran"
+    stand_in = tmp_path / "bin" / "codex"
+    stand_in.parent.mkdir()
+    stand_in.write_text(f"#!/bin/sh\necho \"$@\" >> {ran}\n", encoding="utf-8")
+    stand_in.chmod(0o755)
+    done = install(with_path(install_env(user_home), stand_in.parent), workdir, "--plugin", "--codex")
+    assert done.returncode == 1 and "plugins = false" in done.stderr, done.stderr
+    assert not ran.exists() and config.read_text(encoding="utf-8") == CODEX_TOML + "plugins = false\n"

@@ -280,8 +280,53 @@ def run_checks(home: Path, cwd: Path) -> list[Check]:
         if federation is not None:
             checks.append(federation)
     for host in hosts.ALL:
-        checks += host.doctor_checks(home, cwd)
+        checks += plugin_checks(host, cwd, host.doctor_checks(home, cwd))
     return checks
+
+
+def plugin_checks(host: hosts.Host, cwd: Path, found: list[Check]) -> list[Check]:
+    """The host's checks with its plugin's (`install --plugin`): the plugin installed and enabled,
+    `agent-bridge` on PATH for it; with the plugin alone, the config-edit checks that find nothing
+    registered are skipped; with both, a warning (the host would run every hook twice)."""
+    import shutil
+
+    from agent_bridge.hosts import plugin, plugin_install
+    from agent_bridge.hosts.edits import InstallError
+
+    folder = plugin_install.installed(host.name)
+    if folder is None:
+        return found
+    name = f"{host.title} plugin"
+    try:
+        edited = [str(e.path) for scope in ("user", "project")
+                  for e in host.uninstall_edits(scope, cwd.absolute(), private=True) if e.changed]
+    except InstallError:
+        edited = []
+    if shutil.which(plugin.RUN[0]) is None:
+        mine = Check(name, FAIL, f"{plugin.ID} is installed, but `{plugin.RUN[0]}`, which it runs, is not on "
+                     "PATH", "install agent-bridge so that the host finds it on PATH (pipx install)")
+    else:
+        mine = Check(name, OK, f"{plugin.ID} installed and enabled (from {folder})")
+    program = shutil.which(host.name) if host.name == "codex" else None
+    if program is not None and mine.status == OK:
+        try:
+            untrusted = plugin_install.untrusted_hooks(program, cwd)
+        except InstallError as exc:
+            untrusted = [str(exc)]
+        if untrusted:
+            mine = Check(name, FAIL, f"{plugin.ID} is installed, but Codex does not trust {len(untrusted)} "
+                         f"of its hooks ({untrusted[0]}, …): `codex exec` skips them, the TUI asks",
+                         f"agent-bridge install --{host.name} --plugin (or trust them in /hooks)")
+    if edited:
+        twice = Check(name + "s", WARN,
+                      f"agent-bridge is installed twice: the plugin {plugin.ID} and the config edits "
+                      f"({', '.join(edited)}): {host.title} starts two MCP servers and runs every hook twice",
+                      f"keep one: agent-bridge uninstall --{host.name} (the edits) or "
+                      f"agent-bridge uninstall --{host.name} --plugin")
+        return [mine, *found, twice]
+    title = host.title
+    return [mine, *[c if c.status not in (FAIL, WARN) or not c.name.startswith(title) else
+                    Check(c.name, SKIP, f"the plugin registers it ({c.detail})") for c in found]]
 
 
 def nothing_connected(checks: list[Check]) -> bool:

@@ -174,6 +174,8 @@ def detected_hosts() -> list[hosts.Host]:
 
 
 def main(ns: argparse.Namespace) -> int:
+    if ns.plugin:
+        return plugin_main("install", ns)
     chosen = chosen_hosts(ns, detected_hosts)
     titles = ", ".join(f"{h.title} ({ns.scope} scope)" for h in chosen)
     run = run_for_scope(ns.scope)
@@ -183,7 +185,8 @@ def main(ns: argparse.Namespace) -> int:
     except InstallError as exc:
         print(f"agent-bridge install: refused: {exc}", file=sys.stderr)
         return 1
-    for warning in [*scope_warnings(ns.scope, env), *other_scope_warnings(chosen, ns.scope)]:
+    for warning in [*scope_warnings(ns.scope, env), *other_scope_warnings(chosen, ns.scope),
+                    *both_ways_warnings(chosen, plugin_now=False)]:
         print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
     done = _carry_out("install", edits, ns.dry_run, titles, f"{titles}, running {shlex.join(run)}",
                       nothing=f"{titles} already set up with {shlex.join(run)}")
@@ -246,6 +249,8 @@ def other_scope_warnings(chosen: list[hosts.Host], scope: str) -> list[str]:
 
 
 def uninstall_main(ns: argparse.Namespace) -> int:
+    if ns.plugin:
+        return plugin_main("uninstall", ns)
     chosen = chosen_hosts(ns, lambda: list(hosts.ALL))
     titles = ", ".join(f"{h.title} ({ns.scope} scope)" for h in chosen)
     try:
@@ -268,3 +273,88 @@ def next_steps(chosen: list[hosts.Host], scope: str) -> str:
     lines.extend(f"  {host.next_step(scope)}" for host in chosen)
     lines.append("  Check everything with: agent-bridge doctor")
     return "\n".join(lines)
+
+
+# --- the plugin (hosts.plugin_install) ------------------------------------------------------
+
+PLUGIN_HOSTS = ("claude", "codex")  # the hosts whose plugin commands install runs
+
+
+def plugin_main(command: str, ns: argparse.Namespace) -> int:
+    """`install --plugin` / `uninstall --plugin`: the hosts' own plugin commands, user scope."""
+    from agent_bridge.hosts import plugin, plugin_install
+
+    named = [h for h in hosts.ALL if getattr(ns, h.name, False)]
+    other = [h.title for h in named if h.name not in PLUGIN_HOSTS]
+    if other or ns.scope != "user" or ns.dry_run:
+        why = (f"{', '.join(other)} has no plugin command to run" if other else
+               "--plugin installs for this user only (no --scope project)" if ns.scope != "user" else
+               "--plugin runs the hosts' own commands, which have no dry run")
+        print(f"agent-bridge {command}: refused: {why}.", file=sys.stderr)
+        return 1
+    chosen = named or [h for h in hosts.ALL if h.name in PLUGIN_HOSTS and
+                       (h.is_set_up() if command == "install" else plugin_install.installed(h.name))]
+    if command == "install" and not (plugin.FOLDER / ".claude-plugin" / "marketplace.json").is_file():
+        print(f"agent-bridge install: refused: {plugin.FOLDER} holds no plugin (a broken install?)",
+              file=sys.stderr)
+        return 1
+    if command == "install":
+        for warning in both_ways_warnings(chosen, plugin_now=True):
+            print(f"agent-bridge install: warning: {warning}", file=sys.stderr)
+    steps: list[tuple[str, list[str]]] = []
+    for host in chosen:
+        program = shutil.which(host.name)
+        if program is None:
+            print(f"agent-bridge {command}: refused: `{host.name}` ({host.title}) is not on PATH; "
+                  "the plugin is installed with its own commands", file=sys.stderr)
+            return 1
+        try:
+            if command == "install":
+                done = (plugin_install.claude_install(program, plugin.FOLDER) if host.name == "claude"
+                        else plugin_install.codex_install(program, plugin.FOLDER, Path.cwd()))
+            else:
+                done = (plugin_install.claude_uninstall(program) if host.name == "claude"
+                        else plugin_install.codex_uninstall(program))
+        except InstallError as exc:
+            print(f"agent-bridge {command}: {host.title}: {exc}", file=sys.stderr)
+            return 1
+        steps.append((host.title, done.lines))
+    if not any(lines for _, lines in steps):
+        titles = ", ".join(t for t, _ in steps) or "no host"
+        print(f"agent-bridge {command}: nothing to change; "
+              + (f"the plugin {plugin.ID} is installed for {titles}." if command == "install"
+                 else f"no plugin {plugin.ID} for {titles}."))
+        return 0
+    print(f"agent-bridge {command} --plugin ({plugin.ID}):")
+    for title, lines in steps:
+        for line in lines or ["nothing to change"]:
+            print(f"  {title}: {line}")
+    if command == "install":
+        print("Next: start a new session; `agent-bridge doctor` checks it. The plugin runs `agent-bridge` "
+              "found on PATH.")
+    return 0
+
+
+def both_ways_warnings(chosen: list[hosts.Host], *, plugin_now: bool) -> list[str]:
+    """A host that has the plugin and the config edits would start two servers and run every hook
+    twice: say so when installing the one while the other is there."""
+    from agent_bridge.hosts import plugin_install
+
+    found = []
+    for host in chosen:
+        if host.name not in PLUGIN_HOSTS:
+            continue
+        if plugin_now:
+            try:
+                edits = host.uninstall_edits("user", Path.cwd().absolute(), private=True)
+                other = any(e.changed for e in edits)
+            except InstallError:
+                other = False
+        else:
+            other = plugin_install.installed(host.name) is not None
+        if other:
+            way = "by config edits" if plugin_now else "as a plugin"
+            found.append(f"{host.title} also has agent-bridge {way}; "
+                         f"it would run every hook twice. Keep one: agent-bridge uninstall --{host.name}"
+                         + ("" if plugin_now else " --plugin"))
+    return found

@@ -111,6 +111,9 @@ def build_parser(run: Runs) -> argparse.ArgumentParser:
         "--scope", choices=("user", "project"), default="user", help="where to register (default: user)"
     )
     inst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
+    inst.add_argument("--plugin", action="store_true",
+                      help="install the agent-bridge plugin with the host's own plugin commands instead "
+                           "(Claude Code, Codex; user scope)")
     inst.set_defaults(func=run["install"])
 
     uninst = sub.add_parser("uninstall", help="remove what install added (other entries stay)")
@@ -120,6 +123,8 @@ def build_parser(run: Runs) -> argparse.ArgumentParser:
         "--scope", choices=("user", "project"), default="user", help="which files (default: user)"
     )
     uninst.add_argument("--dry-run", action="store_true", help="print a diff and write nothing")
+    uninst.add_argument("--plugin", action="store_true",
+                        help="remove the plugin `install --plugin` installed")
     uninst.set_defaults(func=run["uninstall"])
 
     doc = sub.add_parser("doctor", help="check the setup and say what to fix")

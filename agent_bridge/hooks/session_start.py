@@ -15,6 +15,7 @@ exit 0, one line in broker.log. A hook never breaks a session start.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,12 @@ def identity_line(agent: str, cwd: str, session: dict[str, Any] | None) -> str:
     )
 
 
+def plugin_hook(env: Any) -> bool:
+    """Whether this hook is the plugin's (hosts.plugin): Claude Code and Codex give a plugin's hooks
+    CLAUDE_PLUGIN_ROOT (NOTES.md, "Plugins")."""
+    return bool(env.get("CLAUDE_PLUGIN_ROOT"))
+
+
 def render_note(
     agent: str, cwd: str, session: dict[str, Any] | None, shown: Sequence[Decision], total: int
 ) -> str:
@@ -108,7 +115,8 @@ def render_note(
     (newest first, texts cut at 160 characters with …), then how many more there are and where to find
     them."""
     identity = (
-        f"{identity_line(agent, cwd, session)} {(hosts.by_name(agent) or hosts.DEFAULT).tools_sentence()}"
+        f"{identity_line(agent, cwd, session)} "
+        f"{(hosts.by_name(agent) or hosts.DEFAULT).tools_sentence(plugin=plugin_hook(os.environ))}"
     )
     if not shown:
         return identity

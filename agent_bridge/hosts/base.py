@@ -164,6 +164,8 @@ class Host:
     # The hook that hands messages over between tool calls prints them with their ids and does not
     # acknowledge them: the host's plugin does (`agent-bridge hook ack`) once the host took them.
     defers_ack = False
+    # Hooks registered beside edits.EVENTS: (event, `agent-bridge hook` argument, more handler keys)
+    extra_hooks: tuple[tuple[str, str, dict[str, Any]], ...] = ()
 
     def is_set_up(self) -> bool:
         """Whether this user has the host's configuration folder (install's default hosts)."""
@@ -190,9 +192,10 @@ class Host:
     # documentation gives other forms overrides them (`tests/test_hosts.py` lists which hosts
     # were checked against their documentation).
 
-    def tools_sentence(self) -> str:
+    def tools_sentence(self, *, plugin: bool = False) -> str:
         """One sentence of the SessionStart note (SPEC §4.5): which bridge tools to use, named as
-        this host shows them to the model, and why rather than the host's own messaging."""
+        this host shows them to the model (`plugin`: its server is the plugin's, hosts.plugin), and
+        why rather than the host's own messaging."""
         return ("The agent-bridge tools `send`, `inbox` and `decisions` reach every agent session here, "
                 "Claude Code and Codex, running or not.")
 

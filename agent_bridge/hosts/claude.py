@@ -80,6 +80,7 @@ class Claude(Host):
     process_prefixes = ("claude",)
     exclusive = True
     session_env = "CLAUDE_CODE_SESSION_ID"
+    extra_hooks = (WAKE_HOOK, PROMPT_HOOK)  # beside edits.EVENTS, by install and in the plugin
 
     def is_set_up(self) -> bool:
         return (Path.home() / ".claude").is_dir() or (Path.home() / ".claude.json").is_file()
@@ -99,7 +100,7 @@ class Claude(Host):
         ensure = partial(ensure_json_server, path=server_file, command=command, args=args, env=env)
         return [edit_json(server_file, ensure, private=private),
                 hooks_edit(self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                                   extra=(WAKE_HOOK, PROMPT_HOOK)),
+                           extra=self.extra_hooks),
                 *self.command_edits(scope, cwd, run, env, private=private)]
 
     def commands_folder(self, scope: str, cwd: Path) -> Path:
@@ -135,11 +136,13 @@ class Claude(Host):
                 hooks_removal(self.hooks_file(scope, cwd), private=private),
                 *self.command_edits(scope, cwd, None, {}, private=private)]
 
-    def tools_sentence(self) -> str:
+    def tools_sentence(self, *, plugin: bool = False) -> str:
         # The names Claude Code 2.1.332 lists its deferred MCP tools under (ToolSearch "select:" takes
-        # them); its own SendMessage reaches running Claude Code sessions only.
+        # them): `mcp__plugin_<plugin>_<server>__` for a plugin's server. Its own SendMessage reaches
+        # running Claude Code sessions only.
+        prefix = "mcp__plugin_agent-bridge_agent-bridge__" if plugin else "mcp__agent-bridge__"
         return (
-            "Message other agent sessions with `mcp__agent-bridge__send`, `…inbox`, `…decisions`: they reach "
+            f"Message other agent sessions with `{prefix}send`, `…inbox`, `…decisions`: they reach "
             "Codex and sessions not running too, which SendMessage does not."
         )
 

@@ -53,6 +53,7 @@ class Codex(Host):
     title = "Codex"
     process_prefixes = ("codex",)
     exclusive = False
+    extra_hooks = (PROMPT_HOOK, INTERRUPT_HOOK)  # beside edits.EVENTS, by install and in the plugin
 
     def is_set_up(self) -> bool:
         return codex_home().is_dir()
@@ -77,16 +78,33 @@ class Codex(Host):
             ),
             hooks_edit(
                 self.hooks_file(scope, cwd), run, self.name, env, private=private,
-                extra=(PROMPT_HOOK, INTERRUPT_HOOK)
+                extra=self.extra_hooks
             ),
+            self.skill_edit(scope, cwd, write=True, private=private),
         ]
+
+    def skills_folder(self, scope: str, cwd: Path) -> Path:
+        """Where Codex 0.171 loads skills from: `$CODEX_HOME/skills` or `<project>/.codex/skills`."""
+        return cwd / ".codex" / "skills" if scope == "project" else codex_home() / "skills"
+
+    def skill_edit(self, scope: str, cwd: Path, *, write: bool, private: bool) -> FileEdit:
+        """The agent-bridge skill (hosts.skill), written or removed: Codex has no custom prompts."""
+        from agent_bridge.hosts import skill
+        from agent_bridge.hosts.edits import owned_file_edit
+
+        folder = self.skills_folder(scope, cwd)
+        edit = owned_file_edit(skill.skill_path(folder), skill.SKILL_TEXT if write else None, skill.is_ours,
+                               private=private, prune=(folder / skill.NAME, folder))
+        edit.notes = [n.replace("slash command", "skill (SKILL.md)") for n in edit.notes]
+        return edit
 
     def uninstall_edits(self, scope: str, cwd: Path, *, private: bool) -> list[FileEdit]:
         from agent_bridge.hosts.codex_config import remove_codex_config
         from agent_bridge.hosts.edits import hooks_removal
 
         return [remove_codex_config(self.config_file(scope, cwd), private=private),
-                hooks_removal(self.hooks_file(scope, cwd), private=private)]
+                hooks_removal(self.hooks_file(scope, cwd), private=private),
+                self.skill_edit(scope, cwd, write=False, private=private)]
 
     spawned_waiter = True  # Codex hooks have no background mode: the Stop hook starts the waiter
 
@@ -148,8 +166,9 @@ class Codex(Host):
             return False
         return done.returncode == 0
 
-    def tools_sentence(self) -> str:
-        # Codex 0.171 gives the model the MCP tools as functions of one namespace, mcp__agent_bridge.
+    def tools_sentence(self, *, plugin: bool = False) -> str:
+        # Codex 0.171 gives the model the MCP tools as functions of one namespace, mcp__agent_bridge,
+        # a plugin's server's too (named by the server alone, NOTES.md "Plugins").
         return ("Message other agent sessions (Claude Code too, and sessions not running) with the "
                 "mcp__agent_bridge tools `send`, `inbox`, `decisions`.")
 

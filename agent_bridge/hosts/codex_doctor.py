@@ -29,11 +29,13 @@ class ProbeError(Exception):
     pass
 
 
-def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def codex_app_server(program: str, cwd: Path, *, plugins: bool = False,
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(config layers, hooks) as the installed Codex sees them for `cwd`: `codex app-server`'s
     `config/read` (with `includeLayers`: a project layer Codex ignores carries `disabledReason`)
     and `hooks/list` (each hook's `key`, `sourcePath`, `command`, `currentHash`, `trustStatus`).
-    Read-only: it starts no session, and with plugins off it contacts nothing."""
+    Read-only: it starts no session, and with plugins off it contacts nothing. `plugins`: on,
+    for the plugins' hooks (plugin_install trusts them)."""
     import json
     import subprocess
     import threading
@@ -54,7 +56,7 @@ def codex_app_server(program: str, cwd: Path) -> tuple[list[dict[str, Any]], lis
     # network at start (seen as a DNS query); the answers asked for here do not depend on them.
     try:
         proc = subprocess.Popen(
-            [program, "-c", "features.plugins=false", "app-server"],
+            [program, "-c", f"features.plugins={str(plugins).lower()}", "app-server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

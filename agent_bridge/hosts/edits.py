@@ -295,19 +295,38 @@ def write_record(command: str, edits: list[FileEdit]) -> None:
             record.pop(key, None)
         elif edit.was_empty:
             record[key] = sorted(set(record.get(key, [])) | set(edit.was_empty))
+    _write_raw(command, {**_read_raw(), "files": {f: [list(p) for p in ps] for f, ps in record.items()}})
+
+
+def _read_raw() -> dict[str, Any]:
+    try:
+        raw = json.loads(record_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _write_raw(command: str, raw: dict[str, Any]) -> None:
     try:
         home = paths.ensure_home(paths.home())
-        paths.write_private(
-            home / RECORD,
-            json.dumps(
-                {"files": {f: [list(p) for p in ps] for f, ps in record.items()}},
-                ensure_ascii=False,
-                indent=2,
-            )
-            + "\n",
-        )
+        paths.write_private(home / RECORD, json.dumps(raw, ensure_ascii=False, indent=2) + "\n")
     except OSError as exc:
         print(f"agent-bridge {command}: warning: cannot write {record_path()}: {exc}", file=sys.stderr)
+
+
+def read_record_key(key: str) -> dict[str, Any]:
+    """The record's object under `key` beside "files" (the plugin install's: hosts.plugin_install)."""
+    value = _read_raw().get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def write_record_key(key: str, value: dict[str, Any]) -> None:
+    raw = _read_raw()
+    if value:
+        raw[key] = value
+    else:
+        raw.pop(key, None)
+    _write_raw("install", raw)
 
 
 def _object_at(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:

@@ -121,7 +121,7 @@ class Opencode(Host):
         return [edit_jsonc(path, drop, private=private),
                 self.plugin_edit(scope, cwd, None, {}, private=private)]
 
-    def tools_sentence(self) -> str:
+    def tools_sentence(self, *, plugin: bool = False) -> str:
         return ("Message other agent sessions with the `agent-bridge_send`, `agent-bridge_inbox` and "
                 "`agent-bridge_decisions` tools: they reach Claude Code and Codex sessions too, "
                 "running or not.")

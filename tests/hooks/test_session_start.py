@@ -126,6 +126,10 @@ def test_the_note_names_the_bridge_tools_as_claude_code_lists_them(hook_home, pr
     build_db(hook_home, [])
     note = note_of(run_hook("session-start", "claude", payload(project), hook_env(hook_home), cwd=project))
     assert "`mcp__agent-bridge__send`, `…inbox`, `…decisions`" in note and "SendMessage" in note
+    # The plugin's hook (Claude Code gives it CLAUDE_PLUGIN_ROOT): the names of the plugin's server.
+    env = {**hook_env(hook_home), "CLAUDE_PLUGIN_ROOT": str(project)}
+    note = note_of(run_hook("session-start", "claude", payload(project), env, cwd=project))
+    assert "`mcp__plugin_agent-bridge_agent-bridge__send`, `…inbox`, `…decisions`" in note
 
 
 def test_ten_thousand_decisions_count_exactly(hook_home, project):

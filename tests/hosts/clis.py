@@ -21,8 +21,9 @@ from pathlib import Path
 CLAUDE_PACKAGE, CLAUDE_VERSION = "@anthropic-ai/claude-code", "2.1.332"
 CODEX_PACKAGE, CODEX_VERSION = "@openai/codex", "0.171.0"
 OPENCODE_PACKAGE, OPENCODE_VERSION = "opencode-ai", "1.18.33"  # the newest on npm, 2026-12-05
+COPILOT_PACKAGE, COPILOT_VERSION = "@github/copilot", "1.0.102"  # the newest on npm, 2026-12-05
 PINNED = (f"{CLAUDE_PACKAGE}@{CLAUDE_VERSION}", f"{CODEX_PACKAGE}@{CODEX_VERSION}",
-          f"{OPENCODE_PACKAGE}@{OPENCODE_VERSION}")
+          f"{OPENCODE_PACKAGE}@{OPENCODE_VERSION}", f"{COPILOT_PACKAGE}@{COPILOT_VERSION}")
 BIN_ENV = "AGENT_BRIDGE_HOST_BIN"
 CACHE = Path(__file__).resolve().parents[2] / ".nox" / "hostcli"  # .nox/ is ignored by git
 
@@ -41,20 +42,20 @@ def version_of(binary: Path) -> str | None:
 
 def usable(bin_dir: Path) -> bool:
     claude, codex = version_of(bin_dir / "claude"), version_of(bin_dir / "codex")
-    opencode = version_of(bin_dir / "opencode")
+    opencode, copilot = version_of(bin_dir / "opencode"), version_of(bin_dir / "copilot")
     return bool(claude and CLAUDE_VERSION in claude and codex and CODEX_VERSION in codex
-                and opencode and OPENCODE_VERSION in opencode)
+                and opencode and OPENCODE_VERSION in opencode and copilot and COPILOT_VERSION in copilot)
 
 
 def ensure(cache: Path = CACHE) -> Path:
-    """The folder holding `claude`, `codex` and `opencode` at the pinned versions: $AGENT_BRIDGE_HOST_BIN
-    when set, else the cache (installed with npm when missing). Raises Missing."""
+    """The folder holding `claude`, `codex`, `opencode` and `copilot` at the pinned versions:
+    $AGENT_BRIDGE_HOST_BIN when set, else the cache (installed with npm when missing). Raises Missing."""
     given = os.environ.get(BIN_ENV)
     if given:
         if not usable(Path(given)):
             raise Missing(
-                f"{BIN_ENV}={given} does not hold claude {CLAUDE_VERSION}, codex {CODEX_VERSION} "
-                f"and opencode {OPENCODE_VERSION}"
+                f"{BIN_ENV}={given} does not hold claude {CLAUDE_VERSION}, codex {CODEX_VERSION}, "
+                f"opencode {OPENCODE_VERSION} and copilot {COPILOT_VERSION}"
             )
         return Path(given)
     bin_dir = cache / "node_modules" / ".bin"
@@ -62,7 +63,8 @@ def ensure(cache: Path = CACHE) -> Path:
         return bin_dir
     npm = shutil.which("npm")
     if npm is None:
-        raise Missing("npm is not installed: the real Claude Code, Codex and opencode CLIs come from npm")
+        raise Missing("npm is not installed: the real Claude Code, Codex, opencode and Copilot CLIs "
+                      "come from npm")
     cache.mkdir(parents=True, exist_ok=True)
     subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), *PINNED], check=True,
                    stdout=sys.stderr)  # stdout carries only the answer

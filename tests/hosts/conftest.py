@@ -136,6 +136,9 @@ class World:
     codex_model: OpenAIServer
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
     tuis: list[Tui] = field(default_factory=list)
+    # the plugin's world (tests/hosts/test_plugin.py): the hosts pass their own environment to
+    # the plugin, which records no AGENT_BRIDGE_HOME, so the bridge's home is HOME's default
+    plugin: bool = False
 
     @property
     def home(self) -> Path:
@@ -143,7 +146,7 @@ class World:
 
     @property
     def bridge_home(self) -> Path:
-        return self.root / "ab"
+        return self.home / ".local" / "state" / "agent-bridge" if self.plugin else self.root / "ab"
 
     @property
     def project(self) -> Path:
@@ -158,7 +161,10 @@ class World:
         no AGENT_BRIDGE_HOME (install recorded it), nothing from the environment these tests
         run in."""
         return {
-            "PATH": os.pathsep.join([str(self.host_bin), os.environ.get("PATH", "/usr/bin:/bin")]),
+            # the plugin runs `agent-bridge` found on PATH (as after `pipx install agent-bridge`)
+            "PATH": os.pathsep.join([str(self.host_bin),
+                                     *([str(Path(AGENT_BRIDGE).parent)] if self.plugin else []),
+                                     os.environ.get("PATH", "/usr/bin:/bin")]),
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
             "TMPDIR": str(self.root / "tmp"),
@@ -285,9 +291,9 @@ class World:
             "--skip-git-repo-check",
             "--json",
             "--dangerously-bypass-approvals-and-sandbox",
-            "--dangerously-bypass-hook-trust",
-            "-c",
-            "mcp_servers.agent-bridge.required=true",
+            # the plugin's world: its hooks are trusted by `install --plugin`, its server is the plugin's
+            *([] if self.plugin else
+              ["--dangerously-bypass-hook-trust", "-c", "mcp_servers.agent-bridge.required=true"]),
             *extra,
             prompt,
         ]
@@ -413,7 +419,7 @@ def poll_until(predicate: Any, what: str, timeout: float = 60) -> Any:
         time.sleep(0.02)
 
 
-def codex_provider(url: str) -> str:
+def codex_provider(url: str, *, plugins: bool = False) -> str:
     """The offline model provider (NOTES.md, "Driving the real hosts offline")."""
     return (
         'model = "gpt-test"\nmodel_provider = "scripted"\ncheck_for_update_on_startup = false\n\n'
@@ -422,23 +428,28 @@ def codex_provider(url: str) -> str:
         'env_key = "FAKE_MODEL_KEY"\nrequires_openai_auth = false\nsupports_websockets = false\n'
         "request_max_retries = 0\nstream_max_retries = 0\n\n"
         # Plugins on (the default) make Codex sync a plugin catalogue from github.com at start.
-        "[features]\nplugins = false\n"
+        + ("" if plugins else "[features]\nplugins = false\n")
     )
 
 
 @contextmanager
-def open_world(host_bin: Path) -> Iterator[World]:
+def open_world(host_bin: Path, *, plugin: bool = False) -> Iterator[World]:
     """A throw-away world (see the module docstring), torn down on exit: every host process,
-    TUI and the broker stopped, the folder removed (kept with AGENT_BRIDGE_KEEP_HOST_WORLD)."""
+    TUI and the broker stopped, the folder removed (kept with AGENT_BRIDGE_KEEP_HOST_WORLD).
+    `plugin`: nothing installed (the test installs the plugin), Codex's plugins on."""
     root = Path(tempfile.mkdtemp(prefix="abh-"))  # short: the broker socket path must fit sun_path
     claude_model, codex_model = AnthropicServer().start(), OpenAIServer().start()
-    w = World(root, host_bin, claude_model, codex_model)
+    w = World(root, host_bin, claude_model, codex_model, plugin=plugin)
+    if plugin:
+        claude_model.prefix = "mcp__plugin_agent-bridge_agent-bridge__"
     keep = os.environ.get("AGENT_BRIDGE_KEEP_HOST_WORLD")
     for folder in (w.home, w.project, w.root / "tmp", w.codex_home):
         folder.mkdir(parents=True, exist_ok=True)
-    (w.codex_home / "config.toml").write_text(codex_provider(codex_model.url), encoding="utf-8")
+    (w.codex_home / "config.toml").write_text(codex_provider(codex_model.url, plugins=plugin),
+                                              encoding="utf-8")
     try:
-        w.bridge("install", "--claude", "--codex")
+        if not plugin:
+            w.bridge("install", "--claude", "--codex")
         w.bridge("up", "--detach")
         yield w
     finally:

@@ -173,18 +173,17 @@ def _anthropic_texts(content: Any) -> list[str]:
     return [b.get("text", "") for b in content or () if isinstance(b, dict) and b.get("type") == "text"]
 
 
-def _loading(block: dict[str, Any]) -> bool:
+def _loading(block: dict[str, Any], prefix: str) -> bool:
     """A ToolSearch call this server made to load a planned tool (not a planned search)."""
     query = (block.get("input") or {}).get("query") if isinstance(block.get("input"), dict) else None
-    return (
-        block.get("name") == SEARCH
-        and isinstance(query, str)
-        and query.startswith("select:mcp__agent-bridge__")
-    )
+    return block.get("name") == SEARCH and isinstance(query, str) and query.startswith(f"select:{prefix}")
 
 
 class AnthropicServer(ModelServer):
-    """`POST /v1/messages` answered as a stream: the next planned `mcp__agent-bridge__*` call."""
+    """`POST /v1/messages` answered as a stream: the next planned `mcp__agent-bridge__*` call
+    (`prefix`: the plugin's server is `mcp__plugin_agent-bridge_agent-bridge__*`)."""
+
+    prefix = "mcp__agent-bridge__"
 
     def session_of(self, request: Request) -> str | None:
         return request.headers.get("x-claude-code-session-id")
@@ -205,7 +204,7 @@ class AnthropicServer(ModelServer):
         # Claude Code 2.1.332 defers MCP tools: the model must load a tool with ToolSearch before
         # it can call it, as a real model does. Those searches are not steps of the plan.
         names = {
-            b.get("id"): LOADING if _loading(b) else b.get("name")
+            b.get("id"): LOADING if _loading(b, self.prefix) else b.get("name")
             for m in messages
             if m.get("role") == "assistant"
             for b in (m.get("content") if isinstance(m.get("content"), list) else ())
@@ -227,7 +226,7 @@ class AnthropicServer(ModelServer):
         step = self.next_step(steps, done)
         if step is not None:
             tool, args = step
-            name = tool if tool[:1].isupper() else f"mcp__agent-bridge__{tool}"  # "Bash": a built-in tool
+            name = tool if tool[:1].isupper() else f"{self.prefix}{tool}"  # "Bash": a built-in tool
             listed = {t.get("name") for t in request.body.get("tools") or () if isinstance(t, dict)}
             loaded = {
                 r.get("tool_name")
@@ -350,6 +349,7 @@ class ChatServer(ModelServer):
     title request, made with the small model before the main one) gets a text."""
 
     server = "agent-bridge"
+    separator = "_"  # opencode's; GitHub Copilot CLI 1.0.102 names an MCP tool `agent-bridge-<tool>`
 
     def session_of(self, request: Request) -> str | None:
         return request.headers.get("x-session-affinity")
@@ -372,7 +372,7 @@ class ChatServer(ModelServer):
                  "model": request.body.get("model", "m")}
         if step is not None:
             tool, args = step
-            name = tool[len(BUILTIN):] if tool.startswith(BUILTIN) else f"{self.server}_{tool}"
+            name = tool[len(BUILTIN):] if tool.startswith(BUILTIN) else f"{self.server}{self.separator}{tool}"
             delta: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [{
                 "index": 0, "id": f"call_{n}", "type": "function",
                 "function": {"name": name, "arguments": json.dumps(args)}}]}
