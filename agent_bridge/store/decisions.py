@@ -151,10 +151,15 @@ class Decisions(Messages):
                 fault("decide:mid-fanout")
         return queued
 
-    def catch_up(self, session: SessionView, now: int, *, only: Collection[str] | None = None) -> int:
+    def catch_up(
+        self, session: SessionView, now: int, *, only: Collection[str] | None = None,
+        key_of: Callable[[str], str | None] = lambda folder: None,
+    ) -> int:
         """Queue every current decision applicable to `session` that its host session has not
         received yet (SPEC §4.4). Only for a session whose host identity is known, except with
-        `only`: those decisions (recorded while the session was tentative), under its key."""
+        `only`: those decisions (recorded while the session was tentative), under its key.
+        `key_of(folder)`: a folder's project key, asked only when another machine's project
+        decision is among the missing ones (SPEC §10: it applies to folders with that key)."""
         if session.kind == "job" or (only is None and not session.host_session_id):
             return 0
         key = host_key(session)
@@ -166,13 +171,12 @@ class Decisions(Messages):
                     "SELECT decision_id FROM decision_deliveries WHERE host_key = ?", (key,)
                 )
             }
-            missing = [
-                d
-                for d in current
-                if d.id not in received
-                and (only is None or d.id in only)
-                and domain.scope_applies(d.scope, session)
-            ]
+            candidates = [d for d in current if d.id not in received and (only is None or d.id in only)]
+            project_key = None
+            if any(isinstance(d.scope, dict) and str(d.scope.get("project", "")).startswith(
+                    domain.KEYED_PROJECT) for d in candidates):
+                project_key = key_of(session.project)
+            missing = [d for d in candidates if domain.scope_applies(d.scope, session, project_key)]
             for decision in reversed(missing):  # oldest first, so the inbox reads in recording order
                 author_id = decision.author.id
                 assert author_id is not None  # decisions.author_id is NOT NULL
