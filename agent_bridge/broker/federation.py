@@ -290,7 +290,8 @@ class Federation:
             keys = await trio.to_thread.run_sync(lambda: [_key_of(s.peer.project) for s in sessions])
             recipients = [Recipient(s.view(), host_key(s.view()))
                           for s, key in zip(sessions, keys, strict=True) if key == record.project_key]
-        applied = await db.apply_remote_decision(sender, record, now, recipients)
+        connected = [s.view() for s in self.broker.sessions.values() if not s.tentative]
+        applied = await db.apply_remote_decision(sender, record, now, recipients, connected, project_key)
         if applied is Applied.NEW:
             for session in list(self.broker.sessions.values()):
                 session.poke()

@@ -214,10 +214,12 @@ class Decisions(Messages):
     def retract(
         self, *, topic: str, reason: str | None, author: SessionView, author_agent: str,
         connected: Sequence[SessionView], now: int, fault: Callable[[str], None] = lambda point: None,
+        key_of: Callable[[str], str | None] = lambda folder: None,
     ) -> tuple[Retraction, list[tuple[str, str]]]:
         """Withdraw the topic's current decision: one appended retraction record, and one
         passive notice for each session in the retracted revision's scope (connected,
-        non-job) or that was sent that revision. One transaction.
+        non-job) or that was sent that revision. One transaction. `key_of`: a folder's project
+        key, asked when the revision is another machine's project decision (SPEC §10).
 
         Returns (the retraction, [(session id, name) notified]). InputError when the topic has
         no current decision."""
@@ -238,39 +240,56 @@ class Decisions(Messages):
                 (retraction_id, topic, decision.id, reason, author.id, author.name, author_agent,
                  self._after_newest(topic, now)),
             )
-            targets: dict[str, str] = {}
-            for session in connected:
-                if session.kind != "job" and domain.scope_applies(decision.scope, session):
-                    targets[session.id] = session.name
-            for peer_id, name in self.conn.execute(
-                "SELECT p.id, p.name FROM decision_deliveries dd JOIN peers p ON p.id = dd.peer_id "
-                f"WHERE dd.decision_id = ? AND p.kind != 'job' AND {queries.listed_peers('p')}",
-                (decision.id,),
-            ):
-                targets.setdefault(peer_id, name)
+            targets = self._retraction_targets(decision, connected, key_of)
             fault("retract:after-record")
-            body = retraction_text(decision, reason)
-            for i, peer_id in enumerate(targets):
-                if i == 1:
-                    fault("retract:mid-notices")
-                self._close_tap(peer_id)  # its delivery task reads this from the database
-                message_id = new_id()
-                self.conn.execute(
-                    "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    (message_id, author.id, peer_id, body, domain.DECISION_HOP, None, now),
-                )
-                self.conn.execute(
-                    "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id)
-                )
-                self.conn.execute(
-                    "INSERT INTO retraction_notices(message_id, retraction_id, peer_id) VALUES (?, ?, ?)",
-                    (message_id, retraction_id, peer_id),
-                )
+            self._queue_retraction_notices(decision, retraction_id, author.id, reason, targets, now, fault)
             retraction = queries.retraction_by_id(self.conn, retraction_id)
             fault("retract:before-commit")
         assert retraction is not None
         return retraction, sorted(targets.items(), key=lambda item: item[1])
+
+    def _retraction_targets(
+        self, decision: Decision, connected: Sequence[SessionView], key_of: Callable[[str], str | None]
+    ) -> dict[str, str]:
+        """{session id: name} a retraction of `decision` notifies: the connected non-job sessions
+        in its scope, and every listed session that was sent that revision."""
+        keyed = isinstance(decision.scope, dict) and str(decision.scope.get("project", "")).startswith(
+            domain.KEYED_PROJECT)
+        targets: dict[str, str] = {}
+        for session in connected:
+            key = key_of(session.project) if keyed else None
+            if session.kind != "job" and domain.scope_applies(decision.scope, session, key):
+                targets[session.id] = session.name
+        for peer_id, name in self.conn.execute(
+            "SELECT p.id, p.name FROM decision_deliveries dd JOIN peers p ON p.id = dd.peer_id "
+            f"WHERE dd.decision_id = ? AND p.kind != 'job' AND {queries.listed_peers('p')}",
+            (decision.id,),
+        ):
+            targets.setdefault(peer_id, name)
+        return targets
+
+    def _queue_retraction_notices(
+        self, decision: Decision, retraction_id: str, author_id: str, reason: str | None,
+        targets: dict[str, str], now: int, fault: Callable[[str], None] = lambda point: None,
+    ) -> None:
+        body = retraction_text(decision, reason)
+        for i, peer_id in enumerate(targets):
+            if i == 1:
+                fault("retract:mid-notices")
+            self._close_tap(peer_id)  # its delivery task reads this from the database
+            message_id = new_id()
+            self.conn.execute(
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (message_id, author_id, peer_id, body, domain.DECISION_HOP, None, now),
+            )
+            self.conn.execute(
+                "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id)
+            )
+            self.conn.execute(
+                "INSERT INTO retraction_notices(message_id, retraction_id, peer_id) VALUES (?, ?, ?)",
+                (message_id, retraction_id, peer_id),
+            )
 
 
 def retraction_text(decision: Decision, reason: str | None) -> str:

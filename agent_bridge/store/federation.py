@@ -26,6 +26,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
 from agent_bridge.common.rows import Author, Message
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
@@ -250,12 +251,17 @@ class TeamDecisions(TeamRecords, Decisions):
         record: env.DecisionEnvelope | env.RetractionEnvelope,
         now: int,
         recipients: Sequence[Recipient] = (),
+        connected: Sequence[SessionView] = (),
+        key_of: Callable[[str], str | None] = lambda folder: None,
     ) -> Applied:
         """A decision or retraction recorded on `from_machine`: applied once by its id; the
         topic's current revision is its latest by (createdAt, id) (the schema's triggers), so the
         order revisions arrive in does not matter. A decision that became current is queued to
         `recipients` (the connected sessions in its scope, chosen by the caller) as a passive
-        notice. A retraction of a revision not here yet is WAITING: nothing stored, not acked."""
+        notice. A retraction that withdrew the topic's current revision gives the sessions a
+        local retraction would (`connected` in its scope, by `key_of` for a project key, and
+        those sent the revision) the same notice. A retraction of a revision not here yet is
+        WAITING: nothing stored, not acked."""
         with self.conn:
             if isinstance(record, env.RetractionEnvelope):
                 if self._has("decision_retractions", record.id):
@@ -263,12 +269,17 @@ class TeamDecisions(TeamRecords, Decisions):
                 if not self._has("decisions", record.retracts):
                     return Applied.WAITING
                 author = self._ensure_remote_peer(from_machine, record.author, now)
+                before = queries.query_decisions(self.conn, topic=record.topic)
                 self.conn.execute(
                     "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, "
                     "author_agent, created_at, machine) VALUES (?,?,?,?,?,?,?,?,?)",
                     (record.id, record.topic, record.retracts, record.reason, author, record.author.name,
                      record.author.agent, record.created_at, from_machine),
                 )
+                withdrawn = [d for d in before if d.id == record.retracts]
+                if withdrawn and not queries.query_decisions(self.conn, topic=record.topic):
+                    targets = self._retraction_targets(withdrawn[0], connected, key_of)
+                    self._queue_retraction_notices(withdrawn[0], record.id, author, record.reason, targets, now)
                 self._heard(from_machine, now)
                 return Applied.NEW
             if self._has("decisions", record.id):

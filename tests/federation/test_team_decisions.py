@@ -1,0 +1,87 @@
+"""Another machine's decisions as local ones reach sessions (SPEC §10 "Decisions"), between two
+real brokers and a real nats-server: a session that identifies later in a folder whose git origin
+has a team decision's project key gets it in its catch-up and its SessionStart note, a folder of
+another origin does not; a retraction recorded on the other machine gives the sessions in scope
+the notice a local one gives; notes and notices name the recording machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.conftest import run_cli, wait_for
+from tests.federation.conftest import Hub
+from tests.federation.test_brokers import DEADLINE, broker_env, clone, federated_broker, session
+
+
+async def texts_until(pushes: Any, wanted: str) -> list[str]:
+    """The message texts pushed to a session up to and including the first containing `wanted`."""
+    seen = []
+    async for frame in pushes:
+        if frame.get("push") == "message":
+            seen.append(frame["message"]["text"])
+            if wanted in seen[-1]:
+                return seen
+    raise AssertionError(f"the session's connection closed before {wanted!r}; saw {seen}")
+
+
+def session_start_note(home: Path, cwd: str) -> str:
+    """What the real SessionStart hook adds to a new session's context in `cwd`."""
+    hook = {"session_id": f"hs-note-{Path(cwd).name}", "cwd": cwd, "hook_event_name": "SessionStart",
+            "source": "startup"}
+    done = run_cli(broker_env(home), "hook", "session-start", "--agent", "claude", input=json.dumps(hook))
+    assert done.returncode == 0, done.stderr
+    if not done.stdout.strip():
+        return ""
+    return str(json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"])
+
+
+async def test_remote_decisions_reach_catch_up_notes_and_retractions(team_hub: Hub, tmp_path: Path) -> None:
+    a, b = team_hub.machines["a"], team_hub.machines["b"]
+    here = clone(tmp_path / "a" / "api", "git@github.com:acme/api.git")
+    same = clone(tmp_path / "b" / "api-clone", "https://github.com/acme/api")
+    other = clone(tmp_path / "b" / "web", "git@github.com:acme/web.git")
+    with trio.fail_after(DEADLINE * 2), federated_broker(a, team_hub), federated_broker(b, team_hub):
+        async with session(a.home, "alice", here) as (alice, _), \
+                session(b.home, "carol", other) as (_carol, carol_pushes):
+            await alice.request("decide", topic="api style", text="REST, no GraphQL", scope={"project": here})
+            await alice.request("decide", topic="db", text="PostgreSQL", scope="all")
+            # carol (connected on b, another origin) gets the decision for all, naming machine a
+            seen = await texts_until(carol_pushes, "PostgreSQL")
+            assert seen[-1].endswith("db: PostgreSQL (recorded on a)"), seen
+            assert not any("REST" in t for t in seen), seen
+
+            async def both_on_b() -> bool:
+                listed = await trio.to_thread.run_sync(
+                    lambda: run_cli(broker_env(b.home), "decisions", "--json"))
+                return "REST, no GraphQL" in listed.stdout and "PostgreSQL" in listed.stdout
+
+            await wait_for(both_on_b, timeout=DEADLINE, what="both decisions on machine b")
+
+            # bob identifies on b after they arrived, in a clone of a's origin: his catch-up has both
+            async with session(b.home, "bob", same) as (_bob, bob_pushes):
+                caught = await texts_until(bob_pushes, "PostgreSQL")  # queued oldest first, in one commit
+                assert any(t.endswith("api style: REST, no GraphQL (recorded on a)") for t in caught), caught
+
+                # the SessionStart note: the clone lists the project decision, the other origin not
+                note = await trio.to_thread.run_sync(session_start_note, b.home, same)
+                assert "api style: REST, no GraphQL (recorded on a)" in note, note
+                assert "db: PostgreSQL (recorded on a)" in note, note
+                note = await trio.to_thread.run_sync(session_start_note, b.home, other)
+                assert "db: PostgreSQL (recorded on a)" in note and "REST" not in note, note
+
+                # retracted on a: bob (in scope on b) gets the notice a local retraction gives
+                done = await trio.to_thread.run_sync(
+                    lambda: run_cli(broker_env(a.home), "retract", "api style", "--reason", "gRPC now"))
+                assert done.returncode == 0, done.stderr
+                gone = await texts_until(bob_pushes, "retracted")
+                assert gone[-1] == ("Pinned owner decision retracted: api style: REST, no GraphQL "
+                                    "(recorded on a) no longer applies. Reason: gRPC now"), gone
+                done = await trio.to_thread.run_sync(lambda: run_cli(broker_env(a.home), "retract", "db"))
+                assert done.returncode == 0, done.stderr
+                gone = await texts_until(carol_pushes, "retracted")
+                assert "db: PostgreSQL (recorded on a) no longer applies" in gone[-1], gone
+                assert not any("REST" in t for t in gone), gone  # carol never had api style
