@@ -182,9 +182,9 @@ class Federation:
 
     async def _publish(self, action: fed.Publish) -> None:
         item = await self.broker.db.outbox_item(action.kind, action.id)
-        if item is None:  # done meanwhile (a message's receipt came): nothing to publish
+        if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
             now = now_ms()
-            done = (self.outbox.receipt(action.id, fed.STORED, now) if action.kind == fed.MSG
+            done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
                     else self.outbox.published(action.kind, action.id, now))
             await self._carry_all(done)
             return
@@ -212,9 +212,10 @@ class Federation:
     async def _carry_out(self, action: fed.OutboxAction) -> None:
         db = self.broker.db
         if isinstance(action, fed.MarkRelayed):
-            await db.mark_relayed(fed.MSG, action.id, int(action.at))
+            if await db.mark_relayed(action.kind, action.id, int(action.at)):  # no machine left to confirm it
+                await self._carry_all(self.outbox.confirmed(action.kind, action.id, now_ms()))
         elif isinstance(action, fed.MarkUnconfirmed):
-            await db.mark_unconfirmed(action.id, int(action.at))
+            await db.mark_unconfirmed(action.id, int(action.at), action.kind)
         elif isinstance(action, fed.Drop):
             await db.drop_outbox_row(action.kind, action.id)
 
@@ -278,6 +279,10 @@ class Federation:
             return applied
         if kind == fed.RCPT:
             receipt = env.decode_receipt(incoming.body)
+            if receipt.kind == fed.DEC:  # a decision of ours stored there: the last one awaited ends it
+                if await db.apply_decision_receipt(sender, receipt, now):
+                    await self._carry_all(self.outbox.confirmed(fed.DEC, receipt.message_id, now))
+                return Applied.NEW
             await db.apply_remote_receipt(sender, receipt, now)
             await self._carry_all(self.outbox.receipt(receipt.message_id, receipt.state, now))
             return Applied.NEW

@@ -323,6 +323,7 @@ class StoreCalls:
     apply_remote_decision = _OnStoreThread(Store.apply_remote_decision)
     apply_remote_message = _OnStoreThread(Store.apply_remote_message)
     apply_remote_receipt = _OnStoreThread(Store.apply_remote_receipt)
+    apply_decision_receipt = _OnStoreThread(Store.apply_decision_receipt)
     drop_outbox_row = _OnStoreThread(Store.drop)
     machines = _OnStoreThread(Store.machines)
     mark_relayed = _OnStoreThread(Store.mark_relayed)

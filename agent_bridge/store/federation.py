@@ -99,8 +99,10 @@ class TeamRecords(StoreBase):
         ).fetchone()
         return None if row is None else (row[0], bytes(row[1]))
 
-    def mark_relayed(self, kind: str, row_id: str, at: int) -> None:
-        """The hub acknowledged the row (a message: relayed, not delivered)."""
+    def mark_relayed(self, kind: str, row_id: str, at: int) -> bool:
+        """The hub acknowledged the row (a message: relayed, not delivered). True when that ends
+        it: a decision no machine is left to confirm (none of the team heard yet, or all said
+        stored already): its row is deleted."""
         with self.conn:
             self.conn.execute(
                 "UPDATE outbox SET relayed_at = ?, attempts = attempts + 1 WHERE kind = ? AND id = ?",
@@ -108,20 +110,61 @@ class TeamRecords(StoreBase):
             )
             if kind == fed.MSG:
                 self.conn.execute("UPDATE messages SET relayed_at = ? WHERE id = ?", (at, row_id))
+                return False
+            if kind == fed.DEC and not self._awaited(row_id):
+                self._drop(kind, row_id)
+                return True
+        return False
 
-    def mark_unconfirmed(self, message_id: str, at: int) -> None:
-        """No receipt within the bound: `sent` shows the message unconfirmed until one comes."""
+    def mark_unconfirmed(self, message_id: str, at: int, kind: str = fed.MSG) -> None:
+        """Not confirmed within the bound: `sent` shows the message unconfirmed until a receipt
+        comes; a decision's row is marked (`federation status` counts them)."""
         with self.conn:
+            if kind == fed.MSG:
+                self.conn.execute(
+                    "UPDATE messages SET unconfirmed_at = ? WHERE id = ? AND stored_at IS NULL",
+                    (at, message_id),
+                )
             self.conn.execute(
-                "UPDATE messages SET unconfirmed_at = ? WHERE id = ? AND stored_at IS NULL", (at, message_id)
-            )
-            self.conn.execute(
-                "UPDATE outbox SET unconfirmed_at = ? WHERE kind = ? AND id = ?", (at, fed.MSG, message_id)
+                "UPDATE outbox SET unconfirmed_at = ? WHERE kind = ? AND id = ?", (at, kind, message_id)
             )
 
     def drop(self, kind: str, row_id: str) -> None:
         with self.conn:
-            self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
+            self._drop(kind, row_id)
+
+    def apply_decision_receipt(self, from_machine: str, receipt: env.ReceiptEnvelope, now: int) -> bool:
+        """`from_machine` stored a decision or retraction recorded here: counted once; True when
+        that was the last machine awaited, and the record's outbox row is deleted (one
+        transaction). A receipt for a record whose row is gone, or another's, changes nothing."""
+        with self.conn:
+            self._heard(from_machine, now)
+            if not self.conn.execute(
+                "SELECT 1 FROM outbox WHERE kind = ? AND id = ?", (fed.DEC, receipt.message_id)
+            ).fetchone():
+                return False
+            self.conn.execute(
+                "INSERT INTO team_receipts(record_id, machine, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (receipt.message_id, from_machine, receipt.at),
+            )
+            if self._awaited(receipt.message_id):
+                return False
+            self._drop(fed.DEC, receipt.message_id)
+        return True
+
+    def _awaited(self, record_id: str) -> int:
+        """How many machines of the team heard here have not said they stored `record_id`."""
+        row = self.conn.execute(
+            "SELECT count(*) FROM machines m WHERE NOT EXISTS "
+            "(SELECT 1 FROM team_receipts t WHERE t.record_id = ? AND t.machine = m.name)",
+            (record_id,),
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _drop(self, kind: str, row_id: str) -> None:
+        self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
+        if kind == fed.DEC:
+            self.conn.execute("DELETE FROM team_receipts WHERE record_id = ?", (row_id,))
 
     # --- inside ---------------------------------------------------------------------------------
 
@@ -265,6 +308,7 @@ class TeamDecisions(TeamRecords, Decisions):
         with self.conn:
             if isinstance(record, env.RetractionEnvelope):
                 if self._has("decision_retractions", record.id):
+                    self._queue_stored(record.id, from_machine, now)
                     return Applied.REPEAT
                 if not self._has("decisions", record.retracts):
                     return Applied.WAITING
@@ -279,10 +323,13 @@ class TeamDecisions(TeamRecords, Decisions):
                 withdrawn = [d for d in before if d.id == record.retracts]
                 if withdrawn and not queries.query_decisions(self.conn, topic=record.topic):
                     targets = self._retraction_targets(withdrawn[0], connected, key_of)
-                    self._queue_retraction_notices(withdrawn[0], record.id, author, record.reason, targets, now)
+                    self._queue_retraction_notices(
+                        withdrawn[0], record.id, author, record.reason, targets, now)
+                self._queue_stored(record.id, from_machine, now)
                 self._heard(from_machine, now)
                 return Applied.NEW
             if self._has("decisions", record.id):
+                self._queue_stored(record.id, from_machine, now)
                 return Applied.REPEAT
             author = self._ensure_remote_peer(from_machine, record.author, now)
             scope: domain.Scope = (
@@ -308,8 +355,15 @@ class TeamDecisions(TeamRecords, Decisions):
             assert decision is not None
             if decision.current and recipients:
                 self._queue_notifications(decision, author, self._resolve_recipients(recipients), now)
+            self._queue_stored(record.id, from_machine, now)
             self._heard(from_machine, now)
         return Applied.NEW
+
+    def _queue_stored(self, record_id: str, machine: str, now: int) -> None:
+        """The end-to-end receipt of a decision or retraction of `machine`'s, stored here (again:
+        a repeat means it did not hear the last one), in the transaction that stored it."""
+        body = env.encode(env.ReceiptEnvelope(record_id, fed.STORED, now, kind=fed.DEC))
+        self._queue_out(fed.RCPT, f"{record_id}/{fed.DEC}", machine, body, now)
 
     # --- presence -------------------------------------------------------------------------------
 

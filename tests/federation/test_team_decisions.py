@@ -12,7 +12,8 @@ from typing import Any
 
 import trio
 
-from tests.conftest import run_cli, wait_for
+from agent_bridge.store import reader
+from tests.conftest import BrokerProcess, run_cli, wait_for
 from tests.federation.conftest import Hub
 from tests.federation.test_brokers import DEADLINE, broker_env, clone, federated_broker, session
 
@@ -85,3 +86,51 @@ async def test_remote_decisions_reach_catch_up_notes_and_retractions(team_hub: H
                 gone = await texts_until(carol_pushes, "retracted")
                 assert "db: PostgreSQL (recorded on a) no longer applies" in gone[-1], gone
                 assert not any("REST" in t for t in gone), gone  # carol never had api style
+
+
+def decision_row(home: Path) -> tuple[int, int | None] | None:
+    """(rows of decisions in this home's outbox, relayed_at of the newest), None when empty."""
+    with reader.reading(home / "bridge.db") as conn:
+        assert conn is not None
+        row = conn.execute("SELECT count(*), max(relayed_at) FROM outbox WHERE kind = 'dec'").fetchone()
+        assert row is not None
+        return None if row[0] == 0 else (int(row[0]), row[1])
+
+
+async def test_a_decision_waits_for_the_other_machines_receipt_not_the_puback(team_hub: Hub) -> None:
+    """Machine b heard, then killed: a's decision is relayed (PubAck) and its outbox row stays,
+    since only b's receipt (b stored it) ends it; b back, it stores it and the row ends."""
+    a, b = team_hub.machines["a"], team_hub.machines["b"]
+    with trio.fail_after(DEADLINE * 2), federated_broker(a, team_hub):
+        b.settings(team_hub)
+        b_broker = BrokerProcess(broker_env(b.home), b.home)
+        try:
+            b_broker.start()
+            async with session(b.home, "bob", "/w/b"), session(a.home, "alice", "/w/a") as (alice, _):
+                async def b_heard() -> bool:
+                    shown = await trio.to_thread.run_sync(
+                        lambda: run_cli(broker_env(a.home), "federation", "status", "--json"))
+                    return any(m["name"] == "b" for m in json.loads(shown.stdout).get("machines", []))
+
+                await wait_for(b_heard, timeout=DEADLINE, what="machine b heard by a")
+            b_broker.kill()
+            decided = await trio.to_thread.run_sync(
+                lambda: run_cli(broker_env(a.home), "decide", "db", "PostgreSQL", "--scope", "all"))
+            assert decided.returncode == 0, decided.stderr
+
+            async def relayed() -> bool:
+                row = await trio.to_thread.run_sync(decision_row, a.home)
+                assert row is not None, "the decision's row ended at its PubAck, before b stored it"
+                return row[1] is not None
+
+            await wait_for(relayed, timeout=DEADLINE, what="the decision relayed by the hub")
+            b_broker.start()
+
+            async def confirmed() -> bool:
+                return await trio.to_thread.run_sync(decision_row, a.home) is None
+
+            await wait_for(confirmed, timeout=DEADLINE, what="b's receipt ending a's decision row")
+            listed = await trio.to_thread.run_sync(lambda: run_cli(broker_env(b.home), "decisions", "db"))
+            assert "PostgreSQL" in listed.stdout
+        finally:
+            b_broker.kill()
