@@ -55,6 +55,7 @@ RETRY = 1.0  # seconds after a receive loop's failure (the hub away, the store b
 PRESENCE_EVERY = 30.0  # seconds between two announcements of an unchanged presence
 PRESENCE_LOOK = 1.0  # seconds between looks at whether this machine's sessions changed
 PRESENCE_READ = 2.0  # seconds between reads of the other machines' presence
+FORGET_LOOK = 10.0  # seconds between looks for the team's sessions and machines gone long enough to forget
 
 
 @dataclass
@@ -368,9 +369,16 @@ class Presence:
             await trio.sleep(PRESENCE_LOOK)
 
     async def listen(self) -> None:
-        """Record the other machines' presence as it changes."""
+        """Record the other machines' presence as it changes; forget what the team stopped
+        announcing for FORGET_AFTER_MS (a session gone there, a machine silent)."""
         await self.team.ready.wait()
+        looked = -math.inf
         while True:
+            if trio.current_time() - looked >= FORGET_LOOK:
+                looked = trio.current_time()
+                for gone in await self.team.broker.db.forget_remote(now_ms(), fed.FORGET_AFTER_MS):
+                    log.info("federation: forgot %s (not announced for %d days)", gone,
+                             fed.FORGET_AFTER_MS // 86_400_000)
             try:
                 entries = await self.team.transport.read_presence()
             except FederationError as exc:

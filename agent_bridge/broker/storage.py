@@ -347,6 +347,7 @@ class StoreCalls:
     find_jobs = _OnStoreThread(Store.find_jobs)
     find_peers_by_address = _OnStoreThread(Store.find_peers_by_address, short=_always)
     forget_peers = _OnStoreThread(Store.forget_peers)
+    forget_remote = _OnStoreThread(Store.forget_remote)
     host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
     get_peer = _OnStoreThread(Store.get_peer)

@@ -82,6 +82,7 @@ MAX_IN_FLIGHT = 64  # publishes awaiting their PubAck at once (the rest wait the
 
 
 OFFLINE_AFTER_MS = 90_000  # a machine not heard from for this long: its sessions show offline
+FORGET_AFTER_MS = 7 * 24 * 3600 * 1000  # a session not announced (or a machine silent) this long: forgotten
 SESSION_STATES = ("busy", "idle", "offline")
 
 

@@ -379,7 +379,7 @@ class TeamDecisions(TeamRecords, Decisions):
                     "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, machine, "
                     "remote_id, remote_state, project_key) VALUES (?1,?2,?3,?4,?5,?6,?6,?7,?8,?9,?10) "
                     "ON CONFLICT(id) DO UPDATE SET name = ?2, agent = ?3, project = ?4, kind = ?5, "
-                    "last_seen_at = ?6, remote_state = ?9, project_key = ?10",
+                    "last_seen_at = ?6, remote_state = ?9, project_key = ?10, forgotten_at = NULL",
                     (peer_id, s.name, s.agent, s.project, s.kind, heard_at, machine, s.id, s.state,
                      s.project_key),
                 )

@@ -72,6 +72,35 @@ class Forgetting(Peers):
             fault("forget:before-commit")
         return out
 
+    def forget_remote(self, now: int, after: int) -> list[str]:
+        """Forget what the team stopped saying (SPEC §10): another machine's session not announced
+        for `after` ms (gone there, or its machine silent that long) is forgotten as a local one
+        is (`forget_peers`: unlisted, unaddressable, what was queued to it dropped, outbox rows
+        included, a tombstone where history names it), and a machine silent that long is no
+        longer listed nor awaited for a decision's receipt. Announced again, a session is listed
+        again (record_presence). Returns the forgotten `name@machine` addresses and machines.
+        One transaction, only when there is something to forget."""
+        if not queries.has_column(self.conn, "peers", "machine"):
+            return []
+        cutoff = now - after
+        gone = self.conn.execute(
+            "SELECT id, name, machine FROM peers WHERE machine IS NOT NULL AND forgotten_at IS NULL "
+            "AND project != '' AND last_seen_at < ?",
+            (cutoff,),
+        ).fetchall()
+        silent = [str(r[0]) for r in self.conn.execute(
+            "SELECT name FROM machines WHERE heard_at < ?", (cutoff,))]
+        if not gone and not silent:
+            return []
+        with self.conn:
+            self.forget_peers([str(r[0]) for r in gone], now)
+            self.conn.execute(
+                "DELETE FROM outbox WHERE kind = 'msg' AND NOT EXISTS (SELECT 1 FROM messages m "
+                "JOIN peers p ON p.id = m.to_peer WHERE m.id = outbox.id AND p.forgotten_at IS NULL)"
+            )
+            self.conn.execute("DELETE FROM machines WHERE heard_at < ?", (cutoff,))
+        return [f"{name}@{machine}" for _, name, machine in gone] + [f"machine {m}" for m in silent]
+
     def sessions_last_seen_before(self, cutoff: int) -> list[str]:
         """Listed sessions last seen before `cutoff` (epoch ms), oldest first."""
         rows = self.conn.execute(

@@ -430,3 +430,26 @@ def test_version_11_upgrades_to_12_with_its_outbox(tmp_path: Path) -> None:
     assert store.outbox_rows() == [fed.OutboxRow("d1", fed.DEC, 5)]
     assert store.conn.execute("SELECT count(*) FROM team_receipts").fetchone()[0] == 0
     store.close()
+
+
+def test_what_the_team_stopped_announcing_is_forgotten(laptop: Store, devbox: Store) -> None:
+    """A remote session not announced for FORGET_AFTER_MS (its machine silent that long) is
+    forgotten: not listed, not addressable, its queued message and outbox row dropped, the
+    machine no longer listed nor awaited; announced again, it is listed again."""
+    mid, codex = send_to_devbox(laptop, devbox)
+    assert list(outbox(laptop, fed.MSG)) == [mid]
+    bound = fed.FORGET_AFTER_MS
+    assert laptop.forget_remote(T0 + bound - 1, bound) == []  # not yet: nothing changes
+    assert [s.address for s in fq.remote_sessions(laptop.conn, T0 + bound)] == ["codex-app@devbox"]
+
+    assert laptop.forget_remote(T0 + bound + 1, bound) == ["codex-app@devbox", "machine devbox"]
+    assert fq.remote_sessions(laptop.conn, T0 + bound + 1) == []
+    assert laptop.remote_session("codex-app", "devbox", T0 + bound + 1) is None  # `send` says no such session
+    assert laptop.outbox_rows() == [] and fq.machines(laptop.conn) == []
+    assert laptop.conn.execute("SELECT count(*) FROM messages WHERE id = ?", (mid,)).fetchone()[0] == 0
+    assert laptop.forget_remote(T0 + bound + 2, bound) == []  # once
+
+    codex_view = devbox.get_peer(codex)
+    assert codex_view is not None
+    announce(laptop, "devbox", [codex_view.view()], T0 + bound + 3)
+    assert [s.address for s in fq.remote_sessions(laptop.conn, T0 + bound + 3)] == ["codex-app@devbox"]

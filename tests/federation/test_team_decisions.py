@@ -2,7 +2,9 @@
 real brokers and a real nats-server: a session that identifies later in a folder whose git origin
 has a team decision's project key gets it in its catch-up and its SessionStart note, a folder of
 another origin does not; a retraction recorded on the other machine gives the sessions in scope
-the notice a local one gives; notes and notices name the recording machine."""
+the notice a local one gives; notes and notices name the recording machine; a decision's outbox
+row ends on the other machine's receipt, not the PubAck; a machine silent past the bound has its
+sessions forgotten."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 import trio
 
+from agent_bridge.core import federation as fed
 from agent_bridge.store import reader
 from tests.conftest import BrokerProcess, run_cli, wait_for
 from tests.federation.conftest import Hub
@@ -134,3 +137,52 @@ async def test_a_decision_waits_for_the_other_machines_receipt_not_the_puback(te
             assert "PostgreSQL" in listed.stdout
         finally:
             b_broker.kill()
+
+
+def as_if_silent_for_a_week(home: Path, machine: str) -> None:
+    """Stands in for seven days of silence, which a test cannot wait: this home's record of when
+    `machine` and its sessions were last heard moved back past FORGET_AFTER_MS (the broker's
+    forgetting compares with the real clock)."""
+    import apsw
+
+    back = fed.FORGET_AFTER_MS + 60_000
+    conn = apsw.Connection(str(home / "bridge.db"))
+    conn.set_busy_timeout(5_000)
+    with conn:
+        conn.execute("UPDATE machines SET heard_at = heard_at - ? WHERE name = ?", (back, machine))
+        conn.execute("UPDATE peers SET last_seen_at = last_seen_at - ? WHERE machine = ?", (back, machine))
+    conn.close()
+
+
+async def test_a_machine_silent_past_the_bound_has_its_sessions_forgotten(team_hub: Hub) -> None:
+    """Machine a announced alice, then went silent (killed); once a's sessions have not been
+    announced for FORGET_AFTER_MS, b forgets them as a local forgotten session: `sessions` and
+    `federation status` stop listing them, and a send to alice@a is refused in one line."""
+    a, b = team_hub.machines["a"], team_hub.machines["b"]
+    with trio.fail_after(DEADLINE * 2), federated_broker(b, team_hub):
+        a.settings(team_hub)
+        a_broker = BrokerProcess(broker_env(a.home), a.home)
+        try:
+            a_broker.start()
+            async with session(a.home, "alice", "/w/a"):
+                async def alice_listed() -> bool:
+                    shown = await trio.to_thread.run_sync(
+                        lambda: run_cli(broker_env(b.home), "sessions", "--json"))
+                    return any(s["name"] == "alice@a" for s in json.loads(shown.stdout))
+
+                await wait_for(alice_listed, timeout=DEADLINE, what="alice@a listed on b")
+        finally:
+            a_broker.kill()
+        await trio.to_thread.run_sync(as_if_silent_for_a_week, b.home, "a")
+
+        async def forgotten() -> bool:
+            return not await alice_listed()
+
+        await wait_for(forgotten, timeout=DEADLINE, what="alice@a forgotten on b")
+        shown = await trio.to_thread.run_sync(
+            lambda: run_cli(broker_env(b.home), "federation", "status", "--json"))
+        assert [m["name"] for m in json.loads(shown.stdout)["machines"]] == []
+        sent = await trio.to_thread.run_sync(
+            lambda: run_cli(broker_env(b.home), "send", "alice@a", "still there?"))
+        assert sent.returncode != 0 and "no session 'alice'" in sent.stderr, (sent.stdout, sent.stderr)
+        assert "Traceback" not in sent.stderr
