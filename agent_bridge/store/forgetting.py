@@ -60,6 +60,11 @@ class Forgetting(Peers):
                     self.conn.execute(
                         "DELETE FROM host_instances WHERE host_session_id = ?", (peer.host_session_id,)
                     )
+                if queries.has_table(self.conn, "outbox"):
+                    # another machine's session (SPEC §10): its messages waiting to be published go too
+                    self.conn.execute(
+                        "DELETE FROM outbox WHERE kind = 'msg' AND NOT EXISTS (SELECT 1 FROM messages m "
+                        "WHERE m.id = outbox.id AND m.to_peer != ?)", (peer_id,))
                 self._drop_identity(peer_id)
                 if self._referenced(peer_id):
                     self.conn.execute(
@@ -94,10 +99,6 @@ class Forgetting(Peers):
             return []
         with self.conn:
             self.forget_peers([str(r[0]) for r in gone], now)
-            self.conn.execute(
-                "DELETE FROM outbox WHERE kind = 'msg' AND NOT EXISTS (SELECT 1 FROM messages m "
-                "JOIN peers p ON p.id = m.to_peer WHERE m.id = outbox.id AND p.forgotten_at IS NULL)"
-            )
             self.conn.execute("DELETE FROM machines WHERE heard_at < ?", (cutoff,))
         return [f"{name}@{machine}" for _, name, machine in gone] + [f"machine {m}" for m in silent]
 

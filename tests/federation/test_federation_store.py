@@ -453,3 +453,11 @@ def test_what_the_team_stopped_announcing_is_forgotten(laptop: Store, devbox: St
     assert codex_view is not None
     announce(laptop, "devbox", [codex_view.view()], T0 + bound + 3)
     assert [s.address for s in fq.remote_sessions(laptop.conn, T0 + bound + 3)] == ["codex-app@devbox"]
+
+
+def test_forgetting_a_remote_session_drops_its_waiting_messages(laptop: Store, devbox: Store) -> None:
+    """`agent-bridge forget name@machine` (a gone one): its queued message and outbox row go."""
+    mid, codex = send_to_devbox(laptop, devbox)
+    [gone] = laptop.forget_peers([f"{codex}@devbox"], T0 + 5)
+    assert [m.id for m in gone.dropped] == [mid]
+    assert laptop.outbox_rows() == [] and fq.remote_sessions(laptop.conn, T0 + 5) == []

@@ -154,35 +154,53 @@ def as_if_silent_for_a_week(home: Path, machine: str) -> None:
     conn.close()
 
 
-async def test_a_machine_silent_past_the_bound_has_its_sessions_forgotten(team_hub: Hub) -> None:
-    """Machine a announced alice, then went silent (killed); once a's sessions have not been
-    announced for FORGET_AFTER_MS, b forgets them as a local forgotten session: `sessions` and
-    `federation status` stop listing them, and a send to alice@a is refused in one line."""
+async def test_the_team_sessions_are_forgotten_as_local_ones(team_hub: Hub) -> None:
+    """On b: `forget ann@a` once ann left a (refused while she is connected there); then machine a
+    killed, and once its sessions have not been announced for FORGET_AFTER_MS, b forgets alice@a
+    by itself. Either way `sessions` and `federation status` stop listing them, and a send to
+    them is refused in one line, as for a local forgotten session."""
     a, b = team_hub.machines["a"], team_hub.machines["b"]
+
+    async def listed_on_b() -> dict[str, bool]:
+        shown = await trio.to_thread.run_sync(lambda: run_cli(broker_env(b.home), "sessions", "--json"))
+        return {s["name"]: s["connected"] for s in json.loads(shown.stdout) if s["machine"] is not None}
+
+    async def cli_on_b(*args: str) -> Any:
+        return await trio.to_thread.run_sync(lambda: run_cli(broker_env(b.home), *args))
+
     with trio.fail_after(DEADLINE * 2), federated_broker(b, team_hub):
         a.settings(team_hub)
         a_broker = BrokerProcess(broker_env(a.home), a.home)
         try:
             a_broker.start()
             async with session(a.home, "alice", "/w/a"):
-                async def alice_listed() -> bool:
-                    shown = await trio.to_thread.run_sync(
-                        lambda: run_cli(broker_env(b.home), "sessions", "--json"))
-                    return any(s["name"] == "alice@a" for s in json.loads(shown.stdout))
+                async with session(a.home, "ann", "/w/a"):
+                    async def both_listed() -> bool:
+                        return await listed_on_b() == {"alice@a": True, "ann@a": True}
 
-                await wait_for(alice_listed, timeout=DEADLINE, what="alice@a listed on b")
+                    await wait_for(both_listed, timeout=DEADLINE, what="alice@a and ann@a listed on b")
+                    refused = await cli_on_b("forget", "ann@a")
+                    assert refused.returncode != 0 and "connected on machine a" in refused.stderr
+
+                async def ann_gone() -> bool:
+                    return (await listed_on_b()).get("ann@a") is False
+
+                await wait_for(ann_gone, timeout=DEADLINE, what="ann@a offline on b")
+                done = await cli_on_b("forget", "ann@a")
+                assert done.returncode == 0, done.stderr
+                assert await listed_on_b() == {"alice@a": True}
+                sent = await cli_on_b("send", "ann@a", "still there?")
+                assert sent.returncode != 0 and "no session 'ann'" in sent.stderr, sent.stderr
         finally:
             a_broker.kill()
         await trio.to_thread.run_sync(as_if_silent_for_a_week, b.home, "a")
 
         async def forgotten() -> bool:
-            return not await alice_listed()
+            return await listed_on_b() == {}
 
         await wait_for(forgotten, timeout=DEADLINE, what="alice@a forgotten on b")
-        shown = await trio.to_thread.run_sync(
-            lambda: run_cli(broker_env(b.home), "federation", "status", "--json"))
+        shown = await cli_on_b("federation", "status", "--json")
         assert [m["name"] for m in json.loads(shown.stdout)["machines"]] == []
-        sent = await trio.to_thread.run_sync(
-            lambda: run_cli(broker_env(b.home), "send", "alice@a", "still there?"))
+        sent = await cli_on_b("send", "alice@a", "still there?")
         assert sent.returncode != 0 and "no session 'alice'" in sent.stderr, (sent.stdout, sent.stderr)
         assert "Traceback" not in sent.stderr
