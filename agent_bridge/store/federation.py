@@ -8,7 +8,9 @@ the outbox of what goes to them, each write one transaction with what it stands 
     apply_remote_receipt     a receipt for a message sent from here: monotonic, ends its outbox row
     queue_team_decisions     this machine's decisions and retractions (scope all, or a project with
                              a git origin) not yet queued for the team
-    apply_remote_decision    a decision or retraction of another machine, by id
+    apply_remote_decision    a decision or retraction of another machine, by id, with its receipt
+                             queued back and, for a retraction, the notices a local one gives
+    apply_decision_receipt   another machine stored a decision of ours: its row ends with the last
     record_presence          a machine's sessions, as it announced them
     outbox_rows / outbox_item / mark_relayed / mark_unconfirmed / drop   the outbox, for
                              core.federation.Outbox and the task that publishes
