@@ -55,6 +55,7 @@ RETRY = 1.0  # seconds after a receive loop's failure (the hub away, the store b
 PRESENCE_EVERY = 30.0  # seconds between two announcements of an unchanged presence
 PRESENCE_LOOK = 1.0  # seconds between looks at whether this machine's sessions changed
 PRESENCE_READ = 2.0  # seconds between reads of the other machines' presence
+FORGET_LOOK = 10.0  # seconds between looks for the team's sessions and machines gone long enough to forget
 
 
 @dataclass
@@ -182,9 +183,9 @@ class Federation:
 
     async def _publish(self, action: fed.Publish) -> None:
         item = await self.broker.db.outbox_item(action.kind, action.id)
-        if item is None:  # done meanwhile (a message's receipt came): nothing to publish
+        if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
             now = now_ms()
-            done = (self.outbox.receipt(action.id, fed.STORED, now) if action.kind == fed.MSG
+            done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
                     else self.outbox.published(action.kind, action.id, now))
             await self._carry_all(done)
             return
@@ -212,9 +213,10 @@ class Federation:
     async def _carry_out(self, action: fed.OutboxAction) -> None:
         db = self.broker.db
         if isinstance(action, fed.MarkRelayed):
-            await db.mark_relayed(fed.MSG, action.id, int(action.at))
+            if await db.mark_relayed(action.kind, action.id, int(action.at)):  # no machine left to confirm it
+                await self._carry_all(self.outbox.confirmed(action.kind, action.id, now_ms()))
         elif isinstance(action, fed.MarkUnconfirmed):
-            await db.mark_unconfirmed(action.id, int(action.at))
+            await db.mark_unconfirmed(action.id, int(action.at), action.kind)
         elif isinstance(action, fed.Drop):
             await db.drop_outbox_row(action.kind, action.id)
 
@@ -278,6 +280,10 @@ class Federation:
             return applied
         if kind == fed.RCPT:
             receipt = env.decode_receipt(incoming.body)
+            if receipt.kind == fed.DEC:  # a decision of ours stored there: the last one awaited ends it
+                if await db.apply_decision_receipt(sender, receipt, now):
+                    await self._carry_all(self.outbox.confirmed(fed.DEC, receipt.message_id, now))
+                return Applied.NEW
             await db.apply_remote_receipt(sender, receipt, now)
             await self._carry_all(self.outbox.receipt(receipt.message_id, receipt.state, now))
             return Applied.NEW
@@ -290,7 +296,8 @@ class Federation:
             keys = await trio.to_thread.run_sync(lambda: [_key_of(s.peer.project) for s in sessions])
             recipients = [Recipient(s.view(), host_key(s.view()))
                           for s, key in zip(sessions, keys, strict=True) if key == record.project_key]
-        applied = await db.apply_remote_decision(sender, record, now, recipients)
+        connected = [s.view() for s in self.broker.sessions.values() if not s.tentative]
+        applied = await db.apply_remote_decision(sender, record, now, recipients, connected, project_key)
         if applied is Applied.NEW:
             for session in list(self.broker.sessions.values()):
                 session.poke()
@@ -362,9 +369,16 @@ class Presence:
             await trio.sleep(PRESENCE_LOOK)
 
     async def listen(self) -> None:
-        """Record the other machines' presence as it changes."""
+        """Record the other machines' presence as it changes; forget what the team stopped
+        announcing for FORGET_AFTER_MS (a session gone there, a machine silent)."""
         await self.team.ready.wait()
+        looked = -math.inf
         while True:
+            if trio.current_time() - looked >= FORGET_LOOK:
+                looked = trio.current_time()
+                for gone in await self.team.broker.db.forget_remote(now_ms(), fed.FORGET_AFTER_MS):
+                    log.info("federation: forgot %s (not announced for %d days)", gone,
+                             fed.FORGET_AFTER_MS // 86_400_000)
             try:
                 entries = await self.team.transport.read_presence()
             except FederationError as exc:

@@ -323,7 +323,7 @@ def list_sessions(home: Path) -> list[dict[str, Any]]:
     `lastSeen` and `unacknowledged`, connected ones first. Read-only: the broker, when it runs,
     is asked only who is connected."""
     from agent_bridge.common import marks
-    from agent_bridge.store import queries, reader
+    from agent_bridge.store import federation_queries, queries, reader
 
     try:
         connected = set(blocking.call(home, "connected", timeout=5.0))
@@ -334,13 +334,19 @@ def list_sessions(home: Path) -> list[dict[str, Any]]:
             return []
         peers = queries.list_peers(conn)
         unacked = queries.unacked_counts(conn)
+        team = federation_queries.remote_sessions(conn, time.time_ns() // 1_000_000)
     out = []
     for p in peers:
         on = p.id in connected
         state = marks.session_state(home, p.host_session_id, connected=on, last_seen=p.last_seen_at)
         item = {**p.public(), "connected": on, **state.to_json(), "lastSeen": p.last_seen_at}
         item["unacknowledged"] = unacked.get(p.id, 0)
-        out.append(item)
+        out.append({**item, "machine": None} if team else item)
+    for r in team:  # the team's other machines' sessions (SPEC §10), as `peers` lists them
+        out.append({"id": r.id, "name": r.address, "agent": r.agent, "project": r.project,
+                    "hostSessionId": None, "kind": r.kind, "machine": r.machine,
+                    "connected": r.state != "offline", "state": r.state, "stateSince": r.last_heard,
+                    "lastSeen": r.last_heard, "unacknowledged": 0})
     out.sort(key=lambda s: (not s["connected"], -int(s["lastSeen"] or 0), s["name"]))
     return out
 

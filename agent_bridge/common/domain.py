@@ -259,14 +259,21 @@ class SessionView(NamedTuple):
         return frozenset(found)
 
 
-def scope_applies(scope: Scope, session: SessionView) -> bool:
-    """Does a decision recorded for `scope` concern `session` (delivery and catch-up)?"""
+KEYED_PROJECT = "git:"  # another machine's project decision: {"project": "git:<project key>"} (SPEC §10)
+
+
+def scope_applies(scope: Scope, session: SessionView, project_key: str | None = None) -> bool:
+    """Does a decision recorded for `scope` concern `session` (delivery and catch-up)?
+    `project_key`: the session's folder's key (common.projectkey), when known: another
+    machine's decision for that key concerns it as a decision for its folder does (SPEC §10)."""
     if scope == ALL:
         return True
     assert isinstance(scope, dict)
     if "project" in scope:
         project: str = scope["project"]
-        return project == session.project
+        return project == session.project or (
+            project_key is not None and project == KEYED_PROJECT + project_key
+        )
     return not session.addresses.isdisjoint(scope["sessions"])
 
 

@@ -107,9 +107,19 @@ class Decision(NamedTuple):
             bool(current),
         )
 
+    @property
+    def machine(self) -> str | None:
+        """The machine that recorded it (None: this one): another machine's author record is
+        `<its id>@<machine>` (SPEC §10), as `author.machine` in the JSON says."""
+        author_id = self.author.id
+        return author_id.rsplit("@", 1)[1] if author_id and "@" in author_id else None
+
     def line(self, limit: int | None = None) -> str:
-        """`topic: text` on one line (domain.topic_line)."""
-        return domain.topic_line(self.topic, self.text, limit)
+        """`topic: text` on one line (domain.topic_line), and `(recorded on MACHINE)` when
+        another machine of the team recorded it (SPEC §10)."""
+        line = domain.topic_line(self.topic, self.text, limit)
+        machine = self.machine
+        return line if machine is None else f"{line} (recorded on {machine})"
 
     def to_json(self) -> JSON:
         """The decision object: exactly these fields, nullable ones null (SPEC §4.1, §6)."""

@@ -14,6 +14,8 @@ Bodies, by subject:
     <team>.msg.<from>.<to>     {"v":1,"id","from":{"id","name","agent"},"to":{"id","name"},
                                 "text","hop","replyTo","createdAt","sendId"}
     <team>.rcpt.<from>.<to>    {"v":1,"messageId","state":"stored"|"shown"|"acknowledged","at"}
+                               {"v":1,"decisionId","state":"stored","at"}  (a decision or
+                                retraction of `to`'s that `from` stored: its end-to-end receipt)
     <team>.dec.<from>          {"v":1,"type":"decision","id","topic","text",
                                 "scope":"all"|{"projectKey":"host/org/repo"},"author":{…},
                                 "createdAt","supersedes","sourceMessageId"}
@@ -76,9 +78,10 @@ class MessageEnvelope:
 
 @dataclass(frozen=True)
 class ReceiptEnvelope:
-    message_id: str
-    state: str  # RECEIPT_STATES
+    message_id: str  # the message's id, or the decision's or retraction's (kind "dec")
+    state: str  # RECEIPT_STATES ("stored" only for a decision)
     at: int
+    kind: str = "msg"  # "msg": a message's receipt; "dec": a decision's or retraction's
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def to_json(env: Envelope) -> dict[str, Any]:
             "replyTo": env.reply_to, "createdAt": env.created_at, "sendId": env.send_id,
         }
     if isinstance(env, ReceiptEnvelope):
-        return {"v": VERSION, "messageId": env.message_id, "state": env.state, "at": env.at}
+        which = "decisionId" if env.kind == "dec" else "messageId"
+        return {"v": VERSION, which: env.message_id, "state": env.state, "at": env.at}
     if isinstance(env, DecisionEnvelope):
         scope: Any = "all" if env.project_key is None else {"projectKey": env.project_key}
         return {
@@ -197,6 +201,10 @@ def decode_receipt(body: bytes) -> ReceiptEnvelope:
     state = _field(d, "state", str)
     if state not in RECEIPT_STATES:
         raise EnvelopeError(f"state: expected one of {', '.join(RECEIPT_STATES)}; got {state[:40]!r}")
+    if "decisionId" in d:
+        if state != "stored":
+            raise EnvelopeError(f"state: a decision's receipt is stored; got {state[:40]!r}")
+        return ReceiptEnvelope(message_id=_id(d, "decisionId"), state=state, at=_time(d, "at"), kind="dec")
     return ReceiptEnvelope(message_id=_id(d, "messageId"), state=state, at=_time(d, "at"))
 
 

@@ -12,20 +12,25 @@ a receipt going back to a sender, a decision or retraction going to the team) wa
 the transaction that made it, so a kill -9 loses none; `restore(rows)` rebuilds this machine
 from them after a restart.
 
-    waiting ──tick (connected, due)──▶ publishing ──PubAck──▶ relayed (a message)
-       ▲                                   │                   │  no remote receipt for
+    waiting ──tick (connected, due)──▶ publishing ──PubAck──▶ relayed (a message, a decision)
+       ▲                                   │                   │  not confirmed for
        │       timeout / error / hub gone: │                   │  RECEIPT_WAIT: publish again
        └─────── unknown outcome, back off ─┘                   ▼
-                                                      a remote receipt: done (dropped)
-    receipts and decisions: PubAck ──▶ done (dropped)
-    a message with no receipt UNCONFIRMED_AFTER after it was queued: marked unconfirmed, and
-    still published now and then; a late receipt clears the mark and ends it.
+                                                      confirmed: done (dropped)
+    receipts: PubAck ──▶ done (dropped)
+    a message or decision not confirmed UNCONFIRMED_AFTER after it was queued: marked
+    unconfirmed, and still published now and then; a late confirmation clears the mark and ends it.
+
+Confirmed: a message by its receiving machine's receipt; a decision or retraction when every
+machine of the team this one knows has sent its receipt for it (the store counts them and says
+`confirmed`; a team with no other machine known yet confirms it at its PubAck).
 
 Rules: every publish of a row carries the row's own id as `Nats-Msg-Id` (the hub drops a
 repeat within its window, the receiver drops one after it); a timeout is an unknown outcome,
 never a failure (retried with the same id, backing off); a PubAck means relayed, not delivered
 (JetStream, with its default fsync interval, can lose an acknowledged write on a power cut), so only the
-receiving broker's receipt (`stored`, then `shown`, `acknowledged`) ends a message's row.
+receiving broker's receipt (`stored`, then `shown`, `acknowledged`) ends a message's row, and
+only the other machines' receipts (`stored`) end a decision's or a retraction's.
 
 **Inbound** (the receiving side): a delivery fetched from the hub is applied to the store (one
 transaction: the message stored by id, a repeat a no-op, with a receipt row queued back to the
@@ -47,7 +52,11 @@ mutate_outbox.py` applies each one to this module and runs the test; all seen fa
      an acknowledged write);
   6. a restart forgets relayed messages: `restore` skips rows with `relayed_at` (lost when the
      hub loses them);
-  7. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait.
+  7. unconfirmed before the bound: `UNCONFIRMED_AFTER` compared with half the wait;
+  8. a decision done at its PubAck: `published` drops a decision's row (lost when the hub loses
+     an acknowledged write before any machine fetched it);
+  9. a confirmation ends the wrong row: `confirmed` drops the message row of the same id
+     whatever its kind (a decision's row waits for ever, never confirmed, so teardown finds it);
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from typing import NamedTuple
 
 MSG, RCPT, DEC = "msg", "rcpt", "dec"  # what an outbox row carries (its subject's kind)
 KINDS = (MSG, RCPT, DEC)
+CONFIRMED = (MSG, DEC)  # kinds whose row ends only when the receiving side confirms it, not at PubAck
 
 # Receipts a receiving broker sends back, in order: a later one implies the earlier ones.
 STORED, SHOWN, ACKNOWLEDGED = "stored", "shown", "acknowledged"
@@ -72,6 +82,7 @@ MAX_IN_FLIGHT = 64  # publishes awaiting their PubAck at once (the rest wait the
 
 
 OFFLINE_AFTER_MS = 90_000  # a machine not heard from for this long: its sessions show offline
+FORGET_AFTER_MS = 7 * 24 * 3600 * 1000  # a session not announced (or a machine silent) this long: forgotten
 SESSION_STATES = ("busy", "idle", "offline")
 
 
@@ -94,7 +105,7 @@ class OutboxRow(NamedTuple):
     id: str  # the message's, decision's or retraction's id; a receipt's message id
     kind: str  # MSG, RCPT or DEC
     queued_at: float
-    relayed_at: float | None = None  # the last PubAck (a message only; others are dropped then)
+    relayed_at: float | None = None  # the last PubAck (a message or decision; receipts are dropped then)
     unconfirmed_at: float | None = None
 
 
@@ -111,17 +122,20 @@ class Publish(NamedTuple):
 
 
 class MarkRelayed(NamedTuple):
-    """Record that the hub acknowledged message `id` (`sent`: relayed, not yet delivered)."""
+    """Record that the hub acknowledged row `id` (a message: `sent` says relayed, not yet
+    delivered; a decision: the store says whether any machine is still to confirm it)."""
 
     id: str
     at: float
+    kind: str = MSG
 
 
 class MarkUnconfirmed(NamedTuple):
-    """Mark message `id` unconfirmed: no receipt within the bound (still accepting one)."""
+    """Mark row `id` unconfirmed: not confirmed within the bound (still accepting it)."""
 
     id: str
     at: float
+    kind: str = MSG
 
 
 class Drop(NamedTuple):
@@ -205,12 +219,12 @@ class Outbox:
         actions: list[OutboxAction] = []
         for entry in self._entries.values():
             if (
-                entry.kind == MSG
+                entry.kind in CONFIRMED
                 and entry.unconfirmed_at is None
                 and now - entry.queued_at >= UNCONFIRMED_AFTER
             ):
                 entry.unconfirmed_at = now
-                actions.append(MarkUnconfirmed(entry.id, now))
+                actions.append(MarkUnconfirmed(entry.id, now, entry.kind))
         if not self.connected:
             return actions
         due = sorted(
@@ -230,19 +244,19 @@ class Outbox:
         times += [
             e.queued_at + UNCONFIRMED_AFTER
             for e in self._entries.values()
-            if e.kind == MSG and e.unconfirmed_at is None
+            if e.kind in CONFIRMED and e.unconfirmed_at is None
         ]
         return min(times, default=None)
 
     # --- outcomes -----------------------------------------------------------------------------
 
     def published(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
-        """PubAck: the hub stored it. A message is relayed (and waits for its receipt); a
-        receipt or a decision is done."""
+        """PubAck: the hub stored it. A message or a decision is relayed (and waits to be
+        confirmed); a receipt is done."""
         entry = self._take_in_flight(kind, row_id)
         if entry is None:
             return []
-        if kind != MSG:
+        if kind not in CONFIRMED:
             del self._entries[(kind, row_id)]
             return [Drop(row_id, kind)]
         entry.tries = 0
@@ -250,7 +264,7 @@ class Outbox:
         wait = min(RECEIPT_WAIT * 2**entry.relays, RECEIPT_WAIT_MAX)
         entry.relays += 1
         entry.next_try = now + wait
-        return [MarkRelayed(row_id, now)]
+        return [MarkRelayed(row_id, now, kind)]
 
     def not_published(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
         """A timeout or an error: the hub may or may not have it. Again later, same id."""
@@ -263,12 +277,17 @@ class Outbox:
         """The receiving broker's receipt for a message of ours was applied to the store (which
         keeps the highest one): the message reached its machine, its row is done, and an
         unconfirmed mark is cleared by the store's receipt."""
-        entry = self._entries.pop((MSG, message_id), None)
+        return self.confirmed(MSG, message_id, now)
+
+    def confirmed(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
+        """Row `row_id` of `kind` is confirmed (a message's receipt; a decision's last awaited
+        machine's receipt, or no machine to await): done."""
+        entry = self._entries.pop((kind, row_id), None)
         if entry is None:
             return []
         if entry.in_flight:
             self._in_flight -= 1
-        return [Drop(message_id, MSG)]
+        return [Drop(row_id, kind)]
 
     def depth(self) -> int:
         return len(self._entries)

@@ -187,7 +187,7 @@ def status(as_json: bool) -> int:
         "lastError": None if hub_state is None else hub_state.get("lastError"),
         "lastErrorAt": None if hub_state is None else hub_state.get("lastErrorAt"),
         "machines": others,
-        "outbox": {"depth": outbox.depth, "oldest": outbox.oldest},
+        "outbox": {"depth": outbox.depth, "oldest": outbox.oldest, "unconfirmed": outbox.unconfirmed},
     }
     if as_json:
         print(json.dumps(out))
@@ -204,7 +204,8 @@ def status(as_json: bool) -> int:
     heard = ", ".join(f"{m['name']} (heard {ago(m['heardAt'])})" for m in others)
     print(f"machines: {heard or 'none heard yet'}")
     oldest = f", oldest queued {ago(outbox.oldest)}" if outbox.oldest else ""
-    print(f"outbox: {outbox.depth} waiting{oldest}")
+    unconfirmed = f", {outbox.unconfirmed} unconfirmed" if outbox.unconfirmed else ""
+    print(f"outbox: {outbox.depth} waiting{oldest}{unconfirmed}")
     if out["lastError"]:
         print(f"last error: {out['lastError']} ({ago(out['lastErrorAt'])})")
     return 0

@@ -83,8 +83,13 @@ def build_note(home: Path, agent: str, hook: common.HookInput, session: dict[str
             addresses.update(
                 a for a in (session.get("id"), session.get("name"), session.get("hostSessionId")) if a
             )
+        key = None
+        if queries.has_keyed_decisions(conn):  # another machine's project decisions: by the folder's origin
+            from agent_bridge.common.projectkey import project_key
+
+            key = project_key(hook.cwd)
         shown, total = queries.note_decisions(
-            conn, hook.cwd, caller_addresses=addresses, limit=domain.NOTE_TOPICS
+            conn, hook.cwd, caller_addresses=addresses, limit=domain.NOTE_TOPICS, project_key=key
         )
     return render_note(agent, hook.cwd, session, shown, total)
 

@@ -151,10 +151,15 @@ class Decisions(Messages):
                 fault("decide:mid-fanout")
         return queued
 
-    def catch_up(self, session: SessionView, now: int, *, only: Collection[str] | None = None) -> int:
+    def catch_up(
+        self, session: SessionView, now: int, *, only: Collection[str] | None = None,
+        key_of: Callable[[str], str | None] = lambda folder: None,
+    ) -> int:
         """Queue every current decision applicable to `session` that its host session has not
         received yet (SPEC §4.4). Only for a session whose host identity is known, except with
-        `only`: those decisions (recorded while the session was tentative), under its key."""
+        `only`: those decisions (recorded while the session was tentative), under its key.
+        `key_of(folder)`: a folder's project key, asked only when another machine's project
+        decision is among the missing ones (SPEC §10: it applies to folders with that key)."""
         if session.kind == "job" or (only is None and not session.host_session_id):
             return 0
         key = host_key(session)
@@ -166,13 +171,12 @@ class Decisions(Messages):
                     "SELECT decision_id FROM decision_deliveries WHERE host_key = ?", (key,)
                 )
             }
-            missing = [
-                d
-                for d in current
-                if d.id not in received
-                and (only is None or d.id in only)
-                and domain.scope_applies(d.scope, session)
-            ]
+            candidates = [d for d in current if d.id not in received and (only is None or d.id in only)]
+            project_key = None
+            if any(isinstance(d.scope, dict) and str(d.scope.get("project", "")).startswith(
+                    domain.KEYED_PROJECT) for d in candidates):
+                project_key = key_of(session.project)
+            missing = [d for d in candidates if domain.scope_applies(d.scope, session, project_key)]
             for decision in reversed(missing):  # oldest first, so the inbox reads in recording order
                 author_id = decision.author.id
                 assert author_id is not None  # decisions.author_id is NOT NULL
@@ -210,10 +214,12 @@ class Decisions(Messages):
     def retract(
         self, *, topic: str, reason: str | None, author: SessionView, author_agent: str,
         connected: Sequence[SessionView], now: int, fault: Callable[[str], None] = lambda point: None,
+        key_of: Callable[[str], str | None] = lambda folder: None,
     ) -> tuple[Retraction, list[tuple[str, str]]]:
         """Withdraw the topic's current decision: one appended retraction record, and one
         passive notice for each session in the retracted revision's scope (connected,
-        non-job) or that was sent that revision. One transaction.
+        non-job) or that was sent that revision. One transaction. `key_of`: a folder's project
+        key, asked when the revision is another machine's project decision (SPEC §10).
 
         Returns (the retraction, [(session id, name) notified]). InputError when the topic has
         no current decision."""
@@ -234,39 +240,56 @@ class Decisions(Messages):
                 (retraction_id, topic, decision.id, reason, author.id, author.name, author_agent,
                  self._after_newest(topic, now)),
             )
-            targets: dict[str, str] = {}
-            for session in connected:
-                if session.kind != "job" and domain.scope_applies(decision.scope, session):
-                    targets[session.id] = session.name
-            for peer_id, name in self.conn.execute(
-                "SELECT p.id, p.name FROM decision_deliveries dd JOIN peers p ON p.id = dd.peer_id "
-                f"WHERE dd.decision_id = ? AND p.kind != 'job' AND {queries.listed_peers('p')}",
-                (decision.id,),
-            ):
-                targets.setdefault(peer_id, name)
+            targets = self._retraction_targets(decision, connected, key_of)
             fault("retract:after-record")
-            body = retraction_text(decision, reason)
-            for i, peer_id in enumerate(targets):
-                if i == 1:
-                    fault("retract:mid-notices")
-                self._close_tap(peer_id)  # its delivery task reads this from the database
-                message_id = new_id()
-                self.conn.execute(
-                    "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    (message_id, author.id, peer_id, body, domain.DECISION_HOP, None, now),
-                )
-                self.conn.execute(
-                    "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id)
-                )
-                self.conn.execute(
-                    "INSERT INTO retraction_notices(message_id, retraction_id, peer_id) VALUES (?, ?, ?)",
-                    (message_id, retraction_id, peer_id),
-                )
+            self._queue_retraction_notices(decision, retraction_id, author.id, reason, targets, now, fault)
             retraction = queries.retraction_by_id(self.conn, retraction_id)
             fault("retract:before-commit")
         assert retraction is not None
         return retraction, sorted(targets.items(), key=lambda item: item[1])
+
+    def _retraction_targets(
+        self, decision: Decision, connected: Sequence[SessionView], key_of: Callable[[str], str | None]
+    ) -> dict[str, str]:
+        """{session id: name} a retraction of `decision` notifies: the connected non-job sessions
+        in its scope, and every listed session that was sent that revision."""
+        keyed = isinstance(decision.scope, dict) and str(decision.scope.get("project", "")).startswith(
+            domain.KEYED_PROJECT)
+        targets: dict[str, str] = {}
+        for session in connected:
+            key = key_of(session.project) if keyed else None
+            if session.kind != "job" and domain.scope_applies(decision.scope, session, key):
+                targets[session.id] = session.name
+        for peer_id, name in self.conn.execute(
+            "SELECT p.id, p.name FROM decision_deliveries dd JOIN peers p ON p.id = dd.peer_id "
+            f"WHERE dd.decision_id = ? AND p.kind != 'job' AND {queries.listed_peers('p')}",
+            (decision.id,),
+        ):
+            targets.setdefault(peer_id, name)
+        return targets
+
+    def _queue_retraction_notices(
+        self, decision: Decision, retraction_id: str, author_id: str, reason: str | None,
+        targets: dict[str, str], now: int, fault: Callable[[str], None] = lambda point: None,
+    ) -> None:
+        body = retraction_text(decision, reason)
+        for i, peer_id in enumerate(targets):
+            if i == 1:
+                fault("retract:mid-notices")
+            self._close_tap(peer_id)  # its delivery task reads this from the database
+            message_id = new_id()
+            self.conn.execute(
+                "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (message_id, author_id, peer_id, body, domain.DECISION_HOP, None, now),
+            )
+            self.conn.execute(
+                "INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message_id, peer_id)
+            )
+            self.conn.execute(
+                "INSERT INTO retraction_notices(message_id, retraction_id, peer_id) VALUES (?, ?, ?)",
+                (message_id, retraction_id, peer_id),
+            )
 
 
 def retraction_text(decision: Decision, reason: str | None) -> str:

@@ -8,7 +8,9 @@ the outbox of what goes to them, each write one transaction with what it stands 
     apply_remote_receipt     a receipt for a message sent from here: monotonic, ends its outbox row
     queue_team_decisions     this machine's decisions and retractions (scope all, or a project with
                              a git origin) not yet queued for the team
-    apply_remote_decision    a decision or retraction of another machine, by id
+    apply_remote_decision    a decision or retraction of another machine, by id, with its receipt
+                             queued back and, for a retraction, the notices a local one gives
+    apply_decision_receipt   another machine stored a decision of ours: its row ends with the last
     record_presence          a machine's sessions, as it announced them
     outbox_rows / outbox_item / mark_relayed / mark_unconfirmed / drop   the outbox, for
                              core.federation.Outbox and the task that publishes
@@ -26,6 +28,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from agent_bridge.common import domain
+from agent_bridge.common.domain import SessionView
 from agent_bridge.common.rows import Author, Message
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
@@ -98,8 +101,10 @@ class TeamRecords(StoreBase):
         ).fetchone()
         return None if row is None else (row[0], bytes(row[1]))
 
-    def mark_relayed(self, kind: str, row_id: str, at: int) -> None:
-        """The hub acknowledged the row (a message: relayed, not delivered)."""
+    def mark_relayed(self, kind: str, row_id: str, at: int) -> bool:
+        """The hub acknowledged the row (a message: relayed, not delivered). True when that ends
+        it: a decision no machine is left to confirm (none of the team heard yet, or all said
+        stored already): its row is deleted."""
         with self.conn:
             self.conn.execute(
                 "UPDATE outbox SET relayed_at = ?, attempts = attempts + 1 WHERE kind = ? AND id = ?",
@@ -107,20 +112,61 @@ class TeamRecords(StoreBase):
             )
             if kind == fed.MSG:
                 self.conn.execute("UPDATE messages SET relayed_at = ? WHERE id = ?", (at, row_id))
+                return False
+            if kind == fed.DEC and not self._awaited(row_id):
+                self._drop(kind, row_id)
+                return True
+        return False
 
-    def mark_unconfirmed(self, message_id: str, at: int) -> None:
-        """No receipt within the bound: `sent` shows the message unconfirmed until one comes."""
+    def mark_unconfirmed(self, message_id: str, at: int, kind: str = fed.MSG) -> None:
+        """Not confirmed within the bound: `sent` shows the message unconfirmed until a receipt
+        comes; a decision's row is marked (`federation status` counts them)."""
         with self.conn:
+            if kind == fed.MSG:
+                self.conn.execute(
+                    "UPDATE messages SET unconfirmed_at = ? WHERE id = ? AND stored_at IS NULL",
+                    (at, message_id),
+                )
             self.conn.execute(
-                "UPDATE messages SET unconfirmed_at = ? WHERE id = ? AND stored_at IS NULL", (at, message_id)
-            )
-            self.conn.execute(
-                "UPDATE outbox SET unconfirmed_at = ? WHERE kind = ? AND id = ?", (at, fed.MSG, message_id)
+                "UPDATE outbox SET unconfirmed_at = ? WHERE kind = ? AND id = ?", (at, kind, message_id)
             )
 
     def drop(self, kind: str, row_id: str) -> None:
         with self.conn:
-            self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
+            self._drop(kind, row_id)
+
+    def apply_decision_receipt(self, from_machine: str, receipt: env.ReceiptEnvelope, now: int) -> bool:
+        """`from_machine` stored a decision or retraction recorded here: counted once; True when
+        that was the last machine awaited, and the record's outbox row is deleted (one
+        transaction). A receipt for a record whose row is gone, or another's, changes nothing."""
+        with self.conn:
+            self._heard(from_machine, now)
+            if not self.conn.execute(
+                "SELECT 1 FROM outbox WHERE kind = ? AND id = ?", (fed.DEC, receipt.message_id)
+            ).fetchone():
+                return False
+            self.conn.execute(
+                "INSERT INTO team_receipts(record_id, machine, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (receipt.message_id, from_machine, receipt.at),
+            )
+            if self._awaited(receipt.message_id):
+                return False
+            self._drop(fed.DEC, receipt.message_id)
+        return True
+
+    def _awaited(self, record_id: str) -> int:
+        """How many machines of the team heard here have not said they stored `record_id`."""
+        row = self.conn.execute(
+            "SELECT count(*) FROM machines m WHERE NOT EXISTS "
+            "(SELECT 1 FROM team_receipts t WHERE t.record_id = ? AND t.machine = m.name)",
+            (record_id,),
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _drop(self, kind: str, row_id: str) -> None:
+        self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
+        if kind == fed.DEC:
+            self.conn.execute("DELETE FROM team_receipts WHERE record_id = ?", (row_id,))
 
     # --- inside ---------------------------------------------------------------------------------
 
@@ -250,28 +296,42 @@ class TeamDecisions(TeamRecords, Decisions):
         record: env.DecisionEnvelope | env.RetractionEnvelope,
         now: int,
         recipients: Sequence[Recipient] = (),
+        connected: Sequence[SessionView] = (),
+        key_of: Callable[[str], str | None] = lambda folder: None,
     ) -> Applied:
         """A decision or retraction recorded on `from_machine`: applied once by its id; the
         topic's current revision is its latest by (createdAt, id) (the schema's triggers), so the
         order revisions arrive in does not matter. A decision that became current is queued to
         `recipients` (the connected sessions in its scope, chosen by the caller) as a passive
-        notice. A retraction of a revision not here yet is WAITING: nothing stored, not acked."""
+        notice. A retraction that withdrew the topic's current revision gives the sessions a
+        local retraction would (`connected` in its scope, by `key_of` for a project key, and
+        those sent the revision) the same notice. A retraction of a revision not here yet is
+        WAITING: nothing stored, not acked."""
         with self.conn:
             if isinstance(record, env.RetractionEnvelope):
                 if self._has("decision_retractions", record.id):
+                    self._queue_stored(record.id, from_machine, now)
                     return Applied.REPEAT
                 if not self._has("decisions", record.retracts):
                     return Applied.WAITING
                 author = self._ensure_remote_peer(from_machine, record.author, now)
+                before = queries.query_decisions(self.conn, topic=record.topic)
                 self.conn.execute(
                     "INSERT INTO decision_retractions(id, topic, retracts, reason, author_id, author_name, "
                     "author_agent, created_at, machine) VALUES (?,?,?,?,?,?,?,?,?)",
                     (record.id, record.topic, record.retracts, record.reason, author, record.author.name,
                      record.author.agent, record.created_at, from_machine),
                 )
+                withdrawn = [d for d in before if d.id == record.retracts]
+                if withdrawn and not queries.query_decisions(self.conn, topic=record.topic):
+                    targets = self._retraction_targets(withdrawn[0], connected, key_of)
+                    self._queue_retraction_notices(
+                        withdrawn[0], record.id, author, record.reason, targets, now)
+                self._queue_stored(record.id, from_machine, now)
                 self._heard(from_machine, now)
                 return Applied.NEW
             if self._has("decisions", record.id):
+                self._queue_stored(record.id, from_machine, now)
                 return Applied.REPEAT
             author = self._ensure_remote_peer(from_machine, record.author, now)
             scope: domain.Scope = (
@@ -297,8 +357,15 @@ class TeamDecisions(TeamRecords, Decisions):
             assert decision is not None
             if decision.current and recipients:
                 self._queue_notifications(decision, author, self._resolve_recipients(recipients), now)
+            self._queue_stored(record.id, from_machine, now)
             self._heard(from_machine, now)
         return Applied.NEW
+
+    def _queue_stored(self, record_id: str, machine: str, now: int) -> None:
+        """The end-to-end receipt of a decision or retraction of `machine`'s, stored here (again:
+        a repeat means it did not hear the last one), in the transaction that stored it."""
+        body = env.encode(env.ReceiptEnvelope(record_id, fed.STORED, now, kind=fed.DEC))
+        self._queue_out(fed.RCPT, f"{record_id}/{fed.DEC}", machine, body, now)
 
     # --- presence -------------------------------------------------------------------------------
 
@@ -314,7 +381,7 @@ class TeamDecisions(TeamRecords, Decisions):
                     "INSERT INTO peers(id, name, agent, project, kind, created_at, last_seen_at, machine, "
                     "remote_id, remote_state, project_key) VALUES (?1,?2,?3,?4,?5,?6,?6,?7,?8,?9,?10) "
                     "ON CONFLICT(id) DO UPDATE SET name = ?2, agent = ?3, project = ?4, kind = ?5, "
-                    "last_seen_at = ?6, remote_state = ?9, project_key = ?10",
+                    "last_seen_at = ?6, remote_state = ?9, project_key = ?10, forgotten_at = NULL",
                     (peer_id, s.name, s.agent, s.project, s.kind, heard_at, machine, s.id, s.state,
                      s.project_key),
                 )

@@ -44,6 +44,7 @@ class Machine(NamedTuple):
 class OutboxStats(NamedTuple):
     depth: int
     oldest: int | None  # queued_at of the oldest row (epoch ms)
+    unconfirmed: int = 0  # rows (messages, decisions) not confirmed within the bound
 
 
 def remote_sessions(conn: apsw.Connection, now: int) -> list[RemoteSession]:
@@ -82,9 +83,11 @@ def machines(conn: apsw.Connection) -> list[Machine]:
 def outbox_stats(conn: apsw.Connection) -> OutboxStats:
     if not has_table(conn, "outbox"):
         return OutboxStats(0, None)
-    row = conn.execute("SELECT count(*), min(queued_at) FROM outbox").fetchone()
+    row = conn.execute(
+        "SELECT count(*), min(queued_at), count(unconfirmed_at) FROM outbox"
+    ).fetchone()
     assert row is not None
-    return OutboxStats(int(row[0]), row[1])
+    return OutboxStats(int(row[0]), row[1], int(row[2]))
 
 
 def outbox_rows(conn: apsw.Connection) -> list[fed.OutboxRow]:

@@ -60,6 +60,11 @@ class Forgetting(Peers):
                     self.conn.execute(
                         "DELETE FROM host_instances WHERE host_session_id = ?", (peer.host_session_id,)
                     )
+                if queries.has_table(self.conn, "outbox"):
+                    # another machine's session (SPEC §10): its messages waiting to be published go too
+                    self.conn.execute(
+                        "DELETE FROM outbox WHERE kind = 'msg' AND NOT EXISTS (SELECT 1 FROM messages m "
+                        "WHERE m.id = outbox.id AND m.to_peer != ?)", (peer_id,))
                 self._drop_identity(peer_id)
                 if self._referenced(peer_id):
                     self.conn.execute(
@@ -71,6 +76,31 @@ class Forgetting(Peers):
                 out.append(Forgotten(peer, queued))
             fault("forget:before-commit")
         return out
+
+    def forget_remote(self, now: int, after: int) -> list[str]:
+        """Forget what the team stopped saying (SPEC §10): another machine's session not announced
+        for `after` ms (gone there, or its machine silent that long) is forgotten as a local one
+        is (`forget_peers`: unlisted, unaddressable, what was queued to it dropped, outbox rows
+        included, a tombstone where history names it), and a machine silent that long is no
+        longer listed nor awaited for a decision's receipt. Announced again, a session is listed
+        again (record_presence). Returns the forgotten `name@machine` addresses and machines.
+        One transaction, only when there is something to forget."""
+        if not queries.has_column(self.conn, "peers", "machine"):
+            return []
+        cutoff = now - after
+        gone = self.conn.execute(
+            "SELECT id, name, machine FROM peers WHERE machine IS NOT NULL AND forgotten_at IS NULL "
+            "AND project != '' AND last_seen_at < ?",
+            (cutoff,),
+        ).fetchall()
+        silent = [str(r[0]) for r in self.conn.execute(
+            "SELECT name FROM machines WHERE heard_at < ?", (cutoff,))]
+        if not gone and not silent:
+            return []
+        with self.conn:
+            self.forget_peers([str(r[0]) for r in gone], now)
+            self.conn.execute("DELETE FROM machines WHERE heard_at < ?", (cutoff,))
+        return [f"{name}@{machine}" for _, name, machine in gone] + [f"machine {m}" for m in silent]
 
     def sessions_last_seen_before(self, cutoff: int) -> list[str]:
         """Listed sessions last seen before `cutoff` (epoch ms), oldest first."""

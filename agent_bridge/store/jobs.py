@@ -35,10 +35,12 @@ class JobRecords(Questions):
         """The pinned decisions a job in `project` starts with (as the SessionStart note shows
         them): one `topic: text` line each, newest first, and a last line when there are more."""
         from agent_bridge.common import domain
-        from agent_bridge.store.queries import note_decisions
+        from agent_bridge.common.projectkey import project_key
+        from agent_bridge.store.queries import has_keyed_decisions, note_decisions
 
+        key = project_key(project) if has_keyed_decisions(self.conn) else None
         shown, total = note_decisions(self.conn, project, caller_addresses=set(addresses),
-                                      limit=domain.NOTE_TOPICS)
+                                      limit=domain.NOTE_TOPICS, project_key=key)
         lines = [d.line(domain.NOTE_TEXT_MAX) for d in shown]
         if total > len(shown):
             lines.append(f"{total - len(shown)} more; the `decisions` tool lists them.")

@@ -118,7 +118,7 @@ def query_decisions(
             args["project"] = lookup["project"]
             clause = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project = :project)"
             if project_key is not None:
-                args["keyed"] = "git:" + project_key
+                args["keyed"] = domain.KEYED_PROJECT + project_key
                 clause += " OR (d.scope_kind = 'project' AND d.scope_project = :keyed)"
             if addresses:
                 clause += " OR d.scope_kind = 'sessions'"
@@ -134,12 +134,24 @@ def query_decisions(
     for values in conn.execute(sql, args):
         scope = domain.scope_from_json(values[4])
         if lookup is not None and not domain.lookup_matches(scope, lookup, addresses=addresses):
-            if not (project_key is not None and scope == {"project": "git:" + project_key}):
+            if not (project_key is not None and scope == {"project": domain.KEYED_PROJECT + project_key}):
                 continue
         out.append(Decision.from_row(values, scope))
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def has_keyed_decisions(conn: apsw.Connection) -> bool:
+    """Does bridge.db hold another machine's project decision (scope `git:<project key>`,
+    SPEC §10)? Only then is a folder's project key worth reading (one index probe)."""
+    if not has_table(conn, "decisions"):
+        return False
+    row = conn.execute(
+        "SELECT 1 FROM decisions WHERE scope_project >= ?1 AND scope_project < ?2 LIMIT 1",
+        (domain.KEYED_PROJECT, domain.KEYED_PROJECT[:-1] + chr(ord(domain.KEYED_PROJECT[-1]) + 1)),
+    ).fetchone()
+    return row is not None
 
 
 def note_decisions(
@@ -156,7 +168,7 @@ def note_decisions(
         return [], 0
     lookup: Scope = {"project": project}
     addresses = set(caller_addresses)
-    keyed = None if project_key is None else {"project": "git:" + project_key}
+    keyed = None if project_key is None else {"project": domain.KEYED_PROJECT + project_key}
     where = "d.scope_kind = 'all' OR (d.scope_kind = 'project' AND d.scope_project IN (:project, :keyed))"
     if addresses:
         where += " OR d.scope_kind = 'sessions'"

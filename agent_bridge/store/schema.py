@@ -24,6 +24,9 @@ V_FED adds federation (SPEC §10): sessions and messages of other machines (`mac
 outbox of what waits to be published, the remote receipts and marks of messages sent to another
 machine, the recording machine of decisions and retractions, and a topic's current revision
 chosen by (createdAt, id) instead of arrival, so every machine agrees on it.
+V_TEAM_RECEIPTS adds the end-to-end receipts of this machine's decisions and retractions: which
+machine of the team said it stored which, so a decision's outbox row ends on those receipts and
+not at the hub's PubAck (SPEC §10 "Exactly once or marked").
 """
 
 from __future__ import annotations
@@ -487,7 +490,19 @@ CREATE TRIGGER decision_retractions_head AFTER INSERT ON decision_retractions
 PRAGMA user_version = 11;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK, V_FED)
+V_TEAM_RECEIPTS = """
+-- A decision or retraction recorded here, said stored by another machine of the team (its
+-- receipt, `<team>.rcpt.<that machine>.<this one>` with `decisionId`). The outbox row of the
+-- record ends when every machine in `machines` has said so; these rows go with it.
+CREATE TABLE team_receipts (
+  record_id TEXT NOT NULL,
+  machine TEXT NOT NULL,
+  at INTEGER NOT NULL,
+  PRIMARY KEY (record_id, machine)) WITHOUT ROWID;
+PRAGMA user_version = 12;
+"""
+
+STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK, V_FED, V_TEAM_RECEIPTS)
 CURRENT_VERSION = len(STEPS)
 
 

@@ -33,7 +33,7 @@ MUTATIONS = {
         "            return [Drop(row_id, kind)]\n        return []",
     ),
     "PubAck treated as delivered": (
-        "        if kind != MSG:\n            del self._entries",
+        "        if kind not in CONFIRMED:\n            del self._entries",
         "        if True:\n            del self._entries",
     ),
     "a restart forgets relayed messages": (
@@ -44,6 +44,14 @@ MUTATIONS = {
     "unconfirmed before the bound": (
         "now - entry.queued_at >= UNCONFIRMED_AFTER",
         "now - entry.queued_at >= UNCONFIRMED_AFTER / 2",
+    ),
+    "a decision done at its PubAck": (
+        "        if kind not in CONFIRMED:\n            del self._entries",
+        "        if kind != MSG:\n            del self._entries",
+    ),
+    "a confirmation ends the wrong row": (
+        "        entry = self._entries.pop((kind, row_id), None)",
+        "        entry = self._entries.pop((MSG, row_id), None)",
     ),
 }
 

@@ -1,4 +1,4 @@
-"""The store's side of federation (store/federation.py, schema version 11), with two real stores
+"""The store's side of federation (store/federation.py, schema versions 11 and 12), with two real stores
 standing for two machines and the test carrying the outbox's bodies between them as the hub would
 (decoded by core/envelopes, as the receiving broker does)."""
 
@@ -373,7 +373,7 @@ def test_version_10_upgrades_to_11_keeping_everything(tmp_path: Path) -> None:
     build_v10(db)
     lines: list[str] = []
     store = Store.open(db, lines.append)
-    assert CURRENT_VERSION == 11 and store.version() == 11
+    assert store.version() == CURRENT_VERSION
     assert any("backed up" in line for line in lines)
     assert [p.name for p in store.list_peers()] == ["codex-app", "claude-app"]
     assert [m.text for m in store.unacked("p2")] == ["hello from v10"]
@@ -384,3 +384,80 @@ def test_version_10_upgrades_to_11_keeping_everything(tmp_path: Path) -> None:
     d3 = decide(store, store.list_peers()[1].view(), "db", "SQLite", "all", 100)
     assert current(store, "db") == d3
     store.close()
+
+
+def test_a_decision_ends_on_the_teams_receipts_not_its_puback(tmp_path: Path) -> None:
+    """Schema 12: a decision's outbox row stays after its PubAck until every machine heard here
+    said it stored it (a repeat delivery answers again); with no machine heard, PubAck ends it."""
+    laptop, devbox, ci = (Store.open(tmp_path / f"{n}.db") for n in ("laptop", "devbox", "ci"))
+    me = session(laptop, "claude-app")
+    alone = decide(laptop, me, "early", "nobody to confirm", "all", T0)
+    laptop.queue_team_decisions(T0, {}.get)
+    assert laptop.mark_relayed(fed.DEC, alone, T0) is True and outbox(laptop, fed.DEC) == {}
+
+    announce(laptop, "devbox", [session(devbox, "codex-app")], T0)
+    announce(laptop, "ci", [session(ci, "codex-ci")], T0)
+    d = decide(laptop, me, "db", "PostgreSQL", "all", T0 + 1)
+    laptop.queue_team_decisions(T0 + 1, {}.get)
+    [(_, body)] = outbox(laptop, fed.DEC).values()
+    assert laptop.mark_relayed(fed.DEC, d, T0 + 2) is False  # relayed, two machines to hear from
+    for store, name in ((devbox, "devbox"), (ci, "ci")):
+        for _ in range(2):  # a redelivery queues the receipt again (same row id: the same Nats-Msg-Id)
+            store.apply_remote_decision("laptop", env.decode_decision(body), T0 + 3)
+            [(to, receipt_body)] = outbox(store, fed.RCPT).values()
+            assert to == "laptop" and f"{d}/{fed.DEC}" in outbox(store, fed.RCPT)
+            store.drop(fed.RCPT, f"{d}/{fed.DEC}")
+        receipt = env.decode_receipt(receipt_body)
+        assert (receipt.kind, receipt.message_id, receipt.state) == (fed.DEC, d, fed.STORED)
+        done = laptop.apply_decision_receipt(name, receipt, T0 + 4)
+        assert done is (name == "ci"), name  # the last machine awaited ends the row
+        assert laptop.apply_decision_receipt(name, receipt, T0 + 4) is False  # counted once
+    assert outbox(laptop, fed.DEC) == {}
+    assert laptop.conn.execute("SELECT count(*) FROM team_receipts").fetchone()[0] == 0
+
+
+def test_version_11_upgrades_to_12_with_its_outbox(tmp_path: Path) -> None:
+    db = tmp_path / "bridge.db"
+    conn = apsw.Connection(str(db))
+    for step in STEPS[: STEPS.index(V_FED) + 1]:
+        with conn:
+            conn.execute(step)
+    conn.execute("INSERT INTO outbox(kind, id, machine, body, queued_at) "
+                 "VALUES ('dec', 'd1', NULL, x'7b7d', 5)")
+    conn.close()
+    store = Store.open(db)
+    assert store.version() == CURRENT_VERSION == 12
+    assert store.outbox_rows() == [fed.OutboxRow("d1", fed.DEC, 5)]
+    assert store.conn.execute("SELECT count(*) FROM team_receipts").fetchone()[0] == 0
+    store.close()
+
+
+def test_what_the_team_stopped_announcing_is_forgotten(laptop: Store, devbox: Store) -> None:
+    """A remote session not announced for FORGET_AFTER_MS (its machine silent that long) is
+    forgotten: not listed, not addressable, its queued message and outbox row dropped, the
+    machine no longer listed nor awaited; announced again, it is listed again."""
+    mid, codex = send_to_devbox(laptop, devbox)
+    assert list(outbox(laptop, fed.MSG)) == [mid]
+    bound = fed.FORGET_AFTER_MS
+    assert laptop.forget_remote(T0 + bound - 1, bound) == []  # not yet: nothing changes
+    assert [s.address for s in fq.remote_sessions(laptop.conn, T0 + bound)] == ["codex-app@devbox"]
+
+    assert laptop.forget_remote(T0 + bound + 1, bound) == ["codex-app@devbox", "machine devbox"]
+    assert fq.remote_sessions(laptop.conn, T0 + bound + 1) == []
+    assert laptop.remote_session("codex-app", "devbox", T0 + bound + 1) is None  # `send` says no such session
+    assert laptop.outbox_rows() == [] and fq.machines(laptop.conn) == []
+    assert laptop.conn.execute("SELECT count(*) FROM messages WHERE id = ?", (mid,)).fetchone()[0] == 0
+    assert laptop.forget_remote(T0 + bound + 2, bound) == []  # once
+
+    codex_view = devbox.get_peer(codex)
+    assert codex_view is not None
+    announce(laptop, "devbox", [codex_view.view()], T0 + bound + 3)
+    assert [s.address for s in fq.remote_sessions(laptop.conn, T0 + bound + 3)] == ["codex-app@devbox"]
+
+
+def test_forgetting_a_remote_session_drops_its_waiting_messages(laptop: Store, devbox: Store) -> None:
+    """`agent-bridge forget name@machine` (a gone one): its queued message and outbox row go."""
+    mid, codex = send_to_devbox(laptop, devbox)
+    [gone] = laptop.forget_peers([f"{codex}@devbox"], T0 + 5)
+    assert [m.id for m in gone.dropped] == [mid]
+    assert laptop.outbox_rows() == [] and fq.remote_sessions(laptop.conn, T0 + 5) == []

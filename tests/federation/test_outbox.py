@@ -66,12 +66,20 @@ def test_a_puback_relays_a_message_which_is_published_again_until_its_receipt() 
     assert box.depth() == 0 and box.next_due() is None
 
 
-def test_receipts_and_decisions_are_done_at_their_puback() -> None:
+def test_receipts_are_done_at_their_puback_decisions_when_confirmed() -> None:
     box = connected(OutboxRow("m1/stored", RCPT, T0), OutboxRow("d1", DEC, T0))
     assert sorted(box.tick(T0)) == [Publish("d1", DEC, "d1"), Publish("m1/stored", RCPT, "m1/stored")]
     assert box.published(RCPT, "m1/stored", T0) == [Drop("m1/stored", RCPT)]
-    assert box.published(DEC, "d1", T0) == [Drop("d1", DEC)]
+    # a decision's PubAck is relayed, not stored by the team: it waits for the machines' receipts
+    assert box.published(DEC, "d1", T0) == [MarkRelayed("d1", T0, DEC)]
     assert box.published(DEC, "d1", T0) == []  # a late second answer: nothing
+    assert box.tick(T0 + fed.RECEIPT_WAIT - 1) == []
+    assert box.tick(T0 + fed.RECEIPT_WAIT) == [Publish("d1", DEC, "d1")]  # the same id again
+    assert box.published(DEC, "d1", T0 + fed.RECEIPT_WAIT) == [MarkRelayed("d1", T0 + fed.RECEIPT_WAIT, DEC)]
+    late = T0 + fed.UNCONFIRMED_AFTER  # and published again then (its wait has passed)
+    assert box.tick(late) == [MarkUnconfirmed("d1", late, DEC), Publish("d1", DEC, "d1")]
+    assert box.confirmed(DEC, "d1", T0 + fed.UNCONFIRMED_AFTER + 1) == [Drop("d1", DEC)]
+    assert box.depth() == 0 and box.next_due() is None
 
 
 def test_unconfirmed_after_the_bound_even_offline_and_publishing_goes_on() -> None:

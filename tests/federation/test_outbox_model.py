@@ -1,7 +1,8 @@
 """The outbox/receipt machines (core/federation.py) driven against a tiny world with hypothesis.
 
-The world: machine A sends messages to machine B through a hub. The hub is a JetStream-like
-stream per direction (messages A→B, receipts B→A): it drops a publish whose Nats-Msg-Id it saw
+The world: machine A sends messages to machine B, and records decisions for the team (B is
+its one other machine), through a hub. The hub is a JetStream-like stream per direction
+(messages and decisions A→B, receipts B→A): it drops a publish whose Nats-Msg-Id it saw
 within its dedupe window, delivers unacked entries in any order and any number of times, and can
 lose an entry it acknowledged (a power cut with the default fsync interval, nats-server issue
 7564). A publish may land or not, and its answer may be a PubAck or a timeout either way (an
@@ -14,12 +15,15 @@ What must hold:
 - never acked to the stream before commit: an ack names a delivery B (or A) has committed;
 - unconfirmed only after the bound, and only while no receipt has come;
 - never lost: after the faults stop (teardown: connected, no losses, time passing), every
-  committed send is in B's inbox exactly once, A has its receipt, and no mark is left.
+  committed send is in B's inbox exactly once, A has its receipt, and no mark is left; every
+  committed decision is stored on B and confirmed back to A (its end-to-end receipt), and A's
+  machine holds no row its store has ended.
 
 Mutations of core/federation.py this test catches (`python3 tests/federation/mutate_outbox.py`
 applies each and runs this test): ack before commit, ack after a failed commit, a new message id
 on retry, a timeout treated as a failure, a PubAck treated as delivered, a restart that forgets
-relayed messages, and unconfirmed before the bound. See the module's docstring.
+relayed messages, unconfirmed before the bound, a decision done at its PubAck, and a
+confirmation that ends the wrong row. See the module's docstring.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from agent_bridge.core import federation as fed
 from agent_bridge.core.federation import (
+    DEC,
     MSG,
     RCPT,
     AckStream,
@@ -118,6 +123,9 @@ class World(RuleBasedStateMachine):
         self.a_sends: dict[str, float] = {}  # message id -> queued at
         self.a_receipt: dict[str, int] = {}  # message id -> highest receipt rank
         self.a_unconfirmed: dict[str, float] = {}
+        self.a_decisions: dict[str, float] = {}  # decision id -> queued at
+        self.a_confirmed: set[str] = set()  # decisions B said it stored
+        self.b_decisions: set[str] = set()  # decisions B stored (by id: a repeat stores nothing)
         # B's committed rows
         self.b_inbox: Counter[str] = Counter()
         self.b_state: dict[str, int] = {}  # message id -> its local receipt rank (stored, shown, acked)
@@ -135,17 +143,21 @@ class World(RuleBasedStateMachine):
                 body = action.id  # the body always names the row's own id (message id, mid/state)
                 self.in_flight.append(InFlight(s.name, s.epoch, action.kind, action.id, action.msg_id, body))
             elif isinstance(action, MarkRelayed):
-                row = s.outbox_rows.get((MSG, action.id))
+                row = s.outbox_rows.get((action.kind, action.id))
                 if row is not None:
-                    s.outbox_rows[(MSG, action.id)] = row._replace(relayed_at=action.at)
+                    s.outbox_rows[(action.kind, action.id)] = row._replace(relayed_at=action.at)
             elif isinstance(action, MarkUnconfirmed):
                 assert s is self.a
-                queued = self.a_sends[action.id]
+                if action.kind == DEC:
+                    queued = self.a_decisions[action.id]
+                    assert action.id not in self.a_confirmed, "a decision unconfirmed after its receipt"
+                else:
+                    queued = self.a_sends[action.id]
+                    assert self.a_receipt.get(action.id, 0) == 0, "unconfirmed after a receipt"
                 assert action.at - queued >= fed.UNCONFIRMED_AFTER, "unconfirmed before the bound"
-                assert self.a_receipt.get(action.id, 0) == 0, "unconfirmed after a receipt"
                 self.a_unconfirmed[action.id] = action.at
-                row = s.outbox_rows[(MSG, action.id)]
-                s.outbox_rows[(MSG, action.id)] = row._replace(unconfirmed_at=action.at)
+                row = s.outbox_rows[(action.kind, action.id)]
+                s.outbox_rows[(action.kind, action.id)] = row._replace(unconfirmed_at=action.at)
             elif isinstance(action, Drop):
                 s.outbox_rows.pop((action.kind, action.id), None)
 
@@ -157,9 +169,13 @@ class World(RuleBasedStateMachine):
                 entry = stream.entries.get(action.token)
                 if entry is None:
                     continue
-                if s is self.b:
+                if s is self.b and entry.body.startswith("d"):
+                    assert entry.body in self.b_decisions, f"acked {entry.body} before commit"
+                elif s is self.b:
                     readable = not entry.body.startswith("!")
                     assert not readable or self.b_inbox[entry.body] >= 1, f"acked {entry.body} before commit"
+                elif entry.body.endswith(f"/{DEC}"):
+                    assert entry.body.split("/")[0] in self.a_confirmed, "acked before commit"
                 else:
                     mid, state = entry.body.split("/")
                     assert self.a_receipt.get(mid, 0) >= fed.receipt_rank(state), "acked before commit"
@@ -185,6 +201,15 @@ class World(RuleBasedStateMachine):
         self.a_sends[mid] = self.now
         row = OutboxRow(mid, MSG, self.now)
         self.a.outbox_rows[(MSG, mid)] = row
+        self.a.outbox.queued(row, self.now)
+
+    @rule()
+    def decide(self) -> None:
+        """A commits a decision for the team and its outbox row in one transaction."""
+        did = f"d{len(self.a_decisions) + 1}"
+        self.a_decisions[did] = self.now
+        row = OutboxRow(did, DEC, self.now)
+        self.a.outbox_rows[(DEC, did)] = row
         self.a.outbox.queued(row, self.now)
 
     @rule(dt=st.sampled_from([0, 300, 1_000, 5_000, 45_000, 120_000, 700_000, 1_000_000]))
@@ -215,7 +240,7 @@ class World(RuleBasedStateMachine):
         p = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
         if lands:
             self.seq += 1
-            (self.msgs if p.kind == MSG else self.rcpts).land(self.seq, p.msg_id, p.body)
+            (self.rcpts if p.kind == RCPT else self.msgs).land(self.seq, p.msg_id, p.body)
         s = self.side(p.side)
         if s.epoch != p.epoch:
             return  # that connection or that process is gone: nobody hears the answer
@@ -291,7 +316,8 @@ class World(RuleBasedStateMachine):
     @invariant()
     def marks_only_after_the_bound(self) -> None:
         for mid, at in self.a_unconfirmed.items():
-            assert at - self.a_sends[mid] >= fed.UNCONFIRMED_AFTER
+            queued = self.a_decisions[mid] if mid.startswith("d") else self.a_sends[mid]
+            assert at - queued >= fed.UNCONFIRMED_AFTER
 
     def teardown(self) -> None:
         """The faults stop: both connected, every publish lands, time passes. Nothing is lost."""
@@ -302,7 +328,7 @@ class World(RuleBasedStateMachine):
             while self.in_flight:
                 p = self.in_flight.pop(0)
                 self.seq += 1
-                (self.msgs if p.kind == MSG else self.rcpts).land(self.seq, p.msg_id, p.body)
+                (self.rcpts if p.kind == RCPT else self.msgs).land(self.seq, p.msg_id, p.body)
                 s = self.side(p.side)
                 if s.epoch == p.epoch:
                     self.run_outbox(s, s.outbox.published(p.kind, p.row_id, self.now))
@@ -314,7 +340,8 @@ class World(RuleBasedStateMachine):
                 self.run_inbound(self.a, self.a.inbound.fetched(entry.seq), self.rcpts)
             while self.a.applying:
                 self.a_commit_one(min(self.a.applying))
-            if not self.in_flight and all(self.a_receipt.get(m, 0) for m in self.a_sends):
+            if (not self.in_flight and all(self.a_receipt.get(m, 0) for m in self.a_sends)
+                    and self.a_confirmed == set(self.a_decisions)):
                 break
             self.now += fed.RECEIPT_WAIT_MAX
             for s in (self.a, self.b):
@@ -323,7 +350,12 @@ class World(RuleBasedStateMachine):
             assert self.b_inbox[mid] == 1, f"{mid} lost: never reached B's inbox"
             assert self.a_receipt.get(mid, 0) >= 1, f"{mid}: A never heard B's receipt"
             assert mid not in self.a_unconfirmed, f"{mid} still marked unconfirmed after its receipt"
-        assert not self.a.outbox_rows, "a message with its receipt still in A's outbox"
+        for did in self.a_decisions:
+            assert did in self.b_decisions, f"{did} lost: never stored on B"
+            assert did in self.a_confirmed, f"{did}: A never heard B's receipt"
+            assert did not in self.a_unconfirmed, f"{did} still marked unconfirmed after its receipt"
+        assert not self.a.outbox_rows, "a message or decision with its receipt still in A's outbox"
+        assert self.a.outbox.depth() == 0, "A's machine holds a row its store has ended"
         assert not self.msgs.unacked(), "a delivery never acked (garbage included)"
 
     # --- the stores' transactions --------------------------------------------------------------
@@ -332,6 +364,14 @@ class World(RuleBasedStateMachine):
         """B's store applies one delivery: stored by id (a repeat a no-op) and a receipt row
         queued either way (a repeat means its sender did not hear the last one); then acked."""
         mid = self.b.applying.pop(token).body
+        if mid.startswith("d"):  # a decision: stored by id, its end-to-end receipt queued either way
+            self.b_decisions.add(mid)
+            row = OutboxRow(f"{mid}/{DEC}", RCPT, self.now)
+            self.b.outbox_rows.setdefault((RCPT, row.id), row)
+            self.b.outbox.queued(row, self.now)
+            if self.b.connected:
+                self.run_inbound(self.b, self.b.inbound.applied(token), self.msgs)
+            return
         if mid.startswith("!"):  # unreadable: stored nothing, acked so it stops coming
             if self.b.connected:
                 self.run_inbound(self.b, self.b.inbound.rejected(token), self.msgs)
@@ -346,6 +386,14 @@ class World(RuleBasedStateMachine):
     def a_commit_one(self, token: int) -> None:
         """A's store applies a receipt monotonically, clears a mark and ends the message's row."""
         mid, state = self.a.applying.pop(token).body.split("/")
+        if state == DEC:  # B, the one other machine, stored it: the last one awaited, the row ends
+            self.a_confirmed.add(mid)
+            self.a_unconfirmed.pop(mid, None)
+            self.a.outbox_rows.pop((DEC, mid), None)
+            self.run_outbox(self.a, self.a.outbox.confirmed(DEC, mid, self.now))
+            if self.a.connected:
+                self.run_inbound(self.a, self.a.inbound.applied(token), self.rcpts)
+            return
         self.a_receipt[mid] = max(self.a_receipt.get(mid, 0), fed.receipt_rank(state))
         self.a_unconfirmed.pop(mid, None)
         self.a.outbox_rows.pop((MSG, mid), None)

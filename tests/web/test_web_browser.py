@@ -489,3 +489,43 @@ async def test_page_polls_while_the_stream_is_refused_then_goes_live(
         )
     # Expected: the refused stream (429) while the places were taken.
     assert [p for p in problems if "status of 429" not in p] == []
+
+
+def drive_remote_decision(running: Running) -> list[str]:
+    """The decisions table and a topic's history with another machine's decision and retraction."""
+    from playwright.sync_api import expect
+
+    problems: list[str] = []
+    with chromium_page(problems, 1280, 900) as (_browser, _context, page):
+        page.goto(running.url)
+        row = page.locator("#decisions-body tr").filter(has_text="REST, no GraphQL")
+        expect(row.locator("td.by .tag.machine")).to_have_text("on laptop")
+        page.get_by_role("button", name="api style", exact=True).click()
+        expect(page.locator("#history-list")).to_contain_text("on laptop")
+        retracted = page.locator("#decisions-body tr").filter(has_text="MySQL")
+        expect(retracted).to_have_count(0)  # retracted on laptop: not current here either
+    return problems
+
+
+async def test_another_machines_decision_names_its_machine(nursery: trio.Nursery, web_home: Path) -> None:
+    """SPEC §10: the dashboard shows a remote decision with the machine that recorded it
+    (`author.machine`), in the table and the topic's history."""
+    from agent_bridge.core import envelopes as env
+
+    laptop = env.Author("p-1", "claude-api", "claude")
+    store = Store.open(web_home / "bridge.db")
+    try:
+        at = now_ms()
+        store.apply_remote_decision("laptop", env.DecisionEnvelope(
+            "d-1", "api style", "REST, no GraphQL", None, laptop, at, None, None), at)
+        store.apply_remote_decision("laptop", env.DecisionEnvelope(
+            "d-2", "db", "MySQL", None, laptop, at, None, None), at)
+        store.apply_remote_decision("laptop", env.RetractionEnvelope(
+            "r-1", "db", "d-2", "gone", laptop, at + 1), at + 1)
+    finally:
+        store.close()
+    with trio.fail_after(BROWSER_TIMEOUT):
+        running = await start_dashboard(nursery, web_home)
+        problems = await trio.to_thread.run_sync(
+            partial(drive_remote_decision, running), abandon_on_cancel=True)
+    assert problems == []

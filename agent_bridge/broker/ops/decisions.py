@@ -162,6 +162,7 @@ async def cmd_retract(broker: Broker, args: dict[str, Any]) -> Any:
         connected=[s.view() for s in broker.sessions.values() if not s.tentative],  # never a health check
         now=now_ms(),
         fault=broker.fault,
+        key_of=project_key,  # another machine's project decision applies by the folder's origin
     )
     for peer_id, _ in notified:
         target = broker.sessions.get(peer_id)

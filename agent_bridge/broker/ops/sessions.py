@@ -157,6 +157,15 @@ async def cmd_forget(broker: Broker, args: dict[str, Any]) -> Any:
                         "sessions`)"
                     )
                 found = await broker.db.find_peers_by_address(address)
+                if not found and "@" in address:  # another machine's session (SPEC §10): name@machine
+                    name, _, machine = address.rpartition("@")
+                    remote = await broker.db.remote_session(name, machine, now_ms())
+                    if remote is not None and remote.state != "offline":
+                        raise InputError(f"{address!r} is connected on machine {machine}; only gone "
+                                         "sessions can be forgotten")
+                    if remote is not None:
+                        ids.append(remote.id)
+                        continue
                 if not found:
                     raise InputError(f"no session is addressed by {address!r} (see {SESSIONS_COMMAND})")
                 chosen = one_session("sessions", address, found, SESSIONS_COMMAND)

@@ -54,6 +54,7 @@ from agent_bridge.broker.sessions.session import (
 )
 from agent_bridge.common import domain, jsonlimit, paths
 from agent_bridge.common.domain import InputError
+from agent_bridge.common.projectkey import project_key
 from agent_bridge.common.rows import Peer
 from agent_bridge.ipc import frames
 from agent_bridge.ipc.protocol import Refused
@@ -337,7 +338,7 @@ class Identity:
         if not session.missed:
             return
         ids, session.missed = session.missed, []
-        queued = await self._db.catch_up(session.view(), now_ms(), only=ids)
+        queued = await self._db.catch_up(session.view(), now_ms(), only=ids, key_of=project_key)
         if queued:
             session.poke()
 
@@ -412,7 +413,7 @@ class Identity:
     async def catch_up(self, session: Session) -> None:
         if session.is_job or not session.host_session_id:
             return
-        queued = await self._db.catch_up(session.view(), now_ms())
+        queued = await self._db.catch_up(session.view(), now_ms(), key_of=project_key)
         if queued:
             log.info("catch-up: %d decision(s) queued for %s", queued, session.name)
             session.poke()

@@ -577,6 +577,7 @@
         el("td", { className: "delivered" }, [receiptsCell(mine)]),
         el("td", { className: "by" }, [
           el("span", { className: "author", text: d.author.name }),
+          ...machineTag(d.author),
           el("div", { className: "when" }, [when(d.createdAt)]),
         ]),
       ]);
@@ -597,8 +598,15 @@
     }
   }
 
+  // A decision or retraction another machine of the team recorded (SPEC §10): author.machine.
+  function machineTag(author) {
+    if (!author || !author.machine) return [];
+    return [text(" "), el("span", { className: "tag machine", text: "on " + author.machine, title: "recorded on machine " + author.machine + " (SPEC §10)" })];
+  }
+
   function retractionWords(r) {
-    const by = r.author && r.author.name ? " by " + r.author.name : "";
+    const on = r.author && r.author.machine ? " on " + r.author.machine : "";
+    const by = r.author && r.author.name ? " by " + r.author.name + on : "";
     return "Retracted " + relative(r.createdAt) + by + (r.reason ? ": " + r.reason : "");
   }
 
@@ -617,6 +625,7 @@
         el("span", { className: d.current ? "tag current" : withdrawn ? "tag retracted" : "tag old", text: status }),
         when(d.createdAt),
         el("span", { text: "by " + d.author.name + " (" + d.author.agent + ")" }),
+        ...machineTag(d.author),
         el("span", { text: "for" }),
         scopeBadge(d.scope),
       ]);
