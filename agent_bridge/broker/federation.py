@@ -71,6 +71,7 @@ class Federation:
     last_error: str | None = None
     last_error_at: int | None = None
     _kick: trio.Event = field(default_factory=trio.Event)
+    _sent: list[str] = field(default_factory=list)  # messages to other machines committed since the last look
     _tokens: dict[int, Incoming] = field(default_factory=dict)
     _next_token: int = 0
 
@@ -78,8 +79,11 @@ class Federation:
     def machine(self) -> str:
         return self.settings.machine
 
-    def kick(self) -> None:
-        """A row was committed to the outbox (a send to another machine): look now."""
+    def kick(self, message_id: str | None = None) -> None:
+        """Look now: a send committed message `message_id` and its outbox row (published
+        without reading the outbox back), or a publish ended (the next one may go)."""
+        if message_id is not None:
+            self._sent.append(message_id)
         self._kick.set()
 
     def error(self, what: str, exc: BaseException) -> None:
@@ -130,26 +134,33 @@ class Federation:
     # --- sending --------------------------------------------------------------------------------
 
     async def send_outbox(self) -> None:
-        """Queue what commits made due, hand new rows to the machine, publish what it says."""
+        """Hand the outbox's rows to the machine and publish what it says. A send to another
+        machine hands its row at once (kick), without a read; the store is looked at (receipts
+        and decisions that became due queued, new rows read) only after commits, GAP apart."""
         db = self.broker.db
         self.outbox.restore(await db.outbox_rows(), now_ms())
         known = {(row.kind, row.id) for row in await db.outbox_rows()}
-        queued_at = -math.inf  # when receipts and decisions were last queued (trio's clock)
-        queued_seen = -1  # the commit feed's version then
+        looked, looked_at = -1, -math.inf  # the commit feed's version at the last look, and when (trio's clock)
         async with trio.open_nursery() as publishing:
             with Following(self.broker.changes, POLL) as commits:
                 while True:
                     seen = commits.seen()
                     now = now_ms()
-                    if trio.current_time() - queued_at >= GAP:  # a kick (a send) comes sooner: its row only
-                        queued_at, queued_seen = trio.current_time(), seen
+                    for message_id in self._sent:  # committed with their rows: no read needed
+                        if (fed.MSG, message_id) not in known:
+                            known.add((fed.MSG, message_id))
+                            self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
+                    self._sent.clear()
+                    stale = seen != looked or (commits.feed is None and trio.current_time() - looked_at >= POLL)
+                    if stale and trio.current_time() - looked_at >= GAP:
+                        looked, looked_at = seen, trio.current_time()
                         await db.queue_receipt_updates(now)
                         await db.queue_team_decisions(now, project_key)
-                    rows = await db.outbox_rows()
-                    for row in rows:
-                        if (row.kind, row.id) not in known:
-                            self.outbox.queued(row, now)
-                    known = {(row.kind, row.id) for row in rows}
+                        rows = await db.outbox_rows()
+                        for row in rows:
+                            if (row.kind, row.id) not in known:
+                                self.outbox.queued(row, now)
+                        known = {(row.kind, row.id) for row in rows}
                     for action in self.outbox.tick(now_ms()):
                         if isinstance(action, fed.Publish):
                             publishing.start_soon(self._publish, action)
@@ -157,8 +168,8 @@ class Federation:
                             await self._carry_out(action)
                     due = self.outbox.next_due()
                     within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
-                    if queued_seen != seen:  # commits this look did not queue for: look again after GAP
-                        within = min(within, max(0.0, queued_at + GAP - trio.current_time()))
+                    if commits.seen() != looked:  # commits no look has covered: look again after GAP
+                        within = min(within, max(0.0, looked_at + GAP - trio.current_time()))
                     await self._wait(commits, seen, within)
 
     async def _wait(self, commits: Following, seen: int, within: float) -> None:
@@ -223,32 +234,36 @@ class Federation:
     # --- receiving ------------------------------------------------------------------------------
 
     async def receive(self, kind: str) -> None:
-        """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked."""
+        """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked.
+        The acks go out beside the next pull: a delivery waits for no earlier one's ack."""
         await self.ready.wait()
-        while True:
-            try:
-                delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
-            except FederationError as exc:
-                self.error(f"receiving {kind}", exc)
-                await trio.sleep(RETRY)
-                continue
-            for incoming in delivered:
-                await self._receive_one(kind, incoming)
+        async with trio.open_nursery() as acking:
+            while True:
+                try:
+                    delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
+                except FederationError as exc:
+                    self.error(f"receiving {kind}", exc)
+                    await trio.sleep(RETRY)
+                    continue
+                for incoming in delivered:
+                    await self._receive_one(kind, incoming, acking)
 
-    async def _receive_one(self, kind: str, incoming: Incoming) -> None:
+    async def _receive_one(self, kind: str, incoming: Incoming, acking: trio.Nursery) -> None:
         token = self._next_token
         self._next_token += 1
         self._tokens[token] = incoming
         try:
             for action in self.inbound.fetched(token):
                 if isinstance(action, fed.Apply):
-                    await self._apply(kind, token, incoming)
+                    acks = await self._apply(kind, token, incoming)
+                    self._ack_all(acks, acking)
                 elif isinstance(action, fed.AckStream):
-                    await self._ack(token)
+                    self._ack_all([action], acking)
         finally:
             self._tokens.pop(token, None)
 
-    async def _apply(self, kind: str, token: int, incoming: Incoming) -> None:
+    async def _apply(self, kind: str, token: int, incoming: Incoming) -> list[fed.InboundAction]:
+        """Commit one delivery; what the machine says to do after the commit (its ack)."""
         try:
             outcome = await self._store(kind, incoming)
         except (env.EnvelopeError, domain.InputError) as exc:  # never storable here: said once, dropped
@@ -256,17 +271,15 @@ class Federation:
                         kind, incoming.sender, exc)
             self.inbound.rejected(token)
             await self._term(incoming)
-            return
+            return []
         except Exception as exc:  # noqa: BLE001 - the store could not commit now: the hub delivers it again
             self.error(f"storing a {kind} from {incoming.sender}", exc)
             self.inbound.store_failed(token)
-            return
+            return []
         if outcome is Applied.WAITING:  # needs a record not here yet: delivered again after ack_wait
             self.inbound.store_failed(token)
-            return
-        for action in self.inbound.applied(token):
-            if isinstance(action, fed.AckStream):
-                await self._ack(action.token)
+            return []
+        return self.inbound.applied(token)
 
     async def _store(self, kind: str, incoming: Incoming) -> Applied:
         db, now, sender = self.broker.db, now_ms(), incoming.sender
@@ -313,10 +326,15 @@ class Federation:
         if peer is not None and peer.host_session_id and self.broker.pending is not None:
             await self.broker.pending.add({peer.host_session_id})
 
-    async def _ack(self, token: int) -> None:
-        incoming = self._tokens.get(token)
-        if incoming is None:
-            return
+    def _ack_all(self, actions: Sequence[fed.InboundAction], acking: trio.Nursery) -> None:
+        """Start the acks the machine asked for (each after its delivery's commit): they run
+        beside the next deliveries and pulls, none waits for another."""
+        for action in actions:
+            incoming = self._tokens.get(action.token) if isinstance(action, fed.AckStream) else None
+            if incoming is not None:
+                acking.start_soon(self._ack, incoming)
+
+    async def _ack(self, incoming: Incoming) -> None:
         try:
             await self.transport.ack(incoming)
         except FederationError as exc:  # the hub delivers it again; the store drops the repeat

@@ -159,8 +159,8 @@ async def send_remote(broker: Broker, sender_id: str, plan: PlannedRemote) -> Se
         )
     except InputError as exc:
         return exc
-    if broker.federation is not None:
-        broker.federation.kick()  # published now, not at the next look after commits
+    if broker.federation is not None:  # published now, not at the next look after commits
+        broker.federation.kick(None if stored.duplicate else stored.messages[0].id)
     return SentRemote(stored, plan)
 
 
