@@ -71,7 +71,9 @@ class Federation:
     last_error: str | None = None
     last_error_at: int | None = None
     _kick: trio.Event = field(default_factory=trio.Event)
-    _sent: list[str] = field(default_factory=list)  # messages to other machines committed since the last look
+    _publishing: trio.Nursery | None = None  # send_outbox's, once it runs
+    _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
+    _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
     _tokens: dict[int, Incoming] = field(default_factory=dict)
     _next_token: int = 0
 
@@ -80,11 +82,18 @@ class Federation:
         return self.settings.machine
 
     def kick(self, message_id: str | None = None) -> None:
-        """Look now: a send committed message `message_id` and its outbox row (published
-        without reading the outbox back), or a publish ended (the next one may go)."""
-        if message_id is not None:
-            self._sent.append(message_id)
-        self._kick.set()
+        """A send committed message `message_id` and its outbox row: published now, without
+        reading the outbox back. Without an id: look now (a publish ended, the next may go)."""
+        if message_id is None or self._publishing is None:  # before send_outbox runs: its first look
+            self._kick.set()
+            return
+        key = (fed.MSG, message_id)
+        self._handed.add(key)
+        if key not in self._known:
+            self._known.add(key)
+            now = now_ms()
+            self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
+            self._start(self._publishing, self.outbox.tick(now))
 
     def error(self, what: str, exc: BaseException) -> None:
         self.last_error, self.last_error_at = f"{what}: {exc}", now_ms()
@@ -135,42 +144,53 @@ class Federation:
 
     async def send_outbox(self) -> None:
         """Hand the outbox's rows to the machine and publish what it says. A send to another
-        machine hands its row at once (kick), without a read; the store is looked at (receipts
+        machine hands its row itself (kick), without a read; the store is looked at (receipts
         and decisions that became due queued, new rows read) only after commits, GAP apart."""
         db = self.broker.db
-        self.outbox.restore(await db.outbox_rows(), now_ms())
-        known = {(row.kind, row.id) for row in await db.outbox_rows()}
-        looked, looked_at = -1, -math.inf  # the commit feed's version at the last look, and when (trio's clock)
+        rows = await db.outbox_rows()
+        self.outbox.restore(rows, now_ms())
+        self._known = {(row.kind, row.id) for row in rows}
+        looked, looked_at = -1, -math.inf  # the feed's version at the last look, and when (trio's clock)
         async with trio.open_nursery() as publishing:
-            with Following(self.broker.changes, POLL) as commits:
-                while True:
-                    seen = commits.seen()
-                    now = now_ms()
-                    for message_id in self._sent:  # committed with their rows: no read needed
-                        if (fed.MSG, message_id) not in known:
-                            known.add((fed.MSG, message_id))
-                            self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
-                    self._sent.clear()
-                    stale = seen != looked or (commits.feed is None and trio.current_time() - looked_at >= POLL)
-                    if stale and trio.current_time() - looked_at >= GAP:
-                        looked, looked_at = seen, trio.current_time()
-                        await db.queue_receipt_updates(now)
-                        await db.queue_team_decisions(now, project_key)
-                        rows = await db.outbox_rows()
-                        for row in rows:
-                            if (row.kind, row.id) not in known:
-                                self.outbox.queued(row, now)
-                        known = {(row.kind, row.id) for row in rows}
-                    for action in self.outbox.tick(now_ms()):
-                        if isinstance(action, fed.Publish):
-                            publishing.start_soon(self._publish, action)
-                        else:
-                            await self._carry_out(action)
-                    due = self.outbox.next_due()
-                    within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
-                    if commits.seen() != looked:  # commits no look has covered: look again after GAP
-                        within = min(within, max(0.0, looked_at + GAP - trio.current_time()))
-                    await self._wait(commits, seen, within)
+            self._publishing = publishing
+            try:
+                with Following(self.broker.changes, POLL) as commits:
+                    while True:
+                        seen = commits.seen()
+                        since = trio.current_time() - looked_at
+                        stale = seen != looked or (commits.feed is None and since >= POLL)
+                        if stale and since >= GAP:
+                            looked, looked_at = seen, trio.current_time()
+                            await self._look()
+                        self._start(publishing, self.outbox.tick(now_ms()))
+                        due = self.outbox.next_due()
+                        within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
+                        if commits.seen() != looked:  # commits no look has covered: look again after GAP
+                            within = min(within, max(0.0, looked_at + GAP - trio.current_time()))
+                        await self._wait(commits, seen, within)
+            finally:
+                self._publishing = None  # a send while this ends: its row waits for the next start
+
+    async def _look(self) -> None:
+        """Queue the receipts and the team's decisions that became due, and hand the machine
+        the rows it does not hold yet."""
+        db, now = self.broker.db, now_ms()
+        self._handed = set()
+        await db.queue_receipt_updates(now)
+        await db.queue_team_decisions(now, project_key)
+        rows = await db.outbox_rows()
+        for row in rows:
+            if (row.kind, row.id) not in self._known:
+                self.outbox.queued(row, now)
+        # a row a send handed meanwhile may be newer than this read: still held
+        self._known = {(row.kind, row.id) for row in rows} | self._handed
+
+    def _start(self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction]) -> None:
+        for action in actions:
+            if isinstance(action, fed.Publish):
+                publishing.start_soon(self._publish, action)
+            else:
+                publishing.start_soon(self._carry_out, action)
 
     async def _wait(self, commits: Following, seen: int, within: float) -> None:
         """Until a kick, or `within` seconds, or a commit after `seen` (looked at GAP apart)."""
