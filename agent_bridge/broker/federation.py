@@ -74,6 +74,7 @@ class Federation:
     _publishing: trio.Nursery | None = None  # send_outbox's, once it runs
     _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
     _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
+    _unstarted: set[tuple[str, str]] = field(default_factory=set)  # publishes started, not yet running
     _tokens: dict[int, Incoming] = field(default_factory=dict)
     _next_token: int = 0
 
@@ -94,6 +95,15 @@ class Federation:
             now = now_ms()
             self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
             self._start(self._publishing, self.outbox.tick(now))
+
+    async def publishes_first(self) -> None:
+        """Let the publishes a send started go out before its sender is answered: the message
+        leaves one answer sooner (as a local send's delivery goes first). Trio runs a batch of
+        ready tasks in either order, so a second pass is needed half the time."""
+        for _ in range(2):
+            if not self._unstarted:
+                return
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     def error(self, what: str, exc: BaseException) -> None:
         self.last_error, self.last_error_at = f"{what}: {exc}", now_ms()
@@ -188,6 +198,7 @@ class Federation:
     def _start(self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction]) -> None:
         for action in actions:
             if isinstance(action, fed.Publish):
+                self._unstarted.add((action.kind, action.id))
                 publishing.start_soon(self._publish, action)
             else:
                 publishing.start_soon(self._carry_out, action)
@@ -213,6 +224,7 @@ class Federation:
             self._kick = trio.Event()
 
     async def _publish(self, action: fed.Publish) -> None:
+        self._unstarted.discard((action.kind, action.id))
         item = await self.broker.db.outbox_item(action.kind, action.id)
         if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
             now = now_ms()
