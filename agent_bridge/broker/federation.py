@@ -7,13 +7,15 @@ the record of truth, the hub only carries.
   with it; a receipt going back; a decision or retraction for the team) is handed to the
   `Outbox` machine, and published as it says, with the row's id as `Nats-Msg-Id`. A PubAck or an
   unknown outcome goes back to the machine; its marks (relayed, unconfirmed, done) to the store.
-  The task follows the store's commit feed like the broker's other followers, at most one look
-  per GAP (receipts and the team's decisions are queued then), and is kicked at once by a send to
-  another machine.
+  A send to another machine hands its row to the machine itself (kick) and lets the publish go
+  out before its sender is answered, with no read of the outbox; the rest (receipts and the
+  team's decisions that became due, rows a restart left) the task finds by following the
+  store's commit feed like the broker's other followers, at most one look per GAP.
 - Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
   consumer, applies each delivery in one transaction (by id: a repeat stores nothing), and only
-  after that commit acks it to the stream (`Inbound`); a body this machine can never store is
-  logged and terminated; a store failure acks nothing, so the hub delivers it again.
+  after that commit acks it to the stream (`Inbound`), the ack running beside the next
+  deliveries and pulls; a body this machine can never store is logged and terminated; a store
+  failure acks nothing, so the hub delivers it again.
 - Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
   the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
   shows its sessions offline: core.federation.session_state).
@@ -52,6 +54,9 @@ POLL = 1.0  # seconds between looks without a commit feed (a broker without one:
 FETCH_BATCH = 64  # deliveries pulled at once
 FETCH_WAIT = 1.0  # seconds a pull waits on the hub for its first delivery (a long poll there)
 RETRY = 1.0  # seconds after a receive loop's failure (the hub away, the store busy) before it pulls again
+# Receipts and decisions published at once: a look's burst of them takes turns with a message's
+# publish and delivery instead of all of them going first (messages: core.federation.MAX_IN_FLIGHT)
+BACKGROUND_PUBLISHES = 4
 PRESENCE_EVERY = 30.0  # seconds between two announcements of an unchanged presence
 PRESENCE_LOOK = 1.0  # seconds between looks at whether this machine's sessions changed
 PRESENCE_READ = 2.0  # seconds between reads of the other machines' presence
@@ -75,6 +80,9 @@ class Federation:
     _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
     _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
     _unstarted: set[tuple[str, str]] = field(default_factory=set)  # publishes started, not yet running
+    _background: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(BACKGROUND_PUBLISHES)
+    )
     _tokens: dict[int, Incoming] = field(default_factory=dict)
     _next_token: int = 0
 
@@ -225,6 +233,13 @@ class Federation:
 
     async def _publish(self, action: fed.Publish) -> None:
         self._unstarted.discard((action.kind, action.id))
+        if action.kind == fed.MSG:
+            await self._publish_row(action)
+        else:
+            async with self._background:
+                await self._publish_row(action)
+
+    async def _publish_row(self, action: fed.Publish) -> None:
         item = await self.broker.db.outbox_item(action.kind, action.id)
         if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
             now = now_ms()
@@ -279,6 +294,8 @@ class Federation:
                     continue
                 for incoming in delivered:
                     await self._receive_one(kind, incoming, acking)
+                    # a batch applied on the loop (short transactions) lets a send or a delivery in between
+                    await trio.lowlevel.checkpoint()
 
     async def _receive_one(self, kind: str, incoming: Incoming, acking: trio.Nursery) -> None:
         token = self._next_token
