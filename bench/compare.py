@@ -99,6 +99,9 @@ def interpreter(scratch: Path) -> Path:
     script.write_text(f"#!{python}\nimport runpy\nrunpy.run_module('agent_bridge', run_name='__main__', "
                       "alter_sys=True)\n", encoding="utf-8")
     script.chmod(0o755)
+    server = venv / "bin" / "nats-server"  # the pinned hub binary bench_federation starts, beside python
+    if server.exists():
+        (view / "bin" / "nats-server").symlink_to(server)
     return python
 
 

@@ -7,13 +7,15 @@ the record of truth, the hub only carries.
   with it; a receipt going back; a decision or retraction for the team) is handed to the
   `Outbox` machine, and published as it says, with the row's id as `Nats-Msg-Id`. A PubAck or an
   unknown outcome goes back to the machine; its marks (relayed, unconfirmed, done) to the store.
-  The task follows the store's commit feed like the broker's other followers, at most one look
-  per GAP (receipts and the team's decisions are queued then), and is kicked at once by a send to
-  another machine.
+  A send to another machine hands its row to the machine itself (kick) and lets the publish go
+  out before its sender is answered, with no read of the outbox; the rest (receipts and the
+  team's decisions that became due, rows a restart left) the task finds by following the
+  store's commit feed like the broker's other followers, at most one look per GAP.
 - Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
   consumer, applies each delivery in one transaction (by id: a repeat stores nothing), and only
-  after that commit acks it to the stream (`Inbound`); a body this machine can never store is
-  logged and terminated; a store failure acks nothing, so the hub delivers it again.
+  after that commit acks it to the stream (`Inbound`), the ack running beside the next
+  deliveries and pulls; a body this machine can never store is logged and terminated; a store
+  failure acks nothing, so the hub delivers it again.
 - Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
   the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
   shows its sessions offline: core.federation.session_state).
@@ -52,6 +54,9 @@ POLL = 1.0  # seconds between looks without a commit feed (a broker without one:
 FETCH_BATCH = 64  # deliveries pulled at once
 FETCH_WAIT = 1.0  # seconds a pull waits on the hub for its first delivery (a long poll there)
 RETRY = 1.0  # seconds after a receive loop's failure (the hub away, the store busy) before it pulls again
+# Receipts and decisions published at once: a look's burst of them takes turns with a message's
+# publish and delivery instead of all of them going first (messages: core.federation.MAX_IN_FLIGHT)
+BACKGROUND_PUBLISHES = 4
 PRESENCE_EVERY = 30.0  # seconds between two announcements of an unchanged presence
 PRESENCE_LOOK = 1.0  # seconds between looks at whether this machine's sessions changed
 PRESENCE_READ = 2.0  # seconds between reads of the other machines' presence
@@ -71,6 +76,13 @@ class Federation:
     last_error: str | None = None
     last_error_at: int | None = None
     _kick: trio.Event = field(default_factory=trio.Event)
+    _publishing: trio.Nursery | None = None  # send_outbox's, once it runs
+    _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
+    _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
+    _unstarted: set[tuple[str, str]] = field(default_factory=set)  # publishes started, not yet running
+    _background: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(BACKGROUND_PUBLISHES)
+    )
     _tokens: dict[int, Incoming] = field(default_factory=dict)
     _next_token: int = 0
 
@@ -78,9 +90,28 @@ class Federation:
     def machine(self) -> str:
         return self.settings.machine
 
-    def kick(self) -> None:
-        """A row was committed to the outbox (a send to another machine): look now."""
-        self._kick.set()
+    def kick(self, message_id: str | None = None) -> None:
+        """A send committed message `message_id` and its outbox row: published now, without
+        reading the outbox back. Without an id: look now (a publish ended, the next may go)."""
+        if message_id is None or self._publishing is None:  # before send_outbox runs: its first look
+            self._kick.set()
+            return
+        key = (fed.MSG, message_id)
+        self._handed.add(key)
+        if key not in self._known:
+            self._known.add(key)
+            now = now_ms()
+            self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
+            self._start(self._publishing, self.outbox.tick(now))
+
+    async def publishes_first(self) -> None:
+        """Let the publishes a send started go out before its sender is answered: the message
+        leaves one answer sooner (as a local send's delivery goes first). Trio runs a batch of
+        ready tasks in either order, so a second pass is needed half the time."""
+        for _ in range(2):
+            if not self._unstarted:
+                return
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     def error(self, what: str, exc: BaseException) -> None:
         self.last_error, self.last_error_at = f"{what}: {exc}", now_ms()
@@ -130,36 +161,55 @@ class Federation:
     # --- sending --------------------------------------------------------------------------------
 
     async def send_outbox(self) -> None:
-        """Queue what commits made due, hand new rows to the machine, publish what it says."""
+        """Hand the outbox's rows to the machine and publish what it says. A send to another
+        machine hands its row itself (kick), without a read; the store is looked at (receipts
+        and decisions that became due queued, new rows read) only after commits, GAP apart."""
         db = self.broker.db
-        self.outbox.restore(await db.outbox_rows(), now_ms())
-        known = {(row.kind, row.id) for row in await db.outbox_rows()}
-        queued_at = -math.inf  # when receipts and decisions were last queued (trio's clock)
-        queued_seen = -1  # the commit feed's version then
+        rows = await db.outbox_rows()
+        self.outbox.restore(rows, now_ms())
+        self._known = {(row.kind, row.id) for row in rows}
+        looked, looked_at = -1, -math.inf  # the feed's version at the last look, and when (trio's clock)
         async with trio.open_nursery() as publishing:
-            with Following(self.broker.changes, POLL) as commits:
-                while True:
-                    seen = commits.seen()
-                    now = now_ms()
-                    if trio.current_time() - queued_at >= GAP:  # a kick (a send) comes sooner: its row only
-                        queued_at, queued_seen = trio.current_time(), seen
-                        await db.queue_receipt_updates(now)
-                        await db.queue_team_decisions(now, project_key)
-                    rows = await db.outbox_rows()
-                    for row in rows:
-                        if (row.kind, row.id) not in known:
-                            self.outbox.queued(row, now)
-                    known = {(row.kind, row.id) for row in rows}
-                    for action in self.outbox.tick(now_ms()):
-                        if isinstance(action, fed.Publish):
-                            publishing.start_soon(self._publish, action)
-                        else:
-                            await self._carry_out(action)
-                    due = self.outbox.next_due()
-                    within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
-                    if queued_seen != seen:  # commits this look did not queue for: look again after GAP
-                        within = min(within, max(0.0, queued_at + GAP - trio.current_time()))
-                    await self._wait(commits, seen, within)
+            self._publishing = publishing
+            try:
+                with Following(self.broker.changes, POLL) as commits:
+                    while True:
+                        seen = commits.seen()
+                        since = trio.current_time() - looked_at
+                        stale = seen != looked or (commits.feed is None and since >= POLL)
+                        if stale and since >= GAP:
+                            looked, looked_at = seen, trio.current_time()
+                            await self._look()
+                        self._start(publishing, self.outbox.tick(now_ms()))
+                        due = self.outbox.next_due()
+                        within = math.inf if due is None else max(0.0, (due - now_ms()) / 1000)
+                        if commits.seen() != looked:  # commits no look has covered: look again after GAP
+                            within = min(within, max(0.0, looked_at + GAP - trio.current_time()))
+                        await self._wait(commits, seen, within)
+            finally:
+                self._publishing = None  # a send while this ends: its row waits for the next start
+
+    async def _look(self) -> None:
+        """Queue the receipts and the team's decisions that became due, and hand the machine
+        the rows it does not hold yet."""
+        db, now = self.broker.db, now_ms()
+        self._handed = set()
+        await db.queue_receipt_updates(now)
+        await db.queue_team_decisions(now, project_key)
+        rows = await db.outbox_rows()
+        for row in rows:
+            if (row.kind, row.id) not in self._known:
+                self.outbox.queued(row, now)
+        # a row a send handed meanwhile may be newer than this read: still held
+        self._known = {(row.kind, row.id) for row in rows} | self._handed
+
+    def _start(self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction]) -> None:
+        for action in actions:
+            if isinstance(action, fed.Publish):
+                self._unstarted.add((action.kind, action.id))
+                publishing.start_soon(self._publish, action)
+            else:
+                publishing.start_soon(self._carry_out, action)
 
     async def _wait(self, commits: Following, seen: int, within: float) -> None:
         """Until a kick, or `within` seconds, or a commit after `seen` (looked at GAP apart)."""
@@ -182,6 +232,14 @@ class Federation:
             self._kick = trio.Event()
 
     async def _publish(self, action: fed.Publish) -> None:
+        self._unstarted.discard((action.kind, action.id))
+        if action.kind == fed.MSG:
+            await self._publish_row(action)
+        else:
+            async with self._background:
+                await self._publish_row(action)
+
+    async def _publish_row(self, action: fed.Publish) -> None:
         item = await self.broker.db.outbox_item(action.kind, action.id)
         if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
             now = now_ms()
@@ -223,32 +281,38 @@ class Federation:
     # --- receiving ------------------------------------------------------------------------------
 
     async def receive(self, kind: str) -> None:
-        """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked."""
+        """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked.
+        The acks go out beside the next pull: a delivery waits for no earlier one's ack."""
         await self.ready.wait()
-        while True:
-            try:
-                delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
-            except FederationError as exc:
-                self.error(f"receiving {kind}", exc)
-                await trio.sleep(RETRY)
-                continue
-            for incoming in delivered:
-                await self._receive_one(kind, incoming)
+        async with trio.open_nursery() as acking:
+            while True:
+                try:
+                    delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
+                except FederationError as exc:
+                    self.error(f"receiving {kind}", exc)
+                    await trio.sleep(RETRY)
+                    continue
+                for incoming in delivered:
+                    await self._receive_one(kind, incoming, acking)
+                    # a batch applied on the loop (short transactions) lets a send or a delivery in between
+                    await trio.lowlevel.checkpoint()
 
-    async def _receive_one(self, kind: str, incoming: Incoming) -> None:
+    async def _receive_one(self, kind: str, incoming: Incoming, acking: trio.Nursery) -> None:
         token = self._next_token
         self._next_token += 1
         self._tokens[token] = incoming
         try:
             for action in self.inbound.fetched(token):
                 if isinstance(action, fed.Apply):
-                    await self._apply(kind, token, incoming)
+                    acks = await self._apply(kind, token, incoming)
+                    self._ack_all(acks, acking)
                 elif isinstance(action, fed.AckStream):
-                    await self._ack(token)
+                    self._ack_all([action], acking)
         finally:
             self._tokens.pop(token, None)
 
-    async def _apply(self, kind: str, token: int, incoming: Incoming) -> None:
+    async def _apply(self, kind: str, token: int, incoming: Incoming) -> list[fed.InboundAction]:
+        """Commit one delivery; what the machine says to do after the commit (its ack)."""
         try:
             outcome = await self._store(kind, incoming)
         except (env.EnvelopeError, domain.InputError) as exc:  # never storable here: said once, dropped
@@ -256,17 +320,15 @@ class Federation:
                         kind, incoming.sender, exc)
             self.inbound.rejected(token)
             await self._term(incoming)
-            return
+            return []
         except Exception as exc:  # noqa: BLE001 - the store could not commit now: the hub delivers it again
             self.error(f"storing a {kind} from {incoming.sender}", exc)
             self.inbound.store_failed(token)
-            return
+            return []
         if outcome is Applied.WAITING:  # needs a record not here yet: delivered again after ack_wait
             self.inbound.store_failed(token)
-            return
-        for action in self.inbound.applied(token):
-            if isinstance(action, fed.AckStream):
-                await self._ack(action.token)
+            return []
+        return self.inbound.applied(token)
 
     async def _store(self, kind: str, incoming: Incoming) -> Applied:
         db, now, sender = self.broker.db, now_ms(), incoming.sender
@@ -313,10 +375,15 @@ class Federation:
         if peer is not None and peer.host_session_id and self.broker.pending is not None:
             await self.broker.pending.add({peer.host_session_id})
 
-    async def _ack(self, token: int) -> None:
-        incoming = self._tokens.get(token)
-        if incoming is None:
-            return
+    def _ack_all(self, actions: Sequence[fed.InboundAction], acking: trio.Nursery) -> None:
+        """Start the acks the machine asked for (each after its delivery's commit): they run
+        beside the next deliveries and pulls, none waits for another."""
+        for action in actions:
+            incoming = self._tokens.get(action.token) if isinstance(action, fed.AckStream) else None
+            if incoming is not None:
+                acking.start_soon(self._ack, incoming)
+
+    async def _ack(self, incoming: Incoming) -> None:
         try:
             await self.transport.ack(incoming)
         except FederationError as exc:  # the hub delivers it again; the store drops the repeat

@@ -279,6 +279,14 @@ def _few_sends(from_id: str, sends: Sequence[Send], *args: Any, **kwargs: Any) -
     return len(copies) <= SHORT_ROWS and sum(len(o.text) for o in copies) <= SHORT_TEXT
 
 
+def _short_remote_send(from_id: str, to_peer_id: str, text: str, *args: Any, **kwargs: Any) -> bool:
+    return len(text) <= SHORT_TEXT
+
+
+def _short_remote_message(from_machine: str, message: Any, *args: Any, **kwargs: Any) -> bool:
+    return len(message.text) <= SHORT_TEXT
+
+
 class _OnStoreThread(Generic[P, T]):
     """A Store method as an async method of StoreCalls: awaited, it runs on the store's thread."""
 
@@ -319,24 +327,25 @@ class StoreCalls:
     active_unacked_of = _OnStoreThread(Store.active_unacked_of)
     adopt_host_key = _OnStoreThread(Store.adopt_host_key)
     answer_question = _OnStoreThread(Store.answer_question)
-    # federation (SPEC §10): the broker's federation task, `send` to name@machine, `peers`
+    # federation (SPEC §10): the broker's federation task, `send` to name@machine, `peers`; the
+    # calls on a remote message's path, one small transaction each, may run on the loop (short)
     apply_remote_decision = _OnStoreThread(Store.apply_remote_decision)
-    apply_remote_message = _OnStoreThread(Store.apply_remote_message)
-    apply_remote_receipt = _OnStoreThread(Store.apply_remote_receipt)
+    apply_remote_message = _OnStoreThread(Store.apply_remote_message, short=_short_remote_message)
+    apply_remote_receipt = _OnStoreThread(Store.apply_remote_receipt, short=_always)
     apply_decision_receipt = _OnStoreThread(Store.apply_decision_receipt)
-    drop_outbox_row = _OnStoreThread(Store.drop)
+    drop_outbox_row = _OnStoreThread(Store.drop, short=_always)
     machines = _OnStoreThread(Store.machines)
-    mark_relayed = _OnStoreThread(Store.mark_relayed)
+    mark_relayed = _OnStoreThread(Store.mark_relayed, short=_always)
     mark_unconfirmed = _OnStoreThread(Store.mark_unconfirmed)
-    outbox_item = _OnStoreThread(Store.outbox_item)
+    outbox_item = _OnStoreThread(Store.outbox_item, short=_always)
     outbox_rows = _OnStoreThread(Store.outbox_rows)
     outbox_stats = _OnStoreThread(Store.outbox_stats)
     queue_receipt_updates = _OnStoreThread(Store.queue_receipt_updates)
-    queue_remote_message = _OnStoreThread(Store.queue_remote_message)
+    queue_remote_message = _OnStoreThread(Store.queue_remote_message, short=_short_remote_send)
     queue_team_decisions = _OnStoreThread(Store.queue_team_decisions)
     record_presence = _OnStoreThread(Store.record_presence)
     remote_marks = _OnStoreThread(Store.remote_marks)
-    remote_session = _OnStoreThread(Store.remote_session)
+    remote_session = _OnStoreThread(Store.remote_session, short=_always)
     remote_sessions = _OnStoreThread(Store.remote_sessions)
     ask_question = _OnStoreThread(Store.ask_question)
     catch_up = _OnStoreThread(Store.catch_up)

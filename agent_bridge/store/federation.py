@@ -482,9 +482,14 @@ class Federation(TeamDecisions):
                  message.created_at, from_machine, fed.receipt_rank(fed.STORED)),
             )
             self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message.id, to_id))
-            self._close_tap(to_id)  # its delivery task reads it from the database
+            seq = self.conn.last_insert_rowid()
             self._queue_receipt(message.id, from_machine, fed.receipt_rank(fed.STORED), now)
             self._heard(from_machine, now)
+        tap = self.taps.get(to_id)  # committed: its delivery task takes it as a local send's, no read back
+        if tap is not None:
+            stored = queries.messages_by_id(self.conn, [message.id])
+            if not stored or not tap.append(seq, stored[0]):
+                self._close_tap(to_id)
         return Applied.NEW
 
     def queue_receipt_updates(self, now: int) -> int:

@@ -461,3 +461,22 @@ def test_forgetting_a_remote_session_drops_its_waiting_messages(laptop: Store, d
     [gone] = laptop.forget_peers([f"{codex}@devbox"], T0 + 5)
     assert [m.id for m in gone.dropped] == [mid]
     assert laptop.outbox_rows() == [] and fq.remote_sessions(laptop.conn, T0 + 5) == []
+
+
+def test_a_message_from_another_machine_is_handed_to_its_recipients_open_tap(
+    laptop: Store, devbox: Store
+) -> None:
+    """The recipient's delivery task, its tap open (its last read reached the end), takes the
+    message from the tap as it takes a local send: what the database gives, without reading it."""
+    from agent_bridge.store.tap import DeliveryTap
+
+    mid, codex = send_to_devbox(laptop, devbox)
+    [(_, body)] = outbox(laptop, fed.MSG).values()
+    tap = DeliveryTap()
+    assert devbox.queued(codex, tap=tap) == []  # the read reached the end: the tap collects from now
+    assert devbox.apply_remote_message("laptop", env.decode_message(body), T0 + 2) is Applied.NEW
+    taken = tap.take(codex)
+    assert taken == devbox.queued(codex) and [q.message.id for q in taken] == [mid]
+    assert taken[0].message.sender.name == "claude-app@laptop"
+    assert devbox.apply_remote_message("laptop", env.decode_message(body), T0 + 3) is Applied.REPEAT
+    assert tap.take(codex) == []  # a redelivery hands nothing twice
