@@ -349,6 +349,7 @@ class StoreCalls:
     forget_peers = _OnStoreThread(Store.forget_peers)
     forget_remote = _OnStoreThread(Store.forget_remote)
     host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting)
+    index_messages = _OnStoreThread(Store.index_messages)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
     get_peer = _OnStoreThread(Store.get_peer)
     host_sessions_for = _OnStoreThread(Store.host_sessions_for)
