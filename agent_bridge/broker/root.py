@@ -46,9 +46,8 @@ import trio
 from agent_bridge.broker.alerts.desktop import Desktop
 from agent_bridge.broker.alerts.task import serve_alerts
 from agent_bridge.broker.faults import fault_injector
-from agent_bridge.broker.feeds import indexer
+from agent_bridge.broker.feeds import indexer, waiters
 from agent_bridge.broker.feeds import postbox as pending
-from agent_bridge.broker.feeds import waiters
 from agent_bridge.broker.jobs.supervisor import Supervisor
 from agent_bridge.broker.routing import handle_connection
 from agent_bridge.broker.state import Broker

@@ -158,7 +158,8 @@ class Messages(Peers):
             self.conn.execute(
                 f"INSERT INTO messages_fts(rowid, body) {search.UNINDEXED} LIMIT ?", (limit,)
             )
-            return int(self.conn.changes())
+            done = int(self.conn.changes())
+        return done
 
     def request_wakes(self, message_ids: Sequence[str], now: int) -> None:
         """The bridge set out to wake these messages' recipient (inside the caller's transaction)."""

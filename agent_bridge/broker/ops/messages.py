@@ -55,7 +55,9 @@ class SendGroup:
         self.waiting: list[tuple[dict[str, Any], list[Any], trio.Event]] = []
         self.sending = False
 
-    async def send(self, broker: Broker, session: Session, args: dict[str, Any]) -> dict[str, Any] | InputError:
+    async def send(
+        self, broker: Broker, session: Session, args: dict[str, Any]
+    ) -> dict[str, Any] | InputError:
         answer: list[Any] = []  # the result, or the exception the batch raised
         done = trio.Event()
         self.waiting.append((args, answer, done))
