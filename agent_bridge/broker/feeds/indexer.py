@@ -4,6 +4,9 @@ the index's segment written at each commit doubled the cost of a send. A search 
 the index has not reached yet as well (store.search.UNINDEXED), so this task only keeps that rest
 short: after commits, at most one pass per GAP, each indexing everything new in batches of BATCH
 on the store's thread. The first pass, at the broker's start, indexes what a previous broker left.
+Its commits do not move the commit feed (StoreRunner.run_unseen): what any reader sees, search
+results included, is the same before and after them, so nobody following the feed (the post
+box, the waiters, the dashboard's live stream, this task) has anything to look at again.
 
 Without the commit feed (a broker with no dashboard) the pass runs every POLL seconds.
 """
