@@ -278,3 +278,35 @@ def test_a_long_text_gives_a_snippet_around_the_match(store: Store, tmp_path: Pa
     [hit] = find(tmp_path / "bridge.db", "needle")
     assert hit.snippet.startswith("…") and hit.snippet.endswith("…") and len(hit.snippet.split()) <= 24
     assert [hit.snippet[s:e] for s, e in hit.highlights] == ["needle"]
+
+
+# --- indexed after the commit (V_INDEX_LATER) -------------------------------------------------------
+
+
+def test_a_search_finds_the_same_before_and_after_the_index_reaches_the_messages(
+    store: Store, tmp_path: Path
+) -> None:
+    """A send commits no index entry; until Store.index_messages reaches its message, a search
+    looks through it as well, with the same words, order, snippets and exclusions."""
+    db = tmp_path / "bridge.db"
+    a, b = two_sessions(store)
+    old = send(store, b, a, "pelican draft, the first", 1)
+    assert store.index_messages(100) == 1  # indexed: the rest comes after it
+    new = send(store, b, a, "Pélican draft, the second", 2)
+    decision, told = store.record_decision(
+        author=CLI_AUTHOR, author_agent="cli", topic="birds", text="Pelican drafts go to the wiki",
+        scope="all", source_message_id=None, recipients=[Recipient(a, "h-a"), Recipient(b, "h-b")], now=3)
+    assert told == ["claude-app", "codex-app"]  # two notices with the decision's text: never results
+    gone = send(store, a, b, "pelican for the session that goes", 4)
+    expected = [("message", gone), ("decision", decision.id), ("message", new), ("message", old)]
+    before = find(db, "pelican")
+    assert summary(before) == expected
+    store.forget_peers([b.id], now=5)  # its messages go, indexed or not
+    expected = [("decision", decision.id), ("message", new), ("message", old)]
+    before = find(db, "pelic")
+    assert summary(before) == expected
+    assert store.index_messages(1) == 1 and store.index_messages(100) == 0  # `new` only: no notice
+    after = find(db, "pelic")
+    assert [h.to_json() for h in after] == [h.to_json() for h in before]
+    assert after[1].snippet[slice(*after[1].highlights[0])] == "Pélican"  # from the index now
+    store.conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")

@@ -10,6 +10,7 @@ root nursery                    lives as long as the store
      ├─ Waiters.run             the wake waiters: one pass per store commit wakes those whose
      │                          session has an active message waiting
      ├─ Pending.run             the hooks' post box, kept current after store commits
+     ├─ Indexer.run             the messages' search index, brought up to the store after commits
      ├─ serve_alerts            the owner's desktop notifications (unless `alerts = false`): after
      │                          store commits, a new question, a job's end, a message to the owner
      ├─ serve_federation        with [federation] in config.toml (SPEC §10): the hub connection on
@@ -45,8 +46,8 @@ import trio
 from agent_bridge.broker.alerts.desktop import Desktop
 from agent_bridge.broker.alerts.task import serve_alerts
 from agent_bridge.broker.faults import fault_injector
+from agent_bridge.broker.feeds import indexer, waiters
 from agent_bridge.broker.feeds import postbox as pending
-from agent_bridge.broker.feeds import waiters
 from agent_bridge.broker.jobs.supervisor import Supervisor
 from agent_bridge.broker.routing import handle_connection
 from agent_bridge.broker.state import Broker
@@ -157,6 +158,7 @@ async def _serve(
         serving.start_soon(broker.waiters.run)
         broker.pending = pending.for_broker(broker)
         await serving.start(broker.pending.run)
+        serving.start_soon(indexer.for_broker(broker).run)
         if settings.alerts:
             desktop = Desktop()
             await serving.start(serve_alerts, paths.db_path(home), lambda: broker.changes, desktop.show)

@@ -26,10 +26,11 @@ P = ParamSpec("P")
 
 
 class _Job:
-    __slots__ = ("fn", "task", "token", "started", "cancelled")
+    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen")
 
-    def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any, *, seen: bool = True) -> None:
         self.fn = functools.partial(method, *args, **kwargs)
+        self.seen = seen  # its commit pokes the commit feed (`on_change`) when it changed rows
         self.task = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
         self.started = False
@@ -163,8 +164,16 @@ class StoreRunner:
         Cancellation is honoured while the job waits in the queue; a transaction that started
         runs to its end (the caller sees the cancellation at its next checkpoint).
         """
-        job = _Job(method, args, kwargs)
+        result: T = await self._run(_Job(method, args, kwargs))
+        return result
 
+    async def run_unseen(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`run`, for a job whose rows nobody follows: its commit does not poke the commit feed
+        (the search index brought up to the store: what any reader sees stays the same)."""
+        result: T = await self._run(_Job(method, args, kwargs, seen=False))
+        return result
+
+    async def _run(self, job: _Job) -> Any:
         def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
             with self._lock:
                 if job.started:
@@ -175,7 +184,7 @@ class StoreRunner:
         with self._lock:
             self._pending += 1
         self._jobs.put(job)
-        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+        return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
@@ -249,7 +258,7 @@ class StoreRunner:
                 job.started = True
             if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
                 self.checkpointer.catch_up(self.store.conn)
-            before = self._changes() if self.on_change is not None else None
+            before = self._changes() if self.on_change is not None and job.seen else None
             result = outcome.capture(job.fn)
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
@@ -291,15 +300,22 @@ class _OnStoreThread(Generic[P, T]):
     """A Store method as an async method of StoreCalls: awaited, it runs on the store's thread."""
 
     def __init__(
-        self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None
+        self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None,
+        seen: bool = True,
     ) -> None:
         self._method = method
         # Given the call's arguments, whether it is one small transaction, which may run on the
         # loop (StoreRunner.run_short); None: always on the store's thread.
         self._short = short
+        self._seen = seen  # False: its commits do not poke the commit feed (StoreRunner.run_unseen)
 
     def __get__(self, calls: StoreCalls, owner: type | None = None) -> Callable[P, Awaitable[T]]:
         runner, method, short = calls.runner, self._method, self._short
+        if not self._seen:
+            async def unseen(*args: P.args, **kwargs: P.kwargs) -> T:
+                return await runner.run_unseen(method, runner.store, *args, **kwargs)
+
+            return unseen
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             if short is not None and short(*args, **kwargs):
@@ -358,6 +374,8 @@ class StoreCalls:
     forget_peers = _OnStoreThread(Store.forget_peers)
     forget_remote = _OnStoreThread(Store.forget_remote)
     host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting)
+    # Unseen: a search finds the same before and after it (broker.feeds.indexer)
+    index_messages = _OnStoreThread(Store.index_messages, seen=False)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
     get_peer = _OnStoreThread(Store.get_peer)
     host_sessions_for = _OnStoreThread(Store.host_sessions_for)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from agent_bridge.common.domain import BROADCAST, InputError
 from agent_bridge.common.rows import Author, Message, Queued, SentReceipt
-from agent_bridge.store import queries
+from agent_bridge.store import queries, search
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.peers import CLI_AUTHOR, Peers
 from agent_bridge.store.tap import DeliveryTap
@@ -149,6 +149,17 @@ class Messages(Peers):
                 "message (sending the same one again returns it)"
             )
         return Stored(queries.messages_by_id(self.conn, [str(r[0]) for r in rows]), duplicate=True)
+
+    def index_messages(self, limit: int) -> int:
+        """Index for search up to `limit` of the messages the index has not reached yet, oldest
+        first (schema V_INDEX_LATER; search.UNINDEXED); returns how many it indexed. The
+        broker's indexer calls it a moment after commits; a search does not wait for it."""
+        with self.conn:
+            self.conn.execute(
+                f"INSERT INTO messages_fts(rowid, body) {search.UNINDEXED} LIMIT ?", (limit,)
+            )
+            done = int(self.conn.changes())
+        return done
 
     def request_wakes(self, message_ids: Sequence[str], now: int) -> None:
         """The bridge set out to wake these messages' recipient (inside the caller's transaction)."""

@@ -27,6 +27,8 @@ chosen by (createdAt, id) instead of arrival, so every machine agrees on it.
 V_TEAM_RECEIPTS adds the end-to-end receipts of this machine's decisions and retractions: which
 machine of the team said it stored which, so a decision's outbox row ends on those receipts and
 not at the hub's PubAck (SPEC §10 "Exactly once or marked").
+V_INDEX_LATER indexes messages for search after their commit, in batches, instead of inside every
+send's transaction (a search also looks through what the index has not reached yet).
 """
 
 from __future__ import annotations
@@ -502,7 +504,20 @@ CREATE TABLE team_receipts (
 PRAGMA user_version = 12;
 """
 
-STEPS: tuple[str, ...] = (V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK, V_FED, V_TEAM_RECEIPTS)
+V_INDEX_LATER = """
+-- A message is indexed for search after its commit, in batches (Store.index_messages, run by the
+-- broker's indexer a moment after commits), no longer by a trigger inside every send: the index's
+-- segment written at each send's commit doubled a send's transaction. A search looks through what
+-- the index has not reached yet as well (store.search.UNINDEXED), so it still finds every
+-- committed message. The notices' triggers stay: a notice already indexed leaves the index, and
+-- one not yet indexed never enters it (the same rules pick what is indexed).
+DROP TRIGGER messages_fts_insert;
+PRAGMA user_version = 13;
+"""
+
+STEPS: tuple[str, ...] = (
+    V1, V2, V3, V4, V5, V6, V_WAKES, V_JOBS, V_SEARCH, V_ASK, V_FED, V_TEAM_RECEIPTS, V_INDEX_LATER
+)
 CURRENT_VERSION = len(STEPS)
 
 

@@ -7,6 +7,8 @@ question, and the messages sessions and the owner wrote. The messages the bridge
 decision's or a retraction's notices, the message that carries a question, the answers it sent to
 askers) are left out: their text is the decision's or the question's, found as that. What forgetting
 a session deleted is gone from the index with it. The schema's triggers keep both rules (V_SEARCH).
+Messages are indexed a moment after their commit, in batches (V_INDEX_LATER); a search looks
+through the ones the index has not reached yet too (UNINDEXED), so it finds every committed one.
 """
 
 from __future__ import annotations
@@ -18,13 +20,21 @@ import apsw
 
 from agent_bridge.common.rows import Author
 from agent_bridge.store.queries import has_table
-from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_SEARCH, SchemaError, user_version
+from agent_bridge.store.schema import (
+    CURRENT_VERSION,
+    STEPS,
+    V_INDEX_LATER,
+    V_SEARCH,
+    SchemaError,
+    user_version,
+)
 
 LIMIT = 50  # results, newest first: a search box's page; more words narrow it
 PREFIX_MIN = 3  # a shorter word matches whole words only: "p"* would merge the lists of every p-word
 SNIPPET_TOKENS = 24  # words of context around the first match (FTS5 allows at most 64)
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use marks around a match in FTS5's snippet, parsed out below
 SEARCH_VERSION = STEPS.index(V_SEARCH) + 1
+INDEX_LATER_VERSION = STEPS.index(V_INDEX_LATER) + 1
 
 
 class SearchUnavailable(SchemaError):
@@ -136,6 +146,27 @@ _QUESTIONS_ENDED = _QUESTIONS.format(
     ended="e.state, ", ends="\nLEFT JOIN question_ends e ON e.question_id = q.id"
 )
 
+# What the messages index has not reached yet (schema V_INDEX_LATER: messages are indexed after their
+# commit, in batches, by Store.index_messages): the messages past its newest entry, minus the ones
+# the bridge made from a decision, a retraction or a question (V_SEARCH's rules). Every message at or
+# below that entry that is not such a notice is in the index: the batches index in rowid order, a new
+# message's rowid is past every existing one, and only a notice's row or a deletion takes one out.
+UNINDEXED = """
+SELECT m.rowid, m.body FROM messages m
+WHERE m.rowid > coalesce((SELECT rowid FROM messages_fts ORDER BY rowid DESC LIMIT 1), 0)
+  AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM retraction_notices rn WHERE rn.message_id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM question_notices qn WHERE qn.message_id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM questions q WHERE q.id = m.id)
+ORDER BY m.rowid
+"""
+# The same rules over those, in a table of the reading connection's own (temp: a read-only
+# connection may write there), with the tokenizer of messages_fts (schema V_SEARCH).
+_TAIL = "messages_unindexed"
+_TAIL_TABLE = (f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{_TAIL} "
+               "USING fts5(body, tokenize='unicode61 remove_diacritics 2')")
+_MESSAGES_TAIL = _MESSAGES.replace("messages_fts", _TAIL)
+
 _OWNER = Author("cli", "cli", "cli")
 # Within one millisecond: a decision that answers a question comes after (above) it.
 _KIND_ORDER = {"message": 0, "question": 1, "decision": 2}
@@ -151,10 +182,26 @@ def search(conn: apsw.Connection, words: Sequence[str], *, limit: int = LIMIT) -
     # (createdAt, kind order, rowid, kind, the row): the snippets are split once chosen.
     rows: list[tuple[Any, ...]] = []
     questions = _QUESTIONS_ENDED if has_table(conn, "question_ends") else _QUESTIONS_BEFORE_ASK
-    for kind, sql in (("message", _MESSAGES), ("decision", _DECISIONS), ("question", questions)):
-        rows += ((row[-2], _KIND_ORDER[kind], row[0], kind, row) for row in conn.execute(sql, args))
+    with conn:  # one snapshot: the index, and the messages it has not reached in it
+        queries = [("message", _MESSAGES), ("decision", _DECISIONS), ("question", questions)]
+        if found >= INDEX_LATER_VERSION and _fill_tail(conn):
+            queries.append(("message", _MESSAGES_TAIL))
+        for kind, sql in queries:
+            rows += ((row[-2], _KIND_ORDER[kind], row[0], kind, row) for row in conn.execute(sql, args))
     rows.sort(key=lambda r: r[:3], reverse=True)
     return [_hit(kind, row) for *_, kind, row in rows[:limit]], len(rows) > limit
+
+
+def _fill_tail(conn: apsw.Connection) -> bool:
+    """The messages the index has not reached yet (UNINDEXED) into the connection's own temp
+    index; whether there are any. (Inside the caller's read transaction.)"""
+    tail = conn.execute(UNINDEXED).fetchall()
+    if not tail:
+        return False
+    conn.execute(_TAIL_TABLE)
+    conn.execute(f"DELETE FROM temp.{_TAIL}")
+    conn.executemany(f"INSERT INTO temp.{_TAIL}(rowid, body) VALUES (?, ?)", tail)
+    return True
 
 
 def _hit(kind: str, row: tuple[Any, ...]) -> Hit:

@@ -31,6 +31,7 @@ log = logging.getLogger("agent_bridge.broker")
 
 POLL = 0.5  # seconds between passes when no commit feed runs
 GAP = 0.2  # seconds at least between two passes: under a stream of commits, five queries a second
+DIGESTS_KEPT = 4096  # host sessions whose file name `add` remembers (then it starts over)
 
 
 def changes(present: set[str], wanted: set[str]) -> tuple[set[str], set[str]]:
@@ -49,6 +50,7 @@ class Pending:
         self.present: set[str] = set()  # digests whose file this broker knows is there
         self.passes = 0
         self._lock = trio.Lock()  # one pass at a time: the background one or a send's
+        self._digests: dict[str, str] = {}  # host session id -> its file's name
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Make the post box current (the files a previous broker left are checked too), say
@@ -81,11 +83,25 @@ class Pending:
 
     async def add(self, host_session_ids: set[str]) -> None:
         """Files for these host sessions, now (a send's recipients): the next pass removes any
-        that has nothing waiting after all."""
+        that has nothing waiting after all. With no pass under way and every file there, nothing
+        to do and nothing to wait for (the common case: a send to a session with a message
+        waiting already)."""
+        digests = {self._digest(h) for h in host_session_ids}
+        if not self._lock.locked() and digests <= self.present:
+            return  # no pass can remove one before this send is answered: one would start after
         async with self._lock:
-            add = {paths.host_session_digest(h) for h in host_session_ids} - self.present
+            add = digests - self.present
             if add:
                 await trio.to_thread.run_sync(self._apply, add, set())
+
+    def _digest(self, host_session_id: str) -> str:
+        """paths.host_session_digest, remembered (a SHA-256 per recipient of every send)."""
+        digest = self._digests.get(host_session_id)
+        if digest is None:
+            if len(self._digests) >= DIGESTS_KEPT:
+                self._digests.clear()
+            digest = self._digests[host_session_id] = paths.host_session_digest(host_session_id)
+        return digest
 
     def _start(self) -> None:
         self.folder.mkdir(mode=0o700, exist_ok=True)
