@@ -26,7 +26,8 @@ seen with the real CLI, tests/hosts/test_opencode.py):
   so `peers` and `agent-bridge sessions` show the session busy or idle.
 - When idle (`session.idle`, `session.status` idle; an abort ends in idle too): active messages
   waiting start a turn through the plugin's `client.session.promptAsync` (a user message, framed
-  as coming from another agent session), acknowledged once opencode accepted the prompt. While
+  as coming from another agent session), acknowledged once opencode accepted the prompt; the
+  hook run for it (`hook_event_name` "Stop") records the wake for the senders' receipts. While
   the session stays idle the plugin watches the broker's post box (`<home>/pending/`, one file
   per host session with a message waiting: broker.feeds.postbox) and hands over what comes. Not
   in `opencode run`, which ends at its first idle; the watch ends with the opencode process.

@@ -241,12 +241,15 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
     poll_until(lambda: state() == "idle", "the session marked idle (session.status)", timeout=30)
     before = len(oc.model.of_session(session))
     text = "claude here: wake up and look"
-    w.bridge("send", peer["name"], text)
+    w.bridge("send", "opencode", text)  # the agent kind: the one connected opencode session here
     woken = poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
                        "the woken turn's request", timeout=60)
     users = [m for m in woken[0].body["messages"] if m.get("role") == "user" and text in json.dumps(m)]
     assert users and "not from the user" in json.dumps(users[-1])
     poll_until(lambda: [r for r in w.receipts(session) if r["ackedAt"]], "the acknowledgement", timeout=30)
+    # the sender's receipt records the wake, confirmed by the acknowledgement (as for the other hosts)
+    [receipt] = json.loads(w.bridge("sent", "--json").stdout)
+    assert receipt["woken"] == "confirmed", receipt
     assert serving.proc.poll() is None
 
 
