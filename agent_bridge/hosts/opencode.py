@@ -58,7 +58,8 @@ class Opencode(Host):
     name = "opencode"
     title = "opencode"
     process_prefixes = ("opencode",)
-    exclusive = True
+    exclusive = False  # `opencode serve` runs several sessions in one process
+    sessions_per_server = True  # over one MCP server: the plugin names each tool call's session
     defers_ack = True  # the plugin acknowledges once opencode stored the tool result (opencode_plugin)
 
     def is_set_up(self) -> bool:
@@ -104,8 +105,9 @@ class Opencode(Host):
             hooks["ack"] = [*run, "hook", "ack", "--agent", self.name]
             hooks["status"] = [*run, "hook", "status", "--agent", self.name]
             from agent_bridge.common import paths
+            from agent_bridge.hosts.edits import SERVER_NAME
 
-            text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR))
+            text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR), SERVER_NAME)
         # the folders install made go when empty: `plugin/`, and a project's `.opencode/`
         prune = (folder, folder.parent) if scope == "project" else (folder,)
         edit = owned_file_edit(folder / PLUGIN_NAME, text, opencode_plugin.is_ours, private=private,

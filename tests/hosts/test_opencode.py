@@ -221,9 +221,13 @@ def state_of(w: World, peer_id: str) -> str | None:
     return next((s.get("state") for s in listed if s.get("id") == peer_id), None)
 
 
-def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
+def test_a_message_wakes_an_idle_session_and_two_sessions_of_one_serve_are_each_itself(
+    oc: OpencodeWorld,
+) -> None:
     """`opencode serve` (a session that stays open): after its turn the session is idle; a message
-    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken."""
+    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken.
+    A second session of the same serve (one opencode process, one MCP server) is a session of its
+    own: its own identity, its messages only its own, the wake of the one addressed only."""
     w = oc.world
     port, serving = serve(oc)
     session = str(api(port, "POST", "/session", {})["id"])
@@ -250,6 +254,32 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
     # the sender's receipt records the wake, confirmed by the acknowledgement (as for the other hosts)
     [receipt] = json.loads(w.bridge("sent", "--json").stdout)
     assert receipt["woken"] == "confirmed", receipt
+    poll_until(lambda: state() == "idle", "idle again after the woken turn", timeout=60)
+
+    # Session B of the same serve: whoami is B's own; its send to A comes from B and wakes A only.
+    other = str(api(port, "POST", "/session", {})["id"])
+    before, before_b = len(oc.model.of_session(session)), len(oc.model.of_session(other))
+    text = "session B here: your turn"
+    steps = plan(("whoami", {}), ("send", {"to": peer["name"], "text": text}))
+    api(port, "POST", f"/session/{other}/prompt_async", {"parts": [{"type": "text", "text": steps}]})
+    woken = poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
+                       "session A woken by session B's message", timeout=60)
+    me = json.loads(next(t for r in oc.main_requests(other) for t in tool_texts(r.body) if '"agent"' in t))
+    assert me["hostSessionId"] == other and me["id"] != peer["id"], me
+    assert me["name"] in json.dumps(woken[0].body)  # A is told who wrote: B, by its name
+    by_session = {p["hostSessionId"]: p["id"] for p in w.peers() if p["agent"] == "opencode"}
+    assert by_session == {session: peer["id"], other: me["id"]}, by_session
+    poll_until(lambda: all(r["ackedAt"] for r in w.receipts(session)), "acknowledged by A", timeout=30)
+    assert w.receipts(other) == []  # nothing was ever B's to take
+    # and one to B, once idle, wakes B, not A
+    poll_until(lambda: state_of(w, me["id"]) == "idle" and state() == "idle", "both idle", timeout=60)
+    before, before_b = len(oc.model.of_session(session)), len(oc.model.of_session(other))
+    w.bridge("send", me["name"], "codex here: only for B")
+    poll_until(lambda: [r for r in oc.model.of_session(other)[before_b:] if "only for B" in r.text],
+               "session B woken", timeout=60)
+    poll_until(lambda: all(r["ackedAt"] for r in w.receipts(other)), "acknowledged by B", timeout=30)
+    assert not any("only for B" in r.text for r in oc.model.of_session(session)[before:])
+    assert len(w.receipts(session)) == 2  # A's own two, no more
     assert serving.proc.poll() is None
 
 
