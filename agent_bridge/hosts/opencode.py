@@ -15,10 +15,11 @@ Jobs: `opencode run --format json`, the task on stdin, the bridge and the access
 
 Process: the `opencode` program (argv[0] `opencode`; npm's executable is `bin/opencode.exe`,
 seen with 1.18.33 under `ps`). The plugin runs inside it, so the hooks it starts and the MCP
-servers it starts share it as their nearest agent host. One process here runs one session
-(`opencode run`, the TUI's current session); a new session id in the same process replaces the
-old one, as `/clear` does for Claude Code. (`opencode serve` with several sessions at once has
-one MCP server for all of them: the bridge then sees one session, the latest to report itself.)
+servers it starts share it as their nearest agent host. One process may run several sessions
+(`opencode serve`, the TUI's session list) over one MCP server, which gets no session id: the
+plugin names the session in each agent-bridge tool call's arguments, and `agent-bridge mcp` is
+then a router (relay.router) with one relay per session (`sessions_per_server`), each given its
+`ses_…` id as `--host-session-id`.
 """
 
 from __future__ import annotations
