@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NoReturn
 
 from agent_bridge.common import jsonlimit, tools
 from agent_bridge.relay.answers import Static, answer
@@ -190,17 +190,15 @@ class Router:
                 child.write(line)
 
     def end(self) -> None:
-        """The host closed stdin: every child's is closed, and they end as a relay ends."""
+        """The host closed stdin: every child's is closed, and they end as a relay ends, on their
+        own. Not waited for: a host that waits for its MCP server's exit (opencode 1.18.33 when
+        its run ends) would wait for them too (seen: a run whose end took that long left its
+        lock in `~/.local/state/opencode/locks` behind, and the next opencode waited 60 s on it)."""
         for child in self.children.values():
             child.close()
-        for child in self.children.values():
-            try:
-                child.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
-def main(options: dict[str, Any]) -> int:
+def main(options: dict[str, Any]) -> NoReturn:
     """The router, until the host closes stdin. fd 1 is the host's: moved to a descriptor of its
     own (the children get it as their stdout), with fd 1 pointed at stderr."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="agent-bridge mcp: %(message)s")
@@ -211,4 +209,4 @@ def main(options: dict[str, Any]) -> int:
         if line is not None:
             router.on_line(line)
     router.end()
-    return 0
+    os._exit(0)  # at once, as a relay leaves (relay.main.exit_now): the host may be waiting for it
