@@ -5,7 +5,9 @@ scripted chat completions server (tests/hosts/models.py ChatServer), configured 
 
 Offline (NOTES.md, "opencode"): opencode installs `@opencode-ai/plugin` into each config folder
 at start and waits for the registry; pointed at a closed loopback port with no retries it gives
-up at once.
+up at once. The user's config folder is given what a successful install leaves (`seed_installed`):
+an install that never succeeds is attempted at every start, and at the end of a run too, under a
+lock that a run ending mid-attempt leaves behind for the next start to wait on (docs/reach.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.hosts import clis
 from tests.hosts.conftest import GATE_STEP, HostRun, World, open_world, plan, poll_until
 from tests.hosts.models import ChatServer, Request
 
@@ -76,6 +79,23 @@ class OpencodeWorld:
         return [r for r in self.model.of_session(session) if r.body.get("tools")]
 
 
+def seed_installed(folder: Path) -> None:
+    """What opencode's install of `@opencode-ai/plugin` into a config folder leaves when the
+    registry answers (`node_modules`, `package.json`, `package-lock.json` naming it), as a user's
+    first online start does. Read from opencode 1.18.33's bundled source (`Npm.install`): with
+    `node_modules` there and every `package.json` dependency in the lock file it installs
+    nothing; else it takes the lock `npm-install:<folder>` (a folder in
+    `~/.local/state/opencode/locks`) and asks the registry. Offline, that happens at every start
+    and again as a run's instance is disposed (`Config.loadInstanceState`, its install forked
+    detached); a run that exits between taking the lock and releasing it leaves it, and the next
+    start waits at config load until it is stale (60 s). Seen with bench/opencode_runs.py."""
+    wanted = {"@opencode-ai/plugin": clis.OPENCODE_VERSION}
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    (folder / "package.json").write_text(json.dumps({"dependencies": wanted}), encoding="utf-8")
+    lock = {"lockfileVersion": 3, "requires": True, "packages": {"": {"dependencies": wanted}}}
+    (folder / "package-lock.json").write_text(json.dumps(lock), encoding="utf-8")
+
+
 @contextmanager
 def open_opencode_world(host_bin: Path) -> Iterator[OpencodeWorld]:
     """A world (tests/hosts/conftest.py `open_world`) with the user's own opencode.json, the
@@ -86,6 +106,7 @@ def open_opencode_world(host_bin: Path) -> Iterator[OpencodeWorld]:
             ow = OpencodeWorld(world, model)
             ow.config.parent.mkdir(parents=True, exist_ok=True)
             ow.config.write_text(USER_CONFIG.replace("{url}", model.url), encoding="utf-8")
+            seed_installed(ow.config.parent)
             world.bridge("install", "--opencode")
             yield ow
     finally:
