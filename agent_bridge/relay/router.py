@@ -191,9 +191,9 @@ class Router:
 
     def end(self) -> None:
         """The host closed stdin: every child's is closed, and they end as a relay ends, on their
-        own. Not waited for: a host that waits for its MCP server's exit (opencode 1.18.33 when
-        its run ends) would wait for them too (seen: a run whose end took that long left its
-        lock in `~/.local/state/opencode/locks` behind, and the next opencode waited 60 s on it)."""
+        own (a signal ends them as it ends a relay). Not waited for: the router leaves at once,
+        as a relay does. opencode 1.18.33, closing its MCP server, first sends each of the
+        server's descendants SIGTERM (found with `pgrep -P`), then closes the server's stdin."""
         for child in self.children.values():
             child.close()
 
