@@ -33,16 +33,18 @@ def test_demo_in_a_temporary_home_cleans_up(env, home, tmp_path, env_home):
     if env_home:
         assert list(home.iterdir()) == []
     text = out.stdout
-    assert "deliveredTo: claude-demo-project, codex-demo-project" in text
+    assert "deliveredTo: claude-demo-project, codex-demo-project, opencode-demo-project" in text
     assert re.search(r"claude-demo-project\s+received the decision notice", text)
     assert re.search(r"codex-demo-project\s+received the decision notice", text)
+    assert re.search(r"opencode-demo-project\s+received the decision notice", text)
     assert re.search(r"codex-demo-project-2\s+received nothing", text)  # the job runner
+    assert "send(to='opencode') -> opencode-demo-project received it" in text  # an agent kind as address
     assert "hop  3  active" in text and "hop  4  passive" in text  # the demo broker's hop limit is 4
     assert "decisions() -> ['database']" in text
     assert "Stopped the demo broker." in text
     # --no-wait: nothing to look at afterwards, and the text says so instead of pointing there
     assert "Look at:" not in text and "http://" not in text
-    assert "the demo ends here: the three sessions disconnect, the demo's broker stops" in text
+    assert "the demo ends here: the four sessions disconnect, the demo's broker stops" in text
     home = Path(re.search(r"Starting a broker in (\S+) …", text).group(1))
     assert not home.exists()  # the temporary home is removed
     assert not (tmp_path / ".local" / "state" / "agent-bridge").exists()  # the user's home untouched
@@ -54,7 +56,7 @@ def test_demo_with_home_uses_the_running_broker_and_leaves_it(broker, env, home)
     assert f"warning: --home {home}: the demo writes to this state folder" in out.stderr
     assert "agent-bridge retract database" in out.stderr
     assert "Starting a broker" not in out.stdout
-    assert "the demo ends here: the three sessions disconnect." in out.stdout  # this broker keeps running
+    assert "the demo ends here: the four sessions disconnect." in out.stdout  # this broker keeps running
     # the decision concerns the demo's own folder, never every real session
     (decision,) = json.loads(run_cli(env, "decisions", "--json").stdout)
     assert decision["scope"] == {"project": str(home / "demo-project")}

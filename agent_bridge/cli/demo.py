@@ -1,5 +1,5 @@
-"""`agent-bridge demo`: a guided run with three simulated sessions through the real IPC
-client, for someone without Claude Code or Codex at hand."""
+"""`agent-bridge demo`: a guided run with four simulated sessions through the real IPC
+client, for someone without Claude Code, Codex or opencode at hand."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def _main(ns: argparse.Namespace, ending: _Ending) -> int:
             print(f"agent-bridge demo: {exc}", file=sys.stderr)
             return 1
         print(
-            f"agent-bridge demo: warning: --home {home}: the demo writes to this state folder: three "
+            f"agent-bridge demo: warning: --home {home}: the demo writes to this state folder: four "
             f"simulated sessions, their messages and a pinned decision on topic {DEMO_TOPIC!r} for the "
             f"folder {demo_project(home)} (no real session's folder). Undo with `agent-bridge retract "
             f"{DEMO_TOPIC}` and `agent-bridge forget` (see `agent-bridge sessions`).",
@@ -185,6 +185,7 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
     sessions = [
         ("claude", "interactive", "the Claude Code session"),
         ("codex", "interactive", "the Codex session"),
+        ("opencode", "interactive", "the opencode session"),
         ("codex", "job", "a headless `codex exec` job"),
     ]
     async with trio.open_nursery() as nursery:
@@ -194,11 +195,11 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
             assert client.hello is not None
             clients.append((client, pushes, client.hello["session"]))
         hop_limit = int(clients[0][0].hello["hopLimit"]) if clients[0][0].hello else 10
-        say("\n1. Three simulated sessions connected through the real bridge protocol:")
+        say("\n1. Four simulated sessions connected through the real bridge protocol:")
         for (_agent, kind, what), (_, _, s) in zip(sessions, clients, strict=True):
             say(f"   {s['name']:<22} {kind:<12} ({what})")
 
-        claude, codex, job = clients
+        claude, codex, opencode, job = clients
         say("\n2. The owner answers a question; the Claude session records it as a pinned decision")
         say("   for the demo's project folder (every session working there):")
         result = await claude[0].request("decide", topic=DEMO_TOPIC, text="PostgreSQL 16, no ORM")
@@ -226,17 +227,23 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
             parent = message["id"]
             sender, receiver = receiver, sender
 
-        say("\n4. The job runner can look decisions up too:")
+        say("\n4. An agent kind addresses the one connected session of that agent in the project:")
+        sent = (await claude[0].request("send", to="opencode", text="the schema is in db/"))["message"]
+        got = await _drain(opencode[0], opencode[1])
+        status = "received it" if [m["id"] for m in got] == [sent["id"]] else "received nothing"
+        say(f"   send(to='opencode') -> {opencode[2]['name']} {status}")
+
+        say("\n5. The job runner can look decisions up too:")
         found = await job[0].request("decisions")
         say(f"   decisions() -> {[d['topic'] for d in found]}")
 
         web = record.get("web")
         url_file = home / paths.DASHBOARD_URL
         if wait:
-            say("\n5. The dashboard shows the sessions, the messages and the decision:")
+            say("\n6. The dashboard shows the sessions, the messages and the decision:")
             say(f"   {_read(url_file) or web or 'not serving'}")
             say(
-                "   Look at: Sessions (three connected), Messages (the reply chain), "
+                "   Look at: Sessions (four connected), Messages (the reply chain), "
                 f"Decisions ({DEMO_TOPIC})."
             )
             # the asked-for Ctrl-C ends it quietly
@@ -246,12 +253,12 @@ async def _run(home: Path, record: dict[str, Any], wait: bool, started: bool, ow
                     break
             say("")
         else:
-            ends = ["the three sessions disconnect"]
+            ends = ["the four sessions disconnect"]
             if started:
                 ends.append("the demo's broker stops")
             if own_home:
                 ends.append("its temporary folder is removed")
-            say(f"\n5. With --no-wait the demo ends here: {', '.join(ends)}.")
+            say(f"\n6. With --no-wait the demo ends here: {', '.join(ends)}.")
             say("   Run `agent-bridge demo` without --no-wait to look at them on the dashboard.")
         nursery.cancel_scope.cancel()
 

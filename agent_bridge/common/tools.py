@@ -47,6 +47,10 @@ SENT_IDS_MAX = 100  # message ids one `sent` call may name
 JOB_TASK_MAX = 20_000  # characters of a delegated task or a `continue` message
 JOB_WAIT_MAX = 50  # seconds a `delegate` call may wait for the job to end
 ASK_WAIT_MAX = 50  # seconds an `ask_owner` call may wait for the owner's answer
+# The argument a host's plugin adds to each of its session's tool calls where one MCP server serves
+# all of the host's sessions (opencode serve): which session calls. The relay's router takes it out
+# and hands the call to that session's relay (relay.router); the broker never sees it.
+HOST_SESSION_ARGUMENT = "agent_bridge_session"
 
 _TOOLS = (
     Tool(

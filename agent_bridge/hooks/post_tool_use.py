@@ -52,15 +52,30 @@ def main(agent: str, raw: bytes | None = None) -> int:
         hook = common.parse_input(raw)
         target = hosts.by_name(agent) or hosts.DEFAULT
         deferred = None
+        wake = False
         if target.defers_ack:  # the host's plugin acknowledges once the host took the text (hooks.ack)
             def deferred(text: str, ids: list[str], peer: object) -> None:
                 common.emit({**target.post_tool_use_output(text), "ids": ids, "peer": peer})
+            # the plugin's hand-over at the session's idle starts a turn with it: a wake, recorded
+            # for the senders' receipts (`sent`: requested, confirmed once acknowledged)
+            wake = plugin_wake(raw)
         handover.hand_over(home, agent, EVENT, hook, host, chain,
-                           lambda text: common.emit(target.post_tool_use_output(text)), deferred=deferred)
+                           lambda text: common.emit(target.post_tool_use_output(text)), wake=wake,
+                           deferred=deferred)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the tool call's turn goes on
         paths.append_log(home, f"hook post-tool-use ({agent}): nothing handed over: "
                          + " ".join(f"{type(exc).__name__}: {exc}".split()))
     return 0
+
+
+def plugin_wake(raw: bytes) -> bool:
+    """Whether a host's plugin runs this hook to wake its idle session (hosts.opencode_plugin:
+    `hook_event_name` "Stop", at `session.idle`), not after a tool call."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("hook_event_name") == "Stop"
 
 
 def waiting(home: Path, raw: bytes) -> bool:

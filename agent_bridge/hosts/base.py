@@ -160,6 +160,9 @@ class Host:
     title: str  # for people, e.g. "Claude Code"
     process_prefixes: tuple[str, ...]  # an ancestor process whose name starts so is this host
     exclusive: bool  # one conversation per host process: a new host session id replaces the old
+    # one MCP server for all the host's sessions (opencode serve), its plugin naming the session of
+    # each tool call: `agent-bridge mcp` routes each session's calls to a relay of its own (relay.router)
+    sessions_per_server: bool = False
     session_env: str | None = None  # an environment variable in which the host passes its session id
     # The hook that hands messages over between tool calls prints them with their ids and does not
     # acknowledge them: the host's plugin does (`agent-bridge hook ack`) once the host took them.

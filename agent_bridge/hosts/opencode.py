@@ -15,10 +15,11 @@ Jobs: `opencode run --format json`, the task on stdin, the bridge and the access
 
 Process: the `opencode` program (argv[0] `opencode`; npm's executable is `bin/opencode.exe`,
 seen with 1.18.33 under `ps`). The plugin runs inside it, so the hooks it starts and the MCP
-servers it starts share it as their nearest agent host. One process here runs one session
-(`opencode run`, the TUI's current session); a new session id in the same process replaces the
-old one, as `/clear` does for Claude Code. (`opencode serve` with several sessions at once has
-one MCP server for all of them: the bridge then sees one session, the latest to report itself.)
+servers it starts share it as their nearest agent host. One process may run several sessions
+(`opencode serve`, the TUI's session list) over one MCP server, which gets no session id: the
+plugin names the session in each agent-bridge tool call's arguments, and `agent-bridge mcp` is
+then a router (relay.router) with one relay per session (`sessions_per_server`), each given its
+`ses_…` id as `--host-session-id`.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Opencode(Host):
     name = "opencode"
     title = "opencode"
     process_prefixes = ("opencode",)
-    exclusive = True
+    exclusive = False  # `opencode serve` runs several sessions in one process
+    sessions_per_server = True  # over one MCP server: the plugin names each tool call's session
     defers_ack = True  # the plugin acknowledges once opencode stored the tool result (opencode_plugin)
 
     def is_set_up(self) -> bool:
@@ -104,8 +106,9 @@ class Opencode(Host):
             hooks["ack"] = [*run, "hook", "ack", "--agent", self.name]
             hooks["status"] = [*run, "hook", "status", "--agent", self.name]
             from agent_bridge.common import paths
+            from agent_bridge.hosts.edits import SERVER_NAME
 
-            text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR))
+            text = opencode_plugin.plugin_text(hooks, env, str(paths.home() / paths.PENDING_DIR), SERVER_NAME)
         # the folders install made go when empty: `plugin/`, and a project's `.opencode/`
         prune = (folder, folder.parent) if scope == "project" else (folder,)
         edit = owned_file_edit(folder / PLUGIN_NAME, text, opencode_plugin.is_ours, private=private,

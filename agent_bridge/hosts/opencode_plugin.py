@@ -21,12 +21,19 @@ seen with the real CLI, tests/hosts/test_opencode.py):
   the message is offered again, marked as a repeat. The session's next tool call waits for that
   acknowledgement before it asks for more (seen with 1.18.33: without the wait, a model that
   answers at once got the message a second time, in the next tool's result).
+- Which session calls (`tool.execute.before`, input `{tool, sessionID, callID}`, output
+  `{args}`: the very object opencode 1.18.33 then passes to the MCP server's `tools/call`): one
+  `opencode serve` runs several sessions over one MCP server, which gets no session id; the
+  plugin adds `agent_bridge_session: <ses_… id>` (common.tools.HOST_SESSION_ARGUMENT) to the
+  arguments of each agent-bridge tool call, and the relay's router (relay.router) hands the
+  call, without it, to that session's own relay: each session has its own identity.
 - Busy and idle: each change of `session.status` runs `agent-bridge hook status`, which keeps
   the session's mark as the UserPromptSubmit and Stop hooks do for the other hosts (hooks.status),
   so `peers` and `agent-bridge sessions` show the session busy or idle.
 - When idle (`session.idle`, `session.status` idle; an abort ends in idle too): active messages
   waiting start a turn through the plugin's `client.session.promptAsync` (a user message, framed
-  as coming from another agent session), acknowledged once opencode accepted the prompt. While
+  as coming from another agent session), acknowledged once opencode accepted the prompt; the
+  hook run for it (`hook_event_name` "Stop") records the wake for the senders' receipts. While
   the session stays idle the plugin watches the broker's post box (`<home>/pending/`, one file
   per host session with a message waiting: broker.feeds.postbox) and hands over what comes. Not
   in `opencode run`, which ends at its first idle; the watch ends with the opencode process.
@@ -38,6 +45,8 @@ that fails, times out or prints nothing changes nothing: a plugin never breaks i
 from __future__ import annotations
 
 import json
+
+from agent_bridge.common import tools
 
 MARK = "// agent-bridge plugin for opencode"  # the first line: how install and uninstall know it is ours
 
@@ -52,6 +61,8 @@ import { join } from "node:path"
 
 const HOOKS = __HOOKS__
 const ENV = __ENV__
+const TOOL_PREFIX = __TOOL_PREFIX__ // opencode names an MCP tool `<server>_<tool>`
+const SESSION_ARGUMENT = __SESSION_ARGUMENT__
 const POST_BOX = __POST_BOX__ // <agent-bridge home>/pending: one file per host session with a message waiting
 // `opencode run` ends at its session's first idle: a turn started then would be cut short
 const SCRIPTED = process.argv.slice(1, 3).includes("run")
@@ -156,6 +167,13 @@ export const AgentBridge = async ({ client, directory }) => {
       const note = await notes.get(id)
       if (note) output.system.push(note)
     },
+    "tool.execute.before": async (input, output) => {
+      // One MCP server serves every session of this opencode process: each agent-bridge tool
+      // call says which session makes it (the relay's router hands it to that session's relay).
+      if (!input || !input.sessionID || !output || !output.args || typeof output.args !== "object") return
+      if (typeof input.tool !== "string" || !input.tool.startsWith(TOOL_PREFIX)) return
+      output.args[SESSION_ARGUMENT] = input.sessionID
+    },
     "tool.execute.after": async (input, output) => {
       const id = input && input.sessionID
       if (!id || !output) return
@@ -212,12 +230,15 @@ export const AgentBridge = async ({ client, directory }) => {
 """
 
 
-def plugin_text(hooks: dict[str, list[str]], env: dict[str, str], post_box: str) -> str:
+def plugin_text(hooks: dict[str, list[str]], env: dict[str, str], post_box: str, server: str) -> str:
     """The plugin, running the hook commands `hooks` (event -> argv) with `env` added, watching
-    `post_box` (the agent-bridge home's `pending` folder) while a session is idle."""
+    `post_box` (the agent-bridge home's `pending` folder) while a session is idle, marking the
+    calls of the tools of the MCP server named `server` with their session."""
     return (TEMPLATE.replace("__HOOKS__", json.dumps(hooks, ensure_ascii=False))
             .replace("__ENV__", json.dumps(env, ensure_ascii=False))
-            .replace("__POST_BOX__", json.dumps(post_box, ensure_ascii=False)))
+            .replace("__POST_BOX__", json.dumps(post_box, ensure_ascii=False))
+            .replace("__TOOL_PREFIX__", json.dumps(server + "_"))
+            .replace("__SESSION_ARGUMENT__", json.dumps(tools.HOST_SESSION_ARGUMENT)))
 
 
 def is_ours(text: str) -> bool:

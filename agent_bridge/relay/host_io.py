@@ -146,6 +146,18 @@ class HostOutput:
         self.lock = threading.Lock()
         self.buffered: list[bytes] = []
         self.answers = 0  # answers among the buffered lines
+        self.shared: int | None = None  # the pipe again, for the lock other writers take (share)
+
+    def share(self) -> None:
+        """Other processes write lines to the same pipe (relay.router and its sessions' relays):
+        each write holds an exclusive flock on the pipe, taken through an open file description
+        of its own (`/proc/self/fd`, Linux), so that a line longer than the pipe writes at once
+        (PIPE_BUF) is never cut by another's. Where there is no such path, lines up to PIPE_BUF
+        bytes are still written whole, as the kernel writes them."""
+        try:
+            self.shared = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            self.shared = None
 
     def write(self, line: str) -> None:
         """One line, after the lines buffered before it; returns once the pipe has all of it."""
@@ -170,6 +182,15 @@ class HostOutput:
     def _write_buffered(self) -> None:
         data, self.buffered = b"".join(self.buffered), []
         try:
-            write_all(self.fd, data)
+            if self.shared is None:
+                write_all(self.fd, data)
+                return
+            import fcntl
+
+            fcntl.flock(self.shared, fcntl.LOCK_EX)
+            try:
+                write_all(self.fd, data)
+            finally:
+                fcntl.flock(self.shared, fcntl.LOCK_UN)
         except OSError:
             self.gone()

@@ -52,7 +52,7 @@ from agent_bridge.ipc.frames import (
     line_frames,
     read_push,
 )
-from agent_bridge.relay import answers, connector, leaving
+from agent_bridge.relay import answers, connector, leaving, router
 from agent_bridge.relay.alone import Alone
 from agent_bridge.relay.answers import ANSWER_HEAD, INTERNAL_ERROR, INVALID_REQUEST, STATIC
 from agent_bridge.relay.connector import BadHello
@@ -497,10 +497,18 @@ def command(ns: argparse.Namespace, handed: Handed | None = None) -> int:
     except OSError as exc:
         print(f"agent-bridge mcp: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    # A session's relay started by relay.router: the host's handshake, answered by the router.
+    # Taken out of the environment: a broker or job this process starts is no such relay.
+    child = os.environ.pop(router.CHILD_ENV, None)
+    if child is not None:
+        return main(ns, handed or router.Handshake.read(child), shared=True)
+    host = hosts.by_name(ns.agent or "")
+    if host is not None and host.sessions_per_server and not ns.job and not ns.host_session_id:
+        return router.main({"agent": ns.agent, "name": ns.name, "project": ns.project})
     return main(ns, handed)
 
 
-def main(ns: argparse.Namespace, handed: Handed | None = None) -> int:
+def main(ns: argparse.Namespace, handed: Handed | None = None, *, shared: bool = False) -> int:
     # Hosts end their MCP servers with SIGINT, then SIGTERM: end now. Whatever was not written
     # to the host stays unacknowledged in the broker; what was, and the broker has not confirmed
     # recording, goes to the ledger first (Relay.keep_written_at_exit), once there is a relay.
@@ -521,6 +529,8 @@ def main(ns: argparse.Namespace, handed: Handed | None = None) -> int:
     os.set_inheritable(out_fd, False)
     os.dup2(2, 1)
     relay = Relay(options, out_fd)
+    if shared:  # the host's stdout is relay.router's and its other sessions' too
+        relay.out.share()
     host_input = HostInput(0)
     if SIGNAL_MASKS:  # POSIX: select watches the host's pipe as well as the socket
         relay.pump = Pump(relay, host_input, connector.KEEPALIVE_INTERVAL)

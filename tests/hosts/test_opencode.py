@@ -5,7 +5,9 @@ scripted chat completions server (tests/hosts/models.py ChatServer), configured 
 
 Offline (NOTES.md, "opencode"): opencode installs `@opencode-ai/plugin` into each config folder
 at start and waits for the registry; pointed at a closed loopback port with no retries it gives
-up at once.
+up at once. The user's config folder is given what a successful install leaves (`seed_installed`):
+an install that never succeeds is attempted at every start, and at the end of a run too, under a
+lock that a run ending mid-attempt leaves behind for the next start to wait on (docs/reach.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.hosts import clis
 from tests.hosts.conftest import GATE_STEP, HostRun, World, open_world, plan, poll_until
 from tests.hosts.models import ChatServer, Request
 
@@ -76,6 +79,23 @@ class OpencodeWorld:
         return [r for r in self.model.of_session(session) if r.body.get("tools")]
 
 
+def seed_installed(folder: Path) -> None:
+    """What opencode's install of `@opencode-ai/plugin` into a config folder leaves when the
+    registry answers (`node_modules`, `package.json`, `package-lock.json` naming it), as a user's
+    first online start does. Read from opencode 1.18.33's bundled source (`Npm.install`): with
+    `node_modules` there and every `package.json` dependency in the lock file it installs
+    nothing; else it takes the lock `npm-install:<folder>` (a folder in
+    `~/.local/state/opencode/locks`) and asks the registry. Offline, that happens at every start
+    and again as a run's instance is disposed (`Config.loadInstanceState`, its install forked
+    detached); a run that exits between taking the lock and releasing it leaves it, and the next
+    start waits at config load until it is stale (60 s). Seen with bench/opencode_runs.py."""
+    wanted = {"@opencode-ai/plugin": clis.OPENCODE_VERSION}
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    (folder / "package.json").write_text(json.dumps({"dependencies": wanted}), encoding="utf-8")
+    lock = {"lockfileVersion": 3, "requires": True, "packages": {"": {"dependencies": wanted}}}
+    (folder / "package-lock.json").write_text(json.dumps(lock), encoding="utf-8")
+
+
 @contextmanager
 def open_opencode_world(host_bin: Path) -> Iterator[OpencodeWorld]:
     """A world (tests/hosts/conftest.py `open_world`) with the user's own opencode.json, the
@@ -86,6 +106,7 @@ def open_opencode_world(host_bin: Path) -> Iterator[OpencodeWorld]:
             ow = OpencodeWorld(world, model)
             ow.config.parent.mkdir(parents=True, exist_ok=True)
             ow.config.write_text(USER_CONFIG.replace("{url}", model.url), encoding="utf-8")
+            seed_installed(ow.config.parent)
             world.bridge("install", "--opencode")
             yield ow
     finally:
@@ -221,9 +242,13 @@ def state_of(w: World, peer_id: str) -> str | None:
     return next((s.get("state") for s in listed if s.get("id") == peer_id), None)
 
 
-def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
+def test_a_message_wakes_an_idle_session_and_two_sessions_of_one_serve_are_each_itself(
+    oc: OpencodeWorld,
+) -> None:
     """`opencode serve` (a session that stays open): after its turn the session is idle; a message
-    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken."""
+    sent then starts a turn, as a user message framed as another agent's, acknowledged once taken.
+    A second session of the same serve (one opencode process, one MCP server) is a session of its
+    own: its own identity, its messages only its own, the wake of the one addressed only."""
     w = oc.world
     port, serving = serve(oc)
     session = str(api(port, "POST", "/session", {})["id"])
@@ -241,12 +266,41 @@ def test_a_message_wakes_an_idle_session(oc: OpencodeWorld) -> None:
     poll_until(lambda: state() == "idle", "the session marked idle (session.status)", timeout=30)
     before = len(oc.model.of_session(session))
     text = "claude here: wake up and look"
-    w.bridge("send", peer["name"], text)
+    w.bridge("send", "opencode", text)  # the agent kind: the one connected opencode session here
     woken = poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
                        "the woken turn's request", timeout=60)
     users = [m for m in woken[0].body["messages"] if m.get("role") == "user" and text in json.dumps(m)]
     assert users and "not from the user" in json.dumps(users[-1])
     poll_until(lambda: [r for r in w.receipts(session) if r["ackedAt"]], "the acknowledgement", timeout=30)
+    # the sender's receipt records the wake, confirmed by the acknowledgement (as for the other hosts)
+    [receipt] = json.loads(w.bridge("sent", "--json").stdout)
+    assert receipt["woken"] == "confirmed", receipt
+    poll_until(lambda: state() == "idle", "idle again after the woken turn", timeout=60)
+
+    # Session B of the same serve: whoami is B's own; its send to A comes from B and wakes A only.
+    other = str(api(port, "POST", "/session", {})["id"])
+    before, before_b = len(oc.model.of_session(session)), len(oc.model.of_session(other))
+    text = "session B here: your turn"
+    steps = plan(("whoami", {}), ("send", {"to": peer["name"], "text": text}))
+    api(port, "POST", f"/session/{other}/prompt_async", {"parts": [{"type": "text", "text": steps}]})
+    woken = poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
+                       "session A woken by session B's message", timeout=60)
+    me = json.loads(next(t for r in oc.main_requests(other) for t in tool_texts(r.body) if '"agent"' in t))
+    assert me["hostSessionId"] == other and me["id"] != peer["id"], me
+    assert me["name"] in json.dumps(woken[0].body)  # A is told who wrote: B, by its name
+    by_session = {p["hostSessionId"]: p["id"] for p in w.peers() if p["agent"] == "opencode"}
+    assert by_session == {session: peer["id"], other: me["id"]}, by_session
+    poll_until(lambda: all(r["ackedAt"] for r in w.receipts(session)), "acknowledged by A", timeout=30)
+    assert w.receipts(other) == []  # nothing was ever B's to take
+    # and one to B, once idle, wakes B, not A
+    poll_until(lambda: state_of(w, me["id"]) == "idle" and state() == "idle", "both idle", timeout=60)
+    before, before_b = len(oc.model.of_session(session)), len(oc.model.of_session(other))
+    w.bridge("send", me["name"], "codex here: only for B")
+    poll_until(lambda: [r for r in oc.model.of_session(other)[before_b:] if "only for B" in r.text],
+               "session B woken", timeout=60)
+    poll_until(lambda: all(r["ackedAt"] for r in w.receipts(other)), "acknowledged by B", timeout=30)
+    assert not any("only for B" in r.text for r in oc.model.of_session(session)[before:])
+    assert len(w.receipts(session)) == 2  # A's own two, no more
     assert serving.proc.poll() is None
 
 

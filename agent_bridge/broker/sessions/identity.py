@@ -441,7 +441,10 @@ class Identity:
             bound.rank = max(bound.rank, RANK_HOOK)
             await self._confirm(bound)
             return {"session": bound.public(), "paired": True}
-        candidates = [s for s in registry.sessions.values() if host is not None and s.host == host]
+        # a connection given its host session id on its command line is that session only (one
+        # relay per session of an opencode process, relay.router): never another id's candidate
+        candidates = [s for s in registry.sessions.values()
+                      if host is not None and s.host == host and s.rank < RANK_EXPLICIT]
         if len(candidates) == 1:
             paired = await self.learn(candidates[0], hsid, RANK_HOOK)
             return {"session": candidates[0].public() if paired else None, "paired": paired}
