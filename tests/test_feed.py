@@ -3,6 +3,8 @@ dashboard, the wake waiters, the post box, the alerts and the waits of `sent` an
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import trio
 import trio.testing
@@ -60,3 +62,37 @@ async def test_without_a_feed_it_looks_again_every_poll(autojump_clock: trio.tes
         assert trio.current_time() - start == 0.5
         await commits.beyond(commits.seen(), within=0.1)  # a deadline sooner than the poll
         assert trio.current_time() - start == pytest.approx(0.6)
+
+
+async def test_passes_run_after_each_burst_of_commits_gap_apart_and_a_failed_one_again_after_poll(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The paced loop of the post box and the search indexer (Following.passes): a pass at the
+    start, one after a burst of commits (not one per commit) no sooner than `gap` after the last,
+    none without a commit; a pass that raises is logged and run again `poll` seconds later."""
+    feed = ChangeFeed()
+    runs: list[float] = []
+    fail = [True]
+
+    async def one_pass() -> None:
+        runs.append(trio.current_time())
+        if fail[0]:
+            fail[0] = False
+            raise OSError("disk full")
+
+    async with trio.open_nursery() as nursery:
+        following = Following(feed, 1.0)
+        with following:
+            nursery.start_soon(following.passes, one_pass, 0.2, "the pass failed", logging.getLogger("t"))
+            await trio.sleep(0.01)
+            assert runs == [0.0]  # the first pass, failed
+            await trio.sleep(1.0)
+            assert runs == [0.0, 1.0]  # again after poll, with no commit
+            for _ in range(5):
+                feed.notify()
+            await trio.sleep(5.0)
+            assert runs == [0.0, 1.0, 1.2]  # one pass for the burst, gap after the last pass
+            await trio.sleep(10.0)
+            assert len(runs) == 3  # nothing without a commit
+            nursery.cancel_scope.cancel()
+    assert any("the pass failed: disk full" in r.getMessage() for r in caplog.records)

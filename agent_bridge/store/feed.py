@@ -13,9 +13,12 @@ read is never missed. A standalone dashboard feeds its own from SQLite's `data_v
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import NoReturn
 
 import trio
 
@@ -96,6 +99,23 @@ class Following:
     def seen(self) -> int:
         """The version now: note it before a read, then wait beyond it."""
         return 0 if self.feed is None else self.feed.version
+
+    async def passes(self, one_pass: Callable[[], Awaitable[object]], gap: float, what: str,
+                     log: logging.Logger) -> NoReturn:
+        """Run `one_pass` now and again after each burst of commits, at least `gap` seconds
+        apart (with no feed, every `poll` seconds). A pass that fails is logged with `what` and
+        tried again `poll` seconds later: the next pass repairs what it left."""
+        while True:
+            seen = self.seen()
+            try:
+                await one_pass()
+            except Exception as exc:  # noqa: BLE001 - a store or folder that fails now: look again
+                log.warning("%s: %s", what, exc)
+                await trio.sleep(self.poll)
+                continue
+            if self.feed is not None:
+                await trio.sleep(gap)
+            await self.beyond(seen)
 
     async def beyond(self, seen: int, within: float = math.inf) -> None:
         """Return once a commit came after `seen` (at once if one did already), or after

@@ -17,8 +17,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
 from agent_bridge.store.feed import ChangeFeed, Following
 
 log = logging.getLogger("agent_bridge.broker")
@@ -39,17 +37,7 @@ class Indexer:
     async def run(self) -> None:
         """Index what is new after each burst of commits. Lives in the serving nursery."""
         with Following(self.feed(), POLL) as commits:
-            while True:
-                seen = commits.seen()
-                try:
-                    await self.catch_up()
-                except Exception as exc:  # noqa: BLE001 - a store that fails now: searches still see the rest
-                    log.warning("search index: could not index new messages: %s", exc)
-                    await trio.sleep(POLL)
-                    continue
-                if commits.feed is not None:
-                    await trio.sleep(GAP)
-                await commits.beyond(seen)
+            await commits.passes(self.catch_up, GAP, "search index: could not index new messages", log)
 
     async def catch_up(self) -> None:
         """Index everything not indexed yet, BATCH at a time."""

@@ -60,17 +60,7 @@ class Pending:
         await trio.to_thread.run_sync(self._ready)
         task_status.started()
         with Following(self.feed(), POLL) as commits:
-            while True:
-                seen = commits.seen()
-                try:
-                    await self.settle()
-                except Exception as exc:  # noqa: BLE001 - a store or folder that fails now: look again
-                    log.warning("post box: could not bring it up to date: %s", exc)
-                    await trio.sleep(POLL)
-                    continue
-                if commits.feed is not None:
-                    await trio.sleep(GAP)
-                await commits.beyond(seen)
+            await commits.passes(self.settle, GAP, "post box: could not bring it up to date", log)
 
     async def settle(self) -> None:
         """One pass: ask the store, then add and remove files to match."""
