@@ -112,7 +112,7 @@ async def test_demo_ended_by_a_signal_leaves_no_broker_and_no_folder(env, tmp_pa
             await until(" …\n".encode())
             home = Path(re.search(r"Starting a broker in (\S+) …", out.decode()).group(1))
             if when == "running":
-                await until(b"1. Three simulated sessions connected")
+                await until(b"1. Four simulated sessions connected")
             elif when == "waiting":
                 await until(b"Press Ctrl-C to end the demo.")
                 assert _processes_of(home)  # its broker runs
