@@ -18,6 +18,7 @@ from agent_bridge.broker import storage
 from agent_bridge.broker.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
 from agent_bridge.common.rows import Message
 from agent_bridge.store.messages import Outgoing, Send
+from agent_bridge.store.tap import DeliveryTap
 from agent_bridge.store.writer import Store
 from tests.conftest import wait_for
 
@@ -222,5 +223,160 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
             with vfs.lock:
                 assert vfs.wal_writers == ["agent-bridge store"]
     finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+class Commits:
+    """Counts the writing connection's commits (SQLite's commit hook: a savepoint released
+    inside a transaction is not one)."""
+
+    def __init__(self, store: Store) -> None:
+        self.count = 0
+        store.conn.set_commit_hook(self._one)
+
+    def _one(self) -> bool:
+        self.count += 1
+        return False  # let it commit
+
+
+async def _two_sessions_and_a_third(calls: StoreCalls) -> tuple[str, str, str]:
+    ids = []
+    for name in ("a", "b", "c"):
+        peer = await calls.create_peer(
+            agent="codex", name=name, project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        ids.append(peer.id)
+    return ids[0], ids[1], ids[2]
+
+
+async def test_the_sends_and_acknowledgements_of_one_turn_share_one_commit(tmp_path: Path) -> None:
+    """Group commit: sends of two sessions and another's acknowledgement, called together (as
+    three connections' requests read in one turn of the loop), are one transaction; each caller
+    gets its own answer. One at a time, each is a commit of its own."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, c = await _two_sessions_and_a_third(calls)
+        (first,) = await calls.send(a, [Send((Outgoing(b, "first", 1, None),))], now=2)
+        commits = Commits(runner.store)
+        await calls.send(c, [Send((Outgoing(b, "alone", 1, None),))], now=3)
+        assert commits.count == 1  # the counter counts
+        results: dict[str, object] = {}
+
+        async def send(sender: str, text: str) -> None:
+            (stored,) = await calls.send(sender, [Send((Outgoing(b, text, 1, None),))], now=4)
+            results[text] = [m.text for m in stored.messages]
+
+        async def ack() -> None:
+            results["ack"] = await calls.ack(b, [first.messages[0].id], now=4)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, a, "from a")
+            nursery.start_soon(send, c, "from c")
+            nursery.start_soon(ack)
+        assert commits.count == 2
+        assert results == {"from a": ["from a"], "from c": ["from c"], "ack": 1}
+        unacked = await calls.unacked(b)
+        assert sorted(m.text for m in unacked) == ["alone", "from a", "from c"]
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_call_that_fails_in_a_group_undoes_only_its_own_rows(tmp_path: Path) -> None:
+    """Each call of a group is a savepoint: a send to a session that does not exist fails for
+    its caller alone, and the others of its turn are stored."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, c = await _two_sessions_and_a_third(calls)
+        outcomes: dict[str, object] = {}
+
+        async def send(sender: str, to: str, text: str) -> None:
+            try:
+                (stored,) = await calls.send(sender, [Send((Outgoing(to, text, 1, None),))], now=4)
+                outcomes[text] = "stored"
+            except apsw.Error as exc:
+                outcomes[text] = type(exc).__name__
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, a, b, "good one")
+            nursery.start_soon(send, c, "no-such-session", "bad one")
+            nursery.start_soon(send, c, b, "good two")
+        assert outcomes["good one"] == outcomes["good two"] == "stored"
+        assert outcomes["bad one"] != "stored"
+        assert sorted(m.text for m in await calls.unacked(b)) == ["good one", "good two"]
+        assert runner.store.conn.execute(
+            "SELECT count(*) FROM messages WHERE body = 'bad one'"
+        ).fetchone() == (0,)
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_grouped_message_reaches_its_delivery_tap_only_once_committed(tmp_path: Path) -> None:
+    """What a send hands its recipient's delivery task (store.tap) must be durable first: with
+    several sends in one transaction, the taps are handed the messages after its commit, which
+    a second connection sees at that moment."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    seen_then: list[int] = []
+    try:
+        a, b, c = await _two_sessions_and_a_third(calls)
+        reader = apsw.Connection(str(tmp_path / "bridge.db"), flags=apsw.SQLITE_OPEN_READONLY)
+
+        class Watching(DeliveryTap):
+            def append(self, seq: int, message: Message) -> bool:
+                (count,) = reader.execute(
+                    "SELECT count(*) FROM messages WHERE id = ?", (message.id,)
+                ).fetchone()
+                seen_then.append(count)
+                return super().append(seq, message)
+
+        await calls.queued(b, tap=Watching())  # b's delivery task reads, then follows its tap
+        async with trio.open_nursery() as nursery:
+            for sender in (a, c):
+                sends = [Send((Outgoing(b, f"to b from {sender}", 1, None),))]
+                nursery.start_soon(calls.send, sender, sends, 4)
+        assert seen_then == [1, 1]
+        reader.close()
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_group_formed_while_the_thread_is_busy_commits_once_there(
+    tmp_path: Path, vfs: RecordingVFS
+) -> None:
+    """If the store's thread has work when the group is complete, the whole group is one job
+    behind it there: still one commit, never the loop and the thread on the connection at once."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    release = threading.Event()
+    holding = threading.Event()
+    try:
+        a, b, c = await _two_sessions_and_a_third(calls)
+        commits = Commits(runner.store)
+
+        def slow_job() -> None:
+            holding.set()
+            release.wait(30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner.run, slow_job)
+            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
+            with vfs.lock:
+                vfs.wal_writers.clear()
+            for sender in (a, c):
+                nursery.start_soon(calls.send, sender, [Send((Outgoing(b, f"from {sender}", 1, None),))], 4)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert commits.count == 1
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]
+        assert len(await calls.unacked(b)) == 2
+    finally:
+        release.set()
         await runner.run(runner.close_store)
         runner.stop()

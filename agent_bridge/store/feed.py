@@ -30,7 +30,9 @@ class ChangeFeed:
     def __init__(self) -> None:
         self.version = 0
         self.listeners = 0  # open streams; the store pokes only while someone listens
-        self._changed = trio.Event()
+        # set for the tasks waiting in wait_beyond; made only when one waits, so a commit that
+        # nobody waits for (the followers pausing between passes) costs a counter increment
+        self._changed: trio.Event | None = None
         self._token: trio.lowlevel.TrioToken | None = None  # the loop `poke` reaches; set by `bind`
         self._loop_thread: int | None = None  # the thread that runs that loop
         self._poke_pending = False
@@ -43,8 +45,10 @@ class ChangeFeed:
     def notify(self) -> None:
         """Something changed (call on the feed's loop)."""
         self.version += 1
-        self._changed.set()
-        self._changed = trio.Event()
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
     def poke(self) -> None:
         """`notify` from any thread (the store's worker). Coalesced: while one wake-up is on its
@@ -74,6 +78,8 @@ class ChangeFeed:
     async def wait_beyond(self, seen: int) -> int:
         """Return the version once it differs from `seen`."""
         while self.version == seen:
+            if self._changed is None:
+                self._changed = trio.Event()
             await self._changed.wait()
         return self.version
 

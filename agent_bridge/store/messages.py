@@ -117,12 +117,16 @@ class Messages(Peers):
                     messages.append(message)
                     fault("send:before-commit")
                 results.append(Stored(messages))
+        self.after_commit(lambda: self._hand_to_taps(written, fault))
+        return results
+
+    def _hand_to_taps(self, written: list[tuple[str, int, Message]], fault: Callable[[str], None]) -> None:
+        """Committed messages to their recipients' delivery taps (store.tap)."""
         for to_id, seq, message in written:
             fault("send:after-commit")
             tap = self.taps.get(to_id)
             if tap is not None and not tap.append(seq, message):
                 self._close_tap(to_id)  # full, or its connection ended: drop it
-        return results
 
     def stored_send(self, from_id: str, key: str, text: str, address: str) -> Stored | InputError | None:
         """What a send with message_id `key` by session `from_id` stored before, as a duplicate
@@ -308,5 +312,5 @@ class Messages(Peers):
                     )
                 count += changed
             fault("ack:before-commit")
-        fault("ack:after-commit")
+        self.after_commit(lambda: fault("ack:after-commit"))
         return count
