@@ -39,7 +39,7 @@ from agent_bridge.common.projectkey import project_key
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
 from agent_bridge.federation import subjects
-from agent_bridge.federation.errors import FederationError
+from agent_bridge.federation.errors import FederationError, StoreLost
 from agent_bridge.federation.settings import FederationSettings
 from agent_bridge.federation.transport import Incoming, Transport, open_transport
 from agent_bridge.store.decisions import Recipient, host_key
@@ -76,6 +76,7 @@ class Federation:
     last_error: str | None = None
     last_error_at: int | None = None
     _kick: trio.Event = field(default_factory=trio.Event)
+    _lost: trio.Event = field(default_factory=trio.Event)  # the hub answered it has lost its store
     _publishing: trio.Nursery | None = None  # send_outbox's, once it runs
     _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
     _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
@@ -116,6 +117,20 @@ class Federation:
     def error(self, what: str, exc: BaseException) -> None:
         self.last_error, self.last_error_at = f"{what}: {exc}", now_ms()
         log.warning("federation: %s: %s", what, exc)
+        if isinstance(exc, StoreLost):  # keep_connected makes the streams again
+            self._lost.set()
+
+    async def owe(self, rows: Sequence[tuple[fed.OutboxRow, fed.TeamCount]]) -> None:
+        """A machine heard for the first time is owed these decisions and retractions (their rows
+        committed with its presence, each with the team's count): published now, with their ids,
+        or ended (it had confirmed one before it was heard)."""
+        now = now_ms()
+        for row, team in rows:
+            key = (row.kind, row.id)
+            self._known.add(key)
+            self._handed.add(key)
+            await self._carry_all(self.outbox.owed(row, team, now))
+        self.kick()
 
     def status(self) -> dict[str, Any]:
         hub = self.transport.status
@@ -135,21 +150,25 @@ class Federation:
 
     async def keep_connected(self) -> None:
         """Connect (nats-py retries for ever), make sure of the streams, then follow the
-        connection's ups and downs into the outbox machine."""
+        connection's ups and downs into the outbox machine. A hub that answers it has lost its
+        store (no team stream, no consumer of ours: `StoreLost`, from any call) gets the streams
+        made again on the same connection (the consumers are made again by the next fetches),
+        and every row still owed to a machine is published again at once."""
         await self.transport.connect()
-        while True:
-            try:
-                await self.transport.ensure_streams()
-                break
-            except FederationError as exc:
-                self.error("the hub's streams", exc)
-                await trio.sleep(RETRY)
+        await self._provision()
         self.outbox.hub_connected(now_ms())
         self.ready.set()
         self.kick()
         connected = True
         while True:
-            status = await self.transport.status_changed()
+            await self._hub_event()
+            if self._lost.is_set():
+                self._lost = trio.Event()
+                await self._provision()
+                log.warning("federation: the hub had lost its store; its streams are made again")
+                self.outbox.hub_lost_store(now_ms())
+                self.kick()
+            status = self.transport.status
             if status.connected and not connected:
                 self.outbox.hub_connected(now_ms())
                 self.kick()
@@ -157,6 +176,32 @@ class Federation:
                 self.outbox.hub_disconnected(now_ms())
                 self.inbound.hub_disconnected()
             connected = status.connected
+
+    async def _provision(self) -> None:
+        """Until the hub has the team's streams (made, or found as they should be)."""
+        while True:
+            try:
+                await self.transport.ensure_streams()
+                return
+            except FederationError as exc:
+                self.error("the hub's streams", exc)
+                await trio.sleep(RETRY)
+
+    async def _hub_event(self) -> None:
+        """Until the connection's status changes or the hub answers it has lost its store."""
+        lost = self._lost
+        async with trio.open_nursery() as race:
+
+            async def on_status() -> None:
+                await self.transport.status_changed()
+                race.cancel_scope.cancel()
+
+            async def on_lost() -> None:
+                await lost.wait()
+                race.cancel_scope.cancel()
+
+            race.start_soon(on_status)
+            race.start_soon(on_lost)
 
     # --- sending --------------------------------------------------------------------------------
 
@@ -259,6 +304,8 @@ class Federation:
             await self.transport.publish(subject, body, action.msg_id)
         except FederationError as exc:  # Unknown, HubError, NotConnected: the same id again later
             log.info("federation: %s %s not published yet: %s", action.kind, action.id, exc)
+            if isinstance(exc, StoreLost):
+                self.error("publishing", exc)
             await self._carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))
         else:
             await self._carry_all(self.outbox.published(action.kind, action.id, now_ms()))
@@ -271,8 +318,9 @@ class Federation:
     async def _carry_out(self, action: fed.OutboxAction) -> None:
         db = self.broker.db
         if isinstance(action, fed.MarkRelayed):
-            if await db.mark_relayed(action.kind, action.id, int(action.at)):  # no machine left to confirm it
-                await self._carry_all(self.outbox.confirmed(action.kind, action.id, now_ms()))
+            team = await db.mark_relayed(action.kind, action.id, int(action.at))
+            if team is not None:  # a decision: ended, parked or still awaited, as the machine says
+                await self._carry_all(self.outbox.counted(action.id, team, now_ms()))
         elif isinstance(action, fed.MarkUnconfirmed):
             await db.mark_unconfirmed(action.id, int(action.at), action.kind)
         elif isinstance(action, fed.Drop):
@@ -343,8 +391,9 @@ class Federation:
         if kind == fed.RCPT:
             receipt = env.decode_receipt(incoming.body)
             if receipt.kind == fed.DEC:  # a decision of ours stored there: the last one awaited ends it
-                if await db.apply_decision_receipt(sender, receipt, now):
-                    await self._carry_all(self.outbox.confirmed(fed.DEC, receipt.message_id, now))
+                team = await db.apply_decision_receipt(sender, receipt, now)
+                if team is not None:
+                    await self._carry_all(self.outbox.counted(receipt.message_id, team, now))
                 return Applied.NEW
             await db.apply_remote_receipt(sender, receipt, now)
             await self._carry_all(self.outbox.receipt(receipt.message_id, receipt.state, now))
@@ -461,7 +510,12 @@ class Presence:
                     self.seq[entry.machine] = entry.seq
                     continue
                 heard = int(entry.time * 1000) if entry.time is not None else now_ms()
-                await self.team.broker.db.record_presence(entry.machine, presence, min(heard, now_ms()))
+                owed = await self.team.broker.db.record_presence(
+                    entry.machine, presence, min(heard, now_ms()), project_key)
+                if owed:  # heard for the first time: owed what it has not confirmed
+                    log.info("federation: machine %s heard; %d decisions and retractions owed to it",
+                             entry.machine, len(owed))
+                    await self.team.owe(owed)
                 self.seq[entry.machine] = entry.seq
             await trio.sleep(PRESENCE_READ)
 
