@@ -77,6 +77,7 @@ class Federation:
     last_error_at: int | None = None
     _kick: trio.Event = field(default_factory=trio.Event)
     _lost: trio.Event = field(default_factory=trio.Event)  # the hub answered it has lost its store
+    _restored: trio.Event = field(default_factory=trio.Event)  # send_outbox handed the machine the rows
     _publishing: trio.Nursery | None = None  # send_outbox's, once it runs
     _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
     _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
@@ -124,6 +125,7 @@ class Federation:
         """A machine heard for the first time is owed these decisions and retractions (their rows
         committed with its presence, each with the team's count): published now, with their ids,
         or ended (it had confirmed one before it was heard)."""
+        await self._restored.wait()  # a restore after this would hand the machine rows read before
         now = now_ms()
         for row, team in rows:
             key = (row.kind, row.id)
@@ -213,6 +215,7 @@ class Federation:
         rows = await db.outbox_rows()
         self.outbox.restore(rows, now_ms())
         self._known = {(row.kind, row.id) for row in rows}
+        self._restored.set()
         looked, looked_at = -1, -math.inf  # the feed's version at the last look, and when (trio's clock)
         async with trio.open_nursery() as publishing:
             self._publishing = publishing
@@ -513,8 +516,8 @@ class Presence:
                 owed = await self.team.broker.db.record_presence(
                     entry.machine, presence, min(heard, now_ms()), project_key)
                 if owed:  # heard for the first time: owed what it has not confirmed
-                    log.info("federation: machine %s heard; %d decisions and retractions owed to it",
-                             entry.machine, len(owed))
+                    log.info("federation: machine %s heard for the first time; %d decisions and "
+                             "retractions of ours counted again for it", entry.machine, len(owed))
                     await self.team.owe(owed)
                 self.seq[entry.machine] = entry.seq
             await trio.sleep(PRESENCE_READ)
