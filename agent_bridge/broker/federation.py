@@ -11,11 +11,12 @@ the record of truth, the hub only carries.
   out before its sender is answered, with no read of the outbox; the rest (receipts and the
   team's decisions that became due, rows a restart left) the task finds by following the
   store's commit feed like the broker's other followers, at most one look per GAP.
-- Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
-  consumer, applies each delivery in one transaction (by id: a repeat stores nothing), and only
-  after that commit acks it to the stream (`Inbound`), the ack running beside the next
-  deliveries and pulls; a body this machine can never store is logged and terminated; a store
-  failure acks nothing, so the hub delivers it again.
+- Receiving (`Receiving`, beside `Presence`): one loop per kind (messages, receipts,
+  decisions) pulls from this machine's durable consumer, applies each delivery in one
+  transaction (by id: a repeat stores nothing), and only after that commit acks it to the
+  stream (`Inbound`), the ack running beside the next deliveries and pulls; a body this machine
+  can never store is logged and terminated; a store failure acks nothing, so the hub delivers
+  it again.
 - Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
   the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
   shows its sessions offline: core.federation.session_state).
@@ -85,8 +86,6 @@ class Federation:
     _background: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(BACKGROUND_PUBLISHES)
     )
-    _tokens: dict[int, Incoming] = field(default_factory=dict)
-    _next_token: int = 0
 
     @property
     def machine(self) -> str:
@@ -131,7 +130,7 @@ class Federation:
             key = (row.kind, row.id)
             self._known.add(key)
             self._handed.add(key)
-            await self._carry_all(self.outbox.owed(row, team, now))
+            await self.carry_all(self.outbox.owed(row, team, now))
         self.kick()
 
     def status(self) -> dict[str, Any]:
@@ -293,7 +292,7 @@ class Federation:
             now = now_ms()
             done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
                     else self.outbox.published(action.kind, action.id, now))
-            await self._carry_all(done)
+            await self.carry_all(done)
             return
         machine, body = item
         team, me = self.settings.team, self.machine
@@ -309,12 +308,12 @@ class Federation:
             log.info("federation: %s %s not published yet: %s", action.kind, action.id, exc)
             if isinstance(exc, StoreLost):
                 self.error("publishing", exc)
-            await self._carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))
+            await self.carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))
         else:
-            await self._carry_all(self.outbox.published(action.kind, action.id, now_ms()))
+            await self.carry_all(self.outbox.published(action.kind, action.id, now_ms()))
         self.kick()
 
-    async def _carry_all(self, actions: Sequence[fed.OutboxAction]) -> None:
+    async def carry_all(self, actions: Sequence[fed.OutboxAction]) -> None:
         for action in actions:
             await self._carry_out(action)
 
@@ -323,24 +322,33 @@ class Federation:
         if isinstance(action, fed.MarkRelayed):
             team = await db.mark_relayed(action.kind, action.id, int(action.at))
             if team is not None:  # a decision: ended, parked or still awaited, as the machine says
-                await self._carry_all(self.outbox.counted(action.id, team, now_ms()))
+                await self.carry_all(self.outbox.counted(action.id, team, now_ms()))
         elif isinstance(action, fed.MarkUnconfirmed):
             await db.mark_unconfirmed(action.id, int(action.at), action.kind)
         elif isinstance(action, fed.Drop):
             await db.drop_outbox_row(action.kind, action.id)
 
-    # --- receiving ------------------------------------------------------------------------------
+
+@dataclass
+class Receiving:
+    """What other machines sent: one loop per kind (messages, receipts, decisions) pulls from
+    this machine's durable consumer, applies each delivery in one transaction and acks it to the
+    stream only after that commit (core.federation.Inbound, the team's `inbound`)."""
+
+    team: Federation
+    _tokens: dict[int, Incoming] = field(default_factory=dict)
+    _next_token: int = 0
 
     async def receive(self, kind: str) -> None:
         """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked.
         The acks go out beside the next pull: a delivery waits for no earlier one's ack."""
-        await self.ready.wait()
+        await self.team.ready.wait()
         async with trio.open_nursery() as acking:
             while True:
                 try:
-                    delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
+                    delivered = await self.team.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
                 except FederationError as exc:
-                    self.error(f"receiving {kind}", exc)
+                    self.team.error(f"receiving {kind}", exc)
                     await trio.sleep(RETRY)
                     continue
                 for incoming in delivered:
@@ -353,7 +361,7 @@ class Federation:
         self._next_token += 1
         self._tokens[token] = incoming
         try:
-            for action in self.inbound.fetched(token):
+            for action in self.team.inbound.fetched(token):
                 if isinstance(action, fed.Apply):
                     acks = await self._apply(kind, token, incoming)
                     self._ack_all(acks, acking)
@@ -369,20 +377,20 @@ class Federation:
         except (env.EnvelopeError, domain.InputError) as exc:  # never storable here: said once, dropped
             log.warning("federation: a %s from %s could not be stored (%s); dropped",
                         kind, incoming.sender, exc)
-            self.inbound.rejected(token)
+            self.team.inbound.rejected(token)
             await self._term(incoming)
             return []
         except Exception as exc:  # noqa: BLE001 - the store could not commit now: the hub delivers it again
-            self.error(f"storing a {kind} from {incoming.sender}", exc)
-            self.inbound.store_failed(token)
+            self.team.error(f"storing a {kind} from {incoming.sender}", exc)
+            self.team.inbound.store_failed(token)
             return []
         if outcome is Applied.WAITING:  # needs a record not here yet: delivered again after ack_wait
-            self.inbound.store_failed(token)
+            self.team.inbound.store_failed(token)
             return []
-        return self.inbound.applied(token)
+        return self.team.inbound.applied(token)
 
     async def _store(self, kind: str, incoming: Incoming) -> Applied:
-        db, now, sender = self.broker.db, now_ms(), incoming.sender
+        db, now, sender = self.team.broker.db, now_ms(), incoming.sender
         if kind == fed.MSG:
             message = env.decode_message(incoming.body)
             applied = await db.apply_remote_message(sender, message, now)
@@ -394,38 +402,38 @@ class Federation:
         if kind == fed.RCPT:
             receipt = env.decode_receipt(incoming.body)
             if receipt.kind == fed.DEC:  # a decision of ours stored there: the last one awaited ends it
-                team = await db.apply_decision_receipt(sender, receipt, now)
-                if team is not None:
-                    await self._carry_all(self.outbox.counted(receipt.message_id, team, now))
+                count = await db.apply_decision_receipt(sender, receipt, now)
+                if count is not None:
+                    await self.team.carry_all(self.team.outbox.counted(receipt.message_id, count, now))
                 return Applied.NEW
             await db.apply_remote_receipt(sender, receipt, now)
-            await self._carry_all(self.outbox.receipt(receipt.message_id, receipt.state, now))
+            await self.team.carry_all(self.team.outbox.receipt(receipt.message_id, receipt.state, now))
             return Applied.NEW
         record = env.decode_decision(incoming.body)
         recipients: list[Recipient] = []
         if isinstance(record, env.DecisionEnvelope) and record.project_key is None:
-            _, _, recipients = decision_recipients(self.broker, domain.ALL)
+            _, _, recipients = decision_recipients(self.team.broker, domain.ALL)
         elif isinstance(record, env.DecisionEnvelope):  # the sessions here whose folder has its key
-            sessions = [s for s in self.broker.sessions.values() if not s.is_job and not s.tentative]
+            sessions = [s for s in self.team.broker.sessions.values() if not s.is_job and not s.tentative]
             keys = await trio.to_thread.run_sync(lambda: [_key_of(s.peer.project) for s in sessions])
             recipients = [Recipient(s.view(), host_key(s.view()))
                           for s, key in zip(sessions, keys, strict=True) if key == record.project_key]
-        connected = [s.view() for s in self.broker.sessions.values() if not s.tentative]
+        connected = [s.view() for s in self.team.broker.sessions.values() if not s.tentative]
         applied = await db.apply_remote_decision(sender, record, now, recipients, connected, project_key)
         if applied is Applied.NEW:
-            for session in list(self.broker.sessions.values()):
+            for session in list(self.team.broker.sessions.values()):
                 session.poke()
         return applied
 
     async def _arrived(self, to_id: str) -> None:
         """A message from another machine was committed for `to_id`: its delivery task reads it,
         and the hooks' post box shows it."""
-        session = self.broker.sessions.get(to_id)
+        session = self.team.broker.sessions.get(to_id)
         if session is not None:
             session.poke()
-        peer = session.peer if session is not None else await self.broker.db.get_peer(to_id)
-        if peer is not None and peer.host_session_id and self.broker.pending is not None:
-            await self.broker.pending.add({peer.host_session_id})
+        peer = session.peer if session is not None else await self.team.broker.db.get_peer(to_id)
+        if peer is not None and peer.host_session_id and self.team.broker.pending is not None:
+            await self.team.broker.pending.add({peer.host_session_id})
 
     def _ack_all(self, actions: Sequence[fed.InboundAction], acking: trio.Nursery) -> None:
         """Start the acks the machine asked for (each after its delivery's commit): they run
@@ -437,15 +445,15 @@ class Federation:
 
     async def _ack(self, incoming: Incoming) -> None:
         try:
-            await self.transport.ack(incoming)
+            await self.team.transport.ack(incoming)
         except FederationError as exc:  # the hub delivers it again; the store drops the repeat
-            self.error("acknowledging to the hub", exc)
+            self.team.error("acknowledging to the hub", exc)
 
     async def _term(self, incoming: Incoming) -> None:
         try:
-            await self.transport.term(incoming)
+            await self.team.transport.term(incoming)
         except FederationError as exc:
-            self.error("dropping an unreadable delivery", exc)
+            self.team.error("dropping an unreadable delivery", exc)
 
 
 @dataclass
@@ -542,8 +550,9 @@ async def serve_federation(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(federation.keep_connected)
                 nursery.start_soon(federation.send_outbox)
+                receiving = Receiving(federation)
                 for kind in subjects.KINDS:
-                    nursery.start_soon(federation.receive, kind)
+                    nursery.start_soon(receiving.receive, kind)
                 presence = Presence(federation)
                 nursery.start_soon(presence.announce)
                 nursery.start_soon(presence.listen)
