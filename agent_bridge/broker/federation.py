@@ -11,11 +11,12 @@ the record of truth, the hub only carries.
   out before its sender is answered, with no read of the outbox; the rest (receipts and the
   team's decisions that became due, rows a restart left) the task finds by following the
   store's commit feed like the broker's other followers, at most one look per GAP.
-- Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
-  consumer, applies each delivery in one transaction (by id: a repeat stores nothing), and only
-  after that commit acks it to the stream (`Inbound`), the ack running beside the next
-  deliveries and pulls; a body this machine can never store is logged and terminated; a store
-  failure acks nothing, so the hub delivers it again.
+- Receiving (`Receiving`, beside `Presence`): one loop per kind (messages, receipts,
+  decisions) pulls from this machine's durable consumer, applies each delivery in one
+  transaction (by id: a repeat stores nothing), and only after that commit acks it to the
+  stream (`Inbound`), the ack running beside the next deliveries and pulls; a body this machine
+  can never store is logged and terminated; a store failure acks nothing, so the hub delivers
+  it again.
 - Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
   the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
   shows its sessions offline: core.federation.session_state).
@@ -39,7 +40,7 @@ from agent_bridge.common.projectkey import project_key
 from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
 from agent_bridge.federation import subjects
-from agent_bridge.federation.errors import FederationError
+from agent_bridge.federation.errors import FederationError, StoreLost
 from agent_bridge.federation.settings import FederationSettings
 from agent_bridge.federation.transport import Incoming, Transport, open_transport
 from agent_bridge.store.decisions import Recipient, host_key
@@ -76,6 +77,8 @@ class Federation:
     last_error: str | None = None
     last_error_at: int | None = None
     _kick: trio.Event = field(default_factory=trio.Event)
+    _lost: trio.Event = field(default_factory=trio.Event)  # the hub answered it has lost its store
+    _restored: trio.Event = field(default_factory=trio.Event)  # send_outbox handed the machine the rows
     _publishing: trio.Nursery | None = None  # send_outbox's, once it runs
     _known: set[tuple[str, str]] = field(default_factory=set)  # the outbox rows the machine was handed
     _handed: set[tuple[str, str]] = field(default_factory=set)  # ... by a send, since the last look began
@@ -83,8 +86,6 @@ class Federation:
     _background: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(BACKGROUND_PUBLISHES)
     )
-    _tokens: dict[int, Incoming] = field(default_factory=dict)
-    _next_token: int = 0
 
     @property
     def machine(self) -> str:
@@ -116,6 +117,21 @@ class Federation:
     def error(self, what: str, exc: BaseException) -> None:
         self.last_error, self.last_error_at = f"{what}: {exc}", now_ms()
         log.warning("federation: %s: %s", what, exc)
+        if isinstance(exc, StoreLost):  # keep_connected makes the streams again
+            self._lost.set()
+
+    async def owe(self, rows: Sequence[tuple[fed.OutboxRow, fed.TeamCount]]) -> None:
+        """A machine heard for the first time is owed these decisions and retractions (their rows
+        committed with its presence, each with the team's count): published now, with their ids,
+        or ended (it had confirmed one before it was heard)."""
+        await self._restored.wait()  # a restore after this would hand the machine rows read before
+        now = now_ms()
+        for row, team in rows:
+            key = (row.kind, row.id)
+            self._known.add(key)
+            self._handed.add(key)
+            await self.carry_all(self.outbox.owed(row, team, now))
+        self.kick()
 
     def status(self) -> dict[str, Any]:
         hub = self.transport.status
@@ -135,21 +151,25 @@ class Federation:
 
     async def keep_connected(self) -> None:
         """Connect (nats-py retries for ever), make sure of the streams, then follow the
-        connection's ups and downs into the outbox machine."""
+        connection's ups and downs into the outbox machine. A hub that answers it has lost its
+        store (no team stream, no consumer of ours: `StoreLost`, from any call) gets the streams
+        made again on the same connection (the consumers are made again by the next fetches),
+        and every row still owed to a machine is published again at once."""
         await self.transport.connect()
-        while True:
-            try:
-                await self.transport.ensure_streams()
-                break
-            except FederationError as exc:
-                self.error("the hub's streams", exc)
-                await trio.sleep(RETRY)
+        await self._provision()
         self.outbox.hub_connected(now_ms())
         self.ready.set()
         self.kick()
         connected = True
         while True:
-            status = await self.transport.status_changed()
+            await self._hub_event()
+            if self._lost.is_set():
+                self._lost = trio.Event()
+                await self._provision()
+                log.warning("federation: the hub had lost its store; its streams are made again")
+                self.outbox.hub_lost_store(now_ms())
+                self.kick()
+            status = self.transport.status
             if status.connected and not connected:
                 self.outbox.hub_connected(now_ms())
                 self.kick()
@@ -157,6 +177,32 @@ class Federation:
                 self.outbox.hub_disconnected(now_ms())
                 self.inbound.hub_disconnected()
             connected = status.connected
+
+    async def _provision(self) -> None:
+        """Until the hub has the team's streams (made, or found as they should be)."""
+        while True:
+            try:
+                await self.transport.ensure_streams()
+                return
+            except FederationError as exc:
+                self.error("the hub's streams", exc)
+                await trio.sleep(RETRY)
+
+    async def _hub_event(self) -> None:
+        """Until the connection's status changes or the hub answers it has lost its store."""
+        lost = self._lost
+        async with trio.open_nursery() as race:
+
+            async def on_status() -> None:
+                await self.transport.status_changed()
+                race.cancel_scope.cancel()
+
+            async def on_lost() -> None:
+                await lost.wait()
+                race.cancel_scope.cancel()
+
+            race.start_soon(on_status)
+            race.start_soon(on_lost)
 
     # --- sending --------------------------------------------------------------------------------
 
@@ -168,6 +214,7 @@ class Federation:
         rows = await db.outbox_rows()
         self.outbox.restore(rows, now_ms())
         self._known = {(row.kind, row.id) for row in rows}
+        self._restored.set()
         looked, looked_at = -1, -math.inf  # the feed's version at the last look, and when (trio's clock)
         async with trio.open_nursery() as publishing:
             self._publishing = publishing
@@ -245,7 +292,7 @@ class Federation:
             now = now_ms()
             done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
                     else self.outbox.published(action.kind, action.id, now))
-            await self._carry_all(done)
+            await self.carry_all(done)
             return
         machine, body = item
         team, me = self.settings.team, self.machine
@@ -259,37 +306,49 @@ class Federation:
             await self.transport.publish(subject, body, action.msg_id)
         except FederationError as exc:  # Unknown, HubError, NotConnected: the same id again later
             log.info("federation: %s %s not published yet: %s", action.kind, action.id, exc)
-            await self._carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))
+            if isinstance(exc, StoreLost):
+                self.error("publishing", exc)
+            await self.carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))
         else:
-            await self._carry_all(self.outbox.published(action.kind, action.id, now_ms()))
+            await self.carry_all(self.outbox.published(action.kind, action.id, now_ms()))
         self.kick()
 
-    async def _carry_all(self, actions: Sequence[fed.OutboxAction]) -> None:
+    async def carry_all(self, actions: Sequence[fed.OutboxAction]) -> None:
         for action in actions:
             await self._carry_out(action)
 
     async def _carry_out(self, action: fed.OutboxAction) -> None:
         db = self.broker.db
         if isinstance(action, fed.MarkRelayed):
-            if await db.mark_relayed(action.kind, action.id, int(action.at)):  # no machine left to confirm it
-                await self._carry_all(self.outbox.confirmed(action.kind, action.id, now_ms()))
+            team = await db.mark_relayed(action.kind, action.id, int(action.at))
+            if team is not None:  # a decision: ended, parked or still awaited, as the machine says
+                await self.carry_all(self.outbox.counted(action.id, team, now_ms()))
         elif isinstance(action, fed.MarkUnconfirmed):
             await db.mark_unconfirmed(action.id, int(action.at), action.kind)
         elif isinstance(action, fed.Drop):
             await db.drop_outbox_row(action.kind, action.id)
 
-    # --- receiving ------------------------------------------------------------------------------
+
+@dataclass
+class Receiving:
+    """What other machines sent: one loop per kind (messages, receipts, decisions) pulls from
+    this machine's durable consumer, applies each delivery in one transaction and acks it to the
+    stream only after that commit (core.federation.Inbound, the team's `inbound`)."""
+
+    team: Federation
+    _tokens: dict[int, Incoming] = field(default_factory=dict)
+    _next_token: int = 0
 
     async def receive(self, kind: str) -> None:
         """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked.
         The acks go out beside the next pull: a delivery waits for no earlier one's ack."""
-        await self.ready.wait()
+        await self.team.ready.wait()
         async with trio.open_nursery() as acking:
             while True:
                 try:
-                    delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
+                    delivered = await self.team.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
                 except FederationError as exc:
-                    self.error(f"receiving {kind}", exc)
+                    self.team.error(f"receiving {kind}", exc)
                     await trio.sleep(RETRY)
                     continue
                 for incoming in delivered:
@@ -302,7 +361,7 @@ class Federation:
         self._next_token += 1
         self._tokens[token] = incoming
         try:
-            for action in self.inbound.fetched(token):
+            for action in self.team.inbound.fetched(token):
                 if isinstance(action, fed.Apply):
                     acks = await self._apply(kind, token, incoming)
                     self._ack_all(acks, acking)
@@ -318,20 +377,20 @@ class Federation:
         except (env.EnvelopeError, domain.InputError) as exc:  # never storable here: said once, dropped
             log.warning("federation: a %s from %s could not be stored (%s); dropped",
                         kind, incoming.sender, exc)
-            self.inbound.rejected(token)
+            self.team.inbound.rejected(token)
             await self._term(incoming)
             return []
         except Exception as exc:  # noqa: BLE001 - the store could not commit now: the hub delivers it again
-            self.error(f"storing a {kind} from {incoming.sender}", exc)
-            self.inbound.store_failed(token)
+            self.team.error(f"storing a {kind} from {incoming.sender}", exc)
+            self.team.inbound.store_failed(token)
             return []
         if outcome is Applied.WAITING:  # needs a record not here yet: delivered again after ack_wait
-            self.inbound.store_failed(token)
+            self.team.inbound.store_failed(token)
             return []
-        return self.inbound.applied(token)
+        return self.team.inbound.applied(token)
 
     async def _store(self, kind: str, incoming: Incoming) -> Applied:
-        db, now, sender = self.broker.db, now_ms(), incoming.sender
+        db, now, sender = self.team.broker.db, now_ms(), incoming.sender
         if kind == fed.MSG:
             message = env.decode_message(incoming.body)
             applied = await db.apply_remote_message(sender, message, now)
@@ -343,37 +402,38 @@ class Federation:
         if kind == fed.RCPT:
             receipt = env.decode_receipt(incoming.body)
             if receipt.kind == fed.DEC:  # a decision of ours stored there: the last one awaited ends it
-                if await db.apply_decision_receipt(sender, receipt, now):
-                    await self._carry_all(self.outbox.confirmed(fed.DEC, receipt.message_id, now))
+                count = await db.apply_decision_receipt(sender, receipt, now)
+                if count is not None:
+                    await self.team.carry_all(self.team.outbox.counted(receipt.message_id, count, now))
                 return Applied.NEW
             await db.apply_remote_receipt(sender, receipt, now)
-            await self._carry_all(self.outbox.receipt(receipt.message_id, receipt.state, now))
+            await self.team.carry_all(self.team.outbox.receipt(receipt.message_id, receipt.state, now))
             return Applied.NEW
         record = env.decode_decision(incoming.body)
         recipients: list[Recipient] = []
         if isinstance(record, env.DecisionEnvelope) and record.project_key is None:
-            _, _, recipients = decision_recipients(self.broker, domain.ALL)
+            _, _, recipients = decision_recipients(self.team.broker, domain.ALL)
         elif isinstance(record, env.DecisionEnvelope):  # the sessions here whose folder has its key
-            sessions = [s for s in self.broker.sessions.values() if not s.is_job and not s.tentative]
+            sessions = [s for s in self.team.broker.sessions.values() if not s.is_job and not s.tentative]
             keys = await trio.to_thread.run_sync(lambda: [_key_of(s.peer.project) for s in sessions])
             recipients = [Recipient(s.view(), host_key(s.view()))
                           for s, key in zip(sessions, keys, strict=True) if key == record.project_key]
-        connected = [s.view() for s in self.broker.sessions.values() if not s.tentative]
+        connected = [s.view() for s in self.team.broker.sessions.values() if not s.tentative]
         applied = await db.apply_remote_decision(sender, record, now, recipients, connected, project_key)
         if applied is Applied.NEW:
-            for session in list(self.broker.sessions.values()):
+            for session in list(self.team.broker.sessions.values()):
                 session.poke()
         return applied
 
     async def _arrived(self, to_id: str) -> None:
         """A message from another machine was committed for `to_id`: its delivery task reads it,
         and the hooks' post box shows it."""
-        session = self.broker.sessions.get(to_id)
+        session = self.team.broker.sessions.get(to_id)
         if session is not None:
             session.poke()
-        peer = session.peer if session is not None else await self.broker.db.get_peer(to_id)
-        if peer is not None and peer.host_session_id and self.broker.pending is not None:
-            await self.broker.pending.add({peer.host_session_id})
+        peer = session.peer if session is not None else await self.team.broker.db.get_peer(to_id)
+        if peer is not None and peer.host_session_id and self.team.broker.pending is not None:
+            await self.team.broker.pending.add({peer.host_session_id})
 
     def _ack_all(self, actions: Sequence[fed.InboundAction], acking: trio.Nursery) -> None:
         """Start the acks the machine asked for (each after its delivery's commit): they run
@@ -385,15 +445,15 @@ class Federation:
 
     async def _ack(self, incoming: Incoming) -> None:
         try:
-            await self.transport.ack(incoming)
+            await self.team.transport.ack(incoming)
         except FederationError as exc:  # the hub delivers it again; the store drops the repeat
-            self.error("acknowledging to the hub", exc)
+            self.team.error("acknowledging to the hub", exc)
 
     async def _term(self, incoming: Incoming) -> None:
         try:
-            await self.transport.term(incoming)
+            await self.team.transport.term(incoming)
         except FederationError as exc:
-            self.error("dropping an unreadable delivery", exc)
+            self.team.error("dropping an unreadable delivery", exc)
 
 
 @dataclass
@@ -461,7 +521,12 @@ class Presence:
                     self.seq[entry.machine] = entry.seq
                     continue
                 heard = int(entry.time * 1000) if entry.time is not None else now_ms()
-                await self.team.broker.db.record_presence(entry.machine, presence, min(heard, now_ms()))
+                owed = await self.team.broker.db.record_presence(
+                    entry.machine, presence, min(heard, now_ms()), project_key)
+                if owed:  # heard for the first time: owed what it has not confirmed
+                    log.info("federation: machine %s heard for the first time; %d decisions and "
+                             "retractions of ours counted again for it", entry.machine, len(owed))
+                    await self.team.owe(owed)
                 self.seq[entry.machine] = entry.seq
             await trio.sleep(PRESENCE_READ)
 
@@ -485,8 +550,9 @@ async def serve_federation(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(federation.keep_connected)
                 nursery.start_soon(federation.send_outbox)
+                receiving = Receiving(federation)
                 for kind in subjects.KINDS:
-                    nursery.start_soon(federation.receive, kind)
+                    nursery.start_soon(receiving.receive, kind)
                 presence = Presence(federation)
                 nursery.start_soon(presence.announce)
                 nursery.start_soon(presence.listen)

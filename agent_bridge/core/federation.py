@@ -22,8 +22,25 @@ from them after a restart.
     unconfirmed, and still published now and then; a late confirmation clears the mark and ends it.
 
 Confirmed: a message by its receiving machine's receipt; a decision or retraction when every
-machine of the team this one knows has sent its receipt for it (the store counts them and says
-`confirmed`; a team with no other machine known yet confirms it at its PubAck).
+machine of the team this one has heard (its presence read, not forgotten) has sent its receipt
+for it. The store counts them (`TeamCount`, after each PubAck and each receipt); this machine
+decides what the count means (`counted`):
+
+    a decision's or retraction's row, after its PubAck or a receipt:
+      no machine heard yet ──▶ parked: owed to the first machine heard (never published again,
+                                never marked unconfirmed: nobody exists to be late)
+      every machine heard confirmed ──▶ done (dropped)
+      some still awaited ──▶ relayed, published again after RECEIPT_WAIT (as a message)
+    a machine heard for the first time (or again after it was forgotten): the store queues
+    every decision and retraction of ours it has not confirmed, and `owed` makes each one due
+    now (the same Nats-Msg-Id: the hub's duplicate window drops a copy it still has, a hub that
+    lost it stores it again); a parked row's bound starts then.
+
+So a decision never ends at its PubAck, even on a machine alone: a hub that loses an
+acknowledged write (a power cut) before any machine read it, or a stream past its max age,
+loses nothing, since whoever joins later is owed it by this machine, not by the hub. A
+machine silent for FORGET_AFTER_MS stops being awaited (its rows end on the others'
+receipts) and is owed what it missed when it is heard again.
 
 Rules: every publish of a row carries the row's own id as `Nats-Msg-Id` (the hub drops a
 repeat within its window, the receiver drops one after it); a timeout is an unknown outcome,
@@ -57,6 +74,13 @@ mutate_outbox.py` applies each one to this module and runs the test; all seen fa
      an acknowledged write before any machine fetched it);
   9. a confirmation ends the wrong row: `confirmed` drops the message row of the same id
      whatever its kind (a decision's row waits for ever, never confirmed, so teardown finds it);
+ 10. a decision owed to nobody ends at its PubAck: `counted` drops a row no machine heard is
+     left to confirm although none was heard at all (lost when the hub loses it before the
+     first machine joins);
+ 11. a newcomer is not owed a parked decision: `owed` leaves a parked row parked (never
+     published again: lost when the hub lost it before the newcomer read it);
+ 12. a parked decision is marked unconfirmed: `tick` marks a row owed to nobody (no machine
+     heard exists to be late).
 """
 
 from __future__ import annotations
@@ -104,9 +128,18 @@ class OutboxRow(NamedTuple):
 
     id: str  # the message's, decision's or retraction's id; a receipt's message id
     kind: str  # MSG, RCPT or DEC
-    queued_at: float
+    queued_at: float  # since when a machine is owed it (a parked row's bound starts when one is heard)
     relayed_at: float | None = None  # the last PubAck (a message or decision; receipts are dropped then)
     unconfirmed_at: float | None = None
+    parked: bool = False  # a decision relayed while no machine of the team was heard: owed to the first
+
+
+class TeamCount(NamedTuple):
+    """What the store counts for a decision's or retraction's row: the machines of the team heard
+    here (their presence read, not forgotten), and how many of them have not said they stored it."""
+
+    heard: int
+    awaited: int
 
 
 # --- what the Outbox answers ------------------------------------------------------------
@@ -159,6 +192,7 @@ class _Entry:
     tries: int = 0  # publishes since the last PubAck (for the backoff)
     relays: int = 0  # PubAcks without a receipt (for the receipt wait's doubling)
     in_flight: bool = False
+    parked: bool = False  # a decision owed to no machine heard yet: waits for `owed`
 
 
 class Outbox:
@@ -173,7 +207,8 @@ class Outbox:
 
     def restore(self, rows: list[OutboxRow], now: float) -> None:
         """After a restart: every committed row, due at once (what was in flight is unknown),
-        except a relayed message, which waits for its receipt as before."""
+        except a relayed message or decision, which waits for its receipt as before, and a parked
+        decision, which waits for a machine to be heard."""
         self._entries.clear()
         self._in_flight = 0
         for row in rows:
@@ -182,6 +217,7 @@ class Outbox:
                 entry = self._entries[(row.kind, row.id)]
                 entry.relays = 1
                 entry.next_try = max(now, row.relayed_at + RECEIPT_WAIT)
+                entry.parked = row.parked and row.kind == DEC
 
     def queued(self, row: OutboxRow, now: float) -> None:
         """A row was committed (a send, a receipt, a decision). A row already held is kept: a
@@ -196,7 +232,35 @@ class Outbox:
             row.id, row.kind, row.queued_at, row.relayed_at, row.unconfirmed_at, next_try=now
         )
 
+    def owed(self, row: OutboxRow, team: TeamCount, now: float) -> list[OutboxAction]:
+        """A machine was heard for the first time (or again after it was forgotten), and the store
+        counted the team again for a decision or retraction of ours: one that machine has not
+        confirmed (queued for it, or still held) is due now, with its id as before; one it had
+        confirmed before it was heard may be done. The row's `queued_at` and mark are the
+        store's (for a row no machine was owed before, its bound starts now: nobody was late)."""
+        key = (row.kind, row.id)
+        if key not in self._entries:
+            self.queued(row, now)
+        entry = self._entries[key]
+        entry.parked = False
+        entry.queued_at, entry.unconfirmed_at = row.queued_at, row.unconfirmed_at
+        if team.heard and not team.awaited:
+            return self.confirmed(row.kind, row.id, now)
+        entry.relays = 0
+        if not entry.in_flight:
+            entry.next_try = now
+        return []
+
     # --- the hub ----------------------------------------------------------------------------
+
+    def hub_lost_store(self, now: float) -> None:
+        """The hub came back without the team's stream (its store lost: a power cut, a new disk):
+        whatever it held may be gone, so every row still owed to a machine is due now, not
+        after its receipt wait (same ids)."""
+        for entry in self._entries.values():
+            if not entry.in_flight and not entry.parked:
+                entry.relays = 0
+                entry.next_try = min(entry.next_try, now)
 
     def hub_connected(self, now: float) -> None:
         """Connected (again): what waited is due now, not after its backoff."""
@@ -221,6 +285,7 @@ class Outbox:
             if (
                 entry.kind in CONFIRMED
                 and entry.unconfirmed_at is None
+                and not entry.parked
                 and now - entry.queued_at >= UNCONFIRMED_AFTER
             ):
                 entry.unconfirmed_at = now
@@ -228,7 +293,7 @@ class Outbox:
         if not self.connected:
             return actions
         due = sorted(
-            (e for e in self._entries.values() if not e.in_flight and e.next_try <= now),
+            (e for e in self._entries.values() if not e.in_flight and not e.parked and e.next_try <= now),
             key=lambda e: (e.next_try, e.queued_at),
         )
         for entry in due[: max(0, MAX_IN_FLIGHT - self._in_flight)]:
@@ -240,11 +305,11 @@ class Outbox:
 
     def next_due(self) -> float | None:
         """When `tick` may next have something to do (None: nothing is waiting)."""
-        times = [e.next_try for e in self._entries.values() if not e.in_flight]
+        times = [e.next_try for e in self._entries.values() if not e.in_flight and not e.parked]
         times += [
             e.queued_at + UNCONFIRMED_AFTER
             for e in self._entries.values()
-            if e.kind in CONFIRMED and e.unconfirmed_at is None
+            if e.kind in CONFIRMED and e.unconfirmed_at is None and not e.parked
         ]
         return min(times, default=None)
 
@@ -252,7 +317,7 @@ class Outbox:
 
     def published(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
         """PubAck: the hub stored it. A message or a decision is relayed (and waits to be
-        confirmed); a receipt is done."""
+        confirmed: a decision's store answers its `TeamCount`, see `counted`); a receipt is done."""
         entry = self._take_in_flight(kind, row_id)
         if entry is None:
             return []
@@ -279,9 +344,23 @@ class Outbox:
         unconfirmed mark is cleared by the store's receipt."""
         return self.confirmed(MSG, message_id, now)
 
+    def counted(self, row_id: str, team: TeamCount, now: float) -> list[OutboxAction]:
+        """The store counted the team for a decision's or retraction's row (after its PubAck or
+        a receipt): done when every machine heard confirmed it; parked when no machine was heard
+        at all (it is owed to the first one, not ended); else it waits for the rest."""
+        entry = self._entries.get((DEC, row_id))
+        if entry is None:
+            return []
+        if team.heard == 0:
+            entry.parked = True
+            return []
+        if team.awaited == 0:
+            return self.confirmed(DEC, row_id, now)
+        return []
+
     def confirmed(self, kind: str, row_id: str, now: float) -> list[OutboxAction]:
-        """Row `row_id` of `kind` is confirmed (a message's receipt; a decision's last awaited
-        machine's receipt, or no machine to await): done."""
+        """Row `row_id` of `kind` is confirmed (a message's receipt; every machine heard said it
+        stored a decision): done."""
         entry = self._entries.pop((kind, row_id), None)
         if entry is None:
             return []

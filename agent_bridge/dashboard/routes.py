@@ -153,7 +153,8 @@ async def _federation(dash: Dashboard) -> dict[str, Any]:
     machines = await dash.read(federation_queries.machines, [])
     outbox = await dash.read(federation_queries.outbox_stats, federation_queries.OutboxStats(0, None))
     return {**(hub or {}), "machines": [{"name": m.name, "heardAt": m.heard_at} for m in machines],
-            "outbox": {"depth": outbox.depth, "oldest": outbox.oldest, "unconfirmed": outbox.unconfirmed}}
+            "outbox": {"depth": outbox.depth, "oldest": outbox.oldest, "unconfirmed": outbox.unconfirmed,
+                       "decisions": outbox.decisions, "awaitingFirstMachine": outbox.parked}}
 
 
 def _states(home: Path, peers: list[Peer], connected: set[str]) -> list[marks.SessionState]:

@@ -187,7 +187,8 @@ def status(as_json: bool) -> int:
         "lastError": None if hub_state is None else hub_state.get("lastError"),
         "lastErrorAt": None if hub_state is None else hub_state.get("lastErrorAt"),
         "machines": others,
-        "outbox": {"depth": outbox.depth, "oldest": outbox.oldest, "unconfirmed": outbox.unconfirmed},
+        "outbox": {"depth": outbox.depth, "oldest": outbox.oldest, "unconfirmed": outbox.unconfirmed,
+                   "decisions": outbox.decisions, "awaitingFirstMachine": outbox.parked},
     }
     if as_json:
         print(json.dumps(out))
@@ -206,6 +207,9 @@ def status(as_json: bool) -> int:
     oldest = f", oldest queued {ago(outbox.oldest)}" if outbox.oldest else ""
     unconfirmed = f", {outbox.unconfirmed} unconfirmed" if outbox.unconfirmed else ""
     print(f"outbox: {outbox.depth} waiting{oldest}{unconfirmed}")
+    if outbox.decisions:
+        first = f", {outbox.parked} of them until a first machine is heard" if outbox.parked else ""
+        print(f"decisions and retractions owed to the team: {outbox.decisions}{first}")
     if out["lastError"]:
         print(f"last error: {out['lastError']} ({ago(out['lastErrorAt'])})")
     return 0

@@ -28,6 +28,13 @@ class HubError(FederationError):
     """The hub refused or could not do what was asked (a definite answer, not a timeout)."""
 
 
+class StoreLost(HubError):
+    """The hub has no team stream, or no consumer of this machine's, that it had: its JetStream
+    store was lost (a power cut, a new disk) or it is still starting. Make sure of the streams
+    again (ensure_streams); a fetch makes its consumer again by itself. Nothing that was sent
+    was stored by this answer."""
+
+
 class Unknown(FederationError):
     """A publish whose outcome is unknown (timed out, connection lost before the PubAck): it may be stored
     or not. Retry with the same message id; the hub's duplicate window makes the retry a no-op if the

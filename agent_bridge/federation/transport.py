@@ -32,7 +32,14 @@ from typing import Any
 import trio
 
 from agent_bridge.federation import hub, subjects
-from agent_bridge.federation.errors import FederationError, HubError, NotConnected, Unknown, require
+from agent_bridge.federation.errors import (
+    FederationError,
+    HubError,
+    NotConnected,
+    StoreLost,
+    Unknown,
+    require,
+)
 from agent_bridge.federation.identity import read_seed
 from agent_bridge.federation.loop import AsyncioBridge, open_asyncio_bridge
 from agent_bridge.federation.settings import FederationSettings
@@ -48,6 +55,7 @@ RECONNECT_WAIT = 2.0  # between attempts to reach the hub; forever (a machine wo
 CLOSE_GRACE = 5.0
 STREAM_EXISTS_DIFFERENT = 10058  # JetStream's "stream name already in use with a different configuration"
 NOT_CLUSTERED = 10074  # "replicas > 1 not supported in non-clustered mode": a hub of one nats-server
+STREAM_NOT_FOUND = 10059  # JetStream's "stream not found": the hub lost its store (or has not made it yet)
 # On a hub of several nodes every stream is kept on 3 of them, so it survives losing one. Every machine
 # asks for 3 first and for 1 only when the hub says it is a single server, so all of them ask for the
 # same config, and a create of an existing stream stays a no-op.
@@ -229,11 +237,11 @@ class _Wire:
                 stream=_stream_of(self.settings.team, subject),
                 headers={MSG_ID: msg_id},
             )
+        except js_errors.NoStreamResponseError:  # no stream took the subject: not stored
+            raise StoreLost(
+                f"publish {msg_id}: no stream answered (the hub's store lost, or the hub starting)"
+            ) from None
         except js_errors.APIError as exc:
-            if isinstance(exc, js_errors.NoStreamResponseError):
-                raise Unknown(
-                    f"publish {msg_id}: no stream answered (the hub starting, or its stream missing)"
-                ) from None
             raise HubError(f"publish {msg_id}: the hub refused it: {exc.description}") from None
         except Exception as exc:
             raise _unknown_or(exc, f"publish {msg_id}") from None
@@ -267,6 +275,8 @@ class _Wire:
         try:
             sub = await self._subscription(kind)
         except js_errors.APIError as exc:
+            if exc.err_code == STREAM_NOT_FOUND:
+                raise StoreLost(f"making the {kind} consumer: the hub has no team stream") from None
             raise HubError(f"making the {kind} consumer: the hub refused: {exc.description}") from None
         except FederationError:
             raise
@@ -276,6 +286,13 @@ class _Wire:
             msgs = await sub.fetch(batch, timeout=timeout)
         except (nats_errors.TimeoutError, TimeoutError):  # nothing came (nats-py raises either)
             return []
+        except js_errors.ServiceUnavailableError:  # no responder: the hub has no such consumer (any more)
+            self._subs.pop(kind, None)
+            await _quietly(sub.unsubscribe())
+            raise StoreLost(
+                f"reading {kind}: the hub has no consumer {subjects.consumer(self.settings.machine, kind)} "
+                "(its store lost?); it is made again at the next fetch"
+            ) from None
         except js_errors.APIError as exc:
             raise HubError(f"reading {kind}: the hub refused: {exc.description}") from None
         except FederationError:
@@ -350,9 +367,11 @@ class _Wire:
         while True:
             try:
                 raw = await js.get_msg(stream, seq=seq, subject=f"{team}.presence.*", next=True)
-            except js_errors.NotFoundError:
-                return entries
             except js_errors.APIError as exc:
+                if exc.err_code == STREAM_NOT_FOUND:
+                    raise StoreLost("reading presence: the hub has no presence stream") from None
+                if isinstance(exc, js_errors.NotFoundError):
+                    return entries  # past the last machine's message
                 raise HubError(f"reading presence: the hub refused: {exc.description}") from None
             except Exception as exc:
                 raise _unknown_or(exc, "reading presence") from None
@@ -376,6 +395,14 @@ class _Wire:
             except Exception as exc:  # a connect cut short leaves nats-py half set up; closing is best effort
                 self._set_status(self.status, last_error=_describe(exc), last_error_at=time.time())
         self._set_status(self.status, connected=False, since=time.time())
+
+
+async def _quietly(step: Any) -> None:
+    """Await a clean-up step whose failure changes nothing (the subscription is dropped either way)."""
+    try:
+        await step
+    except Exception:  # noqa: BLE001, S110 - best effort: nats-py's own clean-up of a dead subscription
+        pass
 
 
 def _stream_of(team: str, subject: str) -> str:

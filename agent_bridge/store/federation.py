@@ -10,10 +10,16 @@ the outbox of what goes to them, each write one transaction with what it stands 
                              a git origin) not yet queued for the team
     apply_remote_decision    a decision or retraction of another machine, by id, with its receipt
                              queued back and, for a retraction, the notices a local one gives
-    apply_decision_receipt   another machine stored a decision of ours: its row ends with the last
-    record_presence          a machine's sessions, as it announced them
+    apply_decision_receipt   another machine stored a decision of ours: counted (`TeamCount`), kept
+    record_presence          a machine's sessions, as it announced them; a machine heard for the
+                             first time (or again after it was forgotten) is owed every decision and
+                             retraction of ours it has not confirmed (queued for it, one transaction)
     outbox_rows / outbox_item / mark_relayed / mark_unconfirmed / drop   the outbox, for
                              core.federation.Outbox and the task that publishes
+
+The team's machines are those whose presence was read here (`machines`, until forgotten); a
+message, a receipt or a decision from a machine refreshes when it was heard, and only its
+presence makes it a member. core.federation.Outbox decides what a decision's `TeamCount` means.
 
 Who sent something is the machine named by the subject (`from_machine`), never the body. Another
 machine's session is a session record with `machine` set and id `<its id>@<machine>`; a remote
@@ -101,10 +107,10 @@ class TeamRecords(StoreBase):
         ).fetchone()
         return None if row is None else (row[0], bytes(row[1]))
 
-    def mark_relayed(self, kind: str, row_id: str, at: int) -> bool:
-        """The hub acknowledged the row (a message: relayed, not delivered). True when that ends
-        it: a decision no machine is left to confirm (none of the team heard yet, or all said
-        stored already): its row is deleted."""
+    def mark_relayed(self, kind: str, row_id: str, at: int) -> fed.TeamCount | None:
+        """The hub acknowledged the row (a message: relayed, not delivered). For a decision or
+        retraction whose row is still there: the team's count (core.federation.Outbox.counted
+        says whether that ends it); never ended here, at a PubAck."""
         with self.conn:
             self.conn.execute(
                 "UPDATE outbox SET relayed_at = ?, attempts = attempts + 1 WHERE kind = ? AND id = ?",
@@ -112,11 +118,8 @@ class TeamRecords(StoreBase):
             )
             if kind == fed.MSG:
                 self.conn.execute("UPDATE messages SET relayed_at = ? WHERE id = ?", (at, row_id))
-                return False
-            if kind == fed.DEC and not self._awaited(row_id):
-                self._drop(kind, row_id)
-                return True
-        return False
+            count = self._team_count(row_id) if kind == fed.DEC and self.conn.changes() else None
+        return count
 
     def mark_unconfirmed(self, message_id: str, at: int, kind: str = fed.MSG) -> None:
         """Not confirmed within the bound: `sent` shows the message unconfirmed until a receipt
@@ -135,38 +138,46 @@ class TeamRecords(StoreBase):
         with self.conn:
             self._drop(kind, row_id)
 
-    def apply_decision_receipt(self, from_machine: str, receipt: env.ReceiptEnvelope, now: int) -> bool:
-        """`from_machine` stored a decision or retraction recorded here: counted once; True when
-        that was the last machine awaited, and the record's outbox row is deleted (one
-        transaction). A receipt for a record whose row is gone, or another's, changes nothing."""
+    def apply_decision_receipt(
+        self, from_machine: str, receipt: env.ReceiptEnvelope, now: int
+    ) -> fed.TeamCount | None:
+        """`from_machine` stored a decision or retraction recorded here: kept once (also after
+        the record's row ended: a machine heard again later is owed only what it has not
+        confirmed). The team's count while the record's row is there (core.federation.Outbox.
+        counted says whether that ends it), else None. Another's record changes nothing."""
         with self.conn:
             self._heard(from_machine, now)
-            if not self.conn.execute(
-                "SELECT 1 FROM outbox WHERE kind = ? AND id = ?", (fed.DEC, receipt.message_id)
-            ).fetchone():
-                return False
+            if not self._ours(receipt.message_id):
+                return None
             self.conn.execute(
                 "INSERT INTO team_receipts(record_id, machine, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                 (receipt.message_id, from_machine, receipt.at),
             )
-            if self._awaited(receipt.message_id):
-                return False
-            self._drop(fed.DEC, receipt.message_id)
-        return True
+            held = self.conn.execute(
+                "SELECT 1 FROM outbox WHERE kind = ? AND id = ?", (fed.DEC, receipt.message_id)
+            ).fetchone()
+        return self._team_count(receipt.message_id) if held else None
 
-    def _awaited(self, record_id: str) -> int:
-        """How many machines of the team heard here have not said they stored `record_id`."""
+    def _ours(self, record_id: str) -> bool:
+        """A decision or retraction recorded on this machine."""
+        return any(
+            self.conn.execute(f"SELECT 1 FROM {t} WHERE id = ? AND machine IS NULL", (record_id,)).fetchone()
+            for t in ("decisions", "decision_retractions")
+        )
+
+    def _team_count(self, record_id: str) -> fed.TeamCount:
+        """The machines of the team heard here, and how many of them have not said they stored
+        `record_id`."""
         row = self.conn.execute(
-            "SELECT count(*) FROM machines m WHERE NOT EXISTS "
-            "(SELECT 1 FROM team_receipts t WHERE t.record_id = ? AND t.machine = m.name)",
+            "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS "
+            "(SELECT 1 FROM team_receipts t WHERE t.record_id = ? AND t.machine = m.name)) FROM machines m",
             (record_id,),
         ).fetchone()
-        return 0 if row is None else int(row[0])
+        assert row is not None
+        return fed.TeamCount(heard=int(row[0]), awaited=int(row[1]))
 
     def _drop(self, kind: str, row_id: str) -> None:
         self.conn.execute("DELETE FROM outbox WHERE kind = ? AND id = ?", (kind, row_id))
-        if kind == fed.DEC:
-            self.conn.execute("DELETE FROM team_receipts WHERE record_id = ?", (row_id,))
 
     # --- inside ---------------------------------------------------------------------------------
 
@@ -207,11 +218,9 @@ class TeamRecords(StoreBase):
         return self.conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (row_id,)).fetchone() is not None
 
     def _heard(self, machine: str, now: int) -> None:
-        self.conn.execute(
-            "INSERT INTO machines(name, heard_at) VALUES (?1, ?2) "
-            "ON CONFLICT(name) DO UPDATE SET heard_at = max(heard_at, ?2)",
-            (machine, now),
-        )
+        """Something came from `machine`: when it was last heard, if it is a member (its presence
+        read; record_presence makes it one)."""
+        self.conn.execute("UPDATE machines SET heard_at = max(heard_at, ?) WHERE name = ?", (now, machine))
 
     def _cursor(self, name: str) -> int:
         row = self.conn.execute("SELECT seq FROM federation_cursors WHERE name = ?", (name,)).fetchone()
@@ -244,51 +253,101 @@ class TeamDecisions(TeamRecords, Decisions):
             ).fetchall():
                 assert isinstance(seq, int)
                 last = seq
-                d = queries.decision_by_id(self.conn, str(decision_id))
-                assert d is not None
-                kind = domain.scope_kind(d.scope)
-                key = None
-                if kind == "project":
-                    assert isinstance(d.scope, dict)
-                    key = project_key(d.scope["project"])
-                    if key is None:
-                        continue
-                elif kind != "all":
-                    continue
-                body = env.encode(env.DecisionEnvelope(
-                    id=d.id, topic=d.topic, text=d.text, project_key=key,
-                    author=env.Author(d.author.id or "cli", d.author.name or "cli", d.author.agent or "cli"),
-                    created_at=d.created_at, supersedes=d.supersedes, source_message_id=d.source_message_id,
-                ))
-                self._queue_out(fed.DEC, d.id, None, body, now)
-                queued += 1
+                body = self._decision_body(str(decision_id), project_key)
+                if body is not None:
+                    self._queue_out(fed.DEC, str(decision_id), None, body, now)
+                    queued += 1
             self._set_cursor("decisions", last)
             after = self._cursor("retractions")
             last = after
-            for seq, retraction_id, scope in self.conn.execute(
-                "SELECT r.seq, r.id, d.scope FROM decision_retractions r "
-                "JOIN decisions d ON d.id = r.retracts "
-                "WHERE r.seq > ? AND r.machine IS NULL ORDER BY r.seq",
+            for seq, retraction_id in self.conn.execute(
+                "SELECT seq, id FROM decision_retractions WHERE seq > ? AND machine IS NULL ORDER BY seq",
                 (after,),
             ).fetchall():
                 assert isinstance(seq, int)
                 last = seq
-                s = domain.scope_from_json(str(scope))
-                if domain.scope_kind(s) == "sessions":
-                    continue
-                if isinstance(s, dict) and project_key(s["project"]) is None:
-                    continue
-                r = queries.retraction_by_id(self.conn, str(retraction_id))
-                assert r is not None
-                body = env.encode(env.RetractionEnvelope(
-                    id=r.id, topic=r.topic, retracts=r.retracts, reason=r.reason,
-                    author=env.Author(r.author.id or "cli", r.author.name or "cli", r.author.agent or "cli"),
-                    created_at=r.created_at,
-                ))
-                self._queue_out(fed.DEC, r.id, None, body, now)
-                queued += 1
+                body = self._retraction_body(str(retraction_id), project_key)
+                if body is not None:
+                    self._queue_out(fed.DEC, str(retraction_id), None, body, now)
+                    queued += 1
             self._set_cursor("retractions", last)
         return queued
+
+    def _decision_body(self, decision_id: str, project_key: Callable[[str], str | None]) -> bytes | None:
+        """The envelope of a decision recorded here, or None when it stays here (a sessions
+        scope, or a folder without a project key)."""
+        d = queries.decision_by_id(self.conn, decision_id)
+        assert d is not None
+        kind = domain.scope_kind(d.scope)
+        key = None
+        if kind == "project":
+            assert isinstance(d.scope, dict)
+            key = project_key(d.scope["project"])
+            if key is None:
+                return None
+        elif kind != "all":
+            return None
+        return env.encode(env.DecisionEnvelope(
+            id=d.id, topic=d.topic, text=d.text, project_key=key,
+            author=env.Author(d.author.id or "cli", d.author.name or "cli", d.author.agent or "cli"),
+            created_at=d.created_at, supersedes=d.supersedes, source_message_id=d.source_message_id,
+        ))
+
+    def _retraction_body(self, retraction_id: str, project_key: Callable[[str], str | None]) -> bytes | None:
+        """The envelope of a retraction recorded here, or None when its decision stays here."""
+        r = queries.retraction_by_id(self.conn, retraction_id)
+        assert r is not None
+        row = self.conn.execute("SELECT scope FROM decisions WHERE id = ?", (r.retracts,)).fetchone()
+        assert row is not None
+        scope = domain.scope_from_json(str(row[0]))
+        if domain.scope_kind(scope) == "sessions":
+            return None
+        if isinstance(scope, dict) and project_key(scope["project"]) is None:
+            return None
+        return env.encode(env.RetractionEnvelope(
+            id=r.id, topic=r.topic, retracts=r.retracts, reason=r.reason,
+            author=env.Author(r.author.id or "cli", r.author.name or "cli", r.author.agent or "cli"),
+            created_at=r.created_at,
+        ))
+
+    def _owe_newcomer(
+        self, machine: str, alone: bool, now: int, project_key: Callable[[str], str | None]
+    ) -> list[tuple[fed.OutboxRow, fed.TeamCount]]:
+        """`machine` was heard for the first time (or again after it was forgotten), inside the
+        caller's transaction. Every decision and retraction of ours already put out for the team
+        that it has not said it stored is owed to it: its row queued again (the same envelope)
+        if it had ended, else kept (`alone`: no other machine was heard, so the row was owed to
+        nobody and its bound starts now). A row it confirmed before it was heard may end now.
+        Each with the team's count, for core.federation.Outbox.owed."""
+        held = {row.id for row in fq.outbox_rows(self.conn) if row.kind == fed.DEC}
+        owed: list[str] = []
+        for table, cursor, body_of in (
+            ("decisions", "decisions", self._decision_body),
+            ("decision_retractions", "retractions", self._retraction_body),
+        ):
+            for (record_id,) in self.conn.execute(
+                f"SELECT r.id FROM {table} r WHERE r.machine IS NULL AND r.seq <= ? AND NOT EXISTS "
+                "(SELECT 1 FROM team_receipts t WHERE t.record_id = r.id AND t.machine = ?) ORDER BY r.seq",
+                (self._cursor(cursor), machine),
+            ).fetchall():
+                record_id = str(record_id)
+                if record_id in held:
+                    if alone:
+                        self.conn.execute(
+                            "UPDATE outbox SET queued_at = ?, unconfirmed_at = NULL "
+                            "WHERE kind = ? AND id = ?",
+                            (now, fed.DEC, record_id),
+                        )
+                    owed.append(record_id)
+                    continue
+                body = body_of(record_id, project_key)
+                if body is not None:
+                    self._queue_out(fed.DEC, record_id, None, body, now)
+                    owed.append(record_id)
+        counts = {record_id: self._team_count(record_id) for record_id in held | set(owed)}
+        ended = [record_id for record_id in sorted(held - set(owed)) if counts[record_id].awaited == 0]
+        rows = {row.id: row for row in fq.outbox_rows(self.conn) if row.kind == fed.DEC}
+        return [(rows[record_id], counts[record_id]) for record_id in owed + ended]
 
     def apply_remote_decision(
         self,
@@ -369,10 +428,21 @@ class TeamDecisions(TeamRecords, Decisions):
 
     # --- presence -------------------------------------------------------------------------------
 
-    def record_presence(self, machine: str, presence: env.PresenceEnvelope, heard_at: int) -> None:
+    def record_presence(
+        self,
+        machine: str,
+        presence: env.PresenceEnvelope,
+        heard_at: int,
+        project_key: Callable[[str], str | None] = lambda folder: None,
+    ) -> list[tuple[fed.OutboxRow, fed.TeamCount]]:
         """A machine's sessions as it announced them: each one's record here made or updated, and
-        its sessions it no longer announces shown offline. One transaction."""
+        its sessions it no longer announces shown offline. A machine heard for the first time
+        (or again after it was forgotten) becomes a member of the team here and is owed every
+        decision and retraction of ours it has not confirmed (`project_key` of a folder, as for
+        queue_team_decisions): their outbox rows are returned with the team's count (and those of
+        rows it had confirmed before it was heard, which may end now). One transaction."""
         with self.conn:
+            known = {str(r[0]) for r in self.conn.execute("SELECT name FROM machines")}
             seen = []
             for s in presence.sessions:
                 peer_id = remote_peer_id(machine, s.id)
@@ -395,6 +465,8 @@ class TeamDecisions(TeamRecords, Decisions):
                 "ON CONFLICT(name) DO UPDATE SET heard_at = max(heard_at, ?2), presence_at = ?2",
                 (machine, heard_at),
             )
+            owed = [] if machine in known else self._owe_newcomer(machine, not known, heard_at, project_key)
+        return owed
 
 
 class Federation(TeamDecisions):

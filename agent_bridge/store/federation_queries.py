@@ -45,6 +45,8 @@ class OutboxStats(NamedTuple):
     depth: int
     oldest: int | None  # queued_at of the oldest row (epoch ms)
     unconfirmed: int = 0  # rows (messages, decisions) not confirmed within the bound
+    decisions: int = 0  # rows of decisions and retractions owed to the team
+    parked: int = 0  # ... relayed while no machine was heard: owed to the first one heard
 
 
 def remote_sessions(conn: apsw.Connection, now: int) -> list[RemoteSession]:
@@ -84,18 +86,22 @@ def outbox_stats(conn: apsw.Connection) -> OutboxStats:
     if not has_table(conn, "outbox"):
         return OutboxStats(0, None)
     row = conn.execute(
-        "SELECT count(*), min(queued_at), count(unconfirmed_at) FROM outbox"
+        "SELECT count(*), min(queued_at), count(unconfirmed_at), count(*) FILTER (WHERE kind = 'dec'), "
+        "count(*) FILTER (WHERE kind = 'dec' AND relayed_at IS NOT NULL "
+        "AND NOT EXISTS (SELECT 1 FROM machines)) FROM outbox"
     ).fetchone()
     assert row is not None
-    return OutboxStats(int(row[0]), row[1], int(row[2]))
+    return OutboxStats(int(row[0]), row[1], int(row[2]), int(row[3]), int(row[4]))
 
 
 def outbox_rows(conn: apsw.Connection) -> list[fed.OutboxRow]:
     """Every outbox row as core.federation.Outbox takes it (times in seconds)."""
     if not has_table(conn, "outbox"):
         return []
+    alone = conn.execute("SELECT 1 FROM machines LIMIT 1").fetchone() is None
     return [
-        fed.OutboxRow(row_id, kind, queued, relayed, unconfirmed)
+        fed.OutboxRow(row_id, kind, queued, relayed, unconfirmed,
+                      parked=alone and kind == fed.DEC and relayed is not None)
         for kind, row_id, queued, relayed, unconfirmed in conn.execute(
             "SELECT kind, id, queued_at, relayed_at, unconfirmed_at FROM outbox ORDER BY queued_at"
         )

@@ -53,6 +53,22 @@ MUTATIONS = {
         "        entry = self._entries.pop((kind, row_id), None)",
         "        entry = self._entries.pop((MSG, row_id), None)",
     ),
+    "a decision owed to nobody ends at its PubAck": (
+        "        if team.heard == 0:\n            entry.parked = True\n            return []",
+        "        if team.heard == 0:\n            return self.confirmed(DEC, row_id, now)",
+    ),
+    "a newcomer is not owed a parked decision": (
+        "        entry.parked = False\n        entry.queued_at, entry.unconfirmed_at",
+        "        entry.queued_at, entry.unconfirmed_at",
+    ),
+    "a parked decision is marked unconfirmed": (
+        "                and not entry.parked\n                and now - entry.queued_at",
+        "                and now - entry.queued_at",
+    ),
+    "a hub's lost store changes nothing": (
+        "            if not entry.in_flight and not entry.parked:\n                entry.relays = 0",
+        "            if False:\n                entry.relays = 0",
+    ),
 }
 
 

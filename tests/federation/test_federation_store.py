@@ -386,34 +386,68 @@ def test_version_10_upgrades_to_11_keeping_everything(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_decision_ends_on_the_teams_receipts_not_its_puback(tmp_path: Path) -> None:
-    """Schema 12: a decision's outbox row stays after its PubAck until every machine heard here
-    said it stored it (a repeat delivery answers again); with no machine heard, PubAck ends it."""
-    laptop, devbox, ci = (Store.open(tmp_path / f"{n}.db") for n in ("laptop", "devbox", "ci"))
+def test_a_decision_is_counted_by_the_team_and_owed_to_every_machine_heard_later(tmp_path: Path) -> None:
+    """A decision's outbox row never ends in the store at its PubAck: the store counts the team
+    (machines heard by their presence; core.federation.Outbox.counted decides). Recorded with no
+    machine heard, it stays, parked; a machine heard for the first time is owed it (bound from
+    then), and also a decision whose row ended before it was heard; receipts outlive the row, so
+    a machine heard again after it was forgotten is owed only what it has not confirmed."""
+    laptop, devbox, ci, web = (Store.open(tmp_path / f"{n}.db") for n in ("laptop", "devbox", "ci", "web"))
     me = session(laptop, "claude-app")
     alone = decide(laptop, me, "early", "nobody to confirm", "all", T0)
+    decide(laptop, me, "mine", "stays here", {"sessions": [me.id]}, T0)  # never shared, never owed
     laptop.queue_team_decisions(T0, {}.get)
-    assert laptop.mark_relayed(fed.DEC, alone, T0) is True and outbox(laptop, fed.DEC) == {}
+    assert laptop.mark_relayed(fed.DEC, alone, T0) == fed.TeamCount(heard=0, awaited=0)
+    [row] = laptop.outbox_rows()
+    assert (row.id, row.parked, row.queued_at) == (alone, True, T0)
+    assert fq.outbox_stats(laptop.conn)[3:] == (1, 1)  # one decision owed, to a first machine
 
-    announce(laptop, "devbox", [session(devbox, "codex-app")], T0)
-    announce(laptop, "ci", [session(ci, "codex-ci")], T0)
+    # devbox heard first: owed it, its bound from now; ci next: owed it too, the bound kept
+    later = T0 + fed.UNCONFIRMED_AFTER * 2
+    announce(laptop, "devbox", [session(devbox, "codex-app")], later)
+    assert laptop.outbox_rows() == [fed.OutboxRow(alone, fed.DEC, later, T0, None, parked=False)]
+    assert fq.outbox_stats(laptop.conn)[3:] == (1, 0)
+    presence = env.PresenceEnvelope(later, (env.PresenceSession("x", "codex-ci", "codex", "/w", None,
+                                                                "interactive", "idle"),))
+    assert [(r.id, n) for r, n in laptop.record_presence("ci", presence, later + 1)] == [
+        (alone, fed.TeamCount(heard=2, awaited=2))]
+    assert laptop.record_presence("ci", presence, later + 2) == []  # heard before: owed nothing new
+    assert laptop.outbox_rows()[0].queued_at == later
+
     d = decide(laptop, me, "db", "PostgreSQL", "all", T0 + 1)
-    laptop.queue_team_decisions(T0 + 1, {}.get)
-    [(_, body)] = outbox(laptop, fed.DEC).values()
-    assert laptop.mark_relayed(fed.DEC, d, T0 + 2) is False  # relayed, two machines to hear from
+    laptop.queue_team_decisions(later + 3, {}.get)
+    body = outbox(laptop, fed.DEC)[d][1]
+    assert laptop.mark_relayed(fed.DEC, d, later + 4) == fed.TeamCount(heard=2, awaited=2)
+    counts = []
     for store, name in ((devbox, "devbox"), (ci, "ci")):
         for _ in range(2):  # a redelivery queues the receipt again (same row id: the same Nats-Msg-Id)
-            store.apply_remote_decision("laptop", env.decode_decision(body), T0 + 3)
+            store.apply_remote_decision("laptop", env.decode_decision(body), later + 5)
             [(to, receipt_body)] = outbox(store, fed.RCPT).values()
             assert to == "laptop" and f"{d}/{fed.DEC}" in outbox(store, fed.RCPT)
             store.drop(fed.RCPT, f"{d}/{fed.DEC}")
         receipt = env.decode_receipt(receipt_body)
         assert (receipt.kind, receipt.message_id, receipt.state) == (fed.DEC, d, fed.STORED)
-        done = laptop.apply_decision_receipt(name, receipt, T0 + 4)
-        assert done is (name == "ci"), name  # the last machine awaited ends the row
-        assert laptop.apply_decision_receipt(name, receipt, T0 + 4) is False  # counted once
-    assert outbox(laptop, fed.DEC) == {}
-    assert laptop.conn.execute("SELECT count(*) FROM team_receipts").fetchone()[0] == 0
+        counts.append(laptop.apply_decision_receipt(name, receipt, later + 6))
+        assert laptop.apply_decision_receipt(name, receipt, later + 6) == counts[-1]  # counted once
+    assert counts == [fed.TeamCount(2, 1), fed.TeamCount(2, 0)]  # the last one: Outbox.counted ends it
+    assert d in outbox(laptop, fed.DEC)  # the store ends nothing itself
+    laptop.drop(fed.DEC, d)  # what the machine's Drop does
+    assert laptop.apply_decision_receipt("ci", receipt, later + 7) is None  # its row gone: no count
+    foreign = env.ReceiptEnvelope("not-ours", fed.STORED, later, kind=fed.DEC)
+    assert laptop.apply_decision_receipt("ci", foreign, later + 7) is None
+
+    # web, heard later, is owed both: the one still owed to others, and d, whose row had ended
+    owed = dict((r.id, (r, n)) for r, n in laptop.record_presence("web", presence, later + 8))
+    assert sorted(owed) == sorted([alone, d])
+    assert owed[d][0].queued_at == later + 8 and owed[d][1] == fed.TeamCount(3, 1)  # queued again for it
+    assert outbox(laptop, fed.DEC)[d][1] == body  # the same envelope, published with the same id
+    web.close()
+
+    # ci forgotten, then heard again: owed only `alone` (it confirmed d, receipts outlive rows)
+    with laptop.conn:
+        laptop.conn.execute("DELETE FROM machines WHERE name = 'ci'")
+    assert [r.id for r, _ in laptop.record_presence("ci", presence, later + 9)] == [alone]
+    assert laptop.conn.execute("SELECT count(*) FROM team_receipts").fetchone()[0] == 2
 
 
 def test_version_11_upgrades_to_12_with_its_outbox(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from agent_bridge.core.federation import (
     Outbox,
     OutboxRow,
     Publish,
+    TeamCount,
 )
 
 T0 = 1_790_000_000_000
@@ -80,6 +81,55 @@ def test_receipts_are_done_at_their_puback_decisions_when_confirmed() -> None:
     assert box.tick(late) == [MarkUnconfirmed("d1", late, DEC), Publish("d1", DEC, "d1")]
     assert box.confirmed(DEC, "d1", T0 + fed.UNCONFIRMED_AFTER + 1) == [Drop("d1", DEC)]
     assert box.depth() == 0 and box.next_due() is None
+
+
+def test_a_decision_with_no_machine_heard_is_owed_to_the_first_one_heard() -> None:
+    """Its PubAck does not end it: with no machine heard it is parked (not published again, never
+    marked: nobody is late); the first machine heard is owed it at once (same id), with the bound
+    from then, and its receipt ends it. A restart keeps it parked."""
+    box = connected(OutboxRow("d1", DEC, T0))
+    assert box.tick(T0) == [Publish("d1", DEC, "d1")]
+    assert box.published(DEC, "d1", T0 + 1) == [MarkRelayed("d1", T0 + 1, DEC)]
+    assert box.counted("d1", TeamCount(heard=0, awaited=0), T0 + 1) == []  # parked, not done
+    assert box.depth() == 1 and box.next_due() is None
+    much_later = T0 + 10 * fed.UNCONFIRMED_AFTER
+    assert box.tick(much_later) == []
+    box.restore([OutboxRow("d1", DEC, T0, relayed_at=T0 + 1, parked=True)], much_later)
+    box.hub_connected(much_later)
+    assert box.tick(much_later) == [] and box.next_due() is None
+
+    heard = much_later + 5
+    owed = OutboxRow("d1", DEC, heard, relayed_at=T0 + 1)  # the store's row: its bound from now
+    assert box.owed(owed, TeamCount(heard=1, awaited=1), heard) == []
+    assert box.tick(heard) == [Publish("d1", DEC, "d1")]
+    assert box.published(DEC, "d1", heard + 1) == [MarkRelayed("d1", heard + 1, DEC)]
+    assert box.counted("d1", TeamCount(heard=1, awaited=1), heard + 1) == []  # relayed, awaited
+    assert box.tick(heard + fed.UNCONFIRMED_AFTER - 1) == [Publish("d1", DEC, "d1")]  # no mark yet
+    box.not_published(DEC, "d1", heard + fed.UNCONFIRMED_AFTER - 1)
+    assert box.counted("d1", TeamCount(heard=1, awaited=0), heard + 2) == [Drop("d1", DEC)]
+    assert box.depth() == 0
+
+
+def test_a_machine_heard_that_had_confirmed_a_parked_decision_ends_it() -> None:
+    box = connected(OutboxRow("d1", DEC, T0))
+    box.tick(T0)
+    box.published(DEC, "d1", T0 + 1)
+    box.counted("d1", TeamCount(heard=0, awaited=0), T0 + 1)
+    row = OutboxRow("d1", DEC, T0 + 9, relayed_at=T0 + 1)
+    assert box.owed(row, TeamCount(heard=1, awaited=0), T0 + 9) == [Drop("d1", DEC)]
+
+
+def test_a_hub_that_lost_its_store_gets_every_owed_row_again_at_once() -> None:
+    """Relayed rows are published again now, not after their receipt wait; a parked one stays."""
+    box = connected(OutboxRow("m1", MSG, T0), OutboxRow("d1", DEC, T0), OutboxRow("d2", DEC, T0))
+    box.tick(T0)
+    for kind, row_id in ((MSG, "m1"), (DEC, "d1"), (DEC, "d2")):
+        box.published(kind, row_id, T0 + 1)
+    box.counted("d1", TeamCount(heard=1, awaited=1), T0 + 1)
+    box.counted("d2", TeamCount(heard=0, awaited=0), T0 + 1)
+    assert box.tick(T0 + 2) == []
+    box.hub_lost_store(T0 + 2)
+    assert sorted(box.tick(T0 + 2)) == [Publish("d1", DEC, "d1"), Publish("m1", MSG, "m1")]  # same ids
 
 
 def test_unconfirmed_after_the_bound_even_offline_and_publishing_goes_on() -> None:

@@ -1,19 +1,24 @@
 """The outbox/receipt machines (core/federation.py) driven against a tiny world with hypothesis.
 
 The world: machine A sends messages to machine B, and records decisions for the team (B is
-its one other machine), through a hub. The hub is a JetStream-like stream per direction
-(messages and decisions A→B, receipts B→A): it drops a publish whose Nats-Msg-Id it saw
-within its dedupe window, delivers unacked entries in any order and any number of times, and can
-lose an entry it acknowledged (a power cut with the default fsync interval, nats-server issue
-7564). A publish may land or not, and its answer may be a PubAck or a timeout either way (an
-unknown outcome). Either broker can be killed -9: its machines are rebuilt from its committed
-rows only (a commit in progress is lost). Receipts come late, or never until asked again.
+its one other machine, heard by its presence from the start or only later, and forgotten after
+a long silence; A's store counts it as core.federation.TeamCount), through a hub. The hub is a
+JetStream-like stream per direction (messages and decisions A→B, receipts B→A): it drops a
+publish whose Nats-Msg-Id it saw within its dedupe window, delivers unacked entries in any
+order and any number of times, and can lose an entry it acknowledged (a power cut with the
+default fsync interval, nats-server issue 7564), or its whole store (a new disk). A publish
+may land or not, and its answer may be a PubAck or a timeout either way (an unknown outcome).
+Either broker can be killed -9: its machines are rebuilt from its committed rows only (a
+commit in progress is lost). Receipts come late, or never until asked again.
 
 What must hold:
 - never delivered twice: a message is in B's inbox at most once, and within the dedupe window the
   hub holds each message once (retries carry the same Nats-Msg-Id);
 - never acked to the stream before commit: an ack names a delivery B (or A) has committed;
-- unconfirmed only after the bound, and only while no receipt has come;
+- unconfirmed only after the bound (a decision's from when a machine heard was owed it), only
+  while no receipt has come, and never a decision owed to nobody (no machine heard);
+- owed shown owed: every decision B has not confirmed has its row in A's outbox (what
+  `federation status` counts), also while A has heard no machine;
 - never lost: after the faults stop (teardown: connected, no losses, time passing), every
   committed send is in B's inbox exactly once, A has its receipt, and no mark is left; every
   committed decision is stored on B and confirmed back to A (its end-to-end receipt), and A's
@@ -22,8 +27,9 @@ What must hold:
 Mutations of core/federation.py this test catches (`python3 tests/federation/mutate_outbox.py`
 applies each and runs this test): ack before commit, ack after a failed commit, a new message id
 on retry, a timeout treated as a failure, a PubAck treated as delivered, a restart that forgets
-relayed messages, unconfirmed before the bound, a decision done at its PubAck, and a
-confirmation that ends the wrong row. See the module's docstring.
+relayed messages, unconfirmed before the bound, a decision done at its PubAck, a
+confirmation that ends the wrong row, a decision owed to nobody ended at its PubAck, a newcomer
+not owed a parked decision, and a parked decision marked unconfirmed. See the module's docstring.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from agent_bridge.core import federation as fed
 from agent_bridge.core.federation import (
@@ -49,6 +55,7 @@ from agent_bridge.core.federation import (
     Outbox,
     OutboxRow,
     Publish,
+    TeamCount,
 )
 
 
@@ -123,14 +130,36 @@ class World(RuleBasedStateMachine):
         self.a_sends: dict[str, float] = {}  # message id -> queued at
         self.a_receipt: dict[str, int] = {}  # message id -> highest receipt rank
         self.a_unconfirmed: dict[str, float] = {}
+        self.a_bound_from: dict[str, float] = {}  # a mark's bound counted from (a decision's owed since)
         self.a_decisions: dict[str, float] = {}  # decision id -> queued at
-        self.a_confirmed: set[str] = set()  # decisions B said it stored
+        self.a_confirmed: set[str] = set()  # decisions B said it stored (team_receipts: kept)
+        self.a_heard = False  # B's presence read by A (the machines table), until forgotten
+        self.a_parked: set[str] = set()  # decisions A's store last counted with no machine heard
         self.b_decisions: set[str] = set()  # decisions B stored (by id: a repeat stores nothing)
         # B's committed rows
         self.b_inbox: Counter[str] = Counter()
         self.b_state: dict[str, int] = {}  # message id -> its local receipt rank (stored, shown, acked)
         for side in (self.a, self.b):  # both start connected; `hub_link` takes them down and up
             self.hub_link(side.name, True)
+
+    @initialize(heard=st.booleans())
+    def b_heard_from_the_start(self, heard: bool) -> None:
+        if heard:
+            self.b_announces()
+
+    def a_count(self, did: str) -> TeamCount:
+        """What A's store counts for decision `did`: B heard or not, and its receipt."""
+        return TeamCount(heard=int(self.a_heard), awaited=int(self.a_heard and did not in self.a_confirmed))
+
+    def a_counted(self, did: str) -> None:
+        """A's store answers a decision's count (after its PubAck or a receipt) while its row is there."""
+        if (DEC, did) in self.a.outbox_rows:
+            count = self.a_count(did)
+            if count.heard:
+                self.a_parked.discard(did)
+            else:
+                self.a_parked.add(did)
+            self.run_outbox(self.a, self.a.outbox.counted(did, count, self.now))
 
     # --- carrying out what the machines answer ------------------------------------------------
 
@@ -146,20 +175,26 @@ class World(RuleBasedStateMachine):
                 row = s.outbox_rows.get((action.kind, action.id))
                 if row is not None:
                     s.outbox_rows[(action.kind, action.id)] = row._replace(relayed_at=action.at)
+                if action.kind == DEC:
+                    self.a_counted(action.id)
             elif isinstance(action, MarkUnconfirmed):
                 assert s is self.a
                 if action.kind == DEC:
-                    queued = self.a_decisions[action.id]
+                    queued = s.outbox_rows[(DEC, action.id)].queued_at  # since a machine heard owes it
                     assert action.id not in self.a_confirmed, "a decision unconfirmed after its receipt"
+                    assert action.id not in self.a_parked, "a decision owed to nobody marked unconfirmed"
                 else:
                     queued = self.a_sends[action.id]
                     assert self.a_receipt.get(action.id, 0) == 0, "unconfirmed after a receipt"
                 assert action.at - queued >= fed.UNCONFIRMED_AFTER, "unconfirmed before the bound"
                 self.a_unconfirmed[action.id] = action.at
+                self.a_bound_from[action.id] = queued
                 row = s.outbox_rows[(action.kind, action.id)]
                 s.outbox_rows[(action.kind, action.id)] = row._replace(unconfirmed_at=action.at)
             elif isinstance(action, Drop):
                 s.outbox_rows.pop((action.kind, action.id), None)
+                if s is self.a and action.kind == DEC:  # the decision's mark goes with its row
+                    self.a_unconfirmed.pop(action.id, None)
 
     def run_inbound(self, s: Side, actions: list[fed.InboundAction], stream: Stream) -> None:
         for action in actions:
@@ -212,6 +247,34 @@ class World(RuleBasedStateMachine):
         self.a.outbox_rows[(DEC, did)] = row
         self.a.outbox.queued(row, self.now)
 
+    @rule()
+    def b_announces(self) -> None:
+        """A reads B's presence. The first time (or again after forgetting it), A's store makes B a
+        member and, in that transaction, owes it every decision it has not confirmed: the rows
+        still held (a parked one's bound restarts: nobody was owed it) and, for the ones ended,
+        new rows (none here: with one other machine a row ends only on B's receipt), each
+        handed to the machine with the team's new count."""
+        if self.a_heard:
+            return
+        alone, self.a_heard = True, True  # B is A's only other machine
+        for (kind, did), row in list(self.a.outbox_rows.items()):
+            if kind != DEC:
+                continue
+            if did not in self.a_confirmed and alone:
+                row = row._replace(queued_at=self.now, unconfirmed_at=None)
+                self.a.outbox_rows[(DEC, did)] = row
+                self.a_unconfirmed.pop(did, None)
+            elif did in self.a_confirmed and self.a_count(did).awaited:
+                continue
+            self.a_parked.discard(did)
+            self.run_outbox(self.a, self.a.outbox.owed(row, self.a_count(did), self.now))
+
+    @rule()
+    def a_forgets_b(self) -> None:
+        """B silent for FORGET_AFTER_MS: A's store no longer counts it (its receipts stay). The
+        machine is not told; its next count says so."""
+        self.a_heard = False
+
     @rule(dt=st.sampled_from([0, 300, 1_000, 5_000, 45_000, 120_000, 700_000, 1_000_000]))
     def tick(self, dt: float) -> None:
         self.now += dt
@@ -263,6 +326,18 @@ class World(RuleBasedStateMachine):
             self.seq += 1  # `!`: unreadable
             self.msgs.entries[self.seq] = Entry(self.seq, f"garbage-{self.seq}", f"!{self.seq}")
 
+    @rule()
+    def hub_loses_its_store(self) -> None:
+        """The hub comes back with an empty store (a power cut that took its files, a new disk):
+        every entry and its dedupe memory gone. A connected broker notices (the hub answers it
+        has no stream or no consumer) and its machine is told."""
+        for stream in (self.msgs, self.rcpts):
+            stream.entries.clear()
+            stream.window.clear()
+        for s in (self.a, self.b):
+            if s.connected:
+                s.outbox.hub_lost_store(self.now)
+
     # --- rules: the receivers (one rule per step for both, so a run is rarely without one) ------
 
     @precondition(lambda self: self.deliverable())
@@ -304,7 +379,13 @@ class World(RuleBasedStateMachine):
 
     @rule(side=st.sampled_from("ab"))
     def kill(self, side: str) -> None:
-        self.side(side).restart(self.now)
+        s = self.side(side)
+        if s is self.a:  # the store says which relayed decisions no machine heard is left to confirm
+            for key, row in s.outbox_rows.items():
+                s.outbox_rows[key] = row._replace(
+                    parked=row.kind == DEC and row.relayed_at is not None and not self.a_heard)
+            self.a_parked = {did for (kind, did), row in s.outbox_rows.items() if row.parked}
+        s.restart(self.now)
 
     # --- invariants -----------------------------------------------------------------------------
 
@@ -316,11 +397,19 @@ class World(RuleBasedStateMachine):
     @invariant()
     def marks_only_after_the_bound(self) -> None:
         for mid, at in self.a_unconfirmed.items():
-            queued = self.a_decisions[mid] if mid.startswith("d") else self.a_sends[mid]
+            queued = self.a_bound_from[mid] if mid.startswith("d") else self.a_sends[mid]
             assert at - queued >= fed.UNCONFIRMED_AFTER
 
+    @invariant()
+    def owed_shown_owed(self) -> None:
+        for did in self.a_decisions:
+            assert did in self.a_confirmed or (DEC, did) in self.a.outbox_rows, (
+                f"{did}: B never confirmed it, and A's outbox no longer holds it")
+
     def teardown(self) -> None:
-        """The faults stop: both connected, every publish lands, time passes. Nothing is lost."""
+        """The faults stop: both connected, A hears B, every publish lands, time passes. Nothing is
+        lost."""
+        self.b_announces()
         for _ in range(60):
             for s in (self.a, self.b):
                 if not s.connected:
@@ -386,11 +475,9 @@ class World(RuleBasedStateMachine):
     def a_commit_one(self, token: int) -> None:
         """A's store applies a receipt monotonically, clears a mark and ends the message's row."""
         mid, state = self.a.applying.pop(token).body.split("/")
-        if state == DEC:  # B, the one other machine, stored it: the last one awaited, the row ends
+        if state == DEC:  # B stored it: kept, and counted while its row is there
             self.a_confirmed.add(mid)
-            self.a_unconfirmed.pop(mid, None)
-            self.a.outbox_rows.pop((DEC, mid), None)
-            self.run_outbox(self.a, self.a.outbox.confirmed(DEC, mid, self.now))
+            self.a_counted(mid)
             if self.a.connected:
                 self.run_inbound(self.a, self.a.inbound.applied(token), self.rcpts)
             return
