@@ -52,7 +52,7 @@ to `mcp`. A relay that also does then sends {"v":1, "relay": "wire", "wire": 2} 
 frame, and from then on both ends may carry a line (a part of one) in a frame whose payload is
 not JSON: the line's own UTF-8 bytes after one byte saying what it is.
                   "L" <line>               a line (a line's last part)
-                  "l" <part>               a part of a line: the rest follows
+                  "l" <part>               a part of a line (whole characters): the rest follows
                   "S" {"seq":n,"ids":[...]} "\n" <line>
                                            (a push) writing it shows messages `ids`
 For example, the relay's `ping` line: 00 00 00 29, "L", {"jsonrpc":"2.0","id":1,"method":"ping"}.
@@ -201,9 +201,11 @@ def decode_line(payload: bytes | bytearray, key: str) -> dict[str, Any]:
             head = jsonlimit.loads(payload[1:end])
         except ValueError as exc:
             raise ProtocolError(f"line frame: its head is not valid JSON: {exc}") from None
-        if not isinstance(head, dict) or not isinstance(head.get("seq"), int) or isinstance(head["seq"], bool):
+        seq = head.get("seq") if isinstance(head, dict) else None
+        if not isinstance(seq, int) or isinstance(seq, bool):
             raise ProtocolError("line frame: its head needs an integer seq")
-        obj["seq"], obj["ids"] = head["seq"], head.get("ids") if isinstance(head.get("ids"), list) else []
+        ids = head.get("ids")
+        obj["seq"], obj["ids"] = seq, ids if isinstance(ids, list) else []
         start = end + 1
     elif tag == PART:
         obj["more"] = True

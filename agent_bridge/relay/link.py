@@ -40,7 +40,7 @@ class Link:
         self.sock = sock
         self.ended = threading.Event()  # set once it has ended and what was in flight on it is settled
         self._send_lock = threading.Lock()
-        self._decoder = protocol.FrameDecoder(lines="push")  # a broker of relay wire 2 may send lines as bytes
+        self._decoder = protocol.FrameDecoder(lines="push")  # a broker of wire 2 may send lines as bytes
         self.raw_lines = False  # the broker reads line frames as bytes: they go so (Relay.join)
         self._ready: deque[dict[str, Any]] = deque()
         self._queued: list[bytes] = []

@@ -72,7 +72,8 @@ class Outbox:
             with trio.CancelScope(shield=True):
                 for _ in range(GATHER_TURNS):
                     before = len(self._frames)
-                    await trio.lowlevel.cancel_shielded_checkpoint()  # the other tasks of this turn add theirs
+                    # the other tasks of this turn add theirs
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                     if len(self._frames) == before:
                         break
                 while self._frames:

@@ -121,8 +121,8 @@ class RelayReader:
     async def on_wire(self, frame: Wire) -> bool | None:
         """The relay reads line frames as bytes: they go so from now on."""
         if frame.wire != protocol.LINES_WIRE:
-            await send_quietly(self.conn, protocol.error(
-                None, "protocol", f"relay frame: wire {frame.wire} is not spoken here (only {protocol.LINES_WIRE})"))
+            problem = f"relay frame: wire {frame.wire} is not spoken here (only {protocol.LINES_WIRE})"
+            await send_quietly(self.conn, protocol.error(None, "protocol", problem))
             return False
         self.bridge.out.raw_lines = True
         return None
