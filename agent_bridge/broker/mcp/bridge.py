@@ -196,14 +196,15 @@ class Bridge:
         session = self.mcp_session
         if session is None:
             return
-        active = message.get("kind") != "decision" and domain.is_active(
-            int(message.get("hop", 0)), self.hop_limit
-        )
-        text = render_for_agent(message)
-        if active and self.channel and self.pipe is not None:
-            await self._channel(str(message["id"]), text)
-        if self.pipe is not None or not self.logs_arrivals():
+        if self.pipe is not None:  # through a relay: the log line went with the "held" push
+            if self.channel and message.get("kind") != "decision" and domain.is_active(
+                int(message.get("hop", 0)), self.hop_limit
+            ):
+                await self._channel(str(message["id"]), render_for_agent(message))
             return
+        if not self.logs_arrivals():
+            return
+        text = render_for_agent(message)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
