@@ -215,3 +215,58 @@ async def test_a_result_waiting_for_its_write_is_on_its_way_for_a_cancel():
             assert pipe.forget(7) is True
             counted.go.set()
     assert shown == []  # never reported written: nothing counts as shown
+
+
+@pytest.mark.parametrize("wire", [None, 2])
+def test_the_relay_sends_lines_as_bytes_only_to_a_broker_that_said_wire_2(tmp_path, wire):
+    """A broker before wire 2 (its `mcp` answer as docs/ipc.md gave it, no "wire") gets the
+    host's lines as JSON frames; one that says wire 2 gets the "wire" frame, then bytes."""
+    import os
+    import socket
+    import threading
+
+    from agent_bridge.relay import main as relay
+
+    path = str(tmp_path / "b.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    payloads: list[bytes] = []
+
+    def broker() -> None:  # played by hand: the answer written out, the frames after it read raw
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+                data += conn.recv(1 << 16)
+            result: dict[str, Any] = {"session": {"id": "s1", "name": "n1"}, "hopLimit": 10,
+                                      "secret": "x"}
+            if wire is not None:
+                result["wire"] = wire
+            conn.sendall(json_frame({"v": 1, "id": 1, "ok": True, "result": result}))
+            rest = b""
+            while len(payloads) < (2 if wire else 1):
+                rest += conn.recv(1 << 16)
+                while len(rest) >= 4 and len(rest) >= 4 + struct.unpack(">I", rest[:4])[0]:
+                    size = struct.unpack(">I", rest[:4])[0]
+                    payloads.append(rest[4:4 + size])
+                    rest = rest[4 + size:]
+
+    thread = threading.Thread(target=broker, daemon=True)
+    thread.start()
+    _, out = os.pipe()
+    options = relay.Options(agent="codex", project="/w/wire", kind="interactive", name=None,
+                            host_session_id=None, claude_session_id=None, host=None, chain=[], home=tmp_path)
+    host = relay.Relay(options, out)
+    host.replay.host_request("initialize", dict(INITIALIZE))  # answered: replayed at each join
+    host.replay.answered("initialize")
+    link = host.join(path)
+    thread.join(10)
+    link.close()
+    listener.close()
+    if wire is None:
+        assert len(payloads) == 1 and json.loads(payloads[0])["relay"] == "line"
+        assert json.loads(json.loads(payloads[0])["line"])["method"] == "initialize"
+    else:
+        assert json.loads(payloads[0]) == {"v": 1, "relay": "wire", "wire": 2}
+        assert payloads[1][:1] == b"L" and json.loads(payloads[1][1:])["method"] == "initialize"
