@@ -4,7 +4,7 @@ wire itself: the framing, the requests, the answers). Standard library only: the
 Two families, each with one encoder and one decoder:
 
 - relay frames (`"relay": <kind>`), from an `agent-bridge mcp` relay to the broker once its `mcp`
-  request is answered: `Line`, `Written`, `Acked`, `Offered`, `Ping`, `Eof`
+  request is answered: `Line`, `Written`, `Acked`, `Offered`, `Ping`, `Eof`, `Wire`
   (`relay_frame`, `read_relay`);
 - pushes (`"push": <kind>`), from the broker to a session's connection: `Line`, `Held`, `Acked`,
   `Offered`, `Identity`, `Delivery` (`push_frame`, `read_push`).
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
-from agent_bridge.ipc.protocol import PROTOCOL_VERSION, ProtocolError
+from agent_bridge.ipc.protocol import PROTOCOL_VERSION, ProtocolError, encode, encode_line
 
 # Characters of a line per frame: at most 800 KB of UTF-8 (4 bytes a character), under MAX_FRAME.
 LINE_PART = 200_000
@@ -61,6 +61,12 @@ class Eof(NamedTuple):
     """The host closed the relay's stdin."""
 
 
+class Wire(NamedTuple):
+    """The relay reads line frames as bytes (ipc.protocol: relay wire 2): send them so."""
+
+    wire: int
+
+
 class Held(NamedTuple):
     """A message in the session's inbox, for the relay to hold; `again`: a cancelled result put it back."""
 
@@ -80,7 +86,7 @@ class Delivery(NamedTuple):
     message: dict[str, Any]
 
 
-RelayFrame: TypeAlias = Line | Written | Acked | Offered | Ping | Eof
+RelayFrame: TypeAlias = Line | Written | Acked | Offered | Ping | Eof | Wire
 PushFrame: TypeAlias = Line | Held | Acked | Offered | Identity | Delivery
 Notice: TypeAlias = Identity | Acked | Offered  # what other requests queue for a session (Session.notify)
 
@@ -132,6 +138,7 @@ _RELAY_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
     Offered: lambda f: {"v": PROTOCOL_VERSION, "relay": "offered", "ids": f.ids},
     Ping: lambda f: {"v": PROTOCOL_VERSION, "relay": "ping"},
     Eof: lambda f: {"v": PROTOCOL_VERSION, "relay": "eof"},
+    Wire: lambda f: {"v": PROTOCOL_VERSION, "relay": "wire", "wire": f.wire},
 }
 
 
@@ -150,6 +157,13 @@ _PUSH_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
     Identity: lambda f: {"v": PROTOCOL_VERSION, "push": "identity", "session": f.session},
     Delivery: lambda f: {"v": PROTOCOL_VERSION, "push": "message", "message": f.message},
 }
+
+
+def encode_relay(frame: RelayFrame, raw_lines: bool) -> bytes:
+    """A relay frame's bytes; `raw_lines`: a `Line` as bytes (relay wire 2, ipc.protocol)."""
+    if raw_lines and type(frame) is Line:
+        return encode_line("relay", frame.line, frame.more, None, ())
+    return encode(relay_frame(frame))
 
 
 def relay_frame(frame: RelayFrame) -> dict[str, Any]:
@@ -190,6 +204,11 @@ def _read_relay_offered(obj: dict[str, Any]) -> Offered | None:
     return None if ids is None else Offered(ids)
 
 
+def _read_wire(obj: dict[str, Any]) -> Wire | None:
+    wire = obj.get("wire")
+    return Wire(wire) if isinstance(wire, int) and not isinstance(wire, bool) else None
+
+
 _RELAY_DECODERS: dict[str, Callable[[dict[str, Any]], RelayFrame | None]] = {
     "line": _read_line,
     "written": _read_written,
@@ -197,6 +216,7 @@ _RELAY_DECODERS: dict[str, Callable[[dict[str, Any]], RelayFrame | None]] = {
     "offered": _read_relay_offered,
     "ping": lambda obj: PING,
     "eof": lambda obj: EOF,
+    "wire": _read_wire,
 }
 
 

@@ -46,6 +46,19 @@ that no "acked" has confirmed; the `mcp` request of its next connection carries 
 follows as frames), recorded before that session's delivery starts: nothing shown twice
 unmarked.
 A line longer than one frame takes comes in parts, each but the last with `"more": true`.
+
+Line frames as bytes (relay wire 2). A broker that takes them says `"wire": 2` in its answer
+to `mcp`. A relay that also does then sends {"v":1, "relay": "wire", "wire": 2} as its first
+frame, and from then on both ends may carry a line (a part of one) in a frame whose payload is
+not JSON: the line's own UTF-8 bytes after one byte saying what it is.
+                  "L" <line>               a line (a line's last part)
+                  "l" <part>               a part of a line (whole characters): the rest follows
+                  "S" {"seq":n,"ids":[...]} "\n" <line>
+                                           (a push) writing it shows messages `ids`
+For example, the relay's `ping` line: 00 00 00 29, "L", {"jsonrpc":"2.0","id":1,"method":"ping"}.
+Each end reads both forms after `mcp` (a JSON line frame still means the same), and a relay or
+broker without wire 2 never sees the bytes form: an older relay is served JSON frames, and
+a relay finding an older broker (no "wire" in the answer) sends them.
 The relay acknowledges nothing itself: "written" comes after the bytes are in the host's pipe,
 and ids it could not report (no broker) go to the ledger file, then to the next broker.
 
@@ -57,6 +70,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from agent_bridge.common import jsonlimit, tools
@@ -64,6 +78,11 @@ from agent_bridge.common import jsonlimit, tools
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a decision is at most ~16 KiB, a message body at most 64 KiB
 HEADER = struct.Struct(">I")
+# The relay connection's line frames as bytes (see the docstring): measured through two relays,
+# a line inside a JSON string was escaped by one end and parsed by the other at every hop.
+LINES_WIRE = 2
+LINE, PART, SHOWS = b"L", b"l", b"S"  # the first byte of a line frame's payload
+LINE_TAGS = frozenset(b"LlS")
 
 
 
@@ -153,6 +172,50 @@ def decode_payload(payload: bytes | bytearray) -> dict[str, Any]:
     return obj
 
 
+def encode_line(key: str, line: str, more: bool = False, seq: int | None = None,
+                ids: Sequence[str] = ()) -> bytes:
+    """A line frame as bytes (relay wire 2): `key` is "relay" or "push" (ipc.frames.Line's
+    fields). Raises ProtocolError past MAX_FRAME (ipc.frames.line_frames cuts long lines)."""
+    data = line.encode("utf-8")
+    if seq is not None:
+        head = SHOWS + _encode_json({"seq": seq, "ids": list(ids)}).encode("utf-8") + b"\n"
+    else:
+        head = PART if more else LINE
+    size = len(head) + len(data)
+    if size > MAX_FRAME:
+        raise ProtocolError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME}")
+    return HEADER.pack(size) + head + data
+
+
+def decode_line(payload: bytes | bytearray, key: str) -> dict[str, Any]:
+    """A line frame's payload (relay wire 2) as the JSON frame that means the same, whose "line"
+    ipc.frames reads. Raises ProtocolError for bytes that are not UTF-8 or a bad "S" head."""
+    tag = payload[:1]
+    obj: dict[str, Any] = {"v": PROTOCOL_VERSION, key: "line"}
+    start = 1
+    if tag == SHOWS:
+        end = payload.find(b"\n")
+        if end < 0:
+            raise ProtocolError("line frame: no end to its head")
+        try:
+            head = jsonlimit.loads(payload[1:end])
+        except ValueError as exc:
+            raise ProtocolError(f"line frame: its head is not valid JSON: {exc}") from None
+        seq = head.get("seq") if isinstance(head, dict) else None
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise ProtocolError("line frame: its head needs an integer seq")
+        ids = head.get("ids")
+        obj["seq"], obj["ids"] = seq, ids if isinstance(ids, list) else []
+        start = end + 1
+    elif tag == PART:
+        obj["more"] = True
+    try:
+        obj["line"] = str(payload[start:], "utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("line frame is not valid UTF-8") from None
+    return obj
+
+
 class FrameDecoder:
     """Incremental decoder: feed bytes, get whole frames. Holds at most one frame's bytes.
 
@@ -161,10 +224,12 @@ class FrameDecoder:
     new bytes): every request before the bad frame is still answered.
     """
 
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME, lines: str | None = None) -> None:
         self._buffer = bytearray()
         self._max = max_frame
         self._error: ProtocolError | None = None
+        # "relay" or "push": line frames as bytes (relay wire 2) are read too, as those frames
+        self.lines = lines
 
     def feed(self, data: bytes | bytearray) -> list[dict[str, Any]]:
         if self._error is not None:
@@ -183,7 +248,10 @@ class FrameDecoder:
                     if len(buffer) - start < length:
                         break
                     at = start + length
-                    frames.append(decode_payload(buffer[start:at]))
+                    if self.lines is not None and buffer[start] in LINE_TAGS:
+                        frames.append(decode_line(buffer[start:at], self.lines))
+                    else:
+                        frames.append(decode_payload(buffer[start:at]))
                 except ProtocolError as exc:
                     if not frames:
                         raise

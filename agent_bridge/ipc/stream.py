@@ -31,6 +31,11 @@ class FramedStream:
         )
         self.last_read = trio.current_time()  # when bytes last came in (broker.connection's idle check)
 
+    def read_lines(self, key: str) -> None:
+        """Line frames as bytes (relay wire 2) are read from now on, as the JSON frames of `key`
+        ("relay" or "push") that mean the same."""
+        self._decoder.lines = key
+
     async def receive(self) -> dict[str, Any] | None:
         """The next frame, or None at end of stream. Raises ProtocolError on a bad frame."""
         while not self._ready:
@@ -103,6 +108,10 @@ class FramedStream:
         """Send frames back to back, in one write when the socket takes them."""
         if objs:
             await self._send_bytes(b"".join(protocol.encode(o) for o in objs), timeout)
+
+    async def send_encoded(self, data: bytes, *, timeout: float = SEND_TIMEOUT) -> None:  # noqa: ASYNC109
+        """Send frames already encoded (protocol.encode), back to back."""
+        await self._send_bytes(data, timeout)
 
     async def _send_bytes(self, data: bytes, timeout: float) -> None:  # noqa: ASYNC109
         # Uncontended, the lock is taken without yielding: the frame goes on the wire in the same

@@ -26,7 +26,7 @@ try:  # the C module, as ipc.blocking uses it: `socket` costs the relay's start 
     import _socket as sockets
 except ImportError:  # not CPython
     import socket as sockets  # type: ignore[no-redef]
-from agent_bridge.ipc.frames import LINE_PART, LineParts, RelayFrame, line_frames, relay_frame
+from agent_bridge.ipc.frames import LINE_PART, LineParts, RelayFrame, encode_relay, line_frames
 
 # The start of a host line's frame, as ipc.frames encodes a `Line` (without `more` or `seq`).
 LINE_HEAD = f'{{"v":{protocol.PROTOCOL_VERSION},"relay":"line","line":'
@@ -40,7 +40,8 @@ class Link:
         self.sock = sock
         self.ended = threading.Event()  # set once it has ended and what was in flight on it is settled
         self._send_lock = threading.Lock()
-        self._decoder = protocol.FrameDecoder()
+        self._decoder = protocol.FrameDecoder(lines="push")  # a broker of wire 2 may send lines as bytes
+        self.raw_lines = False  # the broker reads line frames as bytes: they go so (Relay.join)
         self._ready: deque[dict[str, Any]] = deque()
         self._queued: list[bytes] = []
         self.parts = LineParts()  # a broker's line that comes in parts
@@ -50,7 +51,11 @@ class Link:
         self.heard = 0.0  # (pumped) when the broker's last bytes came
 
     def send(self, frames: Sequence[RelayFrame]) -> None:
-        self.send_json([relay_frame(f) for f in frames])
+        data = [encode_relay(f, self.raw_lines) for f in frames]
+        with self._send_lock:
+            if self._queued:
+                data[:0], self._queued = self._queued, []
+            self._write(b"".join(data))
 
     def send_json(self, objs: list[dict[str, Any]]) -> None:
         data = [protocol.encode(obj) for obj in objs]
@@ -65,6 +70,11 @@ class Link:
         if len(line) > LINE_PART:  # in parts
             self.queue(line_frames(line))
             return
+        if self.raw_lines:  # the line's own bytes (relay wire 2)
+            frame = protocol.encode_line("relay", line)
+            with self._send_lock:
+                self._queued.append(frame)
+            return
         payload = (LINE_HEAD + encode_string(line) + "}").encode("utf-8")
         if len(payload) > protocol.MAX_FRAME:
             raise protocol.ProtocolError(
@@ -75,7 +85,7 @@ class Link:
 
     def queue(self, frames: Sequence[RelayFrame]) -> None:
         """Frames for the next `send` or `flush`. Raises ProtocolError for one too large."""
-        data = [protocol.encode(relay_frame(f)) for f in frames]
+        data = [encode_relay(f, self.raw_lines) for f in frames]
         with self._send_lock:
             self._queued.extend(data)
 

@@ -48,6 +48,7 @@ from agent_bridge.ipc.frames import (
     Identity,
     Line,
     RelayFrame,
+    Wire,
     Written,
     line_frames,
     read_push,
@@ -316,7 +317,11 @@ class Relay:
             if isinstance(hello.get("secret"), str):
                 self.secret = hello["secret"]
             self.keeper.joined()
-            frames = self.replay_frames(acked, offered)
+            frames: list[RelayFrame] = []
+            if hello.get("wire") == protocol.LINES_WIRE:  # lines as bytes from now on, both ways
+                frames.append(Wire(protocol.LINES_WIRE))
+                link.raw_lines = True
+            frames += self.replay_frames(acked, offered)
             self.send(link, frames)  # before any host line: the new broker's MCP session first
             self.link, self.joined = link, True
             self.cond.notify_all()

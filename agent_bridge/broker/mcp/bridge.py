@@ -17,6 +17,7 @@ from agent_bridge.broker.mcp import sdk as mcp_sdk
 from agent_bridge.broker.mcp.fast import (
     log_line,
 )
+from agent_bridge.broker.mcp.outbox import Outbox
 from agent_bridge.broker.serving import STORAGE_ERRORS
 from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker
@@ -107,7 +108,8 @@ class Bridge:
     def __init__(self, broker: Broker, session: Session, relay: FramedStream) -> None:
         self.client = LocalClient(broker, session)
         self.broker, self.session = broker, session
-        self.relay = relay
+        self.relay = relay  # read by the RelayReader
+        self.out = Outbox(relay)  # every frame to the relay: those of one turn in one write
         self.hop_limit = broker.settings.hop_limit
         # Every pushed message's state (queued, offered, on its way, settling, written,
         # recording, acknowledged), keyed by the request or notification that shows it: the
@@ -151,7 +153,7 @@ class Bridge:
         added = [m for m in messages if self.showing.arrive(m)]
         if added:
             self.queued_more()
-            await self.relay.send_many([push_frame(Held(m)) for m in added] + self.arrival_logs(added))
+            await self.out.send_many([push_frame(Held(m)) for m in added] + self.arrival_logs(added))
             for message in added:
                 await self._announce(message)
         if self.showing.due():  # a replay of one shown here: its acknowledgement was lost
@@ -162,14 +164,14 @@ class Bridge:
 
     async def acked_elsewhere(self, notice: Acked) -> None:
         self.showing.elsewhere(notice.ids)
-        await self.relay.send(push_frame(notice))  # the relay holds them no longer
+        await self.out.send(push_frame(notice))  # the relay holds them no longer
 
     async def offered_elsewhere(self, notice: Offered) -> None:
         # the Stop hook is showing these: shown again here, they are repeats
         self.showing.offered_elsewhere(notice.ids)
 
     async def new_identity(self, notice: Identity) -> None:
-        await self.relay.send(push_frame(notice))  # the relay resumes (and keeps its ledger as) this session
+        await self.out.send(push_frame(notice))  # the relay resumes (and keeps its ledger as) this session
 
     def logs_arrivals(self) -> bool:
         """Whether arrivals get a log notification: the host initialized, asked for info or
@@ -194,14 +196,15 @@ class Bridge:
         session = self.mcp_session
         if session is None:
             return
-        active = message.get("kind") != "decision" and domain.is_active(
-            int(message.get("hop", 0)), self.hop_limit
-        )
-        text = render_for_agent(message)
-        if active and self.channel and self.pipe is not None:
-            await self._channel(str(message["id"]), text)
-        if self.pipe is not None or not self.logs_arrivals():
+        if self.pipe is not None:  # through a relay: the log line went with the "held" push
+            if self.channel and message.get("kind") != "decision" and domain.is_active(
+                int(message.get("hop", 0)), self.hop_limit
+            ):
+                await self._channel(str(message["id"]), render_for_agent(message))
             return
+        if not self.logs_arrivals():
+            return
+        text = render_for_agent(message)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -279,7 +282,7 @@ class Bridge:
             return
         self.queued_more()
         if again:
-            await self.relay.send_many([push_frame(Held(m, again=True)) for m in again])
+            await self.out.send_many([push_frame(Held(m, again=True)) for m in again])
 
     async def read_first(self) -> None:
         """Before written results come due, what the relay has sent already is read: a host
@@ -321,9 +324,9 @@ class Bridge:
                 self.showing.not_recorded(acks)
                 raise
             self.showing.recorded(acks)
-        if not self.relay.closed:
+        if not self.out.closed:
             try:  # recorded: the relay need not hand them to a next broker
-                await self.relay.send(push_frame(Acked(acks)))
+                await self.out.send(push_frame(Acked(acks)))
             except (trio.BrokenResourceError, trio.ClosedResourceError, protocol.ProtocolError):
                 pass
         return True

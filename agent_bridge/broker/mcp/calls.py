@@ -17,6 +17,7 @@ from agent_bridge.broker.mcp.fast import (
     argument_problem,
     drop_null_optionals,
     error_text,
+    text_json,
 )
 from agent_bridge.broker.mcp.observe import observe
 from agent_bridge.common import domain, ledger, tools
@@ -172,4 +173,4 @@ async def call_tool(
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    return text_json(value)

@@ -54,7 +54,7 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
     if session is None:
         return
     bridge = link.bridge = Bridge(broker, session, conn)
-    pipe = bridge.pipe = mcp_sdk.RelayPipe(conn)
+    pipe = bridge.pipe = mcp_sdk.RelayPipe(bridge.out)
     stdin_closed = False
     try:
         # Before the delivery task reads what is unacknowledged (and marks what was offered).
@@ -66,7 +66,11 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
         if isinstance(offered, list) and offered:
             await bridge.offered_by_relay([i for i in offered if isinstance(i, str)][: ledger.IDS_MAX])
         # The secret lets this relay resume exactly this session later (broker.sessions.identity).
-        hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret}
+        # "wire": this broker reads and, once the relay says it does too, sends line frames as
+        # bytes (ipc.protocol, relay wire 2); an older relay never asks, and is sent JSON frames.
+        hello = {"session": session.public(), "hopLimit": broker.settings.hop_limit, "secret": session.secret,
+                 "wire": protocol.LINES_WIRE}
+        conn.read_lines("relay")
         await conn.send(protocol.ok(request_id, hello))
         server = build_server(bridge)
         init = server.create_initialization_options(

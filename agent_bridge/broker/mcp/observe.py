@@ -29,7 +29,7 @@ async def capture(bridge: Bridge, session: Any) -> None:
         return
     queued = bridge.showing.queued()
     try:
-        await bridge.relay.send_many(bridge.arrival_logs(queued))
+        await bridge.out.send_many(bridge.arrival_logs(queued))
     except mcp_sdk.HOST_GONE as exc:  # a courtesy: the relay's end is the session's to handle
         log.debug("log notifications not sent: %s", exc)
     for message in queued:

@@ -25,6 +25,7 @@ from agent_bridge.ipc.frames import (
     LineParts,
     Offered,
     Ping,
+    Wire,
     Written,
     read_relay,
 )
@@ -117,6 +118,15 @@ class RelayReader:
     async def on_eof(self, frame: Eof) -> bool | None:
         return True
 
+    async def on_wire(self, frame: Wire) -> bool | None:
+        """The relay reads line frames as bytes: they go so from now on."""
+        if frame.wire != protocol.LINES_WIRE:
+            problem = f"relay frame: wire {frame.wire} is not spoken here (only {protocol.LINES_WIRE})"
+            await send_quietly(self.conn, protocol.error(None, "protocol", problem))
+            return False
+        self.bridge.out.raw_lines = True
+        return None
+
 
 RELAY_HANDLERS: dict[type, Callable[[RelayReader, Any], Awaitable[bool | None]]] = {
     Line: RelayReader.on_line,
@@ -125,6 +135,7 @@ RELAY_HANDLERS: dict[type, Callable[[RelayReader, Any], Awaitable[bool | None]]]
     Offered: RelayReader.on_offered,
     Ping: RelayReader.on_ping,
     Eof: RelayReader.on_eof,
+    Wire: RelayReader.on_wire,
 }
 
 

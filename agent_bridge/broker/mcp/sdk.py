@@ -140,9 +140,7 @@ class RelayPipe:
             if not line:
                 continue
             key, ids, written = self._watched(line) if self._watches else (None, [], None)
-            seq = await self._send(line, ids, written)
-            if key is not None and seq is not None:
-                self._sent_rids[key] = seq
+            await self._send(line, ids, written, key)
 
     # --- our own messages -------------------------------------------------------------
 
@@ -153,9 +151,7 @@ class RelayPipe:
         key = _key(rid)
         watch = self._watches.pop(key, None)
         ids, written = watch if watch is not None and shows else ([], None)
-        seq = await self._send(line, ids, written)
-        if written is not None and seq is not None:
-            self._sent_rids[key] = seq
+        await self._send(line, ids, written, key)
 
     async def send_line(self, line: str) -> None:
         """One line that shows nothing (a notification serialized as the SDK would)."""
@@ -167,18 +163,25 @@ class RelayPipe:
         line = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}, ensure_ascii=False)
         await self._send(line, ids or [], written)
 
-    async def _send(self, line: str, ids: list[str], written: Callable[[], None] | None) -> int | None:
+    async def _send(self, line: str, ids: list[str], written: Callable[[], None] | None,
+                    key: str | None = None) -> None:
+        """`line` to the relay; `written()` once it reports the line written. A watched response
+        (`key`) counts as on its way (`forget`) from before the send: the frame may wait for the
+        others of its turn (broker.mcp.outbox), and a cancel read meanwhile must find it."""
         seq = None
         if written is not None:
             seq = next(self._seq)
             self._sent[seq] = written
+            if key is not None:
+                self._sent_rids[key] = seq
         try:
             await self._conn.send_many([push_frame(frame) for frame in line_frames(line, seq, ids)])
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if seq is not None:
                 self._sent.pop(seq, None)
+                if key is not None:
+                    self._sent_rids.pop(key, None)
             raise BrokenPipeError("the relay to the host is gone") from exc
-        return seq
 
     def _watched(self, line: str) -> tuple[str | None, list[str], Callable[[], None] | None]:
         try:
