@@ -282,32 +282,34 @@ class Federation:
 
     async def receive(self, kind: str) -> None:
         """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked.
-        The acks go out beside the next pull: a delivery waits for no earlier one's ack."""
+        The acks of a batch go out with the next pull, in the same write to the hub (no reply
+        awaited: one lost is delivered again after ack_wait, and stored by id)."""
         await self.ready.wait()
-        async with trio.open_nursery() as acking:
-            while True:
-                try:
-                    delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
-                except FederationError as exc:
-                    self.error(f"receiving {kind}", exc)
-                    await trio.sleep(RETRY)
-                    continue
-                for incoming in delivered:
-                    await self._receive_one(kind, incoming, acking)
-                    # a batch applied on the loop (short transactions) lets a send or a delivery in between
-                    await trio.lowlevel.checkpoint()
+        acks: list[Incoming] = []  # committed, not acked yet
+        while True:
+            try:
+                delivered = await self.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT, acks)  # type: ignore[arg-type]
+            except FederationError as exc:  # the acks too: delivered again, stored by id
+                self.error(f"receiving {kind}", exc)
+                await trio.sleep(RETRY)
+                continue
+            finally:
+                acks = []
+            for incoming in delivered:
+                await self._receive_one(kind, incoming, acks)
+                # a batch applied on the loop (short transactions) lets a send or a delivery in between
+                await trio.lowlevel.checkpoint()
 
-    async def _receive_one(self, kind: str, incoming: Incoming, acking: trio.Nursery) -> None:
+    async def _receive_one(self, kind: str, incoming: Incoming, acks: list[Incoming]) -> None:
         token = self._next_token
         self._next_token += 1
         self._tokens[token] = incoming
         try:
             for action in self.inbound.fetched(token):
                 if isinstance(action, fed.Apply):
-                    acks = await self._apply(kind, token, incoming)
-                    self._ack_all(acks, acking)
+                    self._ack_all(await self._apply(kind, token, incoming), acks)
                 elif isinstance(action, fed.AckStream):
-                    self._ack_all([action], acking)
+                    self._ack_all([action], acks)
         finally:
             self._tokens.pop(token, None)
 
@@ -375,19 +377,12 @@ class Federation:
         if peer is not None and peer.host_session_id and self.broker.pending is not None:
             await self.broker.pending.add({peer.host_session_id})
 
-    def _ack_all(self, actions: Sequence[fed.InboundAction], acking: trio.Nursery) -> None:
-        """Start the acks the machine asked for (each after its delivery's commit): they run
-        beside the next deliveries and pulls, none waits for another."""
+    def _ack_all(self, actions: Sequence[fed.InboundAction], acks: list[Incoming]) -> None:
+        """The acks the machine asked for (each after its delivery's commit), for the next pull."""
         for action in actions:
             incoming = self._tokens.get(action.token) if isinstance(action, fed.AckStream) else None
             if incoming is not None:
-                acking.start_soon(self._ack, incoming)
-
-    async def _ack(self, incoming: Incoming) -> None:
-        try:
-            await self.transport.ack(incoming)
-        except FederationError as exc:  # the hub delivers it again; the store drops the repeat
-            self.error("acknowledging to the hub", exc)
+                acks.append(incoming)
 
     async def _term(self, incoming: Incoming) -> None:
         try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -261,9 +261,16 @@ class _Wire:
             self._subs[kind] = sub
         return sub
 
-    async def fetch(self, kind: subjects.Kind, batch: int, timeout: float) -> list[Incoming]:  # noqa: ASYNC109
+    async def fetch(
+        self, kind: subjects.Kind, batch: int, timeout: float, acks: Sequence[Any] = ()  # noqa: ASYNC109
+    ) -> list[Incoming]:
         nats_errors = require("nats.errors")
         js_errors = require("nats.js.errors")
+        for token in acks:  # written with the pull request below, no reply awaited
+            try:
+                await token.ack()
+            except Exception as exc:
+                raise _unknown_or(exc, "ack") from None
         try:
             sub = await self._subscription(kind)
         except js_errors.APIError as exc:
@@ -460,15 +467,20 @@ class Transport:
         kind: subjects.Kind,
         batch: int = 64,
         timeout: float = 1.0,  # noqa: ASYNC109 (the pull request's expiry on the hub, a long poll)
+        acks: Sequence[Incoming] = (),
     ) -> list[Incoming]:
         """Up to `batch` messages of `kind` addressed to this machine (all but our own decisions), waiting
         at most `timeout` for the first; [] when none came. `timeout` is the pull request's expiry on the
         hub: a Trio deadline instead would leave the request pending there, and messages it delivers
-        later would wait out ack_wait unseen."""
+        later would wait out ack_wait unseen. `acks`: earlier deliveries of `kind`, each committed
+        locally, acknowledged first, in the same write as the pull request and without waiting for
+        the hub's reply (one that is lost is delivered again after ack_wait); Unknown when they
+        could not be sent (the connection away)."""
         if kind not in subjects.KINDS:
             raise ValueError(f"kind: expected one of {', '.join(subjects.KINDS)}, got {kind!r}")
+        tokens = [incoming.ack_token for incoming in acks]
         async with self._fetching[kind]:
-            return await self._bridge.call(self._wire.fetch, kind, batch, timeout)
+            return await self._bridge.call(self._wire.fetch, kind, batch, timeout, tokens)
 
     async def ack(self, incoming: Incoming) -> None:
         """Acknowledge `incoming` to the hub: call only after it is committed locally. Unknown on a
