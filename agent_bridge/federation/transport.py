@@ -147,6 +147,10 @@ class _Wire:
         self._nc: Any = None
         self._js: Any = None
         self._subs: dict[str, Any] = {}
+        # Per kind: whether the last delivery said more wait on the hub (its num_pending). While
+        # none do, a pull asks for one message: nats-py returns it as it arrives, where a pull
+        # for several waits for the hub's "no more messages" after it.
+        self._more: dict[str, bool] = {}
 
     def _set_status(self, status: Status, /, **changes: Any) -> None:
         """Replace the whole Status (read from the Trio thread without a lock), then say so."""
@@ -280,8 +284,9 @@ class _Wire:
         except Exception as exc:
             raise _unknown_or(exc, f"making the {kind} consumer") from None
         try:
-            msgs = await sub.fetch(batch, timeout=timeout)
+            msgs = await sub.fetch(batch if self._more.get(kind, True) else 1, timeout=timeout)
         except (nats_errors.TimeoutError, TimeoutError):  # nothing came (nats-py raises either)
+            self._more[kind] = False
             return []
         except js_errors.APIError as exc:
             raise HubError(f"reading {kind}: the hub refused: {exc.description}") from None
@@ -289,6 +294,7 @@ class _Wire:
             raise
         except Exception as exc:
             raise _unknown_or(exc, f"reading {kind}") from None
+        self._more[kind] = _more_pending(msgs)
         out: list[Incoming] = []
         for m in msgs:
             try:
@@ -385,6 +391,14 @@ class _Wire:
         self._set_status(self.status, connected=False, since=time.time())
 
 
+def _more_pending(msgs: list[Any]) -> bool:
+    """Whether the hub said, delivering the last of `msgs`, that more wait for this consumer."""
+    try:
+        return bool(msgs) and int(msgs[-1].metadata.num_pending) > 0
+    except Exception:  # noqa: BLE001 - not a JetStream delivery's reply subject: pull several to be sure
+        return True
+
+
 def _stream_of(team: str, subject: str) -> str:
     kind = subjects.parse(team, subject).kind
     return subjects.presence_stream(team) if kind == "presence" else subjects.stream(team)
@@ -470,9 +484,11 @@ class Transport:
         acks: Sequence[Incoming] = (),
     ) -> list[Incoming]:
         """Up to `batch` messages of `kind` addressed to this machine (all but our own decisions), waiting
-        at most `timeout` for the first; [] when none came. `timeout` is the pull request's expiry on the
-        hub: a Trio deadline instead would leave the request pending there, and messages it delivers
-        later would wait out ack_wait unseen. `acks`: earlier deliveries of `kind`, each committed
+        at most `timeout` for the first; [] when none came. One only while the hub said, with the last
+        delivery, that no more waited: it is returned as it arrives (a burst that came meanwhile is
+        said pending by it, and the next fetch takes up to `batch`). `timeout` is the pull request's
+        expiry on the hub: a Trio deadline instead would leave the request pending there, and messages
+        it delivers later would wait out ack_wait unseen. `acks`: earlier deliveries of `kind`, each committed
         locally, acknowledged first, in the same write as the pull request and without waiting for
         the hub's reply (one that is lost is delivered again after ack_wait); Unknown when they
         could not be sent (the connection away)."""
