@@ -13,9 +13,9 @@ the record of truth, the hub only carries.
   store's commit feed like the broker's other followers, at most one look per GAP.
 - Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
   consumer, applies each delivery in one transaction (by id: a repeat stores nothing), and only
-  after that commit acks it to the stream (`Inbound`), the ack running beside the next
-  deliveries and pulls; a body this machine can never store is logged and terminated; a store
-  failure acks nothing, so the hub delivers it again.
+  after that commit acks it to the stream (`Inbound`): a batch's acks go out with the next
+  pull, in the same write, no reply awaited; a body this machine can never store is logged and
+  terminated; a store failure acks nothing, so the hub delivers it again.
 - Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
   the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
   shows its sessions offline: core.federation.session_state).
@@ -40,8 +40,9 @@ from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
 from agent_bridge.federation import subjects
 from agent_bridge.federation.errors import FederationError
+from agent_bridge.federation.loop import Submitted
 from agent_bridge.federation.settings import FederationSettings
-from agent_bridge.federation.transport import Incoming, Transport, open_transport
+from agent_bridge.federation.transport import Incoming, Published, Transport, open_transport
 from agent_bridge.store.decisions import Recipient, host_key
 from agent_bridge.store.federation import Applied
 from agent_bridge.store.feed import Following
@@ -90,9 +91,11 @@ class Federation:
     def machine(self) -> str:
         return self.settings.machine
 
-    def kick(self, message_id: str | None = None) -> None:
-        """A send committed message `message_id` and its outbox row: published now, without
-        reading the outbox back. Without an id: look now (a publish ended, the next may go)."""
+    def kick(self, message_id: str | None = None, outgoing: tuple[str, bytes] | None = None) -> None:
+        """A send committed message `message_id` and its outbox row (`outgoing`: its machine and
+        body, as stored): published now, without reading the outbox back, its hop to the hub's
+        thread started before the send is answered. Without an id: look now (a publish ended,
+        the next may go)."""
         if message_id is None or self._publishing is None:  # before send_outbox runs: its first look
             self._kick.set()
             return
@@ -102,7 +105,8 @@ class Federation:
             self._known.add(key)
             now = now_ms()
             self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
-            self._start(self._publishing, self.outbox.tick(now))
+            handed = None if outgoing is None else (message_id, outgoing)
+            self._start(self._publishing, self.outbox.tick(now), handed)
 
     async def publishes_first(self) -> None:
         """Let the publishes a send started go out before its sender is answered: the message
@@ -203,11 +207,22 @@ class Federation:
         # a row a send handed meanwhile may be newer than this read: still held
         self._known = {(row.kind, row.id) for row in rows} | self._handed
 
-    def _start(self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction]) -> None:
+    def _start(
+        self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction],
+        handed: tuple[str, tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Carry out the machine's actions, each a task; the publish of the message a send
+        `handed` with its body starts here, the others once their task has read their row."""
         for action in actions:
             if isinstance(action, fed.Publish):
-                self._unstarted.add((action.kind, action.id))
-                publishing.start_soon(self._publish, action)
+                started = None
+                if handed is not None and (action.kind, action.id) == (fed.MSG, handed[0]):
+                    machine, body = handed[1]
+                    subject = self._subject(fed.MSG, machine)
+                    started = self.transport.start_publish(subject, body, action.msg_id)
+                else:
+                    self._unstarted.add((action.kind, action.id))
+                publishing.start_soon(self._publish, action, started)
             else:
                 publishing.start_soon(self._carry_out, action)
 
@@ -231,32 +246,35 @@ class Federation:
         if kicked.is_set():
             self._kick = trio.Event()
 
-    async def _publish(self, action: fed.Publish) -> None:
+    async def _publish(self, action: fed.Publish, started: Submitted[Published] | None = None) -> None:
         self._unstarted.discard((action.kind, action.id))
         if action.kind == fed.MSG:
-            await self._publish_row(action)
+            await self._publish_row(action, started)
         else:
             async with self._background:
                 await self._publish_row(action)
 
-    async def _publish_row(self, action: fed.Publish) -> None:
-        item = await self.broker.db.outbox_item(action.kind, action.id)
-        if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
-            now = now_ms()
-            done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
-                    else self.outbox.published(action.kind, action.id, now))
-            await self._carry_all(done)
-            return
-        machine, body = item
+    def _subject(self, kind: str, machine: str | None) -> str:
         team, me = self.settings.team, self.machine
-        if action.kind == fed.MSG and machine is not None:
-            subject = subjects.msg(team, me, machine)
-        elif action.kind == fed.RCPT and machine is not None:
-            subject = subjects.rcpt(team, me, machine)
-        else:
-            subject = subjects.dec(team, me)
+        if kind == fed.MSG and machine is not None:
+            return subjects.msg(team, me, machine)
+        if kind == fed.RCPT and machine is not None:
+            return subjects.rcpt(team, me, machine)
+        return subjects.dec(team, me)
+
+    async def _publish_row(self, action: fed.Publish, started: Submitted[Published] | None = None) -> None:
+        if started is None:
+            item = await self.broker.db.outbox_item(action.kind, action.id)
+            if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
+                now = now_ms()
+                done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
+                        else self.outbox.published(action.kind, action.id, now))
+                await self._carry_all(done)
+                return
+            machine, body = item
+            started = self.transport.start_publish(self._subject(action.kind, machine), body, action.msg_id)
         try:
-            await self.transport.publish(subject, body, action.msg_id)
+            await started.result()
         except FederationError as exc:  # Unknown, HubError, NotConnected: the same id again later
             log.info("federation: %s %s not published yet: %s", action.kind, action.id, exc)
             await self._carry_all(self.outbox.not_published(action.kind, action.id, now_ms()))

@@ -34,7 +34,7 @@ import trio
 from agent_bridge.federation import hub, subjects
 from agent_bridge.federation.errors import FederationError, HubError, NotConnected, Unknown, require
 from agent_bridge.federation.identity import read_seed
-from agent_bridge.federation.loop import AsyncioBridge, open_asyncio_bridge
+from agent_bridge.federation.loop import AsyncioBridge, Submitted, open_asyncio_bridge
 from agent_bridge.federation.settings import FederationSettings
 
 MSG_ID = "Nats-Msg-Id"
@@ -469,12 +469,18 @@ class Transport:
         """Store `body` on the hub under `subject` (which must name this machine as sender) once per
         `msg_id`. Raises Unknown (retry with the same id) when the hub has not answered within `timeout`,
         HubError or NotConnected. (A Trio cancellation also ends it, as Cancelled: outcome unknown too.)"""
+        return await self.start_publish(subject, body, msg_id, timeout).result()
+
+    def start_publish(
+        self, subject: str, body: bytes, msg_id: str, timeout: float = PUBLISH_TIMEOUT
+    ) -> Submitted[Published]:
+        """`publish`, started now: its `result()` is what `publish` returns or raises."""
         address = subjects.parse(self.settings.team, subject)
         if address.sender != self.settings.machine:
             raise ValueError(f"{subject!r} does not name this machine ({self.settings.machine}) as sender")
         if not msg_id:
             raise ValueError("msg_id: expected a non-empty id")
-        return await self._bridge.call(self._wire.publish, subject, body, msg_id, timeout)
+        return self._bridge.submit(self._wire.publish, subject, body, msg_id, timeout)
 
     async def fetch(
         self,
