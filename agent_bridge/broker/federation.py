@@ -7,8 +7,8 @@ the record of truth, the hub only carries.
   with it; a receipt going back; a decision or retraction for the team) is handed to the
   `Outbox` machine, and published as it says, with the row's id as `Nats-Msg-Id`. A PubAck or an
   unknown outcome goes back to the machine; its marks (relayed, unconfirmed, done) to the store.
-  A send to another machine hands its row to the machine itself (kick) and lets the publish go
-  out before its sender is answered, with no read of the outbox; the rest (receipts and the
+  A send to another machine hands its row and body to the machine itself (kick), and its
+  publish starts there, before its sender is answered, with no read of the outbox; the rest (receipts and the
   team's decisions that became due, rows a restart left) the task finds by following the
   store's commit feed like the broker's other followers, at most one look per GAP.
 - Receiving: one loop per kind (messages, receipts, decisions) pulls from this machine's durable
