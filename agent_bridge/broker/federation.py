@@ -23,6 +23,7 @@ the record of truth, the hub only carries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
 from agent_bridge.federation import subjects
 from agent_bridge.federation.errors import FederationError
-from agent_bridge.federation.loop import Submitted
+from agent_bridge.federation.loop import BridgeClosed, Submitted
 from agent_bridge.federation.settings import FederationSettings
 from agent_bridge.federation.transport import Incoming, Published, Transport, open_transport
 from agent_bridge.store.decisions import Recipient, host_key
@@ -219,8 +220,9 @@ class Federation:
                 if handed is not None and (action.kind, action.id) == (fed.MSG, handed[0]):
                     machine, body = handed[1]
                     subject = self._subject(fed.MSG, machine)
-                    started = self.transport.start_publish(subject, body, action.msg_id)
-                else:
+                    with contextlib.suppress(BridgeClosed):  # closing: its task reads the row, as before
+                        started = self.transport.start_publish(subject, body, action.msg_id)
+                if started is None:
                     self._unstarted.add((action.kind, action.id))
                 publishing.start_soon(self._publish, action, started)
             else:
