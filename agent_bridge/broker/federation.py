@@ -7,16 +7,16 @@ the record of truth, the hub only carries.
   with it; a receipt going back; a decision or retraction for the team) is handed to the
   `Outbox` machine, and published as it says, with the row's id as `Nats-Msg-Id`. A PubAck or an
   unknown outcome goes back to the machine; its marks (relayed, unconfirmed, done) to the store.
-  A send to another machine hands its row to the machine itself (kick) and lets the publish go
-  out before its sender is answered, with no read of the outbox; the rest (receipts and the
+  A send to another machine hands its row and body to the machine itself (kick), and its
+  publish starts there, before its sender is answered, with no read of the outbox; the rest (receipts and the
   team's decisions that became due, rows a restart left) the task finds by following the
   store's commit feed like the broker's other followers, at most one look per GAP.
 - Receiving (`Receiving`, beside `Presence`): one loop per kind (messages, receipts,
   decisions) pulls from this machine's durable consumer, applies each delivery in one
   transaction (by id: a repeat stores nothing), and only after that commit acks it to the
-  stream (`Inbound`), the ack running beside the next deliveries and pulls; a body this machine
-  can never store is logged and terminated; a store failure acks nothing, so the hub delivers
-  it again.
+  stream (`Inbound`): a batch's acks go out with the next pull, in the same write, no reply
+  awaited; a body this machine can never store is logged and terminated; a store failure acks
+  nothing, so the hub delivers it again.
 - Presence: this machine's connected sessions, published on change and every PRESENCE_EVERY;
   the other machines' read back every PRESENCE_READ and recorded (a machine silent for 90 s
   shows its sessions offline: core.federation.session_state).
@@ -24,6 +24,7 @@ the record of truth, the hub only carries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -41,8 +42,9 @@ from agent_bridge.core import envelopes as env
 from agent_bridge.core import federation as fed
 from agent_bridge.federation import subjects
 from agent_bridge.federation.errors import FederationError, StoreLost
+from agent_bridge.federation.loop import BridgeClosed, Submitted
 from agent_bridge.federation.settings import FederationSettings
-from agent_bridge.federation.transport import Incoming, Transport, open_transport
+from agent_bridge.federation.transport import Incoming, Published, Transport, open_transport
 from agent_bridge.store.decisions import Recipient, host_key
 from agent_bridge.store.federation import Applied
 from agent_bridge.store.feed import Following
@@ -91,9 +93,11 @@ class Federation:
     def machine(self) -> str:
         return self.settings.machine
 
-    def kick(self, message_id: str | None = None) -> None:
-        """A send committed message `message_id` and its outbox row: published now, without
-        reading the outbox back. Without an id: look now (a publish ended, the next may go)."""
+    def kick(self, message_id: str | None = None, outgoing: tuple[str, bytes] | None = None) -> None:
+        """A send committed message `message_id` and its outbox row (`outgoing`: its machine and
+        body, as stored): published now, without reading the outbox back, its hop to the hub's
+        thread started before the send is answered. Without an id: look now (a publish ended,
+        the next may go)."""
         if message_id is None or self._publishing is None:  # before send_outbox runs: its first look
             self._kick.set()
             return
@@ -103,7 +107,8 @@ class Federation:
             self._known.add(key)
             now = now_ms()
             self.outbox.queued(fed.OutboxRow(message_id, fed.MSG, now), now)
-            self._start(self._publishing, self.outbox.tick(now))
+            handed = None if outgoing is None else (message_id, outgoing)
+            self._start(self._publishing, self.outbox.tick(now), handed)
 
     async def publishes_first(self) -> None:
         """Let the publishes a send started go out before its sender is answered: the message
@@ -250,11 +255,23 @@ class Federation:
         # a row a send handed meanwhile may be newer than this read: still held
         self._known = {(row.kind, row.id) for row in rows} | self._handed
 
-    def _start(self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction]) -> None:
+    def _start(
+        self, publishing: trio.Nursery, actions: Sequence[fed.OutboxAction],
+        handed: tuple[str, tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Carry out the machine's actions, each a task; the publish of the message a send
+        `handed` with its body starts here, the others once their task has read their row."""
         for action in actions:
             if isinstance(action, fed.Publish):
-                self._unstarted.add((action.kind, action.id))
-                publishing.start_soon(self._publish, action)
+                started = None
+                if handed is not None and (action.kind, action.id) == (fed.MSG, handed[0]):
+                    machine, body = handed[1]
+                    subject = self._subject(fed.MSG, machine)
+                    with contextlib.suppress(BridgeClosed):  # closing: its task reads the row, as before
+                        started = self.transport.start_publish(subject, body, action.msg_id)
+                if started is None:
+                    self._unstarted.add((action.kind, action.id))
+                publishing.start_soon(self._publish, action, started)
             else:
                 publishing.start_soon(self._carry_out, action)
 
@@ -278,32 +295,35 @@ class Federation:
         if kicked.is_set():
             self._kick = trio.Event()
 
-    async def _publish(self, action: fed.Publish) -> None:
+    async def _publish(self, action: fed.Publish, started: Submitted[Published] | None = None) -> None:
         self._unstarted.discard((action.kind, action.id))
         if action.kind == fed.MSG:
-            await self._publish_row(action)
+            await self._publish_row(action, started)
         else:
             async with self._background:
                 await self._publish_row(action)
 
-    async def _publish_row(self, action: fed.Publish) -> None:
-        item = await self.broker.db.outbox_item(action.kind, action.id)
-        if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
-            now = now_ms()
-            done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
-                    else self.outbox.published(action.kind, action.id, now))
-            await self.carry_all(done)
-            return
-        machine, body = item
+    def _subject(self, kind: str, machine: str | None) -> str:
         team, me = self.settings.team, self.machine
-        if action.kind == fed.MSG and machine is not None:
-            subject = subjects.msg(team, me, machine)
-        elif action.kind == fed.RCPT and machine is not None:
-            subject = subjects.rcpt(team, me, machine)
-        else:
-            subject = subjects.dec(team, me)
+        if kind == fed.MSG and machine is not None:
+            return subjects.msg(team, me, machine)
+        if kind == fed.RCPT and machine is not None:
+            return subjects.rcpt(team, me, machine)
+        return subjects.dec(team, me)
+
+    async def _publish_row(self, action: fed.Publish, started: Submitted[Published] | None = None) -> None:
+        if started is None:
+            item = await self.broker.db.outbox_item(action.kind, action.id)
+            if item is None:  # done meanwhile (confirmed: a receipt came): nothing to publish
+                now = now_ms()
+                done = (self.outbox.confirmed(action.kind, action.id, now) if action.kind in fed.CONFIRMED
+                        else self.outbox.published(action.kind, action.id, now))
+                await self.carry_all(done)
+                return
+            machine, body = item
+            started = self.transport.start_publish(self._subject(action.kind, machine), body, action.msg_id)
         try:
-            await self.transport.publish(subject, body, action.msg_id)
+            await started.result()
         except FederationError as exc:  # Unknown, HubError, NotConnected: the same id again later
             log.info("federation: %s %s not published yet: %s", action.kind, action.id, exc)
             if isinstance(exc, StoreLost):
@@ -341,32 +361,34 @@ class Receiving:
 
     async def receive(self, kind: str) -> None:
         """Pull `kind` from this machine's consumer for ever; each delivery committed, then acked.
-        The acks go out beside the next pull: a delivery waits for no earlier one's ack."""
+        The acks of a batch go out with the next pull, in the same write to the hub (no reply
+        awaited: one lost is delivered again after ack_wait, and stored by id)."""
         await self.team.ready.wait()
-        async with trio.open_nursery() as acking:
-            while True:
-                try:
-                    delivered = await self.team.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT)  # type: ignore[arg-type]
-                except FederationError as exc:
-                    self.team.error(f"receiving {kind}", exc)
-                    await trio.sleep(RETRY)
-                    continue
-                for incoming in delivered:
-                    await self._receive_one(kind, incoming, acking)
-                    # a batch applied on the loop (short transactions) lets a send or a delivery in between
-                    await trio.lowlevel.checkpoint()
+        acks: list[Incoming] = []  # committed, not acked yet
+        while True:
+            try:
+                delivered = await self.team.transport.fetch(kind, FETCH_BATCH, FETCH_WAIT, acks)  # type: ignore[arg-type]
+            except FederationError as exc:  # the acks too: delivered again, stored by id
+                self.team.error(f"receiving {kind}", exc)
+                await trio.sleep(RETRY)
+                continue
+            finally:
+                acks = []
+            for incoming in delivered:
+                await self._receive_one(kind, incoming, acks)
+                # a batch applied on the loop (short transactions) lets a send or a delivery in between
+                await trio.lowlevel.checkpoint()
 
-    async def _receive_one(self, kind: str, incoming: Incoming, acking: trio.Nursery) -> None:
+    async def _receive_one(self, kind: str, incoming: Incoming, acks: list[Incoming]) -> None:
         token = self._next_token
         self._next_token += 1
         self._tokens[token] = incoming
         try:
             for action in self.team.inbound.fetched(token):
                 if isinstance(action, fed.Apply):
-                    acks = await self._apply(kind, token, incoming)
-                    self._ack_all(acks, acking)
+                    self._ack_all(await self._apply(kind, token, incoming), acks)
                 elif isinstance(action, fed.AckStream):
-                    self._ack_all([action], acking)
+                    self._ack_all([action], acks)
         finally:
             self._tokens.pop(token, None)
 
@@ -435,19 +457,12 @@ class Receiving:
         if peer is not None and peer.host_session_id and self.team.broker.pending is not None:
             await self.team.broker.pending.add({peer.host_session_id})
 
-    def _ack_all(self, actions: Sequence[fed.InboundAction], acking: trio.Nursery) -> None:
-        """Start the acks the machine asked for (each after its delivery's commit): they run
-        beside the next deliveries and pulls, none waits for another."""
+    def _ack_all(self, actions: Sequence[fed.InboundAction], acks: list[Incoming]) -> None:
+        """The acks the machine asked for (each after its delivery's commit), for the next pull."""
         for action in actions:
             incoming = self._tokens.get(action.token) if isinstance(action, fed.AckStream) else None
             if incoming is not None:
-                acking.start_soon(self._ack, incoming)
-
-    async def _ack(self, incoming: Incoming) -> None:
-        try:
-            await self.team.transport.ack(incoming)
-        except FederationError as exc:  # the hub delivers it again; the store drops the repeat
-            self.team.error("acknowledging to the hub", exc)
+                acks.append(incoming)
 
     async def _term(self, incoming: Incoming) -> None:
         try:

@@ -23,7 +23,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -65,27 +65,48 @@ class AsyncioBridge:
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `await fn(*args)` on the asyncio loop and return (or raise) what it does."""
+        return await self.submit(fn, *args).result()
+
+    def submit(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Submitted[T]:
+        """Start `await fn(*args)` on the asyncio loop now, without waiting: its caller goes on
+        (a send's answer) while the loop's thread wakes. Await `result()` once, always: it
+        returns or raises what `call` would, and a Trio cancellation there cancels the call."""
         if self._closed:
             raise BridgeClosed("the asyncio loop is stopped")
-        done = trio.Event()
+        return Submitted(self._loop, self._token, fn, args)
+
+
+class Submitted(Generic[T]):
+    """A call started on the asyncio loop (AsyncioBridge.submit), its outcome to await."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken,
+        fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+    ) -> None:
+        self._loop = loop
+        done = self._done = trio.Event()
         box: dict[str, Any] = {}
+        self._box = box
 
         def finished(task: asyncio.Task[T]) -> None:  # on the asyncio thread
             box["task_done"] = task
             try:
-                self._token.run_sync_soon(done.set)
+                token.run_sync_soon(done.set)
             except trio.RunFinishedError:  # the Trio run is gone: nobody waits any more
                 pass
 
         def start() -> None:  # on the asyncio thread
-            task = self._loop.create_task(_awaited(fn, args))
+            task = loop.create_task(_awaited(fn, args))
             box["task"] = task
             task.add_done_callback(finished)
 
         try:
-            self._loop.call_soon_threadsafe(start)
+            loop.call_soon_threadsafe(start)
         except RuntimeError:  # the loop was closed under us
             raise BridgeClosed("the asyncio loop is stopped") from None
+
+    async def result(self) -> T:
+        done, box = self._done, self._box
         try:
             await done.wait()
         except trio.Cancelled:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,7 +41,7 @@ from agent_bridge.federation.errors import (
     require,
 )
 from agent_bridge.federation.identity import read_seed
-from agent_bridge.federation.loop import AsyncioBridge, open_asyncio_bridge
+from agent_bridge.federation.loop import AsyncioBridge, Submitted, open_asyncio_bridge
 from agent_bridge.federation.settings import FederationSettings
 
 MSG_ID = "Nats-Msg-Id"
@@ -155,6 +155,10 @@ class _Wire:
         self._nc: Any = None
         self._js: Any = None
         self._subs: dict[str, Any] = {}
+        # Per kind: whether the last delivery said more wait on the hub (its num_pending). While
+        # none do, a pull asks for one message: nats-py returns it as it arrives, where a pull
+        # for several waits for the hub's "no more messages" after it.
+        self._more: dict[str, bool] = {}
 
     def _set_status(self, status: Status, /, **changes: Any) -> None:
         """Replace the whole Status (read from the Trio thread without a lock), then say so."""
@@ -269,9 +273,16 @@ class _Wire:
             self._subs[kind] = sub
         return sub
 
-    async def fetch(self, kind: subjects.Kind, batch: int, timeout: float) -> list[Incoming]:  # noqa: ASYNC109
+    async def fetch(
+        self, kind: subjects.Kind, batch: int, timeout: float, acks: Sequence[Any] = ()  # noqa: ASYNC109
+    ) -> list[Incoming]:
         nats_errors = require("nats.errors")
         js_errors = require("nats.js.errors")
+        for token in acks:  # written with the pull request below, no reply awaited
+            try:
+                await token.ack()
+            except Exception as exc:
+                raise _unknown_or(exc, "ack") from None
         try:
             sub = await self._subscription(kind)
         except js_errors.APIError as exc:
@@ -283,8 +294,9 @@ class _Wire:
         except Exception as exc:
             raise _unknown_or(exc, f"making the {kind} consumer") from None
         try:
-            msgs = await sub.fetch(batch, timeout=timeout)
+            msgs = await sub.fetch(batch if self._more.get(kind, True) else 1, timeout=timeout)
         except (nats_errors.TimeoutError, TimeoutError):  # nothing came (nats-py raises either)
+            self._more[kind] = False
             return []
         except js_errors.ServiceUnavailableError:  # no responder: the hub has no such consumer (any more)
             self._subs.pop(kind, None)
@@ -299,6 +311,7 @@ class _Wire:
             raise
         except Exception as exc:
             raise _unknown_or(exc, f"reading {kind}") from None
+        self._more[kind] = _more_pending(msgs)
         out: list[Incoming] = []
         for m in msgs:
             try:
@@ -405,6 +418,14 @@ async def _quietly(step: Any) -> None:
         pass
 
 
+def _more_pending(msgs: list[Any]) -> bool:
+    """Whether the hub said, delivering the last of `msgs`, that more wait for this consumer."""
+    try:
+        return bool(msgs) and int(msgs[-1].metadata.num_pending) > 0
+    except Exception:  # noqa: BLE001 - not a JetStream delivery's reply subject: pull several to be sure
+        return True
+
+
 def _stream_of(team: str, subject: str) -> str:
     kind = subjects.parse(team, subject).kind
     return subjects.presence_stream(team) if kind == "presence" else subjects.stream(team)
@@ -475,27 +496,40 @@ class Transport:
         """Store `body` on the hub under `subject` (which must name this machine as sender) once per
         `msg_id`. Raises Unknown (retry with the same id) when the hub has not answered within `timeout`,
         HubError or NotConnected. (A Trio cancellation also ends it, as Cancelled: outcome unknown too.)"""
+        return await self.start_publish(subject, body, msg_id, timeout).result()
+
+    def start_publish(
+        self, subject: str, body: bytes, msg_id: str, timeout: float = PUBLISH_TIMEOUT
+    ) -> Submitted[Published]:
+        """`publish`, started now: its `result()` is what `publish` returns or raises."""
         address = subjects.parse(self.settings.team, subject)
         if address.sender != self.settings.machine:
             raise ValueError(f"{subject!r} does not name this machine ({self.settings.machine}) as sender")
         if not msg_id:
             raise ValueError("msg_id: expected a non-empty id")
-        return await self._bridge.call(self._wire.publish, subject, body, msg_id, timeout)
+        return self._bridge.submit(self._wire.publish, subject, body, msg_id, timeout)
 
     async def fetch(
         self,
         kind: subjects.Kind,
         batch: int = 64,
         timeout: float = 1.0,  # noqa: ASYNC109 (the pull request's expiry on the hub, a long poll)
+        acks: Sequence[Incoming] = (),
     ) -> list[Incoming]:
         """Up to `batch` messages of `kind` addressed to this machine (all but our own decisions), waiting
-        at most `timeout` for the first; [] when none came. `timeout` is the pull request's expiry on the
-        hub: a Trio deadline instead would leave the request pending there, and messages it delivers
-        later would wait out ack_wait unseen."""
+        at most `timeout` for the first; [] when none came. One only while the hub said, with the last
+        delivery, that no more waited: it is returned as it arrives (a burst that came meanwhile is
+        said pending by it, and the next fetch takes up to `batch`). `timeout` is the pull request's
+        expiry on the hub: a Trio deadline instead would leave the request pending there, and messages
+        it delivers later would wait out ack_wait unseen. `acks`: earlier deliveries of `kind`, each committed
+        locally, acknowledged first, in the same write as the pull request and without waiting for
+        the hub's reply (one that is lost is delivered again after ack_wait); Unknown when they
+        could not be sent (the connection away)."""
         if kind not in subjects.KINDS:
             raise ValueError(f"kind: expected one of {', '.join(subjects.KINDS)}, got {kind!r}")
+        tokens = [incoming.ack_token for incoming in acks]
         async with self._fetching[kind]:
-            return await self._bridge.call(self._wire.fetch, kind, batch, timeout)
+            return await self._bridge.call(self._wire.fetch, kind, batch, timeout, tokens)
 
     async def ack(self, incoming: Incoming) -> None:
         """Acknowledge `incoming` to the hub: call only after it is committed locally. Unknown on a

@@ -96,7 +96,8 @@ class Federation(TeamDecisions):
                 created_at=now, send_id=key,
             ))
             self._queue_out(fed.MSG, message_id, machine, body, now)
-        return Stored([Message(message_id, sender, to_peer_id, to_name, text, hop, reply_to, "message", now)])
+        message = Message(message_id, sender, to_peer_id, to_name, text, hop, reply_to, "message", now)
+        return Stored([message], outgoing=(machine, body))
 
     # --- what another machine sent -------------------------------------------------------------
 

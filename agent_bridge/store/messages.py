@@ -37,10 +37,13 @@ class Send(NamedTuple):
 
 
 class Stored(NamedTuple):
-    """What a send stored, as pushed; `duplicate`: its message_id had stored them before."""
+    """What a send stored, as pushed; `duplicate`: its message_id had stored them before;
+    `outgoing`: for a new message to another machine, that machine and the body its outbox row
+    holds (published at once, without reading the row back)."""
 
     messages: list[Message]
     duplicate: bool = False
+    outgoing: tuple[str, bytes] | None = None
 
 
 class Messages(Peers):

@@ -215,7 +215,7 @@ async def send_remote(broker: Broker, sender_id: str, plan: PlannedRemote) -> Se
     except InputError as exc:
         return exc
     if broker.federation is not None:  # published now, before the sender is answered
-        broker.federation.kick(None if stored.duplicate else stored.messages[0].id)
+        broker.federation.kick(None if stored.duplicate else stored.messages[0].id, stored.outgoing)
         await broker.federation.publishes_first()
     return SentRemote(stored, plan)
 
