@@ -3,6 +3,7 @@ and the one session an address names."""
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import Any
 
 from agent_bridge.common import display, ledger
@@ -12,7 +13,7 @@ from agent_bridge.common.rows import Peer
 ADDRESS_MAX = 200
 
 
-def no_unknown(args: dict[str, Any], allowed: set[str], op: str) -> None:
+def no_unknown(args: dict[str, Any], allowed: Set[str], op: str) -> None:
     if args.keys() <= allowed:  # (every request passes here: the usual answer, without sorting)
         return
     extra = sorted(set(args) - allowed)

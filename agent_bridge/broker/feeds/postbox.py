@@ -84,6 +84,12 @@ class Pending:
             if add:
                 await trio.to_thread.run_sync(self._apply, add, set())
 
+    def has_all(self, host_session_ids: set[str]) -> bool:
+        """Whether `add` of these would do nothing: no pass under way and every file there (the
+        common case: a send to a session with a message waiting already). Checked before `add`
+        without a trip through the scheduler."""
+        return not self._lock.locked() and all(self._digest(h) in self.present for h in host_session_ids)
+
     def _digest(self, host_session_id: str) -> str:
         """paths.host_session_digest, remembered (a SHA-256 per recipient of every send)."""
         digest = self._digests.get(host_session_id)

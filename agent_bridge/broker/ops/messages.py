@@ -16,7 +16,7 @@ from agent_bridge.broker.args import no_unknown as _no_unknown
 from agent_bridge.broker.args import opt_str as _opt_str
 from agent_bridge.broker.args import req_str as _req_str
 from agent_bridge.broker.sessions.session import Session
-from agent_bridge.broker.state import Broker, control_op, session_op
+from agent_bridge.broker.state import Broker, control_op, no_pause, session_op
 from agent_bridge.common import domain
 from agent_bridge.common.domain import InputError
 from agent_bridge.common.rows import SentReceipt
@@ -158,9 +158,10 @@ async def commit_sends(
 ) -> list[Stored | InputError]:
     """The sends to sessions of this machine, in one transaction; their recipients' delivery
     tasks poked and their post box files there before the answer."""
-    if session is not None:
+    if session is not None and session.tentative:
         await broker.identity.on_request(session)
-    await broker.pause("send:resolved")
+    if broker.pause is not no_pause:
+        await broker.pause("send:resolved")
     stored = await broker.db.send(sender_id, planned, now_ms(), fault=broker.fault)
     hosts: set[str] = set()
     for to_id in {m.to_id for s in stored if isinstance(s, Stored) for m in s.messages}:
@@ -170,7 +171,7 @@ async def commit_sends(
         peer = recipient.peer if recipient is not None else await broker.db.get_peer(to_id)
         if peer is not None and peer.host_session_id:
             hosts.add(peer.host_session_id)
-    if broker.pending is not None and hosts:
+    if broker.pending is not None and hosts and not broker.pending.has_all(hosts):
         await broker.pending.add(hosts)  # what the sender sees sent, the hooks find in the post box
     return stored
 
@@ -257,13 +258,16 @@ async def plan_remote(broker: Broker, to: str, text: str, reply_to: str | None,
     return PlannedRemote(found.id, Outgoing(found.id, text, hop, reply_to), key, found.address, found.state)
 
 
+_SEND_ARGS = frozenset({"to", "text", "reply_to", "message_id"})
+_SEND_ARGS_CLI = _SEND_ARGS | {"project"}  # the command line names the project it sends from
+
+
 async def plan_send(
     broker: Broker, session: Session | None, args: dict[str, Any]
 ) -> Planned | PlannedRemote | Stored:
     """The send to store and when its recipient was last seen (for one not connected); or,
     for a message_id that stored messages before, those (checked again when storing)."""
-    allowed = {"to", "text", "reply_to", "message_id"} | ({"project"} if session is None else set())
-    _no_unknown(args, allowed, "send")
+    _no_unknown(args, _SEND_ARGS if session is not None else _SEND_ARGS_CLI, "send")
     to = _req_str(args, "to", ADDRESS_MAX)
     text = domain.normalize_message_text(args.get("text"))
     reply_to = _opt_str(args, "reply_to", ADDRESS_MAX)
@@ -274,10 +278,11 @@ async def plan_send(
             raise before
         if before is not None:
             return before
-    remote = await plan_remote(broker, to, text, reply_to, key)
-    if remote is not None:
-        return remote
-    if broker.federation is not None and "@" in to:  # this machine's own name: the session here
+    if broker.federation is not None and "@" in to:
+        remote = await plan_remote(broker, to, text, reply_to, key)
+        if remote is not None:
+            return remote
+        # this machine's own name: the session here
         name, _, machine = to.rpartition("@")
         if machine == broker.federation.machine:
             to = name
