@@ -253,32 +253,44 @@ async def _two_sessions_and_a_third(calls: StoreCalls) -> tuple[str, str, str]:
 async def test_the_sends_and_acknowledgements_of_one_turn_share_one_commit(tmp_path: Path) -> None:
     """Group commit: sends of two sessions and another's acknowledgement, called together (as
     three connections' requests read in one turn of the loop), are one transaction; each caller
-    gets its own answer. One at a time, each is a commit of its own."""
+    gets its own answer. After GROUP_PROBE calls alone in a row (one message at a time), calls
+    run at once, each its own commit, until one of every GROUP_PROBE looks for others again: a
+    burst is one commit by then, and so is every burst after it."""
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
         a, b, c = await _two_sessions_and_a_third(calls)
-        (first,) = await calls.send(a, [Send((Outgoing(b, "first", 1, None),))], now=2)
         commits = Commits(runner.store)
         await calls.send(c, [Send((Outgoing(b, "alone", 1, None),))], now=3)
         assert commits.count == 1  # the counter counts
-        results: dict[str, object] = {}
 
-        async def send(sender: str, text: str) -> None:
-            (stored,) = await calls.send(sender, [Send((Outgoing(b, text, 1, None),))], now=4)
-            results[text] = [m.text for m in stored.messages]
+        async def burst(n: int) -> tuple[int, dict[str, object]]:
+            (first,) = await calls.send(a, [Send((Outgoing(b, f"to ack {n}", 1, None),))], now=4)
+            before, results = commits.count, {}
 
-        async def ack() -> None:
-            results["ack"] = await calls.ack(b, [first.messages[0].id], now=4)
+            async def send(sender: str, text: str) -> None:
+                (stored,) = await calls.send(sender, [Send((Outgoing(b, text, 1, None),))], now=4)
+                results[text] = [m.text for m in stored.messages]
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(send, a, "from a")
-            nursery.start_soon(send, c, "from c")
-            nursery.start_soon(ack)
-        assert commits.count == 2
-        assert results == {"from a": ["from a"], "from c": ["from c"], "ack": 1}
-        unacked = await calls.unacked(b)
-        assert sorted(m.text for m in unacked) == ["alone", "from a", "from c"]
+            async def ack() -> None:
+                results["ack"] = await calls.ack(b, [first.messages[0].id], now=4)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send, a, f"from a {n}")
+                nursery.start_soon(send, c, f"from c {n}")
+                nursery.start_soon(ack)
+            return commits.count - before, results
+
+        assert (await burst(0))[0] == 1
+        for n in range(storage.GROUP_PROBE):  # one message at a time: nothing joins
+            await calls.send(a, [Send((Outgoing(b, f"one at a time {n}", 1, None),))], now=5)
+        counts = [(await burst(n))[0] for n in range(1, storage.GROUP_PROBE + 2)]
+        assert counts[0] == 3 and 1 in counts, counts  # at once, then a probe finds a group again
+        last, results = await burst(99)
+        assert last == 1
+        assert results == {"from a 99": ["from a 99"], "from c 99": ["from c 99"], "ack": 1}
+        unacked = {m.text for m in await calls.unacked(b)}
+        assert {"alone", "from a 99", "from c 99"} <= unacked and "to ack 99" not in unacked
     finally:
         await runner.run(runner.close_store)
         runner.stop()

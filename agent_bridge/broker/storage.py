@@ -158,6 +158,8 @@ class StoreRunner:
         # dashboard's live stream: dashboard.changes.ChangeFeed.poke). Must be cheap and thread-safe.
         self.on_change: Callable[[], None] | None = None
         self._group: list[_Job] | None = None  # run_grouped: the calls of this turn, while forming
+        self._misses = 0  # run_grouped: groups of one call in a row
+        self._alone = 0  # run_grouped: calls run at once since the last group was formed
         self._thread.start()
 
     async def run(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -220,7 +222,11 @@ class StoreRunner:
         savepoint), on the loop or, if the thread got work meanwhile, on the thread; each
         caller gets its own result or error, only after the commit. A commit saved is about a
         third of the store's work per message (docs/performance.md). Cancellation is honoured
-        while a call waits to start, as in `run`."""
+        while a call waits to start, as in `run`.
+
+        The turn spent waiting is a cost when nothing joins (one message at a time): after
+        GROUP_PROBE groups of one in a row, calls run at once, as `run_short`, and every
+        GROUP_PROBE-th forms a group again to see whether others join."""
         call = _Job(method, args, kwargs)
         if self._group is not None:  # a group is forming: wait for its leader
             self._group.append(call)
@@ -233,6 +239,11 @@ class StoreRunner:
 
             result: T = await trio.lowlevel.wait_task_rescheduled(abort)
             return result
+        if self._misses >= GROUP_PROBE and self._alone < GROUP_PROBE:
+            # the last groups were each one call (one message at a time): no turn of the
+            # scheduler spent waiting for others, except on every GROUP_PROBE-th call
+            self._alone += 1
+            return await self.run_short(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()
         self._group = group = [call]
         try:
@@ -242,6 +253,7 @@ class StoreRunner:
         members = [c for c in group if not c.cancelled]
         for member in members:
             member.started = True
+        self._misses, self._alone = (0 if len(group) > 1 else self._misses + 1), 0
         if len(members) == 1:
             if not self._loop_may_write():
                 result = await self.run(method, *args, **kwargs)
@@ -343,6 +355,10 @@ class StoreRunner:
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 
+
+# StoreRunner.run_grouped: after this many groups of one call in a row, calls run at once, and
+# one in this many waits again for others to join.
+GROUP_PROBE = 8
 
 # What the event loop may commit itself (StoreRunner.run_short): a few rows, a little text.
 SHORT_ROWS = 16
