@@ -134,10 +134,10 @@ class Broker:
         await self.identity.detach(session)
 
     async def identify(self, args: dict[str, Any]) -> dict[str, Any]:
-        return await self.identity.identify(args)
+        return await self.identity.reports.identify(args)
 
     async def ingest_reports(self) -> int:
-        return await self.identity.ingest_reports()
+        return await self.identity.reports.ingest()
 
     # --- requests from sessions --------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Who is who (SPEC §3): which session record a connection is, and when two records are one.
 
 The broker's dispatch calls in here at hello (`attach`), at the end of a connection
-(`detach`), for a hook's report (`identify`, `ingest_reports`) and for an identity an MCP
+(`detach`), for a hook's report (`reports`: sessions.reports) and for an identity an MCP
 server saw itself (`learn`). The pairing rules live here and nowhere else:
 
 1. Resume. A connection that presents a session id with that session's secret (handed out at
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,9 +39,9 @@ from agent_bridge.broker.args import (
     parse_host,
     parse_parent,
     parse_resume,
-    req_str,
 )
 from agent_bridge.broker.sessions.registry import Registry
+from agent_bridge.broker.sessions.reports import HookReports
 from agent_bridge.broker.sessions.session import (
     RANK_CLAUDE_ENV,
     RANK_CODEX_META,
@@ -52,7 +51,7 @@ from agent_bridge.broker.sessions.session import (
     Link,
     Session,
 )
-from agent_bridge.common import domain, jsonlimit, paths
+from agent_bridge.common import domain
 from agent_bridge.common.domain import InputError
 from agent_bridge.common.projectkey import project_key
 from agent_bridge.common.rows import Peer
@@ -132,6 +131,7 @@ class Identity:
         self.stop = stop
         self.lock = trio.Lock()  # attach/learn/identify change who is who: one at a time
         self._said: set[str] = set()
+        self.reports = HookReports(self, db, home)  # what hooks say about the host they run under
 
     # --- hello ---------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ class Identity:
         db, registry = self._db, self.registry
 
         async with self.lock:
-            await self.ingest_reports()
+            await self.reports.ingest()
             peer, how, hsid, rank, _ambiguous = await self._find_record(
                 resume, explicit, claude_env, host, instance, pid, agent=agent, project=project, kind=kind
             )
@@ -321,7 +321,7 @@ class Identity:
             session.tentative = False
             await self.queue_missed(session)
 
-    async def _confirm(self, session: Session) -> None:
+    async def confirm(self, session: Session) -> None:
         """A source as strong as a hook vouches for the session's host session id: it is real."""
         if session.tentative and session.rank >= RANK_HOOK:
             session.tentative = False
@@ -354,7 +354,7 @@ class Identity:
         registry, db = self.registry, self._db
         if session.host_session_id == hsid:
             session.rank = max(session.rank, rank)
-            await self._confirm(session)
+            await self.confirm(session)
             return True
         if session.host_session_id and rank < session.rank:
             return False  # a weaker source never overrides a stronger one
@@ -417,71 +417,6 @@ class Identity:
         if queued:
             log.info("catch-up: %d decision(s) queued for %s", queued, session.name)
             session.poke()
-
-    # --- hooks ---------------------------------------------------------------------------
-
-    async def identify(self, args: dict[str, Any]) -> dict[str, Any]:
-        """A hook reports the host session id of the host it runs under."""
-        allowed = {"hostSessionId", "agent", "host", "chain", "cwd", "source", "event", "at"}
-        no_unknown(args, allowed, "identify")
-        hsid = req_str(args, "hostSessionId", ADDRESS_MAX)
-        agent = domain.normalize_agent(args.get("agent", hosts.DEFAULT.name))
-        host = parse_host(args.get("host"))
-        async with self.lock:
-            return await self._identify(hsid, agent, host)
-
-    async def _identify(self, hsid: str, agent: str, host: tuple[int, int] | None) -> dict[str, Any]:
-        registry, db = self.registry, self._db
-        if host is not None:
-            await db.record_host_instance(
-                host[0], host[1], hsid, agent, now_ms(), exclusive=agent in hosts.EXCLUSIVE
-            )
-        bound = registry.find_connected(hsid)
-        if bound is not None and bound.host_session_id == hsid:
-            bound.rank = max(bound.rank, RANK_HOOK)
-            await self._confirm(bound)
-            return {"session": bound.public(), "paired": True}
-        # a connection given its host session id on its command line is that session only (one
-        # relay per session of an opencode process, relay.router): never another id's candidate
-        candidates = [s for s in registry.sessions.values()
-                      if host is not None and s.host == host and s.rank < RANK_EXPLICIT]
-        if len(candidates) == 1:
-            paired = await self.learn(candidates[0], hsid, RANK_HOOK)
-            return {"session": candidates[0].public() if paired else None, "paired": paired}
-        if len(candidates) > 1:
-            log.warning(
-                "host %s has %d connected sessions; cannot tell which is %s", host, len(candidates), hsid
-            )
-            return {"session": None, "paired": False, "ambiguous": True}
-        peer = await db.peer_by_host_session(hsid)
-        return {"session": None if peer is None else peer.public(), "paired": False}
-
-    async def ingest_reports(self) -> int:
-        """Identity reports hooks left in the home folder while no broker ran."""
-        folder = self.home / paths.REPORTS_DIR
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError:
-            return 0
-        count = 0
-        for entry in names:
-            if not entry.endswith(".json"):
-                continue
-            path = folder / entry
-            try:
-                report = jsonlimit.loads(path.read_text(encoding="utf-8"))
-                hsid = req_str(report, "hostSessionId", ADDRESS_MAX)
-                agent = domain.normalize_agent(report.get("agent", hosts.DEFAULT.name))
-                host = parse_host(report.get("host"))
-                await self._identify(hsid, agent, host)
-                count += 1
-            except (OSError, ValueError, InputError) as exc:
-                log.warning("ignored identity report %s: %s", entry, exc)
-            try:
-                path.unlink()
-            except OSError:
-                pass
-        return count
 
 
 def _resumed_rank(hsid: str | None, explicit: str | None) -> int:
