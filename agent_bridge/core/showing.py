@@ -85,15 +85,10 @@ class Entry:
         return dict(self.message, repeat=True) if self.repeat else self.message
 
 
-class Showing:
-    """The states of one session's messages in one process (see the module's docstring).
-
-    Every message not acknowledged has one Entry, indexed by its state and by the answer that
-    shows it, so that each event and query touches only the entries it concerns: a busy
-    session's answers settling for their grace period are many, and none of them is looked at
-    by the next `inbox`. Queue order is each entry's `order` (arrival, or the front for one
-    offered again). The acknowledged ones are kept only as ids (ACKED), forgotten oldest first
-    past ACKED_MEMORY."""
+class Entries:
+    """One session's messages not acknowledged, each one Entry indexed by its state and by the
+    answer that shows it, so that each event and query touches only the entries it concerns;
+    the acknowledged ones kept as ids. The index and the queries; Showing has the events."""
 
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
@@ -147,6 +142,60 @@ class Showing:
 
     def settling_due(self) -> float | None:
         return min((e.due for e in self._in[SETTLING].values()), default=None)
+
+    # --- inside ---------------------------------------------------------------------
+
+    def _new(self, message: dict[str, Any], known: bool = True) -> Entry:
+        """A new entry, last in line, queued."""
+        entry = Entry(message, known)
+        self._back += 1
+        entry.order = self._back
+        self.entries[entry.mid] = entry
+        self._in[QUEUED][entry.mid] = entry
+        return entry
+
+    def _put(self, entry: Entry, state: str, by: str | None = None) -> None:
+        """Move `entry` to `state`, shown by `by` (None when queued): every index follows."""
+        mid = entry.mid
+        if entry.state != state:
+            self._in[entry.state].pop(mid, None)
+            self._in[state][mid] = entry
+            entry.state = state
+        if entry.by != by:
+            if entry.by is not None:
+                shown_by = self._of.get(entry.by)
+                if shown_by is not None:
+                    shown_by.pop(mid, None)
+                    if not shown_by:
+                        del self._of[entry.by]
+            if by is not None:
+                self._of.setdefault(by, {})[mid] = entry
+            entry.by = by
+
+    def _first(self, entries: list[Entry]) -> None:
+        """Put these first in line, in the order given."""
+        for entry in reversed(entries):
+            self._front -= 1
+            entry.order = self._front
+
+    def _drop(self, entry: Entry) -> None:
+        self._put(entry, QUEUED)
+        del self._in[QUEUED][entry.mid]
+        del self.entries[entry.mid]
+
+    def _by(self, by: str, states: tuple[str, ...]) -> list[Entry]:
+        return sorted((e for e in self._of.get(by, {}).values() if e.state in states), key=_order)
+
+
+class Showing(Entries):
+    """The states of one session's messages in one process (see the module's docstring).
+
+    Every message not acknowledged has one Entry, indexed by its state and by the answer that
+    shows it, so that each event and query touches only the entries it concerns: a busy
+    session's answers settling for their grace period are many, and none of them is looked at
+    by the next `inbox`. Queue order is each entry's `order` (arrival, or the front for one
+    offered again). The acknowledged ones are kept only as ids (ACKED), forgotten oldest first
+    past ACKED_MEMORY."""
 
     # --- events ---------------------------------------------------------------------
 
@@ -351,49 +400,6 @@ class Showing:
         """A new broker pushes what is still unacknowledged: drop the queued copies."""
         for entry in list(self._in[QUEUED].values()):
             self._drop(entry)
-
-    # --- inside ---------------------------------------------------------------------
-
-    def _new(self, message: dict[str, Any], known: bool = True) -> Entry:
-        """A new entry, last in line, queued."""
-        entry = Entry(message, known)
-        self._back += 1
-        entry.order = self._back
-        self.entries[entry.mid] = entry
-        self._in[QUEUED][entry.mid] = entry
-        return entry
-
-    def _put(self, entry: Entry, state: str, by: str | None = None) -> None:
-        """Move `entry` to `state`, shown by `by` (None when queued): every index follows."""
-        mid = entry.mid
-        if entry.state != state:
-            self._in[entry.state].pop(mid, None)
-            self._in[state][mid] = entry
-            entry.state = state
-        if entry.by != by:
-            if entry.by is not None:
-                shown_by = self._of.get(entry.by)
-                if shown_by is not None:
-                    shown_by.pop(mid, None)
-                    if not shown_by:
-                        del self._of[entry.by]
-            if by is not None:
-                self._of.setdefault(by, {})[mid] = entry
-            entry.by = by
-
-    def _first(self, entries: list[Entry]) -> None:
-        """Put these first in line, in the order given."""
-        for entry in reversed(entries):
-            self._front -= 1
-            entry.order = self._front
-
-    def _drop(self, entry: Entry) -> None:
-        self._put(entry, QUEUED)
-        del self._in[QUEUED][entry.mid]
-        del self.entries[entry.mid]
-
-    def _by(self, by: str, states: tuple[str, ...]) -> list[Entry]:
-        return sorted((e for e in self._of.get(by, {}).values() if e.state in states), key=_order)
 
     def _ack(self, mid: str) -> None:
         entry = self.entries.get(mid)
