@@ -392,3 +392,27 @@ async def test_a_group_formed_while_the_thread_is_busy_commits_once_there(
         release.set()
         await runner.run(runner.close_store)
         runner.stop()
+
+
+async def test_a_group_of_many_calls_commits_once_on_the_store_thread(
+    tmp_path: Path, vfs: RecordingVFS
+) -> None:
+    """However many calls join one turn, the loop holds no long transaction: a group of more
+    than GROUP_ON_LOOP calls is one commit on the store's thread."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, c = await _two_sessions_and_a_third(calls)
+        commits = Commits(runner.store)
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        async with trio.open_nursery() as nursery:
+            for n in range(storage.GROUP_ON_LOOP + 1):
+                nursery.start_soon(calls.send, a, [Send((Outgoing(b, f"many {n}", 1, None),))], 4)
+        assert commits.count == 1
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]
+        assert len(await calls.unacked(b)) == storage.GROUP_ON_LOOP + 1
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()

@@ -260,9 +260,9 @@ class StoreRunner:
                 return result
             result = self._on_loop(call.fn)
             return result
-        if self._loop_may_write():
+        if len(members) <= GROUP_ON_LOOP and self._loop_may_write():
             self._on_loop(functools.partial(self._commit_group, members))
-        else:  # shielded: the others wait on this leader, whatever happens to its own caller
+        else:  # a large group, or a busy thread: there, shielded (the others wait on this leader)
             with trio.CancelScope(shield=True):
                 await self.run(self._commit_group, members)
         outcomes = [m.outcome or outcome.Error(RuntimeError("not run")) for m in members]
@@ -359,6 +359,10 @@ class StoreRunner:
 # StoreRunner.run_grouped: after this many groups of one call in a row, calls run at once, and
 # one in this many waits again for others to join.
 GROUP_PROBE = 8
+
+# StoreRunner.run_grouped: a group of more calls than this commits on the store's thread (each
+# call is short, SHORT_ROWS; the loop holds no long transaction however many join).
+GROUP_ON_LOOP = 16
 
 # What the event loop may commit itself (StoreRunner.run_short): a few rows, a little text.
 SHORT_ROWS = 16

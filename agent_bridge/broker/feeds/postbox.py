@@ -76,9 +76,9 @@ class Pending:
         that has nothing waiting after all. With no pass under way and every file there, nothing
         to do and nothing to wait for (the common case: a send to a session with a message
         waiting already)."""
-        digests = {self._digest(h) for h in host_session_ids}
-        if not self._lock.locked() and digests <= self.present:
+        if self.has_all(host_session_ids):
             return  # no pass can remove one before this send is answered: one would start after
+        digests = {self._digest(h) for h in host_session_ids}
         async with self._lock:
             add = digests - self.present
             if add:
