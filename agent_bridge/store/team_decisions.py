@@ -41,7 +41,8 @@ class TeamDecisions(TeamRecords, Decisions):
                 if body is not None:
                     self._queue_out(fed.DEC, str(decision_id), None, body, now)
                     queued += 1
-            self._set_cursor("decisions", last)
+            if last != after:  # an unchanged cursor is not written: a look that found nothing
+                self._set_cursor("decisions", last)  # changes no row, so it pokes no commit feed
             after = self._cursor("retractions")
             last = after
             for seq, retraction_id in self.conn.execute(
@@ -54,7 +55,8 @@ class TeamDecisions(TeamRecords, Decisions):
                 if body is not None:
                     self._queue_out(fed.DEC, str(retraction_id), None, body, now)
                     queued += 1
-            self._set_cursor("retractions", last)
+            if last != after:
+                self._set_cursor("retractions", last)
         return queued
 
     def _decision_body(self, decision_id: str, project_key: Callable[[str], str | None]) -> bytes | None:

@@ -213,6 +213,24 @@ def current(store: Store, topic: str) -> str | None:
     return found[0].id if found else None
 
 
+def test_a_look_that_finds_nothing_new_changes_no_row(laptop: Store) -> None:
+    """The broker's outbox looks at the store after every commit that changed rows (the commit
+    feed); a look that finds nothing new must change none itself, or an idle broker pokes its
+    own feed and every follower (post box, indexer, alerts, this look) runs again, GAP apart,
+    for ever. Once the decisions and the retraction are queued, looking again writes nothing."""
+    me = session(laptop, "claude-app", "/home/me/app")
+    decide(laptop, me, "camera", "hold to look", "all", T0)
+    laptop.retract(topic="camera", reason="gone", author=me, author_agent="claude", connected=[], now=T0 + 1)
+    assert laptop.queue_team_decisions(T0 + 2, {}.get) == 2
+    before = laptop.conn.total_changes()
+    for at in (T0 + 3, T0 + 4):
+        assert laptop.queue_team_decisions(at, {}.get) == 0
+        laptop.queue_receipt_updates(at)
+        laptop.outbox_rows()
+        assert laptop.forget_remote(at, fed.FORGET_AFTER_MS) == []
+    assert laptop.conn.total_changes() == before
+
+
 def test_decisions_reach_the_team_by_scope_and_project_key(laptop: Store, devbox: Store) -> None:
     me = session(laptop, "claude-app", "/home/me/app")
     d_all = decide(laptop, me, "camera", "hold to look", "all", T0)
