@@ -416,3 +416,37 @@ async def test_a_group_of_many_calls_commits_once_on_the_store_thread(
     finally:
         await runner.run(runner.close_store)
         runner.stop()
+
+
+def test_a_group_commit_keeps_its_savepoints_in_memory(tmp_path: Path) -> None:
+    """Each call of a group commit is a savepoint of one transaction (Store.one_commit), and
+    SQLite keeps a savepoint's undo pages in a temporary file once they pass 64 KiB unless
+    temp_store is MEMORY: a file opened, written and closed around commits on the send path.
+    Watched through a VFS that passes every open on to the default one: the writer opens none."""
+    opened: list[int] = []
+
+    class Watching(apsw.VFS):
+        def __init__(self) -> None:
+            super().__init__("watching-temp-files", "", makedefault=True)
+
+        def xOpen(self, name: object, flags: list[int]) -> apsw.VFSFile:  # noqa: N802 - APSW's name
+            opened.append(flags[0])
+            return super().xOpen(name, flags)  # type: ignore[arg-type]
+
+    vfs = Watching()
+    try:
+        store = Store.open(tmp_path / "bridge.db")
+        a, b = (store.create_peer(agent="claude", name=n, project="/p", kind="interactive",
+                                  host_session_id=None, now=1) for n in ("a", "b"))
+        opened.clear()
+        acked: list[str] = []
+        for _ in range(100):  # the savepoints' pages pass 64 KiB in about one commit in two
+            with store.one_commit():
+                sent = store.send_messages(a.id, [Outgoing(b.id, "x" * 300, 1, None)] * 16, 2)
+                store.ack(b.id, acked, 3)
+            acked = [m.id for m in sent]
+        store.close()
+    finally:
+        vfs.unregister()
+    subjournal = int(apsw.mapping_open_flags["SQLITE_OPEN_SUBJOURNAL"])
+    assert not [f for f in opened if f & subjournal]
