@@ -99,6 +99,15 @@ def git(folder: Path, *args: str) -> str:
     return done.stdout
 
 
+def after_delegate(requests: list[Any], job: dict[str, Any]) -> Any:
+    """The parent model's request that carries `delegate`'s answer (the job's id in its result):
+    the job's answer message must be in it, put there by the hook that ran after that tool call
+    (the broker adds the parent's post box file before a waiting `delegate` is answered)."""
+    carrying = [r for r in requests if job["id"] in r.text]
+    assert carrying, "no request carried delegate's answer"
+    return carrying[0]
+
+
 def claude_parent(world: World, *steps: tuple[str, dict[str, Any]]) -> tuple[str, Any]:
     session = str(uuid.uuid4())
     return session, world.claude(plan(*steps), session_id=session)
@@ -120,9 +129,7 @@ def test_claude_delegates_to_codex_and_gets_the_answer_in_its_next_request(jobs_
     [(to, body)] = job_messages(w)
     assert to.startswith("claude") and body.startswith(f"Job {job['name']} (codex, read access) finished")
     said = f"Job {job['name']} (codex, read access) finished"
-    carried = [r for r in w.claude_model.requests if said in r.text]
-    assert carried, "the job's answer never reached the parent model"
-    assert w.claude_model.requests.index(carried[0]) < len(w.claude_model.requests)
+    assert said in after_delegate(w.claude_model.requests, job).text, "not in the parent's next request"
 
 
 def test_codex_delegates_to_claude_and_gets_the_answer_in_its_next_request(jobs_world: World) -> None:
@@ -135,7 +142,8 @@ def test_codex_delegates_to_claude_and_gets_the_answer_in_its_next_request(jobs_
     assert "PostgreSQL, decided before the job" in w.claude_model.requests[0].text
     [(to, body)] = job_messages(w)
     assert to.startswith("codex") and f"Job {job['name']} (claude, read access) finished" in body
-    assert any(f"Job {job['name']} (claude, read access) finished" in r.text for r in w.codex_model.requests)
+    said = f"Job {job['name']} (claude, read access) finished"
+    assert said in after_delegate(w.codex_model.requests, job).text, "not in the parent's next request"
 
 
 def test_a_worktree_job_edits_its_branch_and_never_the_working_copy(jobs_world: World) -> None:

@@ -408,7 +408,7 @@ def oc_jobs(oc: OpencodeWorld) -> Iterator[OpencodeWorld]:
 
 
 def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorld) -> None:
-    from tests.hosts.test_jobs import job_messages, jobs
+    from tests.hosts.test_jobs import after_delegate, job_messages, jobs
 
     w = oc_jobs.world
     w.bridge("decide", "db", "PostgreSQL, decided before the job")
@@ -420,7 +420,7 @@ def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorl
     first = oc_jobs.main_requests(str(job["thread"]))[0]
     assert "PostgreSQL, decided before the job" in first.text
     said = f"Job {job['name']} (opencode, read access) finished"
-    assert any(said in r.text for r in w.codex_model.requests)
+    assert said in after_delegate(w.codex_model.requests, job).text
 
     run = oc_jobs.run(plan(("delegate", {"agent": "codex", "task": plan(("whoami", {})) + " review",
                                          "wait_seconds": 50}), ("whoami", {}))).wait()
@@ -428,7 +428,7 @@ def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorl
     assert back["state"] == "finished" and back["answer"] == "done.", back
     assert [to for to, _ in job_messages(w)][-1].startswith("opencode")
     said = f"Job {back['name']} (codex, read access) finished"
-    assert any(said in r.text for r in oc_jobs.main_requests(session_of(run)))
+    assert said in after_delegate(oc_jobs.main_requests(session_of(run)), back).text
 
 
 def test_cancel_ends_an_opencode_jobs_process_group(oc_jobs: OpencodeWorld) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from agent_bridge import hosts
+from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker
 from agent_bridge.common import paths, procinfo
 from agent_bridge.common.domain import InputError
@@ -250,8 +251,23 @@ class Supervisor:
             parent = self.broker.sessions.get(row.parent.id or "")
             if parent is not None:
                 parent.poke()
+            await self._post(row.parent.id, parent)
         self.ended.setdefault(row.id, trio.Event()).set()
         log.info("job %s: %s", row.name, ended.state)
+
+    async def _post(self, parent_id: str | None, parent: Session | None) -> None:
+        """The parent's file in the hooks' post box, before a `delegate` waiting on this run is
+        answered: its next tool call's hook finds the answer, as a send's recipient's does
+        (feeds/postbox.py; the box's own pass would come up to GAP later)."""
+        pending = self.broker.pending
+        peer = parent.peer if parent is not None else (
+            await self.broker.db.get_peer(parent_id) if parent_id else None)
+        if pending is None or peer is None or not peer.host_session_id:
+            return
+        try:
+            await pending.add({peer.host_session_id})
+        except OSError as exc:  # the box's next pass tries again; the message is stored either way
+            log.warning("job: could not add %s's post box file: %s", peer.name, exc)
 
     # --- files -----------------------------------------------------------------------------
 
