@@ -2,9 +2,10 @@
 the outbox of what goes to them, each write one transaction with what it stands for.
 
     queue_remote_message     a send to `name@machine`: the message, its receipt row, its outbox row
-    apply_remote_message     a message from another machine: stored by id (a repeat a no-op), and
-                             a receipt row for its sender queued either way
-    queue_receipt_updates    remote messages shown or acknowledged here since: their receipts queued
+    apply_remote_message     a message from another machine: stored by id; a repeat stores nothing
+                             and queues the receipt it has now (its sender did not hear the last)
+    queue_receipt_updates    remote messages stored, shown or acknowledged here since the last
+                             look: for each, the receipt of the highest state it reached
     apply_remote_receipt     a receipt for a message sent from here: monotonic, ends its outbox row
     queue_team_decisions     this machine's decisions and retractions (scope all, or a project with
                              a git origin) not yet queued for the team
@@ -103,8 +104,11 @@ class Federation(TeamDecisions):
 
     def apply_remote_message(self, from_machine: str, message: env.MessageEnvelope, now: int) -> Applied:
         """A message from `from_machine` to a session here: stored once by its id; a repeat stores
-        nothing. Either way a receipt row goes back (a repeat means its sender did not hear the
-        last one). InputError (nothing stored) for a recipient that is not a session here."""
+        nothing and queues the receipt it has now (its sender did not hear the last one). A new
+        one's receipt is queued by the outbox's next look (`queue_receipt_updates`), off the
+        message's path, and only the highest state it reached by then: a message shown and
+        acknowledged before that look sends one receipt, not three. InputError (nothing stored)
+        for a recipient that is not a session here."""
         with self.conn:
             row = self.conn.execute(
                 "SELECT machine, to_peer FROM messages WHERE id = ?", (message.id,)
@@ -123,13 +127,12 @@ class Federation(TeamDecisions):
             sender = self._ensure_remote_peer(from_machine, message.sender, now)
             self.conn.execute(
                 "INSERT INTO messages(id, from_peer, to_peer, body, hop, reply_to, created_at, machine, "
-                "reported) VALUES (?,?,?,?,?,?,?,?,?)",
+                "reported) VALUES (?,?,?,?,?,?,?,?,0)",
                 (message.id, sender, to_id, message.text, message.hop, message.reply_to,
-                 message.created_at, from_machine, fed.receipt_rank(fed.STORED)),
+                 message.created_at, from_machine),
             )
             self.conn.execute("INSERT INTO receipts(message_id, peer_id) VALUES (?, ?)", (message.id, to_id))
             seq = self.conn.last_insert_rowid()
-            self._queue_receipt(message.id, from_machine, fed.receipt_rank(fed.STORED), now)
             self._heard(from_machine, now)
         tap = self.taps.get(to_id)  # committed: its delivery task takes it as a local send's, no read back
         if tap is not None:
@@ -139,17 +142,19 @@ class Federation(TeamDecisions):
         return Applied.NEW
 
     def queue_receipt_updates(self, now: int) -> int:
-        """Receipts for messages from other machines that were shown or acknowledged here since
-        the last call: one outbox row each, with `reported` moved on, one transaction."""
+        """Receipts for messages from other machines that were stored, shown or acknowledged here
+        since the last call: one outbox row each, for the highest state reached, with `reported`
+        moved on, one transaction."""
         with self.conn:
             rows = self.conn.execute(
                 "SELECT m.id, m.machine, m.reported, r.delivered_at, r.acked_at FROM messages m "
                 "JOIN receipts r ON r.message_id = m.id AND r.peer_id = m.to_peer "
-                "WHERE m.machine IS NOT NULL AND m.reported < 3 "
-                "AND (r.acked_at IS NOT NULL OR (r.delivered_at IS NOT NULL AND m.reported < 2))"
+                "WHERE m.machine IS NOT NULL AND m.reported < 3 AND (m.reported < 1 "
+                "OR r.acked_at IS NOT NULL OR (r.delivered_at IS NOT NULL AND m.reported < 2))"
             ).fetchall()
-            for message_id, machine, reported, _shown, acked in rows:
-                rank = fed.receipt_rank(fed.ACKNOWLEDGED if acked is not None else fed.SHOWN)
+            for message_id, machine, reported, shown, acked in rows:
+                rank = fed.receipt_rank(
+                    fed.ACKNOWLEDGED if acked is not None else fed.SHOWN if shown is not None else fed.STORED)
                 if rank > int(reported or 0):
                     self._queue_receipt(str(message_id), str(machine), rank, now)
                     self.conn.execute("UPDATE messages SET reported = ? WHERE id = ?", (rank, message_id))

@@ -140,6 +140,40 @@ def test_a_message_arrives_once_and_its_receipts_come_back(laptop: Store, devbox
     assert fq.sending_machines(laptop.conn, [mid]) == {} and fq.remote_marks(devbox.conn, [mid]) == {}
 
 
+def test_a_look_queues_one_receipt_for_the_highest_state_a_message_reached(
+    laptop: Store, devbox: Store
+) -> None:
+    """A new message's receipt is not queued by the transaction that stores it (off the path to
+    its recipient) but by the outbox's next look, for the highest state reached by then: one
+    acknowledged before the look sends `acknowledged` alone; one not shown yet sends `stored`,
+    then `shown` and `acknowledged` as later looks find them."""
+    quick, codex = send_to_devbox(laptop, devbox)
+    sender = laptop.list_peers()[0].id
+    later = laptop.queue_remote_message(sender, f"{codex}@devbox", "and this one?", 1, None, T0 + 1)
+    slow = later.messages[0].id
+    for mid in (quick, slow):
+        message = env.decode_message(outbox(laptop, fed.MSG)[mid][1])
+        assert devbox.apply_remote_message("laptop", message, T0 + 2) is Applied.NEW
+    assert outbox(devbox, fed.RCPT) == {}  # nothing queued on the message's path
+    devbox.offer(codex, [quick], T0 + 3, shown=[quick])
+    devbox.ack(codex, [quick], T0 + 4)
+    assert devbox.queue_receipt_updates(T0 + 5) == 2
+    assert set(outbox(devbox, fed.RCPT)) == {f"{quick}/acknowledged", f"{slow}/stored"}
+    devbox.offer(codex, [slow], T0 + 6, shown=[slow])
+    devbox.queue_receipt_updates(T0 + 7)
+    devbox.ack(codex, [slow], T0 + 8)
+    devbox.queue_receipt_updates(T0 + 9)
+    assert devbox.queue_receipt_updates(T0 + 10) == 0
+    assert set(outbox(devbox, fed.RCPT)) == {f"{quick}/acknowledged", f"{slow}/stored", f"{slow}/shown",
+                                             f"{slow}/acknowledged"}
+    # the one receipt ends the sender's row and tells `sent` everything: stored, shown, acknowledged
+    ack = env.decode_receipt(outbox(devbox, fed.RCPT)[f"{quick}/acknowledged"][1])
+    assert laptop.apply_remote_receipt("devbox", ack, T0 + 11) is True
+    [sent] = laptop.sent(sender, [quick], 10)
+    assert sent.state == domain.ACKNOWLEDGED and quick not in outbox(laptop, fed.MSG)
+    assert fq.remote_marks(laptop.conn, [quick])[quick].stored_at == T0 + 5
+
+
 def test_a_repeat_answers_with_the_receipt_it_has_now(laptop: Store, devbox: Store) -> None:
     mid, codex = send_to_devbox(laptop, devbox)
     message = env.decode_message(next(iter(outbox(laptop, fed.MSG).values()))[1])

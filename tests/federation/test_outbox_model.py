@@ -139,6 +139,7 @@ class World(RuleBasedStateMachine):
         # B's committed rows
         self.b_inbox: Counter[str] = Counter()
         self.b_state: dict[str, int] = {}  # message id -> its local receipt rank (stored, shown, acked)
+        self.b_reported: dict[str, int] = {}  # message id -> the rank its last look queued a receipt for
         for side in (self.a, self.b):  # both start connected; `hub_link` takes them down and up
             self.hub_link(side.name, True)
 
@@ -369,11 +370,19 @@ class World(RuleBasedStateMachine):
     @precondition(lambda self: self.b_state)
     @rule(data=st.data())
     def b_shows(self, data: st.DataObject) -> None:
-        """The recipient session is shown the message, then acknowledges it: a receipt each."""
+        """The recipient session is shown the message, then acknowledges it (receipts: b_looks)."""
         mid = data.draw(st.sampled_from(sorted(self.b_state)))
         if self.b_state[mid] < fed.receipt_rank(fed.ACKNOWLEDGED):
             self.b_state[mid] += 1
-            self.queue_receipt(mid)
+
+    @rule()
+    def b_looks(self) -> None:
+        """B's outbox looks at its store (Store.queue_receipt_updates): for each message stored,
+        shown or acknowledged since, one receipt row, for the highest state it reached."""
+        for mid, rank in sorted(self.b_state.items()):
+            if rank > self.b_reported.get(mid, 0):
+                self.queue_receipt(mid)
+                self.b_reported[mid] = rank
 
     # --- rules: kill -9 -------------------------------------------------------------------------
 
@@ -425,6 +434,7 @@ class World(RuleBasedStateMachine):
                 self.run_inbound(self.b, self.b.inbound.fetched(entry.seq), self.msgs)
             while self.b.applying:
                 self.b_commit_one(min(self.b.applying))
+            self.b_looks()
             for entry in self.rcpts.unacked():
                 self.run_inbound(self.a, self.a.inbound.fetched(entry.seq), self.rcpts)
             while self.a.applying:
@@ -450,8 +460,9 @@ class World(RuleBasedStateMachine):
     # --- the stores' transactions --------------------------------------------------------------
 
     def b_commit_one(self, token: int) -> None:
-        """B's store applies one delivery: stored by id (a repeat a no-op) and a receipt row
-        queued either way (a repeat means its sender did not hear the last one); then acked."""
+        """B's store applies one delivery: stored by id, its receipt left to B's next look; a
+        repeat stores nothing and queues the receipt it has now (its sender did not hear the last
+        one); then acked."""
         mid = self.b.applying.pop(token).body
         if mid.startswith("d"):  # a decision: stored by id, its end-to-end receipt queued either way
             self.b_decisions.add(mid)
@@ -468,7 +479,8 @@ class World(RuleBasedStateMachine):
         if self.b_inbox[mid] == 0:
             self.b_inbox[mid] += 1
             self.b_state[mid] = fed.receipt_rank(fed.STORED)
-        self.queue_receipt(mid)
+        else:
+            self.queue_receipt(mid)
         if self.b.connected:
             self.run_inbound(self.b, self.b.inbound.applied(token), self.msgs)
 
