@@ -28,35 +28,29 @@ class TeamDecisions(TeamRecords, Decisions):
         """This machine's decisions and retractions not yet put in the outbox for the team, in
         recording order: scope all, or a project whose folder has a project key (`project_key`
         of the folder); sessions scopes and folders without an origin stay here. One transaction."""
-        queued = 0
         with self.conn:
-            after = self._cursor("decisions")
-            last = after
-            for seq, decision_id in self.conn.execute(
-                "SELECT seq, id FROM decisions WHERE seq > ? AND machine IS NULL ORDER BY seq", (after,)
-            ).fetchall():
-                assert isinstance(seq, int)
-                last = seq
-                body = self._decision_body(str(decision_id), project_key)
-                if body is not None:
-                    self._queue_out(fed.DEC, str(decision_id), None, body, now)
-                    queued += 1
-            if last != after:  # an unchanged cursor is not written: a look that found nothing
-                self._set_cursor("decisions", last)  # changes no row, so it pokes no commit feed
-            after = self._cursor("retractions")
-            last = after
-            for seq, retraction_id in self.conn.execute(
-                "SELECT seq, id FROM decision_retractions WHERE seq > ? AND machine IS NULL ORDER BY seq",
-                (after,),
-            ).fetchall():
-                assert isinstance(seq, int)
-                last = seq
-                body = self._retraction_body(str(retraction_id), project_key)
-                if body is not None:
-                    self._queue_out(fed.DEC, str(retraction_id), None, body, now)
-                    queued += 1
-            if last != after:
-                self._set_cursor("retractions", last)
+            queued = self._queue_new("decisions", lambda i: self._decision_body(i, project_key), now)
+            queued += self._queue_new("retractions", lambda i: self._retraction_body(i, project_key), now)
+        return queued
+
+    def _queue_new(self, cursor: str, body_of: Callable[[str], bytes | None], now: int) -> int:
+        """The records of this machine in `cursor`'s table ("decisions", "retractions") past the
+        cursor, each with a body put in the outbox; the cursor moved past them. An unchanged
+        cursor is not written: a look that found nothing changes no row, so it pokes no commit feed."""
+        table = "decisions" if cursor == "decisions" else "decision_retractions"
+        after = last = self._cursor(cursor)
+        queued = 0
+        for seq, record_id in self.conn.execute(
+            f"SELECT seq, id FROM {table} WHERE seq > ? AND machine IS NULL ORDER BY seq", (after,)
+        ).fetchall():
+            assert isinstance(seq, int)
+            last = seq
+            body = body_of(str(record_id))
+            if body is not None:
+                self._queue_out(fed.DEC, str(record_id), None, body, now)
+                queued += 1
+        if last != after:
+            self._set_cursor(cursor, last)
         return queued
 
     def _decision_body(self, decision_id: str, project_key: Callable[[str], str | None]) -> bytes | None:

@@ -16,8 +16,10 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -182,3 +184,17 @@ async def team_hub(folder: Path) -> AsyncIterator[Hub]:
         yield h
     finally:
         await h.kill()
+
+
+@asynccontextmanager
+async def a_to_b(team_hub: Hub, ack_wait: float = 1.0) -> AsyncIterator[tuple[Any, Any]]:
+    """Machine a's transport with the team's streams made, and b's, whose deliveries not acked
+    come back after `ack_wait` seconds: a sender and a receiver on the real hub."""
+    from agent_bridge.federation.transport import open_transport
+
+    async with (
+        open_transport(team_hub.machines["a"].settings(team_hub)) as a,
+        open_transport(team_hub.machines["b"].settings(team_hub), ack_wait=ack_wait) as b,
+    ):
+        await a.ensure_streams()
+        yield a, b

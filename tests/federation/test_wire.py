@@ -13,7 +13,7 @@ from agent_bridge.federation import subjects
 from agent_bridge.federation.errors import HubError, Unknown
 from agent_bridge.federation.transport import Published, open_transport
 
-from .conftest import TEAM, Hub
+from .conftest import TEAM, Hub, a_to_b
 
 GUARD = 30
 
@@ -86,13 +86,8 @@ async def test_a_retry_with_the_same_id_is_a_duplicate_also_after_a_hub_restart(
 
 
 async def test_what_is_not_acked_is_delivered_again(team_hub: Hub) -> None:
-    m = team_hub.machines
     with trio.fail_after(GUARD):
-        async with (
-            open_transport(m["a"].settings(team_hub)) as a,
-            open_transport(m["b"].settings(team_hub), ack_wait=1.0) as b,
-        ):
-            await a.ensure_streams()
+        async with a_to_b(team_hub) as (a, b):
             msg_id = str(uuid.uuid4())
             await a.publish(subjects.msg(TEAM, "a", "b"), b"ack me", msg_id)
             first = await b.fetch("msg", timeout=2)
@@ -105,13 +100,8 @@ async def test_what_is_not_acked_is_delivered_again(team_hub: Hub) -> None:
 
 
 async def test_what_is_termed_is_not_delivered_again(team_hub: Hub) -> None:
-    m = team_hub.machines
     with trio.fail_after(GUARD):
-        async with (
-            open_transport(m["a"].settings(team_hub)) as a,
-            open_transport(m["b"].settings(team_hub), ack_wait=1.0) as b,
-        ):
-            await a.ensure_streams()
+        async with a_to_b(team_hub) as (a, b):
             await a.publish(subjects.msg(TEAM, "a", "b"), b"\xffnot an envelope", "bad-1")
             await a.publish(subjects.msg(TEAM, "a", "b"), b"fine", "good-1")
             got = await b.fetch("msg", batch=2, timeout=2)

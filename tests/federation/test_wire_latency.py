@@ -13,7 +13,7 @@ from agent_bridge.federation import subjects
 from agent_bridge.federation.loop import open_asyncio_bridge
 from agent_bridge.federation.transport import open_transport
 
-from .conftest import TEAM, Hub
+from .conftest import TEAM, Hub, a_to_b
 
 GUARD = 30
 
@@ -21,13 +21,8 @@ GUARD = 30
 async def test_acks_handed_to_the_next_pull_are_acknowledged(team_hub: Hub) -> None:
     """Acks given to `fetch` reach the hub (nothing comes back after ack_wait); those not given
     come back, as test_wire's not-acked test shows for a fetch without any."""
-    m = team_hub.machines
     with trio.fail_after(GUARD):
-        async with (
-            open_transport(m["a"].settings(team_hub)) as a,
-            open_transport(m["b"].settings(team_hub), ack_wait=1.0) as b,
-        ):
-            await a.ensure_streams()
+        async with a_to_b(team_hub) as (a, b):
             for body in (b"one", b"two"):
                 await a.publish(subjects.msg(TEAM, "a", "b"), body, str(uuid.uuid4()))
             got = await b.fetch("msg", batch=10, timeout=2)
