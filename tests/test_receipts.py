@@ -6,6 +6,7 @@ rules, on real SQLite files: the upgrade to schema V_WAKES from every earlier ve
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
@@ -17,7 +18,7 @@ from agent_bridge.common import domain
 from agent_bridge.common.domain import InputError
 from agent_bridge.store import queries
 from agent_bridge.store.messages import Outgoing, Send, Stored
-from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_WAKES
+from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_LEAN_ACKS, V_WAKES
 from agent_bridge.store.writer import Store
 
 WAKES_VERSION = STEPS.index(V_WAKES) + 1
@@ -79,6 +80,53 @@ def test_the_upgrade_to_wake_records_keeps_every_receipt_and_moves_offers_apart(
             ("m3", "queued", ()), ("m2", "queued", ()), ("m1", "acknowledged", ("m3",))
         ]
         assert store.conn.execute("SELECT count(*) FROM wakes").fetchone()[0] == 0
+    finally:
+        store.close()
+
+
+def test_the_upgrade_to_lean_acknowledgements_keeps_every_receipt(tmp_path: Path) -> None:
+    """V_LEAN_ACKS drops messages.acked_at: what was acknowledged stays so, by its receipt."""
+    db = tmp_path / "bridge.db"
+    build_at(db, STEPS.index(V_LEAN_ACKS))
+    store = Store.open(db)
+    try:
+        assert store.version() == CURRENT_VERSION
+        columns = {row[1] for row in store.conn.execute("PRAGMA table_info(messages)")}
+        assert "acked_at" not in columns and {"id", "to_peer", "body"} <= columns
+        assert [(m.id, m.repeat) for m in store.unacked("p2")] == [("m2", True), ("m3", False)]
+        assert [(r.message.id, r.state) for r in store.sent("p1", None, 20)] == [
+            ("m3", "queued"), ("m2", "shown"), ("m1", "acknowledged")  # build_at: m2 written to the host
+        ]
+        assert store.ack("p2", ["m3", "m1"], now=30) == 1  # m1 was acknowledged before
+        assert [m.id for m in store.unacked("p2")] == ["m2"]
+    finally:
+        store.close()
+
+
+def _wal_pages_by_tree(store: Store, path: Path, change: Callable[[], object]) -> set[str]:
+    """The b-trees (tables, indexes) whose pages `change`'s commit wrote to the WAL."""
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL starts over: only this commit
+    change()
+    size = store.conn.execute("PRAGMA page_size").fetchone()[0]
+    wal = (path.parent / (path.name + "-wal")).read_bytes()
+    frames = range(32, len(wal), 24 + size)  # a 32-byte header; each frame: 24 bytes, then the page
+    pages = {int.from_bytes(wal[f:f + 4], "big") for f in frames}
+    owners = dict(store.conn.execute("SELECT pageno, name FROM dbstat"))
+    return {owners[p] for p in pages}
+
+
+def test_an_acknowledgement_writes_its_receipt_and_nothing_else(tmp_path: Path) -> None:
+    """The acknowledgement of a few messages changes the receipts' rows and the index of the
+    unacknowledged ones: no page of messages or of another index (V_LEAN_ACKS)."""
+    db = tmp_path / "bridge.db"
+    store = Store.open(db)
+    try:
+        a, b = two(store)
+        stored = store.send(a, [Send((Outgoing(b, f"note {i}", 1, None),)) for i in range(4)], now=5)
+        ids = [m.id for s in stored if isinstance(s, Stored) for m in s.messages]
+        trees = _wal_pages_by_tree(store, db, lambda: store.ack(b, ids, now=6))
+        assert trees == {"receipts", "receipts_unacked"}, trees
+        assert [m.id for m in store.unacked(b)] == []
     finally:
         store.close()
 

@@ -299,21 +299,12 @@ class Messages(Peers):
     ) -> int:
         """Acknowledge messages shown to the session's agent (written to its host, SPEC §3): shown
         now, unless known to be shown before. Returns how many were newly acked."""
-        count = 0
         with self.conn:
-            for message_id in message_ids:
-                self.conn.execute(
-                    "UPDATE receipts SET acked_at = ?, delivered_at = coalesce(delivered_at, ?) "
-                    "WHERE peer_id = ? AND message_id = ? AND acked_at IS NULL",
-                    (now, now, peer_id, message_id),
-                )
-                changed = self.conn.changes()
-                if changed:
-                    self.conn.execute(
-                        "UPDATE messages SET acked_at = ? WHERE id = ? AND acked_at IS NULL",
-                        (now, message_id),
-                    )
-                count += changed
+            count = len(self.conn.executemany(
+                "UPDATE receipts SET acked_at = ?, delivered_at = coalesce(delivered_at, ?) "
+                "WHERE peer_id = ? AND message_id = ? AND acked_at IS NULL RETURNING 1",
+                [(now, now, peer_id, message_id) for message_id in message_ids],
+            ).fetchall())
             fault("ack:before-commit")
         self.after_commit(lambda: fault("ack:after-commit"))
         return count

@@ -203,7 +203,7 @@ def note_decisions(
 
 
 # The first column is the receipt's rowid: a session's delivery cursor. Receipts are written
-# with their messages, so receipt order is message order, and the receipts_peer_unacked index
+# with their messages, so receipt order is message order, and the receipts_unacked index
 # serves "this session's unacknowledged receipts after the cursor" as one range, in order.
 MESSAGE_SELECT = """
 SELECT r.rowid, m.id, m.from_peer, fp.name, fp.agent, r.peer_id, tp.name, m.body, m.hop, m.reply_to,

@@ -77,7 +77,7 @@ def active_waiting(conn: apsw.Connection, host_session_id: str, hop_limit: int =
     hop < `hop_limit` (decision notifications carry the maximum hop, so they never count).
 
     The PostToolUse hook asks this after every tool call before it contacts the broker, so it
-    is one indexed lookup (peers_host_session, receipts_peer_unacked, the messages key). A
+    is one indexed lookup (peers_host_session, receipts_unacked, the messages key). A
     database from before receipts (version < 2) has nothing to hand over that way: False.
     """
     try:
