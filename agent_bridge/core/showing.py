@@ -94,6 +94,13 @@ class Entries:
         self.entries: dict[str, Entry] = {}
         self._in: dict[str, dict[str, Entry]] = {state: {} for state in (QUEUED, *UNWRITTEN, *UNCONFIRMED)}
         self._of: dict[str, dict[str, Entry]] = {}  # by -> its entries
+        # SETTLING in the order its entries came due (each `written` with a grace is due `now +
+        # grace`, later than the one before): the first is the next due, and a tick stops at the
+        # first not due. Kept as long as that holds; should an earlier due follow a later one,
+        # SETTLING is searched whole until it empties. (One settling entry per answer written
+        # in the last CANCEL_GRACE: a thousand at a few thousand messages a second.)
+        self._settling_in_order = True
+        self._settling_last = float("-inf")  # the due of the last entry put in SETTLING
         self._back = 0  # the last arrival's order
         self._front = 0  # the order of the last entry put first in line
         self.acked: OrderedDict[str, None] = OrderedDict()
@@ -141,7 +148,22 @@ class Entries:
         return [e.mid for e in sorted(self._in[WRITTEN].values(), key=_order)]
 
     def settling_due(self) -> float | None:
-        return min((e.due for e in self._in[SETTLING].values()), default=None)
+        settling = self._in[SETTLING]
+        if self._settling_in_order:
+            return next(iter(settling.values())).due if settling else None
+        return min((e.due for e in settling.values()), default=None)
+
+    def settled(self, now: float) -> list[Entry]:
+        """The settling entries due by `now`."""
+        settling = self._in[SETTLING]
+        if not self._settling_in_order:
+            return [e for e in settling.values() if e.due <= now]
+        out = []
+        for entry in settling.values():
+            if entry.due > now:
+                break
+            out.append(entry)
+        return out
 
     # --- inside ---------------------------------------------------------------------
 
@@ -160,6 +182,12 @@ class Entries:
         if entry.state != state:
             self._in[entry.state].pop(mid, None)
             self._in[state][mid] = entry
+            if state == SETTLING:
+                if entry.due < self._settling_last:
+                    self._settling_in_order = False
+                self._settling_last = max(self._settling_last, entry.due)
+            elif entry.state == SETTLING and not self._in[SETTLING]:
+                self._settling_in_order, self._settling_last = True, float("-inf")
             entry.state = state
         if entry.by != by:
             if entry.by is not None:
@@ -321,7 +349,7 @@ class Showing(Entries):
 
     def tick(self, now: float) -> None:
         """Settled answers (grace over by `now`) come due."""
-        for entry in [e for e in self._in[SETTLING].values() if e.due <= now]:
+        for entry in self.settled(now):
             self._put(entry, WRITTEN, entry.by)
 
     def eof(self) -> None:
