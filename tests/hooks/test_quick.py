@@ -105,6 +105,32 @@ async def test_the_post_box_follows_the_messages_and_the_script_follows_the_post
             await wait_for(lambda: trio.to_thread.run_sync(lambda: not mark.exists()), what="the file gone")
 
 
+async def test_a_post_box_that_cannot_be_written_fails_no_send(broker, home, project):
+    """A send's message is committed before its recipient's file is added: a file that cannot
+    be written (here the box is a file, not a folder) is the box's next pass's to try again,
+    never an error for a message that is stored (its sender would send it twice)."""
+    with trio.fail_after(120):
+        box = home / paths.PENDING_DIR
+        ready = box / paths.PENDING_READY
+        await wait_for(lambda: trio.to_thread.run_sync(ready.exists), what="the box kept")
+        record = paths.read_broker_json(home)
+        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                         "hostSessionId": "hs-boxless"}) as (rx, pushes), \
+                open_bridge_client(record["socket"], {"agent": "codex", "project": "/w/s",
+                                                      "hostSessionId": "hs-sender"}) as (tx, _):
+            for child in box.iterdir():
+                child.unlink()
+            box.rmdir()
+            box.write_text("in the way")
+            sent = await tx.request("send", to="hs-boxless", text="stored, whatever the box")
+            async for frame in pushes:
+                if frame.get("push") == "message":
+                    assert frame["message"]["id"] == sent["message"]["id"]
+                    break
+            assert len(await tx.request("sent", ids=[sent["message"]["id"]])) == 1
+            assert (await rx.request("whoami"))["name"]  # the broker goes on serving
+
+
 async def test_a_starting_broker_brings_the_post_box_up_to_date(broker, home, project):
     """Files a previous broker left for sessions with nothing waiting go; a session with a
     message waiting gets its file back; `ready` is there once the broker is."""

@@ -72,17 +72,22 @@ class Pending:
                 await trio.to_thread.run_sync(self._apply, add, remove)
 
     async def add(self, host_session_ids: set[str]) -> None:
-        """Files for these host sessions, now (a send's recipients): the next pass removes any
-        that has nothing waiting after all. With no pass under way and every file there, nothing
-        to do and nothing to wait for (the common case: a send to a session with a message
-        waiting already)."""
+        """Files for these host sessions, now (a send's recipients, a job's parent): the next
+        pass removes any that has nothing waiting after all. With no pass under way and every
+        file there, nothing to do and nothing to wait for (the common case: a send to a session
+        with a message waiting already). Called once the message is committed: a file that
+        cannot be written is logged and left to the next pass, never an error for the request
+        whose message is stored (its sender would send it again)."""
         if self.has_all(host_session_ids):
             return  # no pass can remove one before this send is answered: one would start after
         digests = {self._digest(h) for h in host_session_ids}
         async with self._lock:
             add = digests - self.present
             if add:
-                await trio.to_thread.run_sync(self._apply, add, set())
+                try:
+                    await trio.to_thread.run_sync(self._apply, add, set())
+                except OSError as exc:
+                    log.warning("post box: could not add a file (the next pass tries again): %s", exc)
 
     def has_all(self, host_session_ids: set[str]) -> bool:
         """Whether `add` of these would do nothing: no pass under way and every file there (the

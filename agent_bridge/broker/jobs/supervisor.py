@@ -262,12 +262,8 @@ class Supervisor:
         pending = self.broker.pending
         peer = parent.peer if parent is not None else (
             await self.broker.db.get_peer(parent_id) if parent_id else None)
-        if pending is None or peer is None or not peer.host_session_id:
-            return
-        try:
+        if pending is not None and peer is not None and peer.host_session_id:
             await pending.add({peer.host_session_id})
-        except OSError as exc:  # the box's next pass tries again; the message is stored either way
-            log.warning("job: could not add %s's post box file: %s", peer.name, exc)
 
     # --- files -----------------------------------------------------------------------------
 
