@@ -105,8 +105,7 @@ async def test_unacknowledged_v2_messages_reach_the_returning_session(env, home)
                 ]
                 assert got[0]["from"] == {"id": "p1", "name": "claude-app", "agent": "claude"}
         conn = apsw.Connection(str(home / "bridge.db"), flags=apsw.SQLITE_OPEN_READONLY)
-        acked = conn.execute("SELECT acked_at IS NOT NULL FROM receipts WHERE message_id = 'm1'").fetchone()
-        assert acked[0] == 1
+        assert conn.execute("SELECT acked_at IS NOT NULL FROM messages WHERE id = 'm1'").fetchone()[0] == 1
         conn.close()
     finally:
         broker.kill()

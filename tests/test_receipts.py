@@ -85,20 +85,23 @@ def test_the_upgrade_to_wake_records_keeps_every_receipt_and_moves_offers_apart(
 
 
 def test_the_upgrade_to_lean_acknowledgements_keeps_every_receipt(tmp_path: Path) -> None:
-    """V_LEAN_ACKS drops messages.acked_at: what was acknowledged stays so, by its receipt."""
+    """V_LEAN_ACKS changes indexes only: what was acknowledged stays so, in the receipt and in
+    the message's own copy (SPEC §7's versions 1 and 2), and a new acknowledgement writes both."""
     db = tmp_path / "bridge.db"
     build_at(db, STEPS.index(V_LEAN_ACKS))
     store = Store.open(db)
     try:
         assert store.version() == CURRENT_VERSION
-        columns = {row[1] for row in store.conn.execute("PRAGMA table_info(messages)")}
-        assert "acked_at" not in columns and {"id", "to_peer", "body"} <= columns
+        indexes = {row[0] for row in store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"messages_to", "receipts_unacked", "receipts_peer"} <= indexes
+        assert not {"messages_to_unacked", "receipts_peer_unacked"} & indexes
         assert [(m.id, m.repeat) for m in store.unacked("p2")] == [("m2", True), ("m3", False)]
         assert [(r.message.id, r.state) for r in store.sent("p1", None, 20)] == [
             ("m3", "queued"), ("m2", "shown"), ("m1", "acknowledged")  # build_at: m2 written to the host
         ]
         assert store.ack("p2", ["m3", "m1"], now=30) == 1  # m1 was acknowledged before
         assert [m.id for m in store.unacked("p2")] == ["m2"]
+        assert dict(store.conn.execute("SELECT id, acked_at FROM messages")) == {"m1": 12, "m2": None, "m3": 30}
     finally:
         store.close()
 
@@ -115,9 +118,10 @@ def _wal_pages_by_tree(store: Store, path: Path, change: Callable[[], object]) -
     return {owners[p] for p in pages}
 
 
-def test_an_acknowledgement_writes_its_receipt_and_nothing_else(tmp_path: Path) -> None:
-    """The acknowledgement of a few messages changes the receipts' rows and the index of the
-    unacknowledged ones: no page of messages or of another index (V_LEAN_ACKS)."""
+def test_an_acknowledgement_moves_no_index_entry_but_the_queue_s(tmp_path: Path) -> None:
+    """The acknowledgement of a few messages changes their receipts' and messages' rows and
+    takes them out of the index of the unacknowledged ones: no page of another index
+    (V_LEAN_ACKS; before, both indexes on acked_at moved an entry each)."""
     db = tmp_path / "bridge.db"
     store = Store.open(db)
     try:
@@ -125,7 +129,7 @@ def test_an_acknowledgement_writes_its_receipt_and_nothing_else(tmp_path: Path) 
         stored = store.send(a, [Send((Outgoing(b, f"note {i}", 1, None),)) for i in range(4)], now=5)
         ids = [m.id for s in stored if isinstance(s, Stored) for m in s.messages]
         trees = _wal_pages_by_tree(store, db, lambda: store.ack(b, ids, now=6))
-        assert trees == {"receipts", "receipts_unacked"}, trees
+        assert trees == {"receipts", "receipts_unacked", "messages"}, trees
         assert [m.id for m in store.unacked(b)] == []
     finally:
         store.close()

@@ -300,11 +300,17 @@ class Messages(Peers):
         """Acknowledge messages shown to the session's agent (written to its host, SPEC §3): shown
         now, unless known to be shown before. Returns how many were newly acked."""
         with self.conn:
-            count = len(self.conn.executemany(
+            acked = self.conn.executemany(
                 "UPDATE receipts SET acked_at = ?, delivered_at = coalesce(delivered_at, ?) "
-                "WHERE peer_id = ? AND message_id = ? AND acked_at IS NULL RETURNING 1",
+                "WHERE peer_id = ? AND message_id = ? AND acked_at IS NULL RETURNING message_id",
                 [(now, now, peer_id, message_id) for message_id in message_ids],
-            ).fetchall())
+            ).fetchall()
+            # The message's own copy (versions 1 and 2 define it; the bridge reads the receipt).
+            self.conn.executemany(
+                "UPDATE messages SET acked_at = ? WHERE id = ? AND acked_at IS NULL",
+                [(now, message_id) for (message_id,) in acked],
+            )
+            count = len(acked)
             fault("ack:before-commit")
         self.after_commit(lambda: fault("ack:after-commit"))
         return count

@@ -313,16 +313,10 @@ def _snapshot(db: Path) -> dict[str, Any]:
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
             )
         )
-        # A message's acknowledgement: in messages.acked_at before receipts (version 2), in its
-        # receipt from then on (V_LEAN_ACKS drops the copy in messages).
-        acked = (
-            "(SELECT r.acked_at FROM receipts r WHERE r.message_id = m.id AND r.peer_id = m.to_peer)"
-            if "receipts" in tables else "m.acked_at"
-        )
         data = {
             "peers": sorted(conn.execute("SELECT id, name, project FROM peers")),
             "messages": sorted(
-                conn.execute(f"SELECT m.id, m.from_peer, m.to_peer, m.body, m.hop, {acked} FROM messages m")
+                conn.execute("SELECT id, from_peer, to_peer, body, hop, acked_at FROM messages")
             ),
         }
         if "receipts" in tables:

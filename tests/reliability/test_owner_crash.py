@@ -27,8 +27,7 @@ TABLES = ("peers", "messages", "receipts", "decisions", "decision_deliveries")
 # later versions add some; V_WAKES moves the offer a receipt held in delivered_at to offered_at
 V3_COLUMNS = {
     "peers": "id, name, agent, project, kind, created_at, last_seen_at, host_session_id",
-    # a message's acknowledgement is its receipt's (V_LEAN_ACKS drops the copy in messages)
-    "messages": "id, from_peer, to_peer, body, hop, reply_to, created_at",
+    "messages": "id, from_peer, to_peer, body, hop, reply_to, created_at, acked_at",
     "receipts": "message_id, peer_id, acked_at",
     # V_FED (version 11) adds the recording machine
     "decisions": "seq, id, topic, text, text_key, scope, scope_kind, scope_project, author_id, author_name, "
