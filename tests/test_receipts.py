@@ -92,7 +92,7 @@ def test_the_upgrade_to_lean_acknowledgements_keeps_every_receipt(tmp_path: Path
     store = Store.open(db)
     try:
         assert store.version() == CURRENT_VERSION
-        indexes = {row[0] for row in store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        indexes = {r[0] for r in store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert {"messages_to", "receipts_unacked", "receipts_peer"} <= indexes
         assert not {"messages_to_unacked", "receipts_peer_unacked"} & indexes
         assert [(m.id, m.repeat) for m in store.unacked("p2")] == [("m2", True), ("m3", False)]
@@ -101,7 +101,8 @@ def test_the_upgrade_to_lean_acknowledgements_keeps_every_receipt(tmp_path: Path
         ]
         assert store.ack("p2", ["m3", "m1"], now=30) == 1  # m1 was acknowledged before
         assert [m.id for m in store.unacked("p2")] == ["m2"]
-        assert dict(store.conn.execute("SELECT id, acked_at FROM messages")) == {"m1": 12, "m2": None, "m3": 30}
+        copies = dict(store.conn.execute("SELECT id, acked_at FROM messages"))
+        assert copies == {"m1": 12, "m2": None, "m3": 30}
     finally:
         store.close()
 
