@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,20 @@ def run_quick(agent: str, payload: Any, env: dict[str, str], cwd: Path,
     raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     return subprocess.run([INTERPRETER, *options, "-I", "-S", str(QUICK), "post-tool-use", "--agent", agent],
                           input=raw, env=env, cwd=cwd, capture_output=True, timeout=60)
+
+
+@asynccontextmanager
+async def recipient_and_sender(home: Path, project: Path, host_session_id: str) -> AsyncIterator[Any]:
+    """Once the broker keeps the post box: a bridge-protocol session of `project` known by
+    `host_session_id` and one to send from, as (its client, its pushes, the sender's client)."""
+    ready = home / paths.PENDING_DIR / paths.PENDING_READY
+    await wait_for(lambda: trio.to_thread.run_sync(ready.exists), what="the box kept")
+    record = paths.read_broker_json(home)
+    async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
+                                                     "hostSessionId": host_session_id}) as (rx, pushes), \
+            open_bridge_client(record["socket"], {"agent": "codex", "project": "/w/s",
+                                                  "hostSessionId": "hs-sender"}) as (tx, _):
+        yield rx, pushes, tx
 
 
 @pytest.mark.parametrize("env", [
@@ -80,14 +96,7 @@ async def test_the_post_box_follows_the_messages_and_the_script_follows_the_post
     with no file and the box kept, the script says nothing and opens no database."""
     env = hook_env(home)
     with trio.fail_after(120):
-        box = home / paths.PENDING_DIR
-        ready = box / paths.PENDING_READY
-        await wait_for(lambda: trio.to_thread.run_sync(ready.exists), what="the box kept")
-        record = paths.read_broker_json(home)
-        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
-                                                         "hostSessionId": "hs-quick"}), \
-                open_bridge_client(record["socket"], {"agent": "codex", "project": "/w/s",
-                                                      "hostSessionId": "hs-sender"}) as (tx, _):
+        async with recipient_and_sender(home, project, "hs-quick") as (_, _pushes, tx):
             mark = paths.pending_path(home, "hs-quick")
             assert not mark.exists()
             idle = await trio.to_thread.run_sync(
@@ -110,14 +119,8 @@ async def test_a_post_box_that_cannot_be_written_fails_no_send(broker, home, pro
     be written (here the box is a file, not a folder) is the box's next pass's to try again,
     never an error for a message that is stored (its sender would send it twice)."""
     with trio.fail_after(120):
-        box = home / paths.PENDING_DIR
-        ready = box / paths.PENDING_READY
-        await wait_for(lambda: trio.to_thread.run_sync(ready.exists), what="the box kept")
-        record = paths.read_broker_json(home)
-        async with open_bridge_client(record["socket"], {"agent": "claude", "project": str(project),
-                                                         "hostSessionId": "hs-boxless"}) as (rx, pushes), \
-                open_bridge_client(record["socket"], {"agent": "codex", "project": "/w/s",
-                                                      "hostSessionId": "hs-sender"}) as (tx, _):
+        async with recipient_and_sender(home, project, "hs-boxless") as (rx, pushes, tx):
+            box = home / paths.PENDING_DIR
             for child in box.iterdir():
                 child.unlink()
             box.rmdir()
