@@ -155,8 +155,13 @@ def waiter_locks_held(home: Path) -> int:
 
     folder = home / "waiters"
     held = 0
-    for lock in folder.iterdir() if folder.exists() else ():
-        fd = os.open(lock, os.O_RDWR)
+    # only the locks (marks.lock_path): a session's state mark is written to a temporary file
+    # and renamed, which can be gone between the listing and the open
+    for lock in folder.glob("*.lock") if folder.exists() else ():
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            continue  # its session's files were removed meanwhile: nobody holds it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
