@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from agent_bridge.core import showing
-from agent_bridge.core.showing import ACKED, Showing
+from agent_bridge.core.showing import ACKED, SETTLING, Showing
 
 GRACE = 0.25
 
@@ -152,21 +152,24 @@ class Delivery(RuleBasedStateMachine):
         self.broker.on_its_way(key)
         self.answers[key]["stage"] = "on_its_way"
 
-    @rule(data=st.data(), report=st.booleans())
-    def host_gets_the_write(self, data: st.DataObject, report: bool) -> None:
-        """The relay writes the answer to the host; with `report`, the broker hears of it."""
+    @rule(data=st.data(), report=st.booleans(), grace=st.sampled_from([GRACE, 0.1, 0.6]))
+    def host_gets_the_write(self, data: st.DataObject, report: bool, grace: float) -> None:
+        """The relay writes the answer to the host; with `report`, the broker hears of it. The
+        broker's grace may differ between answers (so a later answer may come due first)."""
         ready = [k for k, a in self.answers.items() if a["stage"] == "on_its_way"]
         if not ready:
             return
         key = data.draw(st.sampled_from(ready))
         answer = self.answers[key]
+        # the broker's grace where it hears of the write; otherwise the one the host's cancel rule knows
         answer["stage"], answer["at"] = "written", self.now
+        answer["grace"] = grace if self.broker is not None and report else GRACE
         self.host_gets(key, answer["messages"])
         self.relay.shown_directly(key, answer["ids"], reported=self.broker is not None)
         if self.broker is None:
             self.save_ledger()
         elif report:
-            self.broker.written(key, answer["ids"], self.now, GRACE)
+            self.broker.written(key, answer["ids"], self.now, grace)
 
     @rule(data=st.data())
     def host_cancels(self, data: st.DataObject) -> None:
@@ -177,7 +180,7 @@ class Delivery(RuleBasedStateMachine):
             return
         key = data.draw(st.sampled_from(sorted(self.answers)))
         answer = self.answers.pop(key)
-        if answer["stage"] != "written" or self.now - answer["at"] < GRACE:
+        if answer["stage"] != "written" or self.now - answer["at"] < answer["grace"]:
             for mid in answer["ids"]:
                 self.seen.get(mid, set()).discard(key)
         self.relay.cancel(key)
@@ -193,6 +196,13 @@ class Delivery(RuleBasedStateMachine):
         self.now += seconds
         if self.broker is not None:
             self.flush()
+            # an answer the broker heard written is acknowledged once its own grace is over,
+            # whatever the graces of the answers written before it
+            for key, answer in self.answers.items():
+                if answer["stage"] == "written" and self.now - answer["at"] >= answer["grace"]:
+                    for mid in answer["ids"]:
+                        entry = self.broker.entries.get(mid)
+                        assert not (entry is not None and entry.by == key and entry.state == SETTLING), mid
 
     @precondition(lambda self: self.broker is not None)
     @rule()

@@ -94,13 +94,12 @@ class Entries:
         self.entries: dict[str, Entry] = {}
         self._in: dict[str, dict[str, Entry]] = {state: {} for state in (QUEUED, *UNWRITTEN, *UNCONFIRMED)}
         self._of: dict[str, dict[str, Entry]] = {}  # by -> its entries
-        # SETTLING in the order its entries came due (each `written` with a grace is due `now +
-        # grace`, later than the one before): the first is the next due, and a tick stops at the
-        # first not due. Kept as long as that holds; should an earlier due follow a later one,
-        # SETTLING is searched whole until it empties. (One settling entry per answer written
-        # in the last CANCEL_GRACE: a thousand at a few thousand messages a second.)
+        # Whether SETTLING is in the order its entries come due (each `written` with a grace is
+        # due `now + grace`, later than the one before): then the first is the next due, and a
+        # tick stops at the first not due. Should an entry come in due before the last one there,
+        # SETTLING is searched whole until it empties. (One settling entry per answer written in
+        # the last CANCEL_GRACE: a thousand at a few thousand messages a second.)
         self._settling_in_order = True
-        self._settling_last = float("-inf")  # the due of the last entry put in SETTLING
         self._back = 0  # the last arrival's order
         self._front = 0  # the order of the last entry put first in line
         self.acked: OrderedDict[str, None] = OrderedDict()
@@ -181,13 +180,12 @@ class Entries:
         mid = entry.mid
         if entry.state != state:
             self._in[entry.state].pop(mid, None)
-            self._in[state][mid] = entry
-            if state == SETTLING:
-                if entry.due < self._settling_last:
-                    self._settling_in_order = False
-                self._settling_last = max(self._settling_last, entry.due)
+            into = self._in[state]
+            if state == SETTLING and into and entry.due < next(reversed(into.values())).due:
+                self._settling_in_order = False
             elif entry.state == SETTLING and not self._in[SETTLING]:
-                self._settling_in_order, self._settling_last = True, float("-inf")
+                self._settling_in_order = True
+            into[mid] = entry
             entry.state = state
         if entry.by != by:
             if entry.by is not None:

@@ -522,7 +522,7 @@ V_LEAN_ACKS = """
 -- is indexed alone, and a receipt is in receipts_unacked only until it is acknowledged (the
 -- delivery queue's range: a session's unacknowledged receipts in order) and in receipts_peer
 -- always. messages.acked_at stays and is kept as versions 1 and 2 define it (SPEC §7); the
--- receipt is what the bridge reads. A commit of a few sends and acknowledgements writes 8 pages
+-- receipt is what the bridge reads. A commit of a few sends and acknowledgements writes 9 pages
 -- to the WAL instead of 16 (docs/performance.md).
 DROP INDEX messages_to_unacked;
 CREATE INDEX messages_to ON messages(to_peer);
