@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from agent_bridge.broker.delivery import deliver
-from agent_bridge.broker.ops.messages import op_offer, send_batch
+from agent_bridge.broker.ops.messages import SEND_BATCH, op_offer, send_batch
 from agent_bridge.broker.serving import (
     STORAGE_ERRORS,
     answer,
@@ -28,9 +28,6 @@ from agent_bridge.ipc.frames import Delivery, Notice, push_frame
 from agent_bridge.ipc.stream import FramedStream
 
 log = logging.getLogger("agent_bridge.connection")
-
-SEND_BATCH = 64  # sends of one session committed together at most
-
 
 class WireLink:
     """A bridge-protocol session's `Link`: pushes go onto the wire as frames."""

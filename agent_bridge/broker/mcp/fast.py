@@ -11,7 +11,8 @@ answers are all shaped alike), the line holds no escaped surrogate, the request 
 fields JSON-RPC gives it and none of the protocol's reserved `_meta` keys, the tool is ours,
 and its arguments are exactly what the tool's advertised schema asks for (`argument_problem`
 finds nothing, nothing required is missing). The tool's body is the one the SDK runs
-(mcp_host's `TOOL_BODIES`), and the answer is the one the SDK would write (`result_line`:
+(broker.mcp.calls' `TOOL_BODIES`; a `send` is queued and runs the same op with the others
+queued, broker.mcp.sends), and the answer is the one the SDK would write (`result_line`:
 tests/test_mcp_fast.py checks it against the SDK's own serialization).
 
 Everything else goes to the SDK as before: the handshake, `tools/list`, every notification,
@@ -169,7 +170,8 @@ def cancelled_request(line: str) -> Any | None:
 
 class FastCalls:
     """The session's calls served here (see the module's docstring), each in its own task in
-    `nursery`, as the SDK runs each request in one: an `inbox` that waits holds up nothing."""
+    `nursery`, as the SDK runs each request in one: an `inbox` that waits holds up nothing. A
+    tool with a queue (`queues`: `send`, broker.mcp.sends) has its calls queued there instead."""
 
     def __init__(self, bridge: Any, nursery: trio.Nursery, bodies: Mapping[str, Body],
                  schemas: Mapping[str, Any]) -> None:
@@ -177,7 +179,11 @@ class FastCalls:
         self.nursery = nursery
         self.bodies = bodies
         self.schemas = schemas
-        self.running: dict[str, trio.CancelScope] = {}  # request id (as JSON) -> its call
+        # request id (as JSON) -> what a cancel stops: its task's cancel scope, or its place in a queue
+        self.running: dict[str, Any] = {}
+        # tool -> where its plain calls are queued instead of run in a task each (broker.mcp.sends):
+        # (request id as JSON, arguments, call) -> what a cancel of it stops
+        self.queues: dict[str, Callable[[str, dict[str, Any], ToolCall], Any]] = {}
 
     def take(self, line: str) -> bool:
         """Serve `line` here if it is a plain call of one of the session's tools; False: the
@@ -220,8 +226,12 @@ class FastCalls:
         key = showing.key(request_id)
         if key in self.running:
             return False
-        scope = self.running[key] = trio.CancelScope()
         call = ToolCall(request_id, meta, self.bridge.mcp_session)
+        queue = self.queues.get(name)
+        if queue is not None:
+            self.running[key] = queue(key, arguments, call)
+            return True
+        scope = self.running[key] = trio.CancelScope()
         self.nursery.start_soon(self._serve, key, name, body, arguments, call, scope)
         return True
 

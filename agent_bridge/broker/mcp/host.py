@@ -29,6 +29,8 @@ from agent_bridge.broker.mcp.fast import (
     FastCalls,
 )
 from agent_bridge.broker.mcp.reader import RelayReader
+from agent_bridge.broker.mcp.sends import TOOL as SENDS_TOOL
+from agent_bridge.broker.mcp.sends import SendCalls
 from agent_bridge.broker.mcp.server import build_server
 from agent_bridge.broker.mcp.stdin import GuardedStdin
 from agent_bridge.broker.serving import STORAGE_ERRORS, attach_session, close_when_silent
@@ -87,6 +89,9 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
             fast = FastCalls(
                 bridge, nursery, TOOL_BODIES, {name: tool.schema for name, tool in tools.TOOLS.items()}
             )
+            sends = SendCalls(bridge, fast.running)
+            fast.queues[SENDS_TOOL] = sends.add
+            nursery.start_soon(sends.run)
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)
             with trio.move_on_after(DELIVERY_FIRST):  # the host's first `inbox` sees the backlog

@@ -1,8 +1,8 @@
 """What the broker writes to one relay: the frames made in one turn of the scheduler, in one write.
 
-A host's parallel tool calls are served each in its own task (broker.mcp.fast), and the sends
-among them share one commit (broker.ops.messages.SendGroup): their answers are made together,
-one task after the other. Each written on its own cost a write per answer, and each write wakes
+A host's parallel tool calls are served each in its own task (broker.mcp.fast), or, for the
+sends among them, together from a queue (broker.mcp.sends): their answers are made in the same
+turn, one after the other. Each written on its own cost a write per answer, and each write wakes
 the relay, which wakes the host: measured through two relays with 16 sends in flight, the
 sending relay got one write per message (strace of the broker: 2,000 writes of one answer each
 for 2,000 messages). Here the first frame of a turn waits one turn of the scheduler (more while

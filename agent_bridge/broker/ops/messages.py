@@ -5,7 +5,6 @@ bridge-protocol client says about showing them: `offer`, `withdraw`, `ack`."""
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any, NamedTuple
 
 import trio
@@ -29,64 +28,16 @@ from agent_bridge.store.peers import CLI_AUTHOR
 
 @session_op("send")
 async def op_send(broker: Broker, session: Session, args: dict[str, Any]) -> Any:
-    """A session's send in its own request (a relay's session: each tool call is one). Sends
-    of the session that arrive together (a host's parallel tool calls) share one commit:
-    SendGroup."""
-    group = _send_groups.get(session)
-    if group is None:
-        group = _send_groups[session] = SendGroup()
-    result = await group.send(broker, session, args)
+    """A session's send in its own request: a relay's call the MCP SDK serves (the plain ones
+    are queued and sent together, broker.mcp.sends; a bridge-protocol client's pipelined sends
+    are batched by its connection)."""
+    (result,) = await send_batch(broker, session, [args])
     if isinstance(result, InputError):
         raise result
     return result
 
 
-class SendGroup:
-    """Group commit for one session's sends that arrive in separate requests: the first one
-    lets the others that are ready to run (the calls read from the same line of the relay)
-    join it, then sends them all with one `send_batch`, one transaction, each answered on its
-    own. Under no load a send waits for nothing but that one turn of the scheduler.
-
-    The batch runs shielded: a request cancelled while its send waits in a batch is stored with
-    it or not at all, as a send cancelled at its commit always was (the host's retry with the same
-    message_id finds it)."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[dict[str, Any], list[Any], trio.Event]] = []
-        self.sending = False
-
-    async def send(
-        self, broker: Broker, session: Session, args: dict[str, Any]
-    ) -> dict[str, Any] | InputError:
-        answer: list[Any] = []  # the result, or the exception the batch raised
-        done = trio.Event()
-        self.waiting.append((args, answer, done))
-        if self.sending:
-            await done.wait()
-        else:
-            self.sending = True
-            try:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # the sends ready to run join this one
-                with trio.CancelScope(shield=True):
-                    while self.waiting:
-                        batch, self.waiting = self.waiting[:SEND_GROUP_MAX], self.waiting[SEND_GROUP_MAX:]
-                        try:
-                            results: list[Any] = await send_batch(broker, session, [a for a, _, _ in batch])
-                        except Exception as exc:  # noqa: BLE001 - each request raises it (a storage error)
-                            results = [exc] * len(batch)
-                        for (_, slot, event), result in zip(batch, results, strict=True):
-                            slot.append(result)
-                            event.set()
-            finally:
-                self.sending = False
-        (result,) = answer
-        if isinstance(result, Exception) and not isinstance(result, InputError):
-            raise result
-        return result  # type: ignore[no-any-return]
-
-
-SEND_GROUP_MAX = 64  # sends of one session committed together at most (as broker.connection's SEND_BATCH)
-_send_groups: weakref.WeakKeyDictionary[Session, SendGroup] = weakref.WeakKeyDictionary()
+SEND_BATCH = 64  # sends of one session committed together at most (send_batch's callers)
 
 
 @control_op("send")

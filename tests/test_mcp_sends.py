@@ -1,0 +1,177 @@
+"""A session's plain `send` calls, queued and sent together (broker.mcp.sends), through a real
+`agent-bridge mcp` and a real broker, by a host written from the MCP specification (JSON-RPC
+2.0 lines on the server's stdin, tests.test_delivery.RawHost).
+
+Several sends in one write are each answered with their own message or error, in the words the
+`send` op gives any client. A `notifications/cancelled` for a send still waiting for the commit
+before it takes it back: nothing of it is stored and it is never answered. One whose commit is
+under way is stored and never answered. The broker is made to stand still (SIGSTOP) inside a
+send's transaction, its test-only fault point, so the cancel is read while the send waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import pytest
+import trio
+
+from agent_bridge.common import tools
+from agent_bridge.ipc.client import open_bridge_client
+from agent_bridge.ipc.protocol import RemoteError
+from tests.conftest import BrokerProcess, wait_until
+from tests.reliability.harness import rows
+from tests.reliability.test_shutdown import proc_state
+from tests.test_delivery import RawHost, socket_of
+
+pytestmark = pytest.mark.slow
+
+PROJECT = "/w/sends"
+
+
+RX = {"agent": "codex", "project": PROJECT, "name": "rx"}  # the recipient, a bridge-protocol session
+MESSAGE_ID = "6f1c1f52-1b0e-4c39-9d52-2b8a2f0c6a01"
+
+
+def send_line(rid: int, **arguments: Any) -> dict[str, Any]:
+    params = {"name": "send", "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+def cancel_line(rid: int) -> dict[str, Any]:
+    params = {"requestId": rid, "reason": "user pressed Esc"}
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+
+
+def text_of(answer: dict[str, Any]) -> Any:
+    return json.loads(answer["result"]["content"][0]["text"])
+
+
+def stored(home, text: str) -> int:
+    return len(rows(home, "SELECT id FROM messages WHERE body = ?", (text,)))
+
+
+def test_the_queued_tool_is_the_op_of_its_name() -> None:
+    """What broker.mcp.sends runs for the tool is what the SDK's registration runs for it."""
+    tool = tools.TOOLS["send"]
+    assert tool.op == "send" and not tool.body
+
+
+async def test_sends_in_one_write_are_answered_each_in_order_and_a_bad_one_alone(broker, env, home):
+    with trio.fail_after(90):
+        async with open_bridge_client(socket_of(home), RX) as (rx, _):
+            try:
+                await rx.request("send", to="nobody-here", text="x")
+            except RemoteError as exc:
+                refused = exc.message  # the op's own words, to any client
+            else:
+                raise AssertionError("a send to nobody was stored")
+            host = await RawHost.start(env, "--project", PROJECT, "--host-session-id", "hs-sends")
+            try:
+                ids = [host.next_id() for _ in range(5)]
+                await host.send(
+                    send_line(ids[0], to="rx", text="one"),
+                    send_line(ids[1], to="rx", text="two"),
+                    send_line(ids[2], to="nobody-here", text="lost"),
+                    send_line(ids[3], to="rx", text="three", reply_to=None),
+                    send_line(ids[4], to="rx", text="four", message_id=MESSAGE_ID),
+                )
+                answers = [await host.answer(rid) for rid in ids]
+            finally:
+                await host.close()
+            assert [a["id"] for a in answers] == ids
+            assert all(len(host.answers(rid)) == 1 for rid in ids)
+            bad = answers[2]["result"]
+            assert bad["isError"] is True
+            assert bad["content"] == [{"type": "text", "text": f"Error executing tool send: {refused}"}]
+            assert [a["result"]["isError"] for i, a in enumerate(answers) if i != 2] == [False] * 4
+            good = [text_of(a) for i, a in enumerate(answers) if i != 2]
+            assert [g["message"]["text"] for g in good] == ["one", "two", "three", "four"]
+            assert [g["message"]["to"]["name"] for g in good] == ["rx"] * 4
+            assert good[3]["message"]["id"] == MESSAGE_ID
+            assert stored(home, "lost") == 0
+            in_order = rows(home, "SELECT body FROM messages WHERE to_peer = ? ORDER BY rowid",
+                            (good[0]["message"]["to"]["id"],))
+            assert [body for (body,) in in_order] == ["one", "two", "three", "four"]
+
+
+class StandingBroker:
+    """A real broker that stops itself (SIGSTOP) inside the first send's transaction."""
+
+    def __init__(self, env: dict[str, str], home) -> None:
+        self.broker = BrokerProcess(env, home).start({"AGENT_BRIDGE_FAULT": "send:before-commit/stop"})
+
+    def wait_stopped(self) -> None:
+        wait_until(lambda: proc_state(self.broker.pid) == "T", what="the broker to stand still in a commit")
+
+    def go_on(self) -> None:
+        os.kill(self.broker.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.go_on()
+        self.broker.stop()
+
+
+async def sending_host(env) -> RawHost:
+    """The sending host, its first tool call made (its session is a real one)."""
+    host = await RawHost.start(env, "--project", PROJECT, "--host-session-id", "hs-sender")
+    await host.tool("whoami")
+    return host
+
+
+async def test_a_send_cancelled_while_it_waits_for_the_commit_before_it_is_never_stored(env, home):
+    standing = StandingBroker(env, home)
+    try:
+        with trio.fail_after(90):
+            async with open_bridge_client(socket_of(home), RX):
+                host = await sending_host(env)
+                try:
+                    first, second, third = host.next_id(), host.next_id(), host.next_id()
+                    await host.send(send_line(first, to="rx", text="first"))
+                    await trio.to_thread.run_sync(standing.wait_stopped)
+                    # while the first send's commit stands still: a second send and its cancel
+                    await host.send(send_line(second, to="rx", text="second"), cancel_line(second))
+                    standing.go_on()
+                    assert text_of(await host.answer(first))["message"]["text"] == "first"
+                    await host.send(send_line(third, to="rx", text="third"))
+                    await host.answer(third)  # queued behind the second: its answer would be out by now
+                    assert host.answers(second) == []
+                    assert (stored(home, "first"), stored(home, "second"), stored(home, "third")) == (1, 0, 1)
+                finally:
+                    await host.close()
+    finally:
+        standing.stop()
+
+
+async def test_a_send_cancelled_during_its_commit_is_stored_whole(env, home):
+    """The cancel is read once the commit is done: the send is stored, and its answer, made by
+    then, may still be written (a host ignores the answer to a call it cancelled)."""
+    standing = StandingBroker(env, home)
+    try:
+        with trio.fail_after(90):
+            async with open_bridge_client(socket_of(home), RX) as (rx, pushes):
+                host = await sending_host(env)
+                try:
+                    first, after = host.next_id(), host.next_id()
+                    await host.send(send_line(first, to="rx", text="first"))
+                    await trio.to_thread.run_sync(standing.wait_stopped)
+                    await host.send(cancel_line(first))
+                    standing.go_on()
+                    await host.send(send_line(after, to="rx", text="after"))
+                    await host.answer(after)
+                    assert len(host.answers(first)) <= 1
+                    assert (stored(home, "first"), stored(home, "after")) == (1, 1)
+                    texts = []
+                    async for push in pushes:  # the recipient gets it, once, in order
+                        if push.get("push") == "message":
+                            texts.append(push["message"]["text"])
+                            await rx.request("ack", ids=[push["message"]["id"]])
+                            if len(texts) == 2:
+                                break
+                    assert texts == ["first", "after"]
+                finally:
+                    await host.close()
+    finally:
+        standing.stop()
