@@ -189,7 +189,7 @@ async def test_the_frames_of_one_turn_go_to_the_relay_in_one_write():
     outbox = Outbox(counted.stream)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            for i in range(8):  # eight answers made in one turn, as a group commit's are
+            for i in range(8):  # eight answers made in one turn, as the tasks of parallel calls make them
                 nursery.start_soon(outbox.send, {"v": 1, "push": "line", "line": f"answer {i}"})
         got = [await counted.peer.receive() for _ in range(8)]
     assert counted.writes == 1

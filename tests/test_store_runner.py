@@ -227,19 +227,6 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
         runner.stop()
 
 
-class Commits:
-    """Counts the writing connection's commits (SQLite's commit hook: a savepoint released
-    inside a transaction is not one)."""
-
-    def __init__(self, store: Store) -> None:
-        self.count = 0
-        store.conn.set_commit_hook(self._one)
-
-    def _one(self) -> bool:
-        self.count += 1
-        return False  # let it commit
-
-
 async def _two_sessions_and_a_third(calls: StoreCalls) -> tuple[str, str, str]:
     ids = []
     for name in ("a", "b", "c"):
@@ -250,87 +237,9 @@ async def _two_sessions_and_a_third(calls: StoreCalls) -> tuple[str, str, str]:
     return ids[0], ids[1], ids[2]
 
 
-async def test_the_sends_and_acknowledgements_of_one_turn_share_one_commit(tmp_path: Path) -> None:
-    """Group commit: sends of two sessions and another's acknowledgement, called together (as
-    three connections' requests read in one turn of the loop), are one transaction; each caller
-    gets its own answer. After GROUP_PROBE calls alone in a row (one message at a time), calls
-    run at once, each its own commit, until one of every GROUP_PROBE looks for others again: a
-    burst is one commit by then, and so is every burst after it."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, c = await _two_sessions_and_a_third(calls)
-        commits = Commits(runner.store)
-        await calls.send(c, [Send((Outgoing(b, "alone", 1, None),))], now=3)
-        assert commits.count == 1  # the counter counts
-
-        async def burst(n: int) -> tuple[int, dict[str, object]]:
-            (first,) = await calls.send(a, [Send((Outgoing(b, f"to ack {n}", 1, None),))], now=4)
-            before, results = commits.count, {}
-
-            async def send(sender: str, text: str) -> None:
-                (stored,) = await calls.send(sender, [Send((Outgoing(b, text, 1, None),))], now=4)
-                results[text] = [m.text for m in stored.messages]
-
-            async def ack() -> None:
-                results["ack"] = await calls.ack(b, [first.messages[0].id], now=4)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send, a, f"from a {n}")
-                nursery.start_soon(send, c, f"from c {n}")
-                nursery.start_soon(ack)
-            return commits.count - before, results
-
-        assert (await burst(0))[0] == 1
-        for n in range(storage.GROUP_PROBE):  # one message at a time: nothing joins
-            await calls.send(a, [Send((Outgoing(b, f"one at a time {n}", 1, None),))], now=5)
-        counts = [(await burst(n))[0] for n in range(1, storage.GROUP_PROBE + 2)]
-        assert counts[0] == 3 and 1 in counts, counts  # at once, then a probe finds a group again
-        last, results = await burst(99)
-        assert last == 1
-        assert results == {"from a 99": ["from a 99"], "from c 99": ["from c 99"], "ack": 1}
-        unacked = {m.text for m in await calls.unacked(b)}
-        assert {"alone", "from a 99", "from c 99"} <= unacked and "to ack 99" not in unacked
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_call_that_fails_in_a_group_undoes_only_its_own_rows(tmp_path: Path) -> None:
-    """Each call of a group is a savepoint: a send to a session that does not exist fails for
-    its caller alone, and the others of its turn are stored."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, c = await _two_sessions_and_a_third(calls)
-        outcomes: dict[str, object] = {}
-
-        async def send(sender: str, to: str, text: str) -> None:
-            try:
-                (stored,) = await calls.send(sender, [Send((Outgoing(to, text, 1, None),))], now=4)
-                outcomes[text] = "stored"
-            except apsw.Error as exc:
-                outcomes[text] = type(exc).__name__
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(send, a, b, "good one")
-            nursery.start_soon(send, c, "no-such-session", "bad one")
-            nursery.start_soon(send, c, b, "good two")
-        assert outcomes["good one"] == outcomes["good two"] == "stored"
-        assert outcomes["bad one"] != "stored"
-        assert sorted(m.text for m in await calls.unacked(b)) == ["good one", "good two"]
-        assert runner.store.conn.execute(
-            "SELECT count(*) FROM messages WHERE body = 'bad one'"
-        ).fetchone() == (0,)
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_grouped_message_reaches_its_delivery_tap_only_once_committed(tmp_path: Path) -> None:
-    """What a send hands its recipient's delivery task (store.tap) must be durable first: with
-    several sends in one transaction, the taps are handed the messages after its commit, which
-    a second connection sees at that moment."""
+async def test_a_sent_message_reaches_its_delivery_tap_only_once_committed(tmp_path: Path) -> None:
+    """What a send hands its recipient's delivery task (store.tap) must be durable first: the
+    tap is handed the message after its commit, which a second connection sees at that moment."""
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     seen_then: list[int] = []
@@ -356,97 +265,3 @@ async def test_a_grouped_message_reaches_its_delivery_tap_only_once_committed(tm
     finally:
         await runner.run(runner.close_store)
         runner.stop()
-
-
-async def test_a_group_formed_while_the_thread_is_busy_commits_once_there(
-    tmp_path: Path, vfs: RecordingVFS
-) -> None:
-    """If the store's thread has work when the group is complete, the whole group is one job
-    behind it there: still one commit, never the loop and the thread on the connection at once."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    release = threading.Event()
-    holding = threading.Event()
-    try:
-        a, b, c = await _two_sessions_and_a_third(calls)
-        commits = Commits(runner.store)
-
-        def slow_job() -> None:
-            holding.set()
-            release.wait(30)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(runner.run, slow_job)
-            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
-            with vfs.lock:
-                vfs.wal_writers.clear()
-            for sender in (a, c):
-                nursery.start_soon(calls.send, sender, [Send((Outgoing(b, f"from {sender}", 1, None),))], 4)
-            await trio.testing.wait_all_tasks_blocked()
-            release.set()
-        assert commits.count == 1
-        with vfs.lock:
-            assert vfs.wal_writers == ["agent-bridge store"]
-        assert len(await calls.unacked(b)) == 2
-    finally:
-        release.set()
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_group_of_many_calls_commits_once_on_the_store_thread(
-    tmp_path: Path, vfs: RecordingVFS
-) -> None:
-    """However many calls join one turn, the loop holds no long transaction: a group of more
-    than GROUP_ON_LOOP calls is one commit on the store's thread."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, c = await _two_sessions_and_a_third(calls)
-        commits = Commits(runner.store)
-        with vfs.lock:
-            vfs.wal_writers.clear()
-        async with trio.open_nursery() as nursery:
-            for n in range(storage.GROUP_ON_LOOP + 1):
-                nursery.start_soon(calls.send, a, [Send((Outgoing(b, f"many {n}", 1, None),))], 4)
-        assert commits.count == 1
-        with vfs.lock:
-            assert vfs.wal_writers == ["agent-bridge store"]
-        assert len(await calls.unacked(b)) == storage.GROUP_ON_LOOP + 1
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-def test_a_group_commit_keeps_its_savepoints_in_memory(tmp_path: Path) -> None:
-    """Each call of a group commit is a savepoint of one transaction (Store.one_commit), and
-    SQLite keeps a savepoint's undo pages in a temporary file once they pass 64 KiB unless
-    temp_store is MEMORY: a file opened, written and closed around commits on the send path.
-    Watched through a VFS that passes every open on to the default one: the writer opens none."""
-    opened: list[int] = []
-
-    class Watching(apsw.VFS):
-        def __init__(self) -> None:
-            super().__init__("watching-temp-files", "", makedefault=True)
-
-        def xOpen(self, name: object, flags: list[int]) -> apsw.VFSFile:  # noqa: N802 - APSW's name
-            opened.append(flags[0])
-            return super().xOpen(name, flags)  # type: ignore[arg-type]
-
-    vfs = Watching()
-    try:
-        store = Store.open(tmp_path / "bridge.db")
-        a, b = (store.create_peer(agent="claude", name=n, project="/p", kind="interactive",
-                                  host_session_id=None, now=1) for n in ("a", "b"))
-        opened.clear()
-        acked: list[str] = []
-        for _ in range(100):  # the savepoints' pages pass 64 KiB in about one commit in two
-            with store.one_commit():
-                sent = store.send_messages(a.id, [Outgoing(b.id, "x" * 300, 1, None)] * 16, 2)
-                store.ack(b.id, acked, 3)
-            acked = [m.id for m in sent]
-        store.close()
-    finally:
-        vfs.unregister()
-    subjournal = int(apsw.mapping_open_flags["SQLITE_OPEN_SUBJOURNAL"])
-    assert not [f for f in opened if f & subjournal]

@@ -26,7 +26,7 @@ P = ParamSpec("P")
 
 
 class _Job:
-    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen", "outcome")
+    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen")
 
     def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any, *, seen: bool = True) -> None:
         self.fn = functools.partial(method, *args, **kwargs)
@@ -35,7 +35,6 @@ class _Job:
         self.token = trio.lowlevel.current_trio_token()
         self.started = False
         self.cancelled = False
-        self.outcome: outcome.Outcome[Any] | None = None  # a group commit's member: its result
 
 
 # Pages in the WAL after which a commit asks for a checkpoint: SQLite's own default.
@@ -157,9 +156,6 @@ class StoreRunner:
         # Called on the worker thread after a job that changed rows has committed (the
         # dashboard's live stream: dashboard.changes.ChangeFeed.poke). Must be cheap and thread-safe.
         self.on_change: Callable[[], None] | None = None
-        self._group: list[_Job] | None = None  # run_grouped: the calls of this turn, while forming
-        self._misses = 0  # run_grouped: groups of one call in a row
-        self._alone = 0  # run_grouped: calls run at once since the last group was formed
         self._thread.start()
 
     async def run(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -210,83 +206,6 @@ class StoreRunner:
         before = self._changes() if self.on_change is not None else None
         try:
             return method(*args, **kwargs)
-        finally:
-            if before is not None and self.on_change is not None and self._changes() not in (before, None):
-                self.on_change()
-
-    async def run_grouped(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run_short` with one commit for every such call of one turn of the loop (group
-        commit: the sends and acknowledgements of several connections that arrive together).
-        The first call of a turn lets the others that are ready to run join it (one turn of the
-        scheduler), then runs them all in one transaction (Store.one_commit: each its own
-        savepoint), on the loop or, if the thread got work meanwhile, on the thread; each
-        caller gets its own result or error, only after the commit. A commit saved is about a
-        third of the store's work per message (docs/performance.md). Cancellation is honoured
-        while a call waits to start, as in `run`.
-
-        The turn spent waiting is a cost when nothing joins (one message at a time): after
-        GROUP_PROBE groups of one in a row, calls run at once, as `run_short`, and every
-        GROUP_PROBE-th forms a group again to see whether others join."""
-        call = _Job(method, args, kwargs)
-        if self._group is not None:  # a group is forming: wait for its leader
-            self._group.append(call)
-
-            def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
-                if call.started:
-                    return trio.lowlevel.Abort.FAILED
-                call.cancelled = True
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            result: T = await trio.lowlevel.wait_task_rescheduled(abort)
-            return result
-        if self._misses >= GROUP_PROBE and self._alone < GROUP_PROBE:
-            # the last groups were each one call (one message at a time): no turn of the
-            # scheduler spent waiting for others, except on every GROUP_PROBE-th call
-            self._alone += 1
-            return await self.run_short(method, *args, **kwargs)
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._group = group = [call]
-        try:
-            await trio.lowlevel.cancel_shielded_checkpoint()  # the others of this turn join
-        finally:
-            self._group = None
-        members = [c for c in group if not c.cancelled]
-        for member in members:
-            member.started = True
-        self._misses, self._alone = (0 if len(group) > 1 else self._misses + 1), 0
-        if len(members) == 1:
-            if not self._loop_may_write():
-                result = await self.run(method, *args, **kwargs)
-                return result
-            result = self._on_loop(call.fn)
-            return result
-        if len(members) <= GROUP_ON_LOOP and self._loop_may_write():
-            self._on_loop(functools.partial(self._commit_group, members))
-        else:  # a large group, or a busy thread: there, shielded (the others wait on this leader)
-            with trio.CancelScope(shield=True):
-                await self.run(self._commit_group, members)
-        outcomes = [m.outcome or outcome.Error(RuntimeError("not run")) for m in members]
-        for member, result_of in zip(members[1:], outcomes[1:], strict=True):
-            trio.lowlevel.reschedule(member.task, result_of)
-        return outcomes[0].unwrap()  # type: ignore[no-any-return]
-
-    def _commit_group(self, members: list[_Job]) -> None:
-        """Run the members' calls in one transaction; each member's outcome is its result or
-        error, or, if the commit failed, that failure (then none of them is stored)."""
-        try:
-            with self.store.one_commit():
-                for member in members:
-                    member.outcome = outcome.capture(member.fn)
-        except BaseException as exc:  # noqa: BLE001 - the commit failed: every member gets it
-            for member in members:
-                if member.outcome is None or isinstance(member.outcome, outcome.Value):
-                    member.outcome = outcome.Error(exc)
-
-    def _on_loop(self, fn: Callable[[], T]) -> T:
-        """Run `fn` (store work) on the loop, poking the commit feed if it changed rows."""
-        before = self._changes() if self.on_change is not None else None
-        try:
-            return fn()
         finally:
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
@@ -356,14 +275,6 @@ class StoreRunner:
                 pass  # the event loop is gone; nobody waits for this answer
 
 
-# StoreRunner.run_grouped: after this many groups of one call in a row, calls run at once, and
-# one in this many waits again for others to join.
-GROUP_PROBE = 8
-
-# StoreRunner.run_grouped: a group of more calls than this commits on the store's thread (each
-# call is short, SHORT_ROWS; the loop holds no long transaction however many join).
-GROUP_ON_LOOP = 16
-
 # What the event loop may commit itself (StoreRunner.run_short): a few rows, a little text.
 SHORT_ROWS = 16
 SHORT_TEXT = 65_536  # characters of message text in one send batch
@@ -395,12 +306,9 @@ class _OnStoreThread(Generic[P, T]):
 
     def __init__(
         self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None,
-        seen: bool = True, grouped: bool = False,
+        seen: bool = True,
     ) -> None:
         self._method = method
-        # True: a short call shares one commit with the others of its turn (run_grouped); the
-        # method defers what must follow its commit with Store.after_commit
-        self._grouped = grouped
         # Given the call's arguments, whether it is one small transaction, which may run on the
         # loop (StoreRunner.run_short); None: always on the store's thread.
         self._short = short
@@ -413,14 +321,6 @@ class _OnStoreThread(Generic[P, T]):
                 return await runner.run_unseen(method, runner.store, *args, **kwargs)
 
             return unseen
-
-        if self._grouped:
-            async def grouped(*args: P.args, **kwargs: P.kwargs) -> T:
-                if short is not None and short(*args, **kwargs):
-                    return await runner.run_grouped(method, runner.store, *args, **kwargs)
-                return await runner.run(method, runner.store, *args, **kwargs)
-
-            return grouped
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             if short is not None and short(*args, **kwargs):
@@ -444,7 +344,7 @@ class StoreCalls:
         return self.runner.store.schema_version
 
     absorb_peer = _OnStoreThread(Store.absorb_peer)
-    ack = _OnStoreThread(Store.ack, short=_few_ids, grouped=True)
+    ack = _OnStoreThread(Store.ack, short=_few_ids)
     active_unacked_of = _OnStoreThread(Store.active_unacked_of)
     adopt_host_key = _OnStoreThread(Store.adopt_host_key)
     answer_question = _OnStoreThread(Store.answer_question)
@@ -506,7 +406,7 @@ class StoreCalls:
     resolve_peer = _OnStoreThread(Store.resolve_peer)
     retract = _OnStoreThread(Store.retract)
     retractions = _OnStoreThread(Store.retractions)
-    send = _OnStoreThread(Store.send, short=_few_sends, grouped=True)
+    send = _OnStoreThread(Store.send, short=_few_sends)
     sent = _OnStoreThread(Store.sent)
     stored_send = _OnStoreThread(Store.stored_send, short=_always)
     session_addresses_taken = _OnStoreThread(Store.session_addresses_taken)

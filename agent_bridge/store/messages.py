@@ -120,7 +120,7 @@ class Messages(Peers):
                     messages.append(message)
                     fault("send:before-commit")
                 results.append(Stored(messages))
-        self.after_commit(lambda: self._hand_to_taps(written, fault))
+        self._hand_to_taps(written, fault)  # once committed: what a tap is handed is durable
         return results
 
     def _hand_to_taps(self, written: list[tuple[str, int, Message]], fault: Callable[[str], None]) -> None:
@@ -312,5 +312,5 @@ class Messages(Peers):
             )
             count = len(acked)
             fault("ack:before-commit")
-        self.after_commit(lambda: fault("ack:after-commit"))
+        fault("ack:after-commit")
         return count

@@ -55,10 +55,9 @@ class Store(Forgetting, JobRecords, Federation):
         conn = apsw.Connection(str(path))
         try:
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable across process crashes
-            # Every transaction here is a savepoint (APSW's `with conn`, and one per call inside
-            # the broker's group commit), and SQLite keeps a savepoint's undo pages in a temporary
-            # file by default: opened, written and closed around a commit. In memory they cost a
-            # copy (store send + ack about 15 % less in batches of 16: docs/performance.md).
+            # A transaction opened inside another (APSW's `with conn` within a method's own) is a
+            # savepoint, and SQLite keeps a savepoint's undo pages in a temporary file by default:
+            # opened, written and closed around a commit. In memory they cost a copy.
             conn.execute("PRAGMA temp_store = MEMORY")
 
             def before_upgrade(old: int) -> None:
