@@ -13,8 +13,9 @@ all the answers in one write.
 Cancellation, as the SDK and the other calls have it (SPEC §3): a `notifications/cancelled` for
 a call still queued takes it out of the queue, so nothing of it is stored and it is never
 answered. A call whose batch is under way is stored with the others or not at all (its commit
-runs to its end, as a send cancelled at its commit always did) and is never answered; the host's
-retry with the same message_id finds it.
+runs to its end, as a send cancelled at its commit always did), and its answer is held back if
+the cancel is read before the answer is made; one read later crossed the answer, which the host
+ignores. The host's retry with the same message_id finds what was stored.
 """
 
 from __future__ import annotations
