@@ -60,8 +60,14 @@ async def answer(
 
 
 def unavailable(request_id: int, op: str, exc: BaseException) -> dict[str, Any]:
+    return protocol.error(request_id, "unavailable", storage_failure(op, exc))
+
+
+def storage_failure(op: str, exc: BaseException) -> str:
+    """What a request whose store failed (STORAGE_ERRORS) is told, logged: the same words on
+    the wire, through a tool (broker.mcp) and in the broker's log."""
     log.error("%s failed: storage error: %s", op, exc)
-    return protocol.error(request_id, "unavailable", f"{op} failed: storage error: {exc}")
+    return f"{op} failed: storage error: {exc}"
 
 
 async def send_quietly(conn: FramedStream, frame: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from agent_bridge.broker.mcp.fast import (
     log_line,
 )
 from agent_bridge.broker.mcp.outbox import Outbox
-from agent_bridge.broker.serving import STORAGE_ERRORS
+from agent_bridge.broker.serving import STORAGE_ERRORS, storage_failure
 from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker
 from agent_bridge.common import domain, ledger
@@ -68,8 +68,7 @@ class LocalClient:
         except InputError as exc:
             raise RemoteError("bad_request", str(exc)) from None
         except STORAGE_ERRORS as exc:
-            log.error("%s failed: storage error: %s", op, exc)
-            raise RemoteError("unavailable", f"{op} failed: storage error: {exc}") from None
+            raise RemoteError("unavailable", storage_failure(op, exc)) from None
 
 
 class SessionLink:

@@ -30,7 +30,7 @@ from agent_bridge.broker.mcp.bridge import Bridge
 from agent_bridge.broker.mcp.fast import ToolCall, error_text, result_line, text_json
 from agent_bridge.broker.mcp.observe import observe
 from agent_bridge.broker.ops.messages import SEND_BATCH, send_batch
-from agent_bridge.broker.serving import STORAGE_ERRORS
+from agent_bridge.broker.serving import STORAGE_ERRORS, storage_failure
 from agent_bridge.common.domain import InputError
 
 log = logging.getLogger("agent_bridge.mcp")
@@ -97,7 +97,7 @@ class SendCalls:
 
     async def _serve(self, batch: list[QueuedSend]) -> list[tuple[int | str, str]]:
         """Each call's request id and answer line, in order: what the SDK's tool layer writes for
-        the `send` op's result or error (LocalClient's words for a storage error, none for a bug)."""
+        the `send` op's result or error (a storage error's words as everywhere, none for a bug)."""
         bridge = self.bridge
         results: list[Any]
         try:
@@ -106,8 +106,7 @@ class SendCalls:
             await bridge.broker.identity.on_request(bridge.session)  # a tool call: as Broker.handle
             results = await send_batch(bridge.broker, bridge.session, [entry.arguments for entry in batch])
         except STORAGE_ERRORS as exc:
-            log.error("%s failed: storage error: %s", TOOL, exc)
-            results = [InputError(f"{TOOL} failed: storage error: {exc}")] * len(batch)
+            results = [InputError(storage_failure(TOOL, exc))] * len(batch)
         except Exception as exc:  # noqa: BLE001 - a bug: logged, and the host learns nothing of it
             log.exception("tool %r raised an unexpected exception", TOOL)
             results = [exc] * len(batch)
