@@ -45,7 +45,6 @@ import trio
 
 from agent_bridge.broker.alerts.desktop import Desktop
 from agent_bridge.broker.alerts.task import serve_alerts
-from agent_bridge.broker.faults import fault_injector
 from agent_bridge.broker.feeds import indexer, waiters
 from agent_bridge.broker.feeds import postbox as pending
 from agent_bridge.broker.jobs.supervisor import Supervisor
@@ -54,6 +53,7 @@ from agent_bridge.broker.state import Broker
 from agent_bridge.broker.storage import serve_store
 from agent_bridge.common import paths
 from agent_bridge.common.config import Settings
+from agent_bridge.common.faults import fault_injector
 from agent_bridge.ipc.listener import serve_unix
 from agent_bridge.ipc.pipe import serve_pipe
 from agent_bridge.store.feed import ChangeFeed
@@ -95,7 +95,7 @@ async def run_broker(
             await root.start(watch_signals, stop)
             with trio.CancelScope() as starting:
                 root.start_soon(_cancel_on, stop, starting)  # Ctrl-C while migrating: stop starting
-                fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (broker/faults.py)
+                fault = fault_injector()  # tests only: AGENT_BRIDGE_FAULT (common/faults.py)
                 store = await root.start(
                     partial(serve_store, paths.db_path(home), lambda line: log.info("%s", line), fault=fault)
                 )

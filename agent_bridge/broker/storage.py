@@ -425,7 +425,7 @@ async def serve_store(
     task_status: trio.TaskStatus[StoreRunner] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Open and migrate the database, report the runner as started, hold it until cancelled,
-    then checkpoint and close. `fault`: test-only crash points (broker.faults)."""
+    then checkpoint and close. `fault`: test-only crash points (common.faults)."""
     runner = StoreRunner()
     try:
         runner.store = await runner.run(Store.open, db, log, fault=fault)

@@ -31,6 +31,8 @@ class Leaving(Protocol):
     cond: threading.Condition
     reporting: threading.Lock
     link: Link | None
+    reporting_thread: int | None
+    leave_when_reported: Callable[[], object] | None
     session_id: str | None
     keeper: Keeper
     requests: Requests
@@ -41,6 +43,31 @@ class Leaving(Protocol):
     def send(self, link: Link, frames: Sequence[RelayFrame], queue: bool = False) -> None: ...
     def answer_unreachable(self, requests: list[Request], reason: str) -> None: ...
     def wait_for(self, done: Callable[[], bool], timeout: float) -> bool: ...
+
+
+def on_signal(relay: Leaving, leave: Callable[[], object]) -> Callable[[], None]:
+    """The handler of a leaving signal: `leave`, once. One that interrupts the thread between
+    writing a line that shows messages and noting it shown (the pump's: the main thread, where
+    handlers run) would find what it keeps half-changed, and wait for `reporting` in vain
+    (this thread holds it): it leaves once the line is noted (`Relay.to_host`), or after
+    SIGNAL_WAIT from another thread if the write does not end (a host that no longer reads
+    its output; the line was not written whole, so nothing of it is kept acknowledged)."""
+    once = threading.Lock()
+
+    def leave_once() -> None:
+        if once.acquire(blocking=False):
+            leave()
+
+    def handler() -> None:
+        if relay.reporting_thread != threading.get_ident():
+            leave_once()
+            return
+        relay.leave_when_reported = leave_once
+        waiting = threading.Timer(SIGNAL_WAIT, leave_once)
+        waiting.daemon = True
+        waiting.start()
+
+    return handler
 
 
 def keep_written_at_exit(relay: Leaving, unread: bytes) -> None:

@@ -41,6 +41,7 @@ from typing import Any, NoReturn, Protocol
 
 from agent_bridge import hosts
 from agent_bridge.common import domain, jsonlimit, paths, procinfo, tools
+from agent_bridge.common.faults import Fault, fault_injector, no_fault
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import (
     Acked,
@@ -152,6 +153,11 @@ class Relay:
         # stops reading there, and the report would be lost with this process); nor may a cancel
         # that crossed the line (the broker would acknowledge a result the host ignored).
         self.reporting = threading.Lock()
+        # The thread inside that block, while it is there, and what a leaving signal's handler
+        # that interrupted it there does once the line is noted (leaving.on_signal).
+        self.reporting_thread: int | None = None
+        self.leave_when_reported: Callable[[], object] | None = None
+        self.fault: Fault = no_fault  # test-only (common.faults): set by main
         self.link: Link | None = None
         self.joined = False  # a broker answered this relay's hello at least once
         self.session_id: str | None = None
@@ -381,9 +387,11 @@ class Relay:
         if incoming.seq is None:  # written with the lines read with it (flush_out)
             self.out.buffer(line, answered is not None)
             return
+        self.reporting_thread = threading.get_ident()
         try:
             with self.reporting:
                 self.write_out(line)
+                self.fault("relay:after-write")
                 with self.lock:  # reported below; until the broker confirms it recorded them
                     self.shown.showing.shown_directly(key, list(incoming.ids), reported=True)
                 try:
@@ -391,11 +399,14 @@ class Relay:
                 except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
                     pass
         finally:
+            self.reporting_thread = None
             if answered is not None:
                 with self.lock:
                     self.requests.written()
                     if self.pump is None:
                         self.cond.notify_all()
+            if self.leave_when_reported is not None:  # a signal interrupted the block: now
+                self.leave_when_reported()
 
     def lost(self, link: Link) -> None:
         """The connection ended: what was in flight on it is sent again to the next broker if
@@ -521,7 +532,8 @@ def main(ns: argparse.Namespace, handed: Handed | None = None, *, shared: bool =
     signal.signal(signal.SIGTERM, lambda *_: exit_now(0))
     try:
         options = options_from(ns)
-    except domain.InputError as exc:
+        fault = fault_injector()
+    except (domain.InputError, ValueError) as exc:  # ValueError: AGENT_BRIDGE_FAULT (tests only)
         print(f"agent-bridge mcp: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the state folder: someone else's, or one we cannot create or write
@@ -534,6 +546,7 @@ def main(ns: argparse.Namespace, handed: Handed | None = None, *, shared: bool =
     os.set_inheritable(out_fd, False)
     os.dup2(2, 1)
     relay = Relay(options, out_fd)
+    relay.fault = fault
     if shared:  # the host's stdout is relay.router's and its other sessions' too
         relay.out.share()
     host_input = HostInput(0)
@@ -547,7 +560,7 @@ def main(ns: argparse.Namespace, handed: Handed | None = None, *, shared: bool =
         exit_now(0)
 
     for signum in LEAVING_SIGNALS:
-        signal.signal(signum, host_input.deferring(leave))
+        signal.signal(signum, host_input.deferring(leaving.on_signal(relay, leave)))
 
     def run() -> None:
         try:

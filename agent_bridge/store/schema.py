@@ -568,7 +568,7 @@ def migrate(
 
     All steps run in one transaction, each inside its own savepoint together with its
     `user_version` bump: a failure at any step leaves the database exactly as it was.
-    `fault`: the broker's test-only crash points (broker.faults).
+    `fault`: the broker's test-only crash points (common.faults).
     """
     found = user_version(conn)
     if found > CURRENT_VERSION:

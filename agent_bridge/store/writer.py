@@ -47,7 +47,7 @@ class Store(Forgetting, JobRecords, Federation):
     ) -> Store:
         """Open (creating if needed) and migrate to the current version, backing up first.
 
-        `fault`: the broker's test-only crash points (broker.faults); a no-op otherwise."""
+        `fault`: the broker's test-only crash points (common.faults); a no-op otherwise."""
         apply_bestpractice()
         existed = path.exists()
         if existed:

@@ -44,7 +44,7 @@ def count(home: Path, sql: str, args: tuple = ()) -> int:
 
 
 def start_faulty_broker(env: dict[str, str], home: Path, point: str) -> BrokerProcess:
-    """A broker that SIGKILLs itself at `point` (broker/faults.py). The MCP servers never see
+    """A broker that SIGKILLs itself at `point` (common/faults.py). The MCP servers never see
     AGENT_BRIDGE_FAULT, so the broker they restart is a normal one."""
     assert "AGENT_BRIDGE_FAULT" not in env
     return BrokerProcess(env, home).start({"AGENT_BRIDGE_FAULT": point})

@@ -1,7 +1,7 @@
 """SPEC §8: a crash (kill -9) at any point loses no committed message, receipt or decision,
 never half-commits a decide, and a broker restart resumes every delivery; MCP servers survive
 it and reconnect. The broker kills itself at a named point (AGENT_BRIDGE_FAULT, see
-agent_bridge/broker/faults.py) while real MCP server processes keep working; the MCP servers
+agent_bridge/common/faults.py) while real MCP server processes keep working; the MCP servers
 start the next broker themselves."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 `message_id` in flight when the broker is killed -9, between its commit and its answer or just
 before its commit, is sent again by the relay to the broker it starts next, and the message is
 stored exactly once, shown to its recipient exactly once. The broker kills itself at the named
-point (AGENT_BRIDGE_FAULT, broker/faults.py); the MCP servers are real processes driven by the
+point (AGENT_BRIDGE_FAULT, common/faults.py); the MCP servers are real processes driven by the
 MCP client over stdio."""
 
 from __future__ import annotations

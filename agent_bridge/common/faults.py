@@ -1,10 +1,11 @@
-"""Test-only crash points: `AGENT_BRIDGE_FAULT=<point>[@<n>]` makes the broker kill itself
+"""Test-only crash points: `AGENT_BRIDGE_FAULT=<point>[@<n>]` makes the process kill itself
 with SIGKILL the n-th time (default: the first time) it reaches `<point>`; with `/stop` after
-it, the broker stops itself (SIGSTOP) there instead, so a test can act while it stands still
+it, the process stops itself (SIGSTOP) there instead, so a test can act while it stands still
 (send it a signal) and then let it go on (SIGCONT).
 
-Read once, when the broker starts (`broker.root.run_broker`); nothing else reads it. Unset (as
-it is for every user) the injector is a no-op. The points, each named where it is called:
+Read once, when the broker starts (`broker.root.run_broker`) and when a relay starts
+(`relay.main.Relay`); nothing else reads it. Unset (as it is for every user) the injector is a
+no-op. The points, each named where it is called; the broker's:
 
   upgrade:backup-copied    the pre-upgrade backup is copied, not yet renamed into place
   upgrade:after-backup     the backup is in place, the upgrade transaction not yet begun
@@ -23,6 +24,11 @@ it is for every user) the injector is a no-op. The points, each named where it i
   retract:mid-notices      the first notice is written, the others not (uncommitted)
   retract:before-commit    everything is written; the transaction is about to commit
   forget:before-commit     the sessions are forgotten and their queues dropped, not committed
+
+and the relay's:
+
+  relay:after-write        a line that shows messages is written to the host, not yet noted
+                           as shown (nor reported written to the broker)
 """
 
 from __future__ import annotations
