@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from agent_bridge.broker.mcp import bridge, static
 from agent_bridge.common import domain, ledger, tools
 from agent_bridge.relay import main as relay
-from tests.conftest import run_cli, wait_for
+from tests.conftest import BrokerProcess, run_cli, wait_for
 from tests.reliability.harness import (
     KILLED,
     start_faulty_broker,
@@ -317,6 +317,45 @@ async def test_a_signal_between_writing_a_result_and_noting_it_shown_keeps_it_in
         assert receipts(home, [mid])[mid][1] is not None
         assert not list((home / ledger.FOLDER).glob("*.json"))  # applied and removed
         assert await again.end() == 0
+
+
+async def test_a_signal_between_showing_held_messages_and_noting_it_keeps_them_in_the_ledger(env, home):
+    """The same with no broker: the relay shows what it holds (the broker was killed, and any
+    broker this relay starts refuses it), and SIGTERM comes between the write and the noting.
+    The ledger keeps the message acknowledged, and the broker that comes back does not show
+    it again."""
+    broker = BrokerProcess(env, home).start()
+    project = ("--project", "/w/relay-signal-alone", "--host-session-id", "hs-signal-alone")
+    try:
+        with trio.fail_after(60):
+            alone_env = {**env, "AGENT_BRIDGE_HOP_LIMIT": "0", "AGENT_BRIDGE_FAULT": "relay:after-write/stop"}
+            host = await RawHost.start(alone_env, *project)
+            me = await host.tool("whoami")
+            sent = await trio.to_thread.run_sync(run_cli, env, "send", me["name"], "held, read", "--json")
+            mid = json.loads(sent.stdout)["message"]["id"]
+
+            async def held() -> bool:
+                return bool(await host.tool("inbox", peek=True, wait_seconds=1))
+
+            await wait_for(held, what="the message held by the relay")
+            broker.kill()
+            rid = await host.call_request("inbox")
+            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            assert [m["id"] for m in shown] == [mid]
+            await trio.to_thread.run_sync(os.waitid, os.P_PID, host.proc.pid, os.WSTOPPED | os.WNOWAIT)
+            host.proc.send_signal(signal.SIGTERM)
+            os.kill(host.proc.pid, signal.SIGCONT)
+            assert await host.proc.wait() == 0
+            left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
+            assert [mid in record["acked"] for record in left] == [True], left
+            broker.start()
+            again = await RawHost.start(env, *project)
+            assert await again.tool("whoami") == me
+            assert await again.tool("inbox") == []
+            assert receipts(home, [mid])[mid][1] is not None
+            assert await again.end() == 0
+    finally:
+        broker.stop()
 
 
 async def test_a_signal_while_the_host_no_longer_reads_a_long_result_ends_the_relay(broker, env, home):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from agent_bridge.common.faults import Fault
 from agent_bridge.core import showing
 from agent_bridge.ipc.frames import RelayFrame, line_frames
 from agent_bridge.relay.answers import Static, answer
@@ -38,7 +40,10 @@ class Serving(Protocol):
     shown: Shown
     wanted: threading.Event  # set once the host asked what only a broker answers
 
+    fault: Fault  # test-only (common.faults)
+
     def write_out(self, line: str) -> None: ...
+    def showing_write(self) -> AbstractContextManager[None]: ...
 
     def send(self, link: Link, frames: Sequence[RelayFrame], queue: bool = False) -> None: ...
 
@@ -119,14 +124,16 @@ class Alone:
             if not peek:
                 messages = shown.showing.offer(by, ids)
                 shown.save(relay.session_id)  # offered before the write: shown again, they are repeats
-        relay.write_out(self.static.inbox_result(rid, messages))
-        if not peek:
-            with relay.cond:
-                shown.showing.on_its_way(by)
-                shown.showing.written(by, ids, time.monotonic())
-                shown.save(relay.session_id)
-                if relay.link is not None:  # a broker answered meanwhile, after its hello
-                    relay.send(relay.link, shown.hand_over_acks(time.monotonic()))
+        with relay.showing_write():
+            relay.write_out(self.static.inbox_result(rid, messages))
+            relay.fault("relay:after-write")
+            if not peek:
+                with relay.cond:
+                    shown.showing.on_its_way(by)
+                    shown.showing.written(by, ids, time.monotonic())
+                    shown.save(relay.session_id)
+                    if relay.link is not None:  # a broker answered meanwhile, after its hello
+                        relay.send(relay.link, shown.hand_over_acks(time.monotonic()))
         return True
 
     def expire_waiting(self) -> None:

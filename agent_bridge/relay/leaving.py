@@ -47,9 +47,9 @@ class Leaving(Protocol):
 
 def on_signal(relay: Leaving, leave: Callable[[], object]) -> Callable[[], None]:
     """The handler of a leaving signal: `leave`, once. One that interrupts the thread between
-    writing a line that shows messages and noting it shown (the pump's: the main thread, where
-    handlers run) would find what it keeps half-changed, and wait for `reporting` in vain
-    (this thread holds it): it leaves once the line is noted (`Relay.to_host`), or after
+    writing a line that shows messages and noting it shown (`Relay.showing_write`; the pump's
+    thread is the main one, where handlers run) would find what it keeps half-changed, and wait
+    in vain for `reporting`, which this thread holds: it leaves once the line is noted, or after
     SIGNAL_WAIT from another thread if the write does not end (a host that no longer reads
     its output; the line was not written whole, so nothing of it is kept acknowledged)."""
     once = threading.Lock()

@@ -34,7 +34,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -153,8 +154,8 @@ class Relay:
         # stops reading there, and the report would be lost with this process); nor may a cancel
         # that crossed the line (the broker would acknowledge a result the host ignored).
         self.reporting = threading.Lock()
-        # The thread inside that block, while it is there, and what a leaving signal's handler
-        # that interrupted it there does once the line is noted (leaving.on_signal).
+        # The thread between writing a line that shows messages and noting it (showing_write),
+        # and what a leaving signal's handler that interrupted it there does at its end.
         self.reporting_thread: int | None = None
         self.leave_when_reported: Callable[[], object] | None = None
         self.fault: Fault = no_fault  # test-only (common.faults): set by main
@@ -387,9 +388,8 @@ class Relay:
         if incoming.seq is None:  # written with the lines read with it (flush_out)
             self.out.buffer(line, answered is not None)
             return
-        self.reporting_thread = threading.get_ident()
         try:
-            with self.reporting:
+            with self.showing_write(), self.reporting:
                 self.write_out(line)
                 self.fault("relay:after-write")
                 with self.lock:  # reported below; until the broker confirms it recorded them
@@ -399,13 +399,22 @@ class Relay:
                 except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
                     pass
         finally:
-            self.reporting_thread = None
             if answered is not None:
                 with self.lock:
                     self.requests.written()
                     if self.pump is None:
                         self.cond.notify_all()
-            if self.leave_when_reported is not None:  # a signal interrupted the block: now
+
+    @contextmanager
+    def showing_write(self) -> Iterator[None]:
+        """Around writing a line that shows messages and noting it shown: a leaving signal's
+        handler that interrupts it on this thread leaves at its end (leaving.on_signal)."""
+        self.reporting_thread = threading.get_ident()
+        try:
+            yield
+        finally:
+            self.reporting_thread = None
+            if self.leave_when_reported is not None:
                 self.leave_when_reported()
 
     def lost(self, link: Link) -> None:
