@@ -44,7 +44,7 @@ async def test_new_messages_are_indexed_after_commits_in_batches(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(task.run)
-            await trio.sleep(2 * indexer.QUIET)  # (the mock clock: no time goes by, only a quiet moment)
+            await trio.testing.wait_all_tasks_blocked()  # the first pass waits for no quiet moment
             assert unindexed() == 0 and task.indexed == 3 and len(calls) == 2  # 2 + 1
             await trio.sleep(10)
             assert len(calls) == 2  # no commit, no pass

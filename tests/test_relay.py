@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -293,24 +295,24 @@ async def test_a_signal_between_writing_a_result_and_noting_it_shown_keeps_it_in
     with trio.fail_after(60):
         project = ("--project", "/w/relay-signal-mid-write", "--host-session-id", "hs-mid-write")
         host = await RawHost.start({**env, "AGENT_BRIDGE_FAULT": "relay:after-write/stop"}, *project)
-        me = await host.tool("whoami")
-        sent = await trio.to_thread.run_sync(lambda: run_cli(env, "send", me["name"], "read, gone", "--json"))
-        mid = json.loads(sent.stdout)["message"]["id"]
-        rid = await host.call_request("inbox", wait_seconds=10)
-        shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
-        assert [m["id"] for m in shown] == [mid]
-        # (the relay is this process's child: waitid reports its stop, and leaves it reportable)
-        await trio.to_thread.run_sync(os.waitid, os.P_PID, host.proc.pid, os.WSTOPPED | os.WNOWAIT)
-        os.kill(broker.pid, signal.SIGSTOP)
-        try:
-            host.proc.send_signal(signum)
-            os.kill(host.proc.pid, signal.SIGCONT)
-            assert await host.proc.wait() == 0
-            left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
-            assert [mid in record["acked"] for record in left] == [True], left
-            assert receipts(home, [mid])[mid][1] is None  # the broker never heard of it
-        finally:
-            os.kill(broker.pid, signal.SIGCONT)
+        async with ended_at_last(host):
+            me = await host.tool("whoami")
+            sent = await trio.to_thread.run_sync(run_cli, env, "send", me["name"], "read, gone", "--json")
+            mid = json.loads(sent.stdout)["message"]["id"]
+            rid = await host.call_request("inbox", wait_seconds=10)
+            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            assert [m["id"] for m in shown] == [mid]
+            await stopped_at_fault(host)
+            os.kill(broker.pid, signal.SIGSTOP)
+            try:
+                host.proc.send_signal(signum)
+                os.kill(host.proc.pid, signal.SIGCONT)
+                assert await host.proc.wait() == 0
+                left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
+                assert [mid in record["acked"] for record in left] == [True], left
+                assert receipts(home, [mid])[mid][1] is None  # the broker never heard of it
+            finally:
+                os.kill(broker.pid, signal.SIGCONT)
         again = await RawHost.start(env, *project)
         assert await again.tool("whoami") == me
         assert await again.tool("inbox") == []
@@ -330,22 +332,23 @@ async def test_a_signal_between_showing_held_messages_and_noting_it_keeps_them_i
         with trio.fail_after(60):
             alone_env = {**env, "AGENT_BRIDGE_HOP_LIMIT": "0", "AGENT_BRIDGE_FAULT": "relay:after-write/stop"}
             host = await RawHost.start(alone_env, *project)
-            me = await host.tool("whoami")
-            sent = await trio.to_thread.run_sync(run_cli, env, "send", me["name"], "held, read", "--json")
-            mid = json.loads(sent.stdout)["message"]["id"]
+            async with ended_at_last(host):
+                me = await host.tool("whoami")
+                sent = await trio.to_thread.run_sync(run_cli, env, "send", me["name"], "held, read", "--json")
+                mid = json.loads(sent.stdout)["message"]["id"]
 
-            async def held() -> bool:
-                return bool(await host.tool("inbox", peek=True, wait_seconds=1))
+                async def held() -> bool:
+                    return bool(await host.tool("inbox", peek=True, wait_seconds=1))
 
-            await wait_for(held, what="the message held by the relay")
-            broker.kill()
-            rid = await host.call_request("inbox")
-            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
-            assert [m["id"] for m in shown] == [mid]
-            await trio.to_thread.run_sync(os.waitid, os.P_PID, host.proc.pid, os.WSTOPPED | os.WNOWAIT)
-            host.proc.send_signal(signal.SIGTERM)
-            os.kill(host.proc.pid, signal.SIGCONT)
-            assert await host.proc.wait() == 0
+                await wait_for(held, what="the message held by the relay")
+                broker.kill()
+                rid = await host.call_request("inbox")
+                shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+                assert [m["id"] for m in shown] == [mid]
+                await stopped_at_fault(host)
+                host.proc.send_signal(signal.SIGTERM)
+                os.kill(host.proc.pid, signal.SIGCONT)
+                assert await host.proc.wait() == 0
             left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
             assert [mid in record["acked"] for record in left] == [True], left
             broker.start()
@@ -367,26 +370,27 @@ async def test_a_signal_while_the_host_no_longer_reads_a_long_result_ends_the_re
     with trio.fail_after(60):
         project = ("--project", "/w/relay-unread-result", "--host-session-id", "hs-unread-result")
         host = await RawHost.start(env, *project)
-        me = await host.tool("whoami")
-        # No log line per arrival (each carries the text, and they would fill the pipe first).
-        await host.response(await host.request("logging/setLevel", {"level": "error"}))
-        assert host.proc.stdout is not None
-        room = fcntl.fcntl(host.proc.stdout.fileno(), fcntl.F_GETPIPE_SZ)
-        ids = []
-        for n in range(room // domain.MESSAGE_TEXT_MAX + 2):  # more than the pipe takes, in one result
-            text = f"{n}: " + "x" * (domain.MESSAGE_TEXT_MAX - 10)
-            sent = await trio.to_thread.run_sync(run_cli, env, "send", me["name"], text, "--json")
-            ids.append(json.loads(sent.stdout)["message"]["id"])
-        await host.call_request("inbox")  # its answer is never read
+        async with ended_at_last(host):
+            me = await host.tool("whoami")
+            # No log line per arrival (each carries the text, and they would fill the pipe first).
+            await host.response(await host.request("logging/setLevel", {"level": "error"}))
+            assert host.proc.stdout is not None
+            room = fcntl.fcntl(host.proc.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+            ids = []
+            for n in range(room // domain.MESSAGE_TEXT_MAX + 2):  # more than the pipe takes, in one result
+                text = f"{n}: " + "x" * (domain.MESSAGE_TEXT_MAX - 10)
+                sent = await trio.to_thread.run_sync(run_cli, env, "send", me["name"], text, "--json")
+                ids.append(json.loads(sent.stdout)["message"]["id"])
+            await host.call_request("inbox")  # its answer is never read
 
-        async def writing() -> bool:
-            # (pipe_write, or anon_pipe_write on newer kernels: where its main thread waits)
-            wchan = await trio.Path(f"/proc/{host.proc.pid}/wchan").read_text()
-            return wchan.endswith("pipe_write")
+            async def writing() -> bool:
+                # (pipe_write, or anon_pipe_write on newer kernels: where its main thread waits)
+                wchan = await trio.Path(f"/proc/{host.proc.pid}/wchan").read_text()
+                return wchan.endswith("pipe_write")
 
-        await wait_for(writing, what="the relay's write of the result waiting for the host")
-        host.proc.send_signal(signal.SIGTERM)
-        assert await host.proc.wait() == 0
+            await wait_for(writing, what="the relay's write of the result waiting for the host")
+            host.proc.send_signal(signal.SIGTERM)
+            assert await host.proc.wait() == 0
         left = [json.loads(f.read_text()) for f in (home / ledger.FOLDER).glob("*.json")]
         assert not [mid for record in left for mid in record["acked"] if mid in ids], left
         assert all(acked is None for _, acked in receipts(home, ids).values())
@@ -394,6 +398,25 @@ async def test_a_signal_while_the_host_no_longer_reads_a_long_result_ends_the_re
         assert await again.tool("whoami") == me
         assert [m["id"] for m in await again.tool("inbox")] == ids
         assert await again.end() == 0
+
+
+async def stopped_at_fault(host: RawHost) -> None:
+    """Until the relay stopped itself at its fault point (it is this process's child: waitid
+    reports the stop, and leaves it reportable)."""
+    flags = os.WSTOPPED | os.WNOWAIT
+    await trio.to_thread.run_sync(os.waitid, os.P_PID, host.proc.pid, flags, abandon_on_cancel=True)
+
+
+@asynccontextmanager
+async def ended_at_last(host: RawHost) -> AsyncIterator[None]:
+    """The relay let go on and killed if the test ends before it did."""
+    try:
+        yield
+    finally:
+        if host.proc.returncode is None:
+            with trio.CancelScope(shield=True):
+                os.kill(host.proc.pid, signal.SIGCONT)
+                await host.kill()
 
 
 def _signals_held(pid: int) -> set[int]:

@@ -5,12 +5,12 @@ the index has not reached yet as well (store.search.UNINDEXED), so this task onl
 short: after commits, at most one pass per GAP, each indexing everything new in batches of BATCH
 on the store's thread. The first pass, at the broker's start, indexes what a previous broker left.
 
-A pass waits for a quiet moment first: QUIET seconds with no commit, or MAX_WAIT at most. While
-a batch runs on the store's thread, the sends and acknowledgements that come meanwhile queue
-behind it there instead of committing on the loop; under a steady stream of sends that cost the
-broker 5 % of its rate (docs/performance.md). Waiting moves that work to the pauses that sessions
-leave, and under a stream with none, bounds what the index has not reached (and what a search
-looks through besides it) to MAX_WAIT of it.
+A pass after the first waits for a quiet moment: QUIET seconds with no commit, or MAX_WAIT at
+most. While a batch runs on the store's thread, the sends and acknowledgements that come meanwhile
+queue behind it there instead of committing on the loop; under a steady stream of sends that cost
+the broker 5 % of its rate (docs/performance.md). Waiting moves that work to the pauses that
+sessions leave, and under a stream with none, bounds what the index has not reached (and what a
+search looks through besides it) to MAX_WAIT of it.
 Its commits do not move the commit feed (StoreRunner.run_unseen): what any reader sees, search
 results included, is the same before and after them, so nobody following the feed (the post
 box, the waiters, the dashboard's live stream, this task) has anything to look at again.
@@ -44,13 +44,16 @@ class Indexer:
         self.index = index  # index up to n messages not indexed yet; how many it did (one transaction)
         self.feed = feed  # the store's commit feed, or None
         self.indexed = 0  # messages indexed by this broker
+        self.started = False  # the first pass began
 
     async def run(self) -> None:
         """Index what is new after each burst of commits. Lives in the serving nursery."""
         with Following(self.feed(), POLL) as commits:
 
             async def one_pass() -> None:
-                await quiet(commits)
+                if self.started:  # the first pass indexes what a previous broker left, at once
+                    await quiet(commits)
+                self.started = True
                 await self.catch_up()
 
             await commits.passes(one_pass, GAP, "search index: could not index new messages", log)
