@@ -4,6 +4,9 @@ the index's segment written at each commit doubled the cost of a send. A search 
 the index has not reached yet as well (store.search.UNINDEXED), so this task only keeps that rest
 short: after commits, at most one pass per GAP, each indexing everything new in batches of BATCH
 on the store's thread. The first pass, at the broker's start, indexes what a previous broker left.
+Its commits do not move the commit feed (StoreRunner.run_unseen): what any reader sees, search
+results included, is the same before and after them, so nobody following the feed (the post
+box, the waiters, the dashboard's live stream, this task) has anything to look at again.
 
 A pass after the first waits for a quiet moment: QUIET seconds with no commit, or MAX_WAIT at
 most. While a batch runs on the store's thread, the sends and acknowledgements that come meanwhile
@@ -11,9 +14,6 @@ queue behind it there instead of committing on the loop; under a steady stream o
 the broker 5 % of its rate (docs/performance.md). Waiting moves that work to the pauses that
 sessions leave, and under a stream with none, bounds what the index has not reached (and what a
 search looks through besides it) to MAX_WAIT of it.
-Its commits do not move the commit feed (StoreRunner.run_unseen): what any reader sees, search
-results included, is the same before and after them, so nobody following the feed (the post
-box, the waiters, the dashboard's live stream, this task) has anything to look at again.
 
 Without the commit feed (a broker with no dashboard) the pass runs every POLL seconds.
 """
