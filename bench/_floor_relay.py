@@ -21,7 +21,7 @@ from argparse import Namespace
 
 from agent_bridge.ipc import protocol
 from agent_bridge.relay import connector
-from agent_bridge.relay.main import options_from
+from agent_bridge.relay.options import options_from
 from agent_bridge.relay.quick import parse_mcp
 
 

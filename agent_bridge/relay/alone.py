@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from agent_bridge.common.faults import Fault
 from agent_bridge.core import showing
 from agent_bridge.ipc.frames import RelayFrame, line_frames
 from agent_bridge.relay.answers import Static, answer
+from agent_bridge.relay.host_io import ShowingWrite
 from agent_bridge.relay.keeper import Keeper
 from agent_bridge.relay.link import Link
 from agent_bridge.relay.replay import Replay
@@ -40,10 +40,10 @@ class Serving(Protocol):
     shown: Shown
     wanted: threading.Event  # set once the host asked what only a broker answers
 
+    showing_write: ShowingWrite  # from writing a line that shows messages to noting it
     fault: Fault  # test-only (common.faults)
 
     def write_out(self, line: str) -> None: ...
-    def showing_write(self) -> AbstractContextManager[None]: ...
 
     def send(self, link: Link, frames: Sequence[RelayFrame], queue: bool = False) -> None: ...
 
@@ -124,7 +124,7 @@ class Alone:
             if not peek:
                 messages = shown.showing.offer(by, ids)
                 shown.save(relay.session_id)  # offered before the write: shown again, they are repeats
-        with relay.showing_write():
+        with relay.showing_write.around():
             relay.write_out(self.static.inbox_result(rid, messages))
             relay.fault("relay:after-write")
             if not peek:

@@ -1,5 +1,6 @@
 """The host's side of the pump: its lines in (HostInput), whole lines out (HostOutput, write_all),
-and the leaving signals put off while the input changes hands (HostInput.deferring).
+and the leaving signals put off while the input changes hands (HostInput.deferring) or a line
+that shows messages is written and noted (ShowingWrite).
 
 Hosts end their MCP servers with SIGINT, then SIGTERM; the relay's handler reads the host's
 unread input (`HostInput.unread`) for cancels sent before the signal, so every line must be in
@@ -24,6 +25,30 @@ try:  # the C function: `signal.pthread_sigmask` wraps it to turn each signal in
     from _signal import pthread_sigmask as _sigmask
 except ImportError:  # another Python, or Windows (no masks there: SIGNAL_MASKS is False)
     _sigmask = getattr(signal, "pthread_sigmask", None)
+
+
+class ShowingWrite:
+    """Writing a line that shows messages and noting it shown (`around`): the thread that is
+    there, for a leaving signal's handler that interrupts it (leaving.on_signal), and what that
+    handler leaves to be done at its end (`then`)."""
+
+    def __init__(self) -> None:
+        self.thread: int | None = None
+        self.then: Callable[[], object] | None = None
+
+    @contextmanager
+    def around(self) -> Iterator[None]:
+        self.thread = threading.get_ident()
+        try:
+            yield
+        finally:
+            self.thread = None
+            if self.then is not None:
+                self.then()
+
+    def here(self) -> bool:
+        """Whether the calling thread is inside (for a handler: the thread it interrupted)."""
+        return self.thread == threading.get_ident()
 
 
 @contextmanager

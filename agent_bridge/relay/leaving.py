@@ -12,6 +12,7 @@ from typing import Protocol
 
 from agent_bridge.common import jsonlimit
 from agent_bridge.ipc.frames import EOF, RelayFrame
+from agent_bridge.relay.host_io import ShowingWrite
 from agent_bridge.relay.keeper import Keeper
 from agent_bridge.relay.link import Link
 from agent_bridge.relay.requests import Request, Requests, cancelled_key
@@ -31,8 +32,7 @@ class Leaving(Protocol):
     cond: threading.Condition
     reporting: threading.Lock
     link: Link | None
-    reporting_thread: int | None
-    leave_when_reported: Callable[[], object] | None
+    showing_write: ShowingWrite
     session_id: str | None
     keeper: Keeper
     requests: Requests
@@ -47,7 +47,7 @@ class Leaving(Protocol):
 
 def on_signal(relay: Leaving, leave: Callable[[], object]) -> Callable[[], None]:
     """The handler of a leaving signal: `leave`, once. One that interrupts the thread between
-    writing a line that shows messages and noting it shown (`Relay.showing_write`; the pump's
+    writing a line that shows messages and noting it shown (host_io.ShowingWrite; the pump's
     thread is the main one, where handlers run) would find what it keeps half-changed, and wait
     in vain for `reporting`, which this thread holds: it leaves once the line is noted, or after
     SIGNAL_WAIT from another thread if the write does not end (a host that no longer reads
@@ -59,10 +59,10 @@ def on_signal(relay: Leaving, leave: Callable[[], object]) -> Callable[[], None]
             leave()
 
     def handler() -> None:
-        if relay.reporting_thread != threading.get_ident():
+        if not relay.showing_write.here():
             leave_once()
             return
-        relay.leave_when_reported = leave_once
+        relay.showing_write.then = leave_once
         waiting = threading.Timer(SIGNAL_WAIT, leave_once)
         waiting.daemon = True
         waiting.start()

@@ -34,14 +34,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from agent_bridge import hosts
-from agent_bridge.common import domain, jsonlimit, paths, procinfo, tools
+from agent_bridge.common import domain, jsonlimit, paths, tools
 from agent_bridge.common.faults import Fault, fault_injector, no_fault
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import (
@@ -59,10 +56,18 @@ from agent_bridge.relay import answers, connector, leaving, router
 from agent_bridge.relay.alone import Alone
 from agent_bridge.relay.answers import ANSWER_HEAD, INTERNAL_ERROR, INVALID_REQUEST, STATIC
 from agent_bridge.relay.connector import BadHello
-from agent_bridge.relay.host_io import LEAVING_SIGNALS, SIGNAL_MASKS, HostInput, HostOutput, signals_held
+from agent_bridge.relay.host_io import (
+    LEAVING_SIGNALS,
+    SIGNAL_MASKS,
+    HostInput,
+    HostOutput,
+    ShowingWrite,
+    signals_held,
+)
 from agent_bridge.relay.keeper import START_ATTEMPTS, Keeper
 from agent_bridge.relay.leaving import ACK_FLUSH_AT_EXIT, ANSWERS_AT_EXIT
 from agent_bridge.relay.link import Link
+from agent_bridge.relay.options import Options, options_from
 from agent_bridge.relay.pump import Pump, read_here
 from agent_bridge.relay.replay import Replay
 from agent_bridge.relay.requests import Request, Requests, cancelled_key, request_of
@@ -74,63 +79,6 @@ __all__ = ["ANSWERS_AT_EXIT", "ANSWER_HEAD", "INVALID_REQUEST", "START_ATTEMPTS"
 log = logging.getLogger("agent_bridge.mcp")
 
 JOIN_BEFORE_SERVING = 10.0  # seconds the relay waits for the broker before serving the host anyway
-
-
-@dataclass
-class Options:
-    agent: str
-    project: str
-    kind: str
-    name: str | None
-    host_session_id: str | None
-    claude_session_id: str | None
-    host: procinfo.Proc | None
-    chain: list[procinfo.Proc]
-    home: Path
-
-    def hello(self, resume: dict[str, str] | None = None) -> dict[str, Any]:
-        """The hello frame; `resume`: the session id and secret this process was given, so a
-        reconnect gets exactly that session back (SPEC §3, identity without a host session id)."""
-        return {
-            "agent": self.agent,
-            "project": self.project,
-            "kind": self.kind,
-            "name": self.name,
-            "hostSessionId": self.host_session_id,
-            "claudeSessionId": self.claude_session_id,
-            "host": procinfo.host_json(self.host),
-            "chain": [p.to_json() for p in self.chain],
-            "pid": os.getpid(),
-            "resume": resume,
-        }
-
-
-def options_from(ns: argparse.Namespace, env: dict[str, str] | os._Environ[str] | None = None) -> Options:
-    env = os.environ if env is None else env
-    host, chain = hosts.current_host(env)
-    agent = ns.agent
-    if not agent:
-        agent = (hosts.for_process(host.exe if host else "") or hosts.DEFAULT).name
-    agent = domain.normalize_agent(agent)
-    if ns.name is not None:
-        domain.check_session_name(ns.name, what="--name")
-    project = domain.normalize_folder(os.path.abspath(ns.project or os.getcwd()), what="--project")
-    explicit = ns.host_session_id or env.get("AGENT_BRIDGE_HOST_SESSION_ID") or None
-    chosen = hosts.by_name(agent)
-    session_env = chosen.session_env if chosen else None  # where the host passes its own session id
-    claude_env = (env.get(session_env) or None) if session_env else None
-    return Options(
-        agent=agent,
-        project=project,
-        kind="job" if ns.job else "interactive",
-        name=ns.name,
-        host_session_id=explicit,
-        claude_session_id=claude_env,
-        host=host,
-        chain=chain,
-        home=paths.writable_home(paths.home(env)),
-    )
-
 
 
 class Relay:
@@ -154,10 +102,7 @@ class Relay:
         # stops reading there, and the report would be lost with this process); nor may a cancel
         # that crossed the line (the broker would acknowledge a result the host ignored).
         self.reporting = threading.Lock()
-        # The thread between writing a line that shows messages and noting it (showing_write),
-        # and what a leaving signal's handler that interrupted it there does at its end.
-        self.reporting_thread: int | None = None
-        self.leave_when_reported: Callable[[], object] | None = None
+        self.showing_write = ShowingWrite()  # from writing such a line to noting it (Alone's too)
         self.fault: Fault = no_fault  # test-only (common.faults): set by main
         self.link: Link | None = None
         self.joined = False  # a broker answered this relay's hello at least once
@@ -370,53 +315,6 @@ class Relay:
         link.close()
         self.lost(link)
 
-    def on_line(self, link: Link, push: Line) -> None:
-        line = link.parts.add(push)
-        if line is not None:
-            self.to_host(link, line, push)
-
-    def to_host(self, link: Link, line: str, incoming: Line) -> None:
-        key = self.answer_key(line)
-        answered: Request | None = None
-        if key is not None:
-            with self.lock:
-                if self.replay.swallowed(key):
-                    return
-                answered = self.requests.answered(key)  # `end` waits for it to be written
-                if answered is not None:
-                    self.replay.answered(answered.method)
-        if incoming.seq is None:  # written with the lines read with it (flush_out)
-            self.out.buffer(line, answered is not None)
-            return
-        try:
-            with self.showing_write(), self.reporting:
-                self.write_out(line)
-                self.fault("relay:after-write")
-                with self.lock:  # reported below; until the broker confirms it recorded them
-                    self.shown.showing.shown_directly(key, list(incoming.ids), reported=True)
-                try:
-                    link.send([Written(incoming.seq)])
-                except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
-                    pass
-        finally:
-            if answered is not None:
-                with self.lock:
-                    self.requests.written()
-                    if self.pump is None:
-                        self.cond.notify_all()
-
-    @contextmanager
-    def showing_write(self) -> Iterator[None]:
-        """Around writing a line that shows messages and noting it shown: a leaving signal's
-        handler that interrupts it on this thread leaves at its end (leaving.on_signal)."""
-        self.reporting_thread = threading.get_ident()
-        try:
-            yield
-        finally:
-            self.reporting_thread = None
-            if self.leave_when_reported is not None:
-                self.leave_when_reported()
-
     def lost(self, link: Link) -> None:
         """The connection ended: what was in flight on it is sent again to the next broker if
         doing it twice changes nothing, else answered with an error saying it may have been
@@ -473,12 +371,52 @@ def on_acked(relay: Relay, link: Link, push: Acked) -> None:
         relay.shown.save_if_kept(relay.session_id)
 
 
+def on_line(relay: Relay, link: Link, push: Line) -> None:
+    line = link.parts.add(push)
+    if line is not None:
+        to_host(relay, link, line, push)
+
+
+def to_host(relay: Relay, link: Link, line: str, incoming: Line) -> None:
+    """One of the broker's lines to the host: an answer is written with the lines read with it
+    (Relay.flush_out); one that shows messages (`seq`) at once, then noted shown and reported
+    written."""
+    key = relay.answer_key(line)
+    answered: Request | None = None
+    if key is not None:
+        with relay.lock:
+            if relay.replay.swallowed(key):
+                return
+            answered = relay.requests.answered(key)  # `end` waits for it to be written
+            if answered is not None:
+                relay.replay.answered(answered.method)
+    if incoming.seq is None:  # written with the lines read with it (flush_out)
+        relay.out.buffer(line, answered is not None)
+        return
+    try:
+        with relay.showing_write.around(), relay.reporting:
+            relay.write_out(line)
+            relay.fault("relay:after-write")
+            with relay.lock:  # reported below; until the broker confirms it recorded them
+                relay.shown.showing.shown_directly(key, list(incoming.ids), reported=True)
+            try:
+                link.send([Written(incoming.seq)])
+            except (OSError, protocol.ProtocolError):  # the next broker gets them (lost)
+                pass
+    finally:
+        if answered is not None:
+            with relay.lock:
+                relay.requests.written()
+                if relay.pump is None:
+                    relay.cond.notify_all()
+
+
 # What the relay does with each push it uses (Relay.on_frames).
 PUSH_HANDLERS: dict[type, Callable[[Relay, Link, Any], None]] = {
     Identity: on_identity,
     Held: on_held,
     Acked: on_acked,
-    Line: Relay.on_line,
+    Line: on_line,
 }
 
 
