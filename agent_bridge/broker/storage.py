@@ -37,8 +37,11 @@ class _Job:
         self.cancelled = False
 
 
-# Pages in the WAL after which a commit asks for a checkpoint: SQLite's own default.
-CHECKPOINT_PAGES = 1000
+# Pages in the WAL after which a commit asks for a checkpoint: four times SQLite's own default
+# (16 MB of 4 KiB pages). Each round ends with the store's thread copying the rest while the
+# loop's commits queue behind it (catch_up below), and each copy syncs twice; at 1,000 pages a
+# stream of sends met that about ten times a second (docs/performance.md, stop 56).
+CHECKPOINT_PAGES = 4000
 # A passive checkpoint copies what the WAL held when it started; commits meanwhile add more.
 # Passes in a row while more than CATCH_UP_PAGES are left; the rest is the writer's (below).
 CHECKPOINT_PASSES = 3
