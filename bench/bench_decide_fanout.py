@@ -32,8 +32,8 @@ class BareBaseline:
     def __init__(self, path: Path, sessions: int) -> None:
         import apsw
 
+        from agent_bridge.store.migration import migrate
         from agent_bridge.store.opening import apply_bestpractice
-        from agent_bridge.store.schema import migrate
 
         apply_bestpractice()
         self.conn = apsw.Connection(str(path))

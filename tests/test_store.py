@@ -13,7 +13,8 @@ import pytest
 from agent_bridge.common.domain import SessionView
 from agent_bridge.store import queries, reader
 from agent_bridge.store.decisions import Recipient
-from agent_bridge.store.schema import CURRENT_VERSION, V1, V2, SchemaTooNew
+from agent_bridge.store.migration import SchemaTooNew
+from agent_bridge.store.schema import CURRENT_VERSION, V1, V2
 from agent_bridge.store.writer import Store
 
 # The pinned DDL, exactly as SPEC §7 prints it (not imported from the code under test).

@@ -21,7 +21,7 @@ from agent_bridge.common import config, paths
 from agent_bridge.federation.errors import FederationError
 from agent_bridge.ipc import blocking
 from agent_bridge.ipc.protocol import RemoteError
-from agent_bridge.store.schema import SchemaError
+from agent_bridge.store.migration import SchemaError
 
 if TYPE_CHECKING:
     from agent_bridge.federation.settings import FederationSettings

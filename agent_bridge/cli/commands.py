@@ -98,7 +98,7 @@ def sent(ids: list[str], as_json: bool) -> int:
     """`agent-bridge sent [ID…] [--json]`: the owner's own messages (sender `cli`) with their
     receipts, as the sent tool gives an agent its own; read-only, the broker may be down."""
     from agent_bridge.store import queries, reader
-    from agent_bridge.store.schema import SchemaError
+    from agent_bridge.store.migration import SchemaError
 
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:
@@ -129,7 +129,7 @@ def inbox(as_json: bool) -> int:
     """`agent-bridge inbox [--json]`: the messages sessions sent to the owner, newest first;
     read-only, the broker may be down."""
     from agent_bridge.store import queries, reader
-    from agent_bridge.store.schema import SchemaError
+    from agent_bridge.store.migration import SchemaError
 
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:
@@ -352,7 +352,7 @@ def list_sessions(home: Path) -> list[dict[str, Any]]:
 
 
 def sessions(as_json: bool) -> int:
-    from agent_bridge.store.schema import SchemaError
+    from agent_bridge.store.migration import SchemaError
 
     try:
         found = list_sessions(paths.home())
@@ -420,7 +420,7 @@ def open_question_count(home: Path) -> int:
 def questions(include_closed: bool, as_json: bool) -> int:
     """`agent-bridge questions [--all] [--json]`: read-only, oldest first."""
     from agent_bridge.store import question_queries, reader
-    from agent_bridge.store.schema import SchemaError
+    from agent_bridge.store.migration import SchemaError
 
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:
@@ -462,7 +462,7 @@ def questions(include_closed: bool, as_json: bool) -> int:
 def jobs(every: bool, as_json: bool) -> int:
     """`agent-bridge jobs [--all] [--json]`: read-only (works with the broker down), oldest first."""
     from agent_bridge.store import job_queries, reader
-    from agent_bridge.store.schema import SchemaError
+    from agent_bridge.store.migration import SchemaError
 
     try:
         with reader.reading(paths.db_path(paths.home())) as conn:

@@ -152,7 +152,8 @@ def check_socket_folder(home: Path, record: dict[str, Any] | None) -> Check | No
 
 def check_schema(home: Path) -> Check:
     from agent_bridge.store import reader
-    from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew, user_version
+    from agent_bridge.store.migration import SchemaTooNew, user_version
+    from agent_bridge.store.schema import CURRENT_VERSION
 
     db = paths.db_path(home)
     try:

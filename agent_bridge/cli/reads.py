@@ -13,7 +13,7 @@ from agent_bridge.common import domain, paths
 from agent_bridge.common.display import scope_words, visible, when
 from agent_bridge.common.rows import Decision, Retraction
 from agent_bridge.store import queries, reader, search
-from agent_bridge.store.schema import SchemaError
+from agent_bridge.store.migration import SchemaError
 
 
 def decisions_command(query: str | None, scope: str | None, history: bool, as_json: bool) -> int:

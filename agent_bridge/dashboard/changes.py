@@ -22,7 +22,7 @@ import trio
 
 from agent_bridge.store import reader
 from agent_bridge.store.feed import ChangeFeed
-from agent_bridge.store.schema import SchemaError
+from agent_bridge.store.migration import SchemaError
 
 POLL_INTERVAL = 0.5  # seconds between data_version checks (standalone); well within the 2 s a page may lag
 

@@ -22,7 +22,7 @@ from agent_bridge.common import config, domain, paths
 from agent_bridge.dashboard import auth, reads
 from agent_bridge.ipc import owner
 from agent_bridge.store import reader
-from agent_bridge.store.schema import SchemaError
+from agent_bridge.store.migration import SchemaError
 
 STATIC = Path(__file__).with_name("static")
 STATIC_TYPES = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import apsw
 
-from agent_bridge.store.schema import user_version
+from agent_bridge.store.migration import user_version
 from agent_bridge.store.tap import DeliveryTap
 
 

@@ -12,7 +12,8 @@ import apsw
 import apsw.bestpractice
 
 from agent_bridge.common import paths
-from agent_bridge.store.schema import CURRENT_VERSION, SchemaError, SchemaTooNew, user_version
+from agent_bridge.store.migration import SchemaError, SchemaTooNew, user_version
+from agent_bridge.store.schema import CURRENT_VERSION
 
 _bestpractice_applied = False
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import apsw
 
-from agent_bridge.store.schema import CURRENT_VERSION, SchemaTooNew, user_version
+from agent_bridge.store.migration import SchemaTooNew, user_version
+from agent_bridge.store.schema import CURRENT_VERSION
 
 BUSY_TIMEOUT_MS = 2000  # a reader waits this long for the writer's checkpoint to finish
 

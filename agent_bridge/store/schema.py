@@ -1,4 +1,4 @@
-"""Schema versions and migrations of bridge.db (SPEC §7).
+"""Schema versions of bridge.db (SPEC §7): the SQL of each step (store.migration applies them).
 
 Versions 1 and 2 are the existing bridge, pinned verbatim; their meaning never changes.
 Version 3 adds append-only pinned decisions, their per-host-session deliveries, and the
@@ -36,10 +36,6 @@ so that forgetting or merging a record never reads a whole table.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-
-import apsw
 
 V1 = """
 CREATE TABLE peers (
@@ -556,49 +552,3 @@ STEPS: tuple[str, ...] = (
 )
 CURRENT_VERSION = len(STEPS)
 
-
-class SchemaError(RuntimeError):
-    """The database cannot be used by this version of agent-bridge."""
-
-
-class SchemaTooNew(SchemaError):
-    def __init__(self, found: int) -> None:
-        super().__init__(
-            f"bridge.db has schema version {found}, newer than this agent-bridge understands "
-            f"(up to {CURRENT_VERSION}); upgrade agent-bridge, or point AGENT_BRIDGE_HOME elsewhere"
-        )
-        self.found = found
-
-
-def user_version(conn: apsw.Connection) -> int:
-    row = conn.execute("PRAGMA user_version").fetchone()
-    assert row is not None  # a pragma always answers
-    return int(row[0])
-
-
-def migrate(
-    conn: apsw.Connection,
-    *,
-    before_upgrade: Callable[[int], None] | None = None,
-    fault: Callable[[str], None] = lambda point: None,
-) -> tuple[int, int]:
-    """Bring `conn` to CURRENT_VERSION. Returns (old, new).
-
-    All steps run in one transaction, each inside its own savepoint together with its
-    `user_version` bump: a failure at any step leaves the database exactly as it was.
-    `fault`: the broker's test-only crash points (common.faults).
-    """
-    found = user_version(conn)
-    if found > CURRENT_VERSION:
-        raise SchemaTooNew(found)
-    if found == CURRENT_VERSION:
-        return found, found
-    if before_upgrade is not None:
-        before_upgrade(found)
-    with conn:
-        for version in range(found, CURRENT_VERSION):
-            with conn:
-                conn.execute(STEPS[version])
-            fault("upgrade:after-step")
-        fault("upgrade:before-commit")
-    return found, CURRENT_VERSION

@@ -19,15 +19,9 @@ from typing import Any, NamedTuple
 import apsw
 
 from agent_bridge.common.rows import Author
+from agent_bridge.store.migration import SchemaError, user_version
 from agent_bridge.store.queries import has_table
-from agent_bridge.store.schema import (
-    CURRENT_VERSION,
-    STEPS,
-    V_INDEX_LATER,
-    V_SEARCH,
-    SchemaError,
-    user_version,
-)
+from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_INDEX_LATER, V_SEARCH
 
 LIMIT = 50  # results, newest first: a search box's page; more words narrow it
 PREFIX_MIN = 3  # a shorter word matches whole words only: "p"* would merge the lists of every p-word

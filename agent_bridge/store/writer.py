@@ -30,8 +30,8 @@ import apsw
 from agent_bridge.store.federation import Federation
 from agent_bridge.store.forgetting import Forgetting
 from agent_bridge.store.jobs import JobRecords
+from agent_bridge.store.migration import migrate, user_version
 from agent_bridge.store.opening import apply_bestpractice, backup_database, backup_path, check_version
-from agent_bridge.store.schema import migrate, user_version
 
 
 class Store(Forgetting, JobRecords, Federation):
