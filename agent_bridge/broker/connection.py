@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from agent_bridge.broker.delivery import deliver
-from agent_bridge.broker.ops.messages import SEND_BATCH, op_offer, send_batch
+from agent_bridge.broker.ops.messages import SEND_BATCH, SendResult, op_offer, send_batch
 from agent_bridge.broker.serving import (
     STORAGE_ERRORS,
     answer,
@@ -24,7 +24,7 @@ from agent_bridge.broker.state import Broker
 from agent_bridge.common.domain import InputError
 from agent_bridge.common.rows import Message
 from agent_bridge.ipc import protocol
-from agent_bridge.ipc.frames import Delivery, Notice, push_frame
+from agent_bridge.ipc.frames import Notice, delivery_bytes, push_frame
 from agent_bridge.ipc.stream import FramedStream
 
 log = logging.getLogger("agent_bridge.connection")
@@ -40,7 +40,8 @@ class WireLink:
         return self.conn.closed
 
     async def push_messages(self, messages: list[Message]) -> None:
-        await self.conn.send_many([push_frame(Delivery(m.to_json())) for m in messages])
+        if messages:
+            await self.conn.send_encoded(b"".join([delivery_bytes(m) for m in messages]))
 
     async def push_notice(self, notice: Notice) -> None:
         await self.conn.send(push_frame(notice))
@@ -189,17 +190,19 @@ async def _answer_sends(
     try:
         results = await send_batch(broker, session, [args for _, args in sends])
     except STORAGE_ERRORS as exc:
-        answers = [unavailable(request_id, "send", exc) for request_id, _ in sends]
-    else:
-        answers = [
-            protocol.error(request_id, "bad_request", str(r))
-            if isinstance(r, InputError)
-            else protocol.ok(request_id, r)
-            for (request_id, _), r in zip(sends, results, strict=True)
-        ]
-        if len(sends) == 1:  # one send, whose sender waits for it; a pipelining one is answered at once
-            await _deliveries_first(broker, results)
-    await conn.send_many(answers)
+        await conn.send_many([unavailable(request_id, "send", exc) for request_id, _ in sends])
+        return
+    answers = b"".join([
+        protocol.encode(protocol.error(request_id, "bad_request", str(r)))
+        if isinstance(r, InputError)
+        else protocol.encode_ok(request_id, r.text(protocol.encode_json))
+        if isinstance(r, SendResult)
+        else protocol.encode(protocol.ok(request_id, r))
+        for (request_id, _), r in zip(sends, results, strict=True)
+    ])
+    if len(sends) == 1:  # one send, whose sender waits for it; a pipelining one is answered at once
+        await _deliveries_first(broker, results)
+    await conn.send_encoded(answers)
 
 
 async def _deliveries_first(broker: Broker, results: list[dict[str, Any] | InputError]) -> None:

@@ -12,6 +12,8 @@ SessionStart hook imports this module at every session start, where importing `d
 
 from __future__ import annotations
 
+import functools
+from json.encoder import encode_basestring
 from typing import Any, NamedTuple
 
 from agent_bridge.common import domain
@@ -242,6 +244,52 @@ class Message(NamedTuple):
         if self.repeat:
             out["repeat"] = True
         return out
+
+    def to_json_text(self, spaced: bool = False) -> str | None:
+        """`to_json()` as JSON text, the very text the standard library's encoder writes for it
+        (ensure_ascii off; `spaced`: json.dumps's default separators, a tool's text; else the
+        wire's compact ones), or None for a message this does not write (a notice, a repeat, a
+        sender of another machine): the caller encodes `to_json()` itself.
+
+        Written from a template with each string escaped once in C, and remembered for the
+        last MEMO messages: a message on its way is written twice (its `send` answer and its
+        push), and the encoder's walk through the object cost the broker's loop a quarter of
+        its instructions per message (docs/performance.md, stop 57)."""
+        sender = self.sender
+        if (
+            self.decision is not None or self.retraction is not None or self.question is not None
+            or self.repeat or type(self.hop) is not int or type(self.created_at) is not int
+            or (sender.id and "@" in sender.id)
+        ):
+            return None
+        try:
+            return _message_text(self, spaced)
+        except TypeError:  # a field that is neither text nor null (encode_basestring takes a str)
+            return None
+
+
+MEMO = 256  # messages whose text _message_text remembers: more than a send batch in flight
+
+# Message.to_json()'s object, compact; its keys are fixed, its values filled in as JSON.
+_MESSAGE = (
+    '{"id":%s,"from":{"id":%s,"name":%s,"agent":%s},"to":{"id":%s,"name":%s},"text":%s,'
+    '"hop":%d,"replyTo":%s,"kind":%s,"createdAt":%d}'
+)
+# The same with json.dumps's default separators (only the template's own text has '":' and ',"').
+_MESSAGE_SPACED = _MESSAGE.replace('":', '": ').replace(',"', ', "')
+
+
+def _string(value: str | None) -> str:
+    return "null" if value is None else encode_basestring(value)
+
+
+@functools.lru_cache(maxsize=MEMO)
+def _message_text(m: Message, spaced: bool) -> str:
+    sender = m.sender
+    return (_MESSAGE_SPACED if spaced else _MESSAGE) % (
+        _string(m.id), _string(sender.id), _string(sender.name), _string(sender.agent), _string(m.to_id),
+        _string(m.to_name), _string(m.text), m.hop, _string(m.reply_to), _string(m.kind), m.created_at,
+    )
 
 
 class Queued(NamedTuple):

@@ -18,9 +18,12 @@ a program of ours: a wrong frame is a bug or a stranger), the relay skips a push
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
-from agent_bridge.ipc.protocol import PROTOCOL_VERSION, ProtocolError, encode, encode_line
+from agent_bridge.ipc.protocol import PROTOCOL_VERSION, ProtocolError, encode, encode_line, encode_text
+
+if TYPE_CHECKING:  # the relay reads frames too, and needs no rows
+    from agent_bridge.common.rows import Message
 
 # Characters of a line per frame: at most 800 KB of UTF-8 (4 bytes a character), under MAX_FRAME.
 LINE_PART = 200_000
@@ -174,6 +177,18 @@ def relay_frame(frame: RelayFrame) -> dict[str, Any]:
 def push_frame(frame: PushFrame) -> dict[str, Any]:
     """A push as its JSON object."""
     return _PUSH_ENCODERS[type(frame)](frame)
+
+
+def delivery_bytes(message: Message) -> bytes:
+    """`encode(push_frame(Delivery(message.to_json())))`, from the message's own text when it
+    has one (common.rows.Message.to_json_text: written once for its send's answer and its push)."""
+    text = message.to_json_text()
+    if text is None:
+        return encode(push_frame(Delivery(message.to_json())))
+    return encode_text(_DELIVERY_HEAD + text + "}")
+
+
+_DELIVERY_HEAD = '{"v":' + str(PROTOCOL_VERSION) + ',"push":"message","message":'
 
 
 # --- decoders: a JSON object from the wire as a typed frame ---------------------------------

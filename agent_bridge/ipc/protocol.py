@@ -147,10 +147,29 @@ def _encode_json(obj: dict[str, Any]) -> str:
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    payload = _encode_json(obj).encode("utf-8")
+    return encode_text(_encode_json(obj))
+
+
+def encode_json(obj: Any) -> str:
+    """A value as a frame writes it: compact JSON, not escaped to ASCII."""
+    return _encode_json(obj)
+
+
+def encode_text(text: str) -> bytes:
+    """A frame of JSON text written as `encode` writes its object (parts put together from
+    `encode_json`'s text and the rows' own, common.rows.Message.to_json_text)."""
+    payload = text.encode("utf-8")
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds the limit of {MAX_FRAME}")
     return HEADER.pack(len(payload)) + payload
+
+
+def encode_ok(request_id: int, result_text: str) -> bytes:
+    """`encode(ok(request_id, result))`, given the result's JSON text as `encode_json` writes it."""
+    return encode_text(_OK_HEAD + str(int(request_id)) + ',"ok":true,"result":' + result_text + "}")
+
+
+_OK_HEAD = '{"v":' + str(PROTOCOL_VERSION) + ',"id":'
 
 
 def decode_payload(payload: bytes | bytearray) -> dict[str, Any]:

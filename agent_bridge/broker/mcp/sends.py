@@ -29,7 +29,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from agent_bridge.broker.mcp.bridge import Bridge
 from agent_bridge.broker.mcp.fast import ToolCall, error_text, result_line, text_json
 from agent_bridge.broker.mcp.observe import observe
-from agent_bridge.broker.ops.messages import SEND_BATCH, send_batch
+from agent_bridge.broker.ops.messages import SEND_BATCH, SendResult, send_batch
 from agent_bridge.broker.serving import STORAGE_ERRORS, storage_failure
 from agent_bridge.common.domain import InputError
 
@@ -119,5 +119,7 @@ class SendCalls:
             if isinstance(result, Exception):
                 answered.append((rid, result_line(rid, [error_text(TOOL, result)], is_error=True)))
             else:
-                answered.append((rid, result_line(rid, [text_json(result)], is_error=False)))
+                text = (result.text(text_json, spaced=True) if isinstance(result, SendResult)
+                        else text_json(result))
+                answered.append((rid, result_line(rid, [text], is_error=False)))
         return answered

@@ -5,6 +5,7 @@ bridge-protocol client says about showing them: `offer`, `withdraw`, `ack`."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import trio
@@ -18,7 +19,7 @@ from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker, control_op, no_pause, session_op
 from agent_bridge.common import domain
 from agent_bridge.common.domain import InputError
-from agent_bridge.common.rows import SentReceipt
+from agent_bridge.common.rows import Message, SentReceipt
 from agent_bridge.common.tools import SENT_IDS_MAX, SENT_WAIT_MAX
 from agent_bridge.store import queries
 from agent_bridge.store.ids import now_ms
@@ -127,27 +128,43 @@ async def commit_sends(
     return stored
 
 
+class SendResult(dict[str, Any]):
+    """The `send` tool's answer (send_result) as its JSON object, which also knows the message
+    it names, so that it is written from the message's own text (`text`)."""
+
+    message: Message | None = None  # the answer's "message", first of its keys; None: `*`
+
+    def text(self, encode: Callable[[Any], str], spaced: bool = False) -> str:
+        """The answer as `encode` writes it (the standard library's encoder: compact for a
+        frame, `spaced` for a tool's text), its message taken from Message.to_json_text."""
+        message = None if self.message is None else self.message.to_json_text(spaced)
+        if message is None:
+            return encode(self)
+        rest = encode({k: v for k, v in self.items() if k != "message"})
+        colon, comma = (": ", ", ") if spaced else (":", ",")
+        return '{"message"' + colon + message + (comma + rest[1:] if len(self) > 1 else "}")
+
+
 async def send_result(
     broker: Broker, stored: Stored, address: str, last_seen: int | None
-) -> dict[str, Any]:
+) -> SendResult:
     """The `send` tool's answer (SPEC §5): the message and whether its recipient is connected
     (when it was last seen, if not); for `*`, the messages and their recipients' names."""
     messages = stored.messages
+    out = SendResult()
     if address == domain.BROADCAST:
-        out: dict[str, Any] = {
-            "messages": [m.to_json() for m in messages], "recipients": [m.to_name for m in messages]
-        }
+        out["messages"] = [m.to_json() for m in messages]
+        out["recipients"] = [m.to_name for m in messages]
     else:
         (message,) = messages
         connected = message.to_id in broker.sessions  # the record it reached
         if not connected and (last_seen is None or stored.duplicate):
             peer = await broker.db.get_peer(message.to_id)
             last_seen = None if peer is None else peer.last_seen_at
-        out = {
-            "message": message.to_json(),
-            "recipientConnected": connected,
-            "recipientLastSeen": now_ms() if connected else last_seen,
-        }
+        out.message = message
+        out["message"] = message.to_json()
+        out["recipientConnected"] = connected
+        out["recipientLastSeen"] = now_ms() if connected else last_seen
     if stored.duplicate:
         out["duplicate"] = True
     return out
