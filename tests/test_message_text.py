@@ -84,6 +84,9 @@ def test_notices_and_other_values_are_left_to_the_encoder() -> None:
         assert m.to_json_text() is None and m.to_json_text(True) is None
         assert delivery_bytes(m) == protocol.encode(push_frame(Delivery(m.to_json())))
     assert PLAIN.to_json_text() == compact(PLAIN.to_json())
+    long = PLAIN._replace(text='a "long" text\n' * 2000)  # past what is remembered: written each time
+    assert long.to_json_text() == compact(long.to_json())
+    assert long.to_json_text(True) == spaced(long.to_json())
     assert PLAIN._replace(hop=True).to_json_text() is None  # not the remembered text of its equal
 
 

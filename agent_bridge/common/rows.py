@@ -263,12 +263,15 @@ class Message(NamedTuple):
         ):
             return None
         try:
-            return _message_text(self, spaced)
+            return (_message_text if len(self.text) <= MEMO_TEXT else _message_text.__wrapped__)(self, spaced)
         except TypeError:  # a field that is neither text nor null (encode_basestring takes a str)
             return None
 
 
-MEMO = 256  # messages whose text _message_text remembers: more than a send batch in flight
+# Messages whose text _message_text remembers (more than the sends of a batch in flight, whose
+# pushes follow their answers), and the longest text it keeps: at most a few MB held.
+MEMO = 256
+MEMO_TEXT = 4096
 
 # Message.to_json()'s object, compact; its keys are fixed, its values filled in as JSON.
 _MESSAGE = (
