@@ -270,6 +270,26 @@ class Message(NamedTuple):
 
 # Messages whose text _message_text remembers (more than the sends of a batch in flight, whose
 # pushes follow their answers), and the longest text it keeps: at most a few MB held.
+class MessageJSON(dict[str, Any]):
+    """A message's `to_json()` object that keeps its row, so that what writes it can take the
+    row's own text (Message.to_json_text, `text`). Read-only, so the two never differ: a
+    changed copy (`dict(m, repeat=True)`) is a plain dict, written by the encoder."""
+
+    __slots__ = ("row",)
+
+    def __init__(self, row: Message) -> None:
+        super().__init__(row.to_json())
+        self.row = row
+
+    def text(self, spaced: bool = False) -> str | None:
+        return self.row.to_json_text(spaced)
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a message's JSON is read-only: change a copy (dict(message, ...))")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _read_only
+
+
 MEMO = 256
 MEMO_TEXT = 4096
 

@@ -23,7 +23,7 @@ from agent_bridge.broker.sessions.session import Session
 from agent_bridge.broker.state import Broker
 from agent_bridge.common import domain, ledger
 from agent_bridge.common.domain import InputError
-from agent_bridge.common.rows import Message
+from agent_bridge.common.rows import Message, MessageJSON
 from agent_bridge.core import showing
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.frames import (
@@ -93,7 +93,7 @@ class SessionLink:
         """The delivery task's batch (empty when nothing is due): every message is in the
         inbox before the first is announced, so no `inbox` call sees half a batch."""
         if self.bridge is not None:
-            await self.bridge.on_messages([m.to_json() for m in messages])
+            await self.bridge.on_messages([MessageJSON(m) for m in messages])
         self.delivered.set()
 
     async def aclose(self) -> None:

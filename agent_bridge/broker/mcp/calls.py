@@ -13,6 +13,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from agent_bridge.broker.mcp.bridge import CANCEL_GRACE, Bridge
 from agent_bridge.broker.mcp.fast import (
     Body,
+    JSONText,
     ToolCall,
     argument_problem,
     drop_null_optionals,
@@ -21,6 +22,7 @@ from agent_bridge.broker.mcp.fast import (
 )
 from agent_bridge.broker.mcp.observe import observe
 from agent_bridge.common import domain, ledger, tools
+from agent_bridge.common.rows import MessageJSON
 from agent_bridge.common.tools import INBOX_WAIT_MAX, Tool
 from agent_bridge.core import showing
 from agent_bridge.ipc.protocol import RemoteError
@@ -121,7 +123,7 @@ async def tool_inbox(
         # Acknowledged once this result is in the host's pipe and a cancel had its grace; a
         # result never written (a cancelled call) never is.
         bridge.pipe.watch(rid, ids, lambda: bridge.written(by, ids, CANCEL_GRACE))
-    texts = [_json(messages)]
+    texts: list[str] = [messages_json(messages)]
     if messages:
         own = any(domain.sent_to_self(m) for m in messages)
         texts.append(INBOX_FRAMING + (OWN_FRAMING if own else ""))
@@ -174,3 +176,13 @@ async def call_tool(
 
 def _json(value: Any) -> str:
     return text_json(value)
+
+
+def messages_json(messages: list[dict[str, Any]]) -> JSONText:
+    """`text_json(messages)`, each message that keeps its row written from the row's own text
+    (common.rows.MessageJSON: its "held" push was written from it too)."""
+    texts = []
+    for m in messages:
+        text = m.text(spaced=True) if isinstance(m, MessageJSON) else None
+        texts.append(text_json(m) if text is None else text)
+    return JSONText("[" + ", ".join(texts) + "]")

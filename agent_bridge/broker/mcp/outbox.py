@@ -21,11 +21,13 @@ from typing import Any
 
 import trio
 
+from agent_bridge.common.rows import MessageJSON
 from agent_bridge.ipc import protocol
 from agent_bridge.ipc.stream import FramedStream
 
 GATHER_TURNS = 3  # turns of the scheduler a write waits at most while other tasks add frames to it
 PENDING_MAX = 1 << 20  # bytes waiting for the write in progress before a sender waits for it too
+_HELD_HEAD = '{"v":' + str(protocol.PROTOCOL_VERSION) + ',"push":"held","message":'
 
 
 class Outbox:
@@ -44,9 +46,14 @@ class Outbox:
         return self.conn.closed
 
     def _encode(self, obj: dict[str, Any]) -> bytes:
-        if self.raw_lines and obj.get("push") == "line":
+        push = obj.get("push")
+        if self.raw_lines and push == "line":
             return protocol.encode_line("push", obj["line"], obj.get("more", False), obj.get("seq"),
                                         obj.get("ids", ()))
+        if push == "held" and len(obj) == 3 and isinstance(message := obj["message"], MessageJSON):
+            text = message.text()  # the message's own text (common.rows.Message.to_json_text)
+            if text is not None:
+                return protocol.encode_text(_HELD_HEAD + text + "}")
         return protocol.encode(obj)
 
     async def send(self, obj: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ import trio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from agent_bridge.broker.mcp.bridge import Bridge
-from agent_bridge.broker.mcp.fast import ToolCall, error_text, result_line, text_json
+from agent_bridge.broker.mcp.fast import JSONText, ToolCall, error_text, result_line, text_json
 from agent_bridge.broker.mcp.observe import observe
 from agent_bridge.broker.ops.messages import SEND_BATCH, SendResult, send_batch
 from agent_bridge.broker.serving import STORAGE_ERRORS, storage_failure
@@ -119,7 +119,7 @@ class SendCalls:
             if isinstance(result, Exception):
                 answered.append((rid, result_line(rid, [error_text(TOOL, result)], is_error=True)))
             else:
-                text = (result.text(text_json, spaced=True) if isinstance(result, SendResult)
+                text = (JSONText(result.text(text_json, spaced=True)) if isinstance(result, SendResult)
                         else text_json(result))
                 answered.append((rid, result_line(rid, [text], is_error=False)))
         return answered
