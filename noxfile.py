@@ -36,6 +36,15 @@ def ensure_iproute2(session: nox.Session) -> None:
                 env={"DEBIAN_FRONTEND": "noninteractive"})
 
 
+def ensure_valgrind(session: nox.Session) -> None:
+    """bench/instructions.py counts the broker's instructions under Debian's valgrind; its smoke
+    run in the suite needs it."""
+    if shutil.which("valgrind") or not (shutil.which("apt-get") and os.geteuid() == 0):
+        return
+    session.run("apt-get", "install", "-y", "-qq", "valgrind", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 def ensure_host_clis(session: nox.Session) -> dict[str, str]:
     """The real-host tests drive Claude Code and Codex from npm at pinned versions, installed
     into .nox/hostcli when missing (tests/hosts/clis.py). Without npm they skip, except on CI."""
@@ -67,6 +76,7 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,federation]")
     ensure_chromium(session)
     ensure_iproute2(session)
+    ensure_valgrind(session)
     env = ensure_host_clis(session)
     if session.posargs:
         session.run("pytest", *session.posargs, env=env)

@@ -191,3 +191,28 @@ def test_compare_runs_each_trees_own_script_when_asked(tmp_path: Path) -> None:
         "current": "current:bench/bench_mcp_tool_call.py",
     }
     assert isinstance(line["ok"], bool) and _number(line["ratio"])
+
+
+@pytest.mark.slow
+def test_instructions_counts_each_tree_s_broker_per_message(tmp_path: Path) -> None:
+    """bench/instructions.py against this tree itself, one short run a side: each reading is a
+    count per message from callgrind's dump of the broker's threads (noxfile installs valgrind)."""
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "instructions.py"), "--base", "HEAD", "--runs", "1", "--rounds", "1",
+         "--per-round", "40", "--settle", "2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = json.loads(proc.stdout.splitlines()[-1])
+    assert line["bench"] == "instructions:broker" and line["better"] == "lower"
+    for key in ("loop", "all"):
+        reading = line[key]
+        # a message costs the loop tens of thousands of instructions at least; the whole process more
+        assert reading["base"] > 10_000 and reading["current"] > 10_000, line
+        assert _number(reading["ratio"])
+    assert line["all"]["current"] >= line["loop"]["current"]
+    threads = line["threads"]["current"][0]
+    assert len(threads) >= 2 and threads[0] == line["loop"]["current"]  # the loop is the first thread
