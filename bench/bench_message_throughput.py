@@ -58,9 +58,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -273,6 +275,29 @@ class RelayPath:
         return per_round / (elapsed / 1e9), sent_at
 
 
+async def acknowledge(client: Any, pushes: Any, on_acked: Callable[[list[str]], None],
+                      offer_first: Callable[[], bool] = lambda: False) -> None:
+    """A bridge-protocol receiver: each push of a message, with the others already here,
+    acknowledged in one `ack` request (after an `offer` posted without waiting, when
+    `offer_first()`: as the MCP server does before it writes); `on_acked` once answered."""
+    import trio
+
+    async for frame in pushes:
+        ids = [frame["message"]["id"]] if frame.get("push") == "message" else []
+        while True:  # everything already here goes into the same ack
+            try:
+                more = pushes.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if more.get("push") == "message":
+                ids.append(more["message"]["id"])
+        if ids:
+            if offer_first():  # posted, not awaited
+                await client.post("offer", ids=ids)
+            await client.request("ack", ids=ids)
+            on_acked(ids)
+
+
 async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds are closures over its state, which mccabe counts into it
     socket_path: str, env: dict[str, str], floors: dict[str, str], rounds: int, per_round: int, warmup: int,
     echo: EchoLoop, *, relay_path: bool = True,
@@ -285,28 +310,18 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
     progress = trio.Event()
     offer_first = False  # the receiver records an offer before it acknowledges (the MCP server's way)
 
-    async def receiver(path: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    def on_acked(ids: list[str]) -> None:
         nonlocal progress
+        now = time.perf_counter_ns()
+        for i in ids:
+            acked_at[i] = now
+        progress.set()
+        progress = trio.Event()
+
+    async def receiver(path: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with open_bridge_client(path, c.hello("/bench/receiver", 1)) as (client, pushes):
             task_status.started(client)
-            async for frame in pushes:
-                ids = [frame["message"]["id"]] if frame.get("push") == "message" else []
-                while True:  # everything already here goes into the same ack
-                    try:
-                        more = pushes.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                    if more.get("push") == "message":
-                        ids.append(more["message"]["id"])
-                if ids:
-                    if offer_first:  # posted, not awaited: as the MCP server does before it writes
-                        await client.post("offer", ids=ids)
-                    await client.request("ack", ids=ids)
-                    now = time.perf_counter_ns()
-                    for i in ids:
-                        acked_at[i] = now
-                    progress.set()
-                    progress = trio.Event()
+            await acknowledge(client, pushes, on_acked, lambda: offer_first)
 
     async def bridge_round(sender, to: str, window: int) -> tuple[float, dict[str, int]]:
         """`per_round` messages, at most `window` sends in flight; (messages/s, send times)."""

@@ -68,6 +68,7 @@ def counts(folder: Path, pid: int) -> list[int]:
 
 async def broker_path(socket: str, rounds: int, per_round: int, count: Any) -> None:
     """bench_message_throughput's broker-only windowed rounds: the first uncounted."""
+    import bench_message_throughput as b
     import trio
 
     from agent_bridge.ipc.client import open_bridge_client
@@ -75,24 +76,16 @@ async def broker_path(socket: str, rounds: int, per_round: int, count: Any) -> N
     acked: set[str] = set()
     progress = trio.Event()
 
-    async def receiver(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    def on_acked(ids: list[str]) -> None:
         nonlocal progress
+        acked.update(ids)
+        progress.set()
+        progress = trio.Event()
+
+    async def receiver(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with open_bridge_client(socket, c.hello("/bench/receiver", 1)) as (client, pushes):
             task_status.started(client)
-            async for frame in pushes:
-                ids = [frame["message"]["id"]] if frame.get("push") == "message" else []
-                while True:  # everything already here goes into the same ack
-                    try:
-                        more = pushes.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                    if more.get("push") == "message":
-                        ids.append(more["message"]["id"])
-                if ids:
-                    await client.request("ack", ids=ids)
-                    acked.update(ids)
-                    progress.set()
-                    progress = trio.Event()
+            await b.acknowledge(client, pushes, on_acked)
 
     async with trio.open_nursery() as nursery:
         to = (await nursery.start(receiver)).hello["session"]["name"]
