@@ -268,8 +268,6 @@ class Message(NamedTuple):
             return None
 
 
-# Messages whose text _message_text remembers (more than the sends of a batch in flight, whose
-# pushes follow their answers), and the longest text it keeps: at most a few MB held.
 class MessageJSON(dict[str, Any]):
     """A message's `to_json()` object that keeps its row, so that what writes it can take the
     row's own text (Message.to_json_text, `text`). Read-only, so the two never differ: a
@@ -290,6 +288,8 @@ class MessageJSON(dict[str, Any]):
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _read_only
 
 
+# Messages whose text _message_text remembers (more than the sends of a batch in flight, whose
+# pushes follow their answers), and the longest text it keeps: at most a few MB held.
 MEMO = 256
 MEMO_TEXT = 4096
 

@@ -138,7 +138,7 @@ class SendResult(dict[str, Any]):
         """The answer as `encode` writes it (the standard library's encoder: compact for a
         frame, `spaced` for a tool's text), its message taken from Message.to_json_text."""
         message = None if self.message is None else self.message.to_json_text(spaced)
-        if message is None:
+        if message is None or next(iter(self)) != "message":
             return encode(self)
         rest = encode({k: v for k, v in self.items() if k != "message"})
         colon, comma = (": ", ", ") if spaced else (":", ",")
