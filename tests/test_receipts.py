@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent_bridge.common import domain
 from agent_bridge.common.domain import InputError
-from agent_bridge.store import queries
+from agent_bridge.store import queries, reader
 from agent_bridge.store.messages import Outgoing, Send, Stored
 from agent_bridge.store.schema import CURRENT_VERSION, STEPS, V_LEAN_ACKS, V_WAKES
 from agent_bridge.store.writer import Store
@@ -134,6 +134,68 @@ def test_an_acknowledgement_moves_no_index_entry_but_the_queue_s(tmp_path: Path)
         assert [m.id for m in store.unacked(b)] == []
     finally:
         store.close()
+
+
+def _plans(conn: apsw.Connection, read: Callable[[], object]) -> tuple[object, list[str]]:
+    """What `read` returned, and the query plan of each statement it ran on `conn`."""
+    executed: list[tuple[str, tuple[object, ...]]] = []
+
+    def trace(cursor: apsw.Cursor, sql: str, bindings: object) -> bool:
+        executed.append((sql, tuple(bindings or ())))  # type: ignore[arg-type]
+        return True
+
+    conn.exec_trace = trace
+    try:
+        result = read()
+    finally:
+        conn.exec_trace = None
+    plans = [" | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings))
+             for sql, bindings in executed]
+    return result, plans
+
+
+def test_reads_of_the_unacknowledged_receipts_take_their_index_not_the_session_s_history(
+    tmp_path: Path,
+) -> None:
+    """The post box's pass, the wake waiters' read and the PostToolUse hook's look range over a
+    session's unacknowledged receipts (receipts_unacked), not over every receipt it ever had
+    (receipts_peer), which SQLite's planner took for them without the index named: a cost that
+    grew with the session's history, five times a second under a stream of sends."""
+    db = tmp_path / "bridge.db"
+    store = Store.open(db)
+    try:
+        a, b = two(store)
+        stored = store.send(a, [Send((Outgoing(b, f"old {i}", 1, None),)) for i in range(40)], now=5)
+        store.ack(b, [m.id for s in stored if isinstance(s, Stored) for m in s.messages], now=6)
+        waiting = store.send(a, [Send((Outgoing(b, "waiting", 1, None),))], now=7)
+        waiting_id = [m.id for s in waiting if isinstance(s, Stored) for m in s.messages]
+
+        found, plans = _plans(store.conn, lambda: store.host_sessions_waiting(domain.HOP_MAX))
+        assert found == {"hs-b"}
+        found_of, plans_of = _plans(store.conn, lambda: store.active_unacked_of([a, b], domain.HOP_MAX))
+        assert found_of == {b: waiting_id}
+        with reader.reading(db) as conn:
+            assert conn is not None
+            look, plans_look = _plans(conn, lambda: reader.active_waiting(conn, "hs-b"))
+            assert look is True and reader.active_waiting(conn, "hs-a") is False
+        for plan in (*plans, *plans_of, *plans_look):
+            assert "receipts_unacked (peer_id=?)" in plan and "receipts_peer" not in plan, plan
+    finally:
+        store.close()
+
+
+def test_the_hook_s_look_reads_a_database_from_before_the_unacknowledged_index(tmp_path: Path) -> None:
+    """Before V_LEAN_ACKS the index of a session's unacknowledged receipts had another name; the
+    PostToolUse hook still finds what waits there (the broker upgrades the file at its start)."""
+    db = tmp_path / "bridge.db"
+    build_at(db, STEPS.index(V_LEAN_ACKS))
+    conn = apsw.Connection(str(db))
+    conn.execute("UPDATE peers SET host_session_id = 'hs-2' WHERE id = 'p2'")
+    conn.close()
+    with reader.reading(db) as read:
+        assert read is not None
+        assert reader.active_waiting(read, "hs-2") is True
+        assert reader.active_waiting(read, "hs-1") is False
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from agent_bridge.common.rows import Author, Message, Queued, SentReceipt
 from agent_bridge.store import queries, search
 from agent_bridge.store.ids import new_id
 from agent_bridge.store.peers import CLI_AUTHOR, Peers
+from agent_bridge.store.schema import UNACKED_RECEIPTS
 from agent_bridge.store.tap import DeliveryTap
 
 
@@ -198,9 +199,11 @@ class Messages(Peers):
     def active_unacked_of(self, peer_ids: Sequence[str], hop_limit: int) -> dict[str, list[str]]:
         """For each of these sessions that has some, the ids of its unacknowledged active
         messages (below `hop_limit`, no decision notice), oldest first: one query for all the
-        wake waiters at once (broker.feeds.waiters)."""
+        wake waiters at once (broker.feeds.waiters), by the index of unacknowledged receipts
+        (UNACKED_RECEIPTS)."""
         rows = self.conn.execute(
-            "SELECT r.peer_id, m.id FROM receipts r JOIN messages m ON m.id = r.message_id "
+            f"SELECT r.peer_id, m.id FROM receipts r {UNACKED_RECEIPTS} "
+            "JOIN messages m ON m.id = r.message_id "
             "WHERE r.peer_id IN (SELECT value FROM json_each(?)) AND r.acked_at IS NULL AND m.hop < ? "
             "AND NOT EXISTS (SELECT 1 FROM decision_deliveries dd WHERE dd.message_id = m.id) "
             "ORDER BY r.rowid",
@@ -214,11 +217,11 @@ class Messages(Peers):
     def host_sessions_waiting(self, hop_limit: int) -> set[str]:
         """The host session ids of every session with an unacknowledged message below
         `hop_limit`: what the PostToolUse hook would find with `reader.active_waiting` (the
-        broker keeps a file per one, broker.feeds.postbox). One look per session with a host session id, by
-        the index of its unacknowledged receipts."""
+        broker keeps a file per one, broker.feeds.postbox). One look per session with a host session
+        id, by the index of its unacknowledged receipts (UNACKED_RECEIPTS)."""
         rows = self.conn.execute(
             "SELECT p.host_session_id FROM peers p WHERE p.host_session_id IS NOT NULL AND EXISTS ("
-            "SELECT 1 FROM receipts r JOIN messages m ON m.id = r.message_id "
+            f"SELECT 1 FROM receipts r {UNACKED_RECEIPTS} JOIN messages m ON m.id = r.message_id "
             "WHERE r.peer_id = p.id AND r.acked_at IS NULL AND m.hop < ?)",
             (hop_limit,),
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 
 from agent_bridge.store.migration import SchemaTooNew, user_version
-from agent_bridge.store.schema import CURRENT_VERSION
+from agent_bridge.store.schema import CURRENT_VERSION, UNACKED_RECEIPTS
 
 BUSY_TIMEOUT_MS = 2000  # a reader waits this long for the writer's checkpoint to finish
 
@@ -78,15 +78,22 @@ def active_waiting(conn: apsw.Connection, host_session_id: str, hop_limit: int =
     hop < `hop_limit` (decision notifications carry the maximum hop, so they never count).
 
     The PostToolUse hook asks this after every tool call before it contacts the broker, so it
-    is one indexed lookup (peers_host_session, receipts_unacked, the messages key). A
-    database from before receipts (version < 2) has nothing to hand over that way: False.
+    is one indexed lookup (peers_host_session, receipts_unacked named as schema.UNACKED_RECEIPTS
+    says, the messages key). A database from before V_LEAN_ACKS has that index under another
+    name, the only one the planner can take; one from before receipts (version < 2) has
+    nothing to hand over that way: False.
     """
-    try:
-        row = conn.execute(
-            "SELECT 1 FROM peers p JOIN receipts r ON r.peer_id = p.id AND r.acked_at IS NULL "
-            "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < ? LIMIT 1",
-            (host_session_id, hop_limit),
-        ).fetchone()
-    except apsw.SQLError:  # no such table/column: an old schema the broker has not upgraded yet
-        return False
-    return row is not None
+    for indexed in (UNACKED_RECEIPTS, ""):
+        try:
+            sql = _ACTIVE_WAITING.format(indexed=indexed)
+            row = conn.execute(sql, (host_session_id, hop_limit)).fetchone()
+        except apsw.SQLError:  # no such index, table or column: an old schema the broker has not upgraded
+            continue
+        return row is not None
+    return False
+
+
+_ACTIVE_WAITING = (
+    "SELECT 1 FROM peers p JOIN receipts r {indexed} ON r.peer_id = p.id AND r.acked_at IS NULL "
+    "JOIN messages m ON m.id = r.message_id WHERE p.host_session_id = ? AND m.hop < ? LIMIT 1"
+)

@@ -532,6 +532,13 @@ CREATE INDEX receipts_peer ON receipts(peer_id);
 PRAGMA user_version = 14;
 """
 
+# How a read of sessions' unacknowledged receipts names their index (V_LEAN_ACKS on). Without
+# statistics SQLite's planner weighs receipts_peer (every receipt a session ever had) the same as
+# receipts_unacked (the few it has not acknowledged) for `peer_id = ? AND acked_at IS NULL`, and
+# took receipts_peer: such a read (the post box's pass, the wake waiters', the PostToolUse hook's)
+# grew with the session's history instead of its queue.
+UNACKED_RECEIPTS = "INDEXED BY receipts_unacked"
+
 V_REFERENCES = """
 -- Every column that names a session record or a message, the two kinds of rows the store deletes
 -- (forgetting a session, merging records), is indexed. SQLite checks each foreign key on such a
