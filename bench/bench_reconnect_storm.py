@@ -1,10 +1,12 @@
 """reconnect_storm: 200 sessions reconnecting after a broker restart (SPEC §9).
 
 200 sessions connect through the IPC client library (each with its own host session id, as
-identified sessions do), and reconnect the way the MCP server does (`mcp_server.Bridge.run`):
+identified sessions do), and reconnect the way the relay does (`relay.connector.keep_connected`):
 when the connection drops, look for the broker in broker.json and retry with the same backoff
-(50 ms doubling to 2 s). The broker (a real `agent-bridge up`) is then restarted: SIGTERM,
-wait for it to exit, start a new one.
+(50 ms doubling to 2 s, `relay.keeper`), a backoff that ends early once broker.json is written
+anew (`relay.connector.wait_for_broker`, a look every BROKER_LOOK; a tree without it sleeps the
+backoff out). The broker (a real `agent-bridge up`) is then restarted: SIGTERM, wait for it to
+exit, start a new one.
 
 Measured per restart: from SIGTERM to the 200th session's `hello` being answered by the new
 broker. Baseline, the same restart: from SIGTERM to the new broker answering `ping` (its own
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,13 +31,45 @@ BACKOFF_START, BACKOFF_MAX = 0.05, 2.0  # agent_bridge.mcp_server's reconnect ba
 
 
 def read_backoff() -> tuple[float, float]:
-    """The MCP server's own constants, so this follows the product if they change."""
+    """The relay's own constants, so this follows the product if they change."""
     try:
-        from agent_bridge import mcp_server
+        from agent_bridge.relay import keeper
 
-        return mcp_server.BACKOFF_START, mcp_server.BACKOFF_MAX
+        return keeper.BACKOFF_START, keeper.BACKOFF_MAX
     except ImportError:
         return BACKOFF_START, BACKOFF_MAX
+
+
+def read_look() -> Look | None:
+    """(seconds between looks, broker.json's identity) of the relay's wait for a new broker, or
+    None for a tree whose relay sleeps its backoff out."""
+    try:
+        from agent_bridge.relay import connector
+
+        return connector.BROKER_LOOK, connector._broker_json_identity
+    except (ImportError, AttributeError):
+        return None
+
+
+Look = tuple[float, Callable[[Path], Any]]  # relay.connector's BROKER_LOOK and broker.json's identity
+
+
+async def wait_for_broker(home: Path, look: Look | None, seconds: float) -> None:
+    """relay.connector.wait_for_broker, on the loop: the backoff, ended by a new broker.json."""
+    import trio
+
+    if look is None:
+        await trio.sleep(seconds)
+        return
+    every, identity = look
+    before = identity(home)
+    deadline = trio.current_time() + seconds
+    while (left := deadline - trio.current_time()) > 0:
+        await trio.sleep(min(every, left))
+        now = identity(home)
+        if now is not None and now != before:
+            return
+        before = now
 
 
 async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: int) -> dict:
@@ -44,6 +80,7 @@ async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: in
     from agent_bridge.ipc.protocol import RemoteError
 
     backoff_start, backoff_max = read_backoff()
+    look = read_look()
     connected_at: dict[int, int] = {}  # session -> when its latest hello was answered (ns)
     generation: dict[int, int] = {}  # session -> broker pid it is connected to
     changed = trio.Event()
@@ -71,7 +108,7 @@ async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: in
                             pass
                 except (BrokerGone, RemoteError, OSError):
                     pass
-            await trio.sleep(backoff)
+            await wait_for_broker(home, look, backoff)
             backoff = min(backoff * 2, backoff_max)
 
     async def all_on(pid: int) -> None:

@@ -6,6 +6,7 @@ hello, serve the connection until it ends, and again, sleeping as the keeper
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -28,6 +29,10 @@ KEEPALIVE_INTERVAL = 15.0  # the broker drops a connection silent for 45 s
 # With no broker running, the first start waits this long for the host to ask what only a broker
 # answers (`wanted`): a health check (`claude mcp list`) is answered and gone by then, and starts none.
 START_GRACE = 1.0
+# Seconds between two looks at broker.json while a backoff runs (wait_for_broker): a new broker is
+# joined at most this long after it is ready. Two hundred relays looking this often cost a broker
+# starting beside them little (a stat each).
+BROKER_LOOK = 0.1
 
 
 class BadHello(Exception):
@@ -89,7 +94,34 @@ def keep_connected(relay: Joining, home: Path, sleep: Callable[[float], None] = 
                 relay.serve_link(link)
         with relay.cond:
             wait = keeper.missed(time.monotonic())
-        sleep(wait)
+        wait_for_broker(home, wait, sleep)
+
+
+def wait_for_broker(
+    home: Path, seconds: float, sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Sleep `seconds` (the keeper's backoff), or less: until broker.json is written anew. A
+    broker writes it last, once it answers (broker.root), so a broker restarted meanwhile is
+    joined as soon as it is ready, not at the next try of a backoff that grew while it was
+    down (up to BACKOFF_MAX). One look at the file's identity every BROKER_LOOK seconds; a
+    file removed (the old broker stopping) is not a new one."""
+    before = _broker_json_identity(home)
+    deadline = clock() + seconds
+    while (left := deadline - clock()) > 0:
+        sleep(min(BROKER_LOOK, left))
+        now = _broker_json_identity(home)
+        if now is not None and now != before:
+            return
+        before = now
+
+
+def _broker_json_identity(home: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(home / paths.BROKER_JSON)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def still_blocked(relay: Joining, home: Path) -> bool:
