@@ -148,11 +148,12 @@ def _wal_restarts(wal: Path) -> int:
         return int.from_bytes(f.read(32)[12:16], "big")
 
 
-async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_else_behind_its_jobs(
+async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_else_after_its_jobs(
     tmp_path: Path, vfs: RecordingVFS
 ) -> None:
     """Idle, the store's thread would cost a send two thread hand-overs: the send commits on
-    the loop. Busy, the send waits its turn behind the job already there, on that thread."""
+    the loop. Busy, the send waits until the job already there is done, then commits on the
+    loop too, never beside that job (before stop 58 it queued behind the job, on the thread)."""
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     release = threading.Event()
@@ -167,8 +168,9 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_el
         with vfs.lock:
             vfs.wal_writers.clear()
         await calls.send(a.id, [Send((Outgoing(b.id, "idle", 1, None),))], now=2)
+        loop = threading.current_thread().name
         with vfs.lock:
-            assert vfs.wal_writers == [threading.current_thread().name]
+            assert vfs.wal_writers == [loop]
             vfs.wal_writers.clear()
 
         def slow_job() -> None:  # a job on the store's thread that commits once released
@@ -187,11 +189,106 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_el
 
             nursery.start_soon(send)
             await trio.testing.wait_all_tasks_blocked()
-            assert not sent  # queued behind the job, not run beside it on the loop
+            assert not sent  # waiting for the job, not run beside it on the loop
             release.set()
         assert [m.text for m in sent] == ["busy"]
         with vfs.lock:
-            assert vfs.wal_writers == ["agent-bridge store"]  # the job's commit, then the send's, there
+            assert vfs.wal_writers == ["agent-bridge store", loop]  # the job's commit, then the send's
+    finally:
+        release.set()
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_short_job_cancelled_while_it_waits_for_the_thread_never_runs(tmp_path: Path) -> None:
+    """Cancelled while the thread is busy, a send stores nothing, and the thread's next idle
+    spell lets later short jobs through as before."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    release = threading.Event()
+    holding = threading.Event()
+    try:
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+
+        def slow_job() -> None:
+            holding.set()
+            release.wait(30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner.run, slow_job)
+            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
+            with trio.CancelScope() as scope:
+                nursery.start_soon(_cancel_when_blocked, scope)
+                await calls.send(a.id, [Send((Outgoing(b.id, "cancelled", 1, None),))], now=2)
+            assert scope.cancelled_caught
+            release.set()
+        await calls.send(a.id, [Send((Outgoing(b.id, "after", 1, None),))], now=3)
+        assert [m.text for m in await calls.unacked(b.id)] == ["after"]
+    finally:
+        release.set()
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def _cancel_when_blocked(scope: trio.CancelScope) -> None:
+    await trio.testing.wait_all_tasks_blocked()
+    scope.cancel()
+
+
+async def test_a_cancelled_job_that_leaves_the_thread_idle_lets_the_waiting_short_jobs_go(
+    tmp_path: Path,
+) -> None:
+    """The thread ends its busy spell on a job cancelled while it was queued (it never runs):
+    the short job waiting for the thread must hear of it, or it would wait for the next job."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    release = threading.Event()
+    holding = threading.Event()
+    ran: list[str] = []
+    try:
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+
+        def slow_job() -> None:
+            holding.set()
+            release.wait(30)
+            ran.append("slow")
+
+        def queued_job() -> None:
+            ran.append("queued")
+
+        sent: list[Message] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner.run, slow_job)
+            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
+            queued = trio.CancelScope()
+
+            async def run_queued() -> None:
+                with queued:
+                    await runner.run(queued_job)
+
+            nursery.start_soon(run_queued)
+
+            async def send() -> None:
+                (done,) = await calls.send(a.id, [Send((Outgoing(b.id, "waiting", 1, None),))], now=2)
+                sent.extend(done.messages)
+
+            nursery.start_soon(send)
+            await trio.testing.wait_all_tasks_blocked()
+            queued.cancel()  # still in the queue behind the slow job: taken out
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+            await wait_for(lambda: _true(bool(sent)), what="the waiting send")
+        assert ran == ["slow"] and [m.text for m in sent] == ["waiting"]
     finally:
         release.set()
         await runner.run(runner.close_store)

@@ -152,6 +152,9 @@ class StoreRunner:
         # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
         # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
         self._pending = 0
+        # Set on the loop once `_pending` is back to 0, for the short jobs that found the thread
+        # busy (run_short); a new one for each busy spell, made by the first such job.
+        self._idle: trio.Event | None = None
         self.checkpointer: Checkpointer | None = None
         if store is not None:
             self.watch_wal()
@@ -191,20 +194,28 @@ class StoreRunner:
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
-        SHORT_ROWS) on the event loop when the store's thread is idle, else queued behind its
-        jobs like `run`.
+        SHORT_ROWS) on the event loop, once the store's thread has nothing queued or running.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
         a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
-        What could block the loop for long stays off it: such a commit never checkpoints (the
-        Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
-        to the WAL without an fsync. Same guarantees as `run`: in order
-        with every other job (only while none is queued or running), the answer after the
-        commit; cancellation is honoured before the transaction starts.
+        Why wait for the thread rather than queue behind its jobs: a job there (an index batch,
+        the post box's pass) used to send every send and acknowledgement that came meanwhile to
+        the thread too, each paying those hand-overs, until the queue ran dry; waiting, they
+        commit on the loop one after another as soon as it does (+6 % broker-only,
+        docs/performance.md, stop 58). What could block the loop for long stays off it: such a
+        commit never checkpoints (the Checkpointer does, beside it), and with synchronous=NORMAL
+        in WAL mode a commit writes to the WAL without an fsync. When the Checkpointer wants
+        the thread to finish a checkpoint (catch_up_wanted), or the store is not open, the job
+        is queued like `run`. Same guarantees as `run`: never beside another job, the answer
+        after the commit, and cancellation honoured before the transaction starts.
         """
-        if not self._loop_may_write():
-            return await self.run(method, *args, **kwargs)
+        while not self._loop_may_write():
+            if self.store is None or (self.checkpointer is not None and self.checkpointer.catch_up_wanted):
+                return await self.run(method, *args, **kwargs)
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()  # a cancel point: nothing of the job has run
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
         try:
@@ -212,6 +223,18 @@ class StoreRunner:
         finally:
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
+
+    def _answered(
+        self, task: trio.lowlevel.Task | None, result: outcome.Outcome[Any] | None, idle: bool
+    ) -> None:
+        """On the loop: a job's answer to its task (none for a cancelled job), and, if the
+        thread was left with nothing to do, the short jobs waiting for that let go (unless a
+        job came meanwhile)."""
+        if task is not None and result is not None:
+            trio.lowlevel.reschedule(task, result)
+        if idle and self._idle is not None and not self._pending:
+            self._idle.set()
+            self._idle = None
 
     def _loop_may_write(self) -> bool:
         """Whether the loop may use the connection itself now: the store is open, the thread has
@@ -260,10 +283,19 @@ class StoreRunner:
             if job is None:
                 return
             with self._lock:
-                if job.cancelled:
+                cancelled = job.cancelled
+                if cancelled:
                     self._pending -= 1
-                    continue
-                job.started = True
+                    idle = not self._pending
+                else:
+                    job.started = True
+            if cancelled:
+                if idle:  # the short jobs waiting for the thread must hear it is free
+                    try:
+                        job.token.run_sync_soon(self._answered, None, None, True)
+                    except trio.RunFinishedError:
+                        pass
+                continue
             if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
                 self.checkpointer.catch_up(self.store.conn)
             before = self._changes() if self.on_change is not None and job.seen else None
@@ -272,8 +304,9 @@ class StoreRunner:
                 self.on_change()
             with self._lock:
                 self._pending -= 1
+                idle = not self._pending
             try:
-                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+                job.token.run_sync_soon(self._answered, job.task, result, idle)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 

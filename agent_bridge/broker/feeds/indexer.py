@@ -59,12 +59,16 @@ class Indexer:
             await commits.passes(one_pass, GAP, "search index: could not index new messages", log)
 
     async def catch_up(self) -> None:
-        """Index everything not indexed yet, BATCH at a time."""
+        """Index everything not indexed yet, BATCH at a time. Between two batches the sends and
+        acknowledgements that waited for the store's thread go first (StoreRunner.run_short):
+        they were let go with this task, and this yield lets them commit before the next batch
+        takes the thread again."""
         while True:
             done = await self.index(BATCH)
             self.indexed += done
             if done < BATCH:
                 return
+            await trio.lowlevel.checkpoint()
 
 
 async def quiet(commits: Following) -> None:
