@@ -203,19 +203,24 @@ class StoreRunner:
         the post box's pass) used to send every send and acknowledgement that came meanwhile to
         the thread too, each paying those hand-overs, until the queue ran dry; waiting, they
         commit on the loop one after another as soon as it does (+6 % broker-only,
-        docs/performance.md, stop 58). What could block the loop for long stays off it: such a
-        commit never checkpoints (the Checkpointer does, beside it), and with synchronous=NORMAL
-        in WAL mode a commit writes to the WAL without an fsync. When the Checkpointer wants
-        the thread to finish a checkpoint (catch_up_wanted), or the store is not open, the job
-        is queued like `run`. Same guarantees as `run`: never beside another job, the answer
-        after the commit, and cancellation honoured before the transaction starts.
+        docs/performance.md, stop 58). It waits for one idle spell only: if another task's job
+        takes the thread again before its turn, it queues behind that job like `run`, so a
+        stream of other jobs cannot keep it waiting. What could block the loop for long stays
+        off it: such a commit never checkpoints (the Checkpointer does, beside it), and with
+        synchronous=NORMAL in WAL mode a commit writes to the WAL without an fsync. When the
+        Checkpointer wants the thread to finish a checkpoint (catch_up_wanted), or the store is
+        not open, the job is queued like `run`. Same guarantees as `run`: never beside another
+        job, the answer after the commit, and cancellation honoured before the transaction
+        starts.
         """
-        while not self._loop_may_write():
-            if self.store is None or (self.checkpointer is not None and self.checkpointer.catch_up_wanted):
-                return await self.run(method, *args, **kwargs)
+        if not self._loop_may_write() and self.store is not None and not (
+            self.checkpointer is not None and self.checkpointer.catch_up_wanted
+        ):
             if self._idle is None:
                 self._idle = trio.Event()
             await self._idle.wait()  # a cancel point: nothing of the job has run
+        if not self._loop_may_write():  # a job came first after all: behind it, as `run`
+            return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
         try:
