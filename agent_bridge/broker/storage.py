@@ -152,9 +152,12 @@ class StoreRunner:
         # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
         # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
         self._pending = 0
-        # Set on the loop once `_pending` is back to 0, for the short jobs that found the thread
-        # busy (run_short); a new one for each busy spell, made by the first such job.
-        self._idle: trio.Event | None = None
+        # Jobs handed to the thread, and jobs answered (or dropped, cancelled) since, both counted
+        # on the loop; and, while short jobs wait for the thread (run_short), the event set at
+        # the next answer, then replaced.
+        self._submitted = 0
+        self._finished = 0
+        self._progress: trio.Event | None = None
         self.checkpointer: Checkpointer | None = None
         if store is not None:
             self.watch_wal()
@@ -189,6 +192,7 @@ class StoreRunner:
 
         with self._lock:
             self._pending += 1
+        self._submitted += 1
         self._jobs.put(job)
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
@@ -203,9 +207,10 @@ class StoreRunner:
         the post box's pass) used to send every send and acknowledgement that came meanwhile to
         the thread too, each paying those hand-overs, until the queue ran dry; waiting, they
         commit on the loop one after another as soon as it does (+6 % broker-only,
-        docs/performance.md, stop 58). It waits for one idle spell only: if another task's job
-        takes the thread again before its turn, it queues behind that job like `run`, so a
-        stream of other jobs cannot keep it waiting. What could block the loop for long stays
+        docs/performance.md, stop 58). It waits no longer than it would have in the queue: once
+        the jobs handed to the thread before it are done, if the thread is still busy (with jobs
+        that came after it), it queues behind those like `run`, so a stream of other jobs
+        cannot keep it waiting. What could block the loop for long stays
         off it: such a commit never checkpoints (the Checkpointer does, beside it), and with
         synchronous=NORMAL in WAL mode a commit writes to the WAL without an fsync. When the
         Checkpointer wants the thread to finish a checkpoint (catch_up_wanted), or the store is
@@ -213,13 +218,14 @@ class StoreRunner:
         job, the answer after the commit, and cancellation honoured before the transaction
         starts.
         """
-        if not self._loop_may_write() and self.store is not None and not (
+        ahead = self._submitted  # the jobs it would have queued behind
+        while not self._loop_may_write() and self._finished < ahead and self.store is not None and not (
             self.checkpointer is not None and self.checkpointer.catch_up_wanted
         ):
-            if self._idle is None:
-                self._idle = trio.Event()
-            await self._idle.wait()  # a cancel point: nothing of the job has run
-        if not self._loop_may_write():  # a job came first after all: behind it, as `run`
+            if self._progress is None:
+                self._progress = trio.Event()
+            await self._progress.wait()  # a cancel point: nothing of the job has run
+        if not self._loop_may_write():  # jobs that came after it keep the thread: behind them, as `run`
             return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
@@ -229,17 +235,15 @@ class StoreRunner:
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
 
-    def _answered(
-        self, task: trio.lowlevel.Task | None, result: outcome.Outcome[Any] | None, idle: bool
-    ) -> None:
-        """On the loop: a job's answer to its task (none for a cancelled job), and, if the
-        thread was left with nothing to do, the short jobs waiting for that let go (unless a
-        job came meanwhile)."""
+    def _answered(self, task: trio.lowlevel.Task | None, result: outcome.Outcome[Any] | None) -> None:
+        """On the loop: a job's answer to its task (none for a job cancelled in the queue),
+        counted, and the short jobs waiting for the thread told to look again."""
+        self._finished += 1
         if task is not None and result is not None:
             trio.lowlevel.reschedule(task, result)
-        if idle and self._idle is not None and not self._pending:
-            self._idle.set()
-            self._idle = None
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     def _loop_may_write(self) -> bool:
         """Whether the loop may use the connection itself now: the store is open, the thread has
@@ -291,15 +295,13 @@ class StoreRunner:
                 cancelled = job.cancelled
                 if cancelled:
                     self._pending -= 1
-                    idle = not self._pending
                 else:
                     job.started = True
-            if cancelled:
-                if idle:  # the short jobs waiting for the thread must hear it is free
-                    try:
-                        job.token.run_sync_soon(self._answered, None, None, True)
-                    except trio.RunFinishedError:
-                        pass
+            if cancelled:  # counted as done: a short job waiting behind it must not wait for it
+                try:
+                    job.token.run_sync_soon(self._answered, None, None)
+                except trio.RunFinishedError:
+                    pass
                 continue
             if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
                 self.checkpointer.catch_up(self.store.conn)
@@ -309,9 +311,8 @@ class StoreRunner:
                 self.on_change()
             with self._lock:
                 self._pending -= 1
-                idle = not self._pending
             try:
-                job.token.run_sync_soon(self._answered, job.task, result, idle)
+                job.token.run_sync_soon(self._answered, job.task, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 
