@@ -216,7 +216,11 @@ class StoreRunner:
         Checkpointer wants the thread to finish a checkpoint (catch_up_wanted), or the store is
         not open, the job is queued like `run`. Same guarantees as `run`: never beside another
         job, the answer after the commit, and cancellation honoured before the transaction
-        starts.
+        starts. One order is no longer kept: short jobs of different tasks that waited for the
+        thread together commit in any order, and may commit after a job another task handed to
+        the thread meanwhile. Nothing depends on the order of concurrent tasks' transactions:
+        one task's calls are awaited one by one, and a connection's requests are carried out in
+        the order they came (broker.connection.Requests).
         """
         ahead = self._submitted  # the jobs it would have queued behind
         while not self._loop_may_write() and self._finished < ahead and self.store is not None and not (
