@@ -152,12 +152,6 @@ class StoreRunner:
         # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
         # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
         self._pending = 0
-        # Jobs handed to the thread, and jobs answered (or dropped, cancelled) since, both counted
-        # on the loop; and, while short jobs wait for the thread (run_short), the event set at
-        # the next answer, then replaced.
-        self._submitted = 0
-        self._finished = 0
-        self._progress: trio.Event | None = None
         self.checkpointer: Checkpointer | None = None
         if store is not None:
             self.watch_wal()
@@ -192,44 +186,24 @@ class StoreRunner:
 
         with self._lock:
             self._pending += 1
-        self._submitted += 1
         self._jobs.put(job)
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
-        SHORT_ROWS) on the event loop, once the store's thread has nothing queued or running.
+        SHORT_ROWS) on the event loop when the store's thread is idle, else queued behind its
+        jobs like `run`.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
         a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
-        Why wait for the thread rather than queue behind its jobs: a job there (an index batch,
-        the post box's pass) used to send every send and acknowledgement that came meanwhile to
-        the thread too, each paying those hand-overs, until the queue ran dry; waiting, they
-        commit on the loop one after another as soon as it does (+6 % broker-only,
-        docs/performance.md, stop 58). It waits no longer than it would have in the queue: once
-        the jobs handed to the thread before it are done, if the thread is still busy (with jobs
-        that came after it), it queues behind those like `run`, so a stream of other jobs
-        cannot keep it waiting. What could block the loop for long stays
-        off it: such a commit never checkpoints (the Checkpointer does, beside it), and with
-        synchronous=NORMAL in WAL mode a commit writes to the WAL without an fsync. When the
-        Checkpointer wants the thread to finish a checkpoint (catch_up_wanted), or the store is
-        not open, the job is queued like `run`. Same guarantees as `run`: never beside another
-        job, the answer after the commit, and cancellation honoured before the transaction
-        starts. One order is no longer kept: short jobs of different tasks that waited for the
-        thread together commit in any order, and may commit after a job another task handed to
-        the thread meanwhile. Nothing depends on the order of concurrent tasks' transactions:
-        one task's calls are awaited one by one, and a connection's requests are carried out in
-        the order they came (broker.connection.Requests).
+        What could block the loop for long stays off it: such a commit never checkpoints (the
+        Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
+        to the WAL without an fsync. Same guarantees as `run`: in order
+        with every other job (only while none is queued or running), the answer after the
+        commit; cancellation is honoured before the transaction starts.
         """
-        ahead = self._submitted  # the jobs it would have queued behind
-        while not self._loop_may_write() and self._finished < ahead and self.store is not None and not (
-            self.checkpointer is not None and self.checkpointer.catch_up_wanted
-        ):
-            if self._progress is None:
-                self._progress = trio.Event()
-            await self._progress.wait()  # a cancel point: nothing of the job has run
-        if not self._loop_may_write():  # jobs that came after it keep the thread: behind them, as `run`
+        if not self._loop_may_write():
             return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
@@ -238,16 +212,6 @@ class StoreRunner:
         finally:
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
-
-    def _answered(self, task: trio.lowlevel.Task | None, result: outcome.Outcome[Any] | None) -> None:
-        """On the loop: a job's answer to its task (none for a job cancelled in the queue),
-        counted, and the short jobs waiting for the thread told to look again."""
-        self._finished += 1
-        if task is not None and result is not None:
-            trio.lowlevel.reschedule(task, result)
-        if self._progress is not None:
-            self._progress.set()
-            self._progress = None
 
     def _loop_may_write(self) -> bool:
         """Whether the loop may use the connection itself now: the store is open, the thread has
@@ -296,17 +260,10 @@ class StoreRunner:
             if job is None:
                 return
             with self._lock:
-                cancelled = job.cancelled
-                if cancelled:
+                if job.cancelled:
                     self._pending -= 1
-                else:
-                    job.started = True
-            if cancelled:  # counted as done: a short job waiting behind it must not wait for it
-                try:
-                    job.token.run_sync_soon(self._answered, None, None)
-                except trio.RunFinishedError:
-                    pass
-                continue
+                    continue
+                job.started = True
             if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
                 self.checkpointer.catch_up(self.store.conn)
             before = self._changes() if self.on_change is not None and job.seen else None
@@ -316,7 +273,7 @@ class StoreRunner:
             with self._lock:
                 self._pending -= 1
             try:
-                job.token.run_sync_soon(self._answered, job.task, result)
+                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 

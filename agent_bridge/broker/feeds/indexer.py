@@ -59,16 +59,12 @@ class Indexer:
             await commits.passes(one_pass, GAP, "search index: could not index new messages", log)
 
     async def catch_up(self) -> None:
-        """Index everything not indexed yet, BATCH at a time. Between two batches the sends and
-        acknowledgements that waited for the store's thread go first (StoreRunner.run_short):
-        they were let go with this task, and this yield lets them commit before the next batch
-        takes the thread again."""
+        """Index everything not indexed yet, BATCH at a time."""
         while True:
             done = await self.index(BATCH)
             self.indexed += done
             if done < BATCH:
                 return
-            await trio.lowlevel.checkpoint()
 
 
 async def quiet(commits: Following) -> None:
