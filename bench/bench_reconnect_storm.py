@@ -4,7 +4,7 @@
 identified sessions do), and reconnect the way the relay does (`relay.connector.keep_connected`):
 when the connection drops, look for the broker in broker.json and retry with the same backoff
 (50 ms doubling to 2 s, `relay.keeper`), a backoff that ends early once broker.json is written
-anew (`relay.connector.wait_for_broker`, a look every BROKER_LOOK; a tree without it sleeps the
+anew (`relay.connector.broker_looks`, a look every BROKER_LOOK; a tree without it sleeps the
 backoff out). The broker (a real `agent-bridge up`) is then restarted: SIGTERM, wait for it to
 exit, start a new one.
 
@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c  # noqa: E402
 
 TARGET_S = 2.0
-BACKOFF_START, BACKOFF_MAX = 0.05, 2.0  # agent_bridge.mcp_server's reconnect backoff
+BACKOFF_START, BACKOFF_MAX = 0.05, 2.0  # relay.keeper's, for a tree without that module
 
 
 def read_backoff() -> tuple[float, float]:
@@ -40,36 +39,15 @@ def read_backoff() -> tuple[float, float]:
         return BACKOFF_START, BACKOFF_MAX
 
 
-def read_look() -> Look | None:
-    """(seconds between looks, broker.json's identity) of the relay's wait for a new broker, or
+def read_looks() -> Callable[[Path, float, Callable[[], float]], Iterator[float]] | None:
+    """The relay's backoff that ends at a new broker.json (relay.connector.broker_looks), or
     None for a tree whose relay sleeps its backoff out."""
     try:
         from agent_bridge.relay import connector
 
-        return connector.BROKER_LOOK, connector._broker_json_identity
+        return connector.broker_looks
     except (ImportError, AttributeError):
         return None
-
-
-Look = tuple[float, Callable[[Path], Any]]  # relay.connector's BROKER_LOOK and broker.json's identity
-
-
-async def wait_for_broker(home: Path, look: Look | None, seconds: float) -> None:
-    """relay.connector.wait_for_broker, on the loop: the backoff, ended by a new broker.json."""
-    import trio
-
-    if look is None:
-        await trio.sleep(seconds)
-        return
-    every, identity = look
-    before = identity(home)
-    deadline = trio.current_time() + seconds
-    while (left := deadline - trio.current_time()) > 0:
-        await trio.sleep(min(every, left))
-        now = identity(home)
-        if now is not None and now != before:
-            return
-        before = now
 
 
 async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: int) -> dict:
@@ -80,7 +58,7 @@ async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: in
     from agent_bridge.ipc.protocol import RemoteError
 
     backoff_start, backoff_max = read_backoff()
-    look = read_look()
+    looks = read_looks()
     connected_at: dict[int, int] = {}  # session -> when its latest hello was answered (ns)
     generation: dict[int, int] = {}  # session -> broker pid it is connected to
     changed = trio.Event()
@@ -108,7 +86,11 @@ async def drive(home: Path, broker: c.BrokerProcess, sessions: int, restarts: in
                             pass
                 except (BrokerGone, RemoteError, OSError):
                     pass
-            await wait_for_broker(home, look, backoff)
+            if looks is None:
+                await trio.sleep(backoff)
+            else:  # the relay's own pauses, slept by this task
+                for pause in looks(home, backoff, trio.current_time):
+                    await trio.sleep(pause)
             backoff = min(backoff * 2, backoff_max)
 
     async def all_on(pid: int) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -101,15 +101,23 @@ def wait_for_broker(
     home: Path, seconds: float, sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Sleep `seconds` (the keeper's backoff), or less: until broker.json is written anew. A
-    broker writes it last, once it answers (broker.root), so a broker restarted meanwhile is
+    """Sleep `seconds` (the keeper's backoff), or less: until broker.json is written anew
+    (broker_looks)."""
+    for pause in broker_looks(home, seconds, clock):
+        sleep(pause)
+
+
+def broker_looks(home: Path, seconds: float, clock: Callable[[], float]) -> Iterator[float]:
+    """The pauses of a backoff of `seconds` that ends once broker.json is written anew: the
+    caller sleeps each one (a thread here, a Trio task in bench_reconnect_storm). A broker
+    writes that file last, once it answers (broker.root), so a broker restarted meanwhile is
     joined as soon as it is ready, not at the next try of a backoff that grew while it was
-    down (up to BACKOFF_MAX). One look at the file's identity every BROKER_LOOK seconds; a
-    file removed (the old broker stopping) is not a new one."""
+    down (up to BACKOFF_MAX). One look at the file's identity after each pause of at most
+    BROKER_LOOK; a file removed (the old broker stopping) is not a new one."""
     before = _broker_json_identity(home)
     deadline = clock() + seconds
     while (left := deadline - clock()) > 0:
-        sleep(min(BROKER_LOOK, left))
+        yield min(BROKER_LOOK, left)
         now = _broker_json_identity(home)
         if now is not None and now != before:
             return
