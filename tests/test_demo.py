@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from agent_bridge.cli import demo
 from agent_bridge.common import paths
+from agent_bridge.ipc.client import BrokerGone
 from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
@@ -131,3 +133,52 @@ async def test_demo_ended_by_a_signal_leaves_no_broker_and_no_folder(env, tmp_pa
     assert "Traceback" not in said
     assert not await trio.Path(home).exists(), said
     assert _processes_of(home) == [], said
+
+
+async def _ctrl_c_in_a_reader_while_a_request_waits(also: BaseException | None = None) -> None:
+    """The shape of a Ctrl-C that lands in a client's reader task (Trio raises it in whichever
+    task runs when the signal comes): the reader's clean-up wakes the waiting request, which
+    fails with BrokerGone beside the KeyboardInterrupt."""
+    async with trio.open_nursery() as nursery:
+        woken = trio.Event()
+
+        async def reader() -> None:
+            try:
+                await trio.lowlevel.checkpoint()
+                raise KeyboardInterrupt
+            finally:
+                woken.set()  # as BridgeClient._read's finally sets its pending requests' events
+
+        nursery.start_soon(reader)
+        await woken.wait()
+        if also is not None:
+            raise also
+        raise BrokerGone("the broker connection closed before it answered", maybe_processed=True)
+
+
+def test_ctrl_c_in_a_client_task_ends_the_demo_as_interrupted_without_a_traceback():
+    """CI caught the demo, ended by SIGINT while its sessions ran, printing "Interrupted." and then
+    the BrokerGone of a request whose connection the interruption had closed (exit 1)."""
+    with pytest.raises(BaseExceptionGroup) as raised:  # the race the demo must absorb, as Trio raises it
+        trio.run(_ctrl_c_in_a_reader_while_a_request_waits)
+    assert raised.group_contains(KeyboardInterrupt) and raised.group_contains(BrokerGone)
+
+    assert demo.run_sessions(_ctrl_c_in_a_reader_while_a_request_waits) is False
+
+
+def test_an_error_beside_ctrl_c_in_the_demo_is_still_shown():
+    """Only Ctrl-C and the closed connections it causes are absorbed; a real error propagates."""
+    with pytest.raises(BaseExceptionGroup) as raised:
+        demo.run_sessions(_ctrl_c_in_a_reader_while_a_request_waits, ValueError("a real defect"))
+    assert raised.group_contains(ValueError)
+
+    async def gone() -> None:
+        raise BrokerGone("the broker connection closed")
+
+    with pytest.raises(BrokerGone):  # a broker gone without Ctrl-C is not an interruption
+        demo.run_sessions(gone)
+
+    async def done() -> None:
+        await trio.lowlevel.checkpoint()
+
+    assert demo.run_sessions(done) is True

@@ -11,14 +11,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from agent_bridge.common import domain, paths
-from agent_bridge.ipc.client import BridgeClient, open_bridge_client
+from agent_bridge.ipc.client import BridgeClient, BrokerGone, open_bridge_client
 
 DEMO_HOP_LIMIT = "4"  # a temporary broker uses a short limit so the reply chain goes passive quickly
 DEMO_TOPIC = "database"
@@ -142,12 +142,39 @@ def _main(ns: argparse.Namespace, ending: _Ending) -> int:
         try:
             with ending.running_trio():
                 assert record is not None
-                trio.run(_run, home, record, not ns.no_wait, starting is not None, own_home)
-        except* KeyboardInterrupt:  # Ctrl-C before the end (trio may hand it over in a group)
+                finished = run_sessions(_run, home, record, not ns.no_wait, starting is not None, own_home)
+        except KeyboardInterrupt:  # a signal came while its broker started: the run is skipped
+            finished = False
+        if not finished:
             say("\nInterrupted.")
         return 0
     finally:
         _clean_up(given or made, starting, remove=made)
+
+
+def run_sessions(run: Callable[..., Awaitable[None]], *args: Any) -> bool:
+    """Run the simulated sessions; False if Ctrl-C (or a signal raised again as it) ended them.
+
+    Trio raises KeyboardInterrupt in whichever task runs when the signal comes. In a client's
+    reader task, that closes the connection first, so a request waiting on it fails with
+    BrokerGone in the same group: a consequence of the interruption, not an error to show."""
+    try:
+        trio.run(run, *args)
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        return False
+    return True
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C, alone or with only the closed connections it caused, in any nesting of groups."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if not isinstance(exc, BaseExceptionGroup):
+        return False
+    ki, rest = exc.split(KeyboardInterrupt)
+    return ki is not None and (rest is None or rest.split(BrokerGone)[1] is None)
 
 
 def _clean_up(home: Path | None, starting: subprocess.Popen[bytes] | None, remove: Path | None) -> None:
