@@ -152,6 +152,14 @@ class StoreRunner:
         # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
         # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
         self._pending = 0
+        # Jobs handed to the thread, and jobs answered (or dropped, cancelled) since, both counted
+        # on the loop; of those not answered, the ones whose commits are seen (all but the search
+        # index's batches: run_unseen); and, while short jobs wait for the thread (run_short),
+        # the event set at the next answer, then replaced.
+        self._submitted = 0
+        self._finished = 0
+        self._seen_out = 0
+        self._progress: trio.Event | None = None
         self.checkpointer: Checkpointer | None = None
         if store is not None:
             self.watch_wal()
@@ -186,24 +194,49 @@ class StoreRunner:
 
         with self._lock:
             self._pending += 1
+        self._submitted += 1
+        self._seen_out += job.seen
         self._jobs.put(job)
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
-        SHORT_ROWS) on the event loop when the store's thread is idle, else queued behind its
-        jobs like `run`.
+        SHORT_ROWS) on the event loop when the store's thread is idle, or once the search
+        index's batches it holds are done; behind any other jobs on the thread, like `run`.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
         a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
-        What could block the loop for long stays off it: such a commit never checkpoints (the
-        Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
-        to the WAL without an fsync. Same guarantees as `run`: in order
-        with every other job (only while none is queued or running), the answer after the
-        commit; cancellation is honoured before the transaction starts.
+        Why wait for an index batch rather than queue behind it: under a stream of sends, a
+        batch (a few ms) sent every send and acknowledgement that came meanwhile to the thread
+        too, each paying those hand-overs, until the queue ran dry; waiting, they commit on the
+        loop one after another as soon as it is done (docs/performance.md, stop 59). Only index
+        batches: behind the jobs of the sessions' requests (reads of a queue, the post box's
+        pass), waiting for the thread and then for a turn of the loop answered later than
+        queueing did, and the path through the relays lost 9 % (stop 58). It waits no longer
+        than it would have in the queue: once the jobs handed to the thread before it are done,
+        if the thread is busy again (with jobs that came after it), it queues behind those like
+        `run`, so a stream of batches cannot keep it waiting. What could block the loop for long
+        stays off it: such a commit never checkpoints (the Checkpointer does, beside it), and
+        with synchronous=NORMAL in WAL mode a commit writes to the WAL without an fsync. When
+        the Checkpointer wants the thread to finish a checkpoint (catch_up_wanted), or the store
+        is not open, the job is queued like `run`. Same guarantees as `run`: never beside another
+        job, the answer after the commit, and cancellation honoured before the transaction
+        starts. One order is no longer kept: short jobs of different tasks that waited for an
+        index batch together commit in any order. Nothing depends on the order of concurrent
+        tasks' transactions: one task's calls are awaited one by one, and a connection's
+        requests are carried out in the order they came (broker.connection.Requests).
         """
-        if not self._loop_may_write():
+        ahead = self._submitted  # the jobs it would have queued behind
+        while (
+            not self._loop_may_write() and not self._seen_out and self._finished < ahead
+            and self.store is not None
+            and not (self.checkpointer is not None and self.checkpointer.catch_up_wanted)
+        ):
+            if self._progress is None:
+                self._progress = trio.Event()
+            await self._progress.wait()  # a cancel point: nothing of the job has run
+        if not self._loop_may_write():  # jobs that came after it keep the thread: behind them, as `run`
             return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
@@ -212,6 +245,17 @@ class StoreRunner:
         finally:
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
+
+    def _answered(self, job: _Job, result: outcome.Outcome[Any] | None) -> None:
+        """On the loop: a job's answer to its task (none for a job cancelled in the queue),
+        counted, and the short jobs waiting for the thread told to look again."""
+        self._finished += 1
+        self._seen_out -= job.seen
+        if result is not None:
+            trio.lowlevel.reschedule(job.task, result)
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     def _loop_may_write(self) -> bool:
         """Whether the loop may use the connection itself now: the store is open, the thread has
@@ -260,10 +304,17 @@ class StoreRunner:
             if job is None:
                 return
             with self._lock:
-                if job.cancelled:
+                cancelled = job.cancelled
+                if cancelled:
                     self._pending -= 1
-                    continue
-                job.started = True
+                else:
+                    job.started = True
+            if cancelled:  # counted as done: a short job waiting behind it must not wait for it
+                try:
+                    job.token.run_sync_soon(self._answered, job, None)
+                except trio.RunFinishedError:
+                    pass
+                continue
             if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
                 self.checkpointer.catch_up(self.store.conn)
             before = self._changes() if self.on_change is not None and job.seen else None
@@ -273,7 +324,7 @@ class StoreRunner:
             with self._lock:
                 self._pending -= 1
             try:
-                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+                job.token.run_sync_soon(self._answered, job, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 
