@@ -170,14 +170,16 @@ async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle(
 @pytest.mark.parametrize(
     ("holding_job", "writers"),
     [
-        # a job of a session's request (a read of its queue, the post box's pass): the send
-        # queues behind it, on the thread (waiting there cost the relay path 9 %, stop 58)
+        # a job of a session's request (a read of its queue): the send queues behind it, on the
+        # thread (waiting there cost the relay path 9 %, stop 58)
         ("run", ["agent-bridge store"]),
-        # a batch of the search index: the send waits until it is done, then commits on the loop
+        # one of the broker's own passes, a batch of the search index or the post box's look:
+        # the send waits until it is done, then commits on the loop
         ("run_unseen", ["agent-bridge store", "loop"]),
+        ("run_background", ["agent-bridge store", "loop"]),
     ],
 )
-async def test_a_send_finding_the_store_thread_busy_queues_behind_a_request_and_waits_out_an_index_batch(
+async def test_a_send_finding_the_store_thread_busy_queues_behind_a_request_and_waits_out_a_pass(
     tmp_path: Path, vfs: RecordingVFS, holding_job: str, writers: list[str]
 ) -> None:
     """Never beside the job on the thread, and after its commit: where the send commits depends
@@ -262,7 +264,7 @@ async def test_a_send_waiting_out_an_index_batch_queues_behind_a_request_handed_
             assert order == ["batch"]  # the send waits behind the request now
             request_go.set()
         assert order == ["batch", "request", "send"]
-        assert runner._seen_out == 0  # the request counted out again: later sends may wait out batches
+        assert runner._requests_out == 0  # the request counted out again: later sends may wait out passes
         with vfs.lock:  # the request's commit and then the send's, both on the thread
             assert vfs.wal_writers == ["agent-bridge store"], vfs.wal_writers
     finally:
@@ -491,4 +493,21 @@ async def test_a_sent_message_reaches_its_delivery_tap_only_once_committed(tmp_p
         reader.close()
     finally:
         await runner.run(runner.close_store)
+        runner.stop()
+
+
+def test_the_broker_s_own_passes_are_the_jobs_a_short_job_waits_out() -> None:
+    """Which store calls a send waits out rather than queueing behind: the search index's
+    batches and the post box's look, the passes the broker makes after commits; no call a
+    session's request makes."""
+    runner = StoreRunner()
+    try:
+        calls = StoreCalls(runner)
+        passes = {
+            name for name in dir(StoreCalls)
+            if isinstance(StoreCalls.__dict__.get(name), storage._OnStoreThread)
+            and getattr(calls, name).__name__ in ("unseen", "background")
+        }
+        assert passes == {"index_messages", "host_sessions_waiting"}
+    finally:
         runner.stop()
