@@ -231,16 +231,18 @@ class StoreRunner:
         relays lost 9 % (stop 58). It waits no longer than it would have in the queue: once the
         jobs handed to the thread before it are done, if the thread is busy again (with jobs
         that came after it), it queues behind those like `run`, so a stream of passes cannot
-        keep it waiting. What could block the loop for long
-        stays off it: such a commit never checkpoints (the Checkpointer does, beside it), and
-        with synchronous=NORMAL in WAL mode a commit writes to the WAL without an fsync. When
-        the Checkpointer wants the thread to finish a checkpoint (catch_up_wanted), or the store
-        is not open, the job is queued like `run`. Same guarantees as `run`: never beside another
-        job, the answer after the commit, and cancellation honoured before the transaction
-        starts. One order is no longer kept: short jobs of different tasks that waited out a
-        pass together commit in any order. Nothing depends on the order of concurrent
-        tasks' transactions: one task's calls are awaited one by one, and a connection's
-        requests are carried out in the order they came (broker.connection.Requests).
+        keep it waiting.
+
+        What could block the loop for long stays off it: such a commit never checkpoints (the
+        Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
+        to the WAL without an fsync. When the Checkpointer wants the thread to finish a
+        checkpoint (catch_up_wanted), or the store is not open, the job is queued like `run`.
+        Same guarantees as `run`: never beside another job, the answer after the commit, and
+        cancellation honoured before the transaction starts. One order is no longer kept: short
+        jobs of different tasks that waited out a pass together commit in any order. Nothing
+        depends on the order of concurrent tasks' transactions: one task's calls are awaited one
+        by one, and a connection's requests are carried out in the order they came
+        (broker.connection.Requests).
         """
         ahead = self._submitted  # the jobs it would have queued behind
         while (
