@@ -36,6 +36,14 @@ PYTHON = sys.executable
 SCRIPT = Path(sys.executable).with_name("agent-bridge")  # the console script, as hosts run it
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [PYTHON, "-m", "agent_bridge"]
 READY_TIMEOUT = 30.0
+# After it answers, a broker loads its sessions' MCP side on a thread: broker.root._preload_mcp,
+# PRELOAD_QUIET (1 s) after the last session joined, about 0.75 s of CPU (so does 8cd758e's).
+# Rounds that begin at once share the CPU with that load for their first seconds, and a bench's
+# median round moved with where it fell (docs/performance.md, stop 59). BrokerProcess.wait_settled.
+SETTLE_FIRST = 1.5  # seconds after ready: past PRELOAD_QUIET, so the load has begun
+SETTLE_SPELL = 0.5  # seconds the broker must then spend with next to no CPU
+SETTLE_CPU = 0.01  # ...at most this many seconds of CPU in that spell
+SETTLE_TIMEOUT = 30.0
 
 
 def parse_args(
@@ -206,6 +214,31 @@ class BrokerProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError("broker did not become ready")
             time.sleep(0.005)
+
+    def wait_settled(self, timeout: float = SETTLE_TIMEOUT) -> None:
+        """Until the broker has done the work it does once after its start (the load above):
+        SETTLE_FIRST, then a spell of SETTLE_SPELL with at most SETTLE_CPU of the process's CPU
+        (/proc; where there is none, a fixed pause). For a bench that measures a broker at work
+        rather than one starting."""
+        assert self.proc is not None
+        time.sleep(SETTLE_FIRST)
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        if not stat.exists():
+            time.sleep(4 * SETTLE_SPELL)
+            return
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = cpu()
+            time.sleep(SETTLE_SPELL)
+            if cpu() - before <= SETTLE_CPU:
+                return
+        raise RuntimeError(f"the broker did not settle within {timeout:g} s of its start")
 
     def start(self) -> dict[str, Any]:
         self.spawn()

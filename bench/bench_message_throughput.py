@@ -453,6 +453,7 @@ def main() -> None:
         try:
             with c.BrokerProcess(home, env) as broker:
                 record = broker.wait_ready()
+                broker.wait_settled()  # its MCP side loaded: the rounds measure a broker at work
                 c.log(f"message_throughput: {rounds} rounds of {per_round} messages")
                 paths = {name: floor.path for name, floor in floors.items()}
                 out = trio.run(
