@@ -78,19 +78,14 @@ async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path,
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
-        a = await calls.create_peer(
-            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        b = await calls.create_peer(
-            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
-        )
+        a, b, _ = await _two_sessions_and_a_third(calls)
         with vfs.lock:
             vfs.main_writers.clear()
         text = "x" * 3000  # a page of its own for each message: the WAL grows fast
         for i in range(CHECKPOINT_PAGES // 2):
-            (sent,) = await calls.send(a.id, [Send((Outgoing(b.id, text, 1, None),))], now=i)  # on the loop
-            await calls.ack(b.id, [sent.messages[0].id], i)
-            await calls.touch_peers([a.id], i)  # on the store's thread
+            (sent,) = await calls.send(a, [Send((Outgoing(b, text, 1, None),))], now=i)  # on the loop
+            await calls.ack(b, [sent.messages[0].id], i)
+            await calls.touch_peers([a], i)  # on the store's thread
 
         async def checkpointed() -> bool:
             with vfs.lock:
@@ -119,16 +114,11 @@ async def test_the_wal_starts_over_under_steady_traffic(
     calls = StoreCalls(runner)
     wal = tmp_path / "bridge.db-wal"
     try:
-        a = await calls.create_peer(
-            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        b = await calls.create_peer(
-            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
-        )
+        a, b, _ = await _two_sessions_and_a_third(calls)
         first = _wal_restarts(wal)
         for i in range(6000):  # ~10 pages each (two commits)
-            (sent,) = await calls.send(a.id, [Send((Outgoing(b.id, "x" * 200, 1, None),))], now=i)
-            await calls.ack(b.id, [sent.messages[0].id], i)
+            (sent,) = await calls.send(a, [Send((Outgoing(b, "x" * 200, 1, None),))], now=i)
+            await calls.ack(b, [sent.messages[0].id], i)
             if _wal_restarts(wal) >= first + 3:
                 break
         else:
@@ -282,12 +272,7 @@ async def test_a_short_job_cancelled_while_it_waits_for_the_thread_never_runs(tm
     release = threading.Event()
     holding = threading.Event()
     try:
-        a = await calls.create_peer(
-            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        b = await calls.create_peer(
-            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
-        )
+        a, b, _ = await _two_sessions_and_a_third(calls)
 
         def slow_job() -> None:
             holding.set()
@@ -298,11 +283,11 @@ async def test_a_short_job_cancelled_while_it_waits_for_the_thread_never_runs(tm
             await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
             with trio.CancelScope() as scope:
                 nursery.start_soon(_cancel_when_blocked, scope)
-                await calls.send(a.id, [Send((Outgoing(b.id, "cancelled", 1, None),))], now=2)
+                await calls.send(a, [Send((Outgoing(b, "cancelled", 1, None),))], now=2)
             assert scope.cancelled_caught
             release.set()
-        await calls.send(a.id, [Send((Outgoing(b.id, "after", 1, None),))], now=3)
-        assert [m.text for m in await calls.unacked(b.id)] == ["after"]
+        await calls.send(a, [Send((Outgoing(b, "after", 1, None),))], now=3)
+        assert [m.text for m in await calls.unacked(b)] == ["after"]
     finally:
         release.set()
         await runner.run(runner.close_store)
@@ -321,17 +306,12 @@ async def test_a_short_job_waits_no_longer_than_its_place_in_the_queue(
     first_go, second_go = threading.Event(), threading.Event()
     first_holding, second_holding = threading.Event(), threading.Event()
     try:
-        a = await calls.create_peer(
-            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        b = await calls.create_peer(
-            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
-        )
+        a, b, _ = await _two_sessions_and_a_third(calls)
 
         def job(holding: threading.Event, go: threading.Event) -> None:
             holding.set()
             go.wait(30)
-            runner.store.touch_peers([a.id], 3)
+            runner.store.touch_peers([a], 3)
 
         sent: list[Message] = []
         async with trio.open_nursery() as nursery:
@@ -339,7 +319,7 @@ async def test_a_short_job_waits_no_longer_than_its_place_in_the_queue(
             await wait_for(lambda: _true(first_holding.is_set()), what="the first job to start")
 
             async def send() -> None:
-                (done,) = await calls.send(a.id, [Send((Outgoing(b.id, "mine", 1, None),))], now=4)
+                (done,) = await calls.send(a, [Send((Outgoing(b, "mine", 1, None),))], now=4)
                 sent.extend(done.messages)
 
             nursery.start_soon(send)
@@ -382,12 +362,7 @@ async def test_a_cancelled_job_that_leaves_the_thread_idle_lets_the_waiting_shor
     holding = threading.Event()
     ran: list[str] = []
     try:
-        a = await calls.create_peer(
-            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        b = await calls.create_peer(
-            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
-        )
+        a, b, _ = await _two_sessions_and_a_third(calls)
 
         def slow_job() -> None:
             holding.set()
@@ -410,7 +385,7 @@ async def test_a_cancelled_job_that_leaves_the_thread_idle_lets_the_waiting_shor
             nursery.start_soon(run_queued)
 
             async def send() -> None:
-                (done,) = await calls.send(a.id, [Send((Outgoing(b.id, "waiting", 1, None),))], now=2)
+                (done,) = await calls.send(a, [Send((Outgoing(b, "waiting", 1, None),))], now=2)
                 sent.extend(done.messages)
 
             nursery.start_soon(send)
@@ -437,17 +412,12 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
-        a = await calls.create_peer(
-            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        b = await calls.create_peer(
-            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
-        )
-        for batch in ([Send((Outgoing(b.id, f"m{i}", 1, None),)) for i in range(SHORT_ROWS + 1)],
-                      [Send((Outgoing(b.id, "x" * (SHORT_TEXT // 2 + 1), 1, None),)) for _ in range(2)]):
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        for batch in ([Send((Outgoing(b, f"m{i}", 1, None),)) for i in range(SHORT_ROWS + 1)],
+                      [Send((Outgoing(b, "x" * (SHORT_TEXT // 2 + 1), 1, None),)) for _ in range(2)]):
             with vfs.lock:
                 vfs.wal_writers.clear()
-            sent = await calls.send(a.id, batch, now=2)
+            sent = await calls.send(a, batch, now=2)
             assert len(sent) == len(batch)
             with vfs.lock:
                 assert vfs.wal_writers == ["agent-bridge store"]
