@@ -78,14 +78,19 @@ async def test_commits_never_checkpoint_a_thread_of_its_own_does(tmp_path: Path,
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
         with vfs.lock:
             vfs.main_writers.clear()
         text = "x" * 3000  # a page of its own for each message: the WAL grows fast
         for i in range(CHECKPOINT_PAGES // 2):
-            (sent,) = await calls.send(a, [Send((Outgoing(b, text, 1, None),))], now=i)  # on the loop
-            await calls.ack(b, [sent.messages[0].id], i)
-            await calls.touch_peers([a], i)  # on the store's thread
+            (sent,) = await calls.send(a.id, [Send((Outgoing(b.id, text, 1, None),))], now=i)  # on the loop
+            await calls.ack(b.id, [sent.messages[0].id], i)
+            await calls.touch_peers([a.id], i)  # on the store's thread
 
         async def checkpointed() -> bool:
             with vfs.lock:
@@ -114,11 +119,16 @@ async def test_the_wal_starts_over_under_steady_traffic(
     calls = StoreCalls(runner)
     wal = tmp_path / "bridge.db-wal"
     try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
         first = _wal_restarts(wal)
         for i in range(6000):  # ~10 pages each (two commits)
-            (sent,) = await calls.send(a, [Send((Outgoing(b, "x" * 200, 1, None),))], now=i)
-            await calls.ack(b, [sent.messages[0].id], i)
+            (sent,) = await calls.send(a.id, [Send((Outgoing(b.id, "x" * 200, 1, None),))], now=i)
+            await calls.ack(b.id, [sent.messages[0].id], i)
             if _wal_restarts(wal) >= first + 3:
                 break
         else:
@@ -138,264 +148,50 @@ def _wal_restarts(wal: Path) -> int:
         return int.from_bytes(f.read(32)[12:16], "big")
 
 
-async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle(
+async def test_a_send_commits_on_the_event_loop_when_the_store_thread_is_idle_else_behind_its_jobs(
     tmp_path: Path, vfs: RecordingVFS
 ) -> None:
     """Idle, the store's thread would cost a send two thread hand-overs: the send commits on
-    the loop."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-        with vfs.lock:
-            vfs.wal_writers.clear()
-        await calls.send(a, [Send((Outgoing(b, "idle", 1, None),))], now=2)
-        with vfs.lock:
-            assert vfs.wal_writers == [threading.current_thread().name]
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-@pytest.mark.parametrize(
-    ("holding_job", "writers"),
-    [
-        # a job of a session's request (a read of its queue): the send queues behind it, on the
-        # thread (waiting there cost the relay path 9 %, stop 58)
-        ("run", ["agent-bridge store"]),
-        # one of the broker's own passes, a batch of the search index or the post box's look:
-        # the send waits until it is done, then commits on the loop
-        ("run_unseen", ["agent-bridge store", "loop"]),
-        ("run_background", ["agent-bridge store", "loop"]),
-    ],
-)
-async def test_a_send_finding_the_store_thread_busy_queues_behind_a_request_and_waits_out_a_pass(
-    tmp_path: Path, vfs: RecordingVFS, holding_job: str, writers: list[str]
-) -> None:
-    """Never beside the job on the thread, and after its commit: where the send commits depends
-    on whose job holds the thread."""
+    the loop. Busy, the send waits its turn behind the job already there, on that thread."""
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     release = threading.Event()
     holding = threading.Event()
-    loop = threading.current_thread().name
     try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        await calls.send(a.id, [Send((Outgoing(b.id, "idle", 1, None),))], now=2)
+        with vfs.lock:
+            assert vfs.wal_writers == [threading.current_thread().name]
+            vfs.wal_writers.clear()
 
         def slow_job() -> None:  # a job on the store's thread that commits once released
             holding.set()
             release.wait(30)
-            runner.store.touch_peers([a], 3)
+            runner.store.touch_peers([a.id], 3)
 
         sent: list[Message] = []
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(getattr(runner, holding_job), slow_job)
+            nursery.start_soon(runner.run, slow_job)
             await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
-            with vfs.lock:
-                vfs.wal_writers.clear()
 
             async def send() -> None:
-                (done,) = await calls.send(a, [Send((Outgoing(b, "busy", 1, None),))], now=4)
+                (done,) = await calls.send(a.id, [Send((Outgoing(b.id, "busy", 1, None),))], now=4)
                 sent.extend(done.messages)
 
             nursery.start_soon(send)
             await trio.testing.wait_all_tasks_blocked()
-            assert not sent  # not run beside the job on the loop
+            assert not sent  # queued behind the job, not run beside it on the loop
             release.set()
         assert [m.text for m in sent] == ["busy"]
-        with vfs.lock:  # the job's commit, then the send's
-            assert vfs.wal_writers == [loop if w == "loop" else w for w in writers]
-    finally:
-        release.set()
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_send_waiting_out_an_index_batch_queues_behind_a_request_handed_over_meanwhile(
-    tmp_path: Path, vfs: RecordingVFS
-) -> None:
-    """While a send waits for an index batch, a session's request hands the thread a job: the
-    send then queues behind that job, on the thread, as it would have without the batch, and
-    is answered after it."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    batch_go, request_go = threading.Event(), threading.Event()
-    batch_holding = threading.Event()
-    order: list[str] = []
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-
-        def batch() -> None:
-            batch_holding.set()
-            batch_go.wait(30)
-            order.append("batch")
-
-        def request() -> None:
-            request_go.wait(30)
-            runner.store.touch_peers([a], 3)
-            order.append("request")
-
-        async def send() -> None:
-            await calls.send(a, [Send((Outgoing(b, "mine", 1, None),))], now=4)
-            order.append("send")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(runner.run_unseen, batch)
-            await wait_for(lambda: _true(batch_holding.is_set()), what="the batch to start")
-            nursery.start_soon(send)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(runner.run, request)  # handed over while the send waits
-            await trio.testing.wait_all_tasks_blocked()
-            with vfs.lock:
-                vfs.wal_writers.clear()
-            batch_go.set()
-            await wait_for(lambda: _true(order == ["batch"]), what="the batch to end")
-            await trio.testing.wait_all_tasks_blocked()
-            assert order == ["batch"]  # the send waits behind the request now
-            request_go.set()
-        assert order == ["batch", "request", "send"]
-        assert runner._requests_out == 0  # the request counted out again: later sends may wait out passes
-        with vfs.lock:  # the request's commit and then the send's, both on the thread
-            assert vfs.wal_writers == ["agent-bridge store"], vfs.wal_writers
-    finally:
-        batch_go.set()
-        request_go.set()
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_short_job_cancelled_while_it_waits_for_the_thread_never_runs(tmp_path: Path) -> None:
-    """Cancelled while it waits out an index batch, a send stores nothing, and the thread's next idle
-    spell lets later short jobs through as before."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    release = threading.Event()
-    holding = threading.Event()
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-
-        def slow_job() -> None:
-            holding.set()
-            release.wait(30)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(runner.run_unseen, slow_job)  # an index batch
-            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
-            with trio.CancelScope() as scope:
-                nursery.start_soon(_cancel_when_blocked, scope)
-                await calls.send(a, [Send((Outgoing(b, "cancelled", 1, None),))], now=2)
-            assert scope.cancelled_caught
-            release.set()
-        await calls.send(a, [Send((Outgoing(b, "after", 1, None),))], now=3)
-        assert [m.text for m in await calls.unacked(b)] == ["after"]
-    finally:
-        release.set()
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_short_job_waits_no_longer_than_its_place_in_the_queue(
-    tmp_path: Path, vfs: RecordingVFS
-) -> None:
-    """A send that found the thread busy with an index batch waits for the jobs handed to it
-    before, not for the thread to be free: a batch handed over meanwhile keeps the thread, and
-    the send then queues behind it, on the thread, instead of waiting on for an idle spell that
-    a stream of batches could put off for ever."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    first_go, second_go = threading.Event(), threading.Event()
-    first_holding, second_holding = threading.Event(), threading.Event()
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-
-        def job(holding: threading.Event, go: threading.Event) -> None:
-            holding.set()
-            go.wait(30)
-            runner.store.touch_peers([a], 3)
-
-        sent: list[Message] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(runner.run_unseen, job, first_holding, first_go)  # index batches
-            await wait_for(lambda: _true(first_holding.is_set()), what="the first job to start")
-
-            async def send() -> None:
-                (done,) = await calls.send(a, [Send((Outgoing(b, "mine", 1, None),))], now=4)
-                sent.extend(done.messages)
-
-            nursery.start_soon(send)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(runner.run_unseen, job, second_holding, second_go)  # after the send
-            await trio.testing.wait_all_tasks_blocked()
-            with vfs.lock:
-                vfs.wal_writers.clear()
-            first_go.set()
-            await wait_for(lambda: _true(second_holding.is_set()), what="the second job to start")
-            await trio.testing.wait_all_tasks_blocked()
-            assert not sent  # behind the second job now
-            second_go.set()
-        assert [m.text for m in sent] == ["mine"]
-        with vfs.lock:  # both jobs' commits and then the send's, all on the thread
-            assert vfs.wal_writers == ["agent-bridge store"], vfs.wal_writers
-    finally:
-        first_go.set()
-        second_go.set()
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def _cancel_when_blocked(scope: trio.CancelScope) -> None:
-    await trio.testing.wait_all_tasks_blocked()
-    scope.cancel()
-
-
-async def test_a_cancelled_job_that_leaves_the_thread_idle_lets_the_waiting_short_jobs_go(
-    tmp_path: Path,
-) -> None:
-    """The thread ends its busy spell on a job cancelled while it was queued (it never runs):
-    the short job waiting for the thread must hear of it, or it would wait for the next job.
-    Whether the waiter looks before or after the thread drops that job is a race, so the count
-    it waits on is checked too: every job handed to the thread is counted done, the dropped one
-    included (without that, a waiter that looked first sleeps until some other job ends)."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    release = threading.Event()
-    holding = threading.Event()
-    ran: list[str] = []
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-
-        def slow_job() -> None:
-            holding.set()
-            release.wait(30)
-            ran.append("slow")
-
-        def queued_job() -> None:
-            ran.append("queued")
-
-        sent: list[Message] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(runner.run_unseen, slow_job)  # an index batch
-            await wait_for(lambda: _true(holding.is_set()), what="the slow job to start")
-            queued = trio.CancelScope()
-
-            async def run_queued() -> None:
-                with queued:
-                    await runner.run_unseen(queued_job)
-
-            nursery.start_soon(run_queued)
-
-            async def send() -> None:
-                (done,) = await calls.send(a, [Send((Outgoing(b, "waiting", 1, None),))], now=2)
-                sent.extend(done.messages)
-
-            nursery.start_soon(send)
-            await trio.testing.wait_all_tasks_blocked()
-            queued.cancel()  # still in the queue behind the slow job: taken out
-            await trio.testing.wait_all_tasks_blocked()
-            release.set()
-            await wait_for(lambda: _true(bool(sent)), what="the waiting send")
-        assert ran == ["slow"] and [m.text for m in sent] == ["waiting"]
-        await wait_for(lambda: _true(runner._finished == runner._submitted), what="every job counted done")
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]  # the job's commit, then the send's, there
     finally:
         release.set()
         await runner.run(runner.close_store)
@@ -412,12 +208,17 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
     runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
     calls = StoreCalls(runner)
     try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-        for batch in ([Send((Outgoing(b, f"m{i}", 1, None),)) for i in range(SHORT_ROWS + 1)],
-                      [Send((Outgoing(b, "x" * (SHORT_TEXT // 2 + 1), 1, None),)) for _ in range(2)]):
+        a = await calls.create_peer(
+            agent="codex", name="a", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        b = await calls.create_peer(
+            agent="codex", name="b", project="/w", kind="interactive", host_session_id=None, now=1
+        )
+        for batch in ([Send((Outgoing(b.id, f"m{i}", 1, None),)) for i in range(SHORT_ROWS + 1)],
+                      [Send((Outgoing(b.id, "x" * (SHORT_TEXT // 2 + 1), 1, None),)) for _ in range(2)]):
             with vfs.lock:
                 vfs.wal_writers.clear()
-            sent = await calls.send(a, batch, now=2)
+            sent = await calls.send(a.id, batch, now=2)
             assert len(sent) == len(batch)
             with vfs.lock:
                 assert vfs.wal_writers == ["agent-bridge store"]
@@ -466,18 +267,34 @@ async def test_a_sent_message_reaches_its_delivery_tap_only_once_committed(tmp_p
         runner.stop()
 
 
-def test_the_broker_s_own_passes_are_the_jobs_a_short_job_waits_out() -> None:
-    """Which store calls a send waits out rather than queueing behind: the search index's
-    batches and the post box's look, the passes the broker makes after commits; no call a
-    session's request makes."""
-    runner = StoreRunner()
+async def test_sends_that_find_the_thread_busy_commit_in_the_order_they_came(tmp_path: Path) -> None:
+    """The MCP side carries out a host's sends, written together, in tasks of their own, and a
+    host expects them stored in the order it wrote them (tests/test_mcp_sends.py). Sends of
+    several tasks that find the store's thread busy with one of the broker's passes commit in
+    the order they were handed over. Stop 59 let such sends wait the pass out and then commit on
+    the loop in the order Trio woke them, and CI stored a host's fourth send first; the scene
+    here runs eight times, so a wake-up order that is not the arrival order shows."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
     try:
-        calls = StoreCalls(runner)
-        passes = {
-            name for name in dir(StoreCalls)
-            if isinstance(StoreCalls.__dict__.get(name), storage._OnStoreThread)
-            and getattr(calls, name).__name__ in ("unseen", "background")
-        }
-        assert passes == {"index_messages", "host_sessions_waiting"}
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        for scene in range(8):
+            release, holding = threading.Event(), threading.Event()
+
+            def a_pass(holding: threading.Event = holding, release: threading.Event = release) -> None:
+                holding.set()
+                release.wait(30)
+
+            texts = [f"{scene}-{n}" for n in range(4)]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(runner.run_unseen, a_pass)  # the search index's batch
+                await wait_for(lambda h=holding: _true(h.is_set()), what="the pass to start")
+                for text in texts:  # one task each, handed over one after another
+                    nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
+                    await trio.testing.wait_all_tasks_blocked()
+                release.set()
+            stored = [m.text for m in await calls.unacked(b, limit=1000)]
+            assert stored[-4:] == texts, scene
     finally:
+        await runner.run(runner.close_store)
         runner.stop()

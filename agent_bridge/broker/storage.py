@@ -26,17 +26,11 @@ P = ParamSpec("P")
 
 
 class _Job:
-    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen", "background")
+    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen")
 
-    def __init__(
-        self, method: Callable[..., Any], args: Any, kwargs: Any, *, seen: bool = True,
-        background: bool = False,
-    ) -> None:
+    def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any, *, seen: bool = True) -> None:
         self.fn = functools.partial(method, *args, **kwargs)
         self.seen = seen  # its commit pokes the commit feed (`on_change`) when it changed rows
-        # one of the broker's own brief passes (the search index's batch, the post box's look),
-        # which a short job waits out rather than queueing behind (StoreRunner.run_short)
-        self.background = background
         self.task = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
         self.started = False
@@ -158,14 +152,6 @@ class StoreRunner:
         # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
         # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
         self._pending = 0
-        # Jobs handed to the thread, and jobs answered (or dropped, cancelled) since, both counted
-        # on the loop; of those not answered, the ones the sessions' requests handed over (all
-        # but the broker's own passes: run_background); and, while short jobs wait for the thread
-        # (run_short), the event set at the next answer, then replaced.
-        self._submitted = 0
-        self._finished = 0
-        self._requests_out = 0
-        self._progress: trio.Event | None = None
         self.checkpointer: Checkpointer | None = None
         if store is not None:
             self.watch_wal()
@@ -185,17 +171,9 @@ class StoreRunner:
         return result
 
     async def run_unseen(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run_background`, for a job whose rows nobody follows: its commit does not poke the
-        commit feed (the search index brought up to the store: what any reader sees stays the
-        same)."""
-        result: T = await self._run(_Job(method, args, kwargs, seen=False, background=True))
-        return result
-
-    async def run_background(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run`, for one of the broker's own brief passes (a few ms at most, a few times a
-        second: the post box's look): a short job that finds it on the thread waits it out and
-        commits on the loop (run_short)."""
-        result: T = await self._run(_Job(method, args, kwargs, background=True))
+        """`run`, for a job whose rows nobody follows: its commit does not poke the commit feed
+        (the search index brought up to the store: what any reader sees stays the same)."""
+        result: T = await self._run(_Job(method, args, kwargs, seen=False))
         return result
 
     async def _run(self, job: _Job) -> Any:
@@ -208,52 +186,24 @@ class StoreRunner:
 
         with self._lock:
             self._pending += 1
-        self._submitted += 1
-        self._requests_out += not job.background
         self._jobs.put(job)
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
-        SHORT_ROWS) on the event loop when the store's thread is idle, or once the broker's own
-        passes it holds are done (run_background: the search index's batches, the post box's
-        look); behind the jobs of the sessions' requests, like `run`.
+        SHORT_ROWS) on the event loop when the store's thread is idle, else queued behind its
+        jobs like `run`.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
         a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
-        Why wait for such a pass rather than queue behind it: under a stream of sends, a pass
-        sent every send and acknowledgement that came meanwhile to the thread too, each paying
-        those hand-overs, until the queue ran dry; waiting, they commit on the loop one after
-        another as soon as it is done (docs/performance.md, stop 59). Only the broker's passes:
-        behind the jobs of the sessions' requests (reads of a queue), waiting for the thread and
-        then for a turn of the loop answered later than queueing did, and the path through the
-        relays lost 9 % (stop 58). It waits no longer than it would have in the queue: once the
-        jobs handed to the thread before it are done, if the thread is busy again (with jobs
-        that came after it), it queues behind those like `run`, so a stream of passes cannot
-        keep it waiting.
-
         What could block the loop for long stays off it: such a commit never checkpoints (the
         Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
-        to the WAL without an fsync. When the Checkpointer wants the thread to finish a
-        checkpoint (catch_up_wanted), or the store is not open, the job is queued like `run`.
-        Same guarantees as `run`: never beside another job, the answer after the commit, and
-        cancellation honoured before the transaction starts. One order is no longer kept: short
-        jobs of different tasks that waited out a pass together commit in any order. Nothing
-        depends on the order of concurrent tasks' transactions: one task's calls are awaited one
-        by one, and a connection's requests are carried out in the order they came
-        (broker.connection.Requests).
+        to the WAL without an fsync. Same guarantees as `run`: in order
+        with every other job (only while none is queued or running), the answer after the
+        commit; cancellation is honoured before the transaction starts.
         """
-        ahead = self._submitted  # the jobs it would have queued behind
-        while (
-            not self._loop_may_write() and not self._requests_out and self._finished < ahead
-            and self.store is not None
-            and not (self.checkpointer is not None and self.checkpointer.catch_up_wanted)
-        ):
-            if self._progress is None:
-                self._progress = trio.Event()
-            await self._progress.wait()  # a cancel point: nothing of the job has run
-        if not self._loop_may_write():  # jobs that came after it keep the thread: behind them, as `run`
+        if not self._loop_may_write():
             return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
@@ -262,17 +212,6 @@ class StoreRunner:
         finally:
             if before is not None and self.on_change is not None and self._changes() not in (before, None):
                 self.on_change()
-
-    def _answered(self, job: _Job, result: outcome.Outcome[Any] | None) -> None:
-        """On the loop: a job's answer to its task (none for a job cancelled in the queue),
-        counted, and the short jobs waiting for the thread told to look again."""
-        self._finished += 1
-        self._requests_out -= not job.background
-        if result is not None:
-            trio.lowlevel.reschedule(job.task, result)
-        if self._progress is not None:
-            self._progress.set()
-            self._progress = None
 
     def _loop_may_write(self) -> bool:
         """Whether the loop may use the connection itself now: the store is open, the thread has
@@ -321,17 +260,10 @@ class StoreRunner:
             if job is None:
                 return
             with self._lock:
-                cancelled = job.cancelled
-                if cancelled:
+                if job.cancelled:
                     self._pending -= 1
-                else:
-                    job.started = True
-            if cancelled:  # counted as done: a short job waiting behind it must not wait for it
-                try:
-                    job.token.run_sync_soon(self._answered, job, None)
-                except trio.RunFinishedError:
-                    pass
-                continue
+                    continue
+                job.started = True
             if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
                 self.checkpointer.catch_up(self.store.conn)
             before = self._changes() if self.on_change is not None and job.seen else None
@@ -341,7 +273,7 @@ class StoreRunner:
             with self._lock:
                 self._pending -= 1
             try:
-                job.token.run_sync_soon(self._answered, job, result)
+                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 
@@ -377,14 +309,13 @@ class _OnStoreThread(Generic[P, T]):
 
     def __init__(
         self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None,
-        seen: bool = True, background: bool = False,
+        seen: bool = True,
     ) -> None:
         self._method = method
         # Given the call's arguments, whether it is one small transaction, which may run on the
         # loop (StoreRunner.run_short); None: always on the store's thread.
         self._short = short
         self._seen = seen  # False: its commits do not poke the commit feed (StoreRunner.run_unseen)
-        self._background = background  # one of the broker's own brief passes (StoreRunner.run_background)
 
     def __get__(self, calls: StoreCalls, owner: type | None = None) -> Callable[P, Awaitable[T]]:
         runner, method, short = calls.runner, self._method, self._short
@@ -393,11 +324,6 @@ class _OnStoreThread(Generic[P, T]):
                 return await runner.run_unseen(method, runner.store, *args, **kwargs)
 
             return unseen
-        if self._background:
-            async def background(*args: P.args, **kwargs: P.kwargs) -> T:
-                return await runner.run_background(method, runner.store, *args, **kwargs)
-
-            return background
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             if short is not None and short(*args, **kwargs):
@@ -455,9 +381,7 @@ class StoreCalls:
     find_peers_by_address = _OnStoreThread(Store.find_peers_by_address, short=_always)
     forget_peers = _OnStoreThread(Store.forget_peers)
     forget_remote = _OnStoreThread(Store.forget_remote)
-    # The post box's look after commits (broker.feeds.postbox): at most five a second, one
-    # indexed read of the receipts not acknowledged yet
-    host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting, background=True)
+    host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting)
     # Unseen: a search finds the same before and after it (broker.feeds.indexer)
     index_messages = _OnStoreThread(Store.index_messages, seen=False)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
