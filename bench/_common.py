@@ -221,22 +221,16 @@ class BrokerProcess:
         (/proc; where there is none, a fixed pause). For a bench that measures a broker at work
         rather than one starting."""
         assert self.proc is not None
+        pid = self.proc.pid
         time.sleep(SETTLE_FIRST)
-        stat = Path(f"/proc/{self.proc.pid}/stat")
-        if not stat.exists():
+        if not Path(f"/proc/{pid}/stat").exists():
             time.sleep(4 * SETTLE_SPELL)
             return
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def cpu() -> float:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            before = cpu()
+            before = cpu_seconds(pid)
             time.sleep(SETTLE_SPELL)
-            if cpu() - before <= SETTLE_CPU:
+            if cpu_seconds(pid) - before <= SETTLE_CPU:
                 return
         raise RuntimeError(f"the broker did not settle within {timeout:g} s of its start")
 

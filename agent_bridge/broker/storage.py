@@ -199,9 +199,10 @@ class StoreRunner:
         a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
         What could block the loop for long stays off it: such a commit never checkpoints (the
         Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
-        to the WAL without an fsync. Same guarantees as `run`: in order
-        with every other job (only while none is queued or running), the answer after the
-        commit; cancellation is honoured before the transaction starts.
+        to the WAL without an fsync. Same guarantees as `run`: in order with every other job
+        (only while none is queued or running; tasks' sends are stored in the order they came,
+        which a host's sends written together rely on), the answer after the commit;
+        cancellation is honoured before the transaction starts.
         """
         if not self._loop_may_write():
             return await self.run(method, *args, **kwargs)
