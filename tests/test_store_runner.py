@@ -15,7 +15,14 @@ import pytest
 import trio
 
 from agent_bridge.broker import storage
-from agent_bridge.broker.storage import CHECKPOINT_PAGES, SHORT_ROWS, SHORT_TEXT, StoreCalls, StoreRunner
+from agent_bridge.broker.storage import (
+    CHECKPOINT_PAGES,
+    SHORT_IDS,
+    SHORT_ROWS,
+    SHORT_TEXT,
+    StoreCalls,
+    StoreRunner,
+)
 from agent_bridge.common.rows import Message
 from agent_bridge.store.messages import Outgoing, Send
 from agent_bridge.store.tap import DeliveryTap
@@ -227,6 +234,35 @@ async def test_a_large_send_batch_commits_on_the_store_thread(tmp_path: Path, vf
         runner.stop()
 
 
+async def test_an_acknowledgement_of_up_to_short_ids_messages_commits_on_the_loop(
+    tmp_path: Path, vfs: RecordingVFS
+) -> None:
+    """A receiver of a stream of pipelined sends holds more than SHORT_ROWS messages at a time:
+    its acknowledgement of them all (SHORT_IDS, as costly as a batch of SHORT_ROWS sends) commits
+    on the idle loop; one more message, and it goes to the thread."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        assert SHORT_IDS > SHORT_ROWS
+        ids = []
+        for _ in range(SHORT_IDS + 2):
+            (done,) = await calls.send(a, [Send((Outgoing(b, "hello", 1, None),))], now=2)
+            ids.append(done.messages[0].id)
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        assert await calls.ack(b, ids[:SHORT_IDS], 3) == SHORT_IDS
+        with vfs.lock:
+            assert vfs.wal_writers == [threading.current_thread().name]
+            vfs.wal_writers.clear()
+        assert await calls.ack(b, ids[1:], 3) == 2  # SHORT_IDS + 1 ids, two of them new
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
 async def _two_sessions_and_a_third(calls: StoreCalls) -> tuple[str, str, str]:
     ids = []
     for name in ("a", "b", "c"):
@@ -295,6 +331,148 @@ async def test_sends_that_find_the_thread_busy_commit_in_the_order_they_came(tmp
                 release.set()
             stored = [m.text for m in await calls.unacked(b, limit=1000)]
             assert stored[-4:] == texts, scene
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+class _Pass:
+    """One of the broker's own passes on the store's thread (an index batch, the post box's
+    look), held there until released."""
+
+    def __init__(self) -> None:
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def __call__(self) -> None:
+        self.holding.set()
+        self.release.wait(30)
+
+
+async def _hold_the_thread(nursery: trio.Nursery, run_pass) -> _Pass:
+    held = _Pass()
+    nursery.start_soon(run_pass, held)
+    await wait_for(lambda: _true(held.holding.is_set()), what="the pass to start")
+    return held
+
+
+@pytest.mark.parametrize("way", ["run_unseen", "run_background"])
+async def test_sends_that_find_the_thread_busy_with_a_pass_wait_it_out_and_commit_on_the_loop(
+    tmp_path: Path, vfs: RecordingVFS, way: str
+) -> None:
+    """Queued behind an index batch or the post box's look, every send that came meanwhile
+    would pay two thread hand-overs: they wait the pass out instead, then commit on the loop,
+    in the order they came."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        texts = [f"waited-{n}" for n in range(3)]
+        async with trio.open_nursery() as nursery:
+            held = await _hold_the_thread(nursery, getattr(runner, way))
+            for text in texts:
+                nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
+                await trio.testing.wait_all_tasks_blocked()
+            with vfs.lock:
+                assert vfs.wal_writers == []  # they wait: none committed beside the pass
+            held.release.set()
+        with vfs.lock:
+            assert vfs.wal_writers == [threading.current_thread().name]  # all three, on the loop
+        assert [m.text for m in await calls.unacked(b, limit=10)] == texts
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_request_handed_to_the_thread_while_sends_wait_goes_after_them(
+    tmp_path: Path, vfs: RecordingVFS
+) -> None:
+    """The waiting sends keep their place before a job of a session's request that came after
+    them: it sends them to the thread's queue first, so that job sees them stored."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    seen_by_the_job: list[int] = []
+
+    def a_request() -> None:  # counts what is stored for b, as any later read would see it
+        (count,) = runner.store.conn.execute(
+            "SELECT count(*) FROM messages WHERE to_peer = ?", (b,)
+        ).fetchone()
+        seen_by_the_job.append(count)
+
+    try:
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        async with trio.open_nursery() as nursery:
+            held = await _hold_the_thread(nursery, runner.run_unseen)
+            for n in range(2):
+                nursery.start_soon(calls.send, a, [Send((Outgoing(b, f"before-{n}", 1, None),))], 2)
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(runner.run, a_request)
+            await trio.testing.wait_all_tasks_blocked()
+            held.release.set()
+        assert seen_by_the_job == [2]
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]  # they went to the thread, as queued
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_a_waiting_send_cancelled_is_never_stored_and_the_others_keep_their_order(
+    tmp_path: Path,
+) -> None:
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        async with trio.open_nursery() as nursery:
+            held = await _hold_the_thread(nursery, runner.run_background)
+            scopes = []
+            for n in range(3):
+                scope = trio.CancelScope()
+                scopes.append(scope)
+
+                async def send(scope: trio.CancelScope = scope, n: int = n) -> None:
+                    with scope:
+                        await calls.send(a, [Send((Outgoing(b, f"send-{n}", 1, None),))], 2)
+
+                nursery.start_soon(send)
+                await trio.testing.wait_all_tasks_blocked()
+            scopes[1].cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            held.release.set()
+        assert [m.text for m in await calls.unacked(b, limit=10)] == ["send-0", "send-2"]
+    finally:
+        await runner.run(runner.close_store)
+        runner.stop()
+
+
+async def test_waiting_sends_go_to_the_thread_when_the_checkpointer_wants_it(
+    tmp_path: Path, vfs: RecordingVFS
+) -> None:
+    """When a checkpoint's rest waits for the writing connection (catch_up_wanted), the store's
+    thread copies it before the next write: sends that waited out a pass meanwhile go there,
+    behind that copy, not on the loop."""
+    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
+    calls = StoreCalls(runner)
+    try:
+        a, b, _ = await _two_sessions_and_a_third(calls)
+        assert runner.checkpointer is not None
+        with vfs.lock:
+            vfs.wal_writers.clear()
+        async with trio.open_nursery() as nursery:
+            held = await _hold_the_thread(nursery, runner.run_unseen)
+            for n in range(2):
+                nursery.start_soon(calls.send, a, [Send((Outgoing(b, f"send-{n}", 1, None),))], 2)
+                await trio.testing.wait_all_tasks_blocked()
+            runner.checkpointer.catch_up_wanted = True  # as its thread sets it after its passes
+            held.release.set()
+        assert not runner.checkpointer.catch_up_wanted  # the thread copied the rest first
+        with vfs.lock:
+            assert vfs.wal_writers == ["agent-bridge store"]
+        assert [m.text for m in await calls.unacked(b, limit=10)] == ["send-0", "send-1"]
     finally:
         await runner.run(runner.close_store)
         runner.stop()
