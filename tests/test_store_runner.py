@@ -303,6 +303,15 @@ async def test_a_sent_message_reaches_its_delivery_tap_only_once_committed(tmp_p
         runner.stop()
 
 
+async def _send_one_after_another(
+    nursery: trio.Nursery, calls: StoreCalls, a: str, b: str, texts: list[str]
+) -> None:
+    """Each text sent from a task of its own, each handed over to the runner before the next."""
+    for text in texts:
+        nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
+        await trio.testing.wait_all_tasks_blocked()
+
+
 async def test_sends_that_find_the_thread_busy_commit_in_the_order_they_came(tmp_path: Path) -> None:
     """The MCP side carries out a host's sends, written together, in tasks of their own, and a
     host expects them stored in the order it wrote them (tests/test_mcp_sends.py). Sends of
@@ -325,9 +334,7 @@ async def test_sends_that_find_the_thread_busy_commit_in_the_order_they_came(tmp
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(runner.run_unseen, a_pass)  # the search index's batch
                 await wait_for(lambda h=holding: _true(h.is_set()), what="the pass to start")
-                for text in texts:  # one task each, handed over one after another
-                    nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
-                    await trio.testing.wait_all_tasks_blocked()
+                await _send_one_after_another(nursery, calls, a, b, texts)
                 release.set()
             stored = [m.text for m in await calls.unacked(b, limit=1000)]
             assert stored[-4:] == texts, scene
@@ -371,9 +378,7 @@ async def test_sends_that_find_the_thread_busy_with_a_pass_wait_it_out_and_commi
         texts = [f"waited-{n}" for n in range(3)]
         async with trio.open_nursery() as nursery:
             held = await _hold_the_thread(nursery, getattr(runner, way))
-            for text in texts:
-                nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
-                await trio.testing.wait_all_tasks_blocked()
+            await _send_one_after_another(nursery, calls, a, b, texts)
             with vfs.lock:
                 assert vfs.wal_writers == []  # they wait: none committed beside the pass
             held.release.set()
@@ -406,9 +411,7 @@ async def test_a_request_handed_to_the_thread_while_sends_wait_goes_after_them(
             vfs.wal_writers.clear()
         async with trio.open_nursery() as nursery:
             held = await _hold_the_thread(nursery, runner.run_unseen)
-            for n in range(2):
-                nursery.start_soon(calls.send, a, [Send((Outgoing(b, f"before-{n}", 1, None),))], 2)
-                await trio.testing.wait_all_tasks_blocked()
+            await _send_one_after_another(nursery, calls, a, b, ["before-0", "before-1"])
             nursery.start_soon(runner.run, a_request)
             await trio.testing.wait_all_tasks_blocked()
             held.release.set()
@@ -464,9 +467,7 @@ async def test_waiting_sends_go_to_the_thread_when_the_checkpointer_wants_it(
             vfs.wal_writers.clear()
         async with trio.open_nursery() as nursery:
             held = await _hold_the_thread(nursery, runner.run_unseen)
-            for n in range(2):
-                nursery.start_soon(calls.send, a, [Send((Outgoing(b, f"send-{n}", 1, None),))], 2)
-                await trio.testing.wait_all_tasks_blocked()
+            await _send_one_after_another(nursery, calls, a, b, ["send-0", "send-1"])
             runner.checkpointer.catch_up_wanted = True  # as its thread sets it after its passes
             held.release.set()
         assert not runner.checkpointer.catch_up_wanted  # the thread copied the rest first
