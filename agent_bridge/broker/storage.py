@@ -251,7 +251,8 @@ class StoreRunner:
         the answer after the commit; cancellation is honoured before the transaction starts.
         """
         if self._waiting or not self._loop_may_write():
-            return await self._wait_or_queue(_Job(method, args, kwargs))
+            result: T = await self._wait_or_queue(_Job(method, args, kwargs))
+            return result
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
         try:
