@@ -303,15 +303,6 @@ async def test_a_sent_message_reaches_its_delivery_tap_only_once_committed(tmp_p
         runner.stop()
 
 
-async def _send_one_after_another(
-    nursery: trio.Nursery, calls: StoreCalls, a: str, b: str, texts: list[str]
-) -> None:
-    """Each text sent from a task of its own, each handed over to the runner before the next."""
-    for text in texts:
-        nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
-        await trio.testing.wait_all_tasks_blocked()
-
-
 async def test_sends_that_find_the_thread_busy_commit_in_the_order_they_came(tmp_path: Path) -> None:
     """The MCP side carries out a host's sends, written together, in tasks of their own, and a
     host expects them stored in the order it wrote them (tests/test_mcp_sends.py). Sends of
@@ -334,146 +325,12 @@ async def test_sends_that_find_the_thread_busy_commit_in_the_order_they_came(tmp
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(runner.run_unseen, a_pass)  # the search index's batch
                 await wait_for(lambda h=holding: _true(h.is_set()), what="the pass to start")
-                await _send_one_after_another(nursery, calls, a, b, texts)
+                for text in texts:  # one task each, handed over one after another
+                    nursery.start_soon(calls.send, a, [Send((Outgoing(b, text, 1, None),))], 2)
+                    await trio.testing.wait_all_tasks_blocked()
                 release.set()
             stored = [m.text for m in await calls.unacked(b, limit=1000)]
             assert stored[-4:] == texts, scene
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-class _Pass:
-    """One of the broker's own passes on the store's thread (an index batch, the post box's
-    look), held there until released."""
-
-    def __init__(self) -> None:
-        self.holding, self.release = threading.Event(), threading.Event()
-
-    def __call__(self) -> None:
-        self.holding.set()
-        self.release.wait(30)
-
-
-async def _hold_the_thread(nursery: trio.Nursery, run_pass) -> _Pass:
-    held = _Pass()
-    nursery.start_soon(run_pass, held)
-    await wait_for(lambda: _true(held.holding.is_set()), what="the pass to start")
-    return held
-
-
-@pytest.mark.parametrize("way", ["run_unseen", "run_background"])
-async def test_sends_that_find_the_thread_busy_with_a_pass_wait_it_out_and_commit_on_the_loop(
-    tmp_path: Path, vfs: RecordingVFS, way: str
-) -> None:
-    """Queued behind an index batch or the post box's look, every send that came meanwhile
-    would pay two thread hand-overs: they wait the pass out instead, then commit on the loop,
-    in the order they came."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-        with vfs.lock:
-            vfs.wal_writers.clear()
-        texts = [f"waited-{n}" for n in range(3)]
-        async with trio.open_nursery() as nursery:
-            held = await _hold_the_thread(nursery, getattr(runner, way))
-            await _send_one_after_another(nursery, calls, a, b, texts)
-            with vfs.lock:
-                assert vfs.wal_writers == []  # they wait: none committed beside the pass
-            held.release.set()
-        with vfs.lock:
-            assert vfs.wal_writers == [threading.current_thread().name]  # all three, on the loop
-        assert [m.text for m in await calls.unacked(b, limit=10)] == texts
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_request_handed_to_the_thread_while_sends_wait_goes_after_them(
-    tmp_path: Path, vfs: RecordingVFS
-) -> None:
-    """The waiting sends keep their place before a job of a session's request that came after
-    them: it sends them to the thread's queue first, so that job sees them stored."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    seen_by_the_job: list[int] = []
-
-    def a_request() -> None:  # counts what is stored for b, as any later read would see it
-        (count,) = runner.store.conn.execute(
-            "SELECT count(*) FROM messages WHERE to_peer = ?", (b,)
-        ).fetchone()
-        seen_by_the_job.append(count)
-
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-        with vfs.lock:
-            vfs.wal_writers.clear()
-        async with trio.open_nursery() as nursery:
-            held = await _hold_the_thread(nursery, runner.run_unseen)
-            await _send_one_after_another(nursery, calls, a, b, ["before-0", "before-1"])
-            nursery.start_soon(runner.run, a_request)
-            await trio.testing.wait_all_tasks_blocked()
-            held.release.set()
-        assert seen_by_the_job == [2]
-        with vfs.lock:
-            assert vfs.wal_writers == ["agent-bridge store"]  # they went to the thread, as queued
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_a_waiting_send_cancelled_is_never_stored_and_the_others_keep_their_order(
-    tmp_path: Path,
-) -> None:
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-        async with trio.open_nursery() as nursery:
-            held = await _hold_the_thread(nursery, runner.run_background)
-            scopes = []
-            for n in range(3):
-                scope = trio.CancelScope()
-                scopes.append(scope)
-
-                async def send(scope: trio.CancelScope = scope, n: int = n) -> None:
-                    with scope:
-                        await calls.send(a, [Send((Outgoing(b, f"send-{n}", 1, None),))], 2)
-
-                nursery.start_soon(send)
-                await trio.testing.wait_all_tasks_blocked()
-            scopes[1].cancel()
-            await trio.testing.wait_all_tasks_blocked()
-            held.release.set()
-        assert [m.text for m in await calls.unacked(b, limit=10)] == ["send-0", "send-2"]
-    finally:
-        await runner.run(runner.close_store)
-        runner.stop()
-
-
-async def test_waiting_sends_go_to_the_thread_when_the_checkpointer_wants_it(
-    tmp_path: Path, vfs: RecordingVFS
-) -> None:
-    """When a checkpoint's rest waits for the writing connection (catch_up_wanted), the store's
-    thread copies it before the next write: sends that waited out a pass meanwhile go there,
-    behind that copy, not on the loop."""
-    runner = StoreRunner(Store.open(tmp_path / "bridge.db"))
-    calls = StoreCalls(runner)
-    try:
-        a, b, _ = await _two_sessions_and_a_third(calls)
-        assert runner.checkpointer is not None
-        with vfs.lock:
-            vfs.wal_writers.clear()
-        async with trio.open_nursery() as nursery:
-            held = await _hold_the_thread(nursery, runner.run_unseen)
-            await _send_one_after_another(nursery, calls, a, b, ["send-0", "send-1"])
-            runner.checkpointer.catch_up_wanted = True  # as its thread sets it after its passes
-            held.release.set()
-        assert not runner.checkpointer.catch_up_wanted  # the thread copied the rest first
-        with vfs.lock:
-            assert vfs.wal_writers == ["agent-bridge store"]
-        assert [m.text for m in await calls.unacked(b, limit=10)] == ["send-0", "send-1"]
     finally:
         await runner.run(runner.close_store)
         runner.stop()

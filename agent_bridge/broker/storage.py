@@ -2,15 +2,14 @@
 worker thread and never used by two threads at once. Long or unbounded work (queries over
 every decision, migrations, checkpoints and their fsyncs) always runs on that thread; the short
 transactions of the message path run on the Trio loop itself while the thread has nothing to
-do, or once it is done with the broker's own passes (StoreRunner.run_short). Checkpoints run on
-a thread and a connection of their own (Checkpointer), so that no commit waits for one."""
+do (StoreRunner.run_short). Checkpoints run on a thread and a connection of their own
+(Checkpointer), so that no commit waits for one."""
 
 from __future__ import annotations
 
 import functools
 import queue
 import threading
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -27,35 +26,15 @@ P = ParamSpec("P")
 
 
 class _Job:
-    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen", "background")
+    __slots__ = ("fn", "task", "token", "started", "cancelled", "seen")
 
-    def __init__(
-        self, method: Callable[..., Any], args: Any, kwargs: Any, *, seen: bool = True,
-        background: bool = False,
-    ) -> None:
+    def __init__(self, method: Callable[..., Any], args: Any, kwargs: Any, *, seen: bool = True) -> None:
         self.fn = functools.partial(method, *args, **kwargs)
         self.seen = seen  # its commit pokes the commit feed (`on_change`) when it changed rows
-        # One of the broker's own brief passes (the search index's batch, the post box's look),
-        # which a short job waits out rather than queueing behind (StoreRunner.run_short).
-        self.background = background
         self.task = trio.lowlevel.current_task()
         self.token = trio.lowlevel.current_trio_token()
         self.started = False
         self.cancelled = False
-
-    def abort(self, lock: threading.Lock) -> Callable[[Any], trio.lowlevel.Abort]:
-        """The abort function of its task's wait: a job not yet started is dropped (wherever it
-        waits, the thread's queue or the loop's line, it is skipped there); a started one runs
-        to its end."""
-
-        def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
-            with lock:
-                if self.started:
-                    return trio.lowlevel.Abort.FAILED
-                self.cancelled = True
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        return abort
 
 
 # Pages in the WAL after which a commit asks for a checkpoint: four times SQLite's own default
@@ -173,10 +152,6 @@ class StoreRunner:
         # Jobs handed to the thread and not finished: only while it is 0 may the loop use the
         # connection itself (run_short). Raised by the loop, lowered by the thread, under the lock.
         self._pending = 0
-        self._background = 0  # of those, the broker's own passes (run_background), under the lock
-        # Short jobs waiting those passes out (run_short), in the order they came: appended by
-        # the loop under the lock, committed or handed to the thread by the loop (_drain).
-        self._waiting: deque[_Job] = deque()
         self.checkpointer: Checkpointer | None = None
         if store is not None:
             self.watch_wal()
@@ -196,109 +171,48 @@ class StoreRunner:
         return result
 
     async def run_unseen(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run_background`, for a job whose rows nobody follows: its commit does not poke the
-        commit feed (the search index brought up to the store: what any reader sees stays the
-        same)."""
-        result: T = await self._run(_Job(method, args, kwargs, seen=False, background=True))
-        return result
-
-    async def run_background(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run`, for one of the broker's own brief passes (a few ms at most, a few times a
-        second: the post box's look): short jobs that find it on the thread wait it out and
-        commit on the loop (run_short)."""
-        result: T = await self._run(_Job(method, args, kwargs, background=True))
+        """`run`, for a job whose rows nobody follows: its commit does not poke the commit feed
+        (the search index brought up to the store: what any reader sees stays the same)."""
+        result: T = await self._run(_Job(method, args, kwargs, seen=False))
         return result
 
     async def _run(self, job: _Job) -> Any:
-        if self._waiting and not job.background:
-            self._hand_waiting()  # the short jobs that came before it go first, as in the queue
-        self._hand(job)
-        return await trio.lowlevel.wait_task_rescheduled(job.abort(self._lock))
+        def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+            with self._lock:
+                if job.started:
+                    return trio.lowlevel.Abort.FAILED
+                job.cancelled = True
+            return trio.lowlevel.Abort.SUCCEEDED
 
-    def _hand(self, job: _Job) -> None:
         with self._lock:
             self._pending += 1
-            self._background += job.background
         self._jobs.put(job)
+        return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
-        SHORT_ROWS, SHORT_IDS) on the event loop when the store's thread is idle, or once the broker's own
-        passes it holds are done (run_background: the search index's batches, the post box's
-        look); behind the jobs of the sessions' requests, like `run`.
+        SHORT_ROWS, SHORT_IDS) on the event loop when the store's thread is idle, else queued behind its
+        jobs like `run`.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
         a busy machine every wake-up can wait for a CPU (bench/bench_message_throughput.py).
-        Why wait such a pass out rather than queue behind it: under a stream of sends, a pass
-        sent every send and acknowledgement that came meanwhile to the thread too, each paying
-        those hand-overs, until the queue ran dry (docs/performance.md, stops 58-60). Only the
-        broker's passes: behind the jobs of the sessions' requests (reads of a queue), waiting
-        for the thread and then for the loop answered later than queueing did, and the path
-        through the relays lost 9 % (stop 58).
-
-        The waiting jobs form one line, in the order they came, which every short job joins
-        while it is not empty; once the thread has finished every job it was handed, the loop
-        commits the whole line at once, in that order (_drain). So sends of several tasks are
-        stored in the order they came, as a host's sends written together expect (the tasks
-        woken together run in any order, but their jobs are done by then). A job of a
-        session's request handed to the thread meanwhile sends the line there first, as the
-        queue would have; so does the Checkpointer wanting the thread (catch_up_wanted).
-
         What could block the loop for long stays off it: such a commit never checkpoints (the
         Checkpointer does, beside it), and with synchronous=NORMAL in WAL mode a commit writes
-        to the WAL without an fsync. Same guarantees as `run`: in order with every other job,
-        the answer after the commit; cancellation is honoured before the transaction starts.
+        to the WAL without an fsync. Same guarantees as `run`: in order with every other job
+        (only while none is queued or running; tasks' sends are stored in the order they came,
+        which a host's sends written together rely on), the answer after the commit;
+        cancellation is honoured before the transaction starts.
         """
-        if self._waiting or not self._loop_may_write():
-            result: T = await self._wait_or_queue(_Job(method, args, kwargs))
-            return result
+        if not self._loop_may_write():
+            return await self.run(method, *args, **kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancel point, never a schedule point
         before = self._changes() if self.on_change is not None else None
         try:
             return method(*args, **kwargs)
         finally:
-            self._poke_if_changed(before)
-
-    async def _wait_or_queue(self, job: _Job) -> Any:
-        """A short job that may not run on the loop now: in the line of those waiting out the
-        broker's passes, or in the thread's queue like `run`."""
-        with self._lock:  # the thread lowers _pending under it: it sees this job or we see 0
-            wait = bool(self._waiting) or (
-                0 < self._pending == self._background
-                and self.store is not None
-                and not (self.checkpointer is not None and self.checkpointer.catch_up_wanted)
-            )
-            if wait:
-                self._waiting.append(job)
-        if not wait:
-            self._hand(job)
-        return await trio.lowlevel.wait_task_rescheduled(job.abort(self._lock))
-
-    def _drain(self) -> None:
-        """On the loop (run_sync_soon), once the thread finished every job it was handed while
-        short jobs waited: commit them here one after another, in the order they came, and
-        answer each. If a pass was handed to the thread meanwhile, they wait for it too; if
-        the Checkpointer wants the thread, they go to its queue, in that order."""
-        if not self._waiting or self._pending:
-            return  # done already, or the thread is busy again: its last job drains
-        if not self._loop_may_write():
-            self._hand_waiting()
-            return
-        before = self._changes() if self.on_change is not None else None
-        while self._waiting:
-            job = self._waiting.popleft()
-            with self._lock:
-                if job.cancelled:
-                    continue
-                job.started = True
-            trio.lowlevel.reschedule(job.task, outcome.capture(job.fn))
-        self._poke_if_changed(before)
-
-    def _hand_waiting(self) -> None:
-        """The waiting short jobs into the thread's queue, in the order they came."""
-        while self._waiting:
-            self._hand(self._waiting.popleft())
+            if before is not None and self.on_change is not None and self._changes() not in (before, None):
+                self.on_change()
 
     def _loop_may_write(self) -> bool:
         """Whether the loop may use the connection itself now: the store is open, the thread has
@@ -331,12 +245,6 @@ class StoreRunner:
             self.checkpointer.stop(wait=False)
         self._jobs.put(None)
 
-    def _poke_if_changed(self, before: int | None) -> None:
-        """The commit feed poked (`on_change`) if rows changed since `before` (`_changes()`, or
-        None for a job nobody follows)."""
-        if before is not None and self.on_change is not None and self._changes() not in (before, None):
-            self.on_change()
-
     def _changes(self) -> int | None:
         """Rows changed so far by the writing connection; None before it opens or once closed."""
         store = self.store
@@ -353,24 +261,20 @@ class StoreRunner:
             if job is None:
                 return
             with self._lock:
-                run = not job.cancelled
-                job.started = run
-            result = None
-            if run:
-                if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
-                    self.checkpointer.catch_up(self.store.conn)
-                before = self._changes() if self.on_change is not None and job.seen else None
-                result = outcome.capture(job.fn)
-                self._poke_if_changed(before)
+                if job.cancelled:
+                    self._pending -= 1
+                    continue
+                job.started = True
+            if self.checkpointer is not None and self.checkpointer.catch_up_wanted:
+                self.checkpointer.catch_up(self.store.conn)
+            before = self._changes() if self.on_change is not None and job.seen else None
+            result = outcome.capture(job.fn)
+            if before is not None and self.on_change is not None and self._changes() not in (before, None):
+                self.on_change()
             with self._lock:
                 self._pending -= 1
-                self._background -= job.background
-                drain = not self._pending and bool(self._waiting)
             try:
-                if drain:  # before the job's task resumes (an indexer would hand its next batch)
-                    job.token.run_sync_soon(self._drain)
-                if result is not None:
-                    job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+                job.token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone; nobody waits for this answer
 
@@ -411,14 +315,13 @@ class _OnStoreThread(Generic[P, T]):
 
     def __init__(
         self, method: Callable[Concatenate[Store, P], T], *, short: Callable[P, bool] | None = None,
-        seen: bool = True, background: bool = False,
+        seen: bool = True,
     ) -> None:
         self._method = method
         # Given the call's arguments, whether it is one small transaction, which may run on the
         # loop (StoreRunner.run_short); None: always on the store's thread.
         self._short = short
         self._seen = seen  # False: its commits do not poke the commit feed (StoreRunner.run_unseen)
-        self._background = background  # one of the broker's own passes (StoreRunner.run_background)
 
     def __get__(self, calls: StoreCalls, owner: type | None = None) -> Callable[P, Awaitable[T]]:
         runner, method, short = calls.runner, self._method, self._short
@@ -427,11 +330,6 @@ class _OnStoreThread(Generic[P, T]):
                 return await runner.run_unseen(method, runner.store, *args, **kwargs)
 
             return unseen
-        if self._background:
-            async def background(*args: P.args, **kwargs: P.kwargs) -> T:
-                return await runner.run_background(method, runner.store, *args, **kwargs)
-
-            return background
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             if short is not None and short(*args, **kwargs):
@@ -489,8 +387,7 @@ class StoreCalls:
     find_peers_by_address = _OnStoreThread(Store.find_peers_by_address, short=_always)
     forget_peers = _OnStoreThread(Store.forget_peers)
     forget_remote = _OnStoreThread(Store.forget_remote)
-    # the post box's look (broker.feeds.postbox): one of the broker's own brief passes
-    host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting, background=True)
+    host_sessions_waiting = _OnStoreThread(Store.host_sessions_waiting)
     # Unseen: a search finds the same before and after it (broker.feeds.indexer)
     index_messages = _OnStoreThread(Store.index_messages, seen=False)
     forget_unused_peer = _OnStoreThread(Store.forget_unused_peer)
