@@ -191,8 +191,8 @@ class StoreRunner:
 
     async def run_short(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a short store method (one small transaction: a few sends or acknowledgements,
-        SHORT_ROWS, SHORT_IDS) on the event loop when the store's thread is idle, else queued behind its
-        jobs like `run`.
+        SHORT_ROWS, SHORT_IDS) on the event loop when the store's thread is idle, else queued
+        behind its jobs like `run`.
 
         Why on the loop: handing a transaction of ~50 us to the thread and back costs two
         thread wake-ups and two handovers of the GIL, more than the transaction itself, and on
