@@ -20,8 +20,16 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from agent_bridge.broker.mcp.fast import cancelled_request, error_text, log_line, result_line
+from agent_bridge.broker.mcp.fast import (
+    Shape,
+    argument_problem,
+    cancelled_request,
+    error_text,
+    log_line,
+    result_line,
+)
 from agent_bridge.broker.mcp.server import serve_lines as _serve_lines
+from agent_bridge.common import tools
 from tests.test_delivery import RawHost
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone
@@ -70,6 +78,45 @@ def test_a_log_line_is_the_sdks_to_the_byte(text: str) -> None:
     data = notification.model_dump(by_alias=True, mode="json", exclude_none=True)
     line = types.JSONRPCNotification(jsonrpc="2.0", method=data["method"], params=dict(data["params"]))
     assert log_line("info", "agent-bridge", text) == line.model_dump_json(by_alias=True, exclude_unset=True)
+
+
+# Any JSON value an argument may carry, booleans beside the numbers they are not.
+ARGUMENT_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+# A value of each JSON type a schema names (the ones a plain call carries).
+OF_TYPE = {
+    "string": st.text(max_size=5), "boolean": st.booleans(), "integer": st.integers(),
+    "number": st.integers() | st.floats(allow_nan=False), "array": st.lists(st.text(max_size=3), max_size=2),
+    "object": st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+}
+
+
+@settings(max_examples=600, deadline=None)
+@given(tool=st.sampled_from(sorted(tools.TOOLS)), data=st.data())
+def test_a_tool_s_shape_judges_arguments_as_argument_problem_does(tool: str, data: st.DataObject) -> None:
+    """`Shape.plain`, read once from the tool's schema for the calls served beside the SDK,
+    takes exactly the arguments `argument_problem` finds nothing wrong with and that hold every
+    required one. Each argument the tool takes is left out, or given a value of its type, a
+    boolean (never a number), or any JSON value; sometimes one it does not take is added."""
+    schema = tools.TOOLS[tool].schema
+    arguments: dict[str, Any] = {}
+    for name, spec in schema.get("properties", {}).items():
+        kind = spec.get("type")
+        value = data.draw(st.sampled_from(["absent", "typed", "boolean", "any"]), label=name)
+        if value == "typed" and kind in OF_TYPE:
+            arguments[name] = data.draw(OF_TYPE[kind])
+        elif value == "boolean":
+            arguments[name] = data.draw(st.booleans())
+        elif value == "any":
+            arguments[name] = data.draw(ARGUMENT_VALUES)
+    if data.draw(st.integers(0, 9), label="unknown") == 0:
+        arguments[data.draw(st.sampled_from(["unknown", "Text", ""]))] = data.draw(ARGUMENT_VALUES)
+    expected = (argument_problem(tool, schema, arguments) is None
+                and set(schema.get("required", [])) <= set(arguments))
+    assert Shape.of(schema).plain(arguments) == expected
 
 
 def test_the_sdk_line_helper_is_what_the_sdk_writes_for_a_tool() -> None:

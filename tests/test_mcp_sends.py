@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import uuid
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from tests.conftest import BrokerProcess, wait_until
 from tests.reliability.harness import rows
 from tests.reliability.test_shutdown import proc_state
 from tests.test_delivery import RawHost, socket_of
+from tests.test_delivery_writes import MODERN_META
 
 pytestmark = pytest.mark.slow
 
@@ -171,6 +175,113 @@ async def test_a_send_cancelled_during_its_commit_is_stored_whole(env, home):
                             if len(texts) == 2:
                                 break
                     assert texts == ["first", "after"]
+                finally:
+                    await host.close()
+    finally:
+        standing.stop()
+
+
+def modern_send(rid: int, **arguments: Any) -> dict[str, Any]:
+    """A `send` call of a host of the 2026 protocol: every request carries its envelope in
+    `_meta`, so the SDK serves it (broker.mcp.fast leaves such requests to it)."""
+    line = send_line(rid, **arguments)
+    line["params"]["_meta"] = MODERN_META
+    return line
+
+
+async def modern_host(env, session: str, *, first_call: bool = True) -> RawHost:
+    """A host of the 2026 protocol (no handshake: a `server/discover` probe, as Claude Code
+    2.1.332 makes it), its first tool call made (`first_call`)."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "agent_bridge", "mcp", "--project", PROJECT, "--host-session-id", session],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    host = RawHost(proc)
+    probe = await host.request("server/discover", {"_meta": MODERN_META})
+    assert "result" in await host.answer(probe), host.lines
+    if first_call:
+        rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
+        assert "result" in await host.answer(rid), host.lines
+    return host
+
+
+async def test_a_modern_host_s_sends_in_one_write_are_stored_in_the_order_they_came(broker, env, home):
+    """The SDK serves each of these in a task of its own, and Trio runs tasks woken together in
+    any order; each keeps the place its line came in the session's queue (broker.mcp.sends), so
+    the messages are stored, pushed and answered in that order. Some carry a message_id, whose
+    check is one more step before the commit."""
+    texts = [f"modern {i}" for i in range(8)]
+    keys = {i: str(uuid.UUID(int=i + 1)) for i in (1, 4, 6)}
+    with trio.fail_after(90):
+        async with open_bridge_client(socket_of(home), RX):
+            host = await modern_host(env, "hs-modern-sends", first_call=False)  # these are its first
+            try:
+                ids = [host.next_id() for _ in texts]
+                await host.send(*(
+                    modern_send(rid, to="rx", text=text, **({"message_id": keys[i]} if i in keys else {}))
+                    for i, (rid, text) in enumerate(zip(ids, texts, strict=True))
+                ))
+                answers = [await host.answer(rid) for rid in ids]
+            finally:
+                await host.close()
+    assert [a["result"]["isError"] for a in answers] == [False] * len(texts), answers
+    assert [text_of(a)["message"]["text"] for a in answers] == texts
+    to_id = text_of(answers[0])["message"]["to"]["id"]
+    in_order = rows(home, "SELECT body FROM messages WHERE to_peer = ? ORDER BY rowid", (to_id,))
+    assert [body for (body,) in in_order] == texts
+
+
+async def test_sends_the_sdk_refuses_hold_up_none_of_the_sends_after_them(broker, env, home):
+    """A `send` call the fast path leaves to the SDK keeps its place in line, and one the SDK
+    answers without calling the tool (arguments it refuses, the 2026 envelope on a handshake
+    connection) gives that place up when its answer is written: the sends around it are stored
+    in order and answered, and it stores nothing."""
+    with trio.fail_after(90):
+        async with open_bridge_client(socket_of(home), RX):
+            host = await sending_host(env)
+            try:
+                ids = [host.next_id() for _ in range(6)]
+                refused = [
+                    send_line(ids[1], to="rx", text="refused 1", colour="red"),  # an argument it lacks
+                    {**send_line(ids[2], to="rx", text="refused 2"),
+                     "params": {"name": "send", "arguments": "to rx"}},  # arguments not an object
+                    modern_send(ids[3], to="rx", text="refused 3"),  # a 2026 request on a 2025 connection
+                    send_line(ids[4], to="rx", text=7),  # text not a string
+                ]
+                await host.send(send_line(ids[0], to="rx", text="before"), *refused,
+                                send_line(ids[5], to="rx", text="after"))
+                answers = [await host.answer(rid) for rid in ids]
+            finally:
+                await host.close()
+    assert text_of(answers[0])["message"]["text"] == "before"
+    assert text_of(answers[5])["message"]["text"] == "after"
+    for answer in answers[1:5]:  # each an error, a tool's or the protocol's
+        assert answer.get("error") or answer["result"]["isError"], answer
+    assert [stored(home, f"refused {i}") for i in range(1, 5)] == [0, 0, 0, 0]
+    to_id = text_of(answers[0])["message"]["to"]["id"]
+    in_order = rows(home, "SELECT body FROM messages WHERE to_peer = ? ORDER BY rowid", (to_id,))
+    assert [body for (body,) in in_order] == ["before", "after"]
+
+
+async def test_a_modern_host_s_send_cancelled_while_it_waits_its_turn_is_never_stored(env, home):
+    """As for a call the fast path serves: the SDK's call of a send keeps a place in line, and a
+    cancel read while it waits there takes it out; nothing of it is stored, and whatever answers
+    it is no result (a host ignores answers to what it cancelled)."""
+    standing = StandingBroker(env, home)
+    try:
+        with trio.fail_after(90):
+            async with open_bridge_client(socket_of(home), RX):
+                host = await modern_host(env, "hs-modern-cancel")
+                try:
+                    first, second, third = host.next_id(), host.next_id(), host.next_id()
+                    await host.send(modern_send(first, to="rx", text="first"))
+                    await trio.to_thread.run_sync(standing.wait_stopped)
+                    await host.send(modern_send(second, to="rx", text="second"), cancel_line(second))
+                    standing.go_on()
+                    assert text_of(await host.answer(first))["message"]["text"] == "first"
+                    await host.send(modern_send(third, to="rx", text="third"))
+                    await host.answer(third)
+                    assert all(a.get("error") or a["result"]["isError"] for a in host.answers(second))
+                    assert (stored(home, "first"), stored(home, "second"), stored(home, "third")) == (1, 0, 1)
                 finally:
                     await host.close()
     finally:

@@ -27,9 +27,10 @@ async def open_relay(sock: str) -> tuple[FramedStream, str]:
 
 
 async def test_a_silent_relay_is_closed_after_the_idle_timeout_and_a_pinging_one_is_not(home, mock_clock):
-    # Virtual time jumps once every task has waited 50 ms of real time: the store's thread
-    # finishes its transactions before, so only the waits for silence are skipped.
-    mock_clock.autojump_threshold = 0.05
+    # Virtual time jumps once every task has waited 0.5 s of real time: the store's thread
+    # finishes its transactions before, so only the waits for silence are skipped. (At 50 ms, a
+    # store starting on a loaded machine took longer once, and the jump went to the deadline.)
+    mock_clock.autojump_threshold = 0.5
     with trio.fail_after(IDLE_TIMEOUT * 4):
         async with broker_in_process(home) as (broker, sock):
             silent, silent_id = await open_relay(sock)

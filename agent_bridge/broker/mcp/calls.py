@@ -144,7 +144,17 @@ def body_of(tool: Tool) -> Body:
     return op_body(tool.op)
 
 
+async def tool_send(bridge: Bridge, call: ToolCall | None, **args: Any) -> list[str]:
+    """`send` as the SDK serves it: in its place among the session's sends (broker.mcp.sends,
+    which observes the call), or, with no queue (a server without a relay), the op itself."""
+    if bridge.sends is not None and call is not None:
+        texts: list[str] = await bridge.sends.from_sdk(call, args)
+        return texts
+    return [_json(await _op(bridge, call, "send", **args))]
+
+
 TOOL_BODIES: dict[str, Body] = {name: body_of(tool) for name, tool in tools.TOOLS.items()}
+TOOL_BODIES["send"] = tool_send
 
 INSTRUCTIONS = (
     "agent-bridge connects this session with other agent sessions on this machine. "

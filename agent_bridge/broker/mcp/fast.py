@@ -91,6 +91,42 @@ def argument_problem(tool: str, schema: Any, arguments: Any) -> str | None:
     return None
 
 
+class Shape(NamedTuple):
+    """What `argument_problem` reads of a tool's schema, read once: each argument's JSON types
+    (None: any value), and the required ones. `plain` asks what `argument_problem` and the
+    required ones ask, for the calls served here (every `send` passes through it)."""
+
+    types: dict[str, tuple[type, ...] | None]
+    required: frozenset[str]
+
+    @classmethod
+    def of(cls, schema: Any) -> Shape:
+        properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        types: dict[str, tuple[type, ...] | None] = {}
+        for name, spec in properties.items():
+            expected = spec.get("type") if isinstance(spec, dict) else None
+            types[name] = JSON_TYPES.get(expected) if isinstance(expected, str) else None
+        required = schema.get("required", []) if isinstance(schema, dict) else []
+        return cls(types, frozenset(required))
+
+    def plain(self, arguments: dict[str, Any]) -> bool:
+        """Whether `argument_problem` finds nothing wrong with `arguments` (a dict) and every
+        required one is there."""
+        types = self.types
+        for name, value in arguments.items():
+            if name not in types:
+                return False
+            expected = types[name]
+            if expected is None:
+                continue
+            if not isinstance(value, expected) or type(value) is bool and expected is not _BOOLEAN:
+                return False
+        return self.required <= arguments.keys()
+
+
+_BOOLEAN = JSON_TYPES["boolean"]
+
+
 def drop_null_optionals(schema: Any, arguments: Any) -> Any:
     """The arguments without the optional ones given as JSON null, which count as absent (SPEC
     §5: models send that). A required one given as null stays, for `argument_problem` to refuse."""
@@ -183,6 +219,9 @@ def cancelled_request(line: str) -> Any | None:
     return rid if isinstance(rid, (int, str)) and not isinstance(rid, bool) else None
 
 
+_PARAMS = frozenset({"name", "arguments", "_meta"})  # what a plain `tools/call` request's params hold
+
+
 class FastCalls:
     """The session's calls served here (see the module's docstring), each in its own task in
     `nursery`, as the SDK runs each request in one: an `inbox` that waits holds up nothing. A
@@ -194,17 +233,22 @@ class FastCalls:
         self.nursery = nursery
         self.bodies = bodies
         self.schemas = schemas
+        self.shapes = {name: Shape.of(schemas.get(name)) for name in bodies}  # read once
         # request id (as JSON) -> what a cancel stops: its task's cancel scope, or its place in a queue
         self.running: dict[str, Any] = {}
         # tool -> where its plain calls are queued instead of run in a task each (broker.mcp.sends):
         # (request id as JSON, arguments, call) -> what a cancel of it stops
         self.queues: dict[str, Callable[[str, dict[str, Any], ToolCall], Any]] = {}
+        # tool -> where a call of it that goes to the SDK keeps its place in that queue:
+        # (request id as JSON) -> what a cancel of it stops
+        self.places: dict[str, Callable[[str], Any]] = {}
 
     def take(self, line: str) -> bool:
         """Serve `line` here if it is a plain call of one of the session's tools; False: the
-        SDK's to answer (a cancel for a call served here is stopped, and the SDK's too)."""
-        if self.bridge.mcp_session is None or self.bridge.pipe is None or "\\ud" in line or "\\uD" in line:
-            return False  # before the handshake ends; a lone surrogate is mcp_stdin's to answer
+        SDK's to answer (a cancel for a call served here is stopped, and the SDK's too). A call
+        of a tool with a queue that goes to the SDK keeps its place in that queue (`places`)."""
+        if self.bridge.pipe is None or "\\ud" in line or "\\uD" in line:
+            return False  # a lone surrogate is mcp_stdin's to answer
         if '"tools/call"' not in line and '"notifications/cancelled"' not in line:
             return False
         try:
@@ -213,15 +257,32 @@ class FastCalls:
             return False
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return False
-        if message.get("method") == "notifications/cancelled":
+        method = message.get("method")
+        if method == "notifications/cancelled":
             self._cancel(message.get("params"))
             return False
-        if message.get("method") != "tools/call" or set(message) != {"jsonrpc", "id", "method", "params"}:
+        # exactly jsonrpc, id, method and params (jsonrpc and method are there: checked above)
+        if method != "tools/call" or len(message) != 4 or "id" not in message or "params" not in message:
             return False
         request_id, params = message["id"], message["params"]
         if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
             return False
-        if not isinstance(params, dict) or set(params) - {"name", "arguments", "_meta"}:
+        key = showing.key(request_id)
+        if key in self.running:
+            return False  # a request id in use: the SDK's to refuse
+        if self._serve_plain(key, request_id, params):
+            return True
+        name = params.get("name") if isinstance(params, dict) else None
+        keep_place = self.places.get(name) if isinstance(name, str) else None
+        if keep_place is not None:  # the SDK's call of it will come, or its answer without one
+            self.running[key] = keep_place(key)
+        return False
+
+    def _serve_plain(self, key: str, request_id: int | str, params: Any) -> bool:
+        """Serve a `tools/call` request (`params`) here if everything about it is plain."""
+        if self.bridge.mcp_session is None:
+            return False  # before the SDK has seen the handshake end
+        if not isinstance(params, dict) or not params.keys() <= _PARAMS:
             return False
         meta = params.get("_meta")
         if meta is not None and (
@@ -232,14 +293,9 @@ class FastCalls:
         arguments = params.get("arguments", {})
         if not isinstance(name, str) or name not in self.bodies or not isinstance(arguments, dict):
             return False
-        body = self.bodies[name]
-        schema = self.schemas.get(name)
-        arguments = drop_null_optionals(schema, arguments)
-        required = schema.get("required", []) if isinstance(schema, dict) else []
-        if argument_problem(name, schema, arguments) is not None or not set(required) <= set(arguments):
-            return False
-        key = showing.key(request_id)
-        if key in self.running:
+        if None in arguments.values():
+            arguments = drop_null_optionals(self.schemas.get(name), arguments)
+        if not self.shapes[name].plain(arguments):
             return False
         call = ToolCall(request_id, meta, self.bridge.mcp_session)
         queue = self.queues.get(name)
@@ -247,7 +303,7 @@ class FastCalls:
             self.running[key] = queue(key, arguments, call)
             return True
         scope = self.running[key] = trio.CancelScope()
-        self.nursery.start_soon(self._serve, key, name, body, arguments, call, scope)
+        self.nursery.start_soon(self._serve, key, name, self.bodies[name], arguments, call, scope)
         return True
 
     def _cancel(self, params: Any) -> None:

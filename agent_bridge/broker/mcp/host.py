@@ -91,6 +91,8 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
             )
             sends = SendCalls(bridge, fast.running)
             fast.queues[SENDS_TOOL] = sends.add
+            fast.places[SENDS_TOOL] = sends.reserve  # a send the SDK serves keeps its line's place
+            bridge.sends = pipe.listener = sends  # the SDK's calls of it, and its answers, find it
             nursery.start_soon(sends.run)
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)

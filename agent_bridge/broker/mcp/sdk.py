@@ -101,6 +101,9 @@ class RelayPipe:
         self._sent: dict[int, Callable[[], None]] = {}
         self._sent_rids: dict[str, int] = {}  # watched responses sent to the relay: their seq
         self._seq = itertools.count(1)
+        # told the id of each answer the SDK writes while it is `listening()` (broker.mcp.sends:
+        # a place kept for a call the SDK may answer without calling the tool)
+        self.listener: Any = None
 
     def watch(self, rid: types.RequestId | None, ids: list[str], written: Callable[[], None]) -> None:
         """Call `written()` (synchronously: it must not block) once the successful response to
@@ -139,7 +142,9 @@ class RelayPipe:
         for line in text.split("\n"):  # not splitlines(): U+2028 and friends are text inside a line
             if not line:
                 continue
-            key, ids, written = self._watched(line) if self._watches else (None, [], None)
+            listening = self.listener is not None and self.listener.listening()
+            key, ids, written = (self._watched(line, listening) if self._watches or listening
+                                 else (None, [], None))
             await self._send(line, ids, written, key)
 
     # --- our own messages -------------------------------------------------------------
@@ -195,14 +200,19 @@ class RelayPipe:
                     self._sent_rids.pop(key, None)
             raise BrokenPipeError("the relay to the host is gone") from exc
 
-    def _watched(self, line: str) -> tuple[str | None, list[str], Callable[[], None] | None]:
+    def _watched(
+        self, line: str, listening: bool = False
+    ) -> tuple[str | None, list[str], Callable[[], None] | None]:
+        """A response's key, and its watch if it shows messages; the listener told its key."""
         try:
             message = json.loads(line)
         except ValueError:
             return None, [], None
-        if not isinstance(message, dict) or "id" not in message:
+        if not isinstance(message, dict) or "id" not in message or "method" in message:
             return None, [], None
         key = _key(message["id"])
+        if listening:
+            self.listener.answered(key)
         watch = self._watches.pop(key, None)
         result = message.get("result")
         if watch is not None and isinstance(result, dict) and not result.get("isError"):
