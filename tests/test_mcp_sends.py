@@ -49,6 +49,29 @@ def cancel_line(rid: int) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
 
 
+def modern_send(rid: int, **arguments: Any) -> dict[str, Any]:
+    """A `send` call of a host of the 2026 protocol: every request carries its envelope in
+    `_meta`, so the SDK serves it (broker.mcp.fast leaves such requests to it)."""
+    line = send_line(rid, **arguments)
+    line["params"]["_meta"] = MODERN_META
+    return line
+
+
+async def modern_host(env, session: str, *, first_call: bool = True) -> RawHost:
+    """A host of the 2026 protocol (no handshake: a `server/discover` probe, as Claude Code
+    2.1.332 makes it), its first tool call made (`first_call`)."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "agent_bridge", "mcp", "--project", PROJECT, "--host-session-id", session],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    host = RawHost(proc)
+    probe = await host.request("server/discover", {"_meta": MODERN_META})
+    assert "result" in await host.answer(probe), host.lines
+    if first_call:
+        rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
+        assert "result" in await host.answer(rid), host.lines
+    return host
+
+
 def text_of(answer: dict[str, Any]) -> Any:
     return json.loads(answer["result"]["content"][0]["text"])
 
@@ -125,23 +148,32 @@ async def sending_host(env) -> RawHost:
     return host
 
 
-async def test_a_send_cancelled_while_it_waits_for_the_commit_before_it_is_never_stored(env, home):
+@pytest.mark.parametrize("protocol", ["2025", "2026"])
+async def test_a_send_cancelled_while_it_waits_for_the_commit_before_it_is_never_stored(env, home, protocol):
+    """2025: a handshake-era host, whose plain sends the fast path serves: the cancelled one is
+    never answered. 2026: every request carries its envelope, so the SDK serves them, each call
+    in the place its line kept in line (broker.mcp.sends): whatever answers the cancelled one is
+    no result (a host ignores answers to what it cancelled). Neither is ever stored."""
+    line = send_line if protocol == "2025" else modern_send
     standing = StandingBroker(env, home)
     try:
         with trio.fail_after(90):
             async with open_bridge_client(socket_of(home), RX):
-                host = await sending_host(env)
+                host = await (sending_host(env) if protocol == "2025" else modern_host(env, "hs-cancel"))
                 try:
                     first, second, third = host.next_id(), host.next_id(), host.next_id()
-                    await host.send(send_line(first, to="rx", text="first"))
+                    await host.send(line(first, to="rx", text="first"))
                     await trio.to_thread.run_sync(standing.wait_stopped)
                     # while the first send's commit stands still: a second send and its cancel
-                    await host.send(send_line(second, to="rx", text="second"), cancel_line(second))
+                    await host.send(line(second, to="rx", text="second"), cancel_line(second))
                     standing.go_on()
                     assert text_of(await host.answer(first))["message"]["text"] == "first"
-                    await host.send(send_line(third, to="rx", text="third"))
+                    await host.send(line(third, to="rx", text="third"))
                     await host.answer(third)  # queued behind the second: its answer would be out by now
-                    assert host.answers(second) == []
+                    if protocol == "2025":
+                        assert host.answers(second) == []
+                    else:
+                        assert all(a.get("error") or a["result"]["isError"] for a in host.answers(second))
                     assert (stored(home, "first"), stored(home, "second"), stored(home, "third")) == (1, 0, 1)
                 finally:
                     await host.close()
@@ -179,29 +211,6 @@ async def test_a_send_cancelled_during_its_commit_is_stored_whole(env, home):
                     await host.close()
     finally:
         standing.stop()
-
-
-def modern_send(rid: int, **arguments: Any) -> dict[str, Any]:
-    """A `send` call of a host of the 2026 protocol: every request carries its envelope in
-    `_meta`, so the SDK serves it (broker.mcp.fast leaves such requests to it)."""
-    line = send_line(rid, **arguments)
-    line["params"]["_meta"] = MODERN_META
-    return line
-
-
-async def modern_host(env, session: str, *, first_call: bool = True) -> RawHost:
-    """A host of the 2026 protocol (no handshake: a `server/discover` probe, as Claude Code
-    2.1.332 makes it), its first tool call made (`first_call`)."""
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "agent_bridge", "mcp", "--project", PROJECT, "--host-session-id", session],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    host = RawHost(proc)
-    probe = await host.request("server/discover", {"_meta": MODERN_META})
-    assert "result" in await host.answer(probe), host.lines
-    if first_call:
-        rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
-        assert "result" in await host.answer(rid), host.lines
-    return host
 
 
 async def test_a_modern_host_s_sends_in_one_write_are_stored_in_the_order_they_came(broker, env, home):
@@ -260,29 +269,3 @@ async def test_sends_the_sdk_refuses_hold_up_none_of_the_sends_after_them(broker
     to_id = text_of(answers[0])["message"]["to"]["id"]
     in_order = rows(home, "SELECT body FROM messages WHERE to_peer = ? ORDER BY rowid", (to_id,))
     assert [body for (body,) in in_order] == ["before", "after"]
-
-
-async def test_a_modern_host_s_send_cancelled_while_it_waits_its_turn_is_never_stored(env, home):
-    """As for a call the fast path serves: the SDK's call of a send keeps a place in line, and a
-    cancel read while it waits there takes it out; nothing of it is stored, and whatever answers
-    it is no result (a host ignores answers to what it cancelled)."""
-    standing = StandingBroker(env, home)
-    try:
-        with trio.fail_after(90):
-            async with open_bridge_client(socket_of(home), RX):
-                host = await modern_host(env, "hs-modern-cancel")
-                try:
-                    first, second, third = host.next_id(), host.next_id(), host.next_id()
-                    await host.send(modern_send(first, to="rx", text="first"))
-                    await trio.to_thread.run_sync(standing.wait_stopped)
-                    await host.send(modern_send(second, to="rx", text="second"), cancel_line(second))
-                    standing.go_on()
-                    assert text_of(await host.answer(first))["message"]["text"] == "first"
-                    await host.send(modern_send(third, to="rx", text="third"))
-                    await host.answer(third)
-                    assert all(a.get("error") or a["result"]["isError"] for a in host.answers(second))
-                    assert (stored(home, "first"), stored(home, "second"), stored(home, "third")) == (1, 0, 1)
-                finally:
-                    await host.close()
-    finally:
-        standing.stop()
