@@ -5,12 +5,14 @@ Codex 0.171.0 lists its configuration without starting it (seen)."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 
 import pytest
 
 from agent_bridge.common import paths
-from tests.hosts.conftest import World
+from tests.hosts.conftest import AGENT_BRIDGE, World
 
 pytestmark = pytest.mark.slow
 
@@ -31,3 +33,36 @@ def test_health_checks_start_no_broker(world: World) -> None:
     codex = run(world, "codex", "mcp", "list")
     assert codex.returncode == 0 and "agent-bridge" in codex.stdout, codex.stderr
     assert paths.running_broker(world.bridge_home) is None
+
+
+def test_claude_code_speaks_the_2026_protocol_to_a_running_broker(world: World) -> None:
+    """With a broker running, the server answers Claude Code's `server/discover` probe, and the
+    host then writes every request with the 2026 envelope in its `_meta` (no `initialize`): the
+    requests tests/test_mcp_sends.py's 2026 host writes, which the fast path leaves to the SDK.
+    Seen through a second server entry that copies the host's lines on their way to the bridge."""
+    world.restart_broker({}, down=False)
+    log = world.root / "host-lines.log"
+    copier = world.root / "copy-lines.sh"
+    copier.write_text(
+        "#!/bin/sh\n"
+        f"tee -a {shlex.quote(str(log))} | AGENT_BRIDGE_HOME={shlex.quote(str(world.bridge_home))} "
+        f"exec {shlex.quote(AGENT_BRIDGE)} mcp --project {shlex.quote(str(world.project))} "
+        "--host-session-id hs-lines\n"
+    )
+    copier.chmod(0o755)
+    try:
+        added = run(world, "claude", "mcp", "add", "line-copier", "--", str(copier))
+        assert added.returncode == 0, added.stderr
+        listed = run(world, "claude", "mcp", "list")
+        assert listed.returncode == 0, listed.stderr
+        line = next(x for x in listed.stdout.splitlines() if x.startswith("line-copier:"))
+        assert "Connected" in line, listed.stdout
+    finally:
+        run(world, "claude", "mcp", "remove", "line-copier")
+        world.bridge("down", check=False)
+    requests = [m for m in map(json.loads, log.read_text().splitlines()) if "id" in m]
+    assert requests[0]["method"] == "server/discover", requests
+    assert [m["method"] for m in requests].count("initialize") == 0, requests
+    for request in requests:
+        meta = request.get("params", {}).get("_meta", {})
+        assert meta.get("io.modelcontextprotocol/protocolVersion") == "2026-07-28", request

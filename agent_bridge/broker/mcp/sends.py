@@ -80,8 +80,9 @@ class SendCalls:
         self.running = running  # FastCalls.running: request id (as JSON) -> what a cancel stops
         self.queued: list[QueuedSend] = []
         self._more = trio.Event()  # set when a call is queued, a place filled or let go
-        # request id (as JSON) -> the place kept for a call handed to the SDK (`reserve`), until
-        # the SDK's call of the tool fills it (`from_sdk`) or its answer lets it go (`answered`)
+        # request id (as JSON) -> the place kept for a call handed to the SDK (`reserve`), never
+        # filled while here: the SDK's call of the tool takes it out to fill it (`from_sdk`), its
+        # answer without one lets it go (`answered`), a cancelled one stays for `from_sdk` to see
         self.places: dict[str, QueuedSend] = {}
 
     def add(self, key: str, arguments: dict[str, Any], call: ToolCall) -> QueuedSend:
@@ -110,7 +111,7 @@ class SendCalls:
         entry = self.places.pop(key, None)
         if entry is not None and entry.cancelled:
             raise ToolError("send: cancelled by the host before it was stored")  # never answered to it
-        if entry is None or entry.arguments is not None:  # no place kept for it: in line from now on
+        if entry is None:  # no place kept for it (a line taken apart nowhere): in line from now on
             entry = QueuedSend(self, key, arguments, call, trio.Event())
             self.queued.append(entry)
         else:
@@ -129,9 +130,8 @@ class SendCalls:
     def answered(self, key: str) -> None:
         """The SDK wrote its answer to request `key`: a place it never filled is let go (an
         argument refused before the tool was called; nothing was stored)."""
-        entry = self.places.get(key)
-        if entry is not None and entry.arguments is None:
-            del self.places[key]
+        entry = self.places.pop(key, None)
+        if entry is not None:
             self.withdraw(entry)
 
     def listening(self) -> bool:
