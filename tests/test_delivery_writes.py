@@ -119,3 +119,31 @@ async def test_a_message_waiting_before_the_host_initialized_is_announced_once_i
                 assert await again._read_one(), again.lines
         finally:
             await again.end()
+
+
+async def test_a_host_of_the_2026_protocol_is_sent_no_channel_event_whatever_it_declares(broker, env):
+    """A connection of MCP 2026-07-28 gets no channel messages (Claude Code drops them there), so
+    an arrival is never shown as one, even to a host whose envelope declares `claude/channel`
+    among its capabilities: it waits in the inbox, and `inbox` shows it."""
+    meta = {**MODERN_META, "io.modelcontextprotocol/clientCapabilities": {"experimental": {"claude/channel": {}}}}
+    with trio.fail_after(60):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/modern-channel",
+             "--host-session-id", "hs-modern-channel"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        host = RawHost(proc)
+        try:
+            probe = await host.request("server/discover", {"_meta": meta})
+            assert "result" in await host.answer(probe), host.lines
+            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": meta})
+            me = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            sent = await trio.to_thread.run_sync(
+                lambda: run_cli(env, "send", me["name"], "no channel event for this", "--json"))
+            mid = json.loads(sent.stdout)["message"]["id"]
+            rid = await host.request("tools/call", {"name": "inbox", "arguments": {"wait_seconds": 10},
+                                                    "_meta": meta})
+            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
+            assert [m["id"] for m in shown] == [mid], host.lines
+        finally:
+            await host.end()
+    assert [m for m in host.lines if m.get("method") == "notifications/claude/channel"] == []

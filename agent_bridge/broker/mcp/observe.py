@@ -24,7 +24,9 @@ async def capture(bridge: Bridge, session: Any) -> None:
     # the latest handle, but announce what arrived before the host initialized only once.
     first = bridge.mcp_session is None
     bridge.mcp_session = session
-    bridge.channel = declares_channel(session.client_capabilities)
+    # A connection of the 2026 protocol gets no channel messages (the host drops them there,
+    # whatever its envelope declares): only a handshake-era host's declaration counts.
+    bridge.channel = mcp_sdk.handshake_era(session) and declares_channel(session.client_capabilities)
     if not first:
         return
     queued = bridge.showing.queued()

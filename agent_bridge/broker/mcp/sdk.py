@@ -43,11 +43,17 @@ HOST_GONE: tuple[type[BaseException], ...] = (
 )
 
 
+def handshake_era(session: Any) -> bool:
+    """Whether the host's connection is of the handshake era (`initialize`), not of the 2026
+    protocol, whose every request carries its own envelope (`session`: the SDK's, of a request)."""
+    return getattr(session, "protocol_version", None) not in MODERN_PROTOCOL_VERSIONS
+
+
 def logs_between_requests(session: Any) -> bool:
     """Whether the host's protocol takes `notifications/message` outside a request: the
     handshake era does; from 2026-07-28 a log rides only the stream of a request that opted in
     (SEP-2577), and the SDK drops the rest."""
-    return getattr(session, "protocol_version", None) not in MODERN_PROTOCOL_VERSIONS
+    return handshake_era(session)
 
 
 class SDKDrift(RuntimeError):
