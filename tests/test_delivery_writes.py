@@ -125,7 +125,8 @@ async def test_a_host_of_the_2026_protocol_is_sent_no_channel_event_whatever_it_
     """A connection of MCP 2026-07-28 gets no channel messages (Claude Code drops them there), so
     an arrival is never shown as one, even to a host whose envelope declares `claude/channel`
     among its capabilities: it waits in the inbox, and `inbox` shows it."""
-    meta = {**MODERN_META, "io.modelcontextprotocol/clientCapabilities": {"experimental": {"claude/channel": {}}}}
+    channel = {"experimental": {"claude/channel": {}}}
+    meta = {**MODERN_META, "io.modelcontextprotocol/clientCapabilities": channel}
     with trio.fail_after(60):
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/modern-channel",

@@ -5,7 +5,8 @@ words for a failure. Compared with the installed SDK itself, never with our own 
 from __future__ import annotations
 
 import json
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import mcp_types as types
 import pytest
@@ -19,18 +20,24 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from trio.testing import wait_all_tasks_blocked
 
+from agent_bridge import __version__
+from agent_bridge.broker.mcp import sdk as mcp_sdk
 from agent_bridge.broker.mcp.fast import (
+    FastCalls,
     Shape,
     argument_problem,
     cancelled_request,
     error_text,
     log_line,
+    modern_stamp,
     result_line,
 )
 from agent_bridge.broker.mcp.server import serve_lines as _serve_lines
 from agent_bridge.common import tools
 from tests.test_delivery import RawHost
+from tests.test_delivery_writes import MODERN_META
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone
 # surrogate: the store refuses those), control characters and the line separators included.
@@ -239,3 +246,175 @@ def test_a_cancel_is_recognised_exactly_as_the_sdk_recognises_it(jsonrpc, method
         message["params"] = params
     line = json.dumps(message)
     assert cancelled_request(line) == _sdk_cancelled_request(line)
+
+
+# --- the 2026 protocol: no handshake, every request with its envelope in `_meta` -----------------
+
+
+async def _sdk_lines(server: Server[Any], requests: list[dict[str, Any]], answers: int) -> list[str]:
+    """The lines the SDK writes for `requests`, as it writes them (not parsed): its low-level
+    Server over the relay's stdio, the way the broker runs it."""
+    out: list[str] = []
+    done = trio.Event()
+
+    class Capture:
+        async def write(self, text: str) -> None:
+            out.extend(line for line in text.split("\n") if line)
+            if len(out) >= answers:
+                done.set()
+
+        async def flush(self) -> None:
+            pass
+
+    async def lines() -> Any:
+        for request in requests:
+            yield json.dumps(request)
+        await trio.sleep_forever()
+
+    async def serve() -> None:
+        async with mcp_sdk.open_relay_stdio(lines(), cast(mcp_sdk.RelayPipe, Capture())) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            await done.wait()
+            nursery.cancel_scope.cancel()
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(request_id=REQUEST_ID, texts=st.lists(TEXT, min_size=1, max_size=3), is_error=st.booleans(),
+       version=TEXT)
+def test_a_2026_result_line_is_the_sdks_to_the_byte(
+    request_id: int | str, texts: list[str], is_error: bool, version: str
+) -> None:
+    """On a connection of the 2026 protocol the SDK adds `resultType` and its `serverInfo` stamp
+    to a result (`modern_stamp`): against the line of a real call the SDK's low-level Server
+    serves, its envelope in `_meta`, whatever the server's version string holds."""
+
+    async def probe(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=t) for t in texts],
+                                    is_error=is_error)
+
+    server = Server("agent-bridge", version=version, on_call_tool=probe)
+    call = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "probe", "arguments": {}, "_meta": MODERN_META}}
+    (line,) = trio.run(_sdk_lines, server, [call], 1)
+    stamp = modern_stamp(server.server_info_stamp)
+    assert result_line(request_id, texts, is_error=is_error, stamp=stamp) == line
+
+
+class _Pipe:
+    """Where FastCalls writes its answers: what it uses of the relay's pipe (mcp_sdk.RelayPipe)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[Any, str] = {}
+
+    async def send_response(self, request_id: Any, line: str, *, shows: bool) -> None:
+        self.lines[request_id] = line
+
+
+def _call(rid: int, meta: dict[str, Any] | None) -> str:
+    params: dict[str, Any] = {"name": "whoami", "arguments": {}}
+    if meta is not None:
+        params["_meta"] = meta
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params})
+
+
+async def test_a_2026_call_is_served_beside_the_sdk_only_with_an_envelope_the_sdk_accepted() -> None:
+    """`FastCalls.take` on one session's lines (the tool's body and the relay's pipe stand in
+    for the session's): a call whose envelope the SDK has not accepted for this session is the
+    SDK's, and noted; once the SDK called the tool for it on a 2026 connection, a call with the
+    same envelope is served here, with the SDK's session of that envelope and its answer stamped
+    as that era's. Another envelope, none, or one accepted on a handshake-era connection (where
+    the SDK refuses them) stay the SDK's."""
+    served: list[Any] = []
+
+    async def whoami(bridge: Any, call: Any, **arguments: Any) -> list[str]:
+        served.append(call)
+        return ["me"]
+
+    other = {**MODERN_META, "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "9"}}
+    modern_session = SimpleNamespace(protocol_version="2026-07-28")
+    async with trio.open_nursery() as nursery:
+        bridge = SimpleNamespace(pipe=_Pipe(), mcp_session=None)
+        fast = FastCalls(bridge, nursery, {"whoami": whoami}, {"whoami": tools.TOOLS["whoami"].schema})
+        fast.modern = modern_stamp({"name": "agent-bridge", "version": "1"})
+        assert not fast.take(_call(1, MODERN_META))  # not judged yet
+        fast.sdk_called(1, modern_session, modern=True)  # the SDK accepted it, and serves it
+        bridge.mcp_session = modern_session
+        assert fast.take(_call(2, MODERN_META))
+        assert not fast.take(_call(3, other))
+        assert not fast.take(_call(4, None))  # the SDK refuses a call without its envelope here
+        assert not fast.take(_call(5, {"progressToken": 5}))
+        fast.sdk_called(3, SimpleNamespace(protocol_version="2026-07-28"), modern=True)
+        assert fast.take(_call(6, other))
+        await wait_all_tasks_blocked()
+
+        handshake = SimpleNamespace(pipe=_Pipe(), mcp_session=SimpleNamespace(protocol_version="2025-11-25"))
+        legacy = FastCalls(handshake, nursery, {"whoami": whoami}, {"whoami": tools.TOOLS["whoami"].schema})
+        legacy.modern = fast.modern
+        assert not legacy.take(_call(1, MODERN_META))
+        legacy.sdk_called(1, handshake.mcp_session, modern=False)  # (the SDK refuses it there)
+        assert not legacy.take(_call(2, MODERN_META))
+        assert legacy.take(_call(3, None))
+        await wait_all_tasks_blocked()
+    calls = {(c.request_id, c.stamp): c.session for c in served}  # (each in a task of its own: any order)
+    assert calls == {(2, fast.modern): modern_session, (6, fast.modern): fast.envelopes[1][1],
+                     (3, ""): handshake.mcp_session}
+    assert len(served) == 3
+    assert bridge.pipe.lines == {
+        rid: result_line(rid, ["me"], is_error=False, stamp=fast.modern) for rid in (2, 6)}
+    assert handshake.pipe.lines == {3: result_line(3, ["me"], is_error=False)}
+
+
+@pytest.mark.slow
+async def test_a_2026_host_is_answered_beside_the_sdk_as_the_sdk_answers_it(broker, env) -> None:
+    """Through a real `agent-bridge mcp`, a host of the 2026 protocol (a `server/discover`
+    probe, then every request with its envelope, as Claude Code 2.1.332 with a broker running):
+    `whoami` served by the SDK (the session's first call) and again beside it get the same
+    result, stamped as that era's; a `send` to itself and the `inbox` that shows it work beside
+    it too. A request without the envelope, or with a version the SDK does not serve, is still
+    the SDK's to refuse."""
+    import subprocess
+    import sys
+
+    with trio.fail_after(60):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/fast-2026",
+             "--host-session-id", "hs-fast-2026"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        host = RawHost(proc)
+        try:
+            probe = await host.request("server/discover", {"_meta": MODERN_META})
+            assert "result" in await host.answer(probe)
+
+            async def call(name: str, meta: dict[str, Any] | None = MODERN_META, **arguments: Any) -> Any:
+                params: dict[str, Any] = {"name": name, "arguments": arguments}
+                if meta is not None:
+                    params["_meta"] = meta
+                return await host.answer(await host.request("tools/call", params))
+
+            by_sdk, beside = await call("whoami"), await call("whoami")
+            assert by_sdk["result"] == beside["result"]
+            assert by_sdk["result"]["resultType"] == "complete"
+            assert by_sdk["result"]["_meta"] == {
+                "io.modelcontextprotocol/serverInfo": {"name": "agent-bridge", "version": __version__}}
+            me = json.loads(beside["result"]["content"][0]["text"])
+            sent = await call("send", to=me["id"], text="to myself, beside the SDK")
+            assert sent["result"]["isError"] is False, sent
+            mid = json.loads(sent["result"]["content"][0]["text"])["message"]["id"]
+            shown = await call("inbox", wait_seconds=10)
+            assert [m["id"] for m in json.loads(shown["result"]["content"][0]["text"])] == [mid]
+            assert shown["result"]["_meta"] == by_sdk["result"]["_meta"]
+
+            bare = await call("whoami", meta=None)
+            assert bare["error"]["code"] == types.INVALID_PARAMS, bare
+            unserved = await call("whoami",
+                                  meta={**MODERN_META, types.PROTOCOL_VERSION_META_KEY: "2099-01-01"})
+            assert unserved["error"]["code"] == types.UNSUPPORTED_PROTOCOL_VERSION, unserved
+        finally:
+            await host.end()

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from functools import partial
 from typing import Any
 
 import pytest
@@ -49,11 +50,16 @@ def cancel_line(rid: int) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
 
 
-def modern_send(rid: int, **arguments: Any) -> dict[str, Any]:
+def modern_send(rid: int, *, fresh: bool = False, **arguments: Any) -> dict[str, Any]:
     """A `send` call of a host of the 2026 protocol: every request carries its envelope in
-    `_meta`, so the SDK serves it (broker.mcp.fast leaves such requests to it)."""
+    `_meta`. The fast path serves it once the SDK accepted that envelope for a call of the
+    session (broker.mcp.fast); before, and with an envelope not sent before (`fresh`: a client
+    version of this call's own), the SDK does."""
     line = send_line(rid, **arguments)
-    line["params"]["_meta"] = MODERN_META
+    meta = dict(MODERN_META)
+    if fresh:
+        meta["io.modelcontextprotocol/clientInfo"] = {"name": "claude-code", "version": f"2.1.332-{rid}"}
+    line["params"]["_meta"] = meta
     return line
 
 
@@ -148,13 +154,15 @@ async def sending_host(env) -> RawHost:
     return host
 
 
-@pytest.mark.parametrize("protocol", ["2025", "2026"])
+@pytest.mark.parametrize("protocol", ["2025", "2026", "2026-fresh"])
 async def test_a_send_cancelled_while_it_waits_for_the_commit_before_it_is_never_stored(env, home, protocol):
     """2025: a handshake-era host, whose plain sends the fast path serves: the cancelled one is
-    never answered. 2026: every request carries its envelope, so the SDK serves them, each call
-    in the place its line kept in line (broker.mcp.sends): whatever answers the cancelled one is
-    no result (a host ignores answers to what it cancelled). Neither is ever stored."""
-    line = send_line if protocol == "2025" else modern_send
+    never answered. 2026: every request carries its envelope, one the SDK accepted for the
+    host's first call, so the fast path serves them alike. 2026-fresh: each call's envelope is
+    new, so the SDK serves it, in the place its line kept in line (broker.mcp.sends): whatever
+    answers the cancelled one is no result (a host ignores answers to what it cancelled).
+    Never stored, on every path."""
+    line = {"2025": send_line, "2026": modern_send, "2026-fresh": partial(modern_send, fresh=True)}[protocol]
     standing = StandingBroker(env, home)
     try:
         with trio.fail_after(90):
@@ -170,10 +178,10 @@ async def test_a_send_cancelled_while_it_waits_for_the_commit_before_it_is_never
                     assert text_of(await host.answer(first))["message"]["text"] == "first"
                     await host.send(line(third, to="rx", text="third"))
                     await host.answer(third)  # queued behind the second: its answer would be out by now
-                    if protocol == "2025":
-                        assert host.answers(second) == []
-                    else:
+                    if protocol == "2026-fresh":
                         assert all(a.get("error") or a["result"]["isError"] for a in host.answers(second))
+                    else:
+                        assert host.answers(second) == []
                     assert (stored(home, "first"), stored(home, "second"), stored(home, "third")) == (1, 0, 1)
                 finally:
                     await host.close()

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import uuid
 
 import pytest
 
 from agent_bridge.common import paths
-from tests.hosts.conftest import AGENT_BRIDGE, World
+from tests.hosts.conftest import AGENT_BRIDGE, World, plan, result_text, tool_results
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def test_health_checks_start_no_broker(world: World) -> None:
 def test_claude_code_speaks_the_2026_protocol_to_a_running_broker(world: World) -> None:
     """With a broker running, the server answers Claude Code's `server/discover` probe, and the
     host then writes every request with the 2026 envelope in its `_meta` (no `initialize`): the
-    requests tests/test_mcp_sends.py's 2026 host writes, which the fast path leaves to the SDK.
+    requests tests/test_mcp_sends.py's 2026 host writes.
     Seen through a second server entry that copies the host's lines on their way to the bridge."""
     world.restart_broker({}, down=False)
     log = world.root / "host-lines.log"
@@ -66,3 +67,41 @@ def test_claude_code_speaks_the_2026_protocol_to_a_running_broker(world: World) 
     for request in requests:
         meta = request.get("params", {}).get("_meta", {})
         assert meta.get("io.modelcontextprotocol/protocolVersion") == "2026-07-28", request
+
+
+def envelope(request: dict) -> dict:
+    """A 2026 request's envelope: the protocol's reserved keys of its `_meta`."""
+    meta = request.get("params", {}).get("_meta", {})
+    return {k: v for k, v in meta.items() if k.startswith("io.modelcontextprotocol/")}
+
+
+def test_claude_code_s_tool_calls_carry_one_envelope_and_are_served_beside_the_sdk(world: World) -> None:
+    """A Claude Code session's tool calls to a running broker (the 2026 protocol): every one
+    carries the same envelope, so the SDK judges it for the first call and the broker's fast
+    path serves the rest (broker.mcp.fast: it serves a 2026 call only with an envelope the SDK
+    accepted), and each is answered as the SDK answers it: the same `whoami` result twice, the
+    `send` to itself stored, an `inbox`. Seen through the bridge's own server entry, made to copy
+    the host's lines on their way to the relay."""
+    config = world.home / ".claude.json"
+    data = json.loads(config.read_text())
+    entry = data["mcpServers"]["agent-bridge"]
+    log = world.root / "host-lines.log"
+    copier = world.root / "copy-lines.sh"
+    command = " ".join(shlex.quote(part) for part in [entry["command"], *entry.get("args", [])])
+    copier.write_text(f"#!/bin/sh\ntee -a {shlex.quote(str(log))} | exec {command}\n")
+    copier.chmod(0o755)
+    data["mcpServers"]["agent-bridge"] = {**entry, "command": str(copier), "args": []}
+    config.write_text(json.dumps(data))
+    sid = str(uuid.uuid4())
+    steps = plan(("whoami", {}), ("whoami", {}), ("send", {"to": sid, "text": "to myself"}),
+                 ("inbox", {"wait_seconds": 5}))
+    world.claude(steps, session_id=sid).wait()
+    calls = [m for m in map(json.loads, log.read_text().splitlines()) if m.get("method") == "tools/call"]
+    assert [c["params"]["name"] for c in calls] == ["whoami", "whoami", "send", "inbox"], calls
+    assert envelope(calls[0])["io.modelcontextprotocol/protocolVersion"] == "2026-07-28", calls[0]
+    assert all(envelope(c) == envelope(calls[0]) for c in calls), [envelope(c) for c in calls]
+    results = tool_results(world.claude_model.of_session(sid)[-1].body)
+    first, second, sent, shown = (json.loads(result_text(r)) for r in results)
+    assert first == second and first["hostSessionId"] == sid
+    assert sent["message"]["text"] == "to myself" and sent["message"]["from"]["id"] == first["id"], sent
+    assert isinstance(shown, list), shown  # (a hook between the calls may have shown it already)

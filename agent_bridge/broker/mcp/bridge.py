@@ -122,6 +122,7 @@ class Bridge:
         self.channel = False  # the host takes notifications/claude/channel
         self.pipe: mcp_sdk.RelayPipe | None = None  # the host's end of stdout, through the relay
         self.sends: Any = None  # broker.mcp.sends.SendCalls: the session's `send` calls, in order
+        self.fast: Any = None  # broker.mcp.fast.FastCalls: the calls served beside the SDK
         self.acks_due = trio.Event()
         self.notifications = 0  # channel notifications sent: each is its own key in `showing`
         self._flushing = trio.Lock()

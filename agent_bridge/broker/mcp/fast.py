@@ -6,14 +6,22 @@ tool's own work. Measured through the relays (bench/bench_mcp_tool_call.py, the 
 and without this module, alternately three times, 2026-12): a `send` + `inbox` pair's p50 was
 1.7-2.2 ms with it and 2.7-3.9 ms without, `decisions` 4.8-6.4 ms against 5.5-8.1 ms. So a
 `tools/call` of one of the session's own tools is served here when everything about it is
-plain: the host has initialized (so the connection speaks a handshake-era version, whose
-answers are all shaped alike), the line holds no escaped surrogate, the request has only the
-fields JSON-RPC gives it and none of the protocol's reserved `_meta` keys, the tool is ours,
-and its arguments are exactly what the tool's advertised schema asks for (`argument_problem`
-finds nothing, nothing required is missing). The tool's body is the one the SDK runs
-(broker.mcp.calls' `TOOL_BODIES`; a `send` is queued and runs the same op with the others
-queued, broker.mcp.sends), and the answer is the one the SDK would write (`result_line`:
-tests/test_mcp_fast.py checks it against the SDK's own serialization).
+plain: the line holds no escaped surrogate, the request has only the fields JSON-RPC gives
+it, the tool is ours, its arguments are exactly what the tool's advertised schema asks for
+(`argument_problem` finds nothing, nothing required is missing), and the connection's era is
+known:
+- the handshake era: the host has initialized, and the request carries none of the protocol's
+  reserved `_meta` keys (the SDK refuses the 2026 envelope there);
+- the 2026 protocol (no handshake; Claude Code 2.1.332 speaks it to a running broker): the
+  request's envelope (its reserved `_meta` keys) is one the SDK already accepted for a tool call
+  of this session (`FastCalls.sdk_called`). The SDK judges an envelope the same way each time,
+  and a host sends the same one with every request. Before that, every call is the SDK's: the
+  SDK's own way cost the broker 1.2 ms of CPU a message through two relays against 0.18 ms here
+  (docs/performance.md, stop 62).
+The tool's body is the one the SDK runs (broker.mcp.calls' `TOOL_BODIES`; a `send` is queued and
+runs the same op with the others queued, broker.mcp.sends), and the answer is the one the SDK
+would write for the connection's era (`result_line`, with `modern_stamp` in the 2026 protocol:
+tests/test_mcp_fast.py checks both against the SDK's own lines).
 
 Everything else goes to the SDK as before: the handshake, `tools/list`, every notification,
 a call to another tool or with anything unusual in it (an unknown argument, a value of the
@@ -34,6 +42,7 @@ from typing import Any, NamedTuple
 import trio
 from mcp.server.mcpserver.exceptions import ToolError
 
+from agent_bridge.broker.mcp import sdk as mcp_sdk
 from agent_bridge.common import jsonlimit
 from agent_bridge.core import showing
 
@@ -46,10 +55,15 @@ class ToolCall(NamedTuple):
     request_id: int | str | None  # the JSON-RPC id, as the host sent it
     meta: Any  # the request's `_meta`: a dict here, the SDK's model there (Codex puts its thread id in it)
     session: Any  # the SDK's ServerSession the host initialized
+    # What a result adds after `isError` on a connection of the 2026 protocol (`modern_stamp`);
+    # nothing on one of the handshake era
+    stamp: str = ""
 
 
 # `_meta` keys of the protocol's own (mcp_types.PROTOCOL_VERSION_META_KEY, ...)
 RESERVED_META = "io.modelcontextprotocol/"
+ENVELOPES_MAX = 8  # 2026 envelopes the SDK accepted, kept per session (a host sends one, the same each time)
+UNCHECKED_MAX = 64  # 2026 requests left to the SDK whose envelope is not known accepted yet
 
 # A tool's body: (the session's Bridge, the call, **arguments) -> the result's text blocks.
 Body = Callable[..., Awaitable[list[str]]]
@@ -174,14 +188,23 @@ def _rid(request_id: int | str) -> str:
     return _string(request_id) if isinstance(request_id, str) else str(int(request_id))
 
 
-def result_line(request_id: int | str, texts: list[str], *, is_error: bool) -> str:
-    """A `tools/call` answer of text blocks, byte for byte as the SDK puts it on the wire on a
-    handshake-era connection: shaped by the version's result model (which lists `text` before
-    `type`), then compact JSON with the text as it is (`model_dump_json`). Put together from its
-    strings, each escaped once in C: the same bytes as the compact `json.dumps` of the object."""
+def result_line(request_id: int | str, texts: list[str], *, is_error: bool, stamp: str = "") -> str:
+    """A `tools/call` answer of text blocks, byte for byte as the SDK puts it on the wire: shaped
+    by the version's result model (which lists `text` before `type`), then compact JSON with the
+    text as it is (`model_dump_json`), and on a connection of the 2026 protocol the members the
+    SDK adds after `isError` (`stamp`: `modern_stamp`). Put together from its strings, each
+    escaped once in C: the same bytes as the compact `json.dumps` of the object."""
     content = ",".join(['{"text":' + _text_string(text) + ',"type":"text"}' for text in texts])
     return ('{"jsonrpc":"2.0","id":' + _rid(request_id) + ',"result":{"content":[' + content
-            + ('],"isError":true}}' if is_error else '],"isError":false}}'))
+            + ('],"isError":true' if is_error else '],"isError":false') + stamp + "}}")
+
+
+def modern_stamp(server_info: dict[str, Any]) -> str:
+    """What the SDK adds to a result on a connection of the 2026 protocol (mcp.server.runner
+    `_serialize`): `resultType` "complete" (required from 2026-07-28), then `_meta` holding the
+    server's `serverInfo` stamp (`Server.server_info_stamp`), as the members after `isError`."""
+    meta = {RESERVED_META + "serverInfo": server_info}
+    return ',"resultType":"complete","_meta":' + json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
 
 
 def log_line(level: str, logger: str, data: str) -> str:
@@ -242,6 +265,17 @@ class FastCalls:
         # tool -> where a call of it that goes to the SDK keeps its place in that queue:
         # (request id as JSON) -> what a cancel of it stops
         self.places: dict[str, Callable[[str], Any]] = {}
+        # The 2026 protocol (no handshake: every request carries its envelope in `_meta`). The
+        # SDK judges an envelope (a supported version, the client's capabilities and info); one
+        # it accepted for a tool call of this session is the same judgment every time, so a call
+        # carrying an envelope equal to one of `envelopes` is served here, with the SDK's session
+        # object of that envelope, its answer stamped as the SDK stamps it (`modern`, set by the
+        # session: modern_stamp). A call with an envelope not seen yet goes to the SDK, and is
+        # noted in `unchecked` until the SDK calls the tool (`sdk_called`): then the SDK accepted
+        # that envelope on a connection of the 2026 era.
+        self.modern = ""
+        self.envelopes: list[tuple[dict[str, Any], Any]] = []  # (envelope, the SDK's session of it)
+        self.unchecked: dict[str, dict[str, Any]] = {}
 
     def take(self, line: str) -> bool:
         """Serve `line` here if it is a plain call of one of the session's tools; False: the
@@ -280,15 +314,24 @@ class FastCalls:
 
     def _serve_plain(self, key: str, request_id: int | str, params: Any) -> bool:
         """Serve a `tools/call` request (`params`) here if everything about it is plain."""
-        if self.bridge.mcp_session is None:
-            return False  # before the SDK has seen the handshake end
         if not isinstance(params, dict) or not params.keys() <= _PARAMS:
             return False
         meta = params.get("_meta")
-        if meta is not None and (
-            not isinstance(meta, dict) or any(str(k).startswith(RESERVED_META) for k in meta)
-        ):
-            return False  # the 2026 per-request envelope, refused on a handshake connection by the SDK
+        if meta is not None and not isinstance(meta, dict):
+            return False
+        envelope = {k: v for k, v in meta.items() if k.startswith(RESERVED_META)} if meta else None
+        if envelope:
+            session = next((s for e, s in self.envelopes if e == envelope), None)
+            if session is None:  # the SDK's to judge (a handshake connection refuses it)
+                self._unchecked(key, envelope)
+                return False
+            stamp = self.modern
+        else:
+            session, stamp = self.bridge.mcp_session, ""
+            if session is None or not mcp_sdk.handshake_era(session):
+                # before the SDK has seen the handshake end; or a connection of the 2026
+                # protocol, whose SDK refuses a request without its envelope
+                return False
         name = params.get("name")
         arguments = params.get("arguments", {})
         if not isinstance(name, str) or name not in self.bodies or not isinstance(arguments, dict):
@@ -297,7 +340,7 @@ class FastCalls:
             arguments = drop_null_optionals(self.schemas.get(name), arguments)
         if not self.shapes[name].plain(arguments):
             return False
-        call = ToolCall(request_id, meta, self.bridge.mcp_session)
+        call = ToolCall(request_id, meta, session, stamp)
         queue = self.queues.get(name)
         if queue is not None:
             self.running[key] = queue(key, arguments, call)
@@ -305,6 +348,19 @@ class FastCalls:
         scope = self.running[key] = trio.CancelScope()
         self.nursery.start_soon(self._serve, key, name, self.bodies[name], arguments, call, scope)
         return True
+
+    def _unchecked(self, key: str, envelope: dict[str, Any]) -> None:
+        if len(self.unchecked) >= UNCHECKED_MAX:  # the SDK refused those: the oldest goes
+            del self.unchecked[next(iter(self.unchecked))]
+        self.unchecked[key] = envelope
+
+    def sdk_called(self, request_id: Any, session: Any, modern: bool) -> None:
+        """The SDK calls a tool for the request `request_id`, with its `session`, on a connection
+        of the 2026 protocol (`modern`) or of the handshake era: an envelope noted for it was
+        accepted."""
+        envelope = self.unchecked.pop(showing.key(request_id), None)
+        if envelope is not None and modern and all(e != envelope for e, _ in self.envelopes):
+            self.envelopes = [*self.envelopes[-(ENVELOPES_MAX - 1):], (envelope, session)]
 
     def _cancel(self, params: Any) -> None:
         if isinstance(params, dict) and "requestId" in params:
@@ -330,9 +386,9 @@ class FastCalls:
             return  # the host cancelled it: never answered
         assert call.request_id is not None
         if failure is not None:
-            line = result_line(call.request_id, [error_text(name, failure)], is_error=True)
+            line = result_line(call.request_id, [error_text(name, failure)], is_error=True, stamp=call.stamp)
         else:
-            line = result_line(call.request_id, texts, is_error=False)
+            line = result_line(call.request_id, texts, is_error=False, stamp=call.stamp)
         try:
             await self.bridge.pipe.send_response(call.request_id, line, shows=failure is None)
         except BrokenPipeError:

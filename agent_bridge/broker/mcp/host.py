@@ -25,9 +25,7 @@ from agent_bridge.broker.delivery import deliver
 from agent_bridge.broker.mcp import sdk as mcp_sdk
 from agent_bridge.broker.mcp.bridge import ACK_FLUSH_AT_EXIT, CHANNEL_CAPABILITY, Bridge, SessionLink
 from agent_bridge.broker.mcp.calls import TOOL_BODIES
-from agent_bridge.broker.mcp.fast import (
-    FastCalls,
-)
+from agent_bridge.broker.mcp.fast import FastCalls, modern_stamp
 from agent_bridge.broker.mcp.reader import RelayReader
 from agent_bridge.broker.mcp.sends import TOOL as SENDS_TOOL
 from agent_bridge.broker.mcp.sends import SendCalls
@@ -93,6 +91,8 @@ async def serve_relay(broker: Broker, conn: FramedStream, request_id: int, args:
             fast.queues[SENDS_TOOL] = sends.add
             fast.places[SENDS_TOOL] = sends.reserve  # a send the SDK serves keeps its line's place
             bridge.sends = pipe.listener = sends  # the SDK's calls of it, and its answers, find it
+            bridge.fast = fast  # the SDK's calls tell it which 2026 envelopes it accepts
+            fast.modern = modern_stamp(server.server_info_stamp)
             nursery.start_soon(sends.run)
             nursery.start_soon(deliver, broker, session)
             nursery.start_soon(bridge.ack_loop)

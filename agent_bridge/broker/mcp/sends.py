@@ -171,7 +171,7 @@ class SendCalls:
                     entry.done.set()
                 elif not entry.cancelled:  # a cancelled call is never answered
                     assert entry.call is not None and entry.call.request_id is not None
-                    answers.append((entry.call.request_id, _answer(entry.call.request_id, outcome)))
+                    answers.append((entry.call.request_id, _answer(entry.call, outcome)))
             if answers and self.bridge.pipe is not None:
                 try:
                     await self.bridge.pipe.send_responses(answers)
@@ -206,8 +206,9 @@ class SendCalls:
         return outcomes
 
 
-def _answer(rid: int | str, outcome: str | Exception) -> str:
+def _answer(call: ToolCall, outcome: str | Exception) -> str:
     """What the SDK's tool layer writes for the `send` op's result or error (none for a bug)."""
+    assert call.request_id is not None
     if isinstance(outcome, Exception):
-        return result_line(rid, [error_text(TOOL, outcome)], is_error=True)
-    return result_line(rid, [outcome], is_error=False)
+        return result_line(call.request_id, [error_text(TOOL, outcome)], is_error=True, stamp=call.stamp)
+    return result_line(call.request_id, [outcome], is_error=False, stamp=call.stamp)

@@ -49,6 +49,9 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
     async def on_call(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        if bridge is not None and bridge.fast is not None:  # None: the static answers' probes (static.py)
+            # the request's 2026 envelope, if it has one, is one the SDK accepts
+            bridge.fast.sdk_called(ctx.request_id, ctx.session, modern=not mcp_sdk.handshake_era(ctx.session))
         tool = table.get(params.name)
         if tool is None:  # JSON-RPC invalid params, as the MCP specification says
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name!r}")
