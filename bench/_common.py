@@ -304,14 +304,29 @@ INITIALIZE = {
 INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
 
 
+# The 2026 protocol's envelope, on every request of a host that speaks it (no handshake: a
+# `server/discover` probe first), as Claude Code 2.1.332 writes it to a running broker's server
+# (tests/hosts/test_health_checks.py)
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.332"},
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
 FLOOR_RELAY = BENCH_DIR / "_floor_relay.py"
 floor = False  # set by a bench's --floor (floor_option): sessions through FLOOR_RELAY, not the relay
+protocol = "2025"  # set by a bench's --protocol (protocol_option): what its relay sessions' host speaks
 
 
 def floor_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--floor", action="store_true", help=(
         "sessions through bench/_floor_relay.py (a process that only moves frames) instead of "
         "`agent-bridge mcp`: the floor of the relay path, a reading, never a result to compare"))
+
+
+def protocol_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--protocol", choices=("2025", "2026"), default="2025", help=(
+        "what the relays' host speaks: 2025, the handshake (`initialize`, as Codex and hosts "
+        "with no broker running yet); 2026, a `server/discover` probe, then the envelope in every "
+        "request's `_meta` (Claude Code 2.1.332 with a broker running)"))
 
 
 def relay_command(name: str, project: str) -> list[str]:
@@ -337,8 +352,13 @@ class McpSession:
             stderr=subprocess.DEVNULL,
         )
         self.ids = count(1)
-        self.call("initialize", INITIALIZE)
-        self.write(INITIALIZED)
+        self.meta: dict[str, Any] | None = None  # the `_meta` of every tool call (the 2026 envelope)
+        if protocol == "2026":
+            self.call("server/discover", {"_meta": MODERN_META})
+            self.meta = MODERN_META
+        else:
+            self.call("initialize", INITIALIZE)
+            self.write(INITIALIZED)
 
     def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -360,7 +380,10 @@ class McpSession:
                 return message["result"]  # type: ignore[no-any-return]
 
     def tool(self, name: str, **arguments: object) -> Any:
-        return tool_result(self.call("tools/call", {"name": name, "arguments": arguments}))
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if self.meta is not None:
+            params["_meta"] = self.meta
+        return tool_result(self.call("tools/call", params))
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -380,6 +403,7 @@ class Relay:
         self.answers: dict[int, dict[str, Any]] = {}
         self.arrived = trio.Event()  # set (and replaced) whenever answers arrive
         self.writing = trio.Lock()  # one writer at a time on the relay's stdin
+        self.meta: dict[str, Any] | None = None  # the `_meta` of every tool call (the 2026 envelope)
 
     async def _read(self) -> None:
         import trio
@@ -409,13 +433,17 @@ class Relay:
         return self.answers.pop(rid)["result"]  # type: ignore[no-any-return]
 
     async def tool(self, name: str, **arguments: object) -> Any:
-        return tool_result(await self.call("tools/call", {"name": name, "arguments": arguments}))
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if self.meta is not None:
+            params["_meta"] = self.meta
+        return tool_result(await self.call("tools/call", params))
 
 
 @asynccontextmanager
 async def open_relay(env: dict[str, str], name: str, project: str) -> AsyncIterator[Relay]:
-    """A started and initialized `agent-bridge mcp` session; leaving the block closes its stdin
-    (the host leaving) and waits for it to exit."""
+    """A started and initialized `agent-bridge mcp` session (or one probed, for a host of the
+    2026 protocol: `protocol`); leaving the block closes its stdin (the host leaving) and waits
+    for it to exit."""
     import trio
 
     process = await trio.lowlevel.open_process(
@@ -426,8 +454,12 @@ async def open_relay(env: dict[str, str], name: str, project: str) -> AsyncItera
         async with trio.open_nursery() as nursery:
             relay = Relay(process)
             nursery.start_soon(relay._read)
-            await relay.call("initialize", INITIALIZE)
-            await relay.write(INITIALIZED)
+            if protocol == "2026":
+                await relay.call("server/discover", {"_meta": MODERN_META})
+                relay.meta = MODERN_META
+            else:
+                await relay.call("initialize", INITIALIZE)
+                await relay.write(INITIALIZED)
             yield relay
             nursery.cancel_scope.cancel()
     finally:

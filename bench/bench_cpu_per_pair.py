@@ -19,6 +19,7 @@ relay of this shape would cost (details say `floor`).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -59,8 +60,12 @@ def cpu(pids: list[int]) -> list[float]:
 
 
 def main() -> None:
-    args = c.parse_args(__doc__ or "", options=c.floor_option)
-    c.floor = args.floor
+    def options(parser: argparse.ArgumentParser) -> None:
+        c.floor_option(parser)
+        c.protocol_option(parser)
+
+    args = c.parse_args(__doc__ or "", options=options)
+    c.floor, c.protocol = args.floor, args.protocol
     rounds, pairs, warmup = (1, 100, 10) if args.quick else (5, 500, 50)
     import trio
 
@@ -121,6 +126,7 @@ def main() -> None:
             "wall_ms_per_pair": c.median(wall_ms),
             "clock_tick_us": 1e6 / os.sysconf("SC_CLK_TCK"),
             **({"floor": True} if args.floor else {}),
+            "protocol": args.protocol,
         },
     )
 

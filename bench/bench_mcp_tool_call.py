@@ -79,7 +79,8 @@ async def through_ipc(socket_path: str, pairs: int, warmup: int) -> list[int]:
 
 
 def main() -> None:
-    args = c.parse_args(__doc__ or "")
+    args = c.parse_args(__doc__ or "", options=c.protocol_option)
+    c.protocol = args.protocol
     pairs, decisions, warmup = (5, 5, 1) if args.quick else (300, 200, 20)
     import trio
 
@@ -103,6 +104,7 @@ def main() -> None:
         p99=c.ms(c.percentile(mcp["pair"], 99)),
         quick=args.quick,
         details={
+            "protocol": args.protocol,
             "decisions": decisions,
             "decisions_p50_ms": c.ms(c.percentile(mcp["decisions"], 50)),
             "decisions_p99_ms": c.ms(c.percentile(mcp["decisions"], 99)),

@@ -49,6 +49,9 @@ both sides. With relays connected and their rounds in between, the broker-only r
 beside a waiting `inbox` and the relays' late acknowledgements: a reading of its own.
 `--floor`: the sessions go through bench/_floor_relay.py, a process that only moves frames,
 instead of the relay (details say `floor`): the rate any relay of this shape would allow.
+`--protocol 2026`: the relays' host speaks the 2026 protocol, as Claude Code 2.1.332 does to a
+running broker (a `server/discover` probe, then the envelope in every request's `_meta`);
+2025, the default, the handshake (`initialize`), as Codex does. `details.protocol` says which.
 """
 
 from __future__ import annotations
@@ -432,11 +435,13 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
 def main() -> None:
     def options(parser: argparse.ArgumentParser) -> None:
         c.floor_option(parser)
+        c.protocol_option(parser)
         parser.add_argument("--broker-only", action="store_true",
                             help="no relays: the broker-only rate is the value")
 
     args = c.parse_args(__doc__ or "", options=options)
     c.floor = args.floor
+    c.protocol = args.protocol
     rounds, per_round, warmup = (2, 50, 1) if args.quick else (10, 1000, 1)
     import trio
 
@@ -475,6 +480,7 @@ def main() -> None:
     )
     details = {
         **({"floor": True} if args.floor else {}),
+        "protocol": args.protocol,
         "rounds": rounds,
         "per_round": per_round,
         "window": WINDOW,

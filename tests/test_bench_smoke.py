@@ -95,6 +95,22 @@ def test_the_floor_relay_carries_the_pairs_of_cpu_per_pair(tmp_path: Path) -> No
     assert line["details"]["floor"] is True and line["n"] == line["details"]["pairs"]
 
 
+@pytest.mark.slow
+def test_message_throughput_through_a_host_of_the_2026_protocol(tmp_path: Path) -> None:
+    """`--protocol 2026`: the relays' host probes with `server/discover` and puts the envelope in
+    every request, as Claude Code 2.1.332 does with a broker running; a round ends only once
+    every message sent is shown, so a line at all means the path carried them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
+    env["AGENT_BRIDGE_BENCH_RESULTS"] = str(tmp_path / "results.jsonl")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_message_throughput.py"), "--quick", "--protocol", "2026"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout)
+    assert line["details"]["protocol"] == "2026" and line["value"] > 0, line
+
+
 def _compare_module():
     import importlib.util
 

@@ -66,6 +66,8 @@ def check() -> None:
     for method in ("add_notification_handler", "add_request_handler", "create_initialization_options", "run"):
         if not callable(getattr(Server, method, None)):
             problems.append(f"Server.{method} is gone")
+    if not isinstance(getattr(Server, "server_info_stamp", None), property):  # fast.modern_stamp's source
+        problems.append("Server.server_info_stamp is gone")
     context_fields = getattr(ServerRequestContext, "__dataclass_fields__", {})
     if not {"session", "meta", "request_id"} <= set(context_fields):
         problems.append("ServerRequestContext no longer has session, meta and request_id")
