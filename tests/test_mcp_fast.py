@@ -317,6 +317,29 @@ class _Pipe:
         self.lines[request_id] = line
 
 
+async def served_beside_the_sdk(lines: list[str]) -> list[bool]:
+    """Which of a 2026 host's `tools/call` lines, in order, one session's FastCalls serves beside
+    the SDK (the tools' bodies and the relay's pipe stand in), the SDK having accepted the
+    envelope of each line it was left (`sdk_called`, as the SDK's call of the tool does)."""
+    async def body(bridge: Any, call: Any, **arguments: Any) -> list[str]:
+        return ["done"]
+
+    taken = []
+    async with trio.open_nursery() as nursery:
+        bridge = SimpleNamespace(pipe=_Pipe(), mcp_session=None)
+        fast = FastCalls(bridge, nursery, dict.fromkeys(tools.TOOLS, body),
+                         {name: tool.schema for name, tool in tools.TOOLS.items()})
+        for line in lines:
+            taken.append(fast.take(line))
+            if not taken[-1]:
+                session = SimpleNamespace(protocol_version="2026-07-28")
+                fast.sdk_called(json.loads(line)["id"], session, modern=True)
+                bridge.mcp_session = session
+        await wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    return taken
+
+
 def _call(rid: int, meta: dict[str, Any] | None) -> str:
     params: dict[str, Any] = {"name": "whoami", "arguments": {}}
     if meta is not None:

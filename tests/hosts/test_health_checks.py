@@ -11,9 +11,11 @@ import subprocess
 import uuid
 
 import pytest
+import trio
 
 from agent_bridge.common import paths
 from tests.hosts.conftest import AGENT_BRIDGE, World, plan, result_text, tool_results
+from tests.test_mcp_fast import served_beside_the_sdk
 
 pytestmark = pytest.mark.slow
 
@@ -96,10 +98,13 @@ def test_claude_code_s_tool_calls_carry_one_envelope_and_are_served_beside_the_s
     steps = plan(("whoami", {}), ("whoami", {}), ("send", {"to": sid, "text": "to myself"}),
                  ("inbox", {"wait_seconds": 5}))
     world.claude(steps, session_id=sid).wait()
-    calls = [m for m in map(json.loads, log.read_text().splitlines()) if m.get("method") == "tools/call"]
+    lines = [line for line in log.read_text().splitlines() if json.loads(line).get("method") == "tools/call"]
+    calls = [json.loads(line) for line in lines]
     assert [c["params"]["name"] for c in calls] == ["whoami", "whoami", "send", "inbox"], calls
     assert envelope(calls[0])["io.modelcontextprotocol/protocolVersion"] == "2026-07-28", calls[0]
     assert all(envelope(c) == envelope(calls[0]) for c in calls), [envelope(c) for c in calls]
+    # the host's own lines, as the broker's fast path judges them: all but the first are its
+    assert trio.run(served_beside_the_sdk, lines) == [False, True, True, True], lines
     results = tool_results(world.claude_model.of_session(sid)[-1].body)
     first, second, sent, shown = (json.loads(result_text(r)) for r in results)
     assert first == second and first["hostSessionId"] == sid
