@@ -317,23 +317,25 @@ class _Pipe:
         self.lines[request_id] = line
 
 
-async def served_beside_the_sdk(lines: list[str]) -> list[bool]:
-    """Which of a 2026 host's `tools/call` lines, in order, one session's FastCalls serves beside
-    the SDK (the tools' bodies and the relay's pipe stand in), the SDK having accepted the
-    envelope of each line it was left (`sdk_called`, as the SDK's call of the tool does)."""
+async def served_beside_the_sdk(lines: list[str], handshake: str | None = None) -> list[bool]:
+    """Which of a host's `tools/call` lines, in order, one session's FastCalls serves beside the
+    SDK (the tools' bodies and the relay's pipe stand in): a host that initialized with the
+    version `handshake`, else one of the 2026 protocol, the SDK having accepted the envelope of
+    each line it was left (`sdk_called`, as the SDK's call of the tool does)."""
     async def body(bridge: Any, call: Any, **arguments: Any) -> list[str]:
         return ["done"]
 
     taken = []
     async with trio.open_nursery() as nursery:
-        bridge = SimpleNamespace(pipe=_Pipe(), mcp_session=None)
+        initialized = None if handshake is None else SimpleNamespace(protocol_version=handshake)
+        bridge = SimpleNamespace(pipe=_Pipe(), mcp_session=initialized)
         fast = FastCalls(bridge, nursery, dict.fromkeys(tools.TOOLS, body),
                          {name: tool.schema for name, tool in tools.TOOLS.items()})
         for line in lines:
             taken.append(fast.take(line))
             if not taken[-1]:
-                session = SimpleNamespace(protocol_version="2026-07-28")
-                fast.sdk_called(json.loads(line)["id"], session, modern=True)
+                session = initialized or SimpleNamespace(protocol_version="2026-07-28")
+                fast.sdk_called(json.loads(line)["id"], session, modern=handshake is None)
                 bridge.mcp_session = session
         await wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()

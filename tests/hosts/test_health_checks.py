@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import tomllib
 import uuid
 
 import pytest
@@ -110,3 +111,27 @@ def test_claude_code_s_tool_calls_carry_one_envelope_and_are_served_beside_the_s
     assert first == second and first["hostSessionId"] == sid
     assert sent["message"]["text"] == "to myself" and sent["message"]["from"]["id"] == first["id"], sent
     assert isinstance(shown, list), shown  # (a hook between the calls may have shown it already)
+
+
+def test_codex_s_tool_calls_are_handshake_calls_all_served_beside_the_sdk(world: World) -> None:
+    """Codex 0.171.0 initializes (the handshake era, what bench_message_throughput's default
+    host speaks) with a broker running, and its tool calls carry no 2026 envelope: the broker's
+    fast path serves every one. Seen through the bridge's own server entry, made to copy the
+    host's lines on their way to the relay."""
+    entry = tomllib.loads((world.codex_home / "config.toml").read_text())["mcp_servers"]["agent-bridge"]
+    log = world.root / "host-lines.log"
+    copier = world.root / "copy-lines.sh"
+    command = " ".join(shlex.quote(part) for part in [entry["command"], *entry.get("args", [])])
+    copier.write_text(f"#!/bin/sh\ntee -a {shlex.quote(str(log))} | exec {command}\n")
+    copier.chmod(0o755)
+    world.codex(plan(("whoami", {}), ("whoami", {}), ("inbox", {})), extra=(
+        "-c", f"mcp_servers.agent-bridge.command={json.dumps(str(copier))}",
+        "-c", "mcp_servers.agent-bridge.args=[]")).wait()
+    messages = [json.loads(line) for line in log.read_text().splitlines()]
+    initialize = next(m for m in messages if m.get("method") == "initialize")
+    lines = [line for line, m in zip(log.read_text().splitlines(), messages, strict=True)
+             if m.get("method") == "tools/call"]
+    assert [json.loads(line)["params"]["name"] for line in lines] == ["whoami", "whoami", "inbox"], lines
+    assert not any(envelope(json.loads(line)) for line in lines), lines
+    version = initialize["params"]["protocolVersion"]
+    assert trio.run(served_beside_the_sdk, lines, version) == [True, True, True], lines
