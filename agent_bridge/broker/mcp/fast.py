@@ -54,7 +54,7 @@ class ToolCall(NamedTuple):
 
     request_id: int | str | None  # the JSON-RPC id, as the host sent it
     meta: Any  # the request's `_meta`: a dict here, the SDK's model there (Codex puts its thread id in it)
-    session: Any  # the SDK's ServerSession the host initialized
+    session: Any  # the SDK's ServerSession: of the host's handshake, or of the request's 2026 envelope
     # What a result adds after `isError` on a connection of the 2026 protocol (`modern_stamp`);
     # nothing on one of the handshake era
     stamp: str = ""
