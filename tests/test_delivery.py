@@ -25,6 +25,11 @@ from tests.conftest import BrokerProcess, wait_for
 pytestmark = pytest.mark.slow
 
 PROTOCOL = "2025-06-18"
+# The 2026 protocol's envelope, in every request of a host that speaks it (Claude Code 2.1.332
+# with a broker running: tests/hosts/test_health_checks.py)
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.332"},
+               "io.modelcontextprotocol/clientCapabilities": {}}
 
 
 class RawHost:
@@ -55,6 +60,25 @@ class RawHost:
             })
             await host.response(rid)
             await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await host.kill()
+            raise
+        return host
+
+    @classmethod
+    async def start_modern(cls, env: dict[str, str], *args: str,
+                           meta: dict[str, Any] = MODERN_META) -> RawHost:
+        """A host of the 2026 protocol: no handshake, its `server/discover` probe answered;
+        `meta`, the envelope it puts in every request's `_meta`, the probe's too."""
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "agent_bridge", "mcp", *args],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+        host = cls(proc)
+        try:
+            probe = await host.request("server/discover", {"_meta": meta})
+            assert "result" in await host.answer(probe), host.lines
         except BaseException:
             with trio.CancelScope(shield=True):
                 await host.kill()

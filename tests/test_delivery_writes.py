@@ -8,14 +8,13 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
 from tests.conftest import run_cli, wait_for
-from tests.test_delivery import RawHost
+from tests.test_delivery import MODERN_META, RawHost
 
 pytestmark = pytest.mark.slow
 
@@ -66,40 +65,36 @@ async def test_a_message_held_and_its_arrival_announced_reach_the_relay_in_one_w
     assert "one write for this" in after, held[0]
 
 
-MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-               "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.332"},
-               "io.modelcontextprotocol/clientCapabilities": {}}
-
-
-async def test_a_host_of_the_2026_protocol_gets_no_log_line_between_requests(broker, env):
+@pytest.mark.parametrize("capabilities", [{}, {"experimental": {"claude/channel": {}}}],
+                         ids=["plain", "declaring-channels"])
+async def test_a_host_of_the_2026_protocol_is_shown_an_arrival_by_inbox_alone(broker, env, capabilities):
     """MCP 2026-07-28 (which Claude Code 2.1.332 speaks once the broker answers its
     `server/discover` probe) sends `notifications/message` only on the stream of a request that
-    opted in (SEP-2577): an arrival is not announced with one. A host of the handshake era still
-    gets it (the test above)."""
+    opted in (SEP-2577): an arrival is not announced with one (a host of the handshake era still
+    gets it: the test above). Such a connection gets no channel messages either (Claude Code
+    drops them there), so an arrival is never shown as one, even to a host whose envelope
+    declares `claude/channel`: it waits in the inbox, and `inbox` shows it."""
+    meta = {**MODERN_META, "io.modelcontextprotocol/clientCapabilities": capabilities}
     with trio.fail_after(60):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/modern",
-             "--host-session-id", "hs-modern"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        host = RawHost(proc)
+        host = await RawHost.start_modern(env, "--project", "/w/modern", "--host-session-id", "hs-modern",
+                                          meta=meta)
         try:
-            probe = await host.request("server/discover", {"_meta": MODERN_META})
-            assert "result" in await host.answer(probe), host.lines
-            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
+            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": meta})
             me = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
             sent = await trio.to_thread.run_sync(
-                lambda: run_cli(env, "send", me["name"], "no log line for this", "--json"))
+                lambda: run_cli(env, "send", me["name"], "shown by inbox alone", "--json"))
             mid = json.loads(sent.stdout)["message"]["id"]
             rid = await host.request("tools/call", {"name": "inbox", "arguments": {"wait_seconds": 10},
-                                                    "_meta": MODERN_META})
+                                                    "_meta": meta})
             shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
-            assert [m["id"] for m in shown] == [mid]
+            assert [m["id"] for m in shown] == [mid], host.lines
             # one more request answered: a line sent after the inbox result would be read by now
-            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
+            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": meta})
             await host.answer(rid)
         finally:
             await host.end()
-    assert [m for m in host.lines if m.get("method") == "notifications/message"] == []
+    announced = {"notifications/message", "notifications/claude/channel"}
+    assert [m for m in host.lines if m.get("method") in announced] == []
 
 
 async def test_a_message_waiting_before_the_host_initialized_is_announced_once_it_did(broker, env):
@@ -119,32 +114,3 @@ async def test_a_message_waiting_before_the_host_initialized_is_announced_once_i
                 assert await again._read_one(), again.lines
         finally:
             await again.end()
-
-
-async def test_a_host_of_the_2026_protocol_is_sent_no_channel_event_whatever_it_declares(broker, env):
-    """A connection of MCP 2026-07-28 gets no channel messages (Claude Code drops them there), so
-    an arrival is never shown as one, even to a host whose envelope declares `claude/channel`
-    among its capabilities: it waits in the inbox, and `inbox` shows it."""
-    channel = {"experimental": {"claude/channel": {}}}
-    meta = {**MODERN_META, "io.modelcontextprotocol/clientCapabilities": channel}
-    with trio.fail_after(60):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/modern-channel",
-             "--host-session-id", "hs-modern-channel"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        host = RawHost(proc)
-        try:
-            probe = await host.request("server/discover", {"_meta": meta})
-            assert "result" in await host.answer(probe), host.lines
-            rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": meta})
-            me = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
-            sent = await trio.to_thread.run_sync(
-                lambda: run_cli(env, "send", me["name"], "no channel event for this", "--json"))
-            mid = json.loads(sent.stdout)["message"]["id"]
-            rid = await host.request("tools/call", {"name": "inbox", "arguments": {"wait_seconds": 10},
-                                                    "_meta": meta})
-            shown = json.loads((await host.answer(rid))["result"]["content"][0]["text"])
-            assert [m["id"] for m in shown] == [mid], host.lines
-        finally:
-            await host.end()
-    assert [m for m in host.lines if m.get("method") == "notifications/claude/channel"] == []

@@ -5,8 +5,9 @@ words for a failure. Compared with the installed SDK itself, never with our own 
 from __future__ import annotations
 
 import json
+from functools import partial
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import mcp_types as types
 import pytest
@@ -23,7 +24,6 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from trio.testing import wait_all_tasks_blocked
 
 from agent_bridge import __version__
-from agent_bridge.broker.mcp import sdk as mcp_sdk
 from agent_bridge.broker.mcp.fast import (
     FastCalls,
     Shape,
@@ -36,8 +36,7 @@ from agent_bridge.broker.mcp.fast import (
 )
 from agent_bridge.broker.mcp.server import serve_lines as _serve_lines
 from agent_bridge.common import tools
-from tests.test_delivery import RawHost
-from tests.test_delivery_writes import MODERN_META
+from tests.test_delivery import MODERN_META, RawHost
 
 # Text an answer can carry: any Unicode a message, a name or a decision may hold (never a lone
 # surrogate: the store refuses those), control characters and the line separators included.
@@ -251,38 +250,6 @@ def test_a_cancel_is_recognised_exactly_as_the_sdk_recognises_it(jsonrpc, method
 # --- the 2026 protocol: no handshake, every request with its envelope in `_meta` -----------------
 
 
-async def _sdk_lines(server: Server[Any], requests: list[dict[str, Any]], answers: int) -> list[str]:
-    """The lines the SDK writes for `requests`, as it writes them (not parsed): its low-level
-    Server over the relay's stdio, the way the broker runs it."""
-    out: list[str] = []
-    done = trio.Event()
-
-    class Capture:
-        async def write(self, text: str) -> None:
-            out.extend(line for line in text.split("\n") if line)
-            if len(out) >= answers:
-                done.set()
-
-        async def flush(self) -> None:
-            pass
-
-    async def lines() -> Any:
-        for request in requests:
-            yield json.dumps(request)
-        await trio.sleep_forever()
-
-    async def serve() -> None:
-        async with mcp_sdk.open_relay_stdio(lines(), cast(mcp_sdk.RelayPipe, Capture())) as (read, write):
-            await server.run(read, write, server.create_initialization_options())
-
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(serve)
-            await done.wait()
-            nursery.cancel_scope.cancel()
-    return out
-
-
 @settings(max_examples=60, deadline=None)
 @given(request_id=REQUEST_ID, texts=st.lists(TEXT, min_size=1, max_size=3), is_error=st.booleans(),
        version=TEXT)
@@ -302,7 +269,7 @@ def test_a_2026_result_line_is_the_sdks_to_the_byte(
     server = Server("agent-bridge", version=version, on_call_tool=probe)
     call = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
             "params": {"name": "probe", "arguments": {}, "_meta": MODERN_META}}
-    (line,) = trio.run(_sdk_lines, server, [call], 1)
+    (line,) = trio.run(partial(_serve_lines, server, "other", [call], 1, raw=True))
     stamp = modern_stamp(server.server_info_stamp)
     assert result_line(request_id, texts, is_error=is_error, stamp=stamp) == line
 
@@ -404,19 +371,10 @@ async def test_a_2026_host_is_answered_beside_the_sdk_as_the_sdk_answers_it(brok
     result, stamped as that era's; a `send` to itself and the `inbox` that shows it work beside
     it too. A request without the envelope, or with a version the SDK does not serve, is still
     the SDK's to refuse."""
-    import subprocess
-    import sys
-
     with trio.fail_after(60):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "agent_bridge", "mcp", "--project", "/w/fast-2026",
-             "--host-session-id", "hs-fast-2026"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        host = RawHost(proc)
+        host = await RawHost.start_modern(env, "--project", "/w/fast-2026",
+                                          "--host-session-id", "hs-fast-2026")
         try:
-            probe = await host.request("server/discover", {"_meta": MODERN_META})
-            assert "result" in await host.answer(probe)
-
             async def call(name: str, meta: dict[str, Any] | None = MODERN_META, **arguments: Any) -> Any:
                 params: dict[str, Any] = {"name": name, "arguments": arguments}
                 if meta is not None:

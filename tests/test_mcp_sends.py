@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from functools import partial
 from typing import Any
@@ -28,8 +26,7 @@ from agent_bridge.ipc.protocol import RemoteError
 from tests.conftest import BrokerProcess, wait_until
 from tests.reliability.harness import rows
 from tests.reliability.test_shutdown import proc_state
-from tests.test_delivery import RawHost, socket_of
-from tests.test_delivery_writes import MODERN_META
+from tests.test_delivery import MODERN_META, RawHost, socket_of
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +63,7 @@ def modern_send(rid: int, *, fresh: bool = False, **arguments: Any) -> dict[str,
 async def modern_host(env, session: str, *, first_call: bool = True) -> RawHost:
     """A host of the 2026 protocol (no handshake: a `server/discover` probe, as Claude Code
     2.1.332 makes it), its first tool call made (`first_call`)."""
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "agent_bridge", "mcp", "--project", PROJECT, "--host-session-id", session],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    host = RawHost(proc)
-    probe = await host.request("server/discover", {"_meta": MODERN_META})
-    assert "result" in await host.answer(probe), host.lines
+    host = await RawHost.start_modern(env, "--project", PROJECT, "--host-session-id", session)
     if first_call:
         rid = await host.request("tools/call", {"name": "whoami", "arguments": {}, "_meta": MODERN_META})
         assert "result" in await host.answer(rid), host.lines

@@ -114,9 +114,10 @@ def build_server(bridge: Bridge, table: Mapping[str, Tool] = tools.TOOLS,
 
 
 async def serve_lines(
-    server: Server[Any], agent: str, requests: list[dict[str, Any]], answers: int
+    server: Server[Any], agent: str, requests: list[dict[str, Any]], answers: int, *, raw: bool = False
 ) -> list[Any]:
-    """Feed `requests` to `server` as a host would; its first `answers` lines, parsed."""
+    """Feed `requests` to `server` as a host would; its first `answers` lines, parsed (as
+    written, with `raw`)."""
     init = server.create_initialization_options(
         experimental_capabilities={CHANNEL_CAPABILITY: {}} if agent == "claude" else None
     )
@@ -126,7 +127,7 @@ async def serve_lines(
     class Capture:
         async def write(self, text: str) -> None:
             # not splitlines(): U+2028 is text
-            out.extend(json.loads(line) for line in text.split("\n") if line)
+            out.extend(line if raw else json.loads(line) for line in text.split("\n") if line)
             if len(out) >= answers:
                 done.set()
 
