@@ -10,10 +10,12 @@ import shlex
 import subprocess
 import tomllib
 import uuid
+from pathlib import Path
 
 import pytest
 import trio
 
+from agent_bridge.broker.mcp.fast import RESERVED_META
 from agent_bridge.common import paths
 from tests.hosts.conftest import AGENT_BRIDGE, World, plan, result_text, tool_results
 from tests.test_mcp_fast import served_beside_the_sdk
@@ -39,21 +41,26 @@ def test_health_checks_start_no_broker(world: World) -> None:
     assert paths.running_broker(world.bridge_home) is None
 
 
+def line_copier(world: World, server: list[str]) -> tuple[Path, Path]:
+    """A server command that copies the host's lines (to the returned log) on their way to
+    `server`, the MCP server command it runs in its place; (the command, the log)."""
+    log = world.root / "host-lines.log"
+    copier = world.root / "copy-lines.sh"
+    command = " ".join(shlex.quote(part) for part in server)
+    copier.write_text(f"#!/bin/sh\ntee -a {shlex.quote(str(log))} | exec {command}\n")
+    copier.chmod(0o755)
+    return copier, log
+
+
 def test_claude_code_speaks_the_2026_protocol_to_a_running_broker(world: World) -> None:
     """With a broker running, the server answers Claude Code's `server/discover` probe, and the
     host then writes every request with the 2026 envelope in its `_meta` (no `initialize`): the
     requests tests/test_mcp_sends.py's 2026 host writes.
     Seen through a second server entry that copies the host's lines on their way to the bridge."""
     world.restart_broker({}, down=False)
-    log = world.root / "host-lines.log"
-    copier = world.root / "copy-lines.sh"
-    copier.write_text(
-        "#!/bin/sh\n"
-        f"tee -a {shlex.quote(str(log))} | AGENT_BRIDGE_HOME={shlex.quote(str(world.bridge_home))} "
-        f"exec {shlex.quote(AGENT_BRIDGE)} mcp --project {shlex.quote(str(world.project))} "
-        "--host-session-id hs-lines\n"
-    )
-    copier.chmod(0o755)
+    copier, log = line_copier(world, [
+        "env", f"AGENT_BRIDGE_HOME={world.bridge_home}", AGENT_BRIDGE, "mcp", "--project", str(world.project),
+        "--host-session-id", "hs-lines"])
     try:
         added = run(world, "claude", "mcp", "add", "line-copier", "--", str(copier))
         assert added.returncode == 0, added.stderr
@@ -75,7 +82,7 @@ def test_claude_code_speaks_the_2026_protocol_to_a_running_broker(world: World) 
 def envelope(request: dict) -> dict:
     """A 2026 request's envelope: the protocol's reserved keys of its `_meta`."""
     meta = request.get("params", {}).get("_meta", {})
-    return {k: v for k, v in meta.items() if k.startswith("io.modelcontextprotocol/")}
+    return {k: v for k, v in meta.items() if k.startswith(RESERVED_META)}
 
 
 def test_claude_code_s_tool_calls_carry_one_envelope_and_are_served_beside_the_sdk(world: World) -> None:
@@ -88,11 +95,7 @@ def test_claude_code_s_tool_calls_carry_one_envelope_and_are_served_beside_the_s
     config = world.home / ".claude.json"
     data = json.loads(config.read_text())
     entry = data["mcpServers"]["agent-bridge"]
-    log = world.root / "host-lines.log"
-    copier = world.root / "copy-lines.sh"
-    command = " ".join(shlex.quote(part) for part in [entry["command"], *entry.get("args", [])])
-    copier.write_text(f"#!/bin/sh\ntee -a {shlex.quote(str(log))} | exec {command}\n")
-    copier.chmod(0o755)
+    copier, log = line_copier(world, [entry["command"], *entry.get("args", [])])
     data["mcpServers"]["agent-bridge"] = {**entry, "command": str(copier), "args": []}
     config.write_text(json.dumps(data))
     sid = str(uuid.uuid4())
@@ -119,11 +122,7 @@ def test_codex_s_tool_calls_are_handshake_calls_all_served_beside_the_sdk(world:
     fast path serves every one. Seen through the bridge's own server entry, made to copy the
     host's lines on their way to the relay."""
     entry = tomllib.loads((world.codex_home / "config.toml").read_text())["mcp_servers"]["agent-bridge"]
-    log = world.root / "host-lines.log"
-    copier = world.root / "copy-lines.sh"
-    command = " ".join(shlex.quote(part) for part in [entry["command"], *entry.get("args", [])])
-    copier.write_text(f"#!/bin/sh\ntee -a {shlex.quote(str(log))} | exec {command}\n")
-    copier.chmod(0o755)
+    copier, log = line_copier(world, [entry["command"], *entry.get("args", [])])
     world.codex(plan(("whoami", {}), ("whoami", {}), ("inbox", {})), extra=(
         "-c", f"mcp_servers.agent-bridge.command={json.dumps(str(copier))}",
         "-c", "mcp_servers.agent-bridge.args=[]")).wait()
