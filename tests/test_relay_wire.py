@@ -170,11 +170,13 @@ class CountedStream:
         self.stream = FramedStream(trio.SocketStream(ours))
         self.peer = FramedStream(trio.SocketStream(theirs))
         self.writes = 0
+        self.written: list[bytes] = []  # each write's bytes, in order
         self.go = trio.Event()
         send = self.stream.send_encoded
 
         async def counted(data: bytes, **kwargs: Any) -> None:
             self.writes += 1
+            self.written.append(bytes(data))
             await self.go.wait()
             await send(data, **kwargs)
 
@@ -194,6 +196,30 @@ async def test_the_frames_of_one_turn_go_to_the_relay_in_one_write():
         got = [await counted.peer.receive() for _ in range(8)]
     assert counted.writes == 1
     assert sorted(f["line"] for f in got if f) == [f"answer {i}" for i in range(8)]
+
+
+async def test_a_send_batch_is_answered_before_the_work_its_commit_started():
+    """A batch of sends' answers (made together by broker.mcp.sends) is written at once, not
+    held for the frames the scheduler's next turns make: after the commit, those are the
+    delivery the commit woke, and the sender's next calls wait on these answers."""
+    from agent_bridge.broker.mcp.outbox import Outbox
+    from agent_bridge.broker.mcp.sdk import RelayPipe
+    from agent_bridge.ipc import protocol
+
+    counted = CountedStream()
+    counted.go.set()
+    outbox = Outbox(counted.stream)
+    pipe = RelayPipe(outbox)
+    answers = [(i, f'{{"jsonrpc":"2.0","id":{i},"result":{{}}}}') for i in (1, 2)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            # the delivery the commit woke: it runs in the scheduler's next turn
+            nursery.start_soon(outbox.send, {"v": 1, "push": "held", "message": {"id": "m1"}})
+            await pipe.send_responses(answers)
+            first = counted.written[:]
+        got = [await counted.peer.receive() for _ in range(3)]
+    assert [f["line"] for f in protocol.FrameDecoder().feed(first[0])] == [line for _, line in answers]
+    assert [f.get("push") for f in got] == ["line", "line", "held"]  # the held push came after
 
 
 async def test_a_result_waiting_for_its_write_is_on_its_way_for_a_cancel():

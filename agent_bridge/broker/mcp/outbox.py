@@ -7,7 +7,11 @@ the relay, which wakes the host: measured through two relays with 16 sends in fl
 sending relay got one write per message (strace of the broker: 2,000 writes of one answer each
 for 2,000 messages). Here the first frame of a turn waits one turn of the scheduler (more while
 more frames keep coming, GATHER_TURNS at most) for the frames the other tasks make, then all of
-them go in one write, in the order they were made.
+them go in one write, in the order they were made. Frames already gathered by the task that made
+them (a batch of sends' answers, broker.mcp.sends) do not wait: the turns after a commit run the
+delivery work it started, and an answer held for them came back to its host later (measured with
+16 sends in flight through two relays: 0.44 ms of the 1.6 ms a `send` spent in the broker, the
+sender's next calls waiting on it; docs/performance.md, stop 63).
 
 The write itself is shielded (SEND_TIMEOUT still bounds it: a relay that stops reading is
 dropped): frames handed here by other tasks go with it, whoever is cancelled. A frame handed
@@ -59,8 +63,9 @@ class Outbox:
     async def send(self, obj: dict[str, Any]) -> None:
         await self.send_many([obj])
 
-    async def send_many(self, objs: list[dict[str, Any]]) -> None:
-        """Frames for the relay, in one write with the others of this turn. Raises ProtocolError
+    async def send_many(self, objs: list[dict[str, Any]], *, gather: bool = True) -> None:
+        """Frames for the relay, in one write with the others of this turn (`gather`), or, not
+        gathering, written now (with what a write in progress gathered). Raises ProtocolError
         for a frame too large (nothing of it sent), trio.ClosedResourceError once closed, and
         trio.BrokenResourceError when the write it started failed."""
         if self.conn.closed:
@@ -77,7 +82,7 @@ class Outbox:
         self._writing = True
         try:
             with trio.CancelScope(shield=True):
-                for _ in range(GATHER_TURNS):
+                for _ in range(GATHER_TURNS if gather else 0):
                     before = len(self._frames)
                     # the other tasks of this turn add theirs
                     await trio.lowlevel.cancel_shielded_checkpoint()

@@ -168,13 +168,14 @@ class RelayPipe:
 
     async def send_responses(self, answers: list[tuple[types.RequestId, str]]) -> None:
         """Responses that show nothing (`send`'s, broker.mcp.sends), serialized without the SDK:
-        one write with the others of this turn, where `send_response` for each would start a
-        write of its own. A watch for one of them ends, as there."""
+        one write, now (not gathered with the turn's other frames: broker.mcp.outbox), where
+        `send_response` for each would start a write of its own. A watch for one of them ends,
+        as there."""
         for rid, _ in answers:
             self._watches.pop(_key(rid), None)
         frames = [push_frame(frame) for _, line in answers for frame in line_frames(line)]
         try:
-            await self._conn.send_many(frames)
+            await self._conn.send_many(frames, gather=False)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise BrokenPipeError("the relay to the host is gone") from exc
 
