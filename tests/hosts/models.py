@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +35,17 @@ GATE_TIMEOUT = 60.0
 SEARCH = "ToolSearch"  # Claude Code's loader of deferred tools (2.1.332)
 BUILTIN = "!"  # a Codex plan step "!exec_command" calls that built-in tool of Codex
 LOADING = "=load"  # marks, in one request's bookkeeping, the searches this server made to load a tool
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """A host that hangs up while it is answered (a request it gave up, a host the test ended)
+    is no error of the server's: the request was recorded before the answer. Anything else is
+    printed as http.server prints it."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 @dataclass
@@ -125,7 +137,7 @@ class ModelServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _HTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
