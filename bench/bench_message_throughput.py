@@ -42,6 +42,15 @@ one-at-a-time p50. The broker-only readings stay in `details`:
   `one_at_a_time_offer_ack_rate`, and its cost against the plain one-at-a-time reading of the
   same rounds, `offer_ack_cost` (at most 0.10, i.e. 10 %; reported, not part of `ok`).
 
+Each windowed round (16 in flight, both paths) starts once the broker is quiet: the work it leaves
+for a quiet moment after the round before is done (QUIET_SPELL). Over those rounds, the CPU each
+process spends per message, in µs (user + system, all threads; Linux only, else null):
+`details.broker_only_cpu_us` (the broker, this process as its clients) and
+`details.relay_cpu_us` (the broker, this process as the host, the two relays), each with `all`.
+On this 2-core machine the rate ratio follows the inverse ratio of the two `all`s once both paths
+keep both cores busy, so they say whether a change moved the product's cost or the machine's
+speed moved the rates.
+
 `--broker-only`: no relay processes and no relay rounds; the value is the broker-only rate,
 `ok` its targets. That is the scenario this bench measured before the relay path became its
 headline (a6f431d and earlier); `compare.py` runs it against such a tree with this script on
@@ -57,12 +66,13 @@ running broker (a `server/discover` probe, then the envelope in every request's 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -79,6 +89,16 @@ TARGET_FLOOR_RATIO = 1.4
 PROJECT = "/bench/relay-project"
 WINDOW = 16  # sends in flight
 RELAY_ACKS_SETTLE = 0.6  # seconds after the relay rounds: their acknowledgements are recorded meanwhile
+# Before each windowed round, the broker finishes the work it leaves for a quiet moment: the search
+# index's pass, 20 ms after the last commit (broker.feeds.indexer). A round of one message at a
+# time leaves it no such moment, so its pass (about 1,000 messages) fell into the windowed round
+# right after it: the relay one, while the broker-only one came after RELAY_ACKS_SETTLE (with
+# --broker-only, the broker-only one). docs/performance.md, stop 64. Quiet: at most QUIET_CPU of
+# the broker's CPU in a QUIET_SPELL, QUIET_MAX at most.
+QUIET_SPELL = 0.1  # seconds
+QUIET_CPU = 0.01  # seconds of CPU in a spell (/proc's tick)
+QUIET_MAX = 5.0  # seconds
+PROC = Path("/proc/self/stat").exists()  # Linux: each process's CPU can be read
 TEXT = "status: build green on main, 42 tests added; next I take the migration review. " * 2
 
 ECHO_SERVER = r"""
@@ -278,6 +298,59 @@ class RelayPath:
         return per_round / (elapsed / 1e9), sent_at
 
 
+async def broker_quiet(pid: int) -> None:
+    """Until the broker's CPU has been quiet for a spell (see QUIET_SPELL); where there is no
+    /proc, a pause of a few spells."""
+    import trio
+
+    if not PROC:
+        await trio.sleep(4 * QUIET_SPELL)
+        return
+    with trio.move_on_after(QUIET_MAX):
+        while True:
+            before = c.cpu_seconds(pid)
+            await trio.sleep(QUIET_SPELL)
+            if c.cpu_seconds(pid) - before <= QUIET_CPU:
+                return
+
+
+class CpuMeter:
+    """The CPU each process of a path spends per message over its windowed rounds: user + system
+    seconds (all threads, /proc/<pid>/stat) read before and after each counted round, summed by
+    role. Where there is no /proc (not Linux), it reads nothing and reports None. The 10 ms tick
+    of those counters is why rounds are summed, not read one by one. A round's reading ends when
+    its last message is shown (or acknowledged): work a round leaves behind (the relay path's
+    acknowledgements, recorded after their grace) falls into the next readings."""
+
+    def __init__(self, roles: dict[str, list[int]]) -> None:
+        self.roles = roles  # role -> its processes' pids
+        self.seconds = dict.fromkeys(roles, 0.0)
+        self.messages = 0
+        self.works = PROC
+
+    def _read(self) -> dict[str, float]:
+        return {role: sum(c.cpu_seconds(pid) for pid in pids) for role, pids in self.roles.items()}
+
+    @contextmanager
+    def round(self, messages: int, *, counted: bool) -> Iterator[None]:
+        if not (counted and self.works):
+            yield
+            return
+        before = self._read()
+        yield
+        for role, spent in self._read().items():
+            self.seconds[role] += spent - before[role]
+        self.messages += messages
+
+    def per_message(self) -> dict[str, float] | None:
+        """Microseconds of CPU per message by role, and "all" of them; None if nothing was read."""
+        if not self.messages:
+            return None
+        out = {role: round(spent / self.messages * 1e6, 1) for role, spent in self.seconds.items()}
+        out["all"] = round(sum(self.seconds.values()) / self.messages * 1e6, 1)
+        return out
+
+
 async def acknowledge(client: Any, pushes: Any, on_acked: Callable[[list[str]], None],
                       offer_first: Callable[[], bool] = lambda: False) -> None:
     """A bridge-protocol receiver: each push of a message, with the others already here,
@@ -303,7 +376,7 @@ async def acknowledge(client: Any, pushes: Any, on_acked: Callable[[list[str]], 
 
 async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds are closures over its state, which mccabe counts into it
     socket_path: str, env: dict[str, str], floors: dict[str, str], rounds: int, per_round: int, warmup: int,
-    echo: EchoLoop, *, relay_path: bool = True,
+    echo: EchoLoop, broker_pid: int, *, relay_path: bool = True,
 ) -> dict:
     import trio
 
@@ -387,9 +460,16 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
                 open_bridge_client(path, c.hello("/bench/sender", 2))
             )
             floor_ends[name] = (floor_sender, floor_to)
+        # This process is the clients of the broker-only rounds and the host of the relay rounds.
+        cpu_broker_only = CpuMeter({"broker": [broker_pid], "clients": [os.getpid()]})
+        cpu_relay_path = CpuMeter({"broker": [broker_pid], "host": [os.getpid()], "relays": (
+            [relays.sender.process.pid, relays.receiver.process.pid] if relays is not None else []
+        )})
         async with open_bridge_client(socket_path, c.hello("/bench/sender", 2)) as (sender, _pushes):
             for r in range(warmup + rounds):  # interleaved: an echo round after every bridge round
-                rate, sent_at = await bridge_round(sender, to, WINDOW)
+                await broker_quiet(broker_pid)
+                with cpu_broker_only.round(per_round, counted=r >= warmup):
+                    rate, sent_at = await bridge_round(sender, to, WINDOW)
                 echo_rate = echo.round(per_round, WINDOW)
                 one_rate, sent_one = await bridge_round(sender, to, 1)
                 sent_floor = {name: (await bridge_round(*ends, 1))[1] for name, ends in floor_ends.items()}
@@ -398,7 +478,9 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
                 offer_rate, sent_offer = await bridge_round(sender, to, 1)
                 offer_first = False
                 if relays is not None:
-                    relay_rate, sent_relay = await relays.round(per_round, WINDOW)
+                    await broker_quiet(broker_pid)
+                    with cpu_relay_path.round(per_round, counted=r >= warmup):
+                        relay_rate, sent_relay = await relays.round(per_round, WINDOW)
                     relay_one_rate, sent_relay_one = await relays.round(per_round, 1)
                     # The relay rounds' acknowledgements are recorded once their cancel grace is
                     # over (CANCEL_GRACE, 0.25 s, then ACK_BATCH): let them land here, not in the
@@ -428,6 +510,7 @@ async def drive(  # noqa: C901  one benchmark scenario; its receiver and rounds 
         "one": one_at_a_time, "echo_one": echo_one, "latencies_one": latencies_one,
         "offer_one": offer_one, "latencies_offer": latencies_offer, "latencies_floor": latencies_floor,
         "relay": relay_rates, "latencies_relay": latencies_relay,
+        "cpu_broker_only": cpu_broker_only.per_message(), "cpu_relay_path": cpu_relay_path.per_message(),
         "relay_one": relay_one, "latencies_relay_one": latencies_relay_one,
     }
 
@@ -463,7 +546,7 @@ def main() -> None:
                 paths = {name: floor.path for name, floor in floors.items()}
                 out = trio.run(
                     partial(drive, relay_path=not args.broker_only),
-                    record["socket"], env, paths, rounds, per_round, warmup, echo,
+                    record["socket"], env, paths, rounds, per_round, warmup, echo, broker.pid,
                 )
         finally:
             echo.close()
@@ -502,6 +585,7 @@ def main() -> None:
         "one_at_a_time_offer_ack_rate": c.median(out["offer_one"]),
         "one_at_a_time_offer_ack_p50": c.ms(c.percentile(out["latencies_offer"], 50)),
         "offer_ack_cost": 1 - c.median(out["offer_one"]) / c.median(out["one"]),
+        "broker_only_cpu_us": out["cpu_broker_only"],
         "latency_unit": "ms",
     }
     if args.broker_only:  # the reading of a6f431d and earlier, under its unit
@@ -539,6 +623,7 @@ def main() -> None:
             **details,
             "relay_rate_min": min(out["relay"]),
             "relay_rate_max": max(out["relay"]),
+            "relay_cpu_us": out["cpu_relay_path"],
             "relay_one_at_a_time_rate": c.median(out["relay_one"]),
             "relay_one_at_a_time_p50": relay_one_p50,
             "relay_one_at_a_time_p99": c.ms(c.percentile(out["latencies_relay_one"], 99)),

@@ -111,6 +111,29 @@ def test_message_throughput_through_a_host_of_the_2026_protocol(tmp_path: Path) 
     assert line["details"]["protocol"] == "2026" and line["value"] > 0, line
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="CPU per process is read from Linux's /proc")
+def test_message_throughput_reports_the_cpu_of_each_process_per_message(tmp_path: Path) -> None:
+    """The CPU per message of each process of both paths over their windowed rounds: the broker
+    and this process (its clients) for the broker alone; the broker, this process (the host) and
+    the two relays for the relay path; `all` their sum. Values are only ever >= 0 here: --quick
+    rounds are shorter than the counters' tick."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_BRIDGE_")}
+    env["AGENT_BRIDGE_BENCH_RESULTS"] = str(tmp_path / "results.jsonl")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_message_throughput.py"), "--quick"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    details = json.loads(proc.stdout)["details"]
+    for key, roles in (("broker_only_cpu_us", {"broker", "clients"}),
+                       ("relay_cpu_us", {"broker", "host", "relays"})):
+        cpu = details[key]
+        assert set(cpu) == roles | {"all"}, (key, cpu)
+        assert all(_number(v) and v >= 0 for v in cpu.values()), (key, cpu)
+        assert cpu["all"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.2), (key, cpu)
+
+
 def _compare_module():
     import importlib.util
 
