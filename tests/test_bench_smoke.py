@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,37 @@ def test_message_throughput_reports_the_cpu_of_each_process_per_message(tmp_path
         assert set(cpu) == roles | {"all"}, (key, cpu)
         assert all(_number(v) and v >= 0 for v in cpu.values()), (key, cpu)
         assert cpu["all"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.2), (key, cpu)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="CPU per process is read from Linux's /proc")
+def test_the_cpu_meter_counts_what_a_process_spent_in_its_counted_rounds() -> None:
+    """bench_message_throughput's CpuMeter reads a process's CPU (from /proc) over the rounds it
+    counts, per message, and nothing over the rounds it does not count."""
+    meter = _bench_module("bench_message_throughput").CpuMeter({"bench": [os.getpid()]})
+
+    def burn(seconds: float) -> None:  # CPU time, not wall time: what the meter reads
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+
+    with meter.round(100, counted=False):
+        burn(0.05)
+    assert meter.per_message() is None
+    with meter.round(100, counted=True):
+        burn(0.2)  # 2,000 µs a message; /proc counts in ticks of 10 ms
+    cpu = meter.per_message()
+    assert cpu is not None and set(cpu) == {"bench", "all"}
+    assert 1_500 <= cpu["bench"] == cpu["all"], cpu
+
+
+def _bench_module(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _compare_module():
