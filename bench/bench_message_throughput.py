@@ -327,14 +327,13 @@ class CpuMeter:
         self.roles = roles  # role -> its processes' pids
         self.seconds = dict.fromkeys(roles, 0.0)
         self.messages = 0
-        self.works = PROC
 
     def _read(self) -> dict[str, float]:
         return {role: sum(c.cpu_seconds(pid) for pid in pids) for role, pids in self.roles.items()}
 
     @contextmanager
     def round(self, messages: int, *, counted: bool) -> Iterator[None]:
-        if not (counted and self.works):
+        if not (counted and PROC):
             yield
             return
         before = self._read()

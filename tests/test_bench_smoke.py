@@ -157,19 +157,10 @@ def test_the_cpu_meter_counts_what_a_process_spent_in_its_counted_rounds() -> No
 
 
 def _bench_module(name: str):
+    """bench/<name>.py, loaded as a module (the benches are scripts, not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _compare_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_compare", BENCH / "compare.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -181,7 +172,7 @@ def _line(value: float, unit: str, **details: float) -> dict:
 
 
 def test_compare_judges_the_median_in_the_direction_of_its_unit() -> None:
-    judge = _compare_module().judge
+    judge = _bench_module("compare").judge
     scripts = {"base": "base:bench/bench_x.py", "current": "current:bench/bench_x.py"}
     slower = judge("x", {"base": [_line(1.0, "ms"), _line(1.2, "ms"), _line(0.9, "ms")],
                          "current": [_line(1.06, "ms"), _line(1.02, "ms"), _line(5.0, "ms")]}, scripts)
@@ -196,7 +187,7 @@ def test_compare_judges_the_median_in_the_direction_of_its_unit() -> None:
 
 
 def test_compare_falls_back_to_a_reading_both_lines_carry() -> None:
-    judge = _compare_module().judge
+    judge = _bench_module("compare").judge
     scripts = {
         "base": "base:bench/bench_message_throughput.py",
         "current": "current:bench/bench_message_throughput.py",
