@@ -4,9 +4,10 @@
 
 One thread, one `select` over the host's stdin and the broker socket: each host line parsed as
 JSON (as the relay must, to know a request) and framed as the relay frames it; each broker frame
-decoded, its line written to stdout, and `written` reported for a line that shows messages. No
-requests noted, no replay, no showing machine, no ledger, no reconnect, no signals: a reading
-only, never a relay (it loses what the real one keeps). `bench_cpu_per_pair.py --floor` and
+decoded, its line written to stdout, and `written` reported for a line that shows messages; at the
+real relay's scheduling policy (relay.pump.batched). No requests noted, no replay, no showing
+machine, no ledger, no reconnect, no signals: a reading only, never a relay (it loses what the
+real one keeps). `bench_cpu_per_pair.py --floor` and
 `bench_message_throughput.py --floor` run their sessions through it, to say how much of the relay
 path's cost any process between the host's pipe and the broker's socket would pay.
 """
@@ -20,7 +21,7 @@ import sys
 from argparse import Namespace
 
 from agent_bridge.ipc import protocol
-from agent_bridge.relay import connector
+from agent_bridge.relay import connector, pump
 from agent_bridge.relay.options import options_from
 from agent_bridge.relay.quick import parse_mcp
 
@@ -29,6 +30,7 @@ def main() -> None:
     parsed = parse_mcp(sys.argv[1:])
     assert parsed is not None, "plain `mcp` options only"
     options = options_from(Namespace(**parsed))
+    pump.batched()  # the scheduling the real relay's pump has: the floor differs only in its work
     socket_path = connector.broker_socket(options.home)
     assert socket_path is not None, "no broker running"
     hello = protocol.request(1, "mcp", **options.hello(None), acked=[], offered=[])

@@ -456,6 +456,35 @@ async def test_a_broker_started_by_a_relay_stops_on_sigterm(env, home):
         stop_any_broker(env)
 
 
+def _policies(pid: int) -> dict[int, int]:
+    """Each thread's scheduling policy (sched(7)), by thread id (the main thread's is `pid`)."""
+    tids = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    return {tid: os.sched_getscheduler(tid) for tid in tids}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
+async def test_the_relay_s_pump_runs_batched_and_the_broker_it_starts_does_not(env, home):
+    """The relay's pump thread (its main thread: every frame passes through it) runs at
+    SCHED_BATCH, so a broker's push wakes it without preempting the broker mid-write
+    (relay.pump.batched); its other threads, and the broker it starts from one of them, keep the
+    normal policy."""
+    try:
+        with trio.fail_after(60):
+            host = await RawHost.start(
+                env, "--project", "/w/relay-batch", "--host-session-id", "hs-relay-batch"
+            )
+            await host.tool("whoami")  # answered by the broker this relay started
+            relay_pid = host.proc.pid
+            relay_threads = _policies(relay_pid)
+            broker_threads = _policies(json.loads((home / "broker.json").read_text())["pid"])
+            await host.kill()
+    finally:
+        stop_any_broker(env)
+    assert relay_threads.pop(relay_pid) == os.SCHED_BATCH
+    assert len(relay_threads) >= 2 and set(relay_threads.values()) == {os.SCHED_OTHER}, relay_threads
+    assert set(broker_threads.values()) == {os.SCHED_OTHER}, broker_threads
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_a_signal_ends_the_relay_at_once_and_acknowledges_nothing_unwritten(broker, env, home, signum):
     """SIGTERM or SIGINT (hosts send both) while a message waits unshown: the relay exits 0 at

@@ -76,6 +76,7 @@ class Pump:
 
     def run(self) -> None:
         """Until the host closes its input (its last lines handled)."""
+        batched()
         if self.host.pending:  # read before the pump ran (agent_bridge.relay.quick)
             self.take_host_lines()
         while self.step(None, host=True):
@@ -158,6 +159,22 @@ class Pump:
             relay.end_link(link)
         elif frames:
             relay.on_frames(link, frames)
+
+
+def batched() -> None:
+    """This thread (the pump's: every frame of the relay passes through it) at Linux's batch
+    policy (sched(7) SCHED_BATCH: its share of the CPU unchanged, but its wake-ups never preempt
+    the thread running). Each push of the broker's wakes the relay; at the normal policy that
+    wake-up took the broker's core from it in the middle of its write, about one write in two
+    on a busy 2-core machine, and the relay then ran for each frame alone. Batched, the broker
+    finishes its pass (or the relay finds a free core), and the relay takes what has come by
+    then in one read (docs/performance.md, stop 68). Only this thread: the broker thread, which
+    starts a broker when none runs, was started before and keeps the normal policy, and so does
+    that broker (a child inherits the policy of the thread that forks it)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError) as exc:  # not Linux, or refused: the normal policy serves
+        log.debug("the pump keeps the normal scheduling policy: %s", exc)
 
 
 def read_here(relay: Pumped, link: Link) -> None:
