@@ -68,7 +68,7 @@ from agent_bridge.relay.keeper import START_ATTEMPTS, Keeper
 from agent_bridge.relay.leaving import ACK_FLUSH_AT_EXIT, ANSWERS_AT_EXIT
 from agent_bridge.relay.link import Link
 from agent_bridge.relay.options import Options, options_from
-from agent_bridge.relay.pump import Pump, read_here
+from agent_bridge.relay.pump import Pump, batched, read_here
 from agent_bridge.relay.replay import Replay
 from agent_bridge.relay.requests import Request, Requests, cancelled_key, request_of
 from agent_bridge.relay.shown import Shown
@@ -525,6 +525,7 @@ def main(ns: argparse.Namespace, handed: Handed | None = None, *, shared: bool =
     if connector.broker_socket(options.home) is not None:  # none running: see connector.START_GRACE
         relay.wait_joined(JOIN_BEFORE_SERVING)
     if relay.pump is not None:
+        batched()  # this thread only, now that the others run: see there
         relay.pump.run()
     else:
         for line in host_input.lines():

@@ -76,7 +76,6 @@ class Pump:
 
     def run(self) -> None:
         """Until the host closes its input (its last lines handled)."""
-        batched()
         if self.host.pending:  # read before the pump ran (agent_bridge.relay.quick)
             self.take_host_lines()
         while self.step(None, host=True):
@@ -168,9 +167,10 @@ def batched() -> None:
     wake-up took the broker's core from it in the middle of its write, about one write in two
     on a busy 2-core machine, and the relay then ran for each frame alone. Batched, the broker
     finishes its pass (or the relay finds a free core), and the relay takes what has come by
-    then in one read (docs/performance.md, stop 68). Only this thread: the broker thread, which
-    starts a broker when none runs, was started before and keeps the normal policy, and so does
-    that broker (a child inherits the policy of the thread that forks it)."""
+    then in one read (docs/performance.md, stop 68). Called by the relay's main thread, the pump's,
+    once it started its other threads: the broker thread, which starts a broker when none runs,
+    keeps the normal policy, and so does that broker (a child inherits the policy of the thread
+    that forks it). For the rest of the thread's life: not for a pump run in another program."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError) as exc:  # not Linux, or refused: the normal policy serves
