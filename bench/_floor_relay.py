@@ -7,9 +7,9 @@ JSON (as the relay must, to know a request) and framed as the relay frames it; e
 decoded, its line written to stdout, and `written` reported for a line that shows messages; at the
 real relay's scheduling policy (relay.pump.batched). No requests noted, no replay, no showing
 machine, no ledger, no reconnect, no signals: a reading only, never a relay (it loses what the
-real one keeps). `bench_cpu_per_pair.py --floor` and
-`bench_message_throughput.py --floor` run their sessions through it, to say how much of the relay
-path's cost any process between the host's pipe and the broker's socket would pay.
+real one keeps). `bench_cpu_per_pair.py --floor` and `bench_message_throughput.py --floor` run
+their sessions through it, to say how much of the relay path's cost any process between the
+host's pipe and the broker's socket would pay.
 """
 
 from __future__ import annotations

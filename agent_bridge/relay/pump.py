@@ -162,15 +162,16 @@ class Pump:
 
 def batched() -> None:
     """This thread (the pump's: every frame of the relay passes through it) at Linux's batch
-    policy (sched(7) SCHED_BATCH: its share of the CPU unchanged, but its wake-ups never preempt
-    the thread running). Each push of the broker's wakes the relay; at the normal policy that
-    wake-up took the broker's core from it in the middle of its write, about one write in two
-    on a busy 2-core machine, and the relay then ran for each frame alone. Batched, the broker
-    finishes its pass (or the relay finds a free core), and the relay takes what has come by
-    then in one read (docs/performance.md, stop 68). Called by the relay's main thread, the pump's,
-    once it started its other threads: the broker thread, which starts a broker when none runs,
-    keeps the normal policy, and so does that broker (a child inherits the policy of the thread
-    that forks it). For the rest of the thread's life: not for a pump run in another program."""
+    policy (SCHED_BATCH, sched(7): its share of the CPU unchanged, but the scheduler does not let
+    its wake-ups preempt the thread running, kernel/sched/fair.c). Each push of the broker's
+    wakes the relay; at the normal policy that wake-up took the broker's core from it in the
+    middle of its write, about one write in two on a busy 2-core machine, and the relay then ran
+    for each frame alone. Batched, the broker finishes its pass (or the relay finds a free core),
+    and the relay takes what has come by then in one read (docs/performance.md, stop 68). Called
+    by the relay's main thread, the pump's, once it started its other threads: the broker
+    thread, which starts a broker when none runs, keeps the normal policy, and so does that
+    broker (a child inherits the policy of the thread that forks it). For the rest of the
+    thread's life: not for a pump run in another program."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError) as exc:  # not Linux, or refused: the normal policy serves
