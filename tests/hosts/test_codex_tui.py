@@ -196,6 +196,10 @@ def test_note_after_compaction(world: World) -> None:
     assert "PostgreSQL 16" not in first.text
 
     world.bridge("decide", "db", "PostgreSQL 16", "--scope", "all")
+    # "done." shows before the turn ends (its Stop hooks, the bridge's among them, still run), and
+    # Codex 0.171.0 refuses `/compact` until then: "'/compact' is disabled while a task is in
+    # progress". The turn's end is the "Worked for …" line it puts under the answer.
+    poll_until(lambda: "Worked for" in tui.screen(), "the first turn's end")
     tui.type("/compact")
     poll_until(lambda: "Context compacted" in tui.screen(), "the compaction")
     summarised = [
