@@ -37,10 +37,11 @@ SCRIPT = Path(sys.executable).with_name("agent-bridge")  # the console script, a
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [PYTHON, "-m", "agent_bridge"]
 READY_TIMEOUT = 30.0
 # After it answers, a broker loads its sessions' MCP side on a thread: broker.root._preload_mcp,
-# PRELOAD_QUIET (1 s) after the last session joined, about 0.75 s of CPU (so does 8cd758e's).
+# SETTLE_QUIET (1 s) after the last session joined, about 0.75 s of CPU (so does 8cd758e's), and
+# since stop 69 its dashboard's Quart and Hypercorn then too (dashboard/deferred.py), 0.2 s more.
 # Rounds that begin at once share the CPU with that load for their first seconds, and a bench's
 # median round moved with where it fell (docs/performance.md, stop 59). BrokerProcess.wait_settled.
-SETTLE_FIRST = 1.5  # seconds after ready: past PRELOAD_QUIET, so the load has begun
+SETTLE_FIRST = 1.5  # seconds after ready: past SETTLE_QUIET, so the load has begun
 SETTLE_SPELL = 0.5  # seconds the broker must then spend with next to no CPU
 SETTLE_CPU = 0.01  # ...at most this many seconds of CPU in that spell
 SETTLE_TIMEOUT = 30.0

@@ -179,7 +179,7 @@ def up(*, detach: bool) -> int:  # noqa: C901 - the start-up order, and each ref
         import trio
 
         from agent_bridge.broker.root import run_broker
-        from agent_bridge.dashboard.server import DashboardError
+        from agent_bridge.dashboard.port import DashboardError
 
         log = logging.getLogger("agent_bridge.broker")
         refused: list[str] = []

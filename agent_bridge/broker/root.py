@@ -19,7 +19,9 @@ root nursery                    lives as long as the store
      ├─ serve_unix              the IPC listener (serve_pipe on Windows: ipc_listener); its nursery
      │                          holds one task per connection, and each session connection holds
      │                          its delivery task
-     └─ serve_dashboard         the Quart-Trio app on Hypercorn, loopback only
+     ├─ serve_dashboard         listening on loopback before the broker is ready; the Quart-Trio
+     │                          app on Hypercorn once a browser connects or sessions settle
+     └─ _settle, _preload_mcp   after ready: sessions stopped joining; the MCP side imported then
 `stop` (a signal, or a `shutdown` request from `agent-bridge down`) first interrupts the running
 jobs (their ends recorded), then cancels the serving nursery: the connected sessions' last-seen
 times are written (one transaction), connections close and the dashboard drains within its grace
@@ -54,6 +56,7 @@ from agent_bridge.broker.storage import serve_store
 from agent_bridge.common import paths
 from agent_bridge.common.config import Settings
 from agent_bridge.common.faults import fault_injector
+from agent_bridge.dashboard.deferred import serve_dashboard
 from agent_bridge.ipc.listener import serve_unix
 from agent_bridge.ipc.pipe import serve_pipe
 from agent_bridge.store.feed import ChangeFeed
@@ -142,6 +145,8 @@ async def _serve(
 ) -> None:
     """The IPC listener, the dashboard and the commit feed's followers (the federation among
     them when config.toml has [federation]), until `stop`; the store outlives this."""
+    settled = trio.Event()  # set once sessions stopped joining after the start (_settle)
+    importing = trio.CapacityLimiter(1)  # the heavy imports on threads, one at a time
     async with trio.open_nursery() as serving:
         _commit_feed(broker)
         serving.start_soon(_close_sessions_on, stop, broker, serving.cancel_scope)
@@ -153,7 +158,11 @@ async def _serve(
         broker.socket_path = await serving.start(
             listen, paths.socket_path(home), partial(handle_connection, broker)
         )
-        broker.web_url = await _start_dashboard(serving, home, broker, web_port)
+        broker.web_url = await serving.start(  # the live stream follows the broker's commit feed
+            partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port,
+                    hub=lambda: None if broker.federation is None else broker.federation.status(),
+                    settled=settled, importing=importing)
+        )
         broker.waiters = waiters.for_broker(broker)
         serving.start_soon(broker.waiters.run)
         broker.pending = pending.for_broker(broker)
@@ -181,28 +190,37 @@ async def _serve(
         paths.write_private(home / paths.BROKER_JSON, json.dumps(record))
         log.info("broker ready: socket %s, dashboard %s", broker.socket_path, broker.web_url)
         on_ready(record)
-        serving.start_soon(_preload_mcp, broker)
+        serving.start_soon(_settle, broker, settled)
+        serving.start_soon(_preload_mcp, settled, importing)
 
 
-PRELOAD_QUIET = 1.0  # seconds without a session joining before the MCP side is loaded
-PRELOAD_WAIT_MAX = 10  # ...waited at most this many times
+SETTLE_QUIET = 1.0  # seconds without a session joining: the sessions have settled
+SETTLE_WAIT_MAX = 10  # ...waited at most this many times
 
 
-async def _preload_mcp(broker: Broker) -> None:
-    """Import the sessions' MCP side (the MCP SDK, pydantic: half a second of CPU) on a thread,
-    soon after the broker is ready. Imported at the first session's connection instead, on the
-    event loop, it held that session's `tools/list` and every other session up for that long.
-    Once sessions stop joining: right after a restart, the sessions reconnecting would share
-    the CPU with it (a relay that connects first imports it itself, as before)."""
-    for _ in range(PRELOAD_WAIT_MAX):
+async def _settle(broker: Broker, settled: trio.Event) -> None:
+    """Set `settled` once sessions stop joining after the start (at most ~10 s after it): right
+    after a restart, the sessions reconnecting get the CPU before the imports that can wait."""
+    for _ in range(SETTLE_WAIT_MAX):
         joined = len(broker.sessions)
-        await trio.sleep(PRELOAD_QUIET)
+        await trio.sleep(SETTLE_QUIET)
         if len(broker.sessions) == joined:
             break
+    settled.set()
+
+
+async def _preload_mcp(settled: trio.Event, importing: trio.CapacityLimiter) -> None:
+    """Import the sessions' MCP side (the MCP SDK, pydantic: half a second of CPU) on a thread,
+    once sessions have settled. Imported at the first session's connection instead, on the
+    event loop, it held that session's `tools/list` and every other session up for that long
+    (a relay that connects first imports it itself, as before)."""
+    await settled.wait()
     if MCP_HOST in sys.modules:
         return
     try:
-        await trio.to_thread.run_sync(importlib.import_module, MCP_HOST, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(
+            importlib.import_module, MCP_HOST, limiter=importing, abandon_on_cancel=True
+        )
     except Exception as exc:  # noqa: BLE001 - the first session imports it again and says why
         log.warning("could not load the MCP side ahead of the first session: %s", exc)
 
@@ -215,13 +233,3 @@ def _commit_feed(broker: Broker) -> ChangeFeed:
     broker.store.on_change = changes.poke
     broker.changes = changes
     return changes
-
-
-async def _start_dashboard(serving: trio.Nursery, home: Path, broker: Broker, web_port: int | None) -> str:
-    from agent_bridge.dashboard.server import serve_dashboard  # quart and hypercorn: the broker only
-
-    url: str = await serving.start(  # the live stream follows the broker's commit feed
-        partial(serve_dashboard, home, live=broker.connected_ids, changes=broker.changes, port=web_port,
-                hub=lambda: None if broker.federation is None else broker.federation.status())
-    )
-    return url

@@ -1,20 +1,16 @@
-"""Serving the dashboard (SPEC §2, §6): bind loopback, rotate the token, publish `dashboard.url`,
-serve until cancelled.
+"""Serving the dashboard (SPEC §2, §6) with Hypercorn: on a socket `port.listen` opened (bound on
+loopback, this start's token, `dashboard.url` published), until cancelled.
 
-`serve_dashboard` is what the broker starts from its root nursery; `run_dashboard` is the same
-thing for `agent-bridge dashboard`, which also needs the tokenized URL and may run on a home
-it cannot write to.
+`serve_listening` is what the broker runs once the dashboard is wanted (dashboard/deferred.py);
+`serve_dashboard` opens and serves at once; `run_dashboard` is the same for `agent-bridge
+dashboard`, which also needs the tokenized URL and may run on a home it cannot write to.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import socket
-import sys
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from pathlib import Path
 
 import h11
@@ -24,15 +20,21 @@ import hypercorn.trio.tcp_server
 import trio
 from hypercorn.config import Config, Sockets
 
-from agent_bridge.common import paths
 from agent_bridge.dashboard import auth
 from agent_bridge.dashboard.app import create_app
+from agent_bridge.dashboard.port import (  # noqa: F401 - HOST..requested_port: what callers import from here
+    DEFAULT_PORT,
+    HOST,
+    PORT_ENV,
+    DashboardError,
+    Listening,
+    bind_loopback,
+    listen,
+    requested_port,
+)
 from agent_bridge.dashboard.state import Hub
 from agent_bridge.store.feed import ChangeFeed
 
-HOST = "127.0.0.1"  # loopback only (SPEC §6)
-DEFAULT_PORT = 7878  # fixed so a bookmark-free URL stays the same; a free port when it is taken
-PORT_ENV = "AGENT_BRIDGE_WEB_PORT"
 GRACEFUL_TIMEOUT = 2.0  # seconds open requests get to finish once the dashboard is told to stop
 SHUTDOWN_MARGIN = 1.0  # on top of that, for Hypercorn's own lifespan shutdown
 LOGGER = "agent_bridge.dashboard"  # Hypercorn's error log; no access log: request lines carry ?t=<token>
@@ -45,18 +47,6 @@ MAX_CONNECTIONS = 64
 KEEP_ALIVE_TIMEOUT = 5.0
 
 Live = Callable[[], Collection[str]]
-
-
-class DashboardError(RuntimeError):
-    """The dashboard cannot start (a bad port setting, a port in use, an unwritable home)."""
-
-
-@dataclass(frozen=True)
-class Dashboard:
-    base_url: str  # without token, e.g. http://127.0.0.1:7878
-    url: str  # with this start's token: what dashboard.url holds
-    url_file: Path | None  # where the URL was published; None when the home could not take it
-    publish_error: str | None = None  # why it could not, for the standalone command to say
 
 
 async def serve_dashboard(
@@ -80,7 +70,7 @@ async def serve_dashboard(
     a port in use, or a home that cannot take `dashboard.url`.
     """
     await _run(home, live=live, changes=changes, port=port, require_url_file=True, hub=hub,
-               started=lambda dashboard: task_status.started(dashboard.base_url))
+               started=lambda listening: task_status.started(listening.base_url))
 
 
 async def run_dashboard(
@@ -89,11 +79,11 @@ async def run_dashboard(
     live: Live | None = None,
     port: int | None = None,
     require_url_file: bool = True,
-    task_status: trio.TaskStatus[Dashboard] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """`serve_dashboard`, reporting a `Dashboard` (with the tokenized URL). With
+    """`serve_dashboard`, reporting its `Listening` (with the tokenized URL). With
     `require_url_file=False` a home that cannot take `dashboard.url` (read-only) is reported
-    in `Dashboard.publish_error` instead of raised."""
+    in `Listening.publish_error` instead of raised."""
     await _run(home, live=live, changes=None, port=port, require_url_file=require_url_file,
                started=task_status.started)
 
@@ -105,45 +95,43 @@ async def _run(
     changes: ChangeFeed | None,
     port: int | None,
     require_url_file: bool,
-    started: Callable[[Dashboard], None],
+    started: Callable[[Listening], None],
     hub: Hub | None = None,
 ) -> None:
-    sock = bind_loopback(port)
+    listening = listen(home, port, require_url_file=require_url_file)
     try:
-        bound_port = sock.getsockname()[1]
-        token = auth.new_token()
-        stop = trio.Event()  # also ends the live streams, so they never hold a shutdown
-        app = create_app(home, port=bound_port, token=token, live=live, changes=changes, closing=stop,
-                         hub=hub)
-        base_url = f"http://{HOST}:{bound_port}"
-        url = f"{base_url}/?{auth.TOKEN_PARAM}={token}"
-        drain = trio.CancelScope()  # shielded once serving: see _serve_until
-        refused: DashboardError | None = None
-        async with trio.open_nursery() as nursery:
-            url_file: Path | None = None
-            try:
-                await nursery.start(_serve_until, drain, app, _config(sock), stop)
-                drain.shield = True  # from now on a cancel becomes a graceful stop (finally below)
-                try:
-                    url_file = _publish(home, url)
-                    dashboard = Dashboard(base_url, url, url_file)
-                except OSError as exc:
-                    problem = f"cannot write {home / paths.DASHBOARD_URL}: {exc.strerror}"
-                    refused = DashboardError(problem) if require_url_file else None
-                    dashboard = Dashboard(base_url, url, None, problem)
-                if refused is None:
-                    started(dashboard)
-                    await trio.sleep_forever()
-            finally:
-                # Cancelled, refused or failed: stop taking requests, give open ones a deadline.
-                stop.set()
-                drain.deadline = trio.current_time() + GRACEFUL_TIMEOUT + SHUTDOWN_MARGIN
-                if url_file is not None:
-                    _unpublish(url_file, url)
-        if refused is not None:
-            raise refused
+        await serve_listening(listening, home, live=live, changes=changes, hub=hub,
+                              started=lambda: started(listening))
     finally:
-        sock.close()
+        listening.close()
+
+
+async def serve_listening(
+    listening: Listening,
+    home: Path,
+    *,
+    live: Live | None,
+    changes: ChangeFeed | None,
+    hub: Hub | None = None,
+    started: Callable[[], None] = lambda: None,
+) -> None:
+    """Serve the app on a socket `port.listen` opened, until cancelled: then stop taking requests
+    and give the open ones GRACEFUL_TIMEOUT. `started()` once Hypercorn serves. The caller closes
+    `listening`."""
+    stop = trio.Event()  # also ends the live streams, so they never hold a shutdown
+    app = create_app(home, port=listening.port, token=listening.token, live=live, changes=changes,
+                     closing=stop, hub=hub)
+    drain = trio.CancelScope()  # shielded once serving: see _serve_until
+    async with trio.open_nursery() as nursery:
+        try:
+            await nursery.start(_serve_until, drain, app, _config(listening.sock), stop)
+            drain.shield = True  # from now on a cancel becomes a graceful stop (finally below)
+            started()
+            await trio.sleep_forever()
+        finally:
+            # Cancelled or failed: stop taking requests, give open ones a deadline.
+            stop.set()
+            drain.deadline = trio.current_time() + GRACEFUL_TIMEOUT + SHUTDOWN_MARGIN
 
 
 async def _serve_until(
@@ -159,62 +147,6 @@ async def _serve_until(
     start() then waits for the task to exit, which a shielded server never would."""
     with drain:
         await hypercorn.trio.serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)  # type: ignore[arg-type]
-
-
-# --- the port -------------------------------------------------------------------------------
-
-
-def requested_port(
-    port: int | None, env: dict[str, str] | os._Environ[str] | None = None
-) -> tuple[int, bool]:
-    """(port to try, whether it was asked for explicitly). An explicit port in use is an error;
-    the default one falls back to any free port."""
-    if port is not None:
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise DashboardError(f"port: expected 0..65535 (0 = any free port), got {port!r}")
-        return port, True
-    env = os.environ if env is None else env
-    raw = env.get(PORT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_PORT, False
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise DashboardError(f"{PORT_ENV}: expected a port number 0..65535 (0 = any free port), got {raw!r}")
-    return value, True
-
-
-def bind_loopback(port: int | None) -> socket.socket:
-    """A socket bound on 127.0.0.1 (not yet listening; Hypercorn listens)."""
-    wanted, explicit = requested_port(port)
-    try:
-        return _bind(wanted)
-    except OSError as exc:
-        if explicit or exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-            raise DashboardError(
-                f"cannot listen on {HOST}:{wanted}: {exc.strerror}; "
-                f"set {PORT_ENV} to another port, or to 0 for any free port"
-            ) from None
-    return _bind(0)
-
-
-def _bind(port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        if sys.platform == "win32":
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined]
-        else:
-            # reuse a TIME_WAIT port after a restart
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((HOST, port))
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 class _BoundConfig(Config):
@@ -307,24 +239,3 @@ def _config(sock: socket.socket) -> Config:
     config.errorlog = logging.getLogger(LOGGER)
     config.include_server_header = False
     return config
-
-
-# --- dashboard.url --------------------------------------------------------------------------
-
-
-def _publish(home: Path, url: str) -> Path:
-    if not home.is_dir():
-        paths.ensure_home(home)  # created 0700; an existing home's mode is left as it is
-    target = home / paths.DASHBOARD_URL
-    paths.write_private(target, url)
-    return target
-
-
-def _unpublish(target: Path, url: str) -> None:
-    """Remove dashboard.url if it still holds our URL (a later dashboard may have replaced it)."""
-    try:
-        if target.read_text(encoding="utf-8").strip() == url:
-            target.unlink()
-    except OSError:
-        pass
-

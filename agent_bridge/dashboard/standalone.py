@@ -82,7 +82,7 @@ def write_open_page(home: Path, url: str) -> Path:
 def _serve(home: Path, open_browser: bool) -> int:
     import trio
 
-    from agent_bridge.dashboard.server import DashboardError
+    from agent_bridge.dashboard.port import DashboardError
 
     try:
         return trio.run(_serve_foreground, home, open_browser)

@@ -6,14 +6,17 @@ import errno
 import logging
 import socket
 import stat
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
+import trio.testing
 from webfixtures import TIMEOUT, build_database, start_dashboard
 
-from agent_bridge.dashboard import server
+from agent_bridge.dashboard import deferred, server
 from agent_bridge.dashboard.server import (
     DEFAULT_PORT,
     PORT_ENV,
@@ -201,3 +204,107 @@ async def test_the_token_is_never_logged(web_home: Path, caplog: pytest.LogCaptu
     text = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in server_side)
     assert running.token not in text
     assert running.token[::-1] not in text
+
+
+# --- the broker's: listening first, the server once wanted (dashboard/deferred.py) -------------
+
+
+def broker_dashboard(home: Path, settled: trio.Event) -> partial[object]:
+    return partial(deferred.serve_dashboard, home, live=frozenset, changes=None, port=0, hub=lambda: None,
+                   settled=settled, importing=trio.CapacityLimiter(1))
+
+
+class Serving(logging.Handler):
+    """Sets `now` at Hypercorn's "Running on" (the dashboard's logger), which it logs once it serves."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.now = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Running on"):
+            self.now.set()
+
+
+@pytest.fixture
+def serving() -> Iterator[Serving]:
+    handler, logger = Serving(), logging.getLogger(server.LOGGER)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+async def test_the_broker_s_dashboard_listens_and_publishes_first_and_serves_a_browser_that_connects(
+    web_home: Path, serving: Serving
+) -> None:
+    """Before `started`: the socket listens and dashboard.url holds this start's URL, but nothing is
+    served until it is wanted. Sessions never settle here: the browser's connection, waiting to be
+    accepted, is what starts the server, and its request is answered. Cancelled: no socket, no URL."""
+    build_database(web_home)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            base = await nursery.start(broker_dashboard(web_home, trio.Event()))
+            url = (web_home / "dashboard.url").read_text()
+            assert url.startswith(base + "/?t=")
+            await trio.testing.wait_all_tasks_blocked()
+            assert not serving.now.is_set()  # waits for a browser or the sessions to settle
+            async with httpx.AsyncClient() as client:
+                link = await client.get(url)
+                assert link.status_code == 303
+                assert (await client.get(base + "/api/decisions")).status_code == 200  # the cookie
+            assert serving.now.is_set()
+            nursery.cancel_scope.cancel()
+    assert refused(int(base.rsplit(":", 1)[1]))
+    assert not (web_home / "dashboard.url").exists()
+
+
+async def test_the_broker_s_dashboard_serves_once_the_sessions_settle(
+    web_home: Path, serving: Serving
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            settled = trio.Event()
+            await nursery.start(broker_dashboard(web_home, settled))
+            await trio.testing.wait_all_tasks_blocked()
+            assert not serving.now.is_set()
+            settled.set()
+            await serving.now.wait()  # with nobody connected
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_broker_s_dashboard_stopped_before_it_served_leaves_nothing(web_home: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            base = await nursery.start(broker_dashboard(web_home, trio.Event()))
+            await trio.testing.wait_all_tasks_blocked()  # waiting to be wanted
+            nursery.cancel_scope.cancel()
+    assert refused(int(base.rsplit(":", 1)[1]))
+    assert not (web_home / "dashboard.url").exists()
+
+
+@pytest.mark.parametrize("setting", ["argument", "home"])
+async def test_the_broker_s_dashboard_refuses_before_started(web_home: Path, setting: str) -> None:
+    """A port in use, or a home that cannot take dashboard.url: DashboardError before `started`,
+    as `up` reports it (exit 1)."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        if setting == "home":
+            (web_home / "dashboard.url").mkdir()
+        start = broker_dashboard(web_home, trio.Event())
+        if setting == "argument":
+            start = partial(start, port=taken)
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                with pytest.raises(DashboardError, match=f"cannot listen on 127.0.0.1:{taken}"
+                                   if setting == "argument" else "cannot write .*dashboard.url"):
+                    await nursery.start(start)
+    finally:
+        holder.close()
