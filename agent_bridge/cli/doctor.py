@@ -24,7 +24,10 @@ from agent_bridge.common import paths
 from agent_bridge.hosts.base import FAIL, OK, SKIP, WARN, Check
 
 __all__ = ["FAIL", "OK", "SKIP", "WARN", "Check", "main", "run_checks"]
-PROBE_TIMEOUT = 1.0  # seconds for the broker ping and the dashboard request
+PROBE_TIMEOUT = 1.0  # seconds for the broker ping
+# seconds for the dashboard's answer: the first request after a broker's start waits for it to
+# load the dashboard's server (dashboard/deferred.py; 0.2-0.4 s here, more on a busy machine)
+DASHBOARD_TIMEOUT = 5.0
 
 
 def check_home(home: Path) -> Check:
@@ -205,7 +208,7 @@ def check_dashboard(home: Path, record: dict[str, Any] | None) -> Check:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(base + "/", timeout=PROBE_TIMEOUT) as response:  # noqa: S310 - loopback URL
+        with urllib.request.urlopen(base + "/", timeout=DASHBOARD_TIMEOUT) as response:  # noqa: S310 - loopback URL
             status = response.status
     except urllib.error.HTTPError as exc:
         status = exc.code  # 403 without the cookie: it answers, which is what we check
