@@ -121,11 +121,17 @@ async def serve_listening(
     stop = trio.Event()  # also ends the live streams, so they never hold a shutdown
     app = create_app(home, port=listening.port, token=listening.token, live=live, changes=changes,
                      closing=stop, hub=hub)
-    drain = trio.CancelScope()  # shielded once serving: see _serve_until
+    # Hypercorn runs shielded from the start: a cancel from outside becomes `stop` (a graceful
+    # shutdown) within the deadline the finally below puts on `drain`. Cancelled from outside
+    # while it starts, Hypercorn (0.18) fails in its own shutdown: its lifespan task is gone, and
+    # telling it to shut down raises ClosedResourceError. Started with start_soon and an event,
+    # not nursery.start, which waits for a task started under a cancelled scope to exit.
+    drain = trio.CancelScope(shield=True)
+    serving = _Started()
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve_until, drain, app, _config(listening.sock), stop, serving)
         try:
-            await nursery.start(_serve_until, drain, app, _config(listening.sock), stop)
-            drain.shield = True  # from now on a cancel becomes a graceful stop (finally below)
+            await serving.event.wait()
             started()
             await trio.sleep_forever()
         finally:
@@ -134,19 +140,22 @@ async def serve_listening(
             drain.deadline = trio.current_time() + GRACEFUL_TIMEOUT + SHUTDOWN_MARGIN
 
 
+class _Started:
+    """What Hypercorn reports `started` to: an event its caller waits on."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+    def started(self, value: object = None) -> None:
+        self.event.set()
+
+
 async def _serve_until(
-    drain: trio.CancelScope,
-    app: object,
-    config: Config,
-    stop: trio.Event,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    drain: trio.CancelScope, app: object, config: Config, stop: trio.Event, serving: _Started
 ) -> None:
-    """Hypercorn inside `drain`. The caller shields `drain` once Hypercorn has started, so that
-    its own cancellation becomes a graceful shutdown (`stop`) within the deadline it then puts on
-    `drain`. Not before: trio does not hand over a task started under a cancelled scope, and
-    start() then waits for the task to exit, which a shielded server never would."""
+    """Hypercorn inside `drain`, until `stop`."""
     with drain:
-        await hypercorn.trio.serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)  # type: ignore[arg-type]
+        await hypercorn.trio.serve(app, config, shutdown_trigger=stop.wait, task_status=serving)  # type: ignore[arg-type]
 
 
 class _BoundConfig(Config):
