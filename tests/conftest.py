@@ -229,6 +229,16 @@ async def call_error(session: Any, tool: str, **args: Any) -> str:
     return tool_error(await session.call_tool(tool, args))
 
 
+async def load_dashboard(broker: BrokerProcess) -> None:
+    """Have the broker load its dashboard's server now, as a browser would. It loads it at the
+    first request or once its sessions settle (dashboard/deferred.py): some 10 MB and 0.2 s of
+    CPU, once, which a test that watches the broker between two moments must not count."""
+    import httpx
+
+    async with httpx.AsyncClient() as web:
+        assert (await web.get(broker.status()["web"] + "/")).status_code == 403  # no cookie
+
+
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02, what: str = "condition"):  # noqa: ASYNC109
     """Async polling with a fail_after guard."""
     with trio.fail_after(timeout):

@@ -22,7 +22,17 @@ import trio
 
 from agent_bridge.common import paths
 from agent_bridge.store import reader
-from tests.conftest import CLI, BrokerProcess, call, call_error, mcp_session, run_cli, wait_for, wait_until
+from tests.conftest import (
+    CLI,
+    BrokerProcess,
+    call,
+    call_error,
+    load_dashboard,
+    mcp_session,
+    run_cli,
+    wait_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -294,14 +304,6 @@ def broker_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-async def loaded_dashboard(broker: Any) -> None:
-    """Have the broker load its dashboard's server now, as a browser would: it loads it at the
-    first request or once its sessions settle (dashboard/deferred.py), some 0.2 s of CPU and a log
-    line that would otherwise fall in a window that watches the broker idle."""
-    async with httpx.AsyncClient() as web:
-        assert (await web.get(broker.status()["web"] + "/")).status_code == 403  # no cookie
-
-
 def log_lines(home: Path) -> int:
     path = home / paths.LOG_NAME
     return len(path.read_text(errors="replace").splitlines()) if path.exists() else 0
@@ -340,7 +342,7 @@ async def test_two_servers_for_one_host_session_do_not_evict_each_other(
                     return result.is_error and "already connected" in result.content[0].text
 
                 await wait_for(refused, timeout=30, what="the losing server refused")
-                await loaded_dashboard(broker)
+                await load_dashboard(broker)  # its one-time import is not what this window watches
                 cpu_start, lines_start = broker_cpu_seconds(broker.pid), log_lines(home)
                 await trio.sleep(10)  # an observation window, not a wait for something
                 cpu_used, lines_added = (

@@ -10,7 +10,7 @@ connects before the server is up waits in the listen backlog until it is.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from agent_bridge.dashboard import port as ports
+from agent_bridge.dashboard.waits import first_of
 
 if TYPE_CHECKING:
     from agent_bridge.dashboard.state import Hub
@@ -47,22 +48,10 @@ async def serve_dashboard(
     listening = ports.listen(home, port)
     try:
         task_status.started(listening.base_url)
-        await _first_of(settled.wait, partial(trio.lowlevel.wait_readable, listening.sock))
+        await first_of(settled.wait, partial(trio.lowlevel.wait_readable, listening.sock))
         server: ModuleType = await trio.to_thread.run_sync(
             importlib.import_module, SERVER, limiter=importing, abandon_on_cancel=True
         )
         await server.serve_listening(listening, home, live=live, changes=changes, hub=hub)
     finally:
         listening.close()
-
-
-async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
-    """Return once the first of `waits` returns."""
-    async with trio.open_nursery() as nursery:
-
-        async def wait_then_end(wait: Callable[[], Awaitable[object]]) -> None:
-            await wait()
-            nursery.cancel_scope.cancel()
-
-        for wait in waits:
-            nursery.start_soon(wait_then_end, wait)

@@ -15,7 +15,6 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import trio
 from quart import Response, request
@@ -23,6 +22,7 @@ from quart_trio import QuartTrio
 
 from agent_bridge.dashboard.changes import watch_database
 from agent_bridge.dashboard.state import error
+from agent_bridge.dashboard.waits import first_of
 from agent_bridge.store.feed import ChangeFeed
 
 STREAMS_PER_CLIENT = 4  # live streams one client address may hold; a browser allows 6 connections per host
@@ -58,7 +58,7 @@ class LiveStreams:
             yield f"retry: {RETRY_MS}\nevent: hello\ndata: {hello}\n\n".encode()
             while not stopping.is_set():
                 with trio.move_on_after(HEARTBEAT):
-                    await _first_of(partial(feed.wait_beyond, seen), stopping.wait)
+                    await first_of(partial(feed.wait_beyond, seen), stopping.wait)
                 if stopping.is_set() or (watcher is not None and watcher.failed):
                     return
                 if feed.version == seen:
@@ -150,15 +150,3 @@ class _DatabaseWatcher:
             self.feed.notify()  # wake the streams, so they see it and end
         finally:
             self.running = False
-
-
-async def _first_of(*waits: Callable[[], Any]) -> None:
-    """Return as soon as any of `waits` returns."""
-    async with trio.open_nursery() as nursery:
-        for wait in waits:
-
-            async def run(wait: Callable[[], Any] = wait) -> None:
-                await wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(run)

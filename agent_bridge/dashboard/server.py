@@ -22,16 +22,7 @@ from hypercorn.config import Config, Sockets
 
 from agent_bridge.dashboard import auth
 from agent_bridge.dashboard.app import create_app
-from agent_bridge.dashboard.port import (  # noqa: F401 - HOST..requested_port: what callers import from here
-    DEFAULT_PORT,
-    HOST,
-    PORT_ENV,
-    DashboardError,
-    Listening,
-    bind_loopback,
-    listen,
-    requested_port,
-)
+from agent_bridge.dashboard.port import Listening, listen
 from agent_bridge.dashboard.state import Hub
 from agent_bridge.store.feed import ChangeFeed
 

@@ -11,12 +11,11 @@ from collections import defaultdict
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
 from agent_bridge.ipc.client import BridgeClient, open_bridge_client
-from tests.conftest import mcp_session, wait_for
+from tests.conftest import load_dashboard, mcp_session, wait_for
 from tests.reliability.harness import rows, vm_rss_kib
 
 pytestmark = pytest.mark.slow
@@ -88,12 +87,7 @@ async def test_200_ipc_sessions_and_20_mcp_servers(broker, env, home):  # noqa: 
                 return (await peers[0].client.request("status"))["sessions"] == IPC_SESSIONS + MCP_SESSIONS
 
             await wait_for(all_connected, timeout=60, what="every session connected")
-            # The broker loads its dashboard's server (Quart, Hypercorn: some 10 MB) at the first
-            # request to it or once its sessions settle (dashboard/deferred.py), which would fall
-            # within the rounds: asked for here, as a browser would, so that a one-time import is
-            # not read as growth from round to round.
-            async with httpx.AsyncClient() as web:
-                assert (await web.get(broker.status()["web"] + "/")).status_code == 403  # no cookie
+            await load_dashboard(broker)  # not within the rounds, where it would read as growth
             mcp_names = {
                 j: json.loads((await mcp[j].call_tool("whoami", {})).content[0].text)["name"] for j in mcp
             }

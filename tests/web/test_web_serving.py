@@ -17,13 +17,8 @@ import trio.testing
 from webfixtures import TIMEOUT, build_database, start_dashboard
 
 from agent_bridge.dashboard import deferred, server
-from agent_bridge.dashboard.server import (
-    DEFAULT_PORT,
-    PORT_ENV,
-    DashboardError,
-    requested_port,
-    serve_dashboard,
-)
+from agent_bridge.dashboard.port import DEFAULT_PORT, PORT_ENV, DashboardError, requested_port
+from agent_bridge.dashboard.server import serve_dashboard
 
 
 def refused(port: int) -> bool:
