@@ -107,6 +107,39 @@ def test_the_upgrade_to_lean_acknowledgements_keeps_every_receipt(tmp_path: Path
         store.close()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["m1", "m2", "m3", "m4", "nope", 'quote"d', "back\\slash", "é"]), max_size=12))
+def test_an_acknowledgement_records_each_of_the_session_s_unacknowledged_receipts_once(
+    tmp_path_factory: pytest.TempPathFactory, ids: list[str]
+) -> None:
+    """`ack` takes the ids as one set: repeats count once, ids the session has no receipt for
+    (unknown, or another session's) and receipts acknowledged before are left alone, and the
+    message's own copy (SPEC §7's versions 1 and 2) is written for exactly the ones it counts.
+    Ids are text the client chose: quotes and backslashes are ids like any other."""
+    db = tmp_path_factory.mktemp("ack") / "bridge.db"
+    build_at(db, CURRENT_VERSION)  # p2's m1 acknowledged at 12; m2 and m3 not
+    conn = apsw.Connection(str(db))
+    conn.execute(
+        "INSERT INTO messages(id, from_peer, to_peer, body, hop, created_at) VALUES "
+        "('m4','p2','p1','to p1',1,14),('quote\"d','p1','p2','odd id',1,15),('back\\slash','p1','p2','odd',1,16);"
+        "INSERT INTO receipts(message_id, peer_id) VALUES ('m4','p1'),('quote\"d','p2'),('back\\slash','p2')"
+    )
+    conn.close()
+    store = Store.open(db)
+    try:
+        waiting = {"m2", "m3", 'quote"d', "back\\slash"}  # p2's unacknowledged receipts
+        assert store.ack("p2", ids, now=40) == len(waiting & set(ids))
+        receipts = dict(store.conn.execute("SELECT message_id, acked_at FROM receipts"))
+        copies = dict(store.conn.execute("SELECT id, acked_at FROM messages"))
+        for mid in waiting:
+            assert receipts[mid] == copies[mid] == (40 if mid in ids else None)
+        assert receipts["m1"] == copies["m1"] == 12  # acknowledged before: kept
+        assert receipts["m4"] is None and copies["m4"] is None  # p1's, not p2's
+        assert store.ack("p2", ids, now=50) == 0  # the same again: nothing new
+    finally:
+        store.close()
+
+
 def _wal_pages_by_tree(store: Store, path: Path, change: Callable[[], object]) -> set[str]:
     """The b-trees (tables, indexes) whose pages `change`'s commit wrote to the WAL."""
     store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL starts over: only this commit
