@@ -107,8 +107,11 @@ def test_the_upgrade_to_lean_acknowledgements_keeps_every_receipt(tmp_path: Path
         store.close()
 
 
+_ACK_IDS = ["m1", "m2", "m3", "m4", "nope", 'quote"d', "back\\slash", "é"]
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["m1", "m2", "m3", "m4", "nope", 'quote"d', "back\\slash", "é"]), max_size=12))
+@given(st.lists(st.sampled_from(_ACK_IDS), max_size=12))
 def test_an_acknowledgement_records_each_of_the_session_s_unacknowledged_receipts_once(
     tmp_path_factory: pytest.TempPathFactory, ids: list[str]
 ) -> None:
@@ -121,7 +124,8 @@ def test_an_acknowledgement_records_each_of_the_session_s_unacknowledged_receipt
     conn = apsw.Connection(str(db))
     conn.execute(
         "INSERT INTO messages(id, from_peer, to_peer, body, hop, created_at) VALUES "
-        "('m4','p2','p1','to p1',1,14),('quote\"d','p1','p2','odd id',1,15),('back\\slash','p1','p2','odd',1,16);"
+        "('m4','p2','p1','to p1',1,14),('quote\"d','p1','p2','odd id',1,15),"
+        "('back\\slash','p1','p2','odd',1,16);"
         "INSERT INTO receipts(message_id, peer_id) VALUES ('m4','p1'),('quote\"d','p2'),('back\\slash','p2')"
     )
     conn.close()
