@@ -27,7 +27,9 @@ Prints one JSON line per bench:
 
 `ok`: the current tree is not worse beyond noise: its median within NOISE of the base's, or
 better. A rate (a unit in "/s") is better higher, anything else (ms, µs) lower. `details` holds
-the medians of every numeric detail both trees' lines carry, for reading, not judged. Where the
+the medians of every numeric detail both trees' lines carry, for reading, not judged; a number
+inside an object of details by its path (`broker_only_cpu_us.broker`: the broker's CPU a message,
+steadier on a shared machine than the rate beside it). Where the
 two scripts' `value`s measure different things (different units) the comparison falls back to
 a reading both lines carry (SAME_READING), or says `"ok": null` when there is none. The exit
 status is 1 when a bench is worse. Progress goes to stderr, and the benches' own result lines to
@@ -159,8 +161,27 @@ def run_bench(script: Path, tree: Path, scratch: Path, extra: list[str]) -> dict
 
 
 def reading(line: dict[str, Any], key: str) -> float | None:
-    value = line["details"].get(key.removeprefix("details.")) if key.startswith("details.") else line.get(key)
+    """A number a bench's line carries: `value`, or `details.<key>`, where `<key>` may name a
+    number inside an object of details (`details.broker_only_cpu_us.broker`)."""
+    if not key.startswith("details."):
+        value = line.get(key)
+    else:
+        value = line["details"]
+        for part in key.removeprefix("details.").split("."):
+            value = value.get(part) if isinstance(value, dict) else None
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def detail_keys(details: dict[str, Any]) -> set[str]:
+    """The keys of a line's details, with an object's numbers by their path (`cpu.broker`): the
+    CPU each process spends a message, which the machine's load moves less than a rate."""
+    keys = set()
+    for key, value in details.items():
+        if isinstance(value, dict):
+            keys |= {f"{key}.{inner}" for inner in detail_keys(value)}
+        else:
+            keys.add(key)
+    return keys
 
 
 def judge(bench: str, runs: dict[str, list[dict[str, Any]]], scripts: dict[str, str]) -> dict[str, Any]:
@@ -171,7 +192,7 @@ def judge(bench: str, runs: dict[str, list[dict[str, Any]]], scripts: dict[str, 
         metric["current"] = SAME_READING.get(bench, "")
         unit = base_unit
     values = {side: [reading(line, metric[side]) for line in lines] for side, lines in runs.items()}
-    shared = sorted(set.intersection(*(set(lines[0]["details"]) for lines in runs.values())))
+    shared = sorted(set.intersection(*(detail_keys(lines[0]["details"]) for lines in runs.values())))
     details = {}
     for key in shared:
         both = [[reading(line, f"details.{key}") for line in runs[side]] for side in ("base", "current")]

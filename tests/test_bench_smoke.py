@@ -207,6 +207,24 @@ def test_compare_falls_back_to_a_reading_both_lines_carry() -> None:
     assert unknown["ok"] is None and "different things" in unknown["note"]
 
 
+def test_compare_reports_the_numbers_inside_an_object_of_details_by_their_path() -> None:
+    """The CPU a message by process (bench_message_throughput's `broker_only_cpu_us`) is an
+    object: its numbers are compared like any other detail, by path; a key only one side
+    carries, a setting the same on both, and text are left out."""
+    judge = _bench_module("compare").judge
+    scripts = {"base": "current:bench/bench_x.py", "current": "current:bench/bench_x.py"}
+
+    def line(rate: float, broker: float, clients: float, **more: object) -> dict:
+        cpu = {"broker": broker, "clients": clients, "all": broker + clients, **more}
+        return {"value": rate, "unit": "messages/s", "details": {"rounds": 3, "cpu_us": cpu, "host": "x"}}
+
+    out = judge("x", {"base": [line(100.0, 120.0, 80.0), line(110.0, 110.0, 90.0, relays=5.0)],
+                      "current": [line(105.0, 100.0, 70.0), line(95.0, 104.0, 66.0)]}, scripts)
+    assert out["details"] == {
+        "cpu_us.all": [200.0, 170.0], "cpu_us.broker": [115.0, 102.0], "cpu_us.clients": [85.0, 68.0],
+    }
+
+
 def _run_compare(tmp_path: Path, *args: str) -> tuple[list[dict], str]:
     if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
