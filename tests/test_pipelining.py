@@ -7,18 +7,14 @@ that wrote them."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import struct
-import uuid
 from typing import Any
 
 import pytest
 import trio
 
 from agent_bridge.ipc.client import open_bridge_client
-from tests.conftest import wait_until
 from tests.reliability.harness import rows
 
 pytestmark = pytest.mark.slow
@@ -206,89 +202,3 @@ async def test_a_backlog_bigger_than_any_batch_reaches_a_consumer_that_acks_as_i
         assert [m["id"] for m in received.messages] == [mid for mid, in committed]
         nursery.cancel_scope.cancel()
 
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
-def _loop_waits(pid: int) -> bool:
-    """Whether the broker's event loop (its main thread) sleeps in epoll_wait: every task then
-    waits for its socket, none is midway through a step."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        state = f.read().rsplit(")", 1)[1].split()[0]
-    with open(f"/proc/{pid}/wchan", encoding="ascii") as f:
-        wchan = f.read()
-    return state == "S" and ("epoll" in wchan or "ep_poll" in wchan)
-
-
-@pytest.mark.skipif(not hasattr(signal, "SIGSTOP") or not os.path.exists("/proc/self/stat"),
-                    reason="stops the broker with SIGSTOP and reads its state from /proc")
-def test_an_acknowledgement_ready_with_another_session_s_send_is_recorded_after_it(broker, home):
-    """An acknowledgement yields to the requests woken with it (broker.connection.Requests.ack):
-    a sender's window waits on its answers, nobody on an acknowledgement's. Made to arrive
-    together: the broker is stopped (SIGSTOP), a send with a chosen message_id is written on
-    one connection and an `ack` of that id on the recipient's, and the broker resumes; its
-    next poll finds both (its loop was waiting in epoll_wait when stopped), and the scheduler
-    runs the two in either order. The send must commit
-    first every time, so the ack finds its receipt (`acked` 1); recorded first, it would find
-    none (0), which half of the rounds did before."""
-    sock_path = broker.status()["socket"]
-
-    frames_read: dict[socket.socket, list[dict[str, Any]]] = {}
-
-    def answer_to(s: socket.socket, request_id: int) -> dict[str, Any]:
-        """The answer to `request_id` (pushes skipped; read_frames may return more than one)."""
-        waiting = frames_read.setdefault(s, [])
-        while True:
-            if not waiting:
-                waiting.extend(read_frames(s, 1))
-            f = waiting.pop(0)
-            if "push" not in f:
-                assert f["id"] == request_id, f
-                return f
-
-    def connect(name: str) -> socket.socket:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(30)
-        s.connect(sock_path)
-        s.sendall(frame({"v": 1, "id": 1, "op": "hello", "agent": "codex", "project": "/w/ackorder",
-                         "name": name, "hostSessionId": name}))
-        assert answer_to(s, 1)["ok"]
-        return s
-
-    rx, tx = connect("ackorder-rx"), connect("ackorder-tx")
-    acked = []
-    try:
-        # The sender's first send settles its identity (a session that may still vanish waits
-        # for that, broker.sessions.identity): a round trip of its own, before the rounds.
-        tx.sendall(frame({"v": 1, "id": 2, "op": "send", "to": "ackorder-rx", "text": "first"}))
-        assert answer_to(tx, 2)["ok"]
-        for i in range(3, 33):
-            message_id = str(uuid.uuid4())
-            # The sender's task must be waiting for its socket when the frames come, as a
-            # connection between requests is; a task still in the step that wrote its last
-            # answer would read them without waiting and yield after the read.
-            # Nor may the store's thread have work (the search indexer's pass, a moment after
-            # the round before's commits): a send queued behind it would wait for it.
-            wait_until(lambda: rows(home, "SELECT (SELECT max(rowid) FROM messages) = "
-                                          "(SELECT max(rowid) FROM messages_fts)") == [(1,)],
-                       what="the search index caught up")
-            wait_until(lambda: _loop_waits(broker.pid), what="the broker's loop waiting")
-            os.kill(broker.pid, signal.SIGSTOP)
-            try:
-                wait_until(lambda: _stopped(broker.pid), what="the broker stopped")
-                tx.sendall(frame({"v": 1, "id": i, "op": "send", "to": "ackorder-rx", "text": f"m{i}",
-                                  "message_id": message_id}))
-                rx.sendall(frame({"v": 1, "id": i, "op": "ack", "ids": [message_id]}))
-            finally:
-                os.kill(broker.pid, signal.SIGCONT)
-            assert answer_to(tx, i)["result"]["message"]["id"] == message_id
-            acked.append(answer_to(rx, i)["result"]["acked"])
-    finally:
-        rx.close()
-        tx.close()
-    assert acked == [1] * 30
-    stored = rows(home, "SELECT count(*) FROM receipts r JOIN peers p ON p.id = r.peer_id "
-                        "WHERE p.name = 'ackorder-rx' AND r.acked_at IS NOT NULL")
-    assert stored == [(30,)]
