@@ -201,4 +201,3 @@ async def test_a_backlog_bigger_than_any_batch_reaches_a_consumer_that_acks_as_i
         )
         assert [m["id"] for m in received.messages] == [mid for mid, in committed]
         nursery.cancel_scope.cancel()
-
