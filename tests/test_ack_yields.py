@@ -21,14 +21,9 @@ import trio.testing
 
 from agent_bridge.broker import connection
 from agent_bridge.ipc.stream import FramedStream
+from tests.test_pipelining import frame
 
 ROUNDS = 40  # in either order half the time, 40 rounds in send-first order by chance: 2**-40
-
-
-def frame(obj: dict[str, Any]) -> bytes:
-    """The framing written out by hand from its description: 4-byte big-endian length, then UTF-8 JSON."""
-    payload = json.dumps(obj).encode()
-    return struct.pack(">I", len(payload)) + payload
 
 
 class _Broker:
