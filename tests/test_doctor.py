@@ -16,6 +16,7 @@ import pytest
 from agent_bridge.common import paths
 from agent_bridge.store.writer import Store
 from tests.hostbin import CLAUDE_OFFLINE_ENV, host_program
+from tests.hosts import clis
 
 SCRIPT = Path(sys.executable).with_name("agent-bridge")
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent_bridge"]
@@ -513,7 +514,7 @@ def test_reach_with_the_real_claude_code(tmp_path, user_home, workdir):
     (user_home / ".claude").mkdir(parents=True, exist_ok=True)
     assert run(env, workdir, "install", "--claude").returncode == 0
     line = reach_line(run(env, workdir, "doctor").stdout, "Claude Code")
-    assert "2 at Stop: additionalContext, no error label (Claude Code 2.1.332)" in line, line
+    assert f"2 at Stop: additionalContext, no error label (Claude Code {clis.CLAUDE_VERSION})" in line, line
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLAUDE_PACKAGE, CLAUDE_VERSION = "@anthropic-ai/claude-code", "2.1.332"
+CLAUDE_PACKAGE, CLAUDE_VERSION = "@anthropic-ai/claude-code", "2.1.337"  # the newest on npm, 2026-12-07
 CODEX_PACKAGE, CODEX_VERSION = "@openai/codex", "0.171.0"
 OPENCODE_PACKAGE, OPENCODE_VERSION = "opencode-ai", "1.18.33"  # the newest on npm, 2026-12-05
 COPILOT_PACKAGE, COPILOT_VERSION = "@github/copilot", "1.0.102"  # the newest on npm, 2026-12-05
