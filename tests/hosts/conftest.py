@@ -232,17 +232,27 @@ class World:
             args += ["--resume", resume]
         return self._start(args, env, cwd, log)
 
+    def trust_for_claude(self, folder: Path) -> None:
+        """Record `folder` as trusted in ~/.claude.json, as Claude Code's trust dialog does
+        (`projects[folder].hasTrustDialogAccepted`): its TUI asks first in a folder not trusted,
+        and there `claude mcp list` 2.1.337 starts no user-scope server ("Not checked (folder
+        not trusted; run `claude` here)"; a local-scope one it still starts, seen)."""
+        state_file = self.home / ".claude.json"
+        state = json.loads(state_file.read_text(encoding="utf-8")) if state_file.exists() else {}
+        state.setdefault("projects", {}).setdefault(str(folder), {})["hasTrustDialogAccepted"] = True
+        state_file.write_text(json.dumps(state), encoding="utf-8")
+
     def claude_tui(self, session_id: str, *, cwd: Path | None = None) -> Tui:
         """An interactive Claude Code (its TUI) in a private tmux server, offline (NOTES.md, "The
         TUI offline"): onboarding done, the API key approved, the folder trusted, the
         dangerous-mode prompt skipped. Only an interactive session can be idle."""
         folder = cwd or self.project
+        self.trust_for_claude(folder)
         key = CLAUDE_OFFLINE_ENV["ANTHROPIC_API_KEY"]
         state_file = self.home / ".claude.json"
-        state = json.loads(state_file.read_text(encoding="utf-8")) if state_file.exists() else {}
+        state = json.loads(state_file.read_text(encoding="utf-8"))
         state.update({"hasCompletedOnboarding": True,
                       "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []}})
-        state.setdefault("projects", {}).setdefault(str(folder), {})["hasTrustDialogAccepted"] = True
         state_file.write_text(json.dumps(state), encoding="utf-8")
         settings_file = self.home / ".claude" / "settings.json"
         settings = json.loads(settings_file.read_text(encoding="utf-8"))

@@ -1,6 +1,7 @@
 """`claude mcp list` and `codex mcp list` with the bridge installed and no broker running: the
 real CLIs report the server and no broker starts (SPEC §3 "Reach", last paragraph). Claude Code
-2.1.332 starts the server and talks to it (a `server/discover` probe, `initialize`, `tools/list`);
+2.1.337 starts the server and talks to it (a `server/discover` probe, `initialize`, `tools/list`)
+in a folder the user trusted (in another, a user-scope server is "Not checked");
 Codex 0.171.0 lists its configuration without starting it (seen)."""
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def run(world: World, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_health_checks_start_no_broker(world: World) -> None:
     world.bridge("down")
     assert paths.running_broker(world.bridge_home) is None
+    world.trust_for_claude(world.project)  # as the user's first `claude` there would
     claude = run(world, "claude", "mcp", "list")
     assert claude.returncode == 0, claude.stderr
     line = next(x for x in claude.stdout.splitlines() if x.startswith("agent-bridge:"))
@@ -109,7 +111,7 @@ def test_claude_code_s_tool_calls_carry_one_envelope_and_are_served_beside_the_s
     assert all(envelope(c) == envelope(calls[0]) for c in calls), [envelope(c) for c in calls]
     # the host's own lines, as the broker's fast path judges them: all but the first are its
     assert trio.run(served_beside_the_sdk, lines) == [False, True, True, True], lines
-    results = tool_results(world.claude_model.of_session(sid)[-1].body)
+    results = tool_results(world.claude_model.turns_of(sid)[-1].body)
     first, second, sent, shown = (json.loads(result_text(r)) for r in results)
     assert first == second and first["hostSessionId"] == sid
     assert sent["message"]["text"] == "to myself" and sent["message"]["from"]["id"] == first["id"], sent
