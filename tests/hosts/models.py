@@ -9,8 +9,11 @@ number of tool results already in the conversation says which), then a short tex
 kept "working" while another acts. A step named with a capital ("Bash") calls that built-in tool
 of Claude Code, one marked "!" ("!exec_command") that of Codex. A planned bridge tool that
 Claude Code lists only by name (it defers MCP tools from 2.1.332) is first loaded with
-`ToolSearch`, as a model must. Every request is recorded with its headers, so a test asserts what
-the model was shown.
+`ToolSearch`, as a model must. A request the host makes beside a turn (`aside`: a session's
+title, which Claude Code 2.1.337's TUI asks for as structured output, and opencode with its small
+model) is answered as asked and never takes a plan step. Every request is recorded with its
+headers, so a test asserts what the model was shown; `turns_of` gives a session's requests
+without the asides.
 
 Standard library only (a threading HTTP server): the hosts are Node and Rust programs talking
 plain HTTP/1.1; nothing here needs the bridge's own async stack.
@@ -53,6 +56,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    aside: bool = False  # made beside a turn, not one of its steps (ModelServer.beside_turn)
     at: float = field(default_factory=time.monotonic)  # when it arrived (the benchmarks time by it)
 
     @property
@@ -126,7 +130,8 @@ class ModelServer:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     body = {"unparsed": raw.decode("utf-8", "replace")}
-                request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
+                                  aside=server.beside_turn(body))
                 with server.lock:
                     server.requests.append(request)
                 payload = server.encode(list(server.answer(request)))
@@ -155,13 +160,23 @@ class ModelServer:
     def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
         raise NotImplementedError
 
+    def beside_turn(self, body: dict[str, Any]) -> bool:
+        """Whether the host makes this request beside a turn (a session's title), by what the
+        request declares; such a request never takes a step of the plan."""
+        return False
+
     def encode(self, events: list[tuple[str, dict[str, Any]]]) -> bytes:
         """The answer's server-sent events, each named."""
         return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
 
     def of_session(self, session_id: str) -> list[Request]:
+        """Every request of the session, oldest first, the asides too (what the host sent)."""
         with self.lock:
             return [r for r in self.requests if self.session_of(r) == session_id]
+
+    def turns_of(self, session_id: str) -> list[Request]:
+        """The requests of the session's turns, oldest first: `of_session` without the asides."""
+        return [r for r in self.of_session(session_id) if not r.aside]
 
     def session_of(self, request: Request) -> str | None:
         raise NotImplementedError
@@ -185,6 +200,27 @@ def _anthropic_texts(content: Any) -> list[str]:
     return [b.get("text", "") for b in content or () if isinstance(b, dict) and b.get("type") == "text"]
 
 
+def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a request asks its answer to follow (structured output), or None."""
+    config = body.get("output_config")
+    wanted = config.get("format") if isinstance(config, dict) else None
+    if not isinstance(wanted, dict) or wanted.get("type") != "json_schema":
+        return None
+    schema = wanted.get("schema")
+    return schema if isinstance(schema, dict) else None
+
+
+def _example(schema: dict[str, Any]) -> Any:
+    """A value `schema` accepts, for the schemas the hosts were seen asking for (Claude Code
+    2.1.337's session title: an object with a string `title`)."""
+    kind = schema.get("type")
+    if kind == "object":
+        return {name: _example(part) for name, part in (schema.get("properties") or {}).items()}
+    if kind == "string":
+        return "Scripted session"
+    raise ValueError(f"no example for a schema of type {kind!r} yet: {schema}")
+
+
 def _loading(block: dict[str, Any], prefix: str) -> bool:
     """A ToolSearch call this server made to load a planned tool (not a planned search)."""
     query = (block.get("input") or {}).get("query") if isinstance(block.get("input"), dict) else None
@@ -200,6 +236,13 @@ class AnthropicServer(ModelServer):
     def session_of(self, request: Request) -> str | None:
         return request.headers.get("x-claude-code-session-id")
 
+    def beside_turn(self, body: dict[str, Any]) -> bool:
+        """Structured output asked for, no tools offered: the session title Claude Code 2.1.337's
+        TUI asks for beside the turn's own request, at the first typed prompt (again at the next
+        while no answer gave one), the typed prompt in `<session>` tags; `claude -p` asks none
+        (seen). The answer is its `ai-title` entry in the transcript."""
+        return _output_schema(body) is not None and not body.get("tools")
+
     def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
         messages = request.body.get("messages") or []
         # The plan is the last prompt's (a resumed session or a Stop hook's feedback is a new
@@ -212,7 +255,8 @@ class AnthropicServer(ModelServer):
                 and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
             ):
                 start = i
-        steps = plan_of(" ".join(_anthropic_texts(messages[start].get("content")))) if messages else []
+        prompt = " ".join(_anthropic_texts(messages[start].get("content"))) if messages else ""
+        steps = [] if request.aside else plan_of(prompt)
         # Claude Code 2.1.332 defers MCP tools: the model must load a tool with ToolSearch before
         # it can call it, as a real model does. Those searches are not steps of the plan.
         names = {
@@ -265,10 +309,12 @@ class AnthropicServer(ModelServer):
             )
             stop = "tool_use"
         else:
+            schema = _output_schema(request.body)
+            text = DONE_TEXT if schema is None else json.dumps(_example(schema))
             yield "content_block_start", {"type": "content_block_start", "index": 0,
                                           "content_block": {"type": "text", "text": ""}}
             yield "content_block_delta", {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "text_delta", "text": DONE_TEXT}}
+                                          "delta": {"type": "text_delta", "text": text}}
             stop = "end_turn"
         yield "content_block_stop", {"type": "content_block_stop", "index": 0}
         yield (
@@ -358,13 +404,16 @@ class ChatServer(ModelServer):
     """`POST /v1/chat/completions` answered as a stream of `chat.completion.chunk` frames: the next
     planned call of a bridge tool, which opencode names `agent-bridge_<tool>` (a step marked "!",
     "!bash", calls that built-in tool of opencode). A request that offers no tools (opencode's
-    title request, made with the small model before the main one) gets a text."""
+    title request, made with the small model before the main one) is an aside: it gets a text."""
 
     server = "agent-bridge"
     separator = "_"  # opencode's; GitHub Copilot CLI 1.0.102 names an MCP tool `agent-bridge-<tool>`
 
     def session_of(self, request: Request) -> str | None:
         return request.headers.get("x-session-affinity")
+
+    def beside_turn(self, body: dict[str, Any]) -> bool:
+        return not body.get("tools")
 
     def answer(self, request: Request) -> Iterator[tuple[str, dict[str, Any]]]:
         messages = [m for m in request.body.get("messages") or [] if isinstance(m, dict)]
@@ -376,7 +425,7 @@ class ChatServer(ModelServer):
         if prompt.startswith('"') and prompt.endswith('"'):
             # `opencode run` 1.18.33 quotes an argument with spaces: `"…"`, each `"` in it as `\"`
             prompt = prompt[1:-1].replace('\\"', '"')
-        steps = plan_of(prompt) if request.body.get("tools") else []
+        steps = [] if request.aside else plan_of(prompt)
         done = sum(1 for m in messages[start:] if m.get("role") == "tool")
         step = self.next_step(steps, done)
         n = len(self.requests)

@@ -46,17 +46,17 @@ def test_messages_and_decisions_cross_between_the_hosts(world: World) -> None:
     later = world.claude(plan(("send", {"to": thread, "text": "for codex after its run"}),
                               ("send", {"to": claude_id, "text": "for claude after its run"})),
                          session_id=claude_later, tag="later").wait()
-    note = claude_note(world.claude_model.of_session(claude_later)[0].body)
+    note = claude_note(world.claude_model.turns_of(claude_later)[0].body)
     assert "ci: Buildkite" in note and "deploy: Fly.io" in note, note
 
     # Resumed, each gets the message sent while it was gone.
     resumed_claude = world.claude("resumed: go on", resume=claude_id, tag="resumed")
     resumed_codex = world.codex("resumed: go on", resume=thread).wait()
     resumed_claude.wait()
-    assert any("for claude after its run" in r.text for r in world.claude_model.of_session(claude_id)[-2:])
+    assert any("for claude after its run" in r.text for r in world.claude_model.turns_of(claude_id)[-2:])
     # A resumed session is known: its note names it, truly.
     name = next(p["name"] for p in world.peers() if p["hostSessionId"] == claude_id)
-    resumed_first = next(r for r in world.claude_model.of_session(claude_id) if "resumed: go on" in r.text)
+    resumed_first = next(r for r in world.claude_model.turns_of(claude_id) if "resumed: go on" in r.text)
     assert claude_note(resumed_first.body).startswith(f"agent-bridge: you are {name}."), claude_note(
         resumed_first.body
     )

@@ -43,7 +43,7 @@ def test_note_tools_and_session_id(world: World) -> None:
     steps = plan(("whoami", {}), ("peers", {}), ("decide", {"topic": "db", "text": "PostgreSQL 16"}),
                  ("decisions", {}), ("send", {"to": "nobody-here", "text": "hi"}), ("inbox", {}))
     run = world.claude(steps, session_id=sid).wait()
-    requests = world.claude_model.of_session(sid)
+    requests = world.claude_model.turns_of(sid)
     assert requests, "Claude Code sent no request for its session"
     first = requests[0].body
     assert claude_note(first).startswith("agent-bridge:"), claude_system_texts(first)
@@ -100,7 +100,7 @@ def test_message_reaches_a_session_at_its_stop_without_an_error_label(world: Wor
     assert_clean_log(run_b)
     assert [r["ackedAt"] is not None for r in world.receipts(a)] == [True]
 
-    b_requests = world.claude_model.of_session(b)
+    b_requests = world.claude_model.turns_of(b)
     b_name = json_or_text(tool_results(b_requests[-1].body)[0])["name"]
     a_name = next(p["name"] for p in world.peers() if p["hostSessionId"] == a)
     assert b_name != a_name
@@ -124,11 +124,11 @@ def test_message_reaches_a_working_session_between_tool_calls(world: World) -> N
         session_id=b,
         tag="b",
     ).wait()
-    sent = len(world.claude_model.of_session(a))
+    sent = len(world.claude_model.turns_of(a))
     world.claude_model.open_gate("a-works")
     run_a.wait()
 
-    requests = world.claude_model.of_session(a)
+    requests = world.claude_model.turns_of(a)
     before, after = requests[:sent], requests[sent:]
     # The request held at the gate was answered with A's next tool call (its ToolSearch for
     # `peers`); the request that carries that call's result is the first after the send.
@@ -162,7 +162,7 @@ def test_note_after_compaction_and_tools_found_by_search(world: World) -> None:
     )
     run = world.claude(searches, session_id=sid).wait()
     found = []
-    for block in tool_results(world.claude_model.of_session(sid)[-1].body, with_searches=True):
+    for block in tool_results(world.claude_model.turns_of(sid)[-1].body, with_searches=True):
         content = block.get("content")
         found.append(
             {c.get("tool_name") for c in content if isinstance(c, dict)}
@@ -186,9 +186,9 @@ def test_note_after_compaction_and_tools_found_by_search(world: World) -> None:
     note = json.loads(started[0]["stdout"])["hookSpecificOutput"]["additionalContext"]
     assert note.startswith("agent-bridge: you are ") and "db: PostgreSQL 16" in note
     assert any(e.get("subtype") == "compact_boundary" for e in compact.events)
-    before = len(world.claude_model.of_session(sid))
+    before = len(world.claude_model.turns_of(sid))
     world.claude("go on", resume=sid, tag="after").wait()
-    first_after = world.claude_model.of_session(sid)[before]
+    first_after = world.claude_model.turns_of(sid)[before]
     # The compacted conversation keeps the note of the compaction; the resume adds its own.
     assert first_after.text.count("SessionStart hook additional context: agent-bridge") == 2
     assert first_after.text.count("db: PostgreSQL 16") == 2

@@ -93,14 +93,14 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     world.claude_model.wait_reached("busy")
     second_turn = session_mark(world, sid)  # its UserPromptSubmit hook ran before its first request
     assert wake.is_busy(second_turn), second_turn  # not the first turn's "idle …" (a late Stop hook's)
-    known = len(world.claude_model.of_session(sid))
+    known = len(world.claude_model.turns_of(sid))
     world.bridge("send", sid, "mid-turn: rebase first")
     world.claude_model.open_gate("busy")
     poll_until(
         lambda: any("rebase first" in r.text for r in world.claude_model.of_session(sid)),
         "the mid-turn message",
     )
-    requests = world.claude_model.of_session(sid)
+    requests = world.claude_model.turns_of(sid)
     first = next(k for k, r in enumerate(requests) if "rebase first" in r.text)
     assert first == known, "not in the next request after the send"
     contexts = [t for t in claude_system_texts(requests[first].body) if "rebase first" in t]
@@ -114,11 +114,11 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
     # screen before that (and the first turn's two "done." were there before it began).
     poll_until(lambda: waiters_held(world) == 1 and session_mark(world, sid).startswith("idle "),
                "the second turn's Stop hook finished, the waiter armed")
-    before = len(world.claude_model.of_session(sid))
+    before = len(world.claude_model.turns_of(sid))
     started = time.monotonic()
     world.bridge("send", sid, "idle wake: are you there?")
     sent = time.monotonic()
-    woke = poll_until(lambda: next((r for r in world.claude_model.of_session(sid)[before:]
+    woke = poll_until(lambda: next((r for r in world.claude_model.turns_of(sid)[before:]
                                     if "are you there?" in r.text), None), "the idle session woken")
     woke_at = time.monotonic()
     print(f"\nreach (Claude Code TUI, idle, asyncRewake): {woke_at - sent:.3f} s after send returned "
@@ -140,7 +140,7 @@ def test_idle_session_is_woken_by_a_message_and_a_stop_delivery_has_no_error_lab
         lambda: "are you there?" in tui.screen() or "done." in tui.screen(), "the woken turn on screen"
     )
     # After the woken turn's Stop, one waiter again (not one per Stop).
-    poll_until(lambda: waiters_held(world) == 1 and len(world.claude_model.of_session(sid)) > before,
+    poll_until(lambda: waiters_held(world) == 1 and len(world.claude_model.turns_of(sid)) > before,
                "the next waiter armed")
     exit_tui(world, tui)
     assert waiters_held(world) == 0
@@ -168,9 +168,9 @@ def test_a_turn_cut_short_with_esc_counts_as_idle(world: World) -> None:
     poll_until(lambda: "Interrupted" in tui.screen(), "the turn cut short")
     world.claude_model.open_gate("esc")
     assert wake.is_busy(session_mark(world, sid))  # no hook ran: the mark still says busy
-    before = len(world.claude_model.of_session(sid))
+    before = len(world.claude_model.turns_of(sid))
     world.bridge("send", sid, "after your Esc: the build is red")
-    woke = poll_until(lambda: next((r for r in world.claude_model.of_session(sid)[before:]
+    woke = poll_until(lambda: next((r for r in world.claude_model.turns_of(sid)[before:]
                                     if "the build is red" in r.text), None), "the session woken after Esc")
     assert "not from the user" in woke.text
     poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import struct
@@ -39,3 +40,46 @@ def test_a_host_that_hangs_up_while_it_is_answered_leaves_no_traceback(capsys):
         server.close()
     assert len(server.requests) == 1
     assert "Exception occurred" not in capsys.readouterr().err
+
+
+def answer_events(server: AnthropicServer, body: dict, session: str) -> list[dict]:
+    """The events of the server's answer to `body`, posted as Claude Code posts it."""
+    assert server.httpd is not None
+    conn = http.client.HTTPConnection(*server.httpd.server_address[:2], timeout=10)
+    try:
+        conn.request("POST", "/v1/messages?beta=true", json.dumps(body),
+                     {"content-type": "application/json", "x-claude-code-session-id": session})
+        answer = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return [json.loads(line[len("data: "):]) for line in answer.splitlines() if line.startswith("data: ")]
+
+
+def test_a_session_title_request_is_an_aside_answered_with_its_json() -> None:
+    """Claude Code 2.1.337's TUI asks for a session title beside the turn's request (as seen,
+    trimmed: structured output, no tools, the typed prompt in `<session>` tags). The server
+    answers with the JSON it asks for, takes no step of the plan in the prompt (its gate is not
+    reached), and leaves it out of the session's turns."""
+    typed = '<session>\nPLAN [["=wait", {"gate": "held"}], ["whoami", {}]]\n</session>'
+    title = {
+        "model": "claude-opus-5-5", "stream": True, "tools": [], "max_tokens": 128000,
+        "system": [{"type": "text", "text": 'Return JSON with a single "title" field.'}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": typed}]}],
+        "output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"],
+            "additionalProperties": False}}},
+    }
+    turn = {**title, "tools": [{"name": "ToolSearch", "input_schema": {"type": "object"}}],
+            "output_config": {"effort": "medium"}, "messages": [{"role": "user", "content": "hello"}]}
+    server = AnthropicServer().start()
+    try:
+        events = answer_events(server, title, "s1")
+        answer_events(server, turn, "s1")
+    finally:
+        server.close()
+    blocks = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert blocks == ["text"] and isinstance(json.loads(text)["title"], str), events
+    assert not server.gate("held")[0].is_set()
+    assert [r.aside for r in server.of_session("s1")] == [True, False]
+    assert [r.body for r in server.turns_of("s1")] == [turn]

@@ -24,7 +24,7 @@ import pytest
 
 from tests.hosts import clis
 from tests.hosts.conftest import GATE_STEP, HostRun, World, open_world, plan, poll_until
-from tests.hosts.models import ChatServer, Request
+from tests.hosts.models import ChatServer
 
 pytestmark = pytest.mark.slow
 
@@ -73,10 +73,6 @@ class OpencodeWorld:
             args += ["-s", session]
         args.append(prompt)
         return w._start(args, env, None, w.root / f"opencode-{uuid.uuid4().hex[:8]}.err")
-
-    def main_requests(self, session: str) -> list[Request]:
-        """The session's requests that offer tools (its title request offers none)."""
-        return [r for r in self.model.of_session(session) if r.body.get("tools")]
 
 
 def seed_installed(folder: Path) -> None:
@@ -155,12 +151,12 @@ def test_install_doctor_uninstall_keep_the_users_jsonc(oc: OpencodeWorld) -> Non
 def test_tools_answer_and_the_session_stays_itself_across_runs(oc: OpencodeWorld) -> None:
     first = oc.run(plan(("whoami", {}))).wait()
     session = session_of(first)
-    [asked] = [r for r in oc.main_requests(session) if tool_texts(r.body)]
+    [asked] = [r for r in oc.model.turns_of(session) if tool_texts(r.body)]
     me = json.loads(tool_texts(asked.body)[0])
     assert me["agent"] == "opencode", me
     second = oc.run(plan(("whoami", {})), session=session).wait()
     assert session_of(second) == session
-    again = [r for r in oc.main_requests(session) if tool_texts(r.body)][-1]
+    again = [r for r in oc.model.turns_of(session) if tool_texts(r.body)][-1]
     assert json.loads(tool_texts(again.body)[-1])["id"] == me["id"]
     [peer] = [p for p in oc.world.peers() if p["agent"] == "opencode"]
     assert peer["hostSessionId"] == session and peer["id"] == me["id"]
@@ -169,7 +165,7 @@ def test_tools_answer_and_the_session_stays_itself_across_runs(oc: OpencodeWorld
 def test_the_decisions_note_is_in_the_first_request(oc: OpencodeWorld) -> None:
     oc.world.bridge("decide", "camera", "Hold to look", "--scope", "all")
     run = oc.run("say hi").wait()
-    first = oc.main_requests(session_of(run))[0]
+    first = oc.model.turns_of(session_of(run))[0]
     note = [t for t in system_texts(first.body) if "camera: Hold to look" in t]
     assert note and "agent-bridge_send" in note[0], system_texts(first.body)
 
@@ -186,7 +182,7 @@ def test_a_message_arrives_between_tool_calls_exactly_once(oc: OpencodeWorld) ->
     sent = json.loads(oc.world.bridge("send", peer["name"], text, "--json").stdout)
     oc.model.open_gate("sent")
     run.wait()
-    requests = oc.main_requests(peer["hostSessionId"])
+    requests = oc.model.turns_of(peer["hostSessionId"])
     carrying = [r for r in requests if "codex here: the schema changed" in r.text]
     assert carrying, [r.text[-500:] for r in requests]
     first = carrying[0]
@@ -254,7 +250,7 @@ def test_a_message_wakes_an_idle_session_and_two_sessions_of_one_serve_are_each_
     session = str(api(port, "POST", "/session", {})["id"])
     prompt = {"parts": [{"type": "text", "text": plan(("whoami", {}))}]}
     api(port, "POST", f"/session/{session}/prompt_async", prompt)
-    poll_until(lambda: any(tool_texts(r.body) for r in oc.main_requests(session)),
+    poll_until(lambda: any(tool_texts(r.body) for r in oc.model.turns_of(session)),
                "the first turn's tool call")
     poll_until(lambda: api(port, "GET", "/session/status") == {}, "the session idle", timeout=60)
     [peer] = [p for p in w.peers() if p["hostSessionId"] == session]
@@ -285,7 +281,7 @@ def test_a_message_wakes_an_idle_session_and_two_sessions_of_one_serve_are_each_
     api(port, "POST", f"/session/{other}/prompt_async", {"parts": [{"type": "text", "text": steps}]})
     woken = poll_until(lambda: [r for r in oc.model.of_session(session)[before:] if text in r.text],
                        "session A woken by session B's message", timeout=60)
-    me = json.loads(next(t for r in oc.main_requests(other) for t in tool_texts(r.body) if '"agent"' in t))
+    me = json.loads(next(t for r in oc.model.turns_of(other) for t in tool_texts(r.body) if '"agent"' in t))
     assert me["hostSessionId"] == other and me["id"] != peer["id"], me
     assert me["name"] in json.dumps(woken[0].body)  # A is told who wrote: B, by its name
     by_session = {p["hostSessionId"]: p["id"] for p in w.peers() if p["agent"] == "opencode"}
@@ -331,7 +327,7 @@ def test_a_message_to_a_killed_session_waits_for_its_next_run(oc: OpencodeWorld)
     oc.model.open_gate("kill")
     assert [r["ackedAt"] for r in oc.world.receipts(session)] == [None]
     oc.run(plan(("whoami", {}), ("whoami", {})), session=session).wait()
-    latest = oc.main_requests(session)[-1]
+    latest = oc.model.turns_of(session)[-1]
     assert sum(text in t for t in tool_texts(latest.body)) == 1, tool_texts(latest.body)
     poll_until(lambda: [r for r in oc.world.receipts(session) if r["ackedAt"]], "the acknowledgement",
                timeout=30)
@@ -375,7 +371,7 @@ def test_an_opencode_job_under_read_leaves_the_project_byte_identical(oc: Openco
     report, _ = run_opencode_job(oc, job_writes(w.project), note="agent-bridge: camera: Hold to look")
     assert report.answer == "done." and report.failed is None and str(report.thread).startswith("ses_")
     assert tree(w.project) == before
-    first = oc.main_requests(str(report.thread))[0]
+    first = oc.model.turns_of(str(report.thread))[0]
     tools = {t.get("function", {}).get("name") for t in first.body.get("tools") or ()}
     assert "agent-bridge_whoami" in tools and "bash" not in tools and "write" not in tools, tools
     user = [m for m in first.body["messages"] if m.get("role") == "user"][0]
@@ -389,7 +385,7 @@ def test_an_opencode_job_under_edit_writes_and_continue_resumes_its_session(oc: 
     assert (w.project / "shell.txt").exists() and (w.project / "written.txt").exists()
     again, _ = run_opencode_job(oc, "and now: PLAN []", access="edit", thread=report.thread)
     assert again.thread == report.thread and again.answer == "done."
-    last = oc.main_requests(str(report.thread))[-1]
+    last = oc.model.turns_of(str(report.thread))[-1]
     assert "--looks-like-a-flag" in last.text and "and now" in last.text
 
 
@@ -417,7 +413,7 @@ def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorl
     [job] = jobs(w)
     assert job["state"] == "finished" and job["agent"] == "opencode" and job["answer"] == "done.", job
     assert str(job["thread"]).startswith("ses_")
-    first = oc_jobs.main_requests(str(job["thread"]))[0]
+    first = oc_jobs.model.turns_of(str(job["thread"]))[0]
     assert "PostgreSQL, decided before the job" in first.text
     said = f"Job {job['name']} (opencode, read access) finished"
     assert said in after_delegate(w.codex_model.requests, job).text
@@ -428,7 +424,7 @@ def test_codex_delegates_to_opencode_and_opencode_to_codex(oc_jobs: OpencodeWorl
     assert back["state"] == "finished" and back["answer"] == "done.", back
     assert [to for to, _ in job_messages(w)][-1].startswith("opencode")
     said = f"Job {back['name']} (codex, read access) finished"
-    assert said in after_delegate(oc_jobs.main_requests(session_of(run)), back).text
+    assert said in after_delegate(oc_jobs.model.turns_of(session_of(run)), back).text
 
 
 def test_cancel_ends_an_opencode_jobs_process_group(oc_jobs: OpencodeWorld) -> None:
@@ -458,7 +454,7 @@ def test_send_and_decide_from_opencode_reach_a_codex_session(oc: OpencodeWorld) 
     name = next(p["name"] for p in w.peers() if p["agent"] == "codex")
     run = oc.run(plan(("decide", {"topic": "ci", "text": "green before merge", "scope": "all"}),
                       ("send", {"to": name, "text": "opencode here: ship it"}))).wait()
-    results = [t for r in oc.main_requests(session_of(run)) for t in tool_texts(r.body)]
+    results = [t for r in oc.model.turns_of(session_of(run)) for t in tool_texts(r.body)]
     decided = next(json.loads(t) for t in results if '"deliveredTo"' in t)
     assert name in decided["deliveredTo"] and decided["decision"]["author"]["agent"] == "opencode"
     w.codex_model.open_gate("codex-ends")

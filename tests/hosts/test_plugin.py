@@ -80,7 +80,7 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     run = world.claude(plan(("whoami", {}), (GATE, {"gate": "mid"}), ("peers", {}), (GATE, {"gate": "end"})),
                        session_id=sid)
     world.claude_model.wait_reached("mid")
-    known = len(world.claude_model.of_session(sid))
+    known = len(world.claude_model.turns_of(sid))
     world.bridge("send", sid, "mid-turn: rebase first")
     world.claude_model.open_gate("mid")
     world.claude_model.wait_reached("end")
@@ -88,7 +88,7 @@ def test_claude_code_plugin(plugin_world: World) -> None:
     world.claude_model.open_gate("end")
     run.wait()
 
-    requests = world.claude_model.of_session(sid)
+    requests = world.claude_model.turns_of(sid)
     note = claude_note(requests[0].body)
     assert note.startswith("agent-bridge:") and DECISION[1] in note, claude_system_texts(requests[0].body)
     assert "mcp__plugin_agent-bridge_agent-bridge__send" in note, note  # the tools by the names it sees
@@ -244,9 +244,9 @@ def test_claude_code_plugin_wakes_an_idle_tui(plugin_world: World) -> None:
     tui.type(plan(("whoami", {})))
     poll_until(lambda: waiters_held(world) == 1 and session_mark(world, sid).startswith("idle "),
                "the turn's Stop, the waiter armed")
-    before = len(world.claude_model.of_session(sid))
+    before = len(world.claude_model.turns_of(sid))
     world.bridge("send", sid, "idle wake: are you there?")
-    woke = poll_until(lambda: next((r for r in world.claude_model.of_session(sid)[before:]
+    woke = poll_until(lambda: next((r for r in world.claude_model.turns_of(sid)[before:]
                                     if "are you there?" in r.text), None), "the idle session woken")
     assert "not from the user" in woke.text
     poll_until(lambda: all(r["ackedAt"] for r in world.receipts(sid)), "the wake acknowledged")

@@ -52,14 +52,14 @@ def test_a_job_asks_the_owner_answers_and_both_sessions_keep_the_decision(world:
     ]
 
     # The owner types in the interactive session: the question is beside the prompt, once.
-    before = len(world.claude_model.of_session(sid))
+    before = len(world.claude_model.turns_of(sid))
     tui.type(plan(("whoami", {})))
-    poll_until(lambda: len(world.claude_model.of_session(sid)) > before + 1, "the typed turn's requests")
-    typed = world.claude_model.of_session(sid)[before]
+    poll_until(lambda: len(world.claude_model.turns_of(sid)) > before + 1, "the typed turn's requests")
+    typed = world.claude_model.turns_of(sid)[before]
     assert "Open questions from your other sessions" in typed.text and question["id"] in typed.text, (
         typed.text[-3000:]
     )
-    assert not any("Open questions" in r.text for r in world.claude_model.of_session(sid)[:before])
+    assert not any("Open questions" in r.text for r in world.claude_model.turns_of(sid)[:before])
     assert "Redis" in typed.text and "not from the user" in typed.text
     poll_until(lambda: "done." in tui.screen(), "the typed turn to end")
 

@@ -41,7 +41,7 @@ def user_texts(body: dict[str, Any]) -> list[str]:
 
 def shown(world: World, sid: str) -> str:
     """What the model was handed for the slash command: the text before our request to show it."""
-    requests = world.claude_model.of_session(sid)
+    requests = world.claude_model.turns_of(sid)
     assert requests, "the model got no request"
     (text,) = [t for t in user_texts(requests[0].body) if SHOW in t]
     return text.split(SHOW)[0]
