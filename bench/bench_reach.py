@@ -53,11 +53,11 @@ def busy_claude(world: World, i: int) -> tuple[bool, float]:
     text = f"busy claude {i} {uuid.uuid4().hex[:6]}"
     world.bridge("send", a, text)
     sent = time.monotonic()
-    before = len(world.claude_model.of_session(a))
+    before = len(world.claude_model.turns_of(a))
     world.claude_model.open_gate(gate)
     first = poll_until(
         lambda: (
-            next((k for k, r in enumerate(world.claude_model.of_session(a)) if text in r.text), None)
+            next((k for k, r in enumerate(world.claude_model.turns_of(a)) if text in r.text), None)
             is not None
         ),
         "the message in a request",
@@ -65,7 +65,7 @@ def busy_claude(world: World, i: int) -> tuple[bool, float]:
     assert first
     took = time.monotonic() - sent
     run.wait()
-    index = next(k for k, r in enumerate(world.claude_model.of_session(a)) if text in r.text)
+    index = next(k for k, r in enumerate(world.claude_model.turns_of(a)) if text in r.text)
     return index == before, took
 
 
