@@ -351,12 +351,15 @@ def mark_idle(home: Path, hook: common.HookInput, launched: int | None, *, inter
     Unless the next turn already runs: Claude Code 2.1.332 (TUI) runs the UserPromptSubmit hook
     of a prompt typed while the previous turn's Stop hooks still run, so a slow Stop hook can end
     after the next turn was marked busy (seen under load: the waiter then took a message of the
-    next turn). A busy mark written by a hook the host started after this one stays. Its
-    `prompt_id` cannot tell: a UserPromptSubmit hook gets the previous prompt's id there (seen).
-    False when the mark stayed."""
+    next turn). A busy mark written by a hook the host started after this one stays, and one
+    started in the same clock tick (10 ms) too: only the next turn's UserPromptSubmit hook writes
+    a busy mark that close to a Stop (Claude Code 2.1.337 started a prompt typed as the turn ended
+    37-79 ms after its Stop hooks on a quiet machine; a Stop that continues the turn is a model
+    request apart from the next one). Its `prompt_id` cannot tell: a UserPromptSubmit hook gets
+    the previous prompt's id there (seen). False when the mark stayed."""
     def later_turn(mark: str) -> bool:
         stamp = _stamp(mark)
-        return is_busy(mark) and stamp is not None and launched is not None and stamp > launched
+        return is_busy(mark) and stamp is not None and launched is not None and stamp >= launched
 
     turn = INTERRUPTED if interrupted else hook.prompt_id or "-"
     return _write_mark(home, hook.session_id, f"idle {turn} {_show(launched)}", unless=later_turn)

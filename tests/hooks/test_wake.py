@@ -394,9 +394,16 @@ def test_a_late_stop_of_the_previous_turn_leaves_the_next_turns_busy_mark(tmp_pa
     assert wake.read_mark(tmp_path, "hs-late") == "busy 300"
     wake.mark_idle(tmp_path, hook("prompt-2"), 400)  # turn 2's own Stop
     assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-2 400"
-    wake.mark_busy(tmp_path, hook("prompt-2"), None)  # where nothing tells when a hook started: as before
-    wake.mark_idle(tmp_path, hook("prompt-3"), 500)
-    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-3 500"
+    # turn 3 typed as turn 2 ended: its UserPromptSubmit hook started in the same clock tick as
+    # turn 2's second Stop hook, which ends after it
+    wake.mark_busy(tmp_path, hook("prompt-2"), 450)
+    wake.mark_idle(tmp_path, hook("prompt-2"), 450)
+    assert wake.read_mark(tmp_path, "hs-late") == "busy 450"
+    wake.mark_idle(tmp_path, hook("prompt-3"), 460)  # turn 3's own Stop
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-3 460"
+    wake.mark_busy(tmp_path, hook("prompt-3"), None)  # where nothing tells when a hook started: as before
+    wake.mark_idle(tmp_path, hook("prompt-4"), 500)
+    assert wake.read_mark(tmp_path, "hs-late") == "idle prompt-4 500"
 
 
 async def test_a_late_stop_of_the_previous_turn_does_not_let_the_waiter_take_the_next_turns_message(
